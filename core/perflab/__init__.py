@@ -1,0 +1,37 @@
+"""perflab: a performance lab for LLM inference engines.
+
+Kept import-light: ``perflab engines list`` must start fast, so this module imports only
+the hook markers and the boundary types.
+"""
+
+from perflab.hookspecs import HOOKSPEC_VERSION, hookimpl
+from perflab.types import (
+    Accelerator,
+    CrashCause,
+    EngineInfo,
+    FileSpec,
+    HardwareSnapshot,
+    HttpProbe,
+    LaunchSpec,
+    Readiness,
+    ServeConfig,
+    Unsupported,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HOOKSPEC_VERSION",
+    "Accelerator",
+    "CrashCause",
+    "EngineInfo",
+    "FileSpec",
+    "HardwareSnapshot",
+    "HttpProbe",
+    "LaunchSpec",
+    "Readiness",
+    "ServeConfig",
+    "Unsupported",
+    "__version__",
+    "hookimpl",
+]

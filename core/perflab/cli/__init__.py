@@ -1,0 +1,94 @@
+"""perflab's command line.
+
+Sub-commands live in their own modules and are imported only when invoked, so that
+``perflab engines list`` starts fast. User mistakes (:class:`perflab.errors.PerflabError`)
+print one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from perflab import __version__
+
+# name -> "module:attribute", imported on first use
+COMMANDS: dict[str, tuple[str, str]] = {
+    "engines": ("perflab.cli.engines_cmd:engines", "List engine plugins and show the command perflab would run."),
+    "hardware": ("perflab.cli.hardware_cmd:hardware", "Show the accelerators on this machine (NVML, npu-smi)."),
+    "launch": ("perflab.cli.launch_cmd:launch", "Launch one engine, wait until it really serves, tear it down on Ctrl-C."),
+    "bench": ("perflab.cli.bench_cmd:bench", "Benchmark an OpenAI-compatible endpoint (vllm bench serve metrics)."),
+    "run": ("perflab.cli.lab_cmd:run", "Run a whole study from a plan file, resumable."),
+    "report": ("perflab.cli.lab_cmd:report", "Write the Markdown report, chart and report.json of a study."),
+    "demo": ("perflab.cli.lab_cmd:demo", "Reproduce a scaled-down seed study on the simulator."),
+    "plugin": ("perflab.cli.plugin_cmd:plugin", "Create a new engine plugin package."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        target, _ = COMMANDS[name]
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Help text comes from the table, so --help does not import every sub-command.
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="perflab")
+@click.option("--strict", is_flag=True, envvar="PERFLAB_STRICT_PLUGINS", help="Fail if any plugin fails to load (for CI).")
+@click.pass_context
+def cli(ctx: click.Context, strict: bool) -> None:
+    """perflab: a performance lab for LLM inference engines.
+
+    It probes the accelerators, launches each candidate engine (vLLM, vLLM-Ascend, SGLang,
+    TensorRT-LLM, MindIE) with the right flags, waits until it really serves, benchmarks it,
+    tears it down completely and writes the study. `perflab demo` runs a whole study on
+    simulated engines, no GPU needed.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["strict"] = strict
+
+
+def get_pm(ctx: click.Context | None = None):  # type: ignore[no-untyped-def]
+    """The plugin manager for this invocation (loaded once, honouring --strict)."""
+    from perflab.plugins import load
+
+    ctx = ctx or click.get_current_context()
+    root = ctx.find_root()
+    root.ensure_object(dict)
+    if "pm" not in root.obj:
+        root.obj["pm"] = load(strict=root.obj.get("strict", False))
+    return root.obj["pm"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    from perflab.errors import PerflabError
+
+    try:
+        cli.main(args=argv, prog_name="perflab", standalone_mode=False)
+    except PerflabError as exc:
+        click.echo(f"perflab: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("perflab: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("perflab: interrupted", err=True)
+        sys.exit(130)

@@ -1,0 +1,35 @@
+"""Errors with a one-line message for the user (the CLI prints them without a traceback)."""
+
+from __future__ import annotations
+
+
+class PerflabError(Exception):
+    """A user-facing error: ``str(exc)`` is a complete, actionable one-line message."""
+
+    exit_code = 1
+
+
+class UsageError(PerflabError):
+    """The user asked for something malformed (bad option, bad plan file)."""
+
+    exit_code = 2
+
+
+class UnsupportedOption(PerflabError):
+    """A plugin cannot express a serving option on its engine."""
+
+    exit_code = 2
+
+    def __init__(self, engine: str, option: str, why: str) -> None:
+        self.engine, self.option, self.why = engine, option, why
+        super().__init__(f"{engine} cannot express {option}: {why}")
+
+
+class UnknownEngine(UsageError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        known_s = ", ".join(sorted(known)) or "none installed"
+        super().__init__(f"unknown engine {name!r} (installed engines: {known_s})")
+
+
+class PluginLoadError(PerflabError):
+    """Raised in --strict mode when any plugin failed to load."""

@@ -1,0 +1,58 @@
+"""Hardware probing: runs every ``perflab_probe_hardware`` implementation.
+
+The built-in probes live beside this file (``nvml.py`` for NVIDIA through nvidia-ml-py,
+``npusmi.py`` for Huawei Ascend through ``npu-smi``); third parties add accelerator families
+with the same hook. In simulation (``PERFLAB_SIM_HARDWARE`` set in ``env``), the same probes
+run against perflab's stand-ins, so the parsing code is exercised exactly as on a real host.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+from perflab.types import Accelerator, HardwareSnapshot
+
+SIM_ENV = "PERFLAB_SIM_HARDWARE"
+
+
+def probe(pm, env: Mapping[str, str] | None = None) -> HardwareSnapshot:  # type: ignore[no-untyped-def]
+    """Ask every hardware plugin; a failing probe becomes an error line, not an exception."""
+    env = dict(os.environ if env is None else env)
+    accelerators: list[Accelerator] = []
+    errors: list[str] = []
+    for impl in pm.pm.hook.perflab_probe_hardware.get_hookimpls():
+        try:
+            found = impl.function(**({"env": env} if "env" in impl.argnames else {}))
+        except Exception as exc:  # one broken probe must not hide the others
+            errors.append(f"{impl.plugin_name}: {type(exc).__name__}: {exc}")
+            continue
+        accelerators.extend(found or [])
+    sim = env.get(SIM_ENV) or None
+    return HardwareSnapshot(
+        accelerators=tuple(accelerators),
+        simulated=sim is not None,
+        name=sim,
+        host=socket.gethostname(),
+        errors=tuple(errors),
+    )
+
+
+def resolve(pm, spec: str = "auto", base_env: Mapping[str, str] | None = None) -> tuple[HardwareSnapshot, dict[str, str]]:  # type: ignore[no-untyped-def]
+    """Turn ``--hardware auto|sim:NAME`` into (snapshot, environment to launch engines with).
+
+    ``sim:NAME`` activates the simulator: its stand-in executables come first on ``PATH``
+    (and ``PYTHONPATH``), and the same probes run against them.
+    """
+    from perflab.errors import UsageError
+
+    env = dict(os.environ if base_env is None else base_env)
+    if spec == "auto":
+        return probe(pm, env), env
+    if spec.startswith("sim:"):
+        from perflab import sim
+
+        env = sim.activate(spec[4:], env)
+        return probe(pm, env), env
+    raise UsageError(f"--hardware {spec!r}: expected 'auto' or 'sim:NAME' (e.g. sim:a100-80g-x8)")

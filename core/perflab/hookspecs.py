@@ -1,0 +1,319 @@
+"""The perflab plugin contract: every hook an engine or hardware plugin may implement.
+
+This is the one file a plugin author needs to read. A plugin is a module (or object) with
+functions named like the specs below, decorated with :data:`perflab.hookimpl`, exposed through
+an entry point in the group ``perflab``::
+
+    # pyproject.toml of perflab-plugin-myengine
+    [project.entry-points.perflab]
+    myengine = "perflab_myengine"
+
+Conventions
+-----------
+* Values crossing the boundary are the frozen dataclasses of :mod:`perflab.types`.
+* Engine hooks receive ``engine`` (the registered name). A plugin answers only for the
+  engines it registered and returns ``None`` otherwise; ``firstresult`` hooks then fall
+  through to the plugin that owns the engine.
+* Hooks never import the engine (torch, vllm, ...) into perflab's process, never start
+  processes except where a hook says so, and never use ``shell=True``.
+* A hook may omit trailing parameters it does not need: pluggy passes only the arguments an
+  implementation names. An implementation naming a parameter that is not in the spec is
+  reported as incompatible by ``perflab engines list``.
+
+Versioning
+----------
+:data:`HOOKSPEC_VERSION` is bumped on any change of a signature or meaning. Plugins may
+declare the contract versions they support with a module attribute
+``PERFLAB_HOOKSPEC_VERSIONS = (1,)``; a plugin declaring versions that exclude the core's is
+listed as incompatible and not used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from perflab.types import (
+        Accelerator,
+        CrashCause,
+        EngineInfo,
+        HardwareSnapshot,
+        LaunchSpec,
+        Readiness,
+        ServeConfig,
+        Unsupported,
+    )
+
+PROJECT = "perflab"
+HOOKSPEC_VERSION = 1
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# --------------------------------------------------------------------------- registration
+
+
+@hookspec
+def perflab_register_engines(register: Callable[[EngineInfo], None]) -> None:
+    """Register the engines this plugin provides.
+
+    :param register: call it once per engine with an :class:`~perflab.types.EngineInfo`.
+        Registering a name another distribution already registered is an error that names
+        both distributions; the second registration is ignored.
+    :returns: nothing.
+
+    Example::
+
+        @hookimpl
+        def perflab_register_engines(register):
+            register(EngineInfo(name="vllm", display_name="vLLM", accelerators=("cuda",),
+                                executable="vllm", distributions=("vllm",)))
+    """
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+@hookspec
+def perflab_probe_hardware(env: Mapping[str, str]) -> list[Accelerator] | None:
+    """Return the accelerators of one family present on this machine.
+
+    Called for every implementation; results are concatenated. A probe whose library or
+    tool is missing returns ``None`` (or an empty list) — absence is not an error. A probe
+    that finds the tool but fails to read it raises; the error is shown and the other probes
+    still run.
+
+    :param env: the environment to run tools with (``PATH`` decides which ``npu-smi``
+        runs; in simulation it points at perflab's stand-ins).
+    :returns: a list of :class:`~perflab.types.Accelerator`, or ``None``.
+
+    Example::
+
+        @hookimpl
+        def perflab_probe_hardware(env):
+            exe = shutil.which("amd-smi", path=env.get("PATH"))
+            if exe is None:
+                return None
+            out = subprocess.run([exe, "list", "--json"], env=dict(env), capture_output=True,
+                                 text=True, timeout=10, check=True).stdout
+            return [Accelerator(vendor="amd", kind="rocm", index=d["gpu"], name=...,
+                                memory_total_mib=..., source="amd-smi") for d in json.loads(out)]
+    """
+
+
+# --------------------------------------------------------------------------- version
+
+
+@hookspec(firstresult=True)
+def perflab_engine_version(engine: str, env: Mapping[str, str]) -> str | None:
+    """Return the installed version of ``engine``, or ``None`` if it is not installed.
+
+    Must not import the engine: read package metadata (``importlib.metadata.version``),
+    a version file, or run the engine's executable with ``--version`` (argv list, short
+    timeout) found on ``env["PATH"]``.
+
+    :param engine: the registered engine name.
+    :param env: environment whose ``PATH`` locates the executable.
+    :returns: a version string such as ``"0.11.0"``, or ``None``.
+
+    Example::
+
+        @hookimpl
+        def perflab_engine_version(engine, env):
+            if engine != "vllm":
+                return None
+            try:
+                return importlib.metadata.version("vllm")
+            except importlib.metadata.PackageNotFoundError:
+                return None
+    """
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+@hookspec
+def perflab_check_support(
+    engine: str,
+    config: ServeConfig,
+    hardware: HardwareSnapshot,
+    version: str | None,
+) -> list[Unsupported] | None:
+    """Say, before anything is launched, why ``config`` cannot work on ``hardware``.
+
+    Called for every implementation (a hardware plugin may veto too); reasons are
+    concatenated. ``severity="error"`` refuses the launch (``--force`` overrides);
+    ``severity="warning"`` is shown and recorded. Options the engine cannot express at all
+    belong here too, so nothing is silently dropped.
+
+    :param engine: the registered engine name.
+    :param config: the serving options.
+    :param hardware: the probed (or simulated) accelerators.
+    :param version: the engine version if known, for version-dependent knowledge.
+    :returns: a list of :class:`~perflab.types.Unsupported` (empty or ``None``: no objection).
+
+    Example::
+
+        @hookimpl
+        def perflab_check_support(engine, config, hardware):
+            if engine == "sglang" and config.quantization == "fp8":
+                old = [a for a in hardware.of_kind("cuda") if a.sm < 89]
+                if old:
+                    return [Unsupported("quantization=fp8", f"{old[0].name} is SM{old[0].sm}; "
+                            "SGLang's FP8 kernels need SM89+", source="https://...")]
+            return None
+    """
+
+
+# --------------------------------------------------------------------------- launch
+
+
+@hookspec(firstresult=True)
+def perflab_build_launch(
+    engine: str,
+    config: ServeConfig,
+    hardware: HardwareSnapshot,
+    workdir: Path,
+    version: str | None,
+) -> LaunchSpec | None:
+    """Build the exact command that serves ``config`` with ``engine``.
+
+    Pure: writes nothing, starts nothing. Files the engine needs (MindIE's config.json) are
+    returned in ``LaunchSpec.files`` and written by the supervisor under ``workdir``.
+    ``config.port`` is always set when this is called; host and port must appear explicitly
+    in the argv or files. Raise :class:`perflab.errors.UnsupportedOption` for an option the
+    engine cannot express.
+
+    :param engine: the registered engine name.
+    :param config: the serving options (port already chosen).
+    :param hardware: the accelerators; ``config.devices`` selects among them.
+    :param workdir: the run directory (for config files, caches).
+    :param version: the engine version if known.
+    :returns: a :class:`~perflab.types.LaunchSpec`, or ``None`` for engines not yours.
+
+    Example::
+
+        @hookimpl
+        def perflab_build_launch(engine, config, hardware, workdir):
+            if engine != "vllm":
+                return None
+            argv = ["vllm", "serve", config.model, "--host", config.host, "--port", str(config.port)]
+            if config.tp:
+                argv += ["-tp", str(config.tp)]
+            return LaunchSpec(engine="vllm", argv=tuple(argv), host=config.host,
+                              port=config.port, served_model_name=config.name)
+    """
+
+
+# --------------------------------------------------------------------------- readiness
+
+
+@hookspec(firstresult=True)
+def perflab_readiness(engine: str, launch: LaunchSpec) -> Readiness | None:
+    """Say how to tell that the launched engine really serves.
+
+    :param engine: the registered engine name.
+    :param launch: the spec being started (ports, served model name).
+    :returns: a :class:`~perflab.types.Readiness`: HTTP probes that must answer 2xx, the
+        path of a one-token generation probe, the engine's ready log line (informative),
+        and a startup timeout. ``None`` for engines not yours (the core's default is
+        ``GET /health`` then a one-token ``/v1/completions``).
+
+    Example::
+
+        @hookimpl
+        def perflab_readiness(engine, launch):
+            if engine == "sglang":
+                return Readiness(http=(HttpProbe("/health"), HttpProbe("/v1/models")),
+                                 ready_log_patterns=(r"The server is fired up and ready to roll!",))
+    """
+
+
+# --------------------------------------------------------------------------- crashes
+
+
+@hookspec(firstresult=True)
+def perflab_classify_crash(
+    engine: str,
+    exit_code: int | None,
+    log_tail: str,
+) -> CrashCause | None:
+    """Name why the engine died (or is dying) from its exit code and the end of its log.
+
+    Called when the process exits before being ready or while serving, and on log lines
+    matching a fatal pattern. Prefer the *first* root cause in the log over the last
+    wrapper error (vLLM's "Engine core initialization failed" hides the real one earlier).
+
+    :param engine: the registered engine name.
+    :param exit_code: the process exit code, or ``None`` if it is still running.
+    :param log_tail: the last lines of the engine's combined stdout/stderr.
+    :returns: a :class:`~perflab.types.CrashCause`, or ``None`` if unknown (the core then
+        reports a generic "exited with code N" cause with the last error-looking line).
+
+    Example::
+
+        @hookimpl
+        def perflab_classify_crash(engine, exit_code, log_tail):
+            if engine == "trtllm" and "KeyError: 'weight'" in log_tail:
+                return CrashCause("checkpoint-key-missing", "The checkpoint lacks a layer TensorRT-LLM expects.",
+                                  line="KeyError: 'weight'", hint="Use the unquantized model or a supported quantization.")
+    """
+
+
+# --------------------------------------------------------------------------- teardown
+
+
+@hookspec
+def perflab_teardown(engine: str, launch: LaunchSpec, workdir: Path) -> None:
+    """Clean up what the engine leaves behind after its process group is gone.
+
+    The core already signals the whole process group and every descendant, reaps them, and
+    checks that the ports are free; this hook is for the rest (shared-memory segments, lock
+    files, IPC sockets in ``/tmp``). Called for every implementation, even after a crash.
+    Must not raise for engines not yours.
+
+    :param engine: the registered engine name.
+    :param launch: the spec that was started.
+    :param workdir: the run directory.
+    :returns: nothing.
+
+    Example::
+
+        @hookimpl
+        def perflab_teardown(engine, launch, workdir):
+            if engine == "mindie":
+                for p in Path("/dev/shm").glob("mindie_*"):
+                    p.unlink(missing_ok=True)
+    """
+
+
+# --------------------------------------------------------------------------- benchmark backends
+
+
+@hookspec
+def perflab_register_bench_backends(register: Callable[[str, Any], None]) -> None:
+    """Register an external benchmark driver usable instead of the built-in client.
+
+    :param register: call ``register(name, driver)`` where ``driver`` is a callable
+        ``driver(request: perflab.bench.BenchRequest) -> perflab.bench.BenchResult``
+        (run in a worker thread; it may start subprocesses with argv lists).
+    :returns: nothing.
+
+    Example::
+
+        @hookimpl
+        def perflab_register_bench_backends(register):
+            register("vllm-bench", run_vllm_bench_serve)
+    """
+
+
+#: Hooks every engine plugin is expected to implement (used by the conformance kit).
+ENGINE_HOOKS = (
+    "perflab_register_engines",
+    "perflab_build_launch",
+)

@@ -1,0 +1,276 @@
+"""Finding, loading and validating plugins.
+
+Entry points in the group ``perflab`` are loaded one at a time, so that one broken plugin
+is recorded (and shown by ``perflab engines list``) while every other keeps working.
+``--strict`` (or ``PERFLAB_STRICT_PLUGINS=1``) turns any load problem into an error, for CI.
+
+Environment:
+
+* ``PERFLAB_LOAD_PLUGINS`` — unset: load all; empty: load none; a comma list of
+  distribution names (``perflab-plugin-vllm``) or entry-point names (``vllm``): only those.
+* ``PERFLAB_DISABLE_PLUGINS`` — a comma list of the same names never to load.
+
+Built-in plugins (the NVML and npu-smi hardware probes) are always loaded; they are part of
+the core, not of an engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Literal
+
+import pluggy
+
+from perflab import hookspecs
+from perflab.errors import PluginLoadError, UnknownEngine
+from perflab.types import EngineInfo
+
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "perflab.hardware.nvml",
+    "perflab.hardware.npusmi",
+)
+
+Status = Literal["ok", "load-error", "incompatible"]
+
+
+@dataclass(frozen=True)
+class PluginRecord:
+    """One plugin as the manager saw it."""
+
+    name: str  # entry-point name, or module name for built-ins
+    module: str
+    distribution: str | None
+    version: str | None
+    status: Status
+    error: str | None = None
+    hooks: tuple[str, ...] = ()
+    engines: tuple[str, ...] = ()
+    builtin: bool = False
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    info: EngineInfo
+    plugin: str
+    distribution: str | None
+    version: str | None  # the plugin distribution's version
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _name_list(value: str | None) -> set[str] | None:
+    if value is None:
+        return None
+    return {_norm(v) for v in value.split(",") if v.strip()}
+
+
+def _spec_params() -> dict[str, tuple[str, ...]]:
+    specs: dict[str, tuple[str, ...]] = {}
+    for name, fn in vars(hookspecs).items():
+        if name.startswith("perflab_") and callable(fn):
+            specs[name] = tuple(inspect.signature(fn).parameters)
+    return specs
+
+
+def check_compatibility(plugin: object) -> str | None:
+    """Return why ``plugin`` does not fit this core's contract, or ``None`` if it fits."""
+    versions = getattr(plugin, "PERFLAB_HOOKSPEC_VERSIONS", None)
+    if versions is not None and hookspecs.HOOKSPEC_VERSION not in tuple(versions):
+        return (
+            f"supports hook contract version(s) {tuple(versions)}, "
+            f"this perflab provides version {hookspecs.HOOKSPEC_VERSION}"
+        )
+    specs = _spec_params()
+    for attr in dir(plugin):
+        if not attr.startswith("perflab_"):
+            continue
+        impl = getattr(plugin, attr)
+        if not callable(impl) or not hasattr(impl, f"{hookspecs.PROJECT}_impl"):
+            continue
+        if attr not in specs:
+            return f"implements unknown hook {attr}() (not in perflab hook contract v{hookspecs.HOOKSPEC_VERSION})"
+        extra = [p for p in inspect.signature(impl).parameters if p not in specs[attr]]
+        if extra:
+            return f"{attr}() takes argument(s) {', '.join(extra)} that the hook spec does not provide"
+    return None
+
+
+def _hooks_of(plugin: object) -> tuple[str, ...]:
+    return tuple(
+        sorted(
+            a
+            for a in dir(plugin)
+            if a.startswith("perflab_") and hasattr(getattr(plugin, a), f"{hookspecs.PROJECT}_impl")
+        )
+    )
+
+
+class PluginManager:
+    """pluggy's manager plus the records perflab shows and the engine registry."""
+
+    def __init__(
+        self,
+        *,
+        entrypoints: bool = True,
+        builtins: bool = True,
+        strict: bool | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.environ = os.environ if environ is None else environ
+        self.strict = strict if strict is not None else self.environ.get("PERFLAB_STRICT_PLUGINS") == "1"
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.records: list[PluginRecord] = []
+        self.engines: dict[str, EngineRecord] = {}
+        self.errors: list[str] = []  # problems not tied to one plugin's load (duplicates)
+        if builtins:
+            for mod in BUILTIN_PLUGINS:
+                self._load(mod, lambda m=mod: importlib.import_module(m), None, None, builtin=True)
+        if entrypoints:
+            self._load_entrypoints()
+        if self.strict:
+            self.raise_if_broken()
+
+    # ------------------------------------------------------------------ loading
+
+    @property
+    def hook(self) -> Any:
+        return self.pm.hook
+
+    def _load_entrypoints(self) -> None:
+        only = _name_list(self.environ.get("PERFLAB_LOAD_PLUGINS"))
+        disabled = _name_list(self.environ.get("PERFLAB_DISABLE_PLUGINS")) or set()
+        seen: set[tuple[str, str]] = set()
+        for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT):
+            dist = ep.dist.metadata["Name"] if ep.dist is not None else None
+            version = ep.dist.version if ep.dist is not None else None
+            key = (ep.name, ep.value)
+            if key in seen:  # the same distribution visible twice on sys.path
+                continue
+            seen.add(key)
+            names = {_norm(ep.name)} | ({_norm(dist)} if dist else set())
+            if only is not None and not (names & only):
+                continue
+            if names & disabled:
+                continue
+            self._load(ep.name, ep.load, dist, version)
+
+    def _load(
+        self,
+        name: str,
+        loader: Any,
+        dist: str | None,
+        version: str | None,
+        builtin: bool = False,
+    ) -> None:
+        module_name = name
+        try:
+            plugin = loader()
+        except Exception as exc:  # a broken plugin must not break perflab
+            self.records.append(
+                PluginRecord(name, module_name, dist, version, "load-error", f"{type(exc).__name__}: {exc}", builtin=builtin)
+            )
+            return
+        self.add_plugin(plugin, name=name, distribution=dist, version=version, builtin=builtin)
+
+    def add_plugin(
+        self,
+        plugin: object,
+        *,
+        name: str | None = None,
+        distribution: str | None = None,
+        version: str | None = None,
+        builtin: bool = False,
+    ) -> PluginRecord:
+        """Validate and register one plugin object (module or instance); record the outcome."""
+        module_name = getattr(plugin, "__name__", type(plugin).__name__)
+        name = name or module_name
+        hooks = _hooks_of(plugin)
+        problem = check_compatibility(plugin)
+        if problem is not None:
+            rec = PluginRecord(name, module_name, distribution, version, "incompatible", problem, hooks, builtin=builtin)
+            self.records.append(rec)
+            return rec
+        try:
+            self.pm.register(plugin, name=name)
+        except Exception as exc:  # pluggy's validation or a duplicate plugin name
+            rec = PluginRecord(name, module_name, distribution, version, "incompatible", f"{type(exc).__name__}: {exc}", hooks, builtin=builtin)
+            self.records.append(rec)
+            return rec
+        engines: list[str] = []
+        register_impl = getattr(plugin, "perflab_register_engines", None)
+        if register_impl is not None:
+            try:
+                register_impl(lambda info: self._register_engine(info, name, distribution, version, engines))
+            except Exception as exc:
+                self.pm.unregister(plugin)
+                for e in engines:
+                    self.engines.pop(e, None)
+                rec = PluginRecord(name, module_name, distribution, version, "load-error", f"registering engines failed: {type(exc).__name__}: {exc}", hooks, builtin=builtin)
+                self.records.append(rec)
+                return rec
+        rec = PluginRecord(name, module_name, distribution, version, "ok", None, hooks, tuple(engines), builtin)
+        self.records.append(rec)
+        return rec
+
+    def _register_engine(
+        self, info: EngineInfo, plugin: str, dist: str | None, version: str | None, out: list[str]
+    ) -> None:
+        if not isinstance(info, EngineInfo):
+            raise TypeError(f"register() takes an EngineInfo, got {type(info).__name__}")
+        existing = self.engines.get(info.name)
+        if existing is not None:
+            self.errors.append(
+                f"engine {info.name!r} is registered by both {existing.distribution or existing.plugin} "
+                f"and {dist or plugin}; using {existing.distribution or existing.plugin} "
+                f"(uninstall one, or set PERFLAB_DISABLE_PLUGINS)"
+            )
+            return
+        self.engines[info.name] = EngineRecord(info, plugin, dist, version)
+        out.append(info.name)
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def broken(self) -> list[PluginRecord]:
+        return [r for r in self.records if r.status != "ok"]
+
+    def raise_if_broken(self) -> None:
+        problems = [f"{r.distribution or r.name}: {r.error}" for r in self.broken] + self.errors
+        if problems:
+            raise PluginLoadError("plugin problems (strict mode): " + "; ".join(problems))
+
+    def engine(self, name: str) -> EngineRecord:
+        try:
+            return self.engines[name]
+        except KeyError:
+            raise UnknownEngine(name, list(self.engines)) from None
+
+    def engine_names(self) -> list[str]:
+        return sorted(self.engines)
+
+
+def load(strict: bool | None = None, **kw: Any) -> PluginManager:
+    """The manager most commands use: built-ins plus every allowed entry point."""
+    return PluginManager(strict=strict, **kw)
+
+
+def module_plugin(name: str, **attrs: Any) -> ModuleType:
+    """Build a throwaway module-plugin from functions (handy in tests)."""
+    mod = ModuleType(name)
+    for k, v in attrs.items():
+        setattr(mod, k, v)
+    return mod
+
+
+def iter_ok(records: Iterable[PluginRecord]) -> Iterable[PluginRecord]:
+    return (r for r in records if r.status == "ok")

@@ -1,0 +1,1 @@
+"""Test helpers for perflab and for plugin authors (registered as a pytest plugin)."""

@@ -1,0 +1,1 @@
+"""perflab engine plugin (being written)."""
