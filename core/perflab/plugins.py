@@ -21,6 +21,7 @@ import importlib.metadata
 import inspect
 import os
 import re
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -53,6 +54,7 @@ class PluginRecord:
     hooks: tuple[str, ...] = ()
     engines: tuple[str, ...] = ()
     builtin: bool = False
+    warnings: tuple[str, ...] = ()  # deprecations (pluggy warn_on_impl) and other notes
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,11 @@ class PluginManager:
             self.records.append(rec)
             return rec
         try:
-            self.pm.register(plugin, name=name)
+            # pluggy emits warn_on_impl deprecations at registration: keep them for the listing
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self.pm.register(plugin, name=name)
+            notes = tuple(str(w.message) for w in caught)
         except Exception as exc:  # pluggy's validation or a duplicate plugin name
             rec = PluginRecord(name, module_name, distribution, version, "incompatible", f"{type(exc).__name__}: {exc}", hooks, builtin=builtin)
             self.records.append(rec)
@@ -218,7 +224,7 @@ class PluginManager:
                 rec = PluginRecord(name, module_name, distribution, version, "load-error", f"registering engines failed: {type(exc).__name__}: {exc}", hooks, builtin=builtin)
                 self.records.append(rec)
                 return rec
-        rec = PluginRecord(name, module_name, distribution, version, "ok", None, hooks, tuple(engines), builtin)
+        rec = PluginRecord(name, module_name, distribution, version, "ok", None, hooks, tuple(engines), builtin, notes)
         self.records.append(rec)
         return rec
 

@@ -1,0 +1,5 @@
+"""`python -m perflab` is the same as the `perflab` command."""
+
+from perflab.cli import main
+
+main()

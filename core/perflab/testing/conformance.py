@@ -1,0 +1,284 @@
+"""The conformance suite for engine plugins.
+
+A plugin author subclasses :class:`EngineConformance` in their own tests; pytest then runs
+every check below against the plugin *as installed* (through its entry point), the way
+perflab will load it::
+
+    from perflab.testing import EngineConformance
+
+    class TestLlamaCpp(EngineConformance):
+        engine = "llama-cpp"
+        distribution = "perflab-plugin-llamacpp"
+        model = "/models/qwen3-8b-q4_k_m.gguf"
+        crash_samples = {
+            "model-load-failed": "llama_model_load: error loading model: ...",
+        }
+        # optional: a full launch / ready / teardown cycle against a stand-in executable
+        stand_in = Path(__file__).parent / "fake_llama_server.py"
+
+Every check is a plain pytest test method, so ``-k`` selects and ``--tb`` explains them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import shutil
+import stat
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from perflab import hookspecs
+from perflab.errors import UnsupportedOption
+from perflab.plugins import PluginManager, check_compatibility
+from perflab.types import (
+    Accelerator,
+    CrashCause,
+    EngineInfo,
+    HardwareSnapshot,
+    LaunchSpec,
+    Readiness,
+    ServeConfig,
+    Unsupported,
+)
+
+
+def sample_hardware(kind: str = "cuda", count: int = 8) -> HardwareSnapshot:
+    """A plausible machine of ``kind`` for preflight and launch checks (no probing)."""
+    if kind == "ascend":
+        accs = tuple(
+            Accelerator(vendor="huawei", kind="ascend", index=i, name="Ascend 910B3", chip="910B3",
+                        memory_total_mib=65536, source="conformance")
+            for i in range(count)
+        )
+    else:
+        accs = tuple(
+            Accelerator(vendor="nvidia", kind=kind, index=i, name="NVIDIA H100 80GB HBM3",
+                        memory_total_mib=81559, compute_capability=(9, 0), source="conformance")
+            for i in range(count)
+        )
+    return HardwareSnapshot(accelerators=accs, simulated=True, name=f"conformance-{kind}")
+
+
+class EngineConformance:
+    """Subclass in your tests and set the class attributes; every ``test_*`` runs."""
+
+    #: the engine name your plugin registers
+    engine: ClassVar[str] = ""
+    #: the distribution that provides it (as in ``pip install``); checked through entry points
+    distribution: ClassVar[str | None] = None
+    #: a model id or path to build launches with
+    model: ClassVar[str] = "Qwen/Qwen3-8B"
+    #: {expected CrashCause.name: a log tail that must be classified as it}
+    crash_samples: ClassVar[dict[str, str]] = {}
+    #: serving options your engine cannot express: each must raise UnsupportedOption or be refused by preflight
+    unsupported_configs: ClassVar[list[dict[str, Any]]] = []
+    #: extra configurations that must build (besides the baseline)
+    configs: ClassVar[list[dict[str, Any]]] = [{"max_model_len": 4096}, {"tp": 2}]
+    #: a stand-in executable (script) for a full launch/ready/teardown cycle, or None
+    stand_in: ClassVar[Path | str | None] = None
+    #: the basename your launch's argv[0] has (replaced by the stand-in in the full cycle)
+    executable_name: ClassVar[str | None] = None
+
+    # ------------------------------------------------------------------ fixtures
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def pm(cls) -> PluginManager:
+        return PluginManager()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def info(cls, pm: PluginManager) -> EngineInfo:
+        assert cls.engine, "set `engine` on your EngineConformance subclass"
+        rec = pm.engines.get(cls.engine)
+        broken = [f"{r.distribution or r.name}: {r.error}" for r in pm.broken]
+        assert rec is not None, f"engine {cls.engine!r} is not registered; plugin problems: {broken or 'none'}"
+        return rec.info
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def hardware(cls, info: EngineInfo) -> HardwareSnapshot:
+        return sample_hardware(info.accelerators[0] if info.accelerators else "cuda")
+
+    def _build(self, pm: PluginManager, hardware: HardwareSnapshot, tmp: Path, **changes: Any) -> LaunchSpec:
+        from perflab.engines import build_launch
+
+        config = ServeConfig(model=self.model, port=18123, **changes)
+        return build_launch(pm, self.engine, config, hardware, tmp, None)
+
+    # ------------------------------------------------------------------ loading
+
+    def test_loads_through_entry_point(self, pm: PluginManager, info: EngineInfo) -> None:
+        rec = pm.engines[self.engine]
+        if self.distribution is not None:
+            assert rec.distribution is not None, "the engine was not registered through an entry point"
+            norm = lambda s: re.sub(r"[-_.]+", "-", s).lower()  # noqa: E731
+            assert norm(rec.distribution) == norm(self.distribution)
+            eps = [ep for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT)
+                   if ep.dist is not None and norm(ep.dist.metadata["Name"]) == norm(self.distribution)]
+            assert eps, f"{self.distribution} declares no entry point in group 'perflab'"
+
+    def test_hook_signatures_match_specs(self, pm: PluginManager, info: EngineInfo) -> None:
+        plugin = pm.pm.get_plugin(pm.engines[self.engine].plugin)
+        assert plugin is not None
+        assert check_compatibility(plugin) is None
+        record = next(r for r in pm.records if r.name == pm.engines[self.engine].plugin)
+        assert record.status == "ok", record.error
+        assert "perflab_build_launch" in record.hooks, "an engine plugin must implement perflab_build_launch"
+
+    def test_engine_info_is_well_formed(self, info: EngineInfo) -> None:
+        assert re.fullmatch(r"[a-z0-9][a-z0-9._-]*", info.name), "engine names are lowercase, no spaces"
+        assert info.display_name
+        assert info.accelerators and all(isinstance(a, str) for a in info.accelerators)
+        assert 0 < info.default_port < 65536
+
+    def test_version_hook_answers_without_importing_the_engine(self, pm: PluginManager, info: EngineInfo) -> None:
+        before = set(sys.modules)
+        version = pm.hook.perflab_engine_version(engine=self.engine, env=dict(os.environ))
+        assert version is None or isinstance(version, str)
+        heavy = {"torch", "vllm", "sglang", "tensorrt_llm"} & (set(sys.modules) - before)
+        assert not heavy, f"perflab_engine_version imported {sorted(heavy)}"
+
+    # ------------------------------------------------------------------ launch
+
+    def test_launch_spec_is_an_argv_with_explicit_host_and_port(
+        self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path
+    ) -> None:
+        spec = self._build(pm, hardware, tmp_path)
+        assert isinstance(spec, LaunchSpec)
+        assert spec.engine == self.engine
+        assert isinstance(spec.argv, tuple) and spec.argv and all(isinstance(a, str) for a in spec.argv)
+        assert spec.port == 18123 and spec.host == "127.0.0.1"
+        text = "\n".join([*spec.argv, *(f.content for f in spec.files)])
+        assert "18123" in text, "the port must appear in the argv or a config file"
+        assert "127.0.0.1" in text, "the host must appear in the argv or a config file"
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in spec.env.items())
+
+    def test_other_configs_build(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
+        for changes in self.configs:
+            spec = self._build(pm, hardware, tmp_path, **changes)
+            assert spec.argv, changes
+
+    def test_extra_args_and_env_are_passed_through(
+        self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path
+    ) -> None:
+        try:
+            spec = self._build(pm, hardware, tmp_path, extra_args=("--conformance-flag",), extra_env={"PERFLAB_CONFORMANCE": "1"})
+        except UnsupportedOption as exc:  # an engine without an argv for extras must say so
+            assert exc.option
+            return
+        assert "--conformance-flag" in spec.argv
+        assert spec.env.get("PERFLAB_CONFORMANCE") == "1"
+
+    def test_unknown_engine_option_is_refused_not_dropped(
+        self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path
+    ) -> None:
+        with pytest.raises(UnsupportedOption):
+            self._build(pm, hardware, tmp_path, options={"perflab_conformance_no_such_option": 1})
+
+    def test_unsupported_configs_are_refused(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
+        from perflab.engines import check_support
+
+        for changes in self.unsupported_configs:
+            config = ServeConfig(model=self.model, port=18123, **changes)
+            reasons = [u for u in check_support(pm, self.engine, config, hardware, None) if u.severity == "error"]
+            if reasons:
+                continue
+            with pytest.raises(UnsupportedOption):
+                self._build(pm, hardware, tmp_path, **changes)
+
+    # ------------------------------------------------------------------ readiness, preflight, crashes
+
+    def test_readiness_probes_exist(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
+        from perflab.engines import readiness
+
+        spec = self._build(pm, hardware, tmp_path)
+        ready = readiness(pm, self.engine, spec)
+        assert isinstance(ready, Readiness)
+        assert ready.http or ready.generation_path, "give at least one HTTP probe or a generation path"
+        for probe in ready.http:
+            assert probe.path.startswith("/")
+        for pattern in ready.ready_log_patterns:
+            re.compile(pattern)
+        assert ready.startup_timeout_s > 0
+
+    def test_preflight_answers_are_well_formed(self, pm: PluginManager, hardware: HardwareSnapshot) -> None:
+        from perflab.engines import check_support
+
+        for changes in [{}, *self.configs, {"quantization": "fp8"}]:
+            config = ServeConfig(model=self.model, **changes)
+            for answer in check_support(pm, self.engine, config, hardware, None):
+                assert isinstance(answer, Unsupported)
+                assert answer.what and answer.why
+                assert answer.severity in ("error", "warning")
+
+    def test_crash_samples_map_to_named_causes(self, pm: PluginManager, info: EngineInfo) -> None:
+        if not self.crash_samples:
+            pytest.skip("no crash_samples given")
+        for expected, tail in self.crash_samples.items():
+            cause = pm.hook.perflab_classify_crash(engine=self.engine, exit_code=1, log_tail=tail)
+            assert isinstance(cause, CrashCause), f"sample {expected!r} was not classified"
+            assert cause.name == expected
+            assert cause.explanation
+            assert cause.line is None or cause.line in tail
+
+    def test_unknown_logs_are_not_misclassified(self, pm: PluginManager, info: EngineInfo) -> None:
+        cause = pm.hook.perflab_classify_crash(engine=self.engine, exit_code=0, log_tail="INFO all good\n")
+        assert cause is None
+
+    def test_hooks_ignore_other_engines(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
+        plugin = pm.pm.get_plugin(pm.engines[self.engine].plugin)
+        other = "perflab-conformance-other-engine"
+        config = ServeConfig(model=self.model, port=18123)
+        if hasattr(plugin, "perflab_build_launch"):
+            kw = _only(plugin.perflab_build_launch, engine=other, config=config, hardware=hardware, workdir=tmp_path, version=None)
+            assert plugin.perflab_build_launch(**kw) is None
+        if hasattr(plugin, "perflab_classify_crash"):
+            kw = _only(plugin.perflab_classify_crash, engine=other, exit_code=1, log_tail="Traceback\nRuntimeError: x")
+            assert plugin.perflab_classify_crash(**kw) is None
+
+    # ------------------------------------------------------------------ the full cycle
+
+    def test_full_cycle_against_stand_in(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
+        if self.stand_in is None:
+            pytest.skip("no stand_in executable given")
+        import anyio
+
+        from perflab.supervisor import supervise
+
+        spec = self._build(pm, hardware, tmp_path)
+        exe_name = self.executable_name or Path(spec.argv[0]).name
+        bindir = tmp_path / "bin"
+        bindir.mkdir()
+        target = bindir / exe_name
+        src = Path(self.stand_in)
+        target.write_text(f"#!{sys.executable}\n" + src.read_text())
+        target.chmod(target.stat().st_mode | stat.S_IEXEC)
+        env = dict(os.environ)
+        env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+        assert shutil.which(exe_name, path=env["PATH"]) == str(target)
+
+        async def cycle() -> dict[str, Any]:
+            inst = supervise(pm, self.engine, ServeConfig(model=self.model), hardware=HardwareSnapshot(),
+                             env=env, workdir=tmp_path / "run", startup_timeout=20)
+            async with inst:
+                state = inst.outcome.state
+            return {"ready": state, "final": inst.outcome}
+
+        result = anyio.run(cycle)
+        assert result["ready"] == "ready", result["final"].to_json()
+        outcome = result["final"]
+        assert not outcome.leftovers, outcome.leftovers
+
+
+def _only(fn: Any, **kw: Any) -> dict[str, Any]:
+    """pluggy lets an implementation omit parameters; call it the same way."""
+    import inspect
+
+    names = set(inspect.signature(fn).parameters)
+    return {k: v for k, v in kw.items() if k in names}
