@@ -72,7 +72,7 @@ def _norm(name: str) -> str:
 def _name_list(value: str | None) -> set[str] | None:
     if value is None:
         return None
-    return {_norm(v) for v in value.split(",") if v.strip()}
+    return {_norm(v.strip()) for v in value.split(",") if v.strip()}
 
 
 def _spec_params() -> dict[str, tuple[str, ...]]:

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     from perflab.errors import PerflabError
 
     try:
-        cli.main(args=argv, prog_name="perflab", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="perflab", standalone_mode=False)
     except PerflabError as exc:
         click.echo(f"perflab: error: {exc}", err=True)
         sys.exit(exc.exit_code)
@@ -92,3 +92,6 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("perflab: interrupted", err=True)
         sys.exit(130)
+    # standalone_mode=False returns ctx.exit(n) codes instead of exiting: honour them
+    if isinstance(rv, int) and rv != 0:
+        sys.exit(rv)

@@ -52,4 +52,13 @@ class SimEngineConfig:
     fail_lines: tuple[str, ...] = ()
     fail_exit_code: int = 1
     fail_after_s: float = 0.3
+    # Added for the runtime (perflab.sim.runtime) --------------------------------------
+    hardware: str | None = None  # catalog name; None: env PERFLAB_SIM_HARDWARE
+    load_time_s: float = 0.3  # real seconds of "loading weights" before binding
+    spec_acceptance: float | None = None  # per draft token; None: the method's default
+    shutdown_lines: tuple[str, ...] = ()  # printed (stdout) on SIGTERM/SIGINT
+    block_size: int = 16  # KV-cache block (tokens), also the prefix-cache granularity
+    # Engine-specific runtime behaviour, all optional (see perflab.sim.runtime for the list):
+    # bind_before_load, health_paths_by_port, access_log, stats_line, stats_interval_s,
+    # crash_lines, crash_at_start_lines, oom_lines, insufficient_memory_lines, eos_mean_tokens.
     extra: dict[str, object] = field(default_factory=dict)

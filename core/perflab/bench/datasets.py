@@ -1,0 +1,193 @@
+"""Benchmark datasets, built before the timed run (tokenization never runs while timing).
+
+Follows ``vllm bench serve``'s datasets (vllm/benchmarks/datasets.py):
+
+``random``
+    ``--num-prompts`` prompts; input and output lengths drawn uniformly from
+    ``[floor(L·(1−r)), ceil(L·(1+r))]`` with ``r = --random-range-ratio`` (0: exact lengths);
+    an optional shared random prefix of ``--random-prefix-len`` tokens.
+``sharegpt``
+    A local ShareGPT JSON (``[{"conversations": [{"from": "human", "value": ...}, ...]}]``):
+    entries with at least two turns, shuffled with the seed; the first turn is the prompt,
+    the second's length the output length (or ``--sharegpt-output-len``); vLLM's filter keeps
+    prompts of 4..1024 tokens, outputs of at least 4, and at most 2048 together; too few
+    entries are oversampled.
+``prefix-repetition``
+    ``--prefix-repetition-num-prefixes`` shared prefixes, each followed by random suffixes,
+    shuffled — for prefix caching.
+``synthetic-sharegpt``
+    No file needed: ShareGPT-like lengths (log-normal, clipped with vLLM's ShareGPT filter,
+    means near the seeds' 217 input and 202 output tokens per request) of random words.
+    Not the real dataset: say so when reporting it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from perflab.bench.request import BenchRequest
+from perflab.bench.tokenizer import Tokenizer
+from perflab.errors import UsageError
+
+SHAREGPT_MIN_LEN = 4
+SHAREGPT_MAX_PROMPT_LEN = 1024
+SHAREGPT_MAX_TOTAL_LEN = 2048
+SYNTHETIC_SHAREGPT_MEANS = (217.0, 202.0)  # seeds 000-002: 217393 / ~201700 tokens over 1000 requests
+SYNTHETIC_SHAREGPT_SIGMAS = (0.9, 0.8)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    prompt: str
+    prompt_len: int  # client-side token count of the prompt
+    output_len: int  # max tokens asked for
+
+
+def is_valid_sequence(
+    prompt_len: int,
+    output_len: int,
+    min_len: int = SHAREGPT_MIN_LEN,
+    max_prompt_len: int = SHAREGPT_MAX_PROMPT_LEN,
+    max_total_len: int = SHAREGPT_MAX_TOTAL_LEN,
+    skip_min_output_len_check: bool = False,
+) -> bool:
+    """vLLM's ShareGPT filter (vllm/benchmarks/datasets.py ``is_valid_sequence``)."""
+    return not (
+        prompt_len < min_len
+        or (not skip_min_output_len_check and output_len < min_len)
+        or prompt_len > max_prompt_len
+        or prompt_len + output_len > max_total_len
+    )
+
+
+def _len_range(length: int, ratio: float, minimum: int) -> tuple[int, int]:
+    low = max(math.floor(length * (1 - ratio)), minimum)
+    high = max(math.ceil(length * (1 + ratio)), low)
+    return low, high
+
+
+def random_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
+    rng = random.Random(req.seed)
+    in_lo, in_hi = _len_range(req.random_input_len, req.random_range_ratio, 1)
+    out_lo, out_hi = _len_range(req.random_output_len, req.random_range_ratio, 1)
+    prefix = ""
+    prefix_len = 0
+    if req.random_prefix_len:
+        prefix, prefix_len = tok.random_text(rng, req.random_prefix_len)
+    samples = []
+    for _ in range(req.num_prompts):
+        n_in = rng.randint(in_lo, in_hi)
+        n_out = rng.randint(out_lo, out_hi)
+        body, count = tok.random_text(rng, n_in)
+        if prefix:
+            text = prefix + " " + body
+            count = prefix_len + count if tok.kind != "hf" else tok.count(text)
+        else:
+            text = body
+        samples.append(Sample(text, count, n_out))
+    return samples
+
+
+def prefix_repetition_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
+    n_prefixes = req.prefix_repetition_num_prefixes
+    if req.num_prompts < n_prefixes:
+        raise UsageError(
+            f"--num-prompts {req.num_prompts} must be at least --prefix-repetition-num-prefixes {n_prefixes}"
+        )
+    rng = random.Random(req.seed)
+    samples = []
+    for i in range(n_prefixes):
+        prefix, prefix_len = tok.random_text(rng, req.prefix_repetition_prefix_len)
+        # vLLM gives num_prompts // num_prefixes to each and drops the rest; perflab spreads
+        # the remainder so that exactly --num-prompts requests are sent.
+        per = req.num_prompts // n_prefixes + (1 if i < req.num_prompts % n_prefixes else 0)
+        for _ in range(per):
+            suffix, suffix_len = tok.random_text(rng, req.prefix_repetition_suffix_len)
+            text = (prefix + " " + suffix).strip()
+            count = prefix_len + suffix_len if tok.kind != "hf" else tok.count(text)
+            samples.append(Sample(text, count, req.prefix_repetition_output_len))
+    rng.shuffle(samples)
+    return samples
+
+
+def _load_sharegpt(path: str) -> list[dict]:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise UsageError(f"--dataset-path {path!r}: no such file (a ShareGPT JSON list of conversations)")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--dataset-path {path!r}: not valid JSON ({exc})") from None
+    if not isinstance(data, list):
+        raise UsageError(f"--dataset-path {path!r}: expected a JSON list of {{'conversations': [...]}} entries")
+    return [
+        e
+        for e in data
+        if isinstance(e, dict) and isinstance(e.get("conversations"), list) and len(e["conversations"]) >= 2
+    ]
+
+
+def _turn_text(turn: object) -> str:
+    if isinstance(turn, dict):
+        value = turn.get("value", turn.get("content", ""))
+        return value if isinstance(value, str) else ""
+    return ""
+
+
+def sharegpt_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
+    assert req.dataset_path is not None
+    entries = _load_sharegpt(req.dataset_path)
+    random.Random(req.seed).shuffle(entries)
+    fixed = req.sharegpt_output_len
+    samples: list[Sample] = []
+    for entry in entries:
+        if len(samples) >= req.num_prompts:
+            break
+        prompt = _turn_text(entry["conversations"][0])
+        completion = _turn_text(entry["conversations"][1])
+        prompt_len = tok.count(prompt)
+        output_len = fixed if fixed is not None else tok.count(completion)
+        if not is_valid_sequence(prompt_len, output_len, skip_min_output_len_check=fixed is not None):
+            continue
+        samples.append(Sample(prompt, prompt_len, output_len))
+    if not samples:
+        raise UsageError(
+            f"--dataset-path {req.dataset_path!r}: no conversation passes vLLM's ShareGPT filter "
+            f"(prompt {SHAREGPT_MIN_LEN}..{SHAREGPT_MAX_PROMPT_LEN} tokens, output >= {SHAREGPT_MIN_LEN}, "
+            f"total <= {SHAREGPT_MAX_TOTAL_LEN})"
+        )
+    if len(samples) < req.num_prompts:  # vLLM oversamples with random.choices
+        samples += random.Random(req.seed).choices(samples, k=req.num_prompts - len(samples))
+    return samples
+
+
+def synthetic_sharegpt_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
+    rng = random.Random(req.seed)
+    (m_in, m_out), (s_in, s_out) = SYNTHETIC_SHAREGPT_MEANS, SYNTHETIC_SHAREGPT_SIGMAS
+    mu_in, mu_out = math.log(m_in) - s_in**2 / 2, math.log(m_out) - s_out**2 / 2
+    samples: list[Sample] = []
+    while len(samples) < req.num_prompts:
+        n_in = round(rng.lognormvariate(mu_in, s_in))
+        n_out = req.sharegpt_output_len or round(rng.lognormvariate(mu_out, s_out))
+        if not is_valid_sequence(n_in, n_out, skip_min_output_len_check=req.sharegpt_output_len is not None):
+            continue
+        text, count = tok.random_text(rng, n_in)
+        samples.append(Sample(text, count, n_out))
+    return samples
+
+
+def build_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
+    """The request list for ``req.dataset`` (deterministic for a given seed and tokenizer)."""
+    if req.dataset == "random":
+        return random_samples(req, tok)
+    if req.dataset == "sharegpt":
+        return sharegpt_samples(req, tok)
+    if req.dataset == "prefix-repetition":
+        return prefix_repetition_samples(req, tok)
+    if req.dataset == "synthetic-sharegpt":
+        return synthetic_sharegpt_samples(req, tok)
+    raise UsageError(f"--dataset {req.dataset!r}: unknown")

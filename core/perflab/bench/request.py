@@ -1,0 +1,246 @@
+"""What to benchmark: :class:`BenchRequest`, one field per ``perflab bench`` option."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perflab.errors import UsageError
+
+BACKENDS = ("openai-chat", "openai")
+DEFAULT_ENDPOINTS = {"openai-chat": "/v1/chat/completions", "openai": "/v1/completions"}
+DATASETS = ("random", "sharegpt", "prefix-repetition", "synthetic-sharegpt")
+HTTP_STACKS = ("raw", "aiohttp")
+PERCENTILE_METRICS = ("latency", "ttft", "tpot", "itl", "e2el")
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One benchmark run against one or more OpenAI-compatible endpoints.
+
+    Field names follow ``vllm bench serve``'s options. Times given by the user (SLOs,
+    request rate) are in the server's time: on a simulator running ``time_scale`` times
+    faster than real time, perflab sends ``request_rate × time_scale`` requests per real
+    second and multiplies every measured duration by ``time_scale``. ``timeout`` stays
+    wall-clock seconds.
+    """
+
+    base_urls: tuple[str, ...]
+    model: str
+    backend: str = "openai-chat"
+    endpoint: str | None = None  # default: /v1/chat/completions or /v1/completions
+    served_model_name: str | None = None  # the "model" field sent (default: model)
+    dataset: str = "random"
+    dataset_path: str | None = None
+    num_prompts: int = 1000
+    random_input_len: int = 1024
+    random_output_len: int = 128
+    random_range_ratio: float = 0.0
+    random_prefix_len: int = 0
+    sharegpt_output_len: int | None = None
+    prefix_repetition_prefix_len: int = 256
+    prefix_repetition_suffix_len: int = 256
+    prefix_repetition_num_prefixes: int = 10
+    prefix_repetition_output_len: int = 128
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    seed: int = 0
+    goodput: tuple[tuple[str, float], ...] = ()  # (("ttft", 500.0), ("tpot", 50.0))
+    percentiles: tuple[float, ...] = (99.0,)
+    percentile_metrics: tuple[str, ...] = ("ttft", "tpot", "itl")
+    warmup: int = 0
+    timeout: float | None = None  # per request, wall-clock seconds (None: 6 h as vLLM)
+    tokenizer: str | None = None  # None/"auto", "whitespace", "approx", a tokenizer.json or model dir
+    ignore_eos: bool = False
+    temperature: float | None = 0.0  # vLLM's default: greedy
+    extra_body: tuple[tuple[str, Any], ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()
+    continuous_usage_stats: bool = False  # ask for usage on every chunk (vLLM, SGLang, TRT-LLM)
+    label: str | None = None
+    save_result: bool = False
+    save_detailed: bool = False
+    result_dir: str | None = None
+    result_filename: str | None = None
+    workers: int = 1
+    http_stack: str = "raw"
+    time_scale: float = 1.0  # simulated time compression: measured durations are multiplied by it
+    profile: str | None = None
+    keep_text: bool = False  # keep generated texts (for --save-detailed)
+
+    # ------------------------------------------------------------------ derived
+
+    @property
+    def api_endpoint(self) -> str:
+        return self.endpoint or DEFAULT_ENDPOINTS[self.backend]
+
+    @property
+    def request_model(self) -> str:
+        return self.served_model_name or self.model
+
+    @property
+    def goodput_dict(self) -> dict[str, float]:
+        return dict(self.goodput)
+
+    def replace(self, **changes: Any) -> BenchRequest:
+        return dataclasses.replace(self, **changes)
+
+    def validate(self) -> BenchRequest:
+        """Raise :class:`UsageError` (one line) for an impossible request; return self."""
+        if not self.base_urls:
+            raise UsageError("--base-url is required: the endpoint to benchmark, e.g. http://127.0.0.1:8000")
+        for url in self.base_urls:
+            if not url.startswith(("http://", "https://")):
+                raise UsageError(f"--base-url {url!r}: expected http://HOST:PORT or https://HOST:PORT")
+        if not self.model:
+            raise UsageError("--model is required (the model name the server serves)")
+        if self.backend not in BACKENDS:
+            raise UsageError(f"--backend {self.backend!r}: expected one of {', '.join(BACKENDS)}")
+        if self.dataset not in DATASETS:
+            raise UsageError(f"--dataset {self.dataset!r}: expected one of {', '.join(DATASETS)}")
+        if self.dataset == "sharegpt" and not self.dataset_path:
+            raise UsageError(
+                "--dataset sharegpt needs --dataset-path (a local ShareGPT JSON such as "
+                "ShareGPT_V3_unfiltered_cleaned_split.json); perflab downloads nothing"
+            )
+        positive = {
+            "--num-prompts": self.num_prompts,
+            "--random-input-len": self.random_input_len,
+            "--random-output-len": self.random_output_len,
+            "--prefix-repetition-num-prefixes": self.prefix_repetition_num_prefixes,
+            "--prefix-repetition-output-len": self.prefix_repetition_output_len,
+            "--workers": self.workers,
+        }
+        for name, value in positive.items():
+            if value < 1:
+                raise UsageError(f"{name} {value}: expected a positive integer")
+        if self.random_prefix_len < 0 or self.prefix_repetition_prefix_len < 0 or self.prefix_repetition_suffix_len < 0:
+            raise UsageError("prefix and suffix lengths must be >= 0")
+        if self.sharegpt_output_len is not None and self.sharegpt_output_len < 1:
+            raise UsageError(f"--sharegpt-output-len {self.sharegpt_output_len}: expected a positive integer")
+        if not 0.0 <= self.random_range_ratio < 1.0:
+            raise UsageError(f"--random-range-ratio {self.random_range_ratio}: expected a value in [0, 1)")
+        if not self.request_rate > 0:
+            raise UsageError(f"--request-rate {self.request_rate}: expected a positive number or inf")
+        if not self.burstiness > 0:
+            raise UsageError(f"--burstiness {self.burstiness}: expected a positive number (1 = Poisson)")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise UsageError(f"--max-concurrency {self.max_concurrency}: expected a positive integer")
+        if self.max_concurrency is not None and self.workers > self.max_concurrency:
+            raise UsageError(
+                f"--workers {self.workers} exceeds --max-concurrency {self.max_concurrency}: "
+                "each worker process needs at least one concurrent request"
+            )
+        if self.warmup < 0:
+            raise UsageError(f"--warmup {self.warmup}: expected 0 or more requests")
+        if self.timeout is not None and not self.timeout > 0:
+            raise UsageError(f"--timeout {self.timeout}: expected a positive number of seconds")
+        if not self.time_scale > 0:
+            raise UsageError(f"--time-scale {self.time_scale}: expected a positive factor")
+        if self.http_stack not in HTTP_STACKS:
+            raise UsageError(f"--http-stack {self.http_stack!r}: expected one of {', '.join(HTTP_STACKS)}")
+        for p in self.percentiles:
+            if not 0 < p < 100:
+                raise UsageError(f"--percentiles: {p} is not in (0, 100)")
+        bad = [m for m in self.percentile_metrics if m not in PERCENTILE_METRICS]
+        if bad:
+            raise UsageError(f"--percentile-metrics {','.join(bad)}: expected some of {','.join(PERCENTILE_METRICS)}")
+        for name, value in self.goodput:
+            if name not in GOODPUT_METRICS:
+                raise UsageError(f"--goodput {name}:{value}: the metric must be one of {', '.join(GOODPUT_METRICS)}")
+            if value < 0:
+                raise UsageError(f"--goodput {name}:{value}: the SLO must be >= 0 milliseconds")
+        return self
+
+
+# --------------------------------------------------------------------------- option parsing
+
+
+def parse_rate(value: str | float) -> float:
+    """``--request-rate``: a positive number or ``inf``."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = value.strip().lower()
+    if text in ("inf", "infinity"):
+        return math.inf
+    try:
+        rate = float(text)
+    except ValueError:
+        raise UsageError(f"--request-rate {value!r}: expected a number of requests per second or 'inf'") from None
+    if not rate > 0:
+        raise UsageError(f"--request-rate {value!r}: expected a positive number or 'inf'")
+    return rate
+
+
+def parse_goodput(values: str | Sequence[str] | Mapping[str, float] | None) -> tuple[tuple[str, float], ...]:
+    """``--goodput ttft:500 tpot:50 e2el:20000`` (milliseconds), vLLM's ``KEY:VALUE`` pairs."""
+    if not values:
+        return ()
+    if isinstance(values, Mapping):
+        pairs = [(str(k), float(v)) for k, v in values.items()]
+    else:
+        items = values.split() if isinstance(values, str) else [w for v in values for w in str(v).replace(",", " ").split()]
+        pairs = []
+        for item in items:
+            name, sep, num = item.partition(":")
+            try:
+                if not sep:
+                    raise ValueError
+                pairs.append((name.strip().lower(), float(num)))
+            except ValueError:
+                raise UsageError(
+                    f"--goodput {item!r}: expected METRIC:MILLISECONDS pairs such as ttft:500 tpot:50 e2el:20000"
+                ) from None
+    for name, value in pairs:
+        if name not in GOODPUT_METRICS:
+            raise UsageError(f"--goodput {name}:{value:g}: the metric must be one of {', '.join(GOODPUT_METRICS)}")
+        if value < 0:
+            raise UsageError(f"--goodput {name}:{value:g}: the SLO must be >= 0 milliseconds")
+    return tuple(pairs)
+
+
+def parse_percentiles(value: str | Sequence[float]) -> tuple[float, ...]:
+    """``--percentiles 50,90,95,99``."""
+    if isinstance(value, str):
+        try:
+            out = tuple(float(v) for v in value.replace(" ", ",").split(",") if v)
+        except ValueError:
+            raise UsageError(f"--percentiles {value!r}: expected a comma list of numbers such as 50,90,95,99") from None
+    else:
+        out = tuple(float(v) for v in value)
+    if not out:
+        raise UsageError("--percentiles: expected at least one percentile such as 99")
+    for p in out:
+        if not 0 < p < 100:
+            raise UsageError(f"--percentiles: {p:g} is not in (0, 100)")
+    return out
+
+
+def parse_percentile_metrics(value: str | Sequence[str]) -> tuple[str, ...]:
+    items = tuple(v.strip() for v in (value.split(",") if isinstance(value, str) else value) if v.strip())
+    bad = [m for m in items if m not in PERCENTILE_METRICS]
+    if bad or not items:
+        raise UsageError(f"--percentile-metrics {value!r}: expected a comma list of {','.join(PERCENTILE_METRICS)}")
+    return items
+
+
+def frozen_pairs(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    return tuple((mapping or {}).items())
+
+
+__all__ = [
+    "BACKENDS",
+    "DATASETS",
+    "DEFAULT_ENDPOINTS",
+    "BenchRequest",
+    "field",
+    "frozen_pairs",
+    "parse_goodput",
+    "parse_percentile_metrics",
+    "parse_percentiles",
+    "parse_rate",
+]

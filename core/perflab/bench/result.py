@@ -1,0 +1,277 @@
+"""The "Serving Benchmark Result" block and the JSON result.
+
+The block reproduces ``vllm bench serve``'s layout as the seed studies show it
+(``{:<40} {:<10}`` lines, trailing blanks stripped): the throughput lines, then one section per
+metric. Sections and lines beyond vLLM 0.11's, all optional:
+
+- ``Failed requests:`` after the successful ones, only when some failed (vLLM main prints it
+  always; the seeds, made with 0.11, never show it);
+- the GPUStack ``Latency`` section in seconds (seed 004), percentile metric ``latency``;
+- vLLM's ``End-to-end Latency`` section in milliseconds, percentile metric ``e2el``;
+- one line per asked percentile; a percentile with no value prints ``N/A`` (seed 004's
+  ``P95 TTFT (ms): N/A``).
+
+The JSON uses ``vllm bench serve --save-result`` field names so that existing tooling reads
+it; perflab's own additions sit under ``"perflab"``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from perflab.bench.metrics import percentile_key
+from perflab.bench.trace import RequestTrace
+
+WIDTH = 50
+BLOCK_TITLE = " Serving Benchmark Result "
+# Section order in the block; "latency" (seconds) is seed 004's, "e2el" (ms) is vLLM's.
+SECTION_ORDER = ("latency", "ttft", "tpot", "itl", "e2el")
+SECTIONS: dict[str, tuple[str, str, str, str, float]] = {
+    # name: (header line, line label, unit, field metric, divisor from ms)
+    "latency": ("-" * 22 + "Latency" + "-" * 21, "Latency", "s", "e2el", 1000.0),
+    "ttft": ("{:-^50}".format("Time to First Token"), "TTFT", "ms", "ttft", 1.0),
+    "tpot": ("{:-^50}".format("Time per Output Token (excl. 1st token)"), "TPOT", "ms", "tpot", 1.0),
+    "itl": ("{:-^50}".format("Inter-token Latency"), "ITL", "ms", "itl", 1.0),
+    "e2el": ("{:-^50}".format("End-to-end Latency"), "E2EL", "ms", "e2el", 1.0),
+}
+DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")
+
+# Throughput lines: (label, field, format) in block order.
+_HEAD_LINES: tuple[tuple[str, str, str], ...] = (
+    ("Successful requests:", "completed", "d"),
+    ("Failed requests:", "failed", "d"),
+    ("Maximum request concurrency:", "max_concurrency", "d"),
+    ("Request rate configured (RPS):", "request_rate", ".2f"),
+    ("Benchmark duration (s):", "duration", ".2f"),
+    ("Total input tokens:", "total_input_tokens", "d"),
+    ("Total generated tokens:", "total_output_tokens", "d"),
+    ("Request throughput (req/s):", "request_throughput", ".2f"),
+    ("Request goodput (req/s):", "request_goodput", ".2f"),
+    ("Output token throughput (tok/s):", "output_throughput", ".2f"),
+    ("Peak output token throughput (tok/s):", "max_output_tokens_per_s", ".2f"),
+    ("Peak concurrent requests:", "max_concurrent_requests", ".2f"),
+    ("Total Token throughput (tok/s):", "total_token_throughput", ".2f"),
+)
+
+
+def _line(label: str, value: Any, fmt: str) -> str:
+    if value is None:
+        text = "N/A"
+    elif fmt == "d":
+        text = str(int(value))
+    else:
+        text = format(float(value), fmt)
+    return f"{label:<40} {text:<10}".rstrip()
+
+
+def _shown(key: str, value: Any) -> bool:
+    if key == "failed":
+        return bool(value)
+    if key == "max_concurrency":
+        return value is not None
+    if key == "request_rate":
+        return value is not None and value != "inf" and not (isinstance(value, float) and math.isinf(value))
+    if key == "request_goodput":
+        return value is not None
+    return True
+
+
+def _section_percentiles(metrics: Mapping[str, Any], field_metric: str, unit: str, asked: Sequence[float]) -> list[str]:
+    """Asked percentiles plus any already in ``metrics`` for this section, in ascending order."""
+    keys = {percentile_key(p): float(p) for p in asked}
+    suffix = f"_{field_metric}_ms" if unit == "ms" else f"_{field_metric}_s"
+    pat = re.compile(r"^p(\d+(?:\.\d+)?)" + re.escape(suffix) + "$")
+    for k in metrics:
+        m = pat.match(k)
+        if m:
+            keys.setdefault(m.group(1), float(m.group(1)))
+    return [k for k, _ in sorted(keys.items(), key=lambda kv: kv[1])]
+
+
+def format_result_block(
+    metrics: Mapping[str, Any],
+    percentiles: Sequence[float] = (99,),
+    percentile_metrics: Sequence[str] | None = None,
+) -> str:
+    """The "Serving Benchmark Result" block of ``metrics`` (vLLM field names).
+
+    :param metrics: as produced by a run or by :func:`parse_result_block`; reads
+        ``max_concurrency`` and ``request_rate`` to decide on those lines.
+    :param percentiles: percentile lines to print; a percentile with no value in ``metrics``
+        prints ``N/A``; percentiles already present in ``metrics`` are printed too.
+    :param percentile_metrics: sections, among ``latency`` (seed 004's, seconds), ``ttft``,
+        ``tpot``, ``itl``, ``e2el`` (vLLM's, ms). Default: ``metrics["percentile_metrics"]``
+        when present, else ttft, tpot, itl.
+    """
+    if percentile_metrics is None:
+        percentile_metrics = tuple(metrics.get("percentile_metrics") or DEFAULT_PERCENTILE_METRICS)
+    unknown = set(percentile_metrics) - set(SECTIONS)
+    if unknown:
+        raise ValueError(f"unknown percentile metric(s) {sorted(unknown)}; known: {', '.join(SECTION_ORDER)}")
+    lines = ["{s:{c}^{n}}".format(s=BLOCK_TITLE, n=WIDTH, c="=")]
+    for label, key, fmt in _HEAD_LINES:
+        value = metrics.get(key)
+        if _shown(key, value):
+            lines.append(_line(label, value, fmt))
+    for name in SECTION_ORDER:
+        if name not in percentile_metrics:
+            continue
+        header, label, unit, fm, divisor = SECTIONS[name]
+        lines.append(header)
+        sep = "" if unit == "s" else " "
+        for stat in ("mean", "median"):
+            value = metrics.get(f"{stat}_{fm}_ms")
+            lines.append(_line(f"{stat.capitalize()} {label}{sep}({unit}):", None if value is None else value / divisor, ".2f"))
+        for pk in _section_percentiles(metrics, fm, "ms", percentiles):
+            value = metrics.get(f"p{pk}_{fm}_ms")
+            lines.append(_line(f"P{pk} {label}{sep}({unit}):", None if value is None else value / divisor, ".2f"))
+    lines.append("=" * WIDTH)
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- parsing
+
+_NUM = r"(N/A|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|inf)"
+_BLOCK_RE = re.compile(r"=+\s*Serving Benchmark Result\s*=+(.*?)(?:={50}|$)", re.S)
+_SECTION_HEADER_RE = re.compile(r"-{3,}\s*([A-Za-z][A-Za-z0-9 .()\-]*?[A-Za-z)])\s*-{3,}")
+_SECTION_BY_HEADER = {
+    "Latency": "latency",
+    "Time to First Token": "ttft",
+    "Time per Output Token (excl. 1st token)": "tpot",
+    "Inter-token Latency": "itl",
+    "End-to-end Latency": "e2el",
+}
+_STAT_RE = re.compile(r"(Mean|Median|P\d+(?:\.\d+)?)\s+(Latency|TTFT|TPOT|ITL|E2EL)\s*\((ms|s)\):\s*" + _NUM, re.I)
+
+
+def _num(text: str) -> float | None:
+    if text == "N/A":
+        return None
+    return float(text)
+
+
+def parse_result_blocks(text: str) -> list[dict[str, Any]]:
+    """Every "Serving Benchmark Result" block in ``text`` (a log, a seed, a Markdown page)."""
+    return [_parse_body(m.group(1)) for m in _BLOCK_RE.finditer(text)]
+
+
+def parse_result_block(text: str) -> dict[str, Any]:
+    """The first "Serving Benchmark Result" block in ``text``, as vLLM-named metrics.
+
+    Works on the block as printed and on text whose line breaks were lost (seed 004). ``N/A``
+    becomes ``None``; seconds (seed 004's Latency section) become ``*_e2el_ms``. The sections
+    found are listed in ``percentile_metrics`` so that :func:`format_result_block` gives the
+    same block back.
+    """
+    blocks = parse_result_blocks(text)
+    if not blocks:
+        raise ValueError("no 'Serving Benchmark Result' block found")
+    return blocks[0]
+
+
+def _parse_body(body: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for label, key, fmt in _HEAD_LINES:
+        # Case matters: "Output token throughput" must not match "Peak output token ...".
+        # vLLM main spells "Total token throughput", 0.11 (the seeds) "Total Token".
+        pat = re.escape(label).replace("Token", "[Tt]oken")
+        m = re.search(pat + r"\s*" + _NUM, body)
+        if m is None:
+            continue
+        value = _num(m.group(1))
+        if value is not None and fmt == "d" and not math.isinf(value):
+            value = int(value)
+        out[key] = value
+    sections: list[str] = []
+    headers = list(_SECTION_HEADER_RE.finditer(body))
+    for i, h in enumerate(headers):
+        name = _SECTION_BY_HEADER.get(" ".join(h.group(1).split()))
+        if name is None:
+            continue
+        sections.append(name)
+        end = headers[i + 1].start() if i + 1 < len(headers) else len(body)
+        for m in _STAT_RE.finditer(body, h.end(), end):
+            stat, _label, unit, raw = m.groups()
+            value = _num(raw)
+            if value is not None and unit.lower() == "s":
+                value = value * 1000.0
+            fm = SECTIONS[name][3]
+            key = stat.lower() if stat.lower() in ("mean", "median") else "p" + stat[1:]
+            out[f"{key}_{fm}_ms"] = value
+    out["percentile_metrics"] = sections
+    return out
+
+
+# --------------------------------------------------------------------------- the result
+
+
+@dataclass
+class BenchResult:
+    """One benchmark run.
+
+    ``metrics`` holds the ``vllm bench serve --save-result`` fields (without the per-request
+    lists): ``completed``, ``failed``, ``total_input_tokens``, ``total_output_tokens``,
+    ``request_throughput``, ``output_throughput``, ``total_token_throughput``,
+    ``mean_ttft_ms``, ``median_ttft_ms``, ``p99_ttft_ms``, ..., ``max_output_tokens_per_s``,
+    ``max_concurrent_requests``, plus the run's settings (``backend``, ``model_id``,
+    ``num_prompts``, ``request_rate``, ``burstiness``, ``max_concurrency`` ...).
+    """
+
+    metrics: dict[str, Any]
+    errors: list[str] = field(default_factory=list)  # the first failed requests' errors
+    requests: list[RequestTrace] = field(default_factory=list)  # per request, in send order
+    info: dict[str, Any] = field(default_factory=dict)  # perflab's details (tokenizer, workers, ...)
+    percentiles: tuple[float, ...] = (99,)
+    percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS
+
+    @property
+    def success_rate(self) -> float:
+        done = int(self.metrics.get("completed") or 0)
+        total = done + int(self.metrics.get("failed") or 0)
+        return done / total if total else 0.0
+
+    def format_block(self, percentiles: Sequence[float] | None = None) -> str:
+        return format_result_block(
+            self.metrics,
+            self.percentiles if percentiles is None else tuple(percentiles),
+            self.percentile_metrics,
+        )
+
+    def to_json(self, *, detailed: bool = False) -> dict[str, Any]:
+        """The ``--save-result`` JSON; ``detailed`` adds vLLM's ``--save-detailed`` lists."""
+        out = dict(self.metrics)
+        out["errors"] = list(self.errors)
+        if detailed:
+            reqs = self.requests
+            out["input_lens"] = [r.input_tokens for r in reqs]
+            out["output_lens"] = [r.output_tokens if r.success else 0 for r in reqs]
+            out["ttfts"] = [r.ttft for r in reqs]
+            out["itls"] = [r.itl for r in reqs]
+            out["start_times"] = [r.start for r in reqs]
+            out["generated_texts"] = [r.generated_text for r in reqs]
+            out["errors"] = [r.error for r in reqs]
+        out["perflab"] = dict(self.info)
+        return out
+
+    def default_filename(self) -> str:
+        """vLLM's name: ``{label}-{rate}qps[-concurrency{N}]-{model}-{date}.json``."""
+        m = self.metrics
+        label = m.get("label") or m.get("backend") or "perflab"
+        conc = f"-concurrency{m['max_concurrency']}" if m.get("max_concurrency") is not None else ""
+        model = str(m.get("model_id") or "model").rstrip("/").split("/")[-1]
+        date = m.get("date") or datetime.now().strftime("%Y%m%d-%H%M%S")
+        return f"{label}-{m.get('request_rate', 'inf')}qps{conc}-{model}-{date}.json"
+
+    def save(self, result_dir: str | Path | None = None, filename: str | None = None, *, detailed: bool = False) -> Path:
+        directory = Path(result_dir) if result_dir else Path.cwd()
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / (filename or self.default_filename())
+        path.write_text(json.dumps(self.to_json(detailed=detailed), indent=None) + "\n", encoding="utf-8")
+        return path

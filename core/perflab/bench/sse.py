@@ -1,0 +1,82 @@
+"""An incremental Server-Sent Events parser with no line-length limit.
+
+Follows the WHATWG event-stream rules that matter for LLM servers: lines end with ``\\n``,
+``\\r\\n`` or ``\\r`` (also when split across network reads), a blank line dispatches the
+event, ``data:`` lines are joined with ``\\n``, one space after the colon is dropped, lines
+starting with ``:`` are comments (keep-alive pings), ``event:`` names the event type.
+
+It buffers bytes, not lines of a bounded reader: aiohttp's ``StreamReader.readline`` limit
+(64 KiB, then 128 KiB) made ``vllm bench serve`` and TensorRT-LLM's client fail on long
+chunks ("Chunk too big"); here a single event may be any size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    data: bytes
+    event: str = "message"
+
+
+class SSEParser:
+    """Feed bytes as they arrive; get back the events completed by them."""
+
+    __slots__ = ("_buf", "_data", "_event", "_has_data", "_skip_lf")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[bytes] = []
+        self._event = ""
+        self._has_data = False
+        self._skip_lf = False  # the previous chunk ended with "\r": a leading "\n" pairs with it
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if self._skip_lf and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        self._skip_lf = False
+        if not chunk:
+            return []
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:
+            self._skip_lf = buf.endswith(b"\r")
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()  # the unterminated rest (often b"")
+        events: list[SSEEvent] = []
+        for line in lines:
+            if not line:
+                if self._has_data:
+                    events.append(SSEEvent(b"\n".join(self._data), self._event or "message"))
+                self._data = []
+                self._event = ""
+                self._has_data = False
+                continue
+            if line[:1] == b":":
+                continue
+            name, sep, value = line.partition(b":")
+            if sep and value[:1] == b" ":
+                value = value[1:]
+            if name == b"data":
+                self._data.append(value)
+                self._has_data = True
+            elif name == b"event":
+                self._event = value.decode("utf-8", "replace")
+            # "id" and "retry" do not matter to a benchmark; unknown fields are ignored.
+        return events
+
+    def close(self) -> list[SSEEvent]:
+        """End of stream: an event left without its blank line still counts.
+
+        The standard drops it, but servers that close right after the last ``data:`` line
+        exist, and vLLM's client accepts them too.
+        """
+        self._skip_lf = False
+        events: list[SSEEvent] = []
+        if self._buf:
+            events = self.feed(b"\n\n")
+        elif self._has_data:
+            events = self.feed(b"\n")
+        return events

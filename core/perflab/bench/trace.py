@@ -1,0 +1,264 @@
+"""Per-request records: the raw capture taken during the run, and the parsed trace.
+
+During the timed run the client only appends ``(receive time, bytes)`` per network read
+(:class:`Capture`); SSE framing, JSON and token counting happen afterwards in
+:func:`parse_capture`, so that the client spends its CPU on receiving, not on parsing
+(measured in ``benchmarks/bench_client_capacity.py``). Times are ``time.perf_counter()``,
+which on Linux is ``CLOCK_MONOTONIC``: one clock for every process of the machine, so
+captures from ``--workers`` processes share an origin.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from perflab.bench.sse import SSEParser
+from perflab.bench.tokenizer import Tokenizer
+
+MAX_ERROR_CHARS = 500
+
+
+@dataclass(slots=True)
+class Capture:
+    """What the HTTP client records for one request while the benchmark runs."""
+
+    index: int
+    start: float = 0.0  # when the request was issued (before a connection is taken)
+    end: float = 0.0  # when the response ended or failed
+    status: int = 0
+    reason: str = ""
+    headers: dict[str, str] = field(default_factory=dict)  # lower-case names
+    reads: list[tuple[float, bytes]] = field(default_factory=list)  # body bytes per read
+    error: str | None = None  # transport error: refused, reset, timeout, truncated
+
+
+@dataclass(slots=True)
+class RequestTrace:
+    """One request as the metrics see it (vLLM's ``RequestFuncOutput``, plus chunk tokens).
+
+    ``chunk_times`` are the arrival times of the chunks that carry ``choices``, relative to
+    ``start``: the first is the TTFT, the gaps are the ITLs and the last is the latency
+    (E2EL). ``chunk_tokens`` is how many output tokens each of those chunks carried, when
+    known (``None``: spread ``output_tokens`` evenly over the chunks).
+    """
+
+    success: bool
+    start: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    prompt_len: int = 0  # client-side count of the prompt
+    server_prompt_tokens: int | None = None  # usage.prompt_tokens
+    chunk_tokens: list[float] | None = None
+    error: str = ""
+    generated_text: str = ""
+    output_tokens_source: str = "usage"  # "usage" | "tokenizer" | "chunks"
+    index: int = -1
+
+    @property
+    def ttft(self) -> float:
+        return self.chunk_times[0] if self.chunk_times else 0.0
+
+    @property
+    def latency(self) -> float:
+        return self.chunk_times[-1] if self.chunk_times else 0.0
+
+    @property
+    def itl(self) -> list[float]:
+        t = self.chunk_times
+        return [t[i] - t[i - 1] for i in range(1, len(t))]
+
+    @property
+    def input_tokens(self) -> int:
+        return self.server_prompt_tokens if self.server_prompt_tokens is not None else self.prompt_len
+
+    @classmethod
+    def from_itl(cls, *, start: float, ttft: float, itl: list[float], output_tokens: int, **kw: Any) -> RequestTrace:
+        """A successful trace from vLLM's view of a request (TTFT and the chunk gaps)."""
+        times = [ttft]
+        for gap in itl:
+            times.append(times[-1] + gap)
+        return cls(success=True, start=start, chunk_times=times, output_tokens=output_tokens, **kw)
+
+    def scaled(self, factor: float) -> RequestTrace:
+        """The same trace with every duration multiplied (simulated time compression)."""
+        if factor == 1.0:
+            return self
+        return RequestTrace(
+            success=self.success,
+            start=self.start * factor,
+            chunk_times=[t * factor for t in self.chunk_times],
+            output_tokens=self.output_tokens,
+            prompt_len=self.prompt_len,
+            server_prompt_tokens=self.server_prompt_tokens,
+            chunk_tokens=self.chunk_tokens,
+            error=self.error,
+            generated_text=self.generated_text,
+            output_tokens_source=self.output_tokens_source,
+            index=self.index,
+        )
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def _error_message(obj: Any) -> str:
+    """The message of an OpenAI-style error object, whatever its nesting."""
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict):
+            msg = err.get("message") or err.get("msg") or err.get("detail")
+            if msg is None:
+                msg = json.dumps(err)
+            code = err.get("code") or err.get("type")
+            return f"{msg} ({code})" if code and str(code) not in str(msg) else str(msg)
+        return str(err)
+    return str(obj)
+
+
+def _http_error(cap: Capture) -> str:
+    body = b"".join(piece for _, piece in cap.reads)
+    detail = ""
+    if body:
+        try:
+            detail = _error_message(json.loads(body))
+        except ValueError:
+            detail = body.decode("utf-8", "replace")
+    head = f"HTTP {cap.status} {cap.reason}".rstrip()
+    return _clip(f"{head}: {detail}" if detail else head)
+
+
+def _chunk_text(choice: Any) -> str:
+    if not isinstance(choice, dict):
+        return ""
+    text = choice.get("text")
+    if text is None:
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            # Reasoning models stream their thinking in reasoning_content; it is output too.
+            text = (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
+    return text if isinstance(text, str) else ""
+
+
+def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None, keep_text: bool = False) -> RequestTrace:
+    """Turn a raw capture into a trace, with ``vllm bench serve``'s definitions.
+
+    - TTFT: arrival of the first chunk whose ``choices`` is non-empty (even if its text is
+      empty, as vLLM counts it).
+    - Output tokens: ``usage.completion_tokens`` of the stream (``stream_options.include_usage``);
+      without usage, the tokenizer's count of the generated text; without a tokenizer, the
+      number of chunks.
+    - Failures: a transport error, a non-200 status, no chunk with choices, and — unlike
+      vLLM, which counts such a request as a success — an ``{"error": ...}`` object (or an
+      ``event: error``) inside the stream, even after tokens were received.
+    """
+    trace = RequestTrace(success=False, start=cap.start, prompt_len=prompt_len, index=cap.index)
+    if cap.status == 0:
+        trace.error = _clip(cap.error or "no response")
+        return trace
+    if cap.status != 200:
+        trace.error = _http_error(cap)
+        return trace
+
+    parser = SSEParser()
+    times: list[float] = []
+    texts: list[str] = []
+    cumulative: list[int | None] = []  # usage.completion_tokens carried by token chunks
+    usage: dict[str, Any] | None = None
+    stream_error: str | None = None
+    start = cap.start
+
+    def handle(t: float, events: list) -> str | None:
+        nonlocal usage
+        for ev in events:
+            data = ev.data
+            if data == b"[DONE]":
+                continue
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                return f"invalid JSON in stream: {data[:200].decode('utf-8', 'replace')}"
+            if ev.event == "error":
+                return _error_message(obj)
+            if not isinstance(obj, dict):
+                continue
+            if obj.get("error") or obj.get("object") == "error":
+                return _error_message(obj)
+            choices = obj.get("choices")
+            u = obj.get("usage")
+            if choices:
+                times.append(t - start)
+                texts.append(_chunk_text(choices[0]))
+                cumulative.append(u.get("completion_tokens") if isinstance(u, dict) else None)
+            if isinstance(u, dict):
+                usage = u
+        return None
+
+    for t, piece in cap.reads:
+        stream_error = handle(t, parser.feed(piece))
+        if stream_error:
+            break
+    if stream_error is None and cap.error is None:
+        stream_error = handle(cap.end, parser.close())
+
+    if stream_error is not None:
+        trace.error = _clip(f"error in stream: {stream_error}")
+        return trace
+    if cap.error is not None:
+        trace.error = _clip(cap.error)
+        return trace
+    if not times:
+        trace.error = "stream ended without a chunk with choices (no token received)"
+        return trace
+
+    trace.success = True
+    trace.chunk_times = times
+    text = "".join(texts) if (keep_text or usage is None or tokenizer is not None) else ""
+    completion = usage.get("completion_tokens") if usage else None
+    if isinstance(completion, int) and completion > 0:
+        trace.output_tokens = completion
+        trace.output_tokens_source = "usage"
+    elif tokenizer is not None:
+        trace.output_tokens = tokenizer.count(text)
+        trace.output_tokens_source = "tokenizer"
+    else:
+        trace.output_tokens = len(times)
+        trace.output_tokens_source = "chunks"
+    prompt_tokens = usage.get("prompt_tokens") if usage else None
+    if isinstance(prompt_tokens, int):
+        trace.server_prompt_tokens = prompt_tokens
+    trace.chunk_tokens = _chunk_tokens(cumulative, texts, trace.output_tokens, tokenizer)
+    if keep_text:
+        trace.generated_text = text
+    return trace
+
+
+def _chunk_tokens(
+    cumulative: list[int | None], texts: list[str], output_tokens: int, tokenizer: Tokenizer | None
+) -> list[float] | None:
+    """Tokens carried by each chunk, for a peak throughput that counts tokens, not chunks.
+
+    Exact when the server reports cumulative usage on every chunk
+    (``continuous_usage_stats``); exact on the simulator (one word per token); otherwise
+    ``None`` and the metrics spread the request's tokens evenly over its chunks.
+    """
+    if cumulative and all(c is not None for c in cumulative):
+        out: list[float] = []
+        prev = 0
+        for c in cumulative:
+            out.append(float(c - prev))  # type: ignore[operator]
+            prev = c  # type: ignore[assignment]
+        return out
+    if tokenizer is not None and tokenizer.kind == "whitespace":
+        counts = [float(len(t.split())) for t in texts]
+        total = sum(counts)
+        if total <= 0:
+            return None
+        if total != output_tokens:
+            factor = output_tokens / total
+            counts = [c * factor for c in counts]
+        return counts
+    return None

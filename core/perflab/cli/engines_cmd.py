@@ -1,0 +1,307 @@
+"""``perflab engines``: which engine plugins are installed, and what perflab would run.
+
+``engines list`` must start fast (it is what users run first, and CI runs it with
+``--strict``): it reads plugin records and package metadata, never imports an engine, and
+imports rich only when it prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from perflab.cli.options import hardware_option, json_option, pop_serve_config, serve_options
+from perflab.errors import PerflabError
+
+if TYPE_CHECKING:
+    from perflab.plugins import PluginManager
+    from perflab.types import HardwareSnapshot, LaunchSpec, Unsupported
+
+NO_ENGINE = "-"
+
+
+class PreflightFailed(PerflabError):
+    """``engines command --check`` found an error-severity objection."""
+
+    exit_code = 2
+
+
+# --------------------------------------------------------------------------- engines list
+
+
+def _engine_install(pm: PluginManager, name: str, executable: str | None, env: Mapping[str, str]) -> tuple[bool, str | None, str | None]:
+    """(installed, version, problem) for one engine, from its plugin's version hook."""
+    from perflab.engines import engine_version
+
+    try:
+        version = engine_version(pm, name, env)
+    except Exception as exc:  # a plugin bug must not hide the rest of the listing
+        return False, None, f"version check failed: {type(exc).__name__}: {exc}"
+    if version is not None:
+        return True, str(version), None
+    # Not a Python distribution (MindIE is a C++ server): being on PATH is what counts.
+    if executable and shutil.which(executable, path=env.get("PATH", os.defpath)):
+        return True, None, None
+    return False, None, None
+
+
+def collect(pm: PluginManager, env: Mapping[str, str]) -> dict[str, Any]:
+    """Everything ``engines list`` shows, as JSON-ready data."""
+    engines: list[dict[str, Any]] = []
+    for name in pm.engine_names():
+        rec = pm.engines[name]
+        info = rec.info
+        plugin = next((r for r in pm.records if r.name == rec.plugin), None)
+        installed, version, problem = _engine_install(pm, name, info.executable, env)
+        engines.append(
+            {
+                "engine": name,
+                "display_name": info.display_name,
+                "plugin": rec.plugin,
+                "distribution": rec.distribution,
+                "plugin_version": rec.version,
+                "accelerators": list(info.accelerators),
+                "hooks": list(plugin.hooks) if plugin else [],
+                "status": "ok",
+                "error": problem,
+                "installed": installed,
+                "engine_version": version,
+                "executable": info.executable,
+                "default_port": info.default_port,
+            }
+        )
+    plugins = [
+        {
+            "name": r.name,
+            "module": r.module,
+            "distribution": r.distribution,
+            "version": r.version,
+            "status": r.status,
+            "error": r.error,
+            "hooks": list(r.hooks),
+            "engines": list(r.engines),
+            "builtin": r.builtin,
+            "warnings": list(getattr(r, "warnings", ())),
+        }
+        for r in pm.records
+    ]
+    return {"engines": engines, "plugins": plugins, "errors": list(pm.errors)}
+
+
+# The lifecycle stage each hook serves (design.md's table), short enough for a table cell.
+_STAGES = {
+    "perflab_register_engines": "register",
+    "perflab_probe_hardware": "hardware",
+    "perflab_engine_version": "version",
+    "perflab_check_support": "preflight",
+    "perflab_build_launch": "launch",
+    "perflab_readiness": "readiness",
+    "perflab_classify_crash": "crashes",
+    "perflab_teardown": "teardown",
+    "perflab_register_bench_backends": "bench",
+}
+
+
+def _short_hooks(hooks: list[str]) -> str:
+    order = list(_STAGES)
+    known = sorted((h for h in hooks if h in _STAGES), key=order.index)
+    return ", ".join([_STAGES[h] for h in known] + [h for h in hooks if h not in _STAGES]) or "-"
+
+
+def _plugin_label(name: str, version: str | None) -> str:
+    return f"{name} {version}" if version else name
+
+
+def render_list(data: dict[str, Any]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console()
+    table = Table(title="perflab engine plugins", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("engine", no_wrap=True)
+    table.add_column("plugin · hooks", overflow="fold")
+    table.add_column("runs on")
+    table.add_column("status", overflow="fold")
+    table.add_column("installed")
+
+    def plugin_cell(name: str, version: str | None, hooks: list[str]) -> Text:
+        cell = Text(_plugin_label(name, version))
+        cell.append("\n" + _short_hooks(hooks), style="dim")
+        return cell
+
+    for e in data["engines"]:
+        if e["installed"]:
+            installed = Text(e["engine_version"] or "yes (version unknown)", style="green")
+        else:
+            installed = Text("not installed", style="dim")
+        status = Text("ok", style="green") if not e["error"] else Text(f"ok ({e['error']})", style="yellow")
+        table.add_row(
+            e["engine"],
+            plugin_cell(e["distribution"] or e["plugin"], e["plugin_version"], e["hooks"]),
+            ", ".join(e["accelerators"]) or "-",
+            status,
+            installed,
+        )
+    for p in data["plugins"]:
+        if p["builtin"] and p["status"] == "ok":
+            continue  # the built-in hardware probes are part of the core
+        if p["status"] == "ok" and p["engines"]:
+            continue  # shown as engine rows
+        if p["status"] == "ok":
+            status = Text("ok (registers no engine)", style="green")
+        else:
+            status = Text(f"{p['status']}: {p['error']}", style="red")
+        table.add_row(NO_ENGINE, plugin_cell(p["distribution"] or p["module"], p["version"], p["hooks"]), "-", status, "")
+    console.print(table)
+    broken = [p for p in data["plugins"] if p["status"] != "ok"]
+    for p in broken:
+        console.print(
+            Text(f"plugin {p['distribution'] or p['name']} ({p['module']}): {p['status']}: {p['error']}", style="red"),
+            soft_wrap=True,
+        )
+    for err in data["errors"]:
+        console.print(Text(f"error: {err}", style="red"), soft_wrap=True)
+    for p in data["plugins"]:
+        for w in p["warnings"]:
+            console.print(Text(f"warning: plugin {p['distribution'] or p['name']}: {w}", style="yellow"), soft_wrap=True)
+    if broken or data["errors"]:
+        console.print("Run with `perflab --strict engines list` to make these problems fatal.", style="dim")
+    if not data["engines"]:
+        console.print("No engine plugin is installed. Install one, e.g. `pip install perflab-plugin-vllm`.")
+
+
+@click.group("engines")
+def engines() -> None:
+    """List engine plugins and show the command perflab would run."""
+
+
+@engines.command("list")
+@json_option
+@click.pass_context
+def list_engines(ctx: click.Context, as_json: bool) -> None:
+    """One row per engine: its plugin, accelerators, hooks, status, and whether the engine
+    itself is installed here. Plugin problems are shown; `perflab --strict engines list`
+    exits non-zero on any."""
+    from perflab.cli import get_pm
+
+    data = collect(get_pm(ctx), os.environ)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        render_list(data)
+
+
+# --------------------------------------------------------------------------- engines command
+
+
+def dry_run_workdir(engine: str) -> Path:
+    """Where a real launch would put its files; the dry run writes nothing there."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"perflab-dry-run-{engine}"
+
+
+def _file_path(workdir: Path, path: str) -> str:
+    p = Path(path)
+    return str(p if p.is_absolute() else workdir / p)
+
+
+def launch_json(launch: LaunchSpec, workdir: Path) -> dict[str, Any]:
+    return {
+        "engine": launch.engine,
+        "argv": list(launch.argv),
+        "env": dict(launch.env),
+        "files": [{"path": _file_path(workdir, f.path), "content": f.content} for f in launch.files],
+        "host": launch.host,
+        "port": launch.port,
+    }
+
+
+def _preflight_json(problems: list[Unsupported]) -> list[dict[str, str]]:
+    return [{"what": u.what, "why": u.why, "source": u.source, "severity": u.severity} for u in problems]
+
+
+def render_command(
+    engine: str,
+    launch: LaunchSpec,
+    workdir: Path,
+    problems: list[Unsupported],
+    version: str | None,
+    hardware: HardwareSnapshot,
+) -> None:
+    import shlex
+
+    echo = click.echo
+    where = "no accelerator found" if not hardware.accelerators else f"{len(hardware.accelerators)} accelerator(s)"
+    if hardware.simulated:
+        where += f", simulated {hardware.name}"
+    echo(f"# {engine} {version or '(not installed here)'} — {where}")
+    if launch.env:
+        echo("# environment:")
+        for k, v in launch.env.items():
+            echo(f"{k}={shlex.quote(v)}")
+    if launch.files:
+        echo("# files written before start:")
+        for f in launch.files:
+            echo(f"# --- {_file_path(workdir, f.path)}")
+            echo(f.content.rstrip("\n"))
+            echo("# ---")
+    if launch.cwd:
+        echo(f"# working directory: {launch.cwd}")
+    echo("# command:")
+    echo(shlex.join(launch.argv))
+    echo(f"# serves {launch.served_model_name!r} on {launch.base_url}")
+    for w in launch.warnings:
+        click.secho(f"warning: {w}", fg="yellow", err=True)
+    for u in problems:
+        src = f" [{u.source}]" if u.source else ""
+        color = "red" if u.severity == "error" else "yellow"
+        click.secho(f"{u.severity}: {u.what}: {u.why}{src}", fg=color, err=True)
+
+
+@engines.command("command")
+@click.argument("engine")
+@serve_options
+@hardware_option
+@json_option
+@click.option("--check", is_flag=True, help="Exit with status 2 if the preflight finds an error.")
+@click.pass_context
+def engine_command(ctx: click.Context, engine: str, hardware: str, as_json: bool, check: bool, **kwargs: Any) -> None:
+    """Print what perflab would run for ENGINE: argv, environment, files (MindIE's
+    config.json), host and port, with the preflight's objections. Nothing is started or
+    written."""
+    from perflab.cli import get_pm
+    from perflab.engines import build_launch, check_support, engine_version
+    from perflab.hardware import resolve
+
+    pm = get_pm(ctx)
+    pm.engine(engine)  # unknown engine: one-line error before probing anything
+    config = pop_serve_config(kwargs)
+    snapshot, env = resolve(pm, hardware)
+    version = engine_version(pm, engine, env)
+    problems = check_support(pm, engine, config, snapshot, version)
+    workdir = dry_run_workdir(engine)
+    launch = build_launch(pm, engine, config, snapshot, workdir, version)
+    if as_json:
+        out = launch_json(launch, workdir)
+        out["preflight"] = _preflight_json(problems)
+        click.echo(json.dumps(out, indent=2))
+        for w in launch.warnings:  # stdout stays pure JSON
+            click.secho(f"warning: {w}", fg="yellow", err=True)
+    else:
+        for err in snapshot.errors:
+            click.secho(f"warning: hardware probe failed: {err}", fg="yellow", err=True)
+        render_command(engine, launch, workdir, problems, version, snapshot)
+    errors = [u for u in problems if u.severity == "error"]
+    if check and errors:
+        raise PreflightFailed(
+            f"preflight: {engine} cannot serve this configuration ({'; '.join(f'{u.what}: {u.why}' for u in errors)})"
+        )

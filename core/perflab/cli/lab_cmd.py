@@ -1,0 +1,118 @@
+"""``perflab run``, ``perflab report`` and ``perflab demo``: the lab's commands."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from perflab.cli import get_pm
+
+
+def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, retry_failed: bool,
+         as_json: bool, live: bool | None) -> None:
+    import anyio
+
+    from perflab.lab.progress import StudyProgress
+    from perflab.lab.runner import default_out, print_summary, run_study
+
+    out = out or default_out(plan)
+    spec = hardware or plan.hardware
+    header = f"{plan.name} · {plan.display_model} · {spec}"
+    progress = StudyProgress(header, live=False if as_json else live)
+    summary = anyio.run(
+        lambda: run_study(get_pm(ctx), plan, out, hardware=hardware, retry_failed=retry_failed, progress=progress,
+                          argv=sys.argv[1:])
+    )
+    if as_json:
+        o = summary.outcome
+        click.echo(json.dumps({
+            "study_dir": str(summary.study_dir),
+            "interrupted": summary.interrupted,
+            "runs_launched": summary.measured,
+            "measurements_reused": summary.reused,
+            "complete": o.complete if o else False,
+            "optimized": o.optimized.label if o and o.optimized else None,
+            "report": {k: str(v) for k, v in summary.report.items()},
+        }, indent=2))
+        if summary.interrupted:
+            click.echo("perflab: interrupted; re-run the same command to resume", err=True)
+    else:
+        print_summary(summary)
+    if summary.exit_code:
+        raise click.exceptions.Exit(summary.exit_code)
+
+
+_live_option = click.option("--live/--no-live", default=None,
+                            help="Live progress display (default: when stderr is a terminal).")
+
+
+@click.command("run")
+@click.argument("plan_file", metavar="PLAN", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--out", "-o", type=click.Path(path_type=Path, file_okay=False),
+              help="Study directory (default: perflab-studies/<plan name>). Re-running with the same --out resumes.")
+@click.option("--hardware", metavar="auto|sim:NAME", default=None,
+              help="Override the plan's hardware, e.g. sim:a100-80g-x8 to run the plan on the simulator.")
+@click.option("--retry-failed", is_flag=True, help="Re-run configurations that crashed or timed out before (when resuming).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
+@_live_option
+@click.pass_context
+def run(ctx: click.Context, plan_file: Path, out: Path | None, hardware: str | None, retry_failed: bool,
+        as_json: bool, live: bool | None) -> None:
+    """Run a whole study from a plan file (YAML or TOML; see docs/plan-reference.md).
+
+    Engine selection, one optimization at a time, combinations, then baseline and optimized
+    on every profile; report.md, report.json and chart.png land in the study directory.
+    Ctrl-C stops cleanly; the same command resumes.
+    """
+    from perflab.lab.plan import load_plan
+
+    pm = get_pm(ctx)
+    plan = load_plan(plan_file, known_engines=pm.engine_names())
+    _run(ctx, plan, out, hardware, retry_failed, as_json, live)
+
+
+@click.command("report")
+@click.argument("study_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print report.json instead of the paths written.")
+def report(study_dir: Path, as_json: bool) -> None:
+    """Write report.md, report.json and chart.png of a study directory (also done at the end of `run`)."""
+    from perflab.lab.runner import write_study_report
+
+    outcome, paths = write_study_report(study_dir)
+    if as_json:
+        click.echo(paths["json"].read_text(encoding="utf-8"))
+        return
+    if not outcome.complete:
+        click.echo("note: the study is incomplete; re-run `perflab run` with the same --out to finish it", err=True)
+    for kind, path in paths.items():
+        click.echo(f"{kind.capitalize():9s} {path}")
+
+
+@click.command("demo")
+@click.option("--out", "-o", type=click.Path(path_type=Path, file_okay=False), default=Path("perflab-studies/demo"),
+              show_default=True, help="Study directory; an existing one is resumed.")
+@click.option("--fresh", is_flag=True, help="Delete the study directory first and measure everything again.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
+@_live_option
+@click.pass_context
+def demo(ctx: click.Context, out: Path, fresh: bool, as_json: bool, live: bool | None) -> None:
+    """Reproduce seed 002 (Qwen3-32B on 8×A100: vLLM vs SGLang vs TensorRT-LLM, FP8/AWQ,
+    max batched tokens, five workloads), scaled down, on simulated engines."""
+    from perflab.lab.demo import demo_plan
+
+    if fresh and out.exists():
+        if not (out / "study.db").exists():
+            from perflab.errors import UsageError
+
+            raise UsageError(f"--fresh: {out} is not a study directory; refusing to delete it")
+        shutil.rmtree(out)
+    pm = get_pm(ctx)
+    plan = demo_plan(known_engines=pm.engine_names())
+    _run(ctx, plan, out, None, False, as_json, live)
+    if not as_json:
+        click.echo(f"\nThe demo's report is in {out / 'report.md'} (chart: {out / 'chart.png'}).")

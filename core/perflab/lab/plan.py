@@ -1,0 +1,819 @@
+"""Plan files: what a study compares, on what, with which workloads.
+
+One schema, documented in ``docs/plan-reference.md``, read from YAML (``.yaml``/``.yml``) or
+TOML (``.toml``). :func:`load_plan` checks the whole file and reports every problem at once,
+each with its key and what was expected, as one :class:`~perflab.errors.UsageError` line:
+
+    plan.yaml: 2 problems: engines[1]: unknown engine 'foo' (expected one of: sglang, trtllm,
+    vllm); profiles.short.num_prompts: expected a positive integer, got 'many'
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import math
+import shlex
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from perflab.errors import UsageError
+from perflab.lab.options import OPTION_KINDS, Configuration, apply_delta, normalise
+
+DEFAULT_OBJECTIVE = "Achieve high throughput under high-concurrency request scenarios."
+WINNER = "winner"  # in an `engines:` list: the engine of the current best configuration
+
+TOP_KEYS = (
+    "version", "name", "title", "objective", "model", "hardware", "engines", "serve", "engine_serve",
+    "baseline", "candidates", "combinations", "profiles", "main_profile", "min_success_rate",
+    "min_improvement_pct", "timeouts", "simulation", "notes",
+)
+MODEL_KEYS = ("id", "path", "name", "metadata")
+BASELINE_KEYS = ("engine", "serve", "label")
+CANDIDATE_KEYS = ("name", "engines", "variants", "set", "engine_set", "description")
+COMBINATION_KEYS = ("name", "engines", "variants", "of", "set", "engine_set", "base", "description")
+VARIANT_KEYS = ("name", "set", "engine_set", "engines", "of")
+PROFILE_KEYS = (
+    "label", "dataset", "dataset_path", "input_len", "output_len", "num_prompts", "request_rate",
+    "max_concurrency", "seed", "backend", "endpoint", "burstiness", "range_ratio",
+)
+TIMEOUT_KEYS = ("startup_s", "benchmark_s", "teardown_s")
+SIMULATION_KEYS = ("time_scale",)
+# perflab.bench's datasets: "synthetic-sharegpt" is ShareGPT-like conversations generated
+# locally (no dataset file needed), for studies where the real ShareGPT file is not at hand
+DATASETS = ("random", "sharegpt", "synthetic-sharegpt")
+BACKENDS = ("openai-chat", "openai")
+COMBINATION_BASES = ("best", "engine-defaults")
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One benchmark workload (the seeds' "ShareGPT", "Short Prompt: random 128/4" ...)."""
+
+    name: str
+    label: str
+    dataset: str = "random"
+    dataset_path: str | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    num_prompts: int = 1000
+    request_rate: float = math.inf
+    max_concurrency: int | None = None
+    seed: int = 42
+    backend: str = "openai-chat"
+    endpoint: str | None = None
+    burstiness: float = 1.0
+    range_ratio: float = 0.0
+
+    def definition(self) -> dict[str, Any]:
+        """What is measured (not the display label): two profiles with the same definition
+        measure the same thing."""
+        return {
+            "dataset": self.dataset, "dataset_path": self.dataset_path, "input_len": self.input_len,
+            "output_len": self.output_len, "num_prompts": self.num_prompts,
+            "request_rate": "inf" if math.isinf(self.request_rate) else self.request_rate,
+            "max_concurrency": self.max_concurrency, "seed": self.seed, "backend": self.backend,
+            "endpoint": self.endpoint, "burstiness": self.burstiness, "range_ratio": self.range_ratio,
+        }
+
+    def key(self) -> str:
+        text = json.dumps(self.definition(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        if self.dataset == "random":
+            what = f"random {self.input_len} input tokens, {self.output_len} output tokens"
+        else:
+            what = {"sharegpt": "ShareGPT", "synthetic-sharegpt": "synthetic ShareGPT-like conversations"}.get(
+                self.dataset, self.dataset)
+            if self.output_len:
+                what += f" (output capped at {self.output_len} tokens)"
+        extra = [f"{self.num_prompts} prompts"]
+        if not math.isinf(self.request_rate):
+            extra.append(f"request rate {self.request_rate:g}/s")
+        if self.max_concurrency:
+            extra.append(f"max concurrency {self.max_concurrency}")
+        return f"{what}, {', '.join(extra)}"
+
+    def bench_command(self, model: str) -> str:
+        """The equivalent ``vllm bench serve`` command line (flags from vLLM's
+        vllm/benchmarks/serve.py and datasets.py: --dataset-name, --random-input-len ...)."""
+        endpoint = self.endpoint or ("/v1/chat/completions" if self.backend == "openai-chat" else "/v1/completions")
+        # vLLM has no synthetic ShareGPT: the closest command reads the real file
+        dataset = "sharegpt" if self.dataset == "synthetic-sharegpt" else self.dataset
+        argv = ["vllm", "bench", "serve", "--model", model, "--backend", self.backend, "--endpoint", endpoint,
+                "--dataset-name", dataset]
+        if self.dataset_path or dataset == "sharegpt":
+            argv += ["--dataset-path", self.dataset_path or "ShareGPT_V3_unfiltered_cleaned_split.json"]
+        if self.dataset == "random":
+            argv += ["--random-input-len", str(self.input_len), "--random-output-len", str(self.output_len)]
+            if self.range_ratio:
+                argv += ["--random-range-ratio", f"{self.range_ratio:g}"]
+        elif self.output_len:
+            argv += ["--sharegpt-output-len", str(self.output_len)]
+        argv += ["--num-prompts", str(self.num_prompts)]
+        if not math.isinf(self.request_rate):
+            argv += ["--request-rate", f"{self.request_rate:g}"]
+            if self.burstiness != 1.0:
+                argv += ["--burstiness", f"{self.burstiness:g}"]
+        if self.max_concurrency:
+            argv += ["--max-concurrency", str(self.max_concurrency)]
+        argv += ["--seed", str(self.seed)]
+        return shlex.join(argv)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One named delta on the serving options (a candidate's "FP8", "16k" ...)."""
+
+    name: str
+    set: Mapping[str, Any] = field(default_factory=dict)
+    engine_set: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    engines: tuple[str, ...] | None = None
+    of: tuple[str, ...] = ()  # combinations: references to candidate variants
+
+    def delta_for(self, engine: str) -> dict[str, Any]:
+        return apply_delta(dict(self.set), dict(self.engine_set.get(engine, {})))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An optimization step: its variants are each tried against the current best."""
+
+    name: str
+    variants: tuple[Variant, ...]
+    engines: tuple[str, ...] = (WINNER,)
+    description: str = ""
+    combination: bool = False
+    base: str = "best"  # combinations: "best" or "engine-defaults"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    engine: str
+    serve: Mapping[str, Any] = field(default_factory=dict)
+    label: str | None = None
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    startup_s: float | None = None  # None: the engine plugin's own readiness timeout
+    benchmark_s: float = 7200.0
+    teardown_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    model: str
+    engines: tuple[str, ...]
+    profiles: tuple[Profile, ...]
+    main_profile: str
+    baseline: Baseline
+    path: Path | None = None
+    text: str = ""
+    title: str | None = None
+    objective: str = DEFAULT_OBJECTIVE
+    model_name: str | None = None
+    model_metadata: Mapping[str, Any] = field(default_factory=dict)
+    hardware: str = "auto"
+    serve: Mapping[str, Any] = field(default_factory=dict)
+    engine_serve: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    candidates: tuple[Candidate, ...] = ()
+    combinations: tuple[Candidate, ...] = ()
+    min_success_rate: float = 0.9
+    min_improvement_pct: float = 0.0
+    timeouts: Timeouts = Timeouts()
+    time_scale: float = 1.0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def display_model(self) -> str:
+        return self.model_name or self.model
+
+    def profile(self, name: str) -> Profile:
+        return next(p for p in self.profiles if p.name == name)
+
+    @property
+    def main(self) -> Profile:
+        return self.profile(self.main_profile)
+
+    def engine_defaults(self, engine: str) -> Configuration:
+        """An engine "on defaults": the model plus the plan's common and per-engine options."""
+        opts = apply_delta({"model": self.model}, self.serve)
+        opts = apply_delta(opts, self.engine_serve.get(engine, {}))
+        return Configuration(engine, opts)
+
+    def baseline_config(self) -> Configuration:
+        return self.engine_defaults(self.baseline.engine).with_delta(self.baseline.serve)
+
+    def variant(self, ref: str) -> tuple[Candidate, Variant]:
+        """Resolve ``"Candidate/Variant"``, ``"Candidate"`` (single variant) or a unique variant name."""
+        return _resolve_ref(self.candidates, ref)  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- validation
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, key: str, message: str) -> None:
+        self.items.append(f"{key}: {message}" if key else message)
+
+
+_BAD = object()
+
+
+def _show(value: Any) -> str:
+    text = repr(value) if not isinstance(value, (dict, list)) else json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _typename(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "nothing"}.get(type(value), type(value).__name__)
+
+
+def _unknown_keys(p: _Problems, where: str, data: Mapping[str, Any], allowed: Iterable[str]) -> None:
+    allowed = tuple(allowed)
+    for key in data:
+        if key in allowed:
+            continue
+        hint = difflib.get_close_matches(str(key).replace("-", "_"), allowed, n=1)
+        did = f" (did you mean {hint[0]!r}?)" if hint else ""
+        p.add(f"{where}.{key}" if where else str(key), f"unknown key{did}; expected one of: {', '.join(allowed)}")
+
+
+def _mapping(p: _Problems, key: str, value: Any, what: str = "a mapping") -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
+        return None
+    return value
+
+
+def _str(p: _Problems, key: str, value: Any, what: str = "a string") -> Any:
+    if isinstance(value, str) and value.strip():
+        return value
+    p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
+    return _BAD
+
+
+def _pos_int(p: _Problems, key: str, value: Any, what: str = "a positive integer") -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
+    return _BAD
+
+
+def _number(p: _Problems, key: str, value: Any, what: str, lo: float | None = None, hi: float | None = None,
+            lo_open: bool = False) -> Any:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    if ok and lo is not None:
+        ok = value > lo if lo_open else value >= lo
+    if ok and hi is not None:
+        ok = value <= hi
+    if ok:
+        return float(value)
+    p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
+    return _BAD
+
+
+def _option_value(p: _Problems, key: str, name: str, value: Any) -> Any:
+    """Check one serving option; returns the normalised value or _BAD."""
+    kind, what = OPTION_KINDS[name]
+    if value is None:
+        return None  # null: back to the engine's default
+    if kind == "str":
+        if _str(p, key, value, what) is _BAD:
+            return _BAD
+    elif kind == "pos_int":
+        if _pos_int(p, key, value, what) is _BAD:
+            return _BAD
+    elif kind == "bool":
+        if not isinstance(value, bool):
+            p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
+            return _BAD
+    elif kind == "fraction":
+        if _number(p, key, value, what, 0.0, 1.0, lo_open=True) is _BAD:
+            return _BAD
+    elif kind == "mapping":
+        if not isinstance(value, Mapping):
+            p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
+            return _BAD
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            p.add(key, f"expected {what} of plain values")
+            return _BAD
+    elif kind == "env":
+        if not isinstance(value, Mapping) or not all(
+            isinstance(v, (str, int, float, bool)) or v is None for v in value.values()
+        ):
+            p.add(key, f"expected {what} (NAME: value), got {_typename(value)} {_show(value)}")
+            return _BAD
+    elif kind == "args":
+        if isinstance(value, str):
+            try:
+                shlex.split(value)
+            except ValueError as exc:
+                p.add(key, f"cannot split {value!r} into arguments ({exc})")
+                return _BAD
+        elif not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+            p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
+            return _BAD
+    elif kind == "devices":
+        if (
+            not isinstance(value, list)
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+            or len(set(value)) != len(value)
+            or not value
+        ):
+            p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
+            return _BAD
+    return normalise(name, value)
+
+
+def _options(p: _Problems, key: str, value: Any) -> dict[str, Any]:
+    data = _mapping(p, key, value, "a mapping of serving options")
+    if data is None:
+        return {}
+    out: dict[str, Any] = {}
+    _unknown_keys(p, key, data, OPTION_KINDS)
+    for name, v in data.items():
+        if name not in OPTION_KINDS:
+            continue
+        checked = _option_value(p, f"{key}.{name}", name, v)
+        if checked is not _BAD:
+            out[name] = checked
+    return out
+
+
+def _engine_set(p: _Problems, key: str, value: Any, known: set[str] | None) -> dict[str, dict[str, Any]]:
+    data = _mapping(p, key, value, "a mapping of engine name to serving options")
+    out: dict[str, dict[str, Any]] = {}
+    for engine, opts in (data or {}).items():
+        if known is not None and engine not in known:
+            p.add(f"{key}.{engine}", f"unknown engine {engine!r} (expected one of: {', '.join(sorted(known))})")
+            continue
+        out[str(engine)] = _options(p, f"{key}.{engine}", opts)
+    return out
+
+
+def _engine_list(p: _Problems, key: str, value: Any, known: set[str] | None, allow_winner: bool) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        p.add(key, f"expected a non-empty list of engine names, got {_typename(value)} {_show(value)}")
+        return None
+    out: list[str] = []
+    choices = sorted(known) + ([WINNER] if allow_winner else []) if known is not None else None
+    for i, name in enumerate(value):
+        k = f"{key}[{i}]"
+        if not isinstance(name, str):
+            p.add(k, f"expected an engine name, got {_typename(name)} {_show(name)}")
+            continue
+        if name == WINNER and allow_winner:
+            out.append(name)
+            continue
+        if known is not None and name not in known:
+            p.add(k, f"unknown engine {name!r} (expected one of: {', '.join(choices or [])})")
+            continue
+        if name in out:
+            p.add(k, f"engine {name!r} is listed twice")
+            continue
+        out.append(name)
+    return tuple(out)
+
+
+def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool) -> list[Profile]:
+    if value is None:
+        p.add("profiles", "missing; expected a mapping of profile name to workload "
+              "(e.g. sharegpt: {dataset: sharegpt, num_prompts: 1000})")
+        return []
+    data = _mapping(p, "profiles", value, "a mapping of profile name to workload")
+    if data is None:
+        return []
+    if not data:
+        p.add("profiles", "expected at least one profile")
+    out: list[Profile] = []
+    for name, spec in data.items():
+        key = f"profiles.{name}"
+        spec = _mapping(p, key, spec, "a mapping (dataset, input_len, output_len, num_prompts ...)")
+        if spec is None:
+            if not isinstance(data[name], Mapping):
+                continue
+            spec = {}
+        _unknown_keys(p, key, spec, PROFILE_KEYS)
+        kw: dict[str, Any] = {"name": str(name), "label": str(name)}
+        ok = True
+        if "label" in spec:
+            v = _str(p, f"{key}.label", spec["label"])
+            ok &= v is not _BAD
+            kw["label"] = v
+        dataset = spec.get("dataset", "random")
+        if dataset not in DATASETS:
+            p.add(f"{key}.dataset", f"expected one of: {', '.join(DATASETS)}, got {_show(dataset)}")
+            ok = False
+        kw["dataset"] = dataset
+        for n in ("input_len", "output_len", "max_concurrency"):
+            if spec.get(n) is not None:
+                v = _pos_int(p, f"{key}.{n}", spec[n])
+                ok &= v is not _BAD
+                kw[n] = v
+        if "num_prompts" in spec:
+            v = _pos_int(p, f"{key}.num_prompts", spec["num_prompts"])
+            ok &= v is not _BAD
+            kw["num_prompts"] = v
+        if "seed" in spec:
+            v = spec["seed"]
+            if not isinstance(v, int) or isinstance(v, bool):
+                p.add(f"{key}.seed", f"expected an integer, got {_typename(v)} {_show(v)}")
+                ok = False
+            kw["seed"] = v
+        if "request_rate" in spec:
+            v = spec["request_rate"]
+            if isinstance(v, str) and v.strip().lower() in ("inf", "infinity"):
+                kw["request_rate"] = math.inf
+            else:
+                r = _number(p, f"{key}.request_rate", v, "a positive number of requests per second or 'inf'", 0.0,
+                            lo_open=True)
+                ok &= r is not _BAD
+                kw["request_rate"] = r
+        if "burstiness" in spec:
+            r = _number(p, f"{key}.burstiness", spec["burstiness"], "a positive number", 0.0, lo_open=True)
+            ok &= r is not _BAD
+            kw["burstiness"] = r
+        if "range_ratio" in spec:
+            r = _number(p, f"{key}.range_ratio", spec["range_ratio"], "a number in [0, 1)", 0.0, 0.999999)
+            ok &= r is not _BAD
+            kw["range_ratio"] = r
+        if "backend" in spec:
+            if spec["backend"] not in BACKENDS:
+                p.add(f"{key}.backend", f"expected one of: {', '.join(BACKENDS)}, got {_show(spec['backend'])}")
+                ok = False
+            kw["backend"] = spec["backend"]
+        if "endpoint" in spec:
+            v = _str(p, f"{key}.endpoint", spec["endpoint"], "a path such as /v1/chat/completions")
+            ok &= v is not _BAD
+            kw["endpoint"] = v
+        if "dataset_path" in spec:
+            v = _str(p, f"{key}.dataset_path", spec["dataset_path"], "a file path")
+            if v is not _BAD:
+                path = Path(v).expanduser()
+                if not path.is_absolute() and base_dir is not None:
+                    path = base_dir / path
+                if check_files and not path.is_file():
+                    p.add(f"{key}.dataset_path", f"file {str(path)!r} does not exist; expected a local dataset file")
+                    ok = False
+                v = str(path)
+            else:
+                ok = False
+            kw["dataset_path"] = v
+        if dataset == "sharegpt" and "dataset_path" not in spec:
+            p.add(f"{key}.dataset_path", "missing; dataset sharegpt needs a local ShareGPT JSON file "
+                  "(or use dataset: synthetic-sharegpt)")
+            ok = False
+        if dataset == "random" and ok:
+            for n in ("input_len", "output_len"):
+                if n not in kw:
+                    p.add(f"{key}.{n}", "missing; a random dataset needs input_len and output_len")
+                    ok = False
+        if ok:
+            out.append(Profile(**kw))
+    return out
+
+
+def _variant(p: _Problems, key: str, value: Any, known: set[str] | None, combination: bool, default_name: str) -> Variant | None:
+    data = _mapping(p, key, value, "a mapping with name and set")
+    if data is None:
+        return None
+    _unknown_keys(p, key, data, VARIANT_KEYS if combination else tuple(k for k in VARIANT_KEYS if k != "of"))
+    name = data.get("name", default_name)
+    if _str(p, f"{key}.name", name) is _BAD:
+        name = default_name
+    delta = _options(p, f"{key}.set", data.get("set"))
+    engine_set = _engine_set(p, f"{key}.engine_set", data.get("engine_set"), known)
+    engines = _engine_list(p, f"{key}.engines", data.get("engines"), known, allow_winner=True)
+    of: tuple[str, ...] = ()
+    if combination:
+        raw = data.get("of", [])
+        if not isinstance(raw, list) or not all(isinstance(r, str) for r in raw):
+            p.add(f"{key}.of", f"expected a list of candidate variant names such as ['Performance Mode', 'Max Num Seqs/512'], got {_show(raw)}")
+        else:
+            of = tuple(raw)
+    elif "set" not in data and "engine_set" not in data:
+        p.add(f"{key}.set", "missing; expected the serving options this variant changes")
+    return Variant(str(name), MappingProxyType(delta), MappingProxyType(engine_set), engines, of)
+
+
+def _candidates(p: _Problems, where: str, value: Any, known: set[str] | None, combination: bool) -> list[Candidate]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        p.add(where, f"expected a list of steps, got {_typename(value)} {_show(value)}")
+        return []
+    out: list[Candidate] = []
+    names: set[str] = set()
+    for i, item in enumerate(value):
+        key = f"{where}[{i}]"
+        data = _mapping(p, key, item, "a mapping with name and set (or variants)")
+        if data is None:
+            continue
+        _unknown_keys(p, key, data, COMBINATION_KEYS if combination else CANDIDATE_KEYS)
+        name = data.get("name")
+        if _str(p, f"{key}.name", name) is _BAD:
+            continue
+        if name in names:
+            p.add(f"{key}.name", f"{name!r} is used twice; expected unique step names")
+        names.add(name)
+        engines = _engine_list(p, f"{key}.engines", data.get("engines"), known, allow_winner=True) or (WINNER,)
+        variants: list[Variant] = []
+        if "variants" in data:
+            if "set" in data or "of" in data:
+                p.add(key, "give either variants or set/of, not both")
+            raw = data["variants"]
+            if not isinstance(raw, list) or not raw:
+                p.add(f"{key}.variants", f"expected a non-empty list of variants, got {_show(raw)}")
+            else:
+                vnames: set[str] = set()
+                for j, v in enumerate(raw):
+                    var = _variant(p, f"{key}.variants[{j}]", v, known, combination, f"{name} {j + 1}")
+                    if var is None:
+                        continue
+                    if var.name in vnames:
+                        p.add(f"{key}.variants[{j}].name", f"{var.name!r} is used twice in {name!r}")
+                    vnames.add(var.name)
+                    variants.append(var)
+        else:
+            single = {k: data[k] for k in ("set", "engine_set", "of") if k in data}
+            var = _variant(p, key, {"name": name, **single}, known, combination, name)
+            if var is not None:
+                variants.append(var)
+        base = data.get("base", "best")
+        if combination and base not in COMBINATION_BASES:
+            p.add(f"{key}.base", f"expected one of: {', '.join(COMBINATION_BASES)}, got {_show(base)}")
+            base = "best"
+        description = data.get("description", "")
+        if not isinstance(description, str):
+            p.add(f"{key}.description", f"expected a string, got {_typename(description)}")
+            description = ""
+        out.append(Candidate(str(name), tuple(variants), engines, description, combination, base))
+    return out
+
+
+def _resolve_ref(candidates: Iterable[Candidate], ref: str) -> tuple[Candidate, Variant] | None:
+    cands = list(candidates)
+    if "/" in ref:
+        cname, _, vname = ref.partition("/")
+        for c in cands:
+            if c.name == cname:
+                for v in c.variants:
+                    if v.name == vname:
+                        return c, v
+        return None
+    for c in cands:
+        if c.name == ref and len(c.variants) == 1:
+            return c, c.variants[0]
+    hits = [(c, v) for c in cands for v in c.variants if v.name == ref]
+    return hits[0] if len(hits) == 1 else None
+
+
+def parse_plan(
+    data: Any,
+    *,
+    path: Path | None = None,
+    text: str = "",
+    known_engines: Iterable[str] | None = None,
+    check_files: bool = True,
+) -> Plan:
+    """Validate a parsed plan document; raise UsageError listing every problem.
+
+    ``known_engines`` None skips the engine-name check; ``check_files`` False skips checking
+    that local files exist (re-reading a finished study's plan elsewhere)."""
+    label = str(path) if path is not None else "plan"
+    p = _Problems()
+    known = set(known_engines) if known_engines is not None else None
+    if not isinstance(data, Mapping):
+        raise UsageError(f"{label}: expected a mapping of plan keys ({', '.join(TOP_KEYS[:8])} ...), got {_typename(data)}")
+    _unknown_keys(p, "", data, TOP_KEYS)
+    base_dir = path.parent if path is not None else None
+
+    if "version" in data and data["version"] != 1:
+        p.add("version", f"expected 1, got {_show(data['version'])}")
+
+    # model
+    model_id: Any = None
+    model_name = None
+    metadata: Mapping[str, Any] = {}
+    raw_model = data.get("model")
+    if raw_model is None:
+        p.add("model", "missing; expected a model id such as Qwen/Qwen3-32B, or {id: ..., name: ...}")
+    elif isinstance(raw_model, str):
+        model_id = _str(p, "model", raw_model, "a model id or a mapping with id or path")
+    else:
+        m = _mapping(p, "model", raw_model, "a model id or a mapping with id or path")
+        if m is not None:
+            _unknown_keys(p, "model", m, MODEL_KEYS)
+            if ("id" in m) == ("path" in m):
+                p.add("model", "expected exactly one of model.id or model.path")
+            elif "id" in m:
+                model_id = _str(p, "model.id", m["id"], "a model id such as Qwen/Qwen3-32B")
+            else:
+                v = _str(p, "model.path", m["path"], "a local model directory")
+                if v is not _BAD:
+                    mp = Path(v).expanduser()
+                    if not mp.is_absolute() and base_dir is not None:
+                        mp = base_dir / mp
+                    if check_files and not mp.exists():
+                        p.add("model.path", f"{str(mp)!r} does not exist; expected a local model directory")
+                    model_id = str(mp)
+            if "name" in m:
+                model_name = _str(p, "model.name", m["name"])
+            metadata = _mapping(p, "model.metadata", m.get("metadata")) or {}
+
+    hardware = data.get("hardware", "auto")
+    if not isinstance(hardware, str) or not (hardware == "auto" or (hardware.startswith("sim:") and len(hardware) > 4)):
+        p.add("hardware", f"expected 'auto' or 'sim:NAME' (e.g. sim:a100-80g-x8), got {_show(hardware)}")
+        hardware = "auto"
+
+    engines = _engine_list(p, "engines", data.get("engines"), known, allow_winner=False)
+    if engines is None and "engines" not in data:
+        p.add("engines", "missing; expected the list of engines to compare, e.g. [vllm, sglang]")
+
+    serve = _options(p, "serve", data.get("serve"))
+    if "model" in serve:
+        p.add("serve.model", "set the model with the top-level model key")
+    engine_serve = _engine_set(p, "engine_serve", data.get("engine_serve"), known)
+
+    # baseline
+    baseline = None
+    raw_base = data.get("baseline")
+    if raw_base is None:
+        if engines:
+            baseline = Baseline(engines[0])
+    elif isinstance(raw_base, str):
+        if known is not None and raw_base not in known:
+            p.add("baseline", f"unknown engine {raw_base!r} (expected one of: {', '.join(sorted(known))})")
+        else:
+            baseline = Baseline(raw_base)
+    else:
+        b = _mapping(p, "baseline", raw_base, "an engine name or {engine: ..., serve: {...}}")
+        if b is not None:
+            _unknown_keys(p, "baseline", b, BASELINE_KEYS)
+            eng = b.get("engine", engines[0] if engines else None)
+            if not isinstance(eng, str) or (known is not None and eng not in known):
+                p.add("baseline.engine", f"unknown engine {_show(eng)} (expected one of: {', '.join(sorted(known or []))})")
+            else:
+                lab = b.get("label")
+                if lab is not None and _str(p, "baseline.label", lab) is _BAD:
+                    lab = None
+                baseline = Baseline(eng, MappingProxyType(_options(p, "baseline.serve", b.get("serve"))), lab)
+
+    candidates = _candidates(p, "candidates", data.get("candidates"), known, combination=False)
+    combinations = _candidates(p, "combinations", data.get("combinations"), known, combination=True)
+    for i, comb in enumerate(combinations):
+        for j, var in enumerate(comb.variants):
+            for ref in var.of:
+                if _resolve_ref(candidates, ref) is None:
+                    names = [f"{c.name}/{v.name}" for c in candidates for v in c.variants]
+                    p.add(f"combinations[{i}].variants[{j}].of" if len(comb.variants) > 1 else f"combinations[{i}].of",
+                          f"{ref!r} names no candidate variant (expected one of: {', '.join(names) or 'none defined'})")
+            if not var.of and not var.set and not var.engine_set:
+                p.add(f"combinations[{i}]", "expected of (candidate variants to combine) and/or set")
+
+    profiles = _profiles(p, data.get("profiles"), base_dir, check_files)
+    main_profile = data.get("main_profile")
+    names = [pr.name for pr in profiles]
+    if main_profile is None:
+        main_profile = names[0] if names else None
+    elif main_profile not in names and isinstance(data.get("profiles"), Mapping) and main_profile not in data["profiles"]:
+        p.add("main_profile", f"{_show(main_profile)} is not a profile (expected one of: {', '.join(map(str, data['profiles']))})")
+
+    msr = data.get("min_success_rate", 0.9)
+    if isinstance(msr, str) and msr.strip().endswith("%"):
+        try:
+            msr = float(msr.strip()[:-1]) / 100.0
+        except ValueError:
+            pass
+    msr_v = _number(p, "min_success_rate", msr, "a fraction in [0, 1] such as 0.9 (or '90%')", 0.0, 1.0)
+    mip = _number(p, "min_improvement_pct", data.get("min_improvement_pct", 0.0), "a non-negative percentage", 0.0)
+
+    timeouts = Timeouts()
+    t = _mapping(p, "timeouts", data.get("timeouts"))
+    if t is not None:
+        _unknown_keys(p, "timeouts", t, TIMEOUT_KEYS)
+        tk: dict[str, float] = {}
+        for k in TIMEOUT_KEYS:
+            if k in t:
+                v = _number(p, f"timeouts.{k}", t[k], "a positive number of seconds", 0.0, lo_open=True)
+                if v is not _BAD:
+                    tk[k] = v
+        timeouts = Timeouts(**tk)
+
+    time_scale = 1.0
+    s = _mapping(p, "simulation", data.get("simulation"))
+    if s is not None:
+        _unknown_keys(p, "simulation", s, SIMULATION_KEYS)
+        if "time_scale" in s:
+            v = _number(p, "simulation.time_scale", s["time_scale"], "a number >= 1 (simulated seconds per real second)", 1.0)
+            time_scale = 1.0 if v is _BAD else v
+
+    title = data.get("title")
+    if title is not None and _str(p, "title", title) is _BAD:
+        title = None
+    objective = data.get("objective", DEFAULT_OBJECTIVE)
+    if _str(p, "objective", objective) is _BAD:
+        objective = DEFAULT_OBJECTIVE
+    name = data.get("name")
+    if name is not None and _str(p, "name", name, "a short study name") is _BAD:
+        name = None
+    notes = data.get("notes", [])
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        p.add("notes", f"expected a list of strings, got {_show(notes)}")
+        notes = []
+
+    if p.items:
+        count = f"{len(p.items)} problems: " if len(p.items) > 1 else ""
+        raise UsageError(f"{label}: {count}{'; '.join(p.items)}")
+
+    assert model_id is not None and engines is not None and baseline is not None and main_profile is not None
+    default_name = path.stem if path is not None else "study"
+    return Plan(
+        name=name or default_name,
+        model=model_id,
+        engines=engines,
+        profiles=tuple(profiles),
+        main_profile=main_profile,
+        baseline=baseline,
+        path=path,
+        text=text,
+        title=title,
+        objective=objective,
+        model_name=model_name if model_name is not _BAD else None,
+        model_metadata=MappingProxyType(dict(metadata)),
+        hardware=hardware,
+        serve=MappingProxyType(serve),
+        engine_serve=MappingProxyType({k: MappingProxyType(v) for k, v in engine_serve.items()}),
+        candidates=tuple(candidates),
+        combinations=tuple(combinations),
+        min_success_rate=msr_v,
+        min_improvement_pct=mip,
+        timeouts=timeouts,
+        time_scale=time_scale,
+        notes=tuple(notes),
+    )
+
+
+def read_text(path: Path) -> str:
+    """Read a plan file; one-line UsageError on any problem."""
+    if not path.exists():
+        raise UsageError(f"{path}: no such plan file; expected a YAML or TOML plan (see docs/plan-reference.md)")
+    if not path.is_file():
+        raise UsageError(f"{path}: not a file; expected a YAML or TOML plan")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read ({exc})") from None
+
+
+def load_plan(path: str | Path, known_engines: Iterable[str] | None = None) -> Plan:
+    """Read, parse and validate a plan file."""
+    path = Path(path)
+    return load_plan_text(read_text(path), path=path, known_engines=known_engines)
+
+
+def load_plan_text(text: str, *, path: str | Path = "plan.yaml", known_engines: Iterable[str] | None = None,
+                   check_files: bool = True) -> Plan:
+    """Parse a plan given as text (the embedded demo plan, a study's stored copy, tests);
+    ``path`` names it in messages, gives its format (.toml or YAML) and resolves relative files."""
+    path = Path(path)
+    if path.suffix.lower() == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{path}: invalid TOML ({exc})") from None
+    else:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise UsageError(f"{path}: {where}invalid YAML ({problem})") from None
+    return parse_plan(data, path=path, text=text, known_engines=known_engines, check_files=check_files)

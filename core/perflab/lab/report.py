@@ -1,0 +1,440 @@
+"""The study write-up: Markdown in the seeds' structure, ``report.json``, and the chart.
+
+Sections, as in ``../shared/seeds/00[0-2]*.txt``: Conclusion (chart, recommended serving
+command, baseline vs optimized table with percentages, notes), Optimization Objective,
+Experimental Setup (model, probed hardware, detected engine versions, datasets, benchmark
+commands), Experiment Results (one section per step, each configuration's serving script and
+result block, crashes and refusals with their causes), Summary of Optimization Options, and
+Other Benchmark Cases. A simulated study says so at the top.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perflab import __version__
+from perflab.lab.study import (
+    CRASHED,
+    FAILED,
+    INTERRUPTED,
+    OK,
+    PENDING,
+    TIMEOUT,
+    UNSUPPORTED,
+    Entry,
+    Result,
+    Step,
+    StudyOutcome,
+)
+
+GREEN = "lightgreen"
+RED = "#fbcaca"
+CHART_NAME = "chart.png"
+
+NOTES = (
+    "Our benchmark tests do not cover all possible optimization combinations. For example, we select the "
+    "inference engine that performs best under its default configuration as the starting point for further "
+    "tuning. This pruning approach yields a local optimum, which may not be the global optimum.",
+    "There are other optimization methods that depend on specific user scenarios, including max batch size, "
+    "schedule configuration, extended KV cache, CUDA graph, Torch Compile, etc. The conclusions in this document "
+    "can serve as a starting point for more targeted optimizations.",
+    "The tests are conducted on specific hardware and software setups. Advances in the inference engine may lead "
+    "to new conclusions.",
+)
+
+
+@dataclass
+class ReportContext:
+    """What the report needs besides the decisions: the study's surroundings."""
+
+    display: Mapping[str, str] = field(default_factory=dict)  # engine -> "TensorRT-LLM"
+    versions: Mapping[str, str | None] = field(default_factory=dict)  # engine -> "1.2.0rc1"
+    hardware: Mapping[str, Any] = field(default_factory=dict)  # HardwareSnapshot as JSON
+    hardware_spec: str = "auto"
+    simulated: bool = False
+    time_scale: float = 1.0
+    study_dir: Path | None = None
+    generated_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"))
+    interrupted: bool = False
+
+    def name(self, engine: str) -> str:
+        return self.display.get(engine, engine)
+
+
+# --------------------------------------------------------------------------- small formatters
+
+
+def fmt_pct(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:+.{digits}f}%"
+
+
+def pct_span(value: float | None) -> str:
+    """The seeds' coloured change: green for a gain, red for a loss."""
+    if value is None:
+        return ""
+    colour = GREEN if value >= 0 else RED
+    return f'<span style="background-color:{colour};">({fmt_pct(value)})</span>'
+
+
+def _num(metrics: Mapping[str, Any] | None, key: str) -> float | None:
+    if not metrics:
+        return None
+    v = metrics.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) else None
+
+
+def _tps_text(res: Result) -> str:
+    tps = res.tps
+    text = f"{tps:.2f}" if tps is not None else "n/a"
+    if res.replicas > 1 and tps is not None:
+        text += f" ({res.replicas} replicas, {tps / res.replicas:.2f} each)"
+    return text
+
+
+def cell(res: Result | None, change: float | None = None) -> str:
+    """A conclusion-table cell: ``Total TPS: X (+p%)<br>Mean TPOT(ms): Y``, or why there is none."""
+    if res is None:
+        return "-"
+    if res.status != OK:
+        return short_status(res)
+    tpot = _num(res.metrics, "mean_tpot_ms")
+    span = f" {pct_span(change)}" if change is not None else ""
+    tpot_s = f"{tpot:.2f}" if tpot is not None else "n/a"
+    return f"Total TPS: {_tps_text(res)}{span}<br>Mean TPOT(ms): {tpot_s}"
+
+
+def short_status(res: Result) -> str:
+    if res.status == UNSUPPORTED:
+        return "Not launched: unsupported"
+    if res.status in (CRASHED, TIMEOUT):
+        c = res.cause or {}
+        return f"Crash: {_md_escape(c.get('line') or c.get('explanation') or res.status)}"
+    if res.status == FAILED:
+        return f"Benchmark failed: {_md_escape(res.error or '')}"
+    if res.status in (PENDING, INTERRUPTED):
+        return "Not measured (study incomplete)"
+    return res.status
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line if line else "" for line in text.splitlines())
+
+
+def _fence(body: str, lang: str = "") -> str:
+    return f"```{lang}\n{body}\n```"
+
+
+def result_block(res: Result) -> str:
+    """What goes in a "Benchmark result" box: the vllm-bench-serve block, or the failure."""
+    from perflab.bench import format_result_block
+
+    lines: list[str] = []
+    if res.status == OK and res.metrics:
+        lines.append(format_result_block(res.metrics).rstrip("\n"))
+        rate = res.success_rate
+        if rate is not None and rate < 1.0:
+            lines.append(f"# Success rate: {rate * 100:.1f}%")
+        return "\n".join(lines)
+    if res.status == UNSUPPORTED:
+        lines.append("# Not launched: preflight found this configuration unsupported")
+        for r in res.reasons:
+            if r.get("severity", "error") != "error":
+                continue
+            src = f" (source: {r['source']})" if r.get("source") else ""
+            lines.append(f"# {r.get('what', '')}: {r.get('why', '')}{src}")
+        return "\n".join(lines)
+    if res.status in (CRASHED, TIMEOUT):
+        c = res.cause or {}
+        if c.get("line"):
+            lines.append(f"# {c['line'].strip()}")
+        what = "Crash" if res.status == CRASHED else "Timeout"
+        name = f" [{c['name']}]" if c.get("name") else ""
+        lines.append(f"# {what}{name}: {c.get('explanation') or res.error or 'see the engine log'}")
+        if c.get("hint"):
+            lines.append(f"# Hint: {c['hint']}")
+        if res.log:
+            lines.append(f"# Engine log: {res.log}")
+        return "\n".join(lines)
+    if res.status == FAILED:
+        lines.append(f"# Benchmark failed: {res.error or 'see the run directory'}")
+        if res.run_dir:
+            lines.append(f"# Run directory: {res.run_dir}")
+        return "\n".join(lines)
+    return "# Not measured: the study was interrupted before this configuration ran"
+
+
+def script_of(entry: Entry, ctx: ReportContext) -> str:
+    """The serving script; before a run has built one, a description of the options."""
+    if entry.result.script:
+        return entry.result.script
+    opts = entry.config.describe()
+    return f"# {ctx.name(entry.config.engine)}: {opts or 'defaults'} (no launch was built)"
+
+
+def info_box(title: str, body: str, lang: str = "") -> str:
+    return f'??? info "{title}"\n{_indent(_fence(body, lang))}'
+
+
+def hardware_text(ctx: ReportContext) -> str:
+    accs = ctx.hardware.get("accelerators") or []
+    if not accs:
+        return "No accelerator was detected."
+    groups: Counter[tuple[str, int, str]] = Counter()
+    for a in accs:
+        detail = ""
+        if a.get("compute_capability"):
+            cc = a["compute_capability"]
+            detail = f"compute capability {cc[0]}.{cc[1]}"
+        elif a.get("chip"):
+            detail = f"chip {a['chip']}"
+        groups[(a.get("name", "?"), int(a.get("memory_total_mib") or 0), detail)] += 1
+    parts = []
+    for (name, mib, detail), n in groups.items():
+        mem = f"{mib / 1024:.0f} GiB" if mib else "memory unknown"
+        extra = f", {detail}" if detail else ""
+        parts.append(f"{n} × {name} ({mem}{extra})")
+    drivers = sorted({a.get("driver_version") for a in accs if a.get("driver_version")})
+    text = ", ".join(parts)
+    if drivers:
+        text += f"; driver {', '.join(drivers)}"
+    host = ctx.hardware.get("host")
+    if host:
+        text += f"; host {host}"
+    if ctx.simulated:
+        text += f". Simulated ({ctx.hardware_spec})."
+    return text
+
+
+def hardware_short(ctx: ReportContext) -> str:
+    accs = ctx.hardware.get("accelerators") or []
+    if not accs:
+        return "this machine"
+    names = Counter(a.get("name", "?") for a in accs)
+    name, n = names.most_common(1)[0]
+    return f"{n}× {name}" + (" (simulated)" if ctx.simulated else "")
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _conclusion(o: StudyOutcome, ctx: ReportContext) -> list[str]:
+    plan = o.plan
+    out = ["## Conclusion", "", f"![{plan.name}]({CHART_NAME})", ""]
+    if o.optimized is None:
+        out += ["No configuration served the main profile, so there is nothing to recommend; "
+                "see Experiment Results for each engine's outcome.", ""]
+    else:
+        out += [f"Recommended configuration for optimizing throughput of {plan.display_model} on {hardware_short(ctx)}:", "",
+                '???+ tip "Serving Command"', _indent(_fence(script_of(o.optimized, ctx), "bash")), ""]
+    base_head = f"baseline ({o.baseline.label})"
+    out += ["Comparison of benchmark results before and after optimization:", "",
+            f"| Benchmark Case | {base_head} | Optimized |", "|----------|-------------------------------------------|-----------|"]
+    for case in o.cases:
+        out.append(f"| **{case.profile.label}** | {cell(case.baseline)} | {cell(case.optimized, case.change_pct)} |")
+    out += ["", "!!! note"]
+    notes = list(NOTES) + list(plan.notes)
+    if ctx.simulated:
+        notes.append("The numbers come from perflab's simulated engines, not from real accelerators; they show the "
+                     "method and the tooling, not the engines' real performance.")
+    out += [f"    {i}. {n}" for i, n in enumerate(notes, 1)]
+    if not o.complete:
+        out += ["", "!!! warning \"Incomplete study\"",
+                "    Some configurations were not measured (the run was interrupted or is still going). "
+                "Re-run the same `perflab run` command to finish it."]
+    return out + [""]
+
+
+def _setup(o: StudyOutcome, ctx: ReportContext) -> list[str]:
+    plan = o.plan
+    out = ["## Optimization Objective", "", plan.objective, "", "## Experimental Setup", "", "### Model", "", plan.display_model]
+    if plan.display_model != plan.model:
+        out[-1] += f" (`{plan.model}`)"
+    for k, v in plan.model_metadata.items():
+        out.append(f"- {k}: {v}")
+    out += ["", "### Hardware", "", hardware_text(ctx), "", "### Engine Version", ""]
+    engines: list[str] = []
+    for s in o.steps:
+        for e in s.entries:
+            if e.config.engine not in engines:
+                engines.append(e.config.engine)
+    for e in (o.baseline.config.engine,):
+        if e not in engines:
+            engines.append(e)
+    for e in engines:
+        v = ctx.versions.get(e)
+        out.append(f"- {ctx.name(e)}: {'v' + v.lstrip('v') if v else 'version not detected'}")
+    out += ["", "### Benchmark Dataset", ""]
+    for i, p in enumerate(plan.profiles, 1):
+        main = " (main profile: engine selection and optimizations)" if p.name == plan.main_profile else ""
+        out.append(f"{i}. {p.label}: {p.describe()}{main}")
+    out += ["", "### Benchmark Script", "",
+            "perflab's built-in client measured every configuration with the metric definitions of "
+            "**vLLM bench CLI** (`vllm bench serve`); the equivalent commands are:", ""]
+    body = "\n".join(f"# {p.label}\n{p.bench_command(plan.model)}" for p in plan.profiles)
+    out.append(_fence(body, "bash"))
+    if ctx.simulated and ctx.time_scale != 1.0:
+        out += ["", f"Simulated time ran {ctx.time_scale:g}× faster than wall-clock time; every duration, latency "
+                "and throughput in this report is in simulated (real-hardware) time."]
+    return out + [""]
+
+
+def _entry_lines(e: Entry, ctx: ReportContext) -> list[str]:
+    block = result_block(e.result)
+    if e.note:
+        block += f"\n# {e.note}"
+    if e.result.reused:
+        block += "\n# (measured in an earlier session of this study and reused)"
+    return [e.label, info_box("Serving script", script_of(e, ctx), "bash"), "", info_box("Benchmark result", block), ""]
+
+
+def _step(step: Step, ctx: ReportContext) -> list[str]:
+    out = [f"### {step.title}", ""]
+    if step.skipped:
+        return out + [step.skipped, ""]
+    for e in step.entries:
+        out += _entry_lines(e, ctx)
+    if step.statement:
+        out += [step.statement, ""]
+    return out
+
+
+def summary_rows(o: StudyOutcome, ctx: ReportContext) -> list[dict[str, Any]]:
+    rows = []
+    for s in o.steps:
+        name = "Engine Selection" if s.kind == "engine" else s.name
+        improvement = s.vs_baseline_pct if s.adopted else None
+        if s.kind == "engine" and s.chosen is not None:
+            detail = f"{s.chosen.label} ({s.chosen.result.tps:.2f} tok/s) vs baseline {o.baseline.label} ({_tps_text(o.baseline.result)} tok/s)"
+        elif s.skipped:
+            detail = s.skipped
+        elif s.chosen is not None:
+            verdict = "adopted" if s.adopted else "not adopted"
+            detail = f"best: {s.chosen.label} ({s.chosen.result.tps:.2f} tok/s, {fmt_pct(s.vs_base_pct)} vs {s.base.label if s.base else 'current best'}); {verdict}"
+        else:
+            detail = "no usable result"
+        failures = [f"{e.label}: {short_status(e.result) if e.result.status != OK else e.note}"
+                    for e in s.entries if not e.eligible]
+        if failures:
+            detail += "; " + "; ".join(failures)
+        rows.append({"option": name, "step": s.title, "adopted": s.adopted, "improvement_vs_baseline_pct": improvement,
+                     "improvement_vs_previous_best_pct": s.vs_base_pct, "detail": detail})
+    return rows
+
+
+def _summary(o: StudyOutcome, ctx: ReportContext) -> list[str]:
+    out = ["### Summary of Optimization Options", "",
+           "| Optimization Option | Throughput Improvement | Details |",
+           "|-----------------------------|-------------------------------------|---------|"]
+    for row in summary_rows(o, ctx):
+        imp = row["improvement_vs_baseline_pct"]
+        imp_s = f'<span style="background-color:{GREEN if imp >= 0 else RED};">{fmt_pct(imp)}</span>' if imp is not None else "-"
+        out.append(f"| {row['option']} | {imp_s} | {_md_escape(row['detail'])} |")
+    out += ["", "Improvements are in total token throughput on the main profile, relative to the baseline; "
+            "a step's best variant is adopted only when it beats the current best."]
+    return out + [""]
+
+
+def _other(o: StudyOutcome, ctx: ReportContext) -> list[str]:
+    plan = o.plan
+    others = [c for c in o.cases if c.profile.name != plan.main_profile] or list(o.cases)
+    out = ["### Other Benchmark Cases", "",
+           "We further benchmarked the optimized configuration to evaluate its generalization under various workloads.", ""]
+
+    def blocks(which: str) -> str:
+        parts = []
+        for c in others:
+            res = c.baseline if which == "baseline" else c.optimized
+            parts.append(f"# {c.profile.label}\n{result_block(res) if res is not None else '# not measured'}")
+        return "\n\n".join(parts)
+
+    out += [info_box("Baseline serving script", script_of(o.baseline, ctx), "bash"), "",
+            info_box("Baseline benchmark results", blocks("baseline"), "bash"), ""]
+    if o.optimized is not None:
+        out += [info_box("Optimized serving script", script_of(o.optimized, ctx), "bash"), "",
+                info_box("Optimized benchmark results", blocks("optimized"), "bash"), ""]
+    return out
+
+
+def title_of(o: StudyOutcome, ctx: ReportContext) -> str:
+    return o.plan.title or f"Optimizing {o.plan.display_model} Throughput on {hardware_short(ctx)}"
+
+
+def render_markdown(o: StudyOutcome, ctx: ReportContext) -> str:
+    out = [f"# {title_of(o, ctx)}", ""]
+    if ctx.simulated:
+        out += ['!!! warning "Simulated study"',
+                f"    Every number in this report was measured on perflab's simulated engines ({ctx.hardware_spec}), "
+                "not on real accelerators."
+                + (f" Simulated time ran {ctx.time_scale:g}× faster than real time; numbers are in simulated time."
+                   if ctx.time_scale != 1.0 else ""), ""]
+    out += _conclusion(o, ctx)
+    out += _setup(o, ctx)
+    out += ["## Experiment Results", ""]
+    for s in o.steps:
+        out += _step(s, ctx)
+    out += _summary(o, ctx)
+    out += _other(o, ctx)
+    footer = f"Generated by perflab {__version__} on {ctx.generated_at}"
+    if ctx.study_dir is not None:
+        footer += f" from the study in `{ctx.study_dir}`"
+    out += ["---", "", footer + "."]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def build_json(o: StudyOutcome, ctx: ReportContext) -> dict[str, Any]:
+    plan = o.plan
+    return {
+        "perflab_version": __version__,
+        "generated_at": ctx.generated_at,
+        "title": title_of(o, ctx),
+        "simulated": ctx.simulated,
+        "hardware_spec": ctx.hardware_spec,
+        "time_scale": ctx.time_scale,
+        "interrupted": ctx.interrupted,
+        "model": {"id": plan.model, "name": plan.display_model, "metadata": dict(plan.model_metadata)},
+        "objective": plan.objective,
+        "hardware": dict(ctx.hardware),
+        "engines": {e: {"display_name": ctx.name(e), "version": ctx.versions.get(e)} for e in ctx.versions} or None,
+        "main_profile": plan.main_profile,
+        "min_success_rate": plan.min_success_rate,
+        "profiles": [{"name": p.name, "label": p.label, **p.definition()} for p in plan.profiles],
+        "recommended_command": o.optimized.result.script if o.optimized else None,
+        "conclusion": [
+            {"profile": c.profile.name, "label": c.profile.label,
+             "baseline_total_token_throughput": c.baseline.tps,
+             "baseline_mean_tpot_ms": _num(c.baseline.metrics, "mean_tpot_ms"),
+             "optimized_total_token_throughput": c.optimized.tps if c.optimized else None,
+             "optimized_mean_tpot_ms": _num(c.optimized.metrics, "mean_tpot_ms") if c.optimized else None,
+             "change_pct": c.change_pct}
+            for c in o.cases
+        ],
+        "summary": summary_rows(o, ctx),
+        **o.to_json(),
+    }
+
+
+def write_report(o: StudyOutcome, ctx: ReportContext, directory: Path) -> dict[str, Path]:
+    """Write report.md, report.json and chart.png into ``directory``; return their paths."""
+    import json
+
+    from perflab.lab.chart import write_chart
+    from perflab.lab.store import write_json
+
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": directory / "report.md", "json": directory / "report.json", "chart": directory / CHART_NAME}
+    write_chart(o, ctx, paths["chart"], title=title_of(o, ctx))
+    tmp = paths["markdown"].with_suffix(".md.tmp")
+    tmp.write_text(render_markdown(o, ctx), encoding="utf-8")
+    tmp.replace(paths["markdown"])
+    write_json(paths["json"], json.loads(json.dumps(build_json(o, ctx), default=str)))
+    return paths

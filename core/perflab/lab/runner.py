@@ -1,0 +1,301 @@
+"""``perflab run``: a whole study, unattended, resumable, safe to interrupt.
+
+The runner resolves the hardware, opens the study directory's store, and runs
+:func:`perflab.lab.study.conduct` with a ``measure`` that first looks in the store (a
+configuration measured by an earlier invocation is reused) and otherwise runs it through the
+:class:`~perflab.lab.executor.Executor`. Ctrl-C (SIGINT) or SIGTERM cancels the study: every
+engine is torn down, what was measured stays in the store, and the same command resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from perflab.lab.executor import Executor, LabContext
+from perflab.lab.options import Configuration
+from perflab.lab.plan import WINNER, Plan, Profile, load_plan_text
+from perflab.lab.report import ReportContext, write_report
+from perflab.lab.store import ProfileMeasurement, RunRecord, Store, write_json
+from perflab.lab.study import CRASHED, INTERRUPTED, PENDING, Result, StudyOutcome, conduct
+from perflab.types import to_jsonable
+
+
+@dataclass
+class RunSummary:
+    outcome: StudyOutcome | None
+    study_dir: Path
+    report: dict[str, Path]
+    interrupted: bool
+    exit_code: int
+    measured: int  # runs launched in this invocation
+    reused: int  # measurements taken from earlier invocations
+
+
+def engines_of(plan: Plan) -> list[str]:
+    """Every engine a plan may launch (``winner`` is one of plan.engines)."""
+    out = list(plan.engines)
+    for name in [plan.baseline.engine] + [e for c in (*plan.candidates, *plan.combinations) for e in c.engines] + [
+        e for c in (*plan.candidates, *plan.combinations) for v in c.variants for e in (v.engines or ())
+    ]:
+        if name != WINNER and name not in out:
+            out.append(name)
+    return out
+
+
+def key_salt(spec: str, time_scale: float, simulated: bool, accelerators: Sequence[Any]) -> dict[str, Any]:
+    """What besides the configuration decides a measurement: the machine (and sim speed)."""
+    if simulated:
+        return {"hardware": spec, "time_scale": time_scale}
+    names = sorted(f"{a.kind}:{a.name}" for a in accelerators)
+    return {"hardware": names}
+
+
+class StoreMeasure:
+    """``measure`` over the store only: what ``perflab report`` decides from."""
+
+    def __init__(self, store: Store, salt: Mapping[str, Any], retry_failed: bool = False) -> None:
+        self.store = store
+        self.salt = dict(salt)
+        self.retry_failed = retry_failed
+
+    def lookup(self, config: Configuration, profile: Profile) -> Result | None:
+        return self.store.lookup(config.key(self.salt), profile.key(), retry_failed=self.retry_failed)
+
+    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str) -> dict[str, Result]:
+        out: dict[str, Result] = {}
+        for p in profiles:
+            out[p.name] = self.lookup(config, p) or Result(PENDING)
+        return out
+
+
+class LiveMeasure(StoreMeasure):
+    """``measure`` that runs what the store does not have yet."""
+
+    def __init__(self, store: Store, salt: Mapping[str, Any], executor: Executor, *, retry_failed: bool,
+                 on_event: Any, log: Any) -> None:
+        super().__init__(store, salt, retry_failed)
+        self.executor = executor
+        self.on_event = on_event
+        self.log = log
+        self.launched = 0
+        self.reused = 0
+        self._step = ""
+
+    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str) -> dict[str, Result]:
+        if step != self._step:
+            self._step = step
+            self.on_event("step", title=step)
+            self.log.info("lab.step", step=step)
+        ckey = config.key(self.salt)
+        todo = [p for p in profiles if self.lookup(config, p) is None]
+        for attempt in range(len(profiles) + 1):
+            if not todo:
+                break
+            self.on_event("measure", label=label, engine=config.engine)
+            run_id, run_dir = self.store.begin_run(ckey, config.engine, config.canonical(), step, label, [p.name for p in todo])
+            self.log.info("lab.run", run_id=run_id, step=step, label=label, engine=config.engine,
+                          options=config.canonical()["options"], profiles=[p.name for p in todo], dir=str(run_dir))
+            self.launched += 1
+            try:
+                rec = await self.executor.run(config, todo, run_dir, label=label)
+            except BaseException:
+                self.store.mark_interrupted(run_id)
+                write_json(run_dir / "outcome.json", {"state": INTERRUPTED})
+                self.log.warning("lab.run-interrupted", run_id=run_id, label=label)
+                raise
+            self._save(run_id, ckey, rec, todo)
+            self.log.info("lab.run-finished", run_id=run_id, label=label, state=rec.state,
+                          measured=sorted(rec.measurements), cause=(rec.cause or {}).get("name"))
+            if not rec.measurements:
+                break  # refused or died before serving: that decides every profile
+            todo = [p for p in todo if p.name not in rec.measurements]
+        out: dict[str, Result] = {}
+        for p in profiles:
+            res = self.lookup(config, p) or Result(PENDING)
+            out[p.name] = res
+            if res.reused:
+                self.reused += 1
+        main = out[profiles[0].name]
+        self.on_event("result", label=label, status=main.status, reused=main.reused, summary=main.summary()
+                      + (" (reused)" if main.reused else ""))
+        return out
+
+    def _save(self, run_id: int, ckey: str, rec: RunRecord, todo: Sequence[Profile]) -> None:
+        for p in todo:
+            m = rec.measurements.get(p.name)
+            if m is not None:
+                self.store.add_measurement(run_id, ckey, p.key(), p.name, m)
+        if rec.state == CRASHED and rec.measurements and all(m.status != "crashed" for m in rec.measurements.values()):
+            # died during teardown after every benchmark finished: the numbers stand
+            rec.state = "done"
+        self.store.finish_run(run_id, rec)
+
+
+def _display_names(pm: Any, engines: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for e in engines:
+        try:
+            out[e] = pm.engine(e).info.display_name
+        except Exception:
+            out[e] = e
+    return out
+
+
+def report_context(store: Store) -> ReportContext:
+    return ReportContext(
+        display=store.get_meta("display", {}),
+        versions=store.get_meta("versions", {}),
+        hardware=store.get_meta("hardware", {}),
+        hardware_spec=store.get_meta("hardware_spec", "auto"),
+        simulated=bool(store.get_meta("simulated", False)),
+        time_scale=float(store.get_meta("time_scale", 1.0)),
+        study_dir=store.dir,
+        interrupted=store.get_meta("last_state") == "interrupted",
+    )
+
+
+def stored_plan(store: Store) -> Plan:
+    text = store.get_meta("plan_text")
+    name = store.get_meta("plan_path") or "plan.yaml"
+    if text is None:
+        from perflab.errors import UsageError
+
+        raise UsageError(f"{store.dir}: the study has no stored plan; re-run `perflab run PLAN --out {store.dir}`")
+    plan = load_plan_text(text, path=name, check_files=False)
+    override = store.get_meta("hardware_spec")
+    if override and override != plan.hardware:
+        plan = dataclasses.replace(plan, hardware=override)
+    return plan
+
+
+async def _report_outcome(store: Store) -> StudyOutcome:
+    plan = stored_plan(store)
+    measure = StoreMeasure(store, store.get_meta("salt", {}))
+    return await conduct(plan, measure, display=lambda e: report_context(store).name(e))
+
+
+def write_study_report(study_dir: Path) -> tuple[StudyOutcome, dict[str, Path]]:
+    """``perflab report``: rebuild the decisions from the store and write the report."""
+    store = Store.open_existing(study_dir)
+    try:
+        outcome = anyio.run(_report_outcome, store)
+        paths = write_report(outcome, report_context(store), store.dir)
+    finally:
+        store.close()
+    return outcome, paths
+
+
+def _time_scale(plan: Plan, simulated: bool) -> float:
+    return plan.time_scale if simulated else 1.0
+
+
+async def run_study(
+    pm: Any,
+    plan: Plan,
+    out_dir: Path,
+    *,
+    hardware: str | None = None,
+    retry_failed: bool = False,
+    progress: Any = None,
+    argv: list[str] | None = None,
+) -> RunSummary:
+    """Run (or resume) a study; write its report unless interrupted."""
+    from perflab.engines import engine_version
+    from perflab.hardware import resolve
+    from perflab.lab.progress import StudyProgress
+    from perflab.lab.studylog import study_logging
+    from perflab.supervisor import signal_guard
+
+    if hardware:
+        plan = dataclasses.replace(plan, hardware=hardware)
+    snapshot, env = await anyio.to_thread.run_sync(resolve, pm, plan.hardware)
+    time_scale = _time_scale(plan, snapshot.simulated)
+    engines = engines_of(plan)
+    versions = {e: await anyio.to_thread.run_sync(engine_version, pm, e, env) for e in engines}
+    display = _display_names(pm, engines)
+
+    store = Store(out_dir)
+    salt = key_salt(plan.hardware, time_scale, snapshot.simulated, snapshot.accelerators)
+    suffix = plan.path.suffix if plan.path is not None and plan.path.suffix else ".yaml"
+    plan_copy = store.dir / f"plan{suffix}"
+    if plan.path is not None and plan.path.is_file() and plan.path.resolve() != plan_copy.resolve():
+        shutil.copyfile(plan.path, plan_copy)
+    elif plan.text:
+        plan_copy.write_text(plan.text, encoding="utf-8")
+    for key, value in {
+        "plan_text": plan.text, "plan_path": str(plan.path.resolve() if plan.path and plan.path.exists() else plan_copy),
+        "hardware": to_jsonable(snapshot), "hardware_spec": plan.hardware, "simulated": snapshot.simulated,
+        "time_scale": time_scale, "versions": versions, "display": display, "salt": salt, "last_state": "running",
+    }.items():
+        store.set_meta(key, value)
+    write_json(store.dir / "hardware.json", to_jsonable(snapshot))
+    store.begin_session(argv)
+
+    header = f"{plan.name} · {plan.display_model} · {plan.hardware}"
+    if snapshot.simulated and time_scale != 1.0:
+        header += f" (simulated, time ×{time_scale:g})"
+    ui = progress or StudyProgress(header)
+    ctx = LabContext(pm, plan, snapshot, env, versions, time_scale)
+    outcome: StudyOutcome | None = None
+    interrupted = False
+    t0 = time.monotonic()
+    with ui, study_logging(store.dir, ui.log_listener) as log:
+        log.info("lab.start", plan=str(plan.path), out=str(store.dir), hardware=plan.hardware, simulated=snapshot.simulated,
+                 time_scale=time_scale, versions=versions, retry_failed=retry_failed)
+        executor = Executor(ctx, on_event=ui.event)
+        measure = LiveMeasure(store, salt, executor, retry_failed=retry_failed, on_event=ui.event, log=log)
+        async with signal_guard() as guard:
+            outcome = await conduct(plan, measure, display=lambda e: display.get(e, e))
+        interrupted = guard.interrupted
+        state = "interrupted" if interrupted else "done"
+        store.end_session(state)
+        store.set_meta("last_state", state)
+        log.info("lab.end", state=state, launched=measure.launched, reused=measure.reused,
+                 elapsed_s=round(time.monotonic() - t0, 1))
+    paths: dict[str, Path] = {}
+    exit_code = 130 if interrupted else 0
+    if not interrupted and outcome is not None:
+        rctx = report_context(store)
+        paths = write_report(outcome, rctx, store.dir)
+    store.close()
+    return RunSummary(outcome if not interrupted else None, store.dir, paths, interrupted, exit_code,
+                      measure.launched, measure.reused)
+
+
+def default_out(plan: Plan) -> Path:
+    return Path("perflab-studies") / plan.name
+
+
+def print_summary(summary: RunSummary, stream: Any = None) -> None:
+    stream = stream or sys.stdout
+    if summary.interrupted:
+        print(f"perflab: interrupted; everything measured so far is kept in {summary.study_dir}. "
+              f"Re-run the same command to resume.", file=sys.stderr)
+        return
+    o = summary.outcome
+    if o is not None and o.optimized is not None:
+        print(f"Optimized: {o.optimized.label} (baseline: {o.baseline.label})", file=stream)
+    print(f"Runs launched: {summary.measured}; measurements reused from earlier runs: {summary.reused}", file=stream)
+    for kind, path in summary.report.items():
+        print(f"{kind.capitalize():9s} {path}", file=stream)
+
+
+__all__ = [
+    "LiveMeasure",
+    "ProfileMeasurement",
+    "RunSummary",
+    "StoreMeasure",
+    "default_out",
+    "print_summary",
+    "run_study",
+    "write_study_report",
+]

@@ -1,0 +1,118 @@
+"""The engine's combined stdout/stderr: to the run's log file line by line, and a tail in memory.
+
+The log is flushed per line so that ``tail -f engine.log`` shows what the engine prints as it
+prints it, and so that nothing is lost if perflab itself is killed. The in-memory tail (last
+lines) is what crash classification reads.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO
+
+import anyio
+
+MAX_LINE = 64 * 1024  # a line longer than this is split (progress bars without newlines)
+
+
+class OutputPump:
+    def __init__(
+        self,
+        fd: int,
+        log_path: Path,
+        *,
+        tail_lines: int = 400,
+        patterns: Iterable[str] = (),
+        on_pattern: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.fd: int | None = fd
+        self.log_path = log_path
+        self._log: IO[str] | None = log_path.open("a", encoding="utf-8", errors="replace")
+        self.tail: deque[str] = deque(maxlen=tail_lines)
+        self._partial = b""
+        self._patterns = [(p, re.compile(p)) for p in patterns]
+        self._on_pattern = on_pattern
+        self.pattern_seen: dict[str, float] = {}  # pattern -> time.time() of its first match
+        self.eof = False
+        self.last_data = time.monotonic()
+
+    # ---------------------------------------------------------------- reading
+
+    def read_available(self) -> None:
+        """Consume everything the pipe holds right now (non-blocking)."""
+        while self.fd is not None and not self.eof:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                self.eof = True
+                break
+            if not chunk:
+                self.eof = True
+                break
+            self.last_data = time.monotonic()
+            self._feed(chunk)
+        if self.eof:
+            self._flush_partial()
+
+    async def run(self) -> None:
+        """Pump until end of file (every writer closed the pipe) or cancellation."""
+        while self.fd is not None and not self.eof:
+            await anyio.wait_readable(self.fd)
+            self.read_available()
+
+    def _feed(self, chunk: bytes) -> None:
+        data = self._partial + chunk
+        *lines, self._partial = data.split(b"\n")
+        for raw in lines:
+            self._line(raw.rstrip(b"\r").decode("utf-8", errors="replace"))
+        while len(self._partial) > MAX_LINE:
+            head, self._partial = self._partial[:MAX_LINE], self._partial[MAX_LINE:]
+            self._line(head.decode("utf-8", errors="replace"))
+
+    def _flush_partial(self) -> None:
+        if self._partial:
+            raw, self._partial = self._partial, b""
+            self._line(raw.decode("utf-8", errors="replace"))
+
+    def _line(self, text: str) -> None:
+        if self._log is not None:
+            self._log.write(text + "\n")
+            self._log.flush()
+        self.tail.append(text)
+        for pattern, rx in self._patterns:
+            if pattern not in self.pattern_seen and rx.search(text):
+                self.pattern_seen[pattern] = time.time()
+                if self._on_pattern is not None:
+                    self._on_pattern(pattern, text)
+
+    # ---------------------------------------------------------------- results
+
+    def tail_text(self) -> str:
+        return "\n".join(self.tail)
+
+    def note(self, text: str) -> None:
+        """Write a perflab line into the engine log (marked, so it is not mistaken for the engine's)."""
+        if self._log is not None:
+            self._log.write(f"[perflab] {text}\n")
+            self._log.flush()
+
+    def close(self) -> None:
+        """Take what is left in the pipe, then close the pipe and the log file."""
+        if self.fd is not None:
+            self.read_available()
+            self._flush_partial()
+            os.close(self.fd)
+            self.fd = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None

@@ -1,0 +1,162 @@
+"""Proving that an engine serves: every HTTP probe answers 2xx, then a real one-token generation.
+
+An open port or a "ready" log line is not enough: a ready line can precede a bind failure,
+and engines answer ``/health`` while their scheduler is dead. Only a generated token counts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+
+from perflab.types import LaunchSpec, Readiness
+
+PROBE_TIMEOUT_S = 2.0  # one health request; a healthy engine answers in milliseconds
+GENERATION_TIMEOUT_S = 30.0  # the first generation may compile kernels / warm up caches
+
+
+def url(host: str, port: int, path: str) -> str:
+    h = f"[{host}]" if ":" in host else host
+    return f"http://{h}:{port}{path if path.startswith('/') else '/' + path}"
+
+
+def generation_body(path: str, model: str, prompt: str = "hello", max_tokens: int = 1) -> dict[str, Any]:
+    if "chat" in path:
+        return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens}
+
+
+def generated_text(body: Any) -> str | None:
+    """The text of the first choice, or None when the answer holds no generated choice.
+
+    A one-token answer may legitimately be whitespace or (for reasoning models on the chat
+    path) only ``reasoning_content``; what must exist is a choice carrying generated output.
+    """
+    if not isinstance(body, dict):
+        return None
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    if isinstance(choice.get("text"), str):
+        text: str = choice["text"]
+    else:
+        msg = choice.get("message")
+        if not isinstance(msg, dict):
+            return None
+        parts = [msg.get("content"), msg.get("reasoning_content"), msg.get("reasoning")]
+        text = "".join(p for p in parts if isinstance(p, str))
+    if text:
+        return text
+    usage = body.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int) and usage["completion_tokens"] >= 1:
+        return text  # a token was generated (e.g. a special token decoded to "")
+    return None
+
+
+@dataclass
+class GenerationResult:
+    ok: bool
+    text: str | None = None
+    error: str | None = None
+    latency_s: float | None = None
+
+
+async def generate_once(
+    client: httpx.AsyncClient,
+    host: str,
+    port: int,
+    path: str,
+    model: str,
+    *,
+    prompt: str = "hello",
+    max_tokens: int = 1,
+    timeout: float = GENERATION_TIMEOUT_S,
+) -> GenerationResult:
+    """Send one small generation request and say whether a token came back."""
+    t0 = time.monotonic()
+    try:
+        r = await client.post(url(host, port, path), json=generation_body(path, model, prompt, max_tokens), timeout=timeout)
+    except httpx.TimeoutException:
+        return GenerationResult(False, error=f"POST {path}: no answer within {timeout:g} s")
+    except httpx.HTTPError as exc:
+        return GenerationResult(False, error=f"POST {path}: {type(exc).__name__}: {exc}")
+    latency = time.monotonic() - t0
+    if not 200 <= r.status_code < 300:
+        return GenerationResult(False, error=f"POST {path}: HTTP {r.status_code} {r.text[:200]!r}", latency_s=latency)
+    try:
+        body = r.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return GenerationResult(False, error=f"POST {path}: answer is not JSON: {r.text[:200]!r}", latency_s=latency)
+    text = generated_text(body)
+    if text is None:
+        return GenerationResult(False, error=f"POST {path}: no generated choice in {r.text[:200]!r}", latency_s=latency)
+    return GenerationResult(True, text=text, latency_s=latency)
+
+
+@dataclass
+class ProbeState:
+    """What the readiness loop has seen so far (for the timeout message)."""
+
+    attempts: int = 0
+    http_ok: bool = False  # every HTTP probe answered 2xx at least once
+    last_error: str | None = None
+    first_http_ok: float | None = None  # time.time()
+    history: list[str] = field(default_factory=list)
+
+    def fail(self, error: str) -> None:
+        if error != self.last_error:
+            self.history.append(error)
+            del self.history[:-20]
+        self.last_error = error
+
+
+async def http_probes_pass(client: httpx.AsyncClient, host: str, launch: LaunchSpec, readiness: Readiness, state: ProbeState) -> bool:
+    for probe in readiness.http:
+        port = probe.port or launch.port
+        try:
+            r = await client.get(url(host, port, probe.path), timeout=PROBE_TIMEOUT_S)
+        except httpx.TimeoutException:
+            state.fail(f"GET {probe.path} (port {port}): no answer within {PROBE_TIMEOUT_S:g} s")
+            return False
+        except httpx.HTTPError as exc:
+            state.fail(f"GET {probe.path} (port {port}): {type(exc).__name__}: {exc}")
+            return False
+        if not 200 <= r.status_code < 300:
+            state.fail(f"GET {probe.path} (port {port}): HTTP {r.status_code}")
+            return False
+    return True
+
+
+async def poll_until_ready(
+    client: httpx.AsyncClient,
+    host: str,
+    launch: LaunchSpec,
+    readiness: Readiness,
+    state: ProbeState,
+    *,
+    first_interval: float = 0.05,
+    max_interval: float = 0.5,
+) -> GenerationResult | None:
+    """Return once every probe passes and (if asked) a generation worked. Never gives up:
+    the caller bounds it with the startup deadline and races it against the process' exit."""
+    interval = first_interval
+    while True:
+        state.attempts += 1
+        if await http_probes_pass(client, host, launch, readiness, state):
+            state.http_ok = True
+            if state.first_http_ok is None:
+                state.first_http_ok = time.time()
+            if readiness.generation_path is None:
+                return None
+            gen = await generate_once(client, host, launch.port, readiness.generation_path, launch.served_model_name)
+            if gen.ok:
+                return gen
+            state.fail(gen.error or "generation failed")
+        await anyio.sleep(interval)
+        interval = min(interval * 1.5, max_interval)

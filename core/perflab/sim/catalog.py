@@ -1,0 +1,184 @@
+"""The simulated machines: what ``--hardware sim:NAME`` can name.
+
+Each machine is a number of identical accelerators. A chip carries what the stand-in tools
+print (NVML name, compute capability, npu-smi name, memory, bus ids) and what the performance
+model needs (peak compute, memory bandwidth, interconnect bandwidth, plus the sustained
+fraction of those peaks real inference kernels reach, calibrated in docs/simulator.md).
+
+Peak figures are the vendors' datasheet numbers for *dense* math (no 2:4 sparsity):
+
+- NVIDIA A100 SXM4 80GB: NVIDIA A100 Tensor Core GPU datasheet (2021),
+  https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+  BF16 312 TFLOPS, INT8 624 TOPS, no FP8 tensor cores (FP8 arrived with Hopper), HBM2e
+  2,039 GB/s, 80 GB, NVLink 600 GB/s, compute capability 8.0.
+- NVIDIA H100 SXM5 80GB (HBM3): NVIDIA H100 Tensor Core GPU datasheet (2023),
+  https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
+  BF16 989 TFLOPS, FP8 1,979 TFLOPS, INT8 1,979 TOPS (the sheet's 1,979/3,958 figures are
+  "with sparsity"; dense is half), HBM3 3.35 TB/s, 80 GB, NVLink 900 GB/s, compute
+  capability 9.0.
+- Huawei Ascend 910B3 (Atlas 800I/800T A2): Huawei publishes per-server figures only; the
+  per-chip figures used by the Atlas 800T A2 technical white paper and public summaries of it
+  are FP16/BF16 313 TFLOPS, INT8 626 TOPS for the 910B3, 64 GB HBM2e at 1.6 TB/s, HCCS
+  392 GB/s chip-to-chip. No FP8 tensor units (FP8 arrives with the 950 series).
+  https://e.huawei.com/en/products/computing/ascend/atlas-800t-a2
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from perflab.errors import UsageError
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    vendor: str  # "nvidia" | "huawei"
+    kind: str  # "cuda" | "ascend"
+    name: str  # as the vendor tool prints it: NVML name / npu-smi "Name" column
+    memory_mib: int  # NVML total MiB / npu-smi "HBM-Usage(MB)" capacity
+    baseline_used_mib: int  # what an idle device reports as used
+    bf16_tflops: float
+    fp8_tflops: float | None  # None: no FP8 tensor cores
+    int8_tops: float
+    hbm_gbps: float
+    interconnect_gbps: float  # NVLink / HCCS, per device, both directions together
+    compute_capability: tuple[int, int] | None = None  # CUDA only
+    # Sustained fractions of the peaks that serving kernels reach (calibration, see
+    # docs/simulator.md): decode reads weights and KV at hbm_efficiency x hbm_gbps, dense
+    # GEMMs run at mfu x peak, all-reduce moves data at link_efficiency x interconnect/2.
+    hbm_efficiency: float = 0.75
+    mfu: float = 0.55
+    link_efficiency: float = 0.6
+    collective_latency_us: float = 8.0  # fixed cost of one all-reduce
+    # npu-smi details (Ascend only)
+    aicore_count: int | None = None
+    power_w: float = 90.0
+    temperature_c: int = 40
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    chip: ChipSpec
+    count: int
+    driver_version: str  # NVIDIA driver / Ascend npu-smi version
+    cuda_version: str | None = None  # "12.4" (CUDA machines)
+    bus_ids: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return self.chip.kind
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.chip.kind == "cuda"
+
+    @property
+    def is_ascend(self) -> bool:
+        return self.chip.kind == "ascend"
+
+    @property
+    def cuda_driver_version_int(self) -> int:
+        """NVML's encoding: 12.4 -> 12040."""
+        if self.cuda_version is None:
+            return 0
+        major, minor = (int(x) for x in self.cuda_version.split(".")[:2])
+        return major * 1000 + minor * 10
+
+    def uuid(self, index: int) -> str:
+        """Stable per machine name and index, in the vendor's format."""
+        u = uuid.uuid5(uuid.NAMESPACE_URL, f"perflab-sim/{self.name}/{index}")
+        if self.is_cuda:
+            return f"GPU-{u}"
+        # npu-smi's VDie ID: five groups of eight hex digits
+        h = (u.hex + uuid.uuid5(u, "die").hex).upper()
+        return " ".join(h[i : i + 8] for i in range(0, 40, 8))
+
+    def bus_id(self, index: int) -> str:
+        return self.bus_ids[index % len(self.bus_ids)]
+
+
+A100_SXM4_80GB = ChipSpec(
+    vendor="nvidia",
+    kind="cuda",
+    name="NVIDIA A100-SXM4-80GB",
+    memory_mib=81920,
+    baseline_used_mib=4,
+    bf16_tflops=312.0,
+    fp8_tflops=None,
+    int8_tops=624.0,
+    hbm_gbps=2039.0,
+    interconnect_gbps=600.0,
+    compute_capability=(8, 0),
+    hbm_efficiency=0.75,
+    mfu=0.5,
+)
+
+H100_SXM5_80GB = ChipSpec(
+    vendor="nvidia",
+    kind="cuda",
+    name="NVIDIA H100 80GB HBM3",
+    memory_mib=81559,
+    baseline_used_mib=1,
+    bf16_tflops=989.0,
+    fp8_tflops=1979.0,
+    int8_tops=1979.0,
+    hbm_gbps=3350.0,
+    interconnect_gbps=900.0,
+    compute_capability=(9, 0),
+    hbm_efficiency=0.7,
+    mfu=0.45,
+)
+
+ASCEND_910B3 = ChipSpec(
+    vendor="huawei",
+    kind="ascend",
+    name="910B3",
+    memory_mib=65536,
+    baseline_used_mib=3161,  # /work/shared/fixtures/npu-smi/910B3_info.txt, idle chip
+    bf16_tflops=313.0,
+    fp8_tflops=None,
+    int8_tops=626.0,
+    hbm_gbps=1600.0,
+    interconnect_gbps=392.0,
+    hbm_efficiency=0.55,
+    mfu=0.4,
+    link_efficiency=0.5,
+    collective_latency_us=20.0,
+    aicore_count=20,
+    power_w=93.6,
+    temperature_c=40,
+)
+
+# PCI bus ids as on the vendors' 8-device servers (DGX A100, DGX H100, Atlas 800 A2).
+_DGX_A100_BUS = tuple(f"00000000:{b}:00.0" for b in ("07", "0F", "47", "4E", "87", "90", "B7", "BD"))
+_DGX_H100_BUS = tuple(f"00000000:{b}:00.0" for b in ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"))
+_ATLAS_BUS = tuple(f"0000:{b}:00.0" for b in ("C1", "81", "41", "01", "C2", "82", "42", "02"))
+
+_NV_DRIVER = "550.127.05"  # an R550 production branch driver; it reports CUDA 12.4
+_NPU_SMI = "23.0.1"  # as in /work/shared/fixtures/npu-smi/910B3_info.txt
+
+CATALOG: dict[str, Machine] = {
+    m.name: m
+    for m in (
+        Machine("a100-80g-x1", A100_SXM4_80GB, 1, _NV_DRIVER, "12.4", _DGX_A100_BUS),
+        Machine("a100-80g-x8", A100_SXM4_80GB, 8, _NV_DRIVER, "12.4", _DGX_A100_BUS),
+        Machine("h100-80g-x1", H100_SXM5_80GB, 1, _NV_DRIVER, "12.4", _DGX_H100_BUS),
+        Machine("h100-80g-x8", H100_SXM5_80GB, 8, _NV_DRIVER, "12.4", _DGX_H100_BUS),
+        Machine("910b3-x1", ASCEND_910B3, 1, _NPU_SMI, None, _ATLAS_BUS),
+        Machine("910b3-x8", ASCEND_910B3, 8, _NPU_SMI, None, _ATLAS_BUS),
+    )
+}
+
+
+def names() -> list[str]:
+    return sorted(CATALOG)
+
+
+def get(name: str) -> Machine:
+    """The catalog machine called ``name``; a one-line UsageError naming the choices if none."""
+    try:
+        return CATALOG[name]
+    except KeyError:
+        raise UsageError(f"unknown simulated hardware {name!r} (choose one of: {', '.join(names())})") from None

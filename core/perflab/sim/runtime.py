@@ -1,0 +1,776 @@
+"""The simulated engine runtime: what every stand-in front end runs once it has parsed its
+engine's flags into a :class:`perflab.sim.config.SimEngineConfig`.
+
+``serve(cfg)`` blocks and returns the process exit status. In order, it:
+
+1. prints ``cfg.startup_lines``;
+2. applies faults from ``PERFLAB_SIM_FAULT`` that strike at start;
+3. checks the model fits (:func:`plan`): weights in memory, and free device memory (other
+   simulated engines still holding memory make a new one fail, as on a real GPU);
+4. spawns ``cfg.workers`` worker processes (:mod:`perflab.sim.worker`) that hold the devices'
+   memory — or holds it itself when there are none;
+5. fails now with ``cfg.fail_lines`` if the front end decided this configuration crashes;
+6. "loads" for ``cfg.load_time_s`` seconds, binds ``host:port`` and ``extra_ports``, prints
+   ``cfg.ready_lines``;
+7. serves the OpenAI API from a continuous-batching scheduler in simulated time until SIGTERM
+   or SIGINT, then stops its workers and exits 0 within about a second.
+
+Simulated time runs ``PERFLAB_SIM_TIME_SCALE`` times faster than real time (default 1): a step
+the performance model says takes 50 ms is slept for 50 ms / scale. Responses carry the scale in
+the ``x-perflab-sim-time-scale`` header and ``"system_fingerprint": "perflab-sim"``.
+
+Faults (``PERFLAB_SIM_FAULT``, comma separated): ``crash-at-start``, ``crash-after:N``,
+``hang-after:N``, ``slow-start:S``, ``bind-fail``, ``ready-then-bind-fail``, ``ignore-sigterm``,
+``health-lies``, ``orphan-workers``. See docs/simulator.md.
+
+Optional engine behaviour in ``cfg.extra``:
+
+- ``bind_before_load`` (bool): bind first and answer health 503 until loaded (SGLang, MindIE);
+- ``health_paths_by_port`` ({port: [paths]}): health paths on the extra ports (MindIE's
+  management port); those ports answer nothing else;
+- ``access_log`` (format string: client, method, path, status, reason): one line per request;
+- ``stats_line`` (format string: prompt_tps, gen_tps, running, waiting, kv_pct,
+  prefix_hit_pct) printed every ``stats_interval_s`` (default 10) real seconds while busy;
+- ``crash_lines`` / ``crash_at_start_lines``: stderr lines for the crash faults;
+- ``oom_lines`` (format: need_gib, total_gib, budget_gib): weights do not fit;
+- ``insufficient_memory_lines`` (format: free_gib, total_gib, fraction, requested_gib, device);
+- ``eos_mean_tokens`` (int, default 16384): mean length at which a request without
+  ``ignore_eos`` stops by itself (exponential, seeded by the prompt);
+- ``owned_by`` (str): ``/v1/models`` owner (default: the engine name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from perflab.sim import catalog, models, perfmodel, state, tokenizer, worker
+from perflab.sim.config import SimEngineConfig
+from perflab.sim.scheduler import Scheduler, SimRequest
+from perflab.sim.server import HttpServer, Request, Response, Stream, json_response
+
+TIME_SCALE_ENV = "PERFLAB_SIM_TIME_SCALE"
+FAULT_ENV = "PERFLAB_SIM_FAULT"
+MAX_LAG_S = 0.05  # real seconds the step clock may run behind before it stops catching up
+_FAULTS = (
+    "crash-at-start", "crash-after", "hang-after", "slow-start", "bind-fail", "ready-then-bind-fail",
+    "ignore-sigterm", "health-lies", "orphan-workers",
+)
+
+
+# configuration -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Faults:
+    crash_at_start: bool = False
+    crash_after: int | None = None
+    hang_after: int | None = None
+    slow_start_s: float = 0.0
+    bind_fail: bool = False
+    ready_then_bind_fail: bool = False
+    ignore_sigterm: bool = False
+    health_lies: bool = False
+    orphan_workers: bool = False
+
+
+def parse_faults(value: str | None) -> Faults:
+    """``"crash-after:3,ignore-sigterm"`` -> Faults; ValueError names an unknown fault."""
+    kw: dict[str, Any] = {}
+    for item in (value or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, _, arg = item.partition(":")
+        if name not in _FAULTS:
+            raise ValueError(f"unknown {FAULT_ENV} fault {name!r} (known: {', '.join(_FAULTS)})")
+        key = name.replace("-", "_")
+        if name in ("crash-after", "hang-after"):
+            kw[key] = int(arg or 0)
+        elif name == "slow-start":
+            kw["slow_start_s"] = float(arg or 0)
+        else:
+            kw[key] = True
+    return Faults(**kw)
+
+
+def time_scale(env: Mapping[str, str] | None = None) -> float:
+    raw = (os.environ if env is None else env).get(TIME_SCALE_ENV, "").strip()
+    if not raw:
+        return 1.0
+    scale = float(raw)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"{TIME_SCALE_ENV} must be a positive number, not {raw!r}")
+    return scale
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the simulated engine will run: model, machine, devices, knobs and memory."""
+
+    model: models.ModelSpec
+    machine: catalog.Machine
+    devices: tuple[int, ...]  # all devices the engine uses (tp x pp x dp)
+    knobs: perfmodel.Knobs
+    memory: perfmodel.MemoryPlan
+    max_model_len: int
+
+    @property
+    def world_size(self) -> int:
+        return len(self.devices)
+
+
+def plan(cfg: SimEngineConfig, env: Mapping[str, str] | None = None) -> Plan:
+    """Resolve ``cfg`` against the catalog. Raises models.UnknownModel, perflab UsageError
+    (unknown machine) or ValueError (not enough devices). Front ends call this too, to decide
+    engine-specific failures (e.g. vLLM's max-model-len check) with the same numbers."""
+    env = os.environ if env is None else env
+    name = cfg.hardware or env.get(state.HARDWARE_ENV)
+    if not name:
+        raise ValueError(f"not in simulation: {state.HARDWARE_ENV} is not set")
+    machine = catalog.get(name)
+    model = models.lookup(cfg.model)
+    visible = tuple(cfg.devices) if cfg.devices is not None else tuple(range(machine.count))
+    world = cfg.tp * cfg.pp * cfg.dp
+    if len(visible) < world or any(not 0 <= d < machine.count for d in visible):
+        raise ValueError(
+            f"the configuration needs {world} devices (tp {cfg.tp} x pp {cfg.pp} x dp {cfg.dp}) "
+            f"but {len(visible)} of {machine.name}'s {machine.count} are visible"
+        )
+    quant = cfg.quantization or model.quant
+    knobs = perfmodel.Knobs(
+        tp=cfg.tp,
+        pp=cfg.pp,
+        ep=cfg.ep,
+        quant=quant,
+        kv_cache_dtype=cfg.kv_cache_dtype,
+        mem_fraction=cfg.mem_fraction,
+        max_model_len=cfg.max_model_len or model.context_len,
+        max_num_seqs=cfg.max_num_seqs,
+        max_batched_tokens=cfg.max_batched_tokens,
+        chunked_prefill=cfg.chunked_prefill,
+        prefix_caching=cfg.prefix_caching,
+        spec_method=cfg.spec_method,
+        spec_tokens=cfg.spec_tokens,
+        spec_acceptance=cfg.spec_acceptance,
+        efficiency=cfg.efficiency,
+        decode_efficiency=cfg.decode_efficiency,
+        prefill_efficiency=cfg.prefill_efficiency,
+        overhead_ms=cfg.scheduler_overhead_ms,
+        block_size=cfg.block_size,
+    )
+    memory = perfmodel.memory_plan(model, machine.chip, knobs)
+    return Plan(model, machine, visible[:world], knobs, memory, knobs.max_model_len or model.context_len)
+
+
+# OpenAI wire format ---------------------------------------------------------------------------
+
+
+def error_body(message: str, type_: str, status: int) -> dict[str, Any]:
+    """vLLM's ErrorResponse (vllm/entrypoints/openai/protocol.py)."""
+    return {"error": {"message": message, "type": type_, "param": None, "code": status}}
+
+
+def context_error(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> str | None:
+    """vLLM's input validation (serving_engine.py ``_validate_input``), its exact wording."""
+    if prompt_tokens >= max_model_len:
+        return (
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{prompt_tokens} input tokens. Please reduce the length of the input messages."
+        )
+    if max_tokens is not None and prompt_tokens + max_tokens > max_model_len:
+        return (
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context "
+            f"length is {max_model_len} tokens and your request has {prompt_tokens} input tokens "
+            f"({max_tokens} > {max_model_len} - {prompt_tokens})."
+        )
+    return None
+
+
+def natural_length(seed_text: str, mean: float) -> int:
+    """Where a request stops by itself (EOS) when it may: exponential with ``mean``, a pure
+    function of the prompt so runs repeat."""
+    digest = hashlib.blake2b(seed_text.encode(), digest_size=8).digest()
+    u = (int.from_bytes(digest, "big") + 1) / 2**64
+    return 1 + int(-mean * math.log(u))
+
+
+class Generation:
+    """One request in flight: turns scheduler emissions into the OpenAI response."""
+
+    def __init__(self, engine: Engine, chat: bool, model: str, prompt_tokens: int, max_tokens: int,
+                 stop_at: int, stream: bool, include_usage: bool, continuous_usage: bool) -> None:
+        self.engine = engine
+        self.chat = chat
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.stop_at = stop_at
+        self.stream = stream
+        self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
+        self.generated = 0
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.send: Callable[[bytes], bool] | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.sim: SimRequest | None = None
+        self.rank = 0  # data-parallel scheduler serving it
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        self.id = prefix + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.model_json = json.dumps(model)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        self._head = (
+            f'{{"id":"{self.id}","object":"{obj}","created":{self.created},"model":{self.model_json},'
+            f'"system_fingerprint":"perflab-sim","choices":['
+        ).encode()
+
+    def usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + self.generated,
+            "completion_tokens": self.generated,
+        }
+
+    def _chunk(self, text: str, finish: str | None, role: bool = False) -> bytes:
+        fin = "null" if finish is None else f'"{finish}"'
+        if self.chat:
+            delta = '{"role":"assistant","content":""}' if role else f'{{"content":"{text}"}}'
+            choice = f'{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":{fin},"stop_reason":null}}'
+        else:
+            choice = f'{{"index":0,"text":"{text}","logprobs":null,"finish_reason":{fin},"stop_reason":null}}'
+        tail = "]"
+        if self.continuous_usage:
+            tail += ',"usage":' + json.dumps(self.usage(), separators=(",", ":"))
+        return b"data: " + self._head + choice.encode() + tail.encode() + b"}\n\n"
+
+    def sink(self, n: int, finished: bool) -> None:
+        """Called by the scheduler driver with the tokens of one step."""
+        if self.done.done():
+            return
+        sim = self.sim
+        if finished and sim is not None and sim.aborted and self.generated == 0:
+            self.error = "The request does not fit in the KV cache."
+            if self.send:
+                body = json.dumps(error_body(self.error, "BadRequestError", 400), separators=(",", ":"))
+                self.send(f"data: {body}\n\n".encode() + b"data: [DONE]\n\n")
+            self.done.set_result(None)
+            return
+        first = self.generated == 0 and n > 0
+        self.generated += n
+        if finished:
+            self.finish_reason = "length" if self.generated >= self.max_tokens else "stop"
+        if self.send is not None:
+            out = []
+            if first and self.chat:
+                out.append(self._chunk("", None, role=True))
+            if n > 0 or finished:
+                out.append(self._chunk(tokenizer.output_text(n), self.finish_reason))
+            if finished:
+                if self.include_usage:
+                    usage = json.dumps(self.usage(), separators=(",", ":"))
+                    out.append(b"data: " + self._head + b'],"usage":' + usage.encode() + b"}\n\n")
+                out.append(b"data: [DONE]\n\n")
+            if not self.send(b"".join(out)):
+                self.engine.abort(self)
+        if finished:
+            self.done.set_result(None)
+
+    def full_response(self) -> dict[str, Any]:
+        text = tokenizer.output_text(self.generated)
+        if self.chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": self.finish_reason,
+                "stop_reason": None,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": None}
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": json.loads(self.model_json),
+            "system_fingerprint": "perflab-sim",
+            "choices": [choice],
+            "usage": {**self.usage(), "prompt_tokens_details": None},
+        }
+
+
+# the engine -------------------------------------------------------------------------------
+
+
+def _say(lines: Sequence[str], stream: Any = None) -> None:
+    out = sys.stdout if stream is None else stream
+    for line in lines:
+        print(line, file=out, flush=True)
+
+
+def _fmt(lines: Sequence[str], **values: Any) -> list[str]:
+    return [str(line).format(**values) for line in lines]
+
+
+class Engine:
+    def __init__(self, cfg: SimEngineConfig, plan_: Plan, faults: Faults, scale: float, env: Mapping[str, str]) -> None:
+        self.cfg = cfg
+        self.plan = plan_
+        self.faults = faults
+        self.scale = scale
+        self.env = env
+        self.state_dir = state.state_dir(env)
+        self.ready = False
+        self.hung = False
+        self.crashing = False
+        self.exit_code = 0
+        self.completed = 0
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.servers: list[HttpServer] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        cost = perfmodel.build_cost_model(plan_.model, plan_.machine.chip, plan_.knobs)
+        capacity = plan_.memory.kv_capacity_tokens
+        self.scheds = [Scheduler(cost, plan_.knobs, capacity) for _ in range(cfg.dp)]
+        self.wakes: list[asyncio.Event] = []
+        self.stop: asyncio.Event | None = None
+        self.lost_s = 0.0
+        self.lag_warned = False
+        self._prompt_done = 0
+        self._gen_done = 0
+        extra = cfg.extra
+        self.eos_mean = float(extra.get("eos_mean_tokens", 16384))  # type: ignore[arg-type]
+        self.access_log = extra.get("access_log")
+        self.stats_line = extra.get("stats_line")
+        self.stats_interval = float(extra.get("stats_interval_s", 10.0))  # type: ignore[arg-type]
+        by_port = extra.get("health_paths_by_port") or {}
+        self.port_health = {int(p): tuple(v) for p, v in dict(by_port).items()}  # type: ignore[call-overload]
+
+    # lifecycle ------------------------------------------------------------------------
+    async def main(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.stop = asyncio.Event()
+        self.wakes = [asyncio.Event() for _ in self.scheds]
+        if self.faults.ignore_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        else:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop.set)
+        try:
+            return await self._run()
+        finally:
+            await self._cleanup()
+
+    async def _pause(self, seconds: float) -> bool:
+        """Sleep ``seconds`` real seconds; True if a stop signal came meanwhile."""
+        assert self.stop is not None
+        if seconds <= 0:
+            return self.stop.is_set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), seconds)
+        return self.stop.is_set()
+
+    async def _run(self) -> int:
+        cfg, extra = self.cfg, self.cfg.extra
+        mem = self.plan.memory
+        if self.faults.crash_at_start:
+            lines = extra.get("crash_at_start_lines") or (
+                "Traceback (most recent call last):",
+                '  File "perflab/sim/runtime.py", line 1, in <module>',
+                "RuntimeError: Engine core initialization failed. See root cause above. (simulated crash-at-start)",
+            )
+            _say(list(lines), sys.stderr)  # type: ignore[arg-type]
+            return 1
+        if not mem.fits:
+            lines = extra.get("oom_lines") or (
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {need_gib:.2f} GiB. "
+                "GPU 0 has a total capacity of {total_gib:.2f} GiB of which {budget_gib:.2f} GiB may be used.",
+            )
+            _say(_fmt(list(lines), need_gib=mem.weights_gib + mem.reserve_gib, total_gib=mem.total_gib,  # type: ignore[arg-type]
+                      budget_gib=mem.budget_gib), sys.stderr)
+            return 1
+        short = self._short_device()
+        if short is not None:
+            device, free_gib = short
+            lines = extra.get("insufficient_memory_lines") or (
+                "ValueError: Free memory on device ({free_gib:.2f}/{total_gib:.2f} GiB) on startup is less than "
+                "desired GPU memory utilization ({fraction}, {requested_gib:.2f} GiB). Decrease GPU memory "
+                "utilization or reduce GPU memory used by other processes.",
+            )
+            _say(_fmt(list(lines), free_gib=free_gib, total_gib=mem.total_gib, fraction=cfg.mem_fraction,  # type: ignore[arg-type]
+                      requested_gib=mem.budget_gib, device=device), sys.stderr)
+            return 1
+        await self._hold_memory()
+        if cfg.fail_lines:
+            if await self._pause(cfg.fail_after_s):
+                return 0
+            _say(cfg.fail_lines, sys.stderr)
+            return cfg.fail_exit_code
+        if extra.get("bind_before_load"):
+            if not await self._bind():
+                return 1
+        if await self._pause(cfg.load_time_s + self.faults.slow_start_s):
+            return 0
+        if not extra.get("bind_before_load"):
+            if self.faults.ready_then_bind_fail:
+                _say(cfg.ready_lines)
+            if not await self._bind():
+                return 1
+        self.ready = True
+        _say(cfg.ready_lines)
+        self.tasks = [asyncio.create_task(self._drive(i)) for i in range(len(self.scheds))]
+        if self.stats_line:
+            self.tasks.append(asyncio.create_task(self._stats()))
+        assert self.stop is not None
+        await self.stop.wait()
+        if not self.crashing:
+            _say(cfg.shutdown_lines)
+        return self.exit_code
+
+    def _short_device(self) -> tuple[int, float] | None:
+        """A device whose free memory is below the budget (another engine holds memory)."""
+        chip = self.plan.machine.chip
+        held = state.used_mib(self.state_dir, self.plan.devices)
+        for d in self.plan.devices:
+            free = chip.memory_mib - chip.baseline_used_mib - held[d]
+            if free < self.plan.memory.used_mib:
+                return d, free / 1024
+        return None
+
+    async def _hold_memory(self) -> None:
+        devices = list(self.plan.devices)
+        mib = self.plan.memory.used_mib
+        n = self.cfg.workers
+        if n <= 0:
+            if self.state_dir is not None:
+                state.register(self.state_dir, self.cfg.engine, self._own_name(), devices, [mib] * len(devices))
+            return
+        for k in range(n):
+            mine = devices[k::n]
+            title = self.cfg.worker_title.format(rank=k, tp_rank=k % self.cfg.tp, dp_rank=k // self.cfg.tp)
+            self.workers.append(
+                worker.spawn(title, self.cfg.engine, mine, [mib] * len(mine), self.state_dir,
+                             self.faults.ignore_sigterm, self.env)
+            )
+        if self.state_dir is not None:  # ready means memory is held: wait for the workers' entries
+            deadline = time.monotonic() + 10.0
+            pending = {w.pid for w in self.workers}
+            while pending and time.monotonic() < deadline:
+                pending = {pid for pid in pending if not (self.state_dir / f"{pid}.json").exists()}
+                if any(w.poll() is not None for w in self.workers):
+                    break
+                if pending:
+                    await asyncio.sleep(0.01)
+
+    def _own_name(self) -> str:
+        return Path(sys.argv[0]).name or "python"
+
+    async def _bind(self) -> bool:
+        cfg = self.cfg
+        common = {"server": "perflab-sim", "x-perflab-sim-time-scale": f"{self.scale:g}"}
+        ports = [cfg.port, *cfg.extra_ports]
+        try:
+            if self.faults.bind_fail or self.faults.ready_then_bind_fail:
+                raise OSError(98, "address already in use")
+            for port in ports:
+                server = HttpServer(self._handler_for(port), common, self._log_access if self.access_log else None)
+                await server.start(cfg.host, port)
+                self.servers.append(server)
+        except OSError as exc:
+            # uvicorn's wording (uvicorn/server.py startup)
+            reason = (exc.strerror or str(exc)).lower()
+            _say([f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address "
+                  f"('{cfg.host}', {port}): {reason}"], sys.stderr)
+            return False
+        return True
+
+    async def _cleanup(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for server in self.servers:
+            server.close()
+        if not self.faults.orphan_workers:
+            await self._stop_workers()
+        if self.state_dir is not None and self.cfg.workers <= 0:
+            state.unregister(self.state_dir)
+
+    async def _stop_workers(self) -> None:
+        alive = [w for w in self.workers if w.poll() is None]
+        for w in alive:
+            with contextlib.suppress(ProcessLookupError):
+                w.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 0.6
+        while any(w.poll() is None for w in alive) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for w in alive:
+            if w.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    w.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    w.wait(timeout=1.0)
+
+    def crash(self) -> None:
+        lines = self.cfg.extra.get("crash_lines") or (
+            "ERROR [core.py] EngineCore encountered a fatal error.",
+            "Traceback (most recent call last):",
+            '  File "perflab/sim/runtime.py", line 1, in run_busy_loop',
+            "RuntimeError: CUDA error: an illegal memory access was encountered (simulated crash-after)",
+        )
+        _say(list(lines), sys.stderr)  # type: ignore[arg-type]
+        self.crashing = True
+        self.exit_code = 1
+        assert self.stop is not None
+        self.stop.set()
+
+    # scheduling -----------------------------------------------------------------------
+    def submit(self, gen: Generation, req: SimRequest) -> None:
+        gen.sim = req
+        rank = min(range(len(self.scheds)), key=lambda i: len(self.scheds[i].running) + len(self.scheds[i].waiting))
+        req.seed = hash(gen.id) & 0xFFFFFFFF
+        self.scheds[rank].add(req)
+        gen.rank = rank
+        self.wakes[rank].set()
+
+    def abort(self, gen: Generation) -> None:
+        if gen.sim is not None and not gen.done.done():
+            self.scheds[gen.rank].abort(gen.sim)
+            gen.done.set_result(None)
+
+    async def _drive(self, rank: int) -> None:
+        sched, wake = self.scheds[rank], self.wakes[rank]
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while True:
+            if self.hung:
+                await asyncio.Event().wait()  # a stuck scheduler: nothing more happens
+            if not sched.has_work:
+                wake.clear()
+                await wake.wait()
+                due = max(due, loop.time())
+                continue
+            result = sched.step()
+            if result is None:
+                continue
+            if result.duration > 0:
+                now = loop.time()
+                if due < now - MAX_LAG_S:
+                    self.lost_s += now - MAX_LAG_S - due
+                    due = now - MAX_LAG_S
+                    self._warn_lag()
+                due += result.duration / self.scale
+                delay = due - now
+                await asyncio.sleep(delay if delay > 0 else 0)
+            else:
+                await asyncio.sleep(0)
+            for req, n, finished in result.emitted:
+                if req.sink is not None:
+                    req.sink(n, finished)
+                if finished and not req.aborted:
+                    self.completed += 1
+                    self._prompt_done += req.prompt_tokens
+                self._gen_done += n
+            if self.faults.crash_after is not None and self.completed >= self.faults.crash_after:
+                self.crash()
+                return
+            if self.faults.hang_after is not None and self.completed >= self.faults.hang_after:
+                self.hung = True
+
+    def _warn_lag(self) -> None:
+        if self.lost_s > 1.0 and not self.lag_warned:
+            self.lag_warned = True
+            _say([f"WARNING perflab-sim: the simulation runs behind {TIME_SCALE_ENV}={self.scale:g} "
+                  "(CPU-bound); measured times are longer than the model's. Lower the time scale."], sys.stderr)
+
+    async def _stats(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(self.stats_interval)
+            now = time.monotonic()
+            elapsed_sim = (now - last) * self.scale
+            last = now
+            running = sum(len(s.running) for s in self.scheds)
+            waiting = sum(len(s.waiting) for s in self.scheds)
+            if not (running or waiting or self._gen_done):
+                continue
+            hit = sum(s.prefix_hits for s in self.scheds) / max(1, sum(s.prefix_queries for s in self.scheds))
+            _say([str(self.stats_line).format(
+                prompt_tps=self._prompt_done / elapsed_sim, gen_tps=self._gen_done / elapsed_sim, running=running,
+                waiting=waiting, kv_pct=100 * max(s.kv_usage for s in self.scheds), prefix_hit_pct=100 * hit,
+            )])
+            self._prompt_done = self._gen_done = 0
+
+    def _log_access(self, req: Request, status: int) -> None:
+        from http import HTTPStatus
+
+        with contextlib.suppress(ValueError, KeyError, IndexError):
+            reason = HTTPStatus(status).phrase
+            print(str(self.access_log).format(client=req.peer, method=req.method, path=req.path, status=status,
+                                              reason=reason), flush=True)
+
+    # HTTP -----------------------------------------------------------------------------
+    def _handler_for(self, port: int) -> Callable[[Request], Any]:
+        if port != self.cfg.port:
+            paths = self.port_health.get(port, ())
+
+            async def extra_port(req: Request) -> Response | Stream:
+                if req.method == "GET" and req.path in paths:
+                    return Response(200 if self.ready else 503, b"", content_type="text/plain")
+                return json_response({"detail": "Not Found"}, 404)
+
+            return extra_port
+        return self._handle
+
+    async def _handle(self, req: Request) -> Response | Stream:
+        path = req.path
+        if req.method == "GET" and path in self.cfg.health_paths:
+            return Response(200 if self.ready else 503, b"", content_type="text/plain")
+        if req.method == "GET" and path == "/v1/models":
+            return json_response(self._models())
+        if req.method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
+            if not self.ready:
+                return json_response(error_body("The server is not ready yet.", "ServiceUnavailableError", 503), 503)
+            return await self._generate(req, chat=path.endswith("chat/completions"))
+        if req.method == "GET" and path == "/metrics":
+            return Response(200, self._metrics(), content_type="text/plain; version=0.0.4")
+        return json_response({"detail": "Not Found"}, 404)
+
+    def _models(self) -> dict[str, Any]:
+        owner = str(self.cfg.extra.get("owned_by", self.cfg.engine))
+        created = int(time.time())
+        return {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": created, "owned_by": owner, "root": self.cfg.model,
+                 "parent": None, "max_model_len": self.plan.max_model_len}
+                for name in self.cfg.served_model_names
+            ],
+        }
+
+    def _metrics(self) -> str:
+        running = sum(len(s.running) for s in self.scheds)
+        waiting = sum(len(s.waiting) for s in self.scheds)
+        kv = max(s.kv_usage for s in self.scheds)
+        return (
+            "# simulated engine (perflab-sim)\n"
+            f"perflab_sim_requests_running {running}\n"
+            f"perflab_sim_requests_waiting {waiting}\n"
+            f"perflab_sim_kv_cache_usage_perc {kv:.6f}\n"
+            f"perflab_sim_requests_completed_total {self.completed}\n"
+            f"perflab_sim_time_scale {self.scale:g}\n"
+        )
+
+    async def _generate(self, req: Request, chat: bool) -> Response | Stream:
+        try:
+            body = req.json()
+        except ValueError:
+            return json_response(error_body("Invalid JSON body", "BadRequestError", 400), 400)
+        if not isinstance(body, dict):
+            return json_response(error_body("The request body must be a JSON object", "BadRequestError", 400), 400)
+        model = body.get("model")
+        if model is not None and model not in self.cfg.served_model_names:
+            return json_response(error_body(f"The model `{model}` does not exist.", "NotFoundError", 404), 404)
+        if self.faults.health_lies:
+            msg = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+            return json_response(error_body(msg, "InternalServerError", 500), 500)
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                return json_response(error_body("'messages' is required", "BadRequestError", 400), 400)
+            text, prompt_tokens = tokenizer.chat_prompt(messages)
+            max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        else:
+            if "prompt" not in body:
+                return json_response(error_body("'prompt' is required", "BadRequestError", 400), 400)
+            text, prompt_tokens = tokenizer.completion_prompt(body.get("prompt"))
+            max_tokens = body.get("max_tokens", 16)  # vLLM's CompletionRequest default
+        limit = self.plan.max_model_len
+        message = context_error(prompt_tokens, max_tokens, limit)
+        if message:
+            return json_response(error_body(message, "BadRequestError", 400), 400)
+        cap = int(max_tokens) if max_tokens is not None else limit - prompt_tokens
+        if cap < 1:
+            return json_response(error_body("max_tokens must be at least 1, got %d." % cap, "BadRequestError", 400), 400)
+        min_tokens = min(int(body.get("min_tokens") or 0), cap)
+        if body.get("ignore_eos"):
+            stop_at = cap
+        else:
+            seed_text = text if text is not None else json.dumps(body.get("prompt"))
+            stop_at = max(min_tokens, min(cap, natural_length(seed_text, self.eos_mean)), 1)
+        stream = bool(body.get("stream"))
+        opts = body.get("stream_options") or {}
+        gen = Generation(self, chat, str(model or self.cfg.served_model_names[0]), prompt_tokens, cap, stop_at, stream,
+                         bool(opts.get("include_usage")), bool(opts.get("continuous_usage_stats")))
+        hashes = tokenizer.block_hashes(text, self.cfg.block_size) if (self.cfg.prefix_caching and text) else ()
+        sim = SimRequest(prompt_tokens, stop_at, block_hashes=hashes, sink=gen.sink)
+
+        async def wait_done() -> None:
+            """Until the generation ends or the client goes away (then abort it)."""
+            eof = asyncio.ensure_future(req.reader.read(1))
+            try:
+                await asyncio.wait({gen.done, eof}, return_when=asyncio.FIRST_COMPLETED)
+                if not gen.done.done():
+                    self.abort(gen)
+            finally:
+                eof.cancel()
+
+        if stream:
+
+            async def run(send: Callable[[bytes], bool]) -> None:
+                gen.send = send
+                self.submit(gen, sim)
+                await wait_done()
+
+            return Stream(run)
+        self.submit(gen, sim)
+        await wait_done()
+        if gen.error:
+            return json_response(error_body(gen.error, "BadRequestError", 400), 400)
+        return json_response(gen.full_response())
+
+
+def serve(cfg: SimEngineConfig) -> int:
+    """Run the simulated engine ``cfg`` until SIGTERM/SIGINT (exit 0) or a failure."""
+    env = dict(os.environ)
+    try:
+        faults = parse_faults(env.get(FAULT_ENV))
+        scale = time_scale(env)
+    except ValueError as exc:
+        _say(cfg.startup_lines)
+        _say([f"perflab-sim: {exc}"], sys.stderr)
+        return 2
+    _say(cfg.startup_lines)
+    try:
+        plan_ = plan(cfg, env)
+    except models.UnknownModel as exc:
+        _say([exc.hf_message], sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - catalog UsageError, too few devices: one line, no traceback
+        _say([f"RuntimeError: {exc}"], sys.stderr)
+        return 1
+    engine = Engine(cfg, plan_, faults, scale, env)
+    loop_factory = None
+    try:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        pass
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        code = runner.run(engine.main())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+

@@ -1,0 +1,736 @@
+"""The engine supervisor: preflight, launch, wait until it really serves, watch it, tear it down.
+
+perflab's promise is here: never hang (every wait has a deadline), never miss a crash (the
+process' exit is awaited, not polled at the next health check), never leave a process or a
+port behind (the whole process group, session and marked descendants are killed, and the
+ports and accelerator memory are checked afterwards)::
+
+    async with supervise(pm, "vllm", config, hardware=hw, env=env, workdir=run_dir) as engine:
+        if engine.outcome.state != "ready":
+            print(engine.outcome.to_json())   # unsupported / crashed / timeout, already torn down
+        else:
+            ...  # benchmark engine.base_url; engine.died is set the moment it exits
+    # here it is torn down: engine.outcome.state is "done" (or "crashed"), teardown_s is set
+
+States (``Outcome.transitions`` records each with its time)::
+
+    preflight -> launching -> waiting-ready -> ready -> tearing-down -> done
+        |            |              |            |
+    unsupported   crashed     crashed/timeout  crashed
+
+A failed run keeps its failure state after teardown (the transitions show the teardown).
+See docs/lifecycle.md.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import httpx
+import psutil
+import structlog
+
+from perflab import engines as engine_hooks
+from perflab.errors import UnsupportedOption
+from perflab.lifecycle import procs, registry
+from perflab.lifecycle.output import OutputPump
+from perflab.lifecycle.ports import (
+    connect_host,
+    pick_free_port,
+    port_is_free,
+    port_owners,
+    taken_ports,
+    wait_ports_free,
+)
+from perflab.lifecycle.readiness_probe import ProbeState, poll_until_ready
+from perflab.lifecycle.registry import install_signal_handlers, signal_guard, teardown_all
+from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig, Unsupported, to_jsonable
+
+__all__ = [
+    "STATES",
+    "TERMINAL_STATES",
+    "EngineInstance",
+    "Outcome",
+    "install_signal_handlers",
+    "pick_free_port",
+    "signal_guard",
+    "supervise",
+    "teardown_all",
+]
+
+log = structlog.get_logger("perflab.supervisor")
+
+STATES = ("preflight", "launching", "waiting-ready", "ready", "tearing-down", "done", "unsupported", "crashed", "timeout")
+FAILED_STATES = ("unsupported", "crashed", "timeout")
+TERMINAL_STATES = ("done", *FAILED_STATES)
+
+DEFAULT_GRACE_S = 10.0
+PORT_RELEASE_WAIT_S = 3.0  # after every process is gone the kernel frees listeners at once
+MEMORY_SETTLE_S = 5.0  # drivers release device memory shortly after the process dies
+MEMORY_TOLERANCE = 0.03  # of a device's total memory
+TRACK_INTERVAL_S = 1.0  # how often descendants are snapshotted while the engine runs
+PORT_PICK_TRIES = 5
+
+
+@dataclass
+class Outcome:
+    """Everything that happened to one launch; ``to_json()`` is what ``--json`` prints."""
+
+    state: str = "preflight"
+    cause: CrashCause | None = None
+    reasons: tuple[Unsupported, ...] = ()  # errors that refused it
+    warnings: tuple[Unsupported, ...] = ()
+    log: Path | None = None
+    ready_s: float | None = None  # launch -> ready (generation answered)
+    teardown_s: float | None = None
+    transitions: list[tuple[str, float]] = field(default_factory=list)  # (state, time.time())
+    launch: LaunchSpec | None = None
+    version: str | None = None
+    leftovers: list[str] = field(default_factory=list)  # teardown problems
+    # -- more detail
+    engine: str | None = None
+    workdir: Path | None = None
+    pid: int | None = None
+    exit_code: int | None = None  # negative: killed by that signal
+    exited_at: float | None = None  # time.time() the exit was noticed
+    ready_log_s: float | None = None  # launch -> the engine's own "ready" line (informative)
+    interrupted: bool = False  # cancelled (Ctrl-C) before it finished
+    notes: list[str] = field(default_factory=list)  # teardown facts worth knowing (not problems)
+
+    @property
+    def ok(self) -> bool:
+        """It served: it got ready and did not crash."""
+        return self.ready_s is not None and self.state in ("ready", "tearing-down", "done")
+
+    @property
+    def reason(self) -> str | None:
+        """One line saying why it did not serve (None when it did)."""
+        if self.state == "unsupported" and self.reasons:
+            return "; ".join(f"{u.what}: {u.why}" for u in self.reasons)
+        if self.cause is not None and self.state in ("crashed", "timeout"):
+            text = self.cause.explanation
+            if self.cause.line and self.cause.line not in text:
+                text += f": {self.cause.line.strip()}"
+            return text
+        return None
+
+    def started_at(self) -> float | None:
+        for state, t in self.transitions:
+            if state == "launching":
+                return t
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "cause": self.cause.name if self.cause else None,
+            "reason": self.reason,
+            "log": str(self.log) if self.log else None,
+            "ready_s": _round(self.ready_s),
+            "teardown_s": _round(self.teardown_s),
+            "engine": self.engine,
+            "version": self.version,
+            "crash": to_jsonable(self.cause),
+            "reasons": to_jsonable(list(self.reasons)),
+            "warnings": to_jsonable(list(self.warnings)),
+            "leftovers": list(self.leftovers),
+            "notes": list(self.notes),
+            "exit_code": self.exit_code,
+            "pid": self.pid,
+            "ready_log_s": _round(self.ready_log_s),
+            "interrupted": self.interrupted,
+            "base_url": _connectable_url(self.launch) if self.launch else None,
+            "workdir": str(self.workdir) if self.workdir else None,
+            "launch": to_jsonable(self.launch),
+            "transitions": [{"state": s, "time": t} for s, t in self.transitions],
+        }
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+def _connectable_url(spec: LaunchSpec) -> str:
+    host = connect_host(spec.host)
+    return f"http://[{host}]:{spec.port}" if ":" in host else f"http://{host}:{spec.port}"
+
+
+def _memory_by_device(
+    snapshot: HardwareSnapshot, kinds: tuple[str, ...], devices: tuple[int, ...] | None
+) -> dict[tuple[str, int], tuple[int, int]]:
+    # Only the devices this engine uses: replicas run side by side on disjoint devices, and
+    # another replica's memory is not this one's leftover.
+    return {
+        (a.kind, a.index): (a.memory_used_mib, a.memory_total_mib)
+        for a in snapshot.accelerators
+        if a.kind in kinds and (devices is None or a.index in devices)
+    }
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run blocking plugin code (it may run ``engine --version``) off the event loop;
+    Ctrl-C does not wait for it."""
+    return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+
+
+class EngineInstance:
+    """One supervised engine. Use as ``async with``; see the module docstring.
+
+    ``__aenter__`` never raises for an unsupported configuration, a crash or a timeout: it
+    sets :attr:`outcome` (and has already torn down). It raises only for usage errors
+    (unknown engine) and plugin bugs, after cleaning up.
+    """
+
+    def __init__(
+        self,
+        pm: Any,
+        engine: str,
+        config: ServeConfig,
+        *,
+        hardware: HardwareSnapshot,
+        env: Mapping[str, str],
+        workdir: Path,
+        force: bool = False,
+        startup_timeout: float | None = None,
+        version: str | None = None,
+        log_name: str = "engine.log",
+        grace: float = DEFAULT_GRACE_S,
+        check_memory: bool = True,
+        memory_settle_s: float = MEMORY_SETTLE_S,
+        on_started: Callable[[int], None] | None = None,
+    ) -> None:
+        self.pm = pm
+        self.engine = engine
+        self.config = config
+        self.hardware = hardware
+        self.env = dict(env)
+        self.workdir = Path(workdir)
+        self.force = force
+        self.startup_timeout = startup_timeout
+        self.log_name = log_name
+        self.grace = grace
+        self.check_memory = check_memory
+        self.memory_settle_s = memory_settle_s
+        self.on_started = on_started
+        self.outcome = Outcome(engine=engine, version=version, workdir=self.workdir)
+        self.launch: LaunchSpec | None = None
+        self.base_url: str | None = None
+        self.readiness: Readiness | None = None
+        self.died = anyio.Event()
+        self.marker = secrets.token_hex(8)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tracker: procs.ProcessTracker | None = None
+        self._pump: OutputPump | None = None
+        self._exited = anyio.Event()
+        self._stopping = False
+        self._launched_mono: float | None = None
+        self._baseline: HardwareSnapshot | None = None
+        self._bg_scopes: list[tuple[anyio.CancelScope, anyio.Event]] = []
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._stack: AsyncExitStack | None = None
+        self._teardown_started = False
+        self._teardown_done = anyio.Event()
+
+    # ================================================================ context manager
+
+    async def __aenter__(self) -> EngineInstance:
+        async with AsyncExitStack() as stack:
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.push_async_callback(self._close)
+            try:
+                await self._start()
+            except anyio.get_cancelled_exc_class():
+                self.outcome.interrupted = True
+                raise
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        if exc is not None and isinstance(exc, anyio.get_cancelled_exc_class()):
+            self.outcome.interrupted = True
+        assert self._stack is not None
+        return await self._stack.__aexit__(exc_type, exc, tb)
+
+    async def _close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.teardown()
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    # ================================================================ states
+
+    def _transition(self, state: str, **kw: Any) -> None:
+        assert state in STATES, state
+        self.outcome.state = state
+        self.outcome.transitions.append((state, time.time()))
+        log.info("engine.state", engine=self.engine, state=state, **kw)
+
+    def _since_launch(self) -> float | None:
+        return None if self._launched_mono is None else time.monotonic() - self._launched_mono
+
+    # ================================================================ start
+
+    async def _start(self) -> None:
+        o = self.outcome
+        self._transition("preflight", workdir=str(self.workdir))
+        self.pm.engine(self.engine)  # UnknownEngine: a usage error, raised
+        if o.version is None:
+            o.version = await _in_thread(engine_hooks.engine_version, self.pm, self.engine, self.env)
+        problems = await _in_thread(engine_hooks.check_support, self.pm, self.engine, self.config, self.hardware, o.version)
+        o.reasons = tuple(u for u in problems if u.severity != "warning")
+        o.warnings = tuple(u for u in problems if u.severity == "warning")
+        for w in o.warnings:
+            log.warning("engine.preflight-warning", engine=self.engine, what=w.what, why=w.why)
+        if o.reasons and not self.force:
+            self._transition("unsupported", reasons=[f"{u.what}: {u.why}" for u in o.reasons])
+            return
+        if o.reasons:
+            log.warning("engine.forced", engine=self.engine, reasons=[f"{u.what}: {u.why}" for u in o.reasons])
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        spec = await self._build_spec()
+        if spec is None:
+            return
+        self.launch = o.launch = spec
+        self.base_url = _connectable_url(spec)
+        self.readiness = engine_hooks.readiness(self.pm, self.engine, spec)
+        self._write_files(spec)
+
+        if self.check_memory and self.hardware.accelerators:
+            self._baseline = await _in_thread(self._probe_hardware)
+
+        self._transition("launching", argv=list(spec.argv), port=spec.port)
+        if not await self._spawn(spec):
+            return
+        self._transition("waiting-ready", pid=self._proc.pid if self._proc else None, base_url=self.base_url)
+        if await self._wait_ready(self.readiness):
+            o.ready_s = self._since_launch()
+            self._transition("ready", ready_s=_round(o.ready_s), base_url=self.base_url)
+        else:
+            await self.teardown()
+
+    async def _build_spec(self) -> LaunchSpec | None:
+        """Choose the port(s), build the launch; None (with the outcome set) if it cannot start."""
+        o = self.outcome
+        config = self.config
+        picked = config.port is None
+        for _ in range(PORT_PICK_TRIES if picked else 1):
+            if picked:
+                config = self.config.replace(port=pick_free_port(self.config.host))
+            elif not port_is_free(config.host, config.port):  # type: ignore[arg-type]
+                self._port_in_use([config.port])  # type: ignore[list-item]
+                return None
+            try:
+                spec: LaunchSpec = await _in_thread(
+                    engine_hooks.build_launch, self.pm, self.engine, config, self.hardware, self.workdir, o.version
+                )
+            except UnsupportedOption as exc:
+                rec = self.pm.engine(self.engine)
+                o.reasons = (*o.reasons, Unsupported(exc.option, exc.why, source=rec.distribution or rec.plugin))
+                self._transition("unsupported", reasons=[str(exc)])
+                return None
+            taken = taken_ports(spec.host, spec.ports)
+            if not taken:
+                return spec
+            if not picked:
+                self._port_in_use(taken)
+                return None
+        self._port_in_use(taken)
+        return None
+
+    def _port_in_use(self, ports: list[int]) -> None:
+        host = self.config.host
+        owners = port_owners(ports)
+        who = ", ".join(f"{p.port} by pid {p.pid} ({p.name})" for p in owners if p.pid) or "by another process"
+        self.outcome.cause = CrashCause(
+            "port-in-use",
+            f"port(s) {', '.join(map(str, ports))} on {host} already in use ({who}); nothing was started",
+            hint="choose another --port, or stop what holds it",
+            source="perflab",
+        )
+        self._transition("crashed", cause="port-in-use", ports=ports)
+
+    def _write_files(self, spec: LaunchSpec) -> None:
+        for f in spec.files:
+            path = Path(f.path)
+            path = path if path.is_absolute() else self.workdir / path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f.content, encoding="utf-8")
+            path.chmod(f.mode)
+        record = {
+            "engine": spec.engine,
+            "argv": list(spec.argv),
+            "env": dict(self._env_additions(spec)),
+            "files": [f.path for f in spec.files],
+            "cwd": self._cwd(spec),
+            "host": spec.host,
+            "port": spec.port,
+            "extra_ports": list(spec.extra_ports),
+            "served_model_name": spec.served_model_name,
+            "base_url": self.base_url,
+            "version": self.outcome.version,
+            "warnings": list(spec.warnings),
+        }
+        (self.workdir / "launch.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+    def _env_additions(self, spec: LaunchSpec) -> dict[str, str]:
+        # extra_env is merged too, so an option is never lost if a plugin forgets it; the
+        # plugin's own env wins.
+        return {**self.config.extra_env, **spec.env}
+
+    def _cwd(self, spec: LaunchSpec) -> str:
+        if spec.cwd is None:
+            return str(self.workdir)
+        cwd = Path(spec.cwd)
+        return str(cwd if cwd.is_absolute() else self.workdir / cwd)
+
+    def _probe_hardware(self) -> HardwareSnapshot:
+        from perflab.hardware import probe
+
+        return probe(self.pm, self.env)
+
+    async def _spawn(self, spec: LaunchSpec) -> bool:
+        o = self.outcome
+        log_path = self.workdir / self.log_name
+        o.log = log_path
+        env = {**self.env, **self._env_additions(spec), procs.MARKER_ENV: self.marker}
+        try:
+            proc, fd = procs.spawn(spec.argv, env, self._cwd(spec))
+        except OSError as exc:
+            log_path.write_text(f"[perflab] could not start {spec.argv[0]}: {exc}\n", encoding="utf-8")
+            o.cause = CrashCause(
+                "spawn-failed",
+                f"could not start {spec.argv[0]!r}: {exc.strerror or exc}",
+                hint="is the engine installed and on PATH?" if isinstance(exc, FileNotFoundError) else "",
+                source="perflab",
+            )
+            self._transition("crashed", cause="spawn-failed")
+            return False
+        self._launched_mono = time.monotonic()
+        self._proc = proc
+        o.pid = proc.pid
+        self._tracker = procs.ProcessTracker(proc, self.marker)
+        registry.register(self)
+        patterns = self.readiness.ready_log_patterns if self.readiness else ()
+        self._pump = OutputPump(fd, log_path, patterns=patterns, on_pattern=self._on_ready_line)
+        if self.on_started is not None:
+            self.on_started(proc.pid)
+        self._background(self._pump.run)
+        self._background(self._watch_exit)
+        self._background(self._track_descendants)
+        return True
+
+    def _background(self, fn: Callable[[], Any]) -> None:
+        scope = anyio.CancelScope()
+        done = anyio.Event()
+        self._bg_scopes.append((scope, done))
+
+        async def run() -> None:
+            try:
+                with scope:
+                    await fn()
+            except Exception as exc:  # never let a helper task cancel the caller's body
+                log.exception("engine.internal-error", engine=self.engine, task=getattr(fn, "__name__", "?"))
+                self.outcome.notes.append(f"internal error in {getattr(fn, '__name__', '?')}: {exc!r}")
+            finally:
+                done.set()
+
+        assert self._tg is not None
+        self._tg.start_soon(run)
+
+    def _on_ready_line(self, pattern: str, line: str) -> None:
+        if self.outcome.ready_log_s is None:
+            self.outcome.ready_log_s = self._since_launch()
+            log.info("engine.ready-line", engine=self.engine, after_s=_round(self.outcome.ready_log_s), line=line[:200])
+
+    # ================================================================ watching
+
+    async def _watch_exit(self) -> None:
+        assert self._proc is not None
+        rc = await procs.wait_exit(self._proc)
+        o = self.outcome
+        o.exit_code = rc
+        o.exited_at = time.time()
+        if self._stopping:
+            self._exited.set()
+            return
+        # No await from here to `died.set()`: whoever wakes on `died` sees the cause.
+        if self._pump is not None:
+            self._pump.read_available()  # the engine's last words are already in the pipe
+        tail = self._pump.tail_text() if self._pump else ""
+        try:
+            o.cause = engine_hooks.classify_crash(self.pm, self.engine, rc, tail)
+        except Exception as exc:  # a broken classifier must not hide the crash
+            o.cause = CrashCause("unknown", f"the engine exited with code {rc} (crash classifier failed: {exc!r})")
+        if self._pump is not None:
+            self._pump.note(f"engine exited with code {rc}: {o.cause.name}: {o.cause.explanation}")
+        self._transition("crashed", exit_code=rc, cause=o.cause.name, explanation=o.cause.explanation, line=o.cause.line)
+        self.died.set()
+        self._exited.set()
+
+    async def _track_descendants(self) -> None:
+        # Snapshot the tree while the parent lives: a worker re-parented after a crash
+        # is no longer a descendant, but it stays in `known`.
+        assert self._tracker is not None
+        while not self._exited.is_set():
+            await anyio.to_thread.run_sync(self._tracker.scan_tree)
+            with anyio.move_on_after(TRACK_INTERVAL_S):
+                await self._exited.wait()
+
+    async def _wait_ready(self, readiness: Readiness) -> bool:
+        assert self.launch is not None
+        timeout = self.startup_timeout if self.startup_timeout is not None else readiness.startup_timeout_s
+        state = ProbeState()
+        ready = False
+        async with httpx.AsyncClient(trust_env=False) as client:
+            with anyio.move_on_after(timeout):
+                async with anyio.create_task_group() as tg:
+
+                    async def probe() -> None:
+                        nonlocal ready
+                        assert self.launch is not None
+                        await poll_until_ready(client, connect_host(self.launch.host), self.launch, readiness, state)
+                        ready = True
+                        tg.cancel_scope.cancel()
+
+                    async def exited() -> None:
+                        await self._exited.wait()
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(probe)
+                    tg.start_soon(exited)
+        if self._exited.is_set():
+            return False  # _watch_exit set "crashed" and the cause
+        if ready:
+            return True
+        self.outcome.cause = self._timeout_cause(timeout, state)
+        if self._pump is not None:
+            self._pump.note(f"not ready within {timeout:g} s: {self.outcome.cause.explanation}")
+        self._transition("timeout", after_s=timeout, cause=self.outcome.cause.name, last_error=state.last_error)
+        return False
+
+    def _timeout_cause(self, timeout: float, state: ProbeState) -> CrashCause:
+        last_line = self._pump.tail[-1] if self._pump is not None and self._pump.tail else None
+        if state.http_ok and self.readiness is not None and self.readiness.generation_path:
+            return CrashCause(
+                "generation-probe-failed",
+                f"health checks passed but no one-token generation succeeded within {timeout:g} s "
+                f"(last: {state.last_error})",
+                line=last_line,
+                hint="the engine answers its health path while unable to generate (dead scheduler?)",
+                source="perflab",
+            )
+        return CrashCause(
+            "startup-timeout",
+            f"not serving within {timeout:g} s (last probe: {state.last_error or 'none completed'})",
+            line=last_line,
+            hint="raise --startup-timeout if the model is large, else see the engine log",
+            source="perflab",
+        )
+
+    # ================================================================ teardown
+
+    async def teardown(self) -> None:
+        """Stop the engine and everything it spawned; check ports and memory. Idempotent;
+        safe to call from the body, from ``__aexit__`` and concurrently."""
+        if self._teardown_started:
+            await self._teardown_done.wait()
+            return
+        self._teardown_started = True
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._teardown()
+        finally:
+            self._teardown_done.set()
+
+    async def _teardown(self) -> None:
+        o = self.outcome
+        prior = o.state
+        if self._proc is None or self._tracker is None:
+            # Nothing started (unsupported, port in use, spawn failed, or cancelled in preflight).
+            if prior not in TERMINAL_STATES:
+                self._transition("done", started=False)
+            if self.launch is not None:
+                self._call_teardown_hooks(self.launch)
+            return
+        t0 = time.monotonic()
+        self._stopping = True
+        self._transition("tearing-down", pid=self._proc.pid, grace_s=self.grace)
+        left = await procs.terminate(self._tracker, self.grace)
+        o.leftovers.extend(left)
+        if self._proc.returncode is not None and o.exit_code is None:
+            o.exit_code = self._proc.returncode
+        await self._stop_background()
+        registry.unregister(self)
+        assert self.launch is not None
+        await self._check_ports(self.launch)
+        if self._baseline is not None:
+            await self._check_memory(self._baseline)
+        self._call_teardown_hooks(self.launch)
+        o.teardown_s = time.monotonic() - t0
+        if prior not in FAILED_STATES:
+            self._transition("done", teardown_s=_round(o.teardown_s), leftovers=o.leftovers)
+        else:
+            o.state = prior  # a failed run stays failed; its transitions show the teardown
+            log.info("engine.torn-down", engine=self.engine, state=prior, teardown_s=_round(o.teardown_s), leftovers=o.leftovers)
+        for msg in o.leftovers:
+            log.warning("engine.leftover", engine=self.engine, problem=msg)
+
+    async def _stop_background(self) -> None:
+        # Give the pump a moment to read the last lines (workers may still hold the pipe
+        # until they are dead, which they are now), then stop every helper task.
+        if self._pump is not None:
+            with anyio.move_on_after(0.5):
+                while not self._pump.eof:
+                    self._pump.read_available()
+                    if self._pump.eof:
+                        break
+                    await anyio.sleep(0.02)
+        for scope, _ in self._bg_scopes:
+            scope.cancel()
+        with anyio.move_on_after(2.0):  # the pump must leave wait_readable() before its fd closes
+            for _, done in self._bg_scopes:
+                await done.wait()
+        self._exited.set()
+        if self._pump is not None:
+            self._pump.close()
+
+    async def _check_ports(self, spec: LaunchSpec) -> None:
+        taken = await wait_ports_free(spec.host, spec.ports, PORT_RELEASE_WAIT_S)
+        if not taken:
+            return
+        assert self._tracker is not None
+        ours = {pid for pid in self._tracker.known}
+        for owner in port_owners(taken):
+            if owner.pid is not None and (owner.pid in ours or self._has_marker(owner.pid)):
+                try:
+                    psutil.Process(owner.pid).kill()
+                    action = "killed it"
+                except psutil.Error as exc:
+                    action = f"could not kill it: {exc}"
+                self.outcome.leftovers.append(
+                    f"port {owner.port} was still bound by pid {owner.pid} ({owner.name}) started by this launch; {action}"
+                )
+            elif owner.pid is not None:
+                self.outcome.leftovers.append(
+                    f"port {owner.port} is still bound by pid {owner.pid} ({owner.name}), not started by this launch"
+                )
+        still = await wait_ports_free(spec.host, taken, 1.0)
+        known = {o.port for o in port_owners(still)}
+        for port in still:
+            if port not in known:
+                self.outcome.leftovers.append(f"port {port} on {spec.host} is still bound (owner not visible)")
+
+    def _has_marker(self, pid: int) -> bool:
+        try:
+            return psutil.Process(pid).environ().get(procs.MARKER_ENV) == self.marker
+        except (psutil.Error, OSError):
+            return False
+
+    async def _check_memory(self, baseline: HardwareSnapshot) -> None:
+        kinds = self.pm.engine(self.engine).info.accelerators
+        before = _memory_by_device(baseline, kinds, self.config.devices)
+        deadline = time.monotonic() + self.memory_settle_s
+        while True:
+            after_snap = await anyio.to_thread.run_sync(self._probe_hardware)
+            after = _memory_by_device(after_snap, kinds, self.config.devices)
+            problems = []
+            for key, (used_before, total) in sorted(before.items()):
+                if key not in after:
+                    continue
+                used_after = after[key][0]
+                tolerance = max(MEMORY_TOLERANCE * total, 64)
+                if used_after - used_before > tolerance:
+                    problems.append(
+                        f"{key[0]}:{key[1]} uses {used_after} MiB after teardown, {used_before} MiB before launch "
+                        f"(tolerance {tolerance:.0f} MiB)"
+                    )
+            if not problems or time.monotonic() >= deadline:
+                break
+            await anyio.sleep(0.25)
+        for p in problems:
+            self.outcome.leftovers.append(f"accelerator memory not released: {p}")
+
+    def _call_teardown_hooks(self, spec: LaunchSpec) -> None:
+        # Each implementation separately: one plugin's failure must not skip the others.
+        for impl in self.pm.hook.perflab_teardown.get_hookimpls():
+            kwargs = {"engine": self.engine, "launch": spec, "workdir": self.workdir}
+            try:
+                impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
+            except Exception as exc:
+                self.outcome.leftovers.append(f"teardown hook of plugin {impl.plugin_name} failed: {type(exc).__name__}: {exc}")
+
+    def kill_now(self) -> None:
+        """SIGKILL everything this launch started, synchronously (atexit, third Ctrl-C)."""
+        if self._tracker is not None:
+            try:
+                self._tracker.scan_tree()
+            except Exception:
+                pass
+            self._tracker.kill_now()
+
+
+def supervise(
+    pm: Any,
+    engine: str,
+    config: ServeConfig,
+    *,
+    hardware: HardwareSnapshot,
+    env: Mapping[str, str],
+    workdir: Path,
+    force: bool = False,
+    startup_timeout: float | None = None,
+    version: str | None = None,
+    log_name: str = "engine.log",
+    grace: float = DEFAULT_GRACE_S,
+    check_memory: bool = True,
+    memory_settle_s: float = MEMORY_SETTLE_S,
+    on_started: Callable[[int], None] | None = None,
+) -> EngineInstance:
+    """Prepare the supervision of one engine; ``async with`` it to run it.
+
+    :param pm: the plugin manager.
+    :param engine: registered engine name.
+    :param config: serving options; ``config.port=None`` picks a free port.
+    :param hardware: the snapshot preflight checks against.
+    :param env: the environment to launch with (from :func:`perflab.hardware.resolve`).
+    :param workdir: the run directory (engine.log, launch.json, config files).
+    :param force: launch even if preflight found errors.
+    :param startup_timeout: seconds to become ready (default: the plugin's Readiness).
+    :param version: engine version (default: asked through the plugin).
+    :param grace: seconds between SIGTERM and SIGKILL at teardown.
+    :param check_memory: compare accelerator memory with the pre-launch baseline.
+    :param on_started: called with the leader's pid right after it started.
+    """
+    return EngineInstance(
+        pm,
+        engine,
+        config,
+        hardware=hardware,
+        env=env,
+        workdir=workdir,
+        force=force,
+        startup_timeout=startup_timeout,
+        version=version,
+        log_name=log_name,
+        grace=grace,
+        check_memory=check_memory,
+        memory_settle_s=memory_settle_s,
+        on_started=on_started,
+    )

@@ -1,0 +1,91 @@
+"""Named reasons SGLang dies, matched in its log.
+
+Signatures are tried in order (most specific first); for the first signature found, the
+first matching line (the root cause, not a later wrapper error) is quoted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from perflab.types import CrashCause
+
+V = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt"
+
+
+@dataclass(frozen=True)
+class Signature:
+    name: str
+    pattern: re.Pattern[str]
+    explanation: str
+    hint: str
+    source: str
+
+
+SIGNATURES: tuple[Signature, ...] = (
+    Signature(
+        "fp8-unsupported-gpu",
+        re.compile(r"type fp8e4nv not supported in this architecture|fp8e4nv data type is not supported on CUDA arch"),
+        "SGLang's FP8 Triton kernels need an SM89+ GPU (Ada/Hopper); this GPU has no FP8 support",
+        "serve the BF16 checkpoint, or use vLLM (Marlin W8A16 FP8 on A100)",
+        "https://github.com/sgl-project/sglang/issues/5871",
+    ),
+    Signature(
+        "kv-cache-no-memory",
+        re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
+        "no GPU memory is left for the KV cache after loading the weights",
+        "raise mem_fraction (--mem-fraction-static), or add GPUs (tp)",
+        f"{V}/model_executor/model_runner.py",
+    ),
+    Signature(
+        "kv-cache-too-small",
+        re.compile(r"Memory pool size is too small"),
+        "the KV cache pool cannot hold even one request",
+        "raise mem_fraction, lower max_model_len, or add GPUs (tp)",
+        f"{V}/managers/tp_worker.py",
+    ),
+    Signature(
+        "cuda-oom",
+        re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: CUDA|CUDA error: out of memory"),
+        "a CUDA allocation failed: the GPU ran out of memory",
+        "lower mem_fraction, max_num_seqs or chunked prefill size, or add GPUs (tp)",
+        "https://pytorch.org/docs/stable/generated/torch.cuda.OutOfMemoryError.html",
+    ),
+    Signature(
+        "nccl-error",
+        re.compile(
+            r"NCCL error|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclInvalidUsage|ncclRemoteError"
+            r"|DistBackendError|Watchdog caught collective operation timeout"
+        ),
+        "a collective (NCCL) operation between the tensor-parallel workers failed",
+        "check NCCL_DEBUG=INFO output, P2P/NVLink topology and /dev/shm size; try NCCL_P2P_DISABLE=1",
+        "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html",
+    ),
+    Signature(
+        "address-in-use",
+        re.compile(r"(?i)address already in use|EADDRINUSE|Port is already in use"),
+        "the server (or one of SGLang's internal ZMQ/NCCL ports) could not bind: the port is taken",
+        "stop whatever holds the port (a previous run's workers?) or choose another port",
+        f"{V}/server_args.py",
+    ),
+    Signature(
+        "model-not-found",
+        re.compile(
+            r"RepositoryNotFoundError|Repository Not Found for url|is not a local folder and is not a valid model identifier"
+            r"|GatedRepoError|does not appear to have a file named config\.json|HFValidationError"
+        ),
+        "the model could not be found (not a local path, unknown or gated Hugging Face repo)",
+        "check the model id/path, HF_TOKEN for gated repos, and HF_HUB_OFFLINE",
+        "https://huggingface.co/docs/huggingface_hub/package_reference/utilities#huggingface_hub.errors.RepositoryNotFoundError",
+    ),
+)
+
+
+def classify(log_tail: str, signatures: tuple[Signature, ...] = SIGNATURES) -> CrashCause | None:
+    lines = log_tail.splitlines()
+    for sig in signatures:
+        for line in lines:
+            if sig.pattern.search(line):
+                return CrashCause(sig.name, sig.explanation, line=line.strip(), hint=sig.hint, source=sig.source)
+    return None

@@ -1,0 +1,184 @@
+"""Naming why a vLLM server died, from the end of its log.
+
+vLLM runs the model in an engine-core process (and workers under it); when that process
+fails, the API server raises ``RuntimeError: Engine core initialization failed. See root cause
+above.`` (vllm/v1/engine/utils.py), so the last error in the log is a wrapper. The classifier
+therefore scans the whole tail from the top and reports the *first* line that matches a root
+cause; wrapper errors are used only when nothing earlier matched.
+
+Every pattern quotes the engine's own message; ``source`` says where it comes from.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from perflab.types import CrashCause
+
+V = "https://github.com/vllm-project/vllm/blob/v0.11.0/"
+
+
+@dataclass(frozen=True)
+class CrashPattern:
+    name: str
+    regex: re.Pattern[str]
+    explanation: str
+    hint: str
+    source: str
+
+
+def pattern(name: str, regex: str, explanation: str, hint: str, source: str) -> CrashPattern:
+    return CrashPattern(name, re.compile(regex), explanation, hint, source)
+
+
+#: Root causes, most specific first (one line may match several; the first listed wins).
+VLLM_ROOT_CAUSES: tuple[CrashPattern, ...] = (
+    pattern(
+        "kv-cache-too-small",
+        r"No available memory for the cache blocks"
+        r"|is larger than the available KV cache memory"
+        r"|is larger than the maximum number of tokens that can be stored in KV cache",
+        "the KV cache left after loading the weights cannot hold one sequence of max_model_len tokens",
+        "lower --max-model-len, raise --mem-fraction (gpu_memory_utilization), use more devices (--tp) "
+        "or a quantized checkpoint / --kv-cache-dtype fp8",
+        # V1: check_enough_kv_cache_memory(); V0 (vLLM <= 0.10): Worker raise_if_cache_size_invalid()
+        V + "vllm/v1/core/kv_cache_utils.py",
+    ),
+    pattern(
+        "quantization-unsupported-gpu",
+        r"The quantization method \S+ is not supported for the current GPU\.",
+        "the checkpoint's quantization method needs a newer GPU generation than this one",
+        "use an unquantized or differently quantized checkpoint, or a GPU with the minimum capability "
+        "the message names",
+        V + "vllm/config/__init__.py",  # VllmConfig._get_quantization_config
+    ),
+    pattern(
+        "fp8-block-scaling-unsupported-sm",
+        r"Unsupported SM version for FP8 block scaling GEMM",
+        "the FP8 block-scaling GEMM kernel has no implementation for this GPU's SM version "
+        "(Ampere and older lack FP8 compute)",
+        "use the BF16 checkpoint on this GPU, or Ada/Hopper/Blackwell GPUs for block-FP8 checkpoints",
+        "https://github.com/NVIDIA/TensorRT-LLM/blob/main/cpp/tensorrt_llm/thop/fp8BlockScalingGemm.cpp",
+    ),
+    pattern(
+        "unknown-quantization",
+        r"Unknown quantization method: ",
+        "vLLM does not know the quantization method that was asked for",
+        "check --quantization against the methods the message lists (or leave it unset to use the "
+        "checkpoint's own quantization_config)",
+        V + "vllm/config/model.py",  # ModelConfig._verify_quantization
+    ),
+    pattern(
+        "max-model-len-too-large",
+        r"User-specified max_model_len \(\d+\) is greater than the derived max_model_len",
+        "--max-model-len is longer than the model's context length in its config.json",
+        "lower --max-model-len to the model's context length (or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 "
+        "if the model really supports it)",
+        V + "vllm/config/model.py",  # _get_and_verify_max_len
+    ),
+    pattern(
+        "tp-not-dividing-attention-heads",
+        r"Total number of attention heads \(\d+\) must be divisible by tensor parallel size \(\d+\)",
+        "the model's attention heads cannot be split evenly over the tensor-parallel ranks",
+        "choose a --tp that divides the number of attention heads",
+        V + "vllm/config/model.py",  # ModelConfig.verify_with_parallel_config
+    ),
+    pattern(
+        "cuda-out-of-memory",
+        r"CUDA out of memory|torch(?:\.cuda)?\.OutOfMemoryError|CUDA error: out of memory",
+        "a GPU ran out of memory (weights, activations or CUDA-graph capture did not fit)",
+        "lower --mem-fraction if other processes share the GPU, otherwise use more GPUs (--tp), a "
+        "smaller --max-num-seqs / --max-batched-tokens, or a quantized checkpoint",
+        "https://docs.pytorch.org/docs/stable/generated/torch.cuda.OutOfMemoryError.html",
+    ),
+    pattern(
+        "address-in-use",
+        # uvicorn: "[Errno 98] error while attempting to bind on address (...): address already in
+        # use"; vLLM binds its socket itself first: "OSError: [Errno 98] Address already in use".
+        # Not vLLM's harmless "Address already in use. Retrying with a new port." (config/parallel.py).
+        r"\[Errno 98\]|error while attempting to bind on address",
+        "the serving port was already taken by another process",
+        "free the port or let perflab pick a free one (leave --port unset)",
+        V + "vllm/entrypoints/openai/api_server.py",  # create_server_socket()
+    ),
+    pattern(
+        "model-not-found",
+        r"Repository Not Found|RepositoryNotFoundError"
+        r"|is not a local folder and is not a valid model identifier"
+        r"|Invalid repository ID or local directory specified",
+        "the model is neither a local directory with a config.json nor a Hugging Face repository "
+        "this machine can reach",
+        "check the model id or path (and HF_TOKEN / HF_ENDPOINT / HF_HUB_OFFLINE for private or "
+        "offline use)",
+        V + "vllm/transformers_utils/config.py",
+    ),
+    pattern(
+        "model-access-denied",
+        r"GatedRepoError|Access to model \S+ is restricted|401 Client Error",
+        "the model repository is gated or private and this machine is not authorised for it",
+        "accept the model's licence on Hugging Face and set HF_TOKEN in the engine environment (--env)",
+        "https://huggingface.co/docs/huggingface_hub/package_reference/utilities#huggingface_hub.errors.GatedRepoError",
+    ),
+    pattern(
+        "nccl-error",
+        r"NCCL error|ncclInternalError|ncclUnhandledCudaError|ncclSystemError|ncclInvalidUsage"
+        r"|ncclRemoteError|DistBackendError",
+        "collective communication between the GPUs (NCCL) failed",
+        "check that the GPUs can reach each other (NCCL_P2P_DISABLE=1 / NCCL_IB_DISABLE=1 to test), "
+        "that /dev/shm is large enough in containers, and NCCL_DEBUG=INFO for details",
+        V + "vllm/distributed/device_communicators/pynccl_wrapper.py",
+    ),
+    pattern(
+        "checkpoint-key-missing",
+        r"KeyError: 'weight'",
+        "the checkpoint lacks a tensor the model loader expects (a quantization format the engine "
+        "does not read this way)",
+        "use the unquantized checkpoint or a quantization format this engine supports for the model",
+        # The seeds' crash (seed 002, trtllm-serve Qwen/Qwen3-32B-AWQ); vLLM models' load_weights()
+        # fail the same way (params_dict[name]) on a tensor layout they do not expect.
+        "seed 002 (TensorRT-LLM AWQ crash)",
+    ),
+)
+
+#: Wrapper errors: the process died, the reason is elsewhere in the log (or before the tail).
+VLLM_WRAPPERS: tuple[CrashPattern, ...] = (
+    pattern(
+        "engine-core-init-failed",
+        r"Engine core initialization failed",
+        "vLLM's engine-core process failed during start-up; its root cause is not in the captured "
+        "log tail",
+        "read the engine log above the 'Engine core initialization failed' line for the first error",
+        V + "vllm/v1/engine/utils.py",  # wait_for_engine_startup()
+    ),
+    pattern(
+        "engine-dead",
+        r"EngineDeadError|EngineCore encountered an issue",
+        "vLLM's engine core died while serving; its root cause is not in the captured log tail",
+        "read the engine log above the EngineDeadError for the first error",
+        V + "vllm/v1/engine/exceptions.py",
+    ),
+)
+
+
+def _cause(p: CrashPattern, line: str) -> CrashCause:
+    return CrashCause(p.name, p.explanation, line=line.strip(), hint=p.hint, source=p.source)
+
+
+def classify(
+    log_tail: str,
+    root_causes: Sequence[CrashPattern] = VLLM_ROOT_CAUSES,
+    wrappers: Sequence[CrashPattern] = VLLM_WRAPPERS,
+) -> CrashCause | None:
+    """The first root cause in the log, else the first wrapper error, else None."""
+    lines = log_tail.splitlines()
+    for line in lines:
+        for p in root_causes:
+            if p.regex.search(line):
+                return _cause(p, line)
+    for line in lines:
+        for p in wrappers:
+            if p.regex.search(line):
+                return _cause(p, line)
+    return None

@@ -1,0 +1,44 @@
+"""The vLLM launch: argv, environment, readiness."""
+
+from __future__ import annotations
+
+from perflab.types import HttpProbe, LaunchSpec, Readiness, ServeConfig
+
+from perflab_vllm.flags import VLLM_OPTIONS, device_env, serve_argv
+
+ENGINE = "vllm"
+
+#: NVML (and so perflab's device indexes) numbers GPUs in PCI bus order; CUDA's default
+#: order is "fastest first". Without this, --devices 0 could be a different GPU for vLLM.
+#: https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#env-vars
+CUDA_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+#: vLLM's API server: GET /health answers 200 only while the engine core is alive
+#: (503 on EngineDeadError), GET /v1/models lists the served names
+#: (vllm/entrypoints/openai/api_server.py, v0.11.0). The ready lines: vLLM's own
+#: ``logger.info("Starting vLLM API server %d on %s", ...)`` (v0.11; older releases print
+#: "Starting vLLM API server on ...") and uvicorn's "Application startup complete.".
+READINESS = Readiness(
+    http=(HttpProbe("/health"), HttpProbe("/v1/models")),
+    generation_path="/v1/completions",
+    ready_log_patterns=(
+        r"Starting vLLM API server(?: \d+)? on ",
+        r"Application startup complete\.",
+    ),
+    # Loading a 200B+ checkpoint, torch.compile and CUDA-graph capture take many minutes.
+    startup_timeout_s=3600.0,
+)
+
+
+def build_launch(config: ServeConfig) -> LaunchSpec:
+    argv, warnings = serve_argv(ENGINE, config, VLLM_OPTIONS)
+    env = device_env(config, "CUDA_VISIBLE_DEVICES", CUDA_ORDER if config.devices is not None else None)
+    return LaunchSpec(
+        engine=ENGINE,
+        argv=tuple(argv),
+        host=config.host,
+        port=int(config.port or 0),
+        served_model_name=config.name,
+        env=env,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,173 @@
+"""The study directory's SQLite store and resuming through it (with a fake executor)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import anyio
+import pytest
+
+from perflab.lab.options import Configuration
+from perflab.lab.plan import load_plan_text
+from perflab.lab.runner import LiveMeasure, StoreMeasure
+from perflab.lab.store import ProfileMeasurement, RunRecord, Store
+from perflab.lab.study import CRASHED, OK, PENDING, UNSUPPORTED, conduct
+
+CFG = Configuration("vllm", {"model": "m"})
+
+
+def _ok(tps: float = 100.0) -> ProfileMeasurement:
+    return ProfileMeasurement(OK, metrics={"total_token_throughput": tps, "completed": 10, "failed": 0}, num_prompts=10)
+
+
+def test_measurement_roundtrip_and_reuse_across_sessions(tmp_path):
+    store = Store(tmp_path)
+    store.begin_session()
+    run_id, run_dir = store.begin_run(CFG.key(), "vllm", CFG.canonical(), "1. x", "vLLM", ["a", "b"])
+    assert run_dir.is_dir() and run_dir.parent == tmp_path / "runs"
+    store.add_measurement(run_id, CFG.key(), "ka", "a", _ok(123.0))
+    store.finish_run(run_id, RunRecord("done", script="vllm serve m", version="0.11.0", log=str(run_dir / "engine.log")))
+    res = store.lookup(CFG.key(), "ka")
+    assert res.status == OK and res.tps == 123.0 and res.script == "vllm serve m" and not res.reused
+    assert res.log == f"{run_dir.relative_to(tmp_path)}/engine.log"
+    assert store.lookup(CFG.key(), "kb") is None
+    store.end_session("done")
+    store.close()
+
+    again = Store(tmp_path)
+    again.begin_session()
+    res = again.lookup(CFG.key(), "ka")
+    assert res.tps == 123.0 and res.reused
+    again.close()
+
+
+def test_refusal_decides_every_profile_crash_can_be_retried(tmp_path):
+    store = Store(tmp_path)
+    store.begin_session()
+    refused = Configuration("sglang", {"model": "m-FP8"})
+    rid, _ = store.begin_run(refused.key(), "sglang", refused.canonical(), "s", "SGLang FP8", ["a"])
+    store.finish_run(rid, RunRecord(UNSUPPORTED, reasons=[{"what": "quantization", "why": "needs SM89", "severity": "error"}]))
+    crashed = Configuration("trtllm", {"model": "m-AWQ"})
+    cid, _ = store.begin_run(crashed.key(), "trtllm", crashed.canonical(), "s", "TRT AWQ", ["a"])
+    store.finish_run(cid, RunRecord(CRASHED, cause={"name": "x", "explanation": "boom", "line": "KeyError: 'weight'"}))
+    assert store.lookup(refused.key(), "any-profile").status == UNSUPPORTED
+    assert store.lookup(crashed.key(), "any-profile").cause["line"] == "KeyError: 'weight'"
+    store.close()
+
+    again = Store(tmp_path)
+    again.begin_session()
+    assert again.lookup(crashed.key(), "p").status == CRASHED
+    assert again.lookup(crashed.key(), "p", retry_failed=True) is None  # an earlier session's crash: retried
+    assert again.lookup(refused.key(), "p", retry_failed=True).status == UNSUPPORTED
+    # a crash in this session counts even with --retry-failed (retried once, not per step)
+    cid2, _ = again.begin_run(crashed.key(), "trtllm", crashed.canonical(), "s", "TRT AWQ", ["p"])
+    again.finish_run(cid2, RunRecord(CRASHED, cause={"name": "x", "explanation": "boom again"}))
+    assert again.lookup(crashed.key(), "p", retry_failed=True).cause["explanation"] == "boom again"
+    again.close()
+
+
+def test_mid_benchmark_crash_is_per_profile_and_runs_left_running_become_interrupted(tmp_path):
+    store = Store(tmp_path)
+    store.begin_session()
+    rid, _ = store.begin_run(CFG.key(), "vllm", CFG.canonical(), "s", "vLLM", ["a", "b", "c"])
+    store.add_measurement(rid, CFG.key(), "ka", "a", _ok())
+    store.add_measurement(rid, CFG.key(), "kb", "b", ProfileMeasurement(CRASHED, cause={"name": "oom", "explanation": "OOM"}))
+    store.finish_run(rid, RunRecord(CRASHED, cause={"name": "oom", "explanation": "OOM"}))
+    assert store.lookup(CFG.key(), "ka").status == OK
+    assert store.lookup(CFG.key(), "kb").status == CRASHED
+    assert store.lookup(CFG.key(), "kc") is None  # never benchmarked: measured on the next launch
+    other = Configuration("vllm", {"model": "n"})
+    store.begin_run(other.key(), "vllm", other.canonical(), "s", "killed", ["a"])
+    store.close()
+    again = Store(tmp_path)
+    again.begin_session()
+    states = [r["state"] for r in again.runs()]
+    assert states == [CRASHED, "interrupted"]
+    again.close()
+
+
+PLAN = """
+model: m
+engines: [vllm, sglang]
+candidates:
+  - name: Max Num Seqs
+    variants: [{name: "256", set: {max_num_seqs: 256}}, {name: "512", set: {max_num_seqs: 512}}]
+profiles:
+  main: {input_len: 10, output_len: 10, num_prompts: 10}
+  other: {input_len: 100, output_len: 10, num_prompts: 10}
+"""
+
+
+class FakeExecutor:
+    """Stands in for perflab.lab.executor.Executor: records calls, invents throughput."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.calls: list[tuple[str, dict, tuple[str, ...]]] = []
+        self.stop_after = stop_after
+
+    async def run(self, config, profiles, run_dir, *, label=""):
+        if self.stop_after is not None and len(self.calls) >= self.stop_after:
+            raise KeyboardInterrupt  # what Ctrl-C looks like to the measure wrapper
+        self.calls.append((config.engine, dict(config.options), tuple(p.name for p in profiles)))
+        tps = {"vllm": 100.0, "sglang": 90.0}[config.engine] + config.options.get("max_num_seqs", 0) / 100
+        return RunRecord("done", measurements={
+            p.name: ProfileMeasurement(OK, metrics={"total_token_throughput": tps, "completed": 10}, num_prompts=10)
+            for p in profiles})
+
+
+class _Log:
+    def info(self, *a, **k): ...
+    def warning(self, *a, **k): ...
+
+
+def _study(tmp_path, executor):
+    plan = load_plan_text(PLAN)
+    store = Store(tmp_path)
+    store.begin_session()
+    measure = LiveMeasure(store, {"hw": "x"}, executor, retry_failed=False, on_event=lambda *a, **k: None, log=_Log())
+    try:
+        return anyio.run(lambda: conduct(plan, measure)), measure
+    finally:
+        store.close()
+
+
+def test_resume_reuses_finished_configurations(tmp_path):
+    first = FakeExecutor(stop_after=3)
+    with pytest.raises(KeyboardInterrupt):
+        _study(tmp_path, first)
+    assert len(first.calls) == 3
+    with sqlite3.connect(tmp_path / "study.db") as db:
+        states = [r[0] for r in db.execute("SELECT state FROM runs ORDER BY id")]
+    assert states == ["done", "done", "done", "interrupted"]
+
+    second = FakeExecutor()
+    outcome, measure = _study(tmp_path, second)
+    assert outcome.complete
+    done_before = {(e, tuple(sorted(o.items())), p) for e, o, p in first.calls}
+    for e, o, p in second.calls:
+        assert (e, tuple(sorted(o.items())), p) not in done_before
+    # vllm, sglang, 256 were measured before; this session: 512, then both on "other"
+    assert [c[1].get("max_num_seqs") for c in second.calls] == [512, None, 512]
+    assert [c[2] for c in second.calls] == [("main",), ("other",), ("other",)]
+    assert measure.reused >= 3
+    assert outcome.optimized.config.options["max_num_seqs"] == 512
+
+    # a third run measures nothing and the report-only measure sees the same decisions
+    third = FakeExecutor()
+    again, _ = _study(tmp_path, third)
+    assert third.calls == []
+    store = Store(tmp_path)
+    store.begin_session()
+    report_view = anyio.run(lambda: conduct(load_plan_text(PLAN), StoreMeasure(store, {"hw": "x"})))
+    store.close()
+    assert report_view.optimized.config == again.optimized.config
+    assert [c.change_pct for c in report_view.cases] == [c.change_pct for c in again.cases]
+
+
+def test_store_measure_reports_pending_for_missing(tmp_path):
+    store = Store(tmp_path)
+    store.begin_session()
+    o = anyio.run(lambda: conduct(load_plan_text(PLAN), StoreMeasure(store, {})))
+    store.close()
+    assert not o.complete and o.optimized is None
+    assert all(e.result.status == PENDING for e in o.steps[0].entries)

@@ -1,0 +1,281 @@
+"""The vLLM-Ascend plugin: seed 003's command and environment, NPU preflight, NPU crashes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import perflab_vllm_ascend
+import pytest
+from perflab import engines
+from perflab.errors import UnsupportedOption, UsageError
+from perflab.plugins import load
+from perflab.types import Accelerator, HardwareSnapshot, ServeConfig
+
+# The argv normaliser and seed helpers live with the vLLM plugin's tests (same command line).
+_spec = importlib.util.spec_from_file_location("_vllm_plugin_tests", Path(__file__).with_name("test_vllm.py"))
+assert _spec is not None and _spec.loader is not None
+_vllm_tests = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_vllm_tests)
+normalise, shell_argv, seed_fixture = _vllm_tests.normalise, _vllm_tests.shell_argv, _vllm_tests.seed_fixture
+KV_CACHE_LOG = _vllm_tests.KV_CACHE_LOG
+
+
+def npus(chip: str, n: int = 8) -> HardwareSnapshot:
+    return HardwareSnapshot(
+        accelerators=tuple(
+            Accelerator(vendor="huawei", kind="ascend", index=i, name=f"Ascend {chip}", memory_total_mib=65536, chip=chip)
+            for i in range(n)
+        )
+    )
+
+
+A2 = npus("910B3")
+A5 = npus("Ascend950DT")
+H100 = HardwareSnapshot(
+    accelerators=(Accelerator(vendor="nvidia", kind="cuda", index=0, name="H100", memory_total_mib=81920, compute_capability=(9, 0)),)
+)
+
+
+@pytest.fixture(scope="module")
+def pm():
+    return load()
+
+
+def launch(pm, hw: HardwareSnapshot = A2, version: str | None = "0.11.0rc2", **kw: Any):
+    kw.setdefault("port", 8000)
+    return engines.build_launch(pm, "vllm-ascend", ServeConfig(**kw), hw, Path("/tmp/perflab-test"), version)
+
+
+def support(pm, hw: HardwareSnapshot = A2, version: str | None = "0.11.0rc2", **kw: Any):
+    return [(p.what, p.severity) for p in engines.check_support(pm, "vllm-ascend", ServeConfig(**kw), hw, version)]
+
+
+# --------------------------------------------------------------------------- seed 003
+
+SEED_003_COMMAND = """vllm serve /model/Qwen3-32B-W8A8 \\
+  --served-model-name qwen3 \\
+  --trust-remote-code \\
+  --async-scheduling \\
+  --quantization ascend \\
+  --distributed-executor-backend mp \\
+  --tensor-parallel-size 4 \\
+  --max-model-len 5500 \\
+  --max-num-batched-tokens 40960 \\
+  --compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}' \\
+  --additional-config '{"pa_shape_list":[48,64,72,80], "weight_prefetch_config":{"enabled":true}}' \\
+  --port 8113 \\
+  --block-size 128 \\
+  --gpu-memory-utilization 0.9"""
+
+SEED_003_ENV = {  # the seed's exports (HCCL_OP_EXPANSION_MODE="AIV" is AIV once bash unquotes it)
+    "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3",
+    "TASK_QUEUE_ENABLE": "1",
+    "HCCL_OP_EXPANSION_MODE": "AIV",
+    "VLLM_ASCEND_ENABLE_FLASHCOMM1": "1",
+}
+
+SEED_003_CONFIG = dict(
+    model="/model/Qwen3-32B-W8A8",
+    served_model_name="qwen3",
+    tp=4,
+    max_model_len=5500,
+    max_batched_tokens=40960,
+    quantization="ascend",
+    mem_fraction=0.9,
+    port=8113,
+    devices=(0, 1, 2, 3),
+    extra_env={k: v for k, v in SEED_003_ENV.items() if k != "ASCEND_RT_VISIBLE_DEVICES"},
+    extra_args=("--async-scheduling", "--distributed-executor-backend", "mp"),
+    options={
+        "trust_remote_code": True,
+        "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"},
+        "additional_config": {"pa_shape_list": [48, 64, 72, 80], "weight_prefetch_config": {"enabled": True}},
+        "block_size": 128,
+    },
+)
+
+
+def test_seed_003_command_and_environment(pm) -> None:
+    spec = launch(pm, **SEED_003_CONFIG)
+    assert normalise(spec.argv) == normalise(shell_argv(SEED_003_COMMAND))
+    assert dict(spec.env) == SEED_003_ENV
+    assert "CUDA_VISIBLE_DEVICES" not in spec.env
+    assert spec.argv[3:7] == ("--host", "127.0.0.1", "--port", "8113")
+    assert (spec.port, spec.served_model_name, spec.engine) == (8113, "qwen3", "vllm-ascend")
+    assert support(pm, **SEED_003_CONFIG) == []
+
+
+def test_seed_003_matches_the_summary_fixture(pm) -> None:
+    path = seed_fixture("seed_summaries.json")
+    if path is None:
+        pytest.skip("seed_summaries.json not available")
+    rec = json.loads(path.read_text())["003_a7a312d188b739ef.txt"]["recommended_serving_command"]
+    spec = launch(pm, **SEED_003_CONFIG)
+    assert normalise(spec.argv) == normalise(shell_argv(rec["command"]))
+    assert dict(spec.env) == {k: v.strip('"') for k, v in rec["env"].items()}
+
+
+def test_seed_000_vllm_ascend_command(pm) -> None:
+    spec = launch(pm, model="Qwen/Qwen3-30B-A3B", tp=2)
+    assert normalise(spec.argv) == normalise(shell_argv("vllm serve Qwen/Qwen3-30B-A3B -tp 2"))
+    path = seed_fixture("seed_results.json")
+    if path is not None:
+        cmds = {r["command"] for r in json.loads(path.read_text()) if r["engine"] == "vllm-ascend"}
+        assert cmds == {"vllm serve Qwen/Qwen3-30B-A3B -tp 2"}
+
+
+def test_additional_config_as_json_text(pm) -> None:
+    spec = launch(pm, model="m", options={"additional_config": '{"pa_shape_list": [48, 64]}'})
+    assert spec.argv[-2:] == ("--additional-config", '{"pa_shape_list":[48,64]}')
+    with pytest.raises(UsageError):
+        launch(pm, model="m", options={"additional_config": "[1, 2]"})
+
+
+def test_shares_vllm_mapping_and_refuses_what_vllm_refuses(pm) -> None:
+    spec = launch(pm, model="m", tp=2, dp=2, ep=4, prefix_caching=False, mem_fraction=0.8)
+    assert normalise(spec.argv) == normalise(
+        ["vllm", "serve", "m", "--tensor-parallel-size", "2", "--data-parallel-size", "2", "--enable-expert-parallel",
+         "--no-enable-prefix-caching", "--gpu-memory-utilization", "0.8"]
+    )
+    with pytest.raises(UnsupportedOption):
+        launch(pm, model="m", tp=4, ep=2)
+    with pytest.raises(UnsupportedOption, match="bogus"):
+        launch(pm, model="m", options={"bogus": True})
+
+
+def test_devices_use_the_ascend_variable(pm) -> None:
+    assert dict(launch(pm, model="m", devices=(2, 3)).env) == {"ASCEND_RT_VISIBLE_DEVICES": "2,3"}
+    assert dict(launch(pm, model="m").env) == {}
+    with pytest.raises(UsageError, match="ASCEND_RT_VISIBLE_DEVICES"):
+        launch(pm, model="m", devices=(0,), extra_env={"ASCEND_RT_VISIBLE_DEVICES": "1"})
+
+
+def test_registration_readiness_and_isolation(pm) -> None:
+    info = pm.engine("vllm-ascend").info
+    assert (info.accelerators, info.executable, info.distributions) == (("ascend",), "vllm", ("vllm-ascend", "vllm_ascend"))
+    r = engines.readiness(pm, "vllm-ascend", launch(pm, model="m"))
+    assert [p.path for p in r.http] == ["/health", "/v1/models"] and r.generation_path == "/v1/completions"
+    assert perflab_vllm_ascend.perflab_build_launch("vllm", ServeConfig(model="m", port=1), A2, Path("/tmp"), None) is None
+    assert perflab_vllm_ascend.perflab_classify_crash("vllm", 1, "NPU out of memory") is None
+    # vLLM's plugin does not answer for vllm-ascend either (firstresult hooks must fall through)
+    import perflab_vllm
+
+    assert perflab_vllm.perflab_build_launch("vllm-ascend", ServeConfig(model="m", port=1), A2, Path("/tmp"), None) is None
+
+
+def test_version_from_metadata_under_either_name(pm, tmp_path: Path) -> None:
+    for name in ("vllm_ascend", "vllm-ascend"):
+        site = tmp_path / name
+        d = site / f"{name.replace('-', '_')}-0.11.0rc2.dist-info"
+        d.mkdir(parents=True)
+        (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.11.0rc2\n")
+        assert engines.engine_version(pm, "vllm-ascend", {"PYTHONPATH": str(site), "PATH": str(tmp_path)}) == "0.11.0rc2"
+    assert engines.engine_version(pm, "vllm-ascend", {"PYTHONPATH": str(tmp_path), "PATH": str(tmp_path)}) is None
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+def test_fp8_is_unsupported_on_910b(pm) -> None:
+    assert support(pm, A2, "0.23.0", model="m", quantization="fp8") == [("quantization=fp8", "error")]
+    assert support(pm, A2, None, model="Qwen/Qwen3-32B-FP8") == [("model=Qwen/Qwen3-32B-FP8 (an FP8 checkpoint by its name)", "error")]
+    assert support(pm, A2, None, model="m", kv_cache_dtype="fp8") == [("kv_cache_dtype=fp8", "error")]
+    problem = engines.check_support(pm, "vllm-ascend", ServeConfig(model="m", quantization="fp8"), A2, "0.23.0")[0]
+    assert "issues/1526" in problem.source
+    assert support(pm, A5, "0.23.0", model="m", quantization="fp8") == []
+
+
+def test_quantization_methods_by_version(pm) -> None:
+    assert support(pm, model="m", quantization="ascend") == []
+    assert support(pm, model="m", quantization="awq") == [("quantization=awq", "error")]
+    assert support(pm, A2, "0.11.0rc2", model="m", quantization="compressed-tensors") == [("quantization=compressed-tensors", "error")]
+    assert support(pm, A2, "0.13.0", model="m", quantization="compressed-tensors") == []
+    assert support(pm, A2, None, model="m", quantization="compressed-tensors") == []
+    assert support(pm, A5, "0.20.2rc1", model="m", quantization="fp8") == [("quantization=fp8", "error")]
+    assert support(pm, A5, "0.26.0rc1", model="m", quantization="mxfp8") == [("quantization=mxfp8", "error")]
+
+
+@pytest.mark.parametrize(
+    ("version", "warned"),
+    [("0.11.0rc2", False), ("0.25.1rc1", False), ("0.26.0rc1", False), ("0.26.0", False), (None, False),
+     ("0.27.0rc1", True), ("0.26.1rc1", True)],
+)
+def test_flashcomm1_removed_after_the_0_26_series(pm, version: str | None, warned: bool) -> None:
+    cfg = dict(model="m", tp=4, extra_env={"VLLM_ASCEND_ENABLE_FLASHCOMM1": "1"})
+    got = engines.check_support(pm, "vllm-ascend", ServeConfig(**cfg), A2, version)
+    assert [(p.what, p.severity) for p in got] == ([("VLLM_ASCEND_ENABLE_FLASHCOMM1=1", "warning")] if warned else [])
+    if warned:
+        assert "pull/13946" in got[0].source
+    # the launch still passes the variable: the engine decides what to do with it
+    assert launch(pm, version=version, **cfg).env["VLLM_ASCEND_ENABLE_FLASHCOMM1"] == "1"
+
+
+def test_flashcomm1_before_its_rename_and_in_additional_config(pm) -> None:
+    assert support(pm, A2, "0.10.2rc1", model="m", extra_env={"VLLM_ASCEND_ENABLE_FLASHCOMM1": "1"}) == [
+        ("VLLM_ASCEND_ENABLE_FLASHCOMM1=1", "warning")
+    ]
+    assert support(pm, A2, "0.27.0rc1", model="m", options={"additional_config": {"enable_flashcomm1": True}}) == [
+        ("additional_config.enable_flashcomm1", "warning")
+    ]
+
+
+def test_runs_on_npus_only(pm) -> None:
+    assert support(pm, H100, model="m") == [("hardware", "error")]
+
+
+# --------------------------------------------------------------------------- crashes
+
+NPU_OOM_LOG = """\
+(Worker_TP0 pid=48) INFO 10-20 09:31:58 [model_runner_v1.py:2321] Loading model weights took 15.3 GB
+(Worker_TP0 pid=48) ERROR 10-20 09:31:59 [multiproc_executor.py:671] WorkerProc hit an exception.
+(Worker_TP0 pid=48) ERROR 10-20 09:31:59 [multiproc_executor.py:671] RuntimeError: NPU out of memory. Tried to allocate 3.47 GiB (NPU 0; 60.97 GiB total capacity; 58.92 GiB already allocated; 58.92 GiB current active; 1.66 GiB free; 58.95 GiB reserved in total by PyTorch) If reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.
+(Worker_TP1 pid=49) ERROR 10-20 09:32:00 [multiproc_executor.py:671] RuntimeError: create_config:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:148 HCCL function error: hcclCommInitRootInfoConfig(numRanks, &rootInfo, rank, config, &(comm->hcclComm_)), error code is 7
+(EngineCore_DP0 pid=40) ERROR 10-20 09:32:01 [core.py:708] EngineCore failed to start.
+(APIServer pid=30) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+
+HCCL_LOG = """\
+(VllmWorker rank=1 pid=7226) ERROR 09-03 03:02:37 [multiproc_executor.py:522]     pg.recv([tensor], group_src_rank, tag).wait()
+(VllmWorker rank=1 pid=7226) ERROR 09-03 03:02:37 [multiproc_executor.py:522] RuntimeError: create_config:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:148 HCCL function error: hcclCommInitRootInfoConfig(numRanks, &rootInfo, rank, config, &(comm->hcclComm_)), error code is 1
+(VllmWorker rank=1 pid=7226) ERROR 09-03 03:02:37 [multiproc_executor.py:522] [ERROR] 2025-09-03-03:02:37 (PID:7226, Device:1, RankID:-1) ERR02200 DIST call hccl api failed.
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "log", "needle"),
+    [
+        ("npu-out-of-memory", NPU_OOM_LOG, "NPU out of memory. Tried to allocate 3.47 GiB"),
+        ("hccl-error", HCCL_LOG, "HCCL function error"),
+        ("hccl-error", "[rank1]: EI0009: [PID: 2225827] 2025-09-24-20:59:48.119.066 Transport init error.\n", "EI0009"),
+        ("kv-cache-too-small", KV_CACHE_LOG, "larger than the available KV cache memory"),
+        ("quantization-unsupported-platform", "(APIServer pid=1) ValueError: awq quantization is currently not supported in npu.\n", "awq"),
+        ("engine-core-init-failed", "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n", "Engine core"),
+    ],
+)
+def test_crash_causes(pm, name: str, log: str, needle: str) -> None:
+    cause = engines.classify_crash(pm, "vllm-ascend", 1, log)
+    assert cause.name == name
+    assert cause.line is not None and needle in cause.line
+    assert cause.hint and cause.source
+
+
+def test_unknown_log_is_left_to_the_core(pm) -> None:
+    assert perflab_vllm_ascend.perflab_classify_crash("vllm-ascend", 0, "INFO all good\n") is None
+
+
+# --------------------------------------------------------------------------- conformance kit
+
+from perflab.testing import EngineConformance  # noqa: E402
+
+
+class TestVllmAscendConformance(EngineConformance):
+    engine = "vllm-ascend"
+    distribution = "perflab-plugin-vllm-ascend"
+    model = "Qwen/Qwen3-8B"
+    configs = [{"max_model_len": 4096}, {"tp": 2}, {"quantization": "ascend"},
+               {"options": {"additional_config": {"pa_shape_list": [48]}}}]
+    unsupported_configs = [{"tp": 4, "ep": 2}, {"quantization": "awq"}, {"quantization": "fp8"}]
+    crash_samples = {"npu-out-of-memory": NPU_OOM_LOG, "hccl-error": HCCL_LOG, "kv-cache-too-small": KV_CACHE_LOG}
