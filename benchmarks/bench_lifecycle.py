@@ -72,7 +72,10 @@ class Setup:
 
             self.pm = load()
             self.engine = "vllm"
-            self.hardware, self.base_env = resolve(self.pm, "sim:a100-80g-x8", {**os.environ, "PERFLAB_SIM_TIME_SCALE": "0.05"})
+            state = tmp / "sim-state"  # our own simulated device memory, apart from other runs'
+            state.mkdir()
+            self.hardware, self.base_env = resolve(self.pm, "sim:a100-80g-x8", {
+                **os.environ, "PERFLAB_SIM_TIME_SCALE": "20", "PERFLAB_SIM_STATE_DIR": str(state)})
             self.config = lambda mode: ServeConfig(model="Qwen/Qwen3-32B", tp=2)
             self.modes = {"crash": "crash-at-start", "normal": "", "stubborn": "ignore-sigterm"}
 

@@ -36,7 +36,6 @@ from perflab.types import (
     CrashCause,
     EngineInfo,
     FileSpec,
-    HardwareSnapshot,
     HttpProbe,
     LaunchSpec,
     Readiness,
@@ -320,9 +319,11 @@ def log_pids(log: Path, tag: str) -> list[int]:
 
 
 async def wait_log(log: Path, pattern: str, timeout: float = 10.0) -> None:
-    with anyio.fail_after(timeout):
+    with anyio.move_on_after(timeout):
         while not (log.exists() and re.search(pattern, log.read_text(), re.M)):
             await anyio.sleep(0.02)
+        return
+    pytest.fail(f"no line matching {pattern!r} in {log} within {timeout} s:\n{log.read_text()}")
 
 
 @pytest.fixture

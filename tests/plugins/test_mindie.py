@@ -28,7 +28,16 @@ WORKDIR = Path("/nonexistent/perflab-run")  # build_launch is pure: nothing is w
 def npus(n: int, chip: str = "910B3") -> HardwareSnapshot:
     return HardwareSnapshot(
         accelerators=tuple(
-            Accelerator(vendor="huawei", kind="ascend", index=i, name=chip, memory_total_mib=65536, chip=chip, npu_id=i, chip_id=0)
+            Accelerator(
+                vendor="huawei",
+                kind="ascend",
+                index=i,
+                name=chip,
+                memory_total_mib=65536,
+                chip=chip,
+                npu_id=i,
+                chip_id=0,
+            )
             for i in range(n)
         )
     )
@@ -37,7 +46,11 @@ def npus(n: int, chip: str = "910B3") -> HardwareSnapshot:
 NPU1 = npus(1)
 NPU8 = npus(8)
 A100 = HardwareSnapshot(
-    accelerators=(Accelerator(vendor="nvidia", kind="cuda", index=0, name="A100", memory_total_mib=81920, compute_capability=(8, 0)),)
+    accelerators=(
+        Accelerator(
+            vendor="nvidia", kind="cuda", index=0, name="A100", memory_total_mib=81920, compute_capability=(8, 0)
+        ),
+    )
 )
 
 
@@ -96,7 +109,9 @@ def test_seed_command_becomes_daemon_plus_config_json(pm, command):
     server = doc["ServerConfig"]
     assert (server["ipAddress"], server["managementIpAddress"]) == ("127.0.0.1", "127.0.0.1")
     assert (server["port"], server["managementPort"], server["metricsPort"]) == (1025, 1026, 1027)
-    assert (server["httpsEnabled"], server["interCommTLSEnabled"], doc["BackendConfig"]["interNodeTLSEnabled"]) == (False,) * 3
+    assert (server["httpsEnabled"], server["interCommTLSEnabled"], doc["BackendConfig"]["interNodeTLSEnabled"]) == (
+        False,
+    ) * 3
     assert doc["BackendConfig"]["npuDeviceIds"] == [[0]]
     mc = model_config(doc)
     served = config.model.split("/")[-1]
@@ -115,7 +130,10 @@ def test_seed_command_becomes_daemon_plus_config_json(pm, command):
 def test_quantized_seed_checkpoint_is_served_as_is(pm):
     spec = build(pm, SEED_COMMANDS["mindie serve vllm-ascend/Qwen3-8B-W8A8"].replace(port=1025))
     assert any("w8a8" in w for w in spec.warnings)
-    assert engines.check_support(pm, ENGINE, SEED_COMMANDS["mindie serve vllm-ascend/Qwen3-8B-W8A8"], NPU1, "2.1.RC1") == []
+    assert (
+        engines.check_support(pm, ENGINE, SEED_COMMANDS["mindie serve vllm-ascend/Qwen3-8B-W8A8"], NPU1, "2.1.RC1")
+        == []
+    )
 
 
 @pytest.mark.skipif(not SHARED_SEEDS.exists(), reason="shared seed fixture not on this machine")
@@ -249,9 +267,9 @@ def test_inexpressible_options_are_refused(pm, changes, option):
 
 
 def test_chunked_prefill_lifts_the_prefill_token_floor(pm):
-    schedule = document(build(pm, ServeConfig(model="m", max_batched_tokens=1024, chunked_prefill=True)))["BackendConfig"][
-        "ScheduleConfig"
-    ]
+    schedule = document(build(pm, ServeConfig(model="m", max_batched_tokens=1024, chunked_prefill=True)))[
+        "BackendConfig"
+    ]["ScheduleConfig"]
     assert (schedule["maxPrefillTokens"], schedule["templateType"]) == (1024, "Mix")
 
 
@@ -267,9 +285,14 @@ def test_prefix_caching_on_moe_is_refused_like_seed_000(pm, version):
 
 
 def test_prefix_caching_checks(pm):
-    moe_newer = engines.check_support(pm, ENGINE, ServeConfig(model="Qwen/Qwen3-235B-A22B", prefix_caching=True), NPU8, "2.3.0")
+    moe_newer = engines.check_support(
+        pm, ENGINE, ServeConfig(model="Qwen/Qwen3-235B-A22B", prefix_caching=True), NPU8, "2.3.0"
+    )
     assert [r.severity for r in moe_newer] == ["warning"]
-    assert engines.check_support(pm, ENGINE, ServeConfig(model="Qwen/Qwen3-32B", prefix_caching=True), NPU8, "2.1.RC1") == []
+    assert (
+        engines.check_support(pm, ENGINE, ServeConfig(model="Qwen/Qwen3-32B", prefix_caching=True), NPU8, "2.1.RC1")
+        == []
+    )
     dp = engines.check_support(pm, ENGINE, ServeConfig(model="Qwen/Qwen3-32B", prefix_caching=True, dp=2), NPU8, None)
     assert [(r.what, r.severity) for r in dp] == [("prefix_caching", "error")] and "dp=2" in dp[0].why
 
@@ -386,3 +409,17 @@ def test_entry_point_module_is_import_light():
     code = "import sys, perflab_mindie; print(sorted(m for m in ('torch', 'yaml', 'perflab_mindie.config_json') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
     assert out.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- conformance kit
+
+from perflab.testing import EngineConformance  # noqa: E402
+
+
+class TestMindieConformance(EngineConformance):
+    engine = ENGINE
+    distribution = "perflab-plugin-mindie"
+    model = "Qwen/Qwen3-8B"
+    configs = [{"max_model_len": 4096}, {"tp": 2}, {"prefix_caching": True}, {"dp": 2}]
+    unsupported_configs = [{"kv_cache_dtype": "fp8"}, {"prefix_caching": True, "dp": 2}, {"served_model_name": "a/b"}]
+    crash_samples = CRASHES

@@ -189,11 +189,15 @@ def test_every_serve_config_field_maps_to_a_real_flag(pm):
     ("changes", "expected"),
     [
         ({"chunked_prefill": False}, {"--chunked-prefill-size": "-1"}),
-        ({"chunked_prefill": False, "max_batched_tokens": 8192}, {"--chunked-prefill-size": "-1", "--max-prefill-tokens": "8192"}),
+        (
+            {"chunked_prefill": False, "max_batched_tokens": 8192},
+            {"--chunked-prefill-size": "-1", "--max-prefill-tokens": "8192"},
+        ),
         ({"chunked_prefill": True}, {}),  # on by default
         ({"prefix_caching": True}, {}),  # the radix cache is on by default
         ({"prefix_caching": False}, {"--disable-radix-cache": None}),
         ({"kv_cache_dtype": "auto"}, {"--kv-cache-dtype": "auto"}),
+        ({"reasoning_parser": "deepseek_r1"}, {"--reasoning-parser": "deepseek-r1"}),  # vLLM spelling
     ],
 )
 def test_defaults_and_disabling(pm, changes, expected):
@@ -205,10 +209,21 @@ def test_defaults_and_disabling(pm, changes, expected):
     [
         (
             {"method": "mtp", "num_speculative_tokens": 3},
-            {"--speculative-algorithm": "NEXTN", "--speculative-num-steps": "3", "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "4"},
+            {
+                "--speculative-algorithm": "NEXTN",
+                "--speculative-num-steps": "3",
+                "--speculative-eagle-topk": "1",
+                "--speculative-num-draft-tokens": "4",
+            },
         ),
         (
-            {"method": "eagle", "model": "yuhuili/EAGLE-LLaMA3-Instruct-8B", "num_steps": 5, "eagle_topk": 8, "num_draft_tokens": 64},
+            {
+                "method": "eagle",
+                "model": "yuhuili/EAGLE-LLaMA3-Instruct-8B",
+                "num_steps": 5,
+                "eagle_topk": 8,
+                "num_draft_tokens": 64,
+            },
             {
                 "--speculative-algorithm": "EAGLE",
                 "--speculative-draft-model-path": "yuhuili/EAGLE-LLaMA3-Instruct-8B",
@@ -226,13 +241,16 @@ def test_defaults_and_disabling(pm, changes, expected):
                 "--speculative-ngram-min-match-window-size": "2",
             },
         ),
-        ({"model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 4}, {
-            "--speculative-algorithm": "STANDALONE",
-            "--speculative-draft-model-path": "Qwen/Qwen3-0.6B",
-            "--speculative-num-steps": "4",
-            "--speculative-eagle-topk": "1",
-            "--speculative-num-draft-tokens": "5",
-        }),
+        (
+            {"model": "Qwen/Qwen3-0.6B", "num_speculative_tokens": 4},
+            {
+                "--speculative-algorithm": "STANDALONE",
+                "--speculative-draft-model-path": "Qwen/Qwen3-0.6B",
+                "--speculative-num-steps": "4",
+                "--speculative-eagle-topk": "1",
+                "--speculative-num-draft-tokens": "5",
+            },
+        ),
     ],
 )
 def test_speculative_config_maps_methods(pm, spec, expected):
@@ -242,7 +260,10 @@ def test_speculative_config_maps_methods(pm, spec, expected):
 @pytest.mark.parametrize(
     ("changes", "option"),
     [
-        ({"speculative_config": {"method": "mtp", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}}, "draft_tensor_parallel_size"),
+        (
+            {"speculative_config": {"method": "mtp", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}},
+            "draft_tensor_parallel_size",
+        ),
         ({"speculative_config": {"method": "medusa", "num_speculative_tokens": 2}}, "medusa"),
         ({"speculative_config": {"method": "eagle", "num_speculative_tokens": 2}}, "eagle"),
         ({"speculative_config": {"method": "eagle", "model": "d", "num_steps": 3}}, "speculative_config"),
@@ -364,7 +385,12 @@ def test_version_is_read_from_metadata_on_pythonpath(pm, tmp_path):
 
 def test_registration_and_other_engines_are_not_answered(pm):
     info = pm.engine(ENGINE).info
-    assert (info.accelerators, info.executable, info.distributions, info.default_port) == (("cuda",), None, ("sglang",), 30000)
+    assert (info.accelerators, info.executable, info.distributions, info.default_port) == (
+        ("cuda",),
+        None,
+        ("sglang",),
+        30000,
+    )
     config = ServeConfig(model="m", port=1)
     assert perflab_sglang.perflab_build_launch("vllm", config, H100, WORKDIR, None) is None
     assert perflab_sglang.perflab_check_support("vllm", config, H100, None) is None
@@ -376,3 +402,17 @@ def test_entry_point_module_is_import_light():
     code = "import sys, perflab_sglang; print(sorted(m for m in ('torch', 'sglang', 'yaml', 'perflab_sglang.launch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
     assert out.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- conformance kit
+
+from perflab.testing import EngineConformance  # noqa: E402
+
+
+class TestSglangConformance(EngineConformance):
+    engine = ENGINE
+    distribution = "perflab-plugin-sglang"
+    model = "Qwen/Qwen3-8B"
+    configs = [{"max_model_len": 4096}, {"tp": 2}, {"prefix_caching": False, "chunked_prefill": False}]
+    unsupported_configs = [{"quantization": "ascend"}, {"speculative_config": {"method": "medusa"}}]
+    crash_samples = CRASHES

@@ -169,7 +169,11 @@ def test_every_serve_config_field_maps_to_a_flag_or_llm_api_key(pm):
     assert spec.argv[-1] == "--log_level=debug"  # verbatim, last
     assert llm_api(spec) == {
         "kv_cache_config": {"dtype": "fp8", "enable_block_reuse": False},
-        "speculative_config": {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model_dir": "/models/eagle3-head"},
+        "speculative_config": {
+            "decoding_type": "Eagle",
+            "max_draft_len": 3,
+            "speculative_model_dir": "/models/eagle3-head",
+        },
     }
     assert spec.env == {"TLLM_LOG_LEVEL": "INFO", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
     assert spec.served_model_name == "Qwen/Qwen3-30B-A3B"
@@ -202,8 +206,13 @@ def test_speculative_config_goes_to_the_yaml(pm, spec, expected):
 
 
 def test_prefix_caching_and_engine_backend_quantization(pm):
-    assert llm_api(build(pm, ServeConfig(model="m", prefix_caching=True))) == {"kv_cache_config": {"enable_block_reuse": True}}
-    spec = build(pm, ServeConfig(model="Qwen/Qwen3-32B", quantization="fp8", kv_cache_dtype="fp8", options={"backend": "tensorrt"}))
+    assert llm_api(build(pm, ServeConfig(model="m", prefix_caching=True))) == {
+        "kv_cache_config": {"enable_block_reuse": True}
+    }
+    spec = build(
+        pm,
+        ServeConfig(model="Qwen/Qwen3-32B", quantization="fp8", kv_cache_dtype="fp8", options={"backend": "tensorrt"}),
+    )
     assert flags_of(spec)["--backend"] == "tensorrt"
     assert llm_api(spec) == {"quant_config": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}
 
@@ -216,7 +225,14 @@ def test_user_llm_api_options_are_merged_and_conflicts_refused(pm):
         "cuda_graph_config": {"max_batch_size": 256},
     }
     with pytest.raises(UnsupportedOption, match="enable_block_reuse"):
-        build(pm, ServeConfig(model="m", prefix_caching=True, options={"extra_llm_api_options": {"kv_cache_config": {"enable_block_reuse": False}}}))
+        build(
+            pm,
+            ServeConfig(
+                model="m",
+                prefix_caching=True,
+                options={"extra_llm_api_options": {"kv_cache_config": {"enable_block_reuse": False}}},
+            ),
+        )
 
 
 @pytest.mark.parametrize(
@@ -228,7 +244,10 @@ def test_user_llm_api_options_are_merged_and_conflicts_refused(pm):
         ({"kv_cache_dtype": "fp8_e5m2"}, "kv_cache_dtype=fp8_e5m2"),
         ({"speculative_config": {"method": "eagle", "num_speculative_tokens": 3}}, "speculative_config"),
         ({"speculative_config": {"method": "medusa", "num_speculative_tokens": 3}}, "medusa"),
-        ({"speculative_config": {"method": "mtp", "num_speculative_tokens": 3, "acceptance_rate": 0.5}}, "acceptance_rate"),
+        (
+            {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3, "acceptance_rate": 0.5}},
+            "acceptance_rate",
+        ),
         ({"options": {"backend": "onnx"}}, "backend=onnx"),
         ({"options": {"python": "python3"}}, "python"),
         ({"mem_fraction": 0.0}, "mem_fraction"),
@@ -245,7 +264,11 @@ def test_inexpressible_options_are_refused(pm, changes, option):
 
 
 @pytest.mark.parametrize(
-    "config", [ServeConfig(model="Qwen/Qwen3-32B-FP8"), ServeConfig(model="Qwen/Qwen3-32B", quantization="fp8", options={"backend": "tensorrt"})]
+    "config",
+    [
+        ServeConfig(model="Qwen/Qwen3-32B-FP8"),
+        ServeConfig(model="Qwen/Qwen3-32B", quantization="fp8", options={"backend": "tensorrt"}),
+    ],
 )
 def test_fp8_block_scaling_is_refused_below_sm89(pm, config):
     (reason,) = engines.check_support(pm, ENGINE, config, A100, "1.2.0rc1")
@@ -266,7 +289,10 @@ def test_awq_checkpoint_is_a_warning_naming_the_seed_crash(pm):
 def test_readiness_health_and_uvicorn_lines(pm):
     ready = engines.readiness(pm, ENGINE, build(pm, ServeConfig(model="m")))
     assert ready.http == (HttpProbe("/health"),) and ready.generation_path == "/v1/completions"
-    lines = ["INFO:     Uvicorn running on http://localhost:8000 (Press CTRL+C to quit)", "INFO:     Application startup complete."]
+    lines = [
+        "INFO:     Uvicorn running on http://localhost:8000 (Press CTRL+C to quit)",
+        "INFO:     Application startup complete.",
+    ]
     assert all(any(re.search(p, line) for line in lines) for p in ready.ready_log_patterns)
 
 
@@ -325,7 +351,7 @@ def test_version_from_metadata_then_from_the_trtllm_serve_banner(pm, tmp_path):
     exe = tmp_path / "bin" / "trtllm-serve"
     exe.write_text(
         "#!/bin/sh\necho '[TensorRT-LLM] TensorRT LLM version: 1.2.0rc1'\n"
-        "echo \"Error: No such option: --version\" >&2\nexit 2\n"
+        'echo "Error: No such option: --version" >&2\nexit 2\n'
     )
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     assert engines.engine_version(pm, ENGINE, env) == "1.2.0rc1"
@@ -337,7 +363,11 @@ def test_version_from_metadata_then_from_the_trtllm_serve_banner(pm, tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "version"),
-    [("[TensorRT-LLM] TensorRT-LLM version: 0.17.0.post1\n", "0.17.0.post1"), ("trtllm-serve, version 1.1.0\n", "1.1.0"), ("usage\n", None)],
+    [
+        ("[TensorRT-LLM] TensorRT-LLM version: 0.17.0.post1\n", "0.17.0.post1"),
+        ("trtllm-serve, version 1.1.0\n", "1.1.0"),
+        ("usage\n", None),
+    ],
 )
 def test_version_output_parsing(text, version):
     assert parse_version_output(text) == version
@@ -362,3 +392,17 @@ def test_entry_point_module_is_import_light():
     code = "import sys, perflab_trtllm; print(sorted(m for m in ('torch', 'tensorrt_llm', 'yaml', 'perflab_trtllm.launch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
     assert out.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- conformance kit
+
+from perflab.testing import EngineConformance  # noqa: E402
+
+
+class TestTrtllmConformance(EngineConformance):
+    engine = ENGINE
+    distribution = "perflab-plugin-trtllm"
+    model = "Qwen/Qwen3-8B"
+    configs = [{"max_model_len": 4096}, {"tp": 2}, {"dp": 2}, {"prefix_caching": False, "chunked_prefill": True}]
+    unsupported_configs = [{"served_model_name": "qwen"}, {"tp": 2, "dp": 2}, {"quantization": "fp8"}]
+    crash_samples = CRASHES

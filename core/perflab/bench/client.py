@@ -205,7 +205,9 @@ class _Connection(asyncio.Protocol):
             if not self._parse_head(head[:end]):
                 return
             data = head[end + 4 :]
-            if self.cap is None or self.state != _BODY:
+            if self.state == _HEAD:  # an interim 1xx response: parse what follows it
+                if data:
+                    self.data_received(data)
                 return
             if self.mode == _LENGTH and self.left == 0:
                 self._finish()
@@ -406,8 +408,8 @@ class RawClient:
             if conn is None:
                 try:
                     conn = await self._connect(p.target)
-                except (OSError, asyncio.TimeoutError) as exc:
-                    cap.error = f"cannot connect to {p.target.host}:{p.target.port}: {exc or type(exc).__name__}"
+                except (TimeoutError, OSError) as exc:
+                    cap.error = f"cannot connect to {p.target.host}:{p.target.port}: {str(exc) or type(exc).__name__}"
                     cap.end = perf_counter()
                     return
             waiter: asyncio.Future[bool] = loop.create_future()
@@ -464,20 +466,27 @@ class AiohttpClient:
     async def send(self, p: Prepared, cap: Capture) -> None:
         aiohttp = self._aiohttp
         cap.start = perf_counter()
-        try:
-            async with self._session.post(p.target.url, data=p.body, headers=dict(p.headers)) as resp:
-                cap.status = resp.status
-                cap.reason = resp.reason or ""
-                cap.headers = {k.lower(): v for k, v in resp.headers.items()}
-                append = cap.reads.append
-                async for data in resp.content.iter_any():
-                    append((perf_counter(), data))
-        except asyncio.TimeoutError:
-            cap.error = f"no complete response within {self.timeout:g} s (--timeout)"
-        except aiohttp.ClientError as exc:
-            cap.error = f"{type(exc).__name__}: {exc}"
-        except OSError as exc:
-            cap.error = f"{type(exc).__name__}: {exc}"
+        for attempt in range(2):
+            try:
+                async with self._session.post(p.target.url, data=p.body, headers=dict(p.headers)) as resp:
+                    cap.status = resp.status
+                    cap.reason = resp.reason or ""
+                    cap.headers = {k.lower(): v for k, v in resp.headers.items()}
+                    append = cap.reads.append
+                    async for data in resp.content.iter_any():
+                        append((perf_counter(), data))
+            except TimeoutError:
+                cap.error = f"no complete response within {self.timeout:g} s (--timeout)"
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                # A kept-alive connection the server had closed: retry once, as RawClient.
+                if cap.status == 0 and attempt == 0:
+                    continue
+                cap.error = f"{type(exc).__name__}: {exc}"
+            except aiohttp.ClientError as exc:
+                cap.error = f"{type(exc).__name__}: {exc}"
+            except OSError as exc:
+                cap.error = f"{type(exc).__name__}: {exc}"
+            break
         cap.end = perf_counter()
 
     async def close(self) -> None:

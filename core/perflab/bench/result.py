@@ -42,6 +42,7 @@ SECTIONS: dict[str, tuple[str, str, str, str, float]] = {
     "e2el": ("{:-^50}".format("End-to-end Latency"), "E2EL", "ms", "e2el", 1.0),
 }
 DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")
+_PCT_KEY = re.compile(r"^p(\d+(?:\.\d+)?)_(?:ttft|tpot|itl|e2el)_ms$")
 
 # Throughput lines: (label, field, format) in block order.
 _HEAD_LINES: tuple[tuple[str, str, str], ...] = (
@@ -238,11 +239,11 @@ class BenchResult:
         return done / total if total else 0.0
 
     def format_block(self, percentiles: Sequence[float] | None = None) -> str:
-        return format_result_block(
-            self.metrics,
-            self.percentiles if percentiles is None else tuple(percentiles),
-            self.percentile_metrics,
-        )
+        """The block with exactly ``percentiles`` (default: the run's) in each section."""
+        asked = self.percentiles if percentiles is None else tuple(percentiles)
+        keep = {percentile_key(p) for p in asked}
+        metrics = {k: v for k, v in self.metrics.items() if not ((m := _PCT_KEY.match(k)) and m.group(1) not in keep)}
+        return format_result_block(metrics, asked, self.percentile_metrics)
 
     def to_json(self, *, detailed: bool = False) -> dict[str, Any]:
         """The ``--save-result`` JSON; ``detailed`` adds vLLM's ``--save-detailed`` lists."""

@@ -117,6 +117,16 @@ class HFTokenizer:
         self._tok = _Tok.from_file(str(path))
         # Added (special) tokens are left out of the draw; decoding skips any that slip in.
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=False)
+        self._clean: list[int] | None = None
+
+    def _candidates(self) -> list[int]:
+        """Ids that decode on their own to valid text: a lone byte-level token of a multi-byte
+        character decodes to U+FFFD, which re-encodes to more tokens, and the length loop
+        would chase it. Computed once per tokenizer (off the timed path)."""
+        if self._clean is None:
+            clean = [i for i in range(self.vocab_size) if (t := self.decode([i])) and "\ufffd" not in t and t.strip()]
+            self._clean = clean or list(range(self.vocab_size))
+        return self._clean
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -136,8 +146,9 @@ class HFTokenizer:
         """
         if n <= 0:
             return "", 0
-        ids = [rng.randrange(self.vocab_size) for _ in range(n)]
-        for _ in range(8):
+        cands = self._candidates()
+        ids = rng.choices(cands, k=n)
+        for _ in range(16):
             text = self.decode(ids)
             re_ids = self.encode(text)
             if len(re_ids) == n:
@@ -145,7 +156,7 @@ class HFTokenizer:
             if len(re_ids) > n:
                 ids = re_ids[:n]
             else:
-                ids = re_ids + [rng.randrange(self.vocab_size) for _ in range(n - len(re_ids))]
+                ids = re_ids + rng.choices(cands, k=n - len(re_ids))
         text = self.decode(ids)
         return text, self.count(text)
 

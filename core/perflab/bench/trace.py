@@ -113,7 +113,7 @@ def _error_message(obj: Any) -> str:
             msg = err.get("message") or err.get("msg") or err.get("detail")
             if msg is None:
                 msg = json.dumps(err)
-            code = err.get("code") or err.get("type")
+            code = err.get("type") or err.get("code")
             return f"{msg} ({code})" if code and str(code) not in str(msg) else str(msg)
         return str(err)
     return str(obj)

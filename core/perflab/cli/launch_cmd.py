@@ -34,7 +34,8 @@ EXIT_BY_STATE = {"unsupported": EXIT_UNSUPPORTED, "crashed": EXIT_CRASHED, "time
 EPILOG = """\b
 Exit status:
   0    it became ready (with --check: the generation worked) and was torn down cleanly
-  2    usage error
+  1    perflab error (a broken plugin, ...)
+  2    usage error (bad option, unknown engine)
   3    unsupported: preflight refused the configuration (--force launches anyway)
   4    crashed: the engine exited (or its port was taken) before or while serving
   5    timeout: not serving within --startup-timeout

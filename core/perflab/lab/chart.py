@@ -41,6 +41,8 @@ def write_chart(o: StudyOutcome, ctx: ReportContext, path: Path, *, title: str) 
             if value == 0.0:
                 ax.annotate("n/a", (rect.get_x() + rect.get_width() / 2, 0), xytext=(0, 3),
                             textcoords="offset points", ha="center", fontsize=7)
+        top = max([*base, *opt, 1.0])
+        ax.set_ylim(0, top * 1.22)  # room for the labels and the legend
         ax.set_xticks(xs, labels, rotation=15 if len(labels) > 4 else 0)
         ax.set_ylabel("Total token throughput (tok/s)")
         ax.set_title(title + (" — simulated" if ctx.simulated else ""), fontsize=10)

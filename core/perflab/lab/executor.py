@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 
 from perflab.errors import PerflabError
 from perflab.lab.options import Configuration, replica_devices
@@ -147,6 +148,7 @@ class Executor:
                 inst = supervise(
                     self.ctx.pm, engine, config.serve_config(devices=devices), hardware=self.ctx.hardware,
                     env=self._env(), workdir=workdir, startup_timeout=plan.timeouts.startup_s, version=version,
+                    **({"grace": plan.timeouts.teardown_s} if plan.timeouts.teardown_s is not None else {}),
                 )
                 await stack.enter_async_context(inst)
                 instances.append(inst)
@@ -194,7 +196,7 @@ class Executor:
 
     async def _benchmark(self, instances: list[Any], config: Configuration, profile: Profile, run_dir: Path,
                          label: str) -> ProfileMeasurement:
-        from perflab.bench import BenchRequest, run_benchmark
+        from perflab.bench import BenchRequest, run_benchmark_sync
 
         plan = self.ctx.plan
         workload: dict[str, Any] = {}
@@ -218,7 +220,6 @@ class Executor:
             max_concurrency=profile.max_concurrency,
             seed=profile.seed,
             time_scale=self.ctx.time_scale if self.ctx.simulated else 1.0,
-            profile=profile.name,
             label=label,
             **workload,
         )
@@ -236,7 +237,9 @@ class Executor:
                 nonlocal result, error
                 try:
                     with anyio.fail_after(plan.timeouts.benchmark_s):
-                        result = await run_benchmark(req, progress=progress)
+                        # abandoned on cancel (Ctrl-C, engine death): teardown must not wait for
+                        # the client, whose requests fail fast once the engine is gone
+                        result = await anyio.to_thread.run_sync(run_benchmark_sync, req, progress, abandon_on_cancel=True)
                 except TimeoutError:
                     error = f"the benchmark did not finish within {plan.timeouts.benchmark_s:g} s"
                 except Exception as exc:  # a client failure is a result, not a study abort

@@ -169,7 +169,7 @@ class Baseline:
 class Timeouts:
     startup_s: float | None = None  # None: the engine plugin's own readiness timeout
     benchmark_s: float = 7200.0
-    teardown_s: float = 60.0
+    teardown_s: float | None = None  # grace between SIGTERM and SIGKILL; None: the supervisor's
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,7 @@ def _fence(body: str, lang: str = "") -> str:
 
 def result_block(res: Result) -> str:
     """What goes in a "Benchmark result" box: the vllm-bench-serve block, or the failure."""
-    from perflab.bench import format_result_block
+    from perflab.bench.result import format_result_block
 
     lines: list[str] = []
     if res.status == OK and res.metrics:
@@ -280,7 +280,11 @@ def _setup(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     out += ["", "### Benchmark Script", "",
             "perflab's built-in client measured every configuration with the metric definitions of "
             "**vLLM bench CLI** (`vllm bench serve`); the equivalent commands are:", ""]
-    body = "\n".join(f"# {p.label}\n{p.bench_command(plan.model)}" for p in plan.profiles)
+    def note(p: Any) -> str:
+        return " (perflab generated ShareGPT-like conversations; the real dataset file gives:)" \
+            if p.dataset == "synthetic-sharegpt" else ""
+
+    body = "\n".join(f"# {p.label}{note(p)}\n{p.bench_command(plan.model)}" for p in plan.profiles)
     out.append(_fence(body, "bash"))
     if ctx.simulated and ctx.time_scale != 1.0:
         out += ["", f"Simulated time ran {ctx.time_scale:g}× faster than wall-clock time; every duration, latency "

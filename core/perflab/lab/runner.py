@@ -10,6 +10,7 @@ engine is torn down, what was measured stays in the store, and the same command 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import sys
 import time
@@ -27,6 +28,8 @@ from perflab.lab.report import ReportContext, write_report
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store, write_json
 from perflab.lab.study import CRASHED, INTERRUPTED, PENDING, Result, StudyOutcome, conduct
 from perflab.types import to_jsonable
+
+SIM_STATE_ENV = "PERFLAB_SIM_STATE_DIR"  # perflab.sim.STATE_ENV, not imported: sim loads lazily
 
 
 @dataclass
@@ -217,7 +220,13 @@ async def run_study(
 
     if hardware:
         plan = dataclasses.replace(plan, hardware=hardware)
-    snapshot, env = await anyio.to_thread.run_sync(resolve, pm, plan.hardware)
+    base_env = dict(os.environ)
+    if plan.hardware.startswith("sim:") and SIM_STATE_ENV not in base_env:
+        # The simulated machine is the study's own: its device-memory registry lives in the
+        # study directory, so simulations elsewhere on this host cannot take its memory.
+        base_env[SIM_STATE_ENV] = str((out_dir / "sim-state").resolve())
+        Path(base_env[SIM_STATE_ENV]).mkdir(parents=True, exist_ok=True)
+    snapshot, env = await anyio.to_thread.run_sync(resolve, pm, plan.hardware, base_env)
     time_scale = _time_scale(plan, snapshot.simulated)
     engines = engines_of(plan)
     versions = {e: await anyio.to_thread.run_sync(engine_version, pm, e, env) for e in engines}

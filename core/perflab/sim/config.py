@@ -60,5 +60,6 @@ class SimEngineConfig:
     block_size: int = 16  # KV-cache block (tokens), also the prefix-cache granularity
     # Engine-specific runtime behaviour, all optional (see perflab.sim.runtime for the list):
     # bind_before_load, health_paths_by_port, access_log, stats_line, stats_interval_s,
-    # crash_lines, crash_at_start_lines, oom_lines, insufficient_memory_lines, eos_mean_tokens.
+    # crash_lines, crash_at_start_lines, oom_lines, insufficient_memory_lines, eos_mean_tokens,
+    # owned_by, process_name.
     extra: dict[str, object] = field(default_factory=dict)

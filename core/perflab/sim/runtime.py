@@ -36,7 +36,8 @@ Optional engine behaviour in ``cfg.extra``:
 - ``insufficient_memory_lines`` (format: free_gib, total_gib, fraction, requested_gib, device);
 - ``eos_mean_tokens`` (int, default 16384): mean length at which a request without
   ``ignore_eos`` stops by itself (exponential, seeded by the prompt);
-- ``owned_by`` (str): ``/v1/models`` owner (default: the engine name).
+- ``owned_by`` (str): ``/v1/models`` owner (default: the engine name);
+- ``process_name`` (str): the server's name in ``npu-smi``'s process table (default: argv[0]).
 """
 
 from __future__ import annotations
@@ -476,7 +477,11 @@ class Engine:
                     await asyncio.sleep(0.01)
 
     def _own_name(self) -> str:
-        return Path(sys.argv[0]).name or "python"
+        """How process tables (npu-smi's) name this process."""
+        if self.cfg.extra.get("process_name"):
+            return str(self.cfg.extra["process_name"])
+        name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+        return name or "python"
 
     async def _bind(self) -> bool:
         cfg = self.cfg
@@ -583,8 +588,10 @@ class Engine:
                     self._prompt_done += req.prompt_tokens
                 self._gen_done += n
             if self.faults.crash_after is not None and self.completed >= self.faults.crash_after:
-                self.crash()
-                return
+                # the scheduler dies: no further step; the responses just finished still reach
+                # their clients before the process goes down
+                self.hung = True
+                loop.call_later(0.1, self.crash)
             if self.faults.hang_after is not None and self.completed >= self.faults.hang_after:
                 self.hung = True
 
@@ -718,13 +725,8 @@ class Engine:
 
         async def wait_done() -> None:
             """Until the generation ends or the client goes away (then abort it)."""
-            eof = asyncio.ensure_future(req.reader.read(1))
-            try:
-                await asyncio.wait({gen.done, eof}, return_when=asyncio.FIRST_COMPLETED)
-                if not gen.done.done():
-                    self.abort(gen)
-            finally:
-                eof.cancel()
+            if not await req.wait_or_disconnect(gen.done):
+                self.abort(gen)
 
         if stream:
 
@@ -774,3 +776,19 @@ def serve(cfg: SimEngineConfig) -> int:
     sys.stderr.flush()
     return code
 
+
+
+def config_from_json(text: str) -> SimEngineConfig:
+    """A SimEngineConfig from JSON (lists become the dataclass's tuples)."""
+    import dataclasses
+
+    raw = json.loads(text)
+    tuple_fields = {f.name for f in dataclasses.fields(SimEngineConfig) if str(f.type).startswith("tuple")}
+    for key in tuple_fields & raw.keys():
+        if raw[key] is not None:
+            raw[key] = tuple(raw[key])
+    return SimEngineConfig(**raw)
+
+
+if __name__ == "__main__":  # python -m perflab.sim.runtime '<SimEngineConfig as JSON>'
+    sys.exit(serve(config_from_json(sys.argv[1])))

@@ -9,6 +9,7 @@ token events per second alongside the benchmark client.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,13 @@ MAX_BODY = 64 * 1024 * 1024
 
 
 @dataclass
+class Connection:
+    """Per-connection state: bytes read ahead of the next request (see ``Request.watch_disconnect``)."""
+
+    prefix: bytes = b""
+
+
+@dataclass
 class Request:
     method: str
     path: str
@@ -30,9 +38,31 @@ class Request:
     body: bytes
     peer: str
     reader: asyncio.StreamReader
+    conn: Connection
 
     def json(self) -> Any:
         return json.loads(self.body or b"null")
+
+    async def wait_or_disconnect(self, done: asyncio.Future[Any]) -> bool:
+        """Wait for ``done``; False if the client closed the connection first.
+
+        Reads ahead one byte to notice the close; a byte of a pipelined next request is kept
+        for the next read."""
+        peek = asyncio.ensure_future(self.reader.read(1))
+        try:
+            finished, _ = await asyncio.wait({done, peek}, return_when=asyncio.FIRST_COMPLETED)
+            if peek in finished and not done.done():
+                if peek.result() == b"":
+                    return False
+                await done
+            return True
+        finally:
+            if not peek.done():
+                peek.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await peek
+            elif not peek.cancelled() and peek.exception() is None and peek.result():
+                self.conn.prefix += peek.result()
 
 
 class Response:
@@ -103,9 +133,10 @@ class HttpServer:
         lines.append(b"\r\n")
         return b"".join(lines)
 
-    async def _read_request(self, reader: asyncio.StreamReader, peer: str) -> Request | None:
+    async def _read_request(self, reader: asyncio.StreamReader, peer: str, conn: Connection) -> Request | None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
+            head = conn.prefix + await reader.readuntil(b"\r\n\r\n")
+            conn.prefix = b""
         except (asyncio.IncompleteReadError, ConnectionError):
             return None
         except asyncio.LimitOverrunError:
@@ -139,17 +170,18 @@ class HttpServer:
                 await reader.readexactly(2)
             body = b"".join(parts)
         path, _, query = target.partition("?")
-        return Request(method.upper(), path, query, version, headers, body, peer, reader)
+        return Request(method.upper(), path, query, version, headers, body, peer, reader, conn)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections.add(writer)
         peername = writer.get_extra_info("peername")
         peer = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else "-"
+        conn = Connection()
         try:
             while True:
                 try:
-                    req = await self._read_request(reader, peer)
-                except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+                    req = await self._read_request(reader, peer, conn)
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
                     req = None
                 if req is None:
                     break

@@ -108,7 +108,9 @@ def _parallel(config: ServeConfig, mc: dict[str, Any], world: int) -> None:
         mc["tp"] = config.tp or 1
     if config.ep is not None:
         if world % config.ep:
-            raise _unsupported(f"ep={config.ep}", f"moe_ep must divide worldSize ({world}): moe_tp = worldSize / moe_ep")
+            raise _unsupported(
+                f"ep={config.ep}", f"moe_ep must divide worldSize ({world}): moe_tp = worldSize / moe_ep"
+            )
         mc["moe_ep"] = config.ep
         mc["moe_tp"] = world // config.ep
 

@@ -59,7 +59,9 @@ SIGNATURES: tuple[Signature, ...] = (
     ),
     Signature(
         "hccl-error",
-        re.compile(r"HCCL function error|HCCL error|(?i:\bhccl\w*\b[^\n]*\b(error|failed|failure|timeout|timed out)\b)"),
+        re.compile(
+            r"HCCL function error|HCCL error|(?i:\bhccl\w*\b[^\n]*\b(error|failed|failure|timeout|timed out)\b)"
+        ),
         "a collective (HCCL) operation between the NPUs failed",
         "check `npu-smi info` for faulty chips and that no other job holds the NPUs; "
         "ASCEND_SLOG_PRINT_TO_STDOUT=1 ASCEND_GLOBAL_LOG_LEVEL=3 show HCCL's own messages",

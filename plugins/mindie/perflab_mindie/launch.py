@@ -34,7 +34,9 @@ def _ip(host: str) -> str:
     try:
         return str(ipaddress.ip_address(host))
     except ValueError:
-        raise UnsupportedOption("mindie", f"host={host}", "ServerConfig.ipAddress must be an IPv4 or IPv6 address") from None
+        raise UnsupportedOption(
+            "mindie", f"host={host}", "ServerConfig.ipAddress must be an IPv4 or IPv6 address"
+        ) from None
 
 
 def _devices(config: ServeConfig, hardware: HardwareSnapshot) -> list[int]:
@@ -77,7 +79,9 @@ def build(config: ServeConfig, hardware: HardwareSnapshot, workdir: Path) -> Lau
     env = dict(config.extra_env)
     if config.devices is not None and "ASCEND_RT_VISIBLE_DEVICES" in env:
         raise UnsupportedOption(
-            "mindie", "devices", "npuDeviceIds are chip logic IDs; ASCEND_RT_VISIBLE_DEVICES in extra_env would renumber them"
+            "mindie",
+            "devices",
+            "npuDeviceIds are chip logic IDs; ASCEND_RT_VISIBLE_DEVICES in extra_env would renumber them",
         )
     document, warnings = build_config(
         config,
@@ -93,7 +97,9 @@ def build(config: ServeConfig, hardware: HardwareSnapshot, workdir: Path) -> Lau
     env.setdefault("MINDIE_LOG_TO_STDOUT", "1")
     if config.mem_fraction is not None:
         if not 0 < config.mem_fraction <= 1:
-            raise UnsupportedOption("mindie", f"mem_fraction={config.mem_fraction}", "NPU_MEMORY_FRACTION must be in (0, 1]")
+            raise UnsupportedOption(
+                "mindie", f"mem_fraction={config.mem_fraction}", "NPU_MEMORY_FRACTION must be in (0, 1]"
+            )
         env["NPU_MEMORY_FRACTION"] = str(config.mem_fraction)
     return LaunchSpec(
         engine="mindie",
@@ -102,7 +108,9 @@ def build(config: ServeConfig, hardware: HardwareSnapshot, workdir: Path) -> Lau
         port=port,
         served_model_name=name,
         env=env,
-        files=(FileSpec(path=path, content=json.dumps(document, indent=4, ensure_ascii=False) + "\n", mode=CONFIG_MODE),),
+        files=(
+            FileSpec(path=path, content=json.dumps(document, indent=4, ensure_ascii=False) + "\n", mode=CONFIG_MODE),
+        ),
         extra_ports=(management, metrics),
         warnings=tuple(warnings),
     )

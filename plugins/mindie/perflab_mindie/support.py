@@ -10,7 +10,9 @@ from perflab_mindie.models import is_moe
 from perflab_mindie.version import release
 
 DOCS = "https://github.com/Ascend/MindIE-LLM/blob/master/docs/zh/user_guide/feature"
-SEED_000 = "seed 000 (Qwen3-30B-A3B on Ascend 910B, MindIE 2.1RC1): prefix caching -> 'Crash, not supported for the model'"
+SEED_000 = (
+    "seed 000 (Qwen3-30B-A3B on Ascend 910B, MindIE 2.1RC1): prefix caching -> 'Crash, not supported for the model'"
+)
 # GPUStack's MindIE backend refuses these combinations before launching
 # (AscendMindIEParameters._validate): "--enable-prefix-caching is not supported when
 # --data-parallel-size > 1", "--enable-split is not supported when --data-parallel-size > 1".
@@ -35,12 +37,18 @@ def check(config: ServeConfig, hardware: HardwareSnapshot, version: str | None) 
         )
     if config.prefix_caching and dp > 1:
         out.append(
-            Unsupported("prefix_caching", f"MindIE does not support prefix caching with data parallel (dp={dp})", source=GPUSTACK)
+            Unsupported(
+                "prefix_caching",
+                f"MindIE does not support prefix caching with data parallel (dp={dp})",
+                source=GPUSTACK,
+            )
         )
     if config.chunked_prefill and dp > 1:
         out.append(
             Unsupported(
-                "chunked_prefill", f"MindIE's chunked prefill (SplitFuse) does not support data parallel (dp={dp})", source=GPUSTACK
+                "chunked_prefill",
+                f"MindIE's chunked prefill (SplitFuse) does not support data parallel (dp={dp})",
+                source=GPUSTACK,
             )
         )
     if config.chunked_prefill and config.speculative_config is not None:

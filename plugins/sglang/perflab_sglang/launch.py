@@ -41,6 +41,8 @@ KV_CACHE_DTYPES = {
     "bfloat16": "bfloat16",
     "fp4_e2m1": "fp4_e2m1",
 }
+# vLLM's parser names -> SGLang's ReasoningParser.DetectorMap keys (srt/parser/reasoning_parser.py)
+REASONING_PARSERS = {"deepseek_r1": "deepseek-r1", "deepseek_v3": "deepseek-v3", "gpt_oss": "gpt-oss"}
 OPTIONS = frozenset({"python"})  # engine-specific ServeConfig.options this plugin understands
 
 
@@ -53,7 +55,9 @@ def _positive(name: str, value: int) -> str:
 def build_argv(config: ServeConfig) -> list[str]:
     unknown = sorted(set(config.options) - OPTIONS)
     if unknown:
-        raise UnsupportedOption("sglang", f"option(s) {', '.join(unknown)}", f"the SGLang plugin knows only {', '.join(sorted(OPTIONS))}")
+        raise UnsupportedOption(
+            "sglang", f"option(s) {', '.join(unknown)}", f"the SGLang plugin knows only {', '.join(sorted(OPTIONS))}"
+        )
     python = str(config.options.get("python") or sys.executable)
     argv = [python, "-m", "sglang.launch_server", "--model-path", config.model]
     argv += ["--host", config.host, "--port", str(config.port)]
@@ -79,14 +83,18 @@ def build_argv(config: ServeConfig) -> list[str]:
     if config.quantization is not None:
         if config.quantization not in QUANTIZATIONS:
             raise UnsupportedOption(
-                "sglang", f"quantization={config.quantization}", f"--quantization accepts {', '.join(sorted(QUANTIZATIONS))}"
+                "sglang",
+                f"quantization={config.quantization}",
+                f"--quantization accepts {', '.join(sorted(QUANTIZATIONS))}",
             )
         argv += ["--quantization", config.quantization]
     if config.kv_cache_dtype is not None:
         kv = KV_CACHE_DTYPES.get(config.kv_cache_dtype)
         if kv is None:
             raise UnsupportedOption(
-                "sglang", f"kv_cache_dtype={config.kv_cache_dtype}", f"--kv-cache-dtype accepts {', '.join(KV_CACHE_DTYPES)}"
+                "sglang",
+                f"kv_cache_dtype={config.kv_cache_dtype}",
+                f"--kv-cache-dtype accepts {', '.join(KV_CACHE_DTYPES)}",
             )
         argv += ["--kv-cache-dtype", kv]
     if config.prefix_caching is False:
@@ -98,7 +106,7 @@ def build_argv(config: ServeConfig) -> list[str]:
             raise UnsupportedOption("sglang", f"mem_fraction={config.mem_fraction}", "must be in (0, 1]")
         argv += ["--mem-fraction-static", str(config.mem_fraction)]
     if config.reasoning_parser is not None:
-        argv += ["--reasoning-parser", config.reasoning_parser]
+        argv += ["--reasoning-parser", REASONING_PARSERS.get(config.reasoning_parser, config.reasoning_parser)]
     argv += list(config.extra_args)
     return argv
 

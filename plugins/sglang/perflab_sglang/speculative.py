@@ -67,7 +67,9 @@ def speculative_args(spec: Mapping[str, Any]) -> list[str]:
     method = spec.get("method")
     if method is None:
         if spec.get("model") is None:
-            raise UnsupportedOption("sglang", "speculative_config", "needs 'method' (eagle, eagle3, mtp, ngram, draft_model)")
+            raise UnsupportedOption(
+                "sglang", "speculative_config", "needs 'method' (eagle, eagle3, mtp, ngram, draft_model)"
+            )
         method = "draft_model"  # a draft model without a method is vLLM's draft-model mode
     algorithm = METHODS.get(str(method).lower())
     if algorithm is None:
@@ -91,7 +93,9 @@ def speculative_args(spec: Mapping[str, Any]) -> list[str]:
     lookup_max, lookup_min = _int(spec, "prompt_lookup_max"), _int(spec, "prompt_lookup_min")
     if algorithm == "NGRAM":
         if steps is not None or topk is not None:
-            raise UnsupportedOption("sglang", "speculative_config num_steps/eagle_topk", "not used by NGRAM speculation")
+            raise UnsupportedOption(
+                "sglang", "speculative_config num_steps/eagle_topk", "not used by NGRAM speculation"
+            )
         # NGRAM drafts num_draft_tokens tokens per step (default: the max match window).
         draft = draft if draft is not None else k
         if draft is not None:
@@ -113,7 +117,9 @@ def speculative_args(spec: Mapping[str, Any]) -> list[str]:
     given = [v is not None for v in (steps, topk, draft)]
     if any(given) and not all(given):
         raise UnsupportedOption(
-            "sglang", "speculative_config", "set num_speculative_tokens, or all of num_steps, eagle_topk, num_draft_tokens"
+            "sglang",
+            "speculative_config",
+            "set num_speculative_tokens, or all of num_steps, eagle_topk, num_draft_tokens",
         )
     if steps is not None:
         args += [

@@ -25,7 +25,11 @@ def check(config: ServeConfig, hardware: HardwareSnapshot) -> list[Unsupported]:
     if is_fp8(config):
         old = [a for a in hardware.select(config.devices, "cuda") if a.sm is not None and a.sm < FP8_MIN_SM]
         if old:
-            what = f"quantization={config.quantization}" if config.quantization else f"model={config.model} (FP8 checkpoint)"
+            what = (
+                f"quantization={config.quantization}"
+                if config.quantization
+                else f"model={config.model} (FP8 checkpoint)"
+            )
             out.append(
                 Unsupported(
                     what,

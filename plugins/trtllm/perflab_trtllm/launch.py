@@ -93,11 +93,15 @@ def build(config: ServeConfig, workdir: Path) -> LaunchSpec:
     unknown = sorted(set(config.options) - OPTIONS)
     if unknown:
         raise UnsupportedOption(
-            "trtllm", f"option(s) {', '.join(unknown)}", f"the TensorRT-LLM plugin knows only {', '.join(sorted(OPTIONS))}"
+            "trtllm",
+            f"option(s) {', '.join(unknown)}",
+            f"the TensorRT-LLM plugin knows only {', '.join(sorted(OPTIONS))}",
         )
     backend = config.options.get("backend")
     if backend is not None and backend not in BACKENDS:
-        raise UnsupportedOption("trtllm", f"backend={backend}", f"--backend accepts {', '.join(sorted(BACKENDS))} ({SERVE})")
+        raise UnsupportedOption(
+            "trtllm", f"backend={backend}", f"--backend accepts {', '.join(sorted(BACKENDS))} ({SERVE})"
+        )
     trt_engine = backend in TRT_ENGINE_BACKENDS
     warnings: list[str] = []
     llm_api: dict[str, Any] = {}
@@ -173,13 +177,17 @@ def build(config: ServeConfig, workdir: Path) -> LaunchSpec:
                 llm_api.setdefault("quant_config", {})["kv_cache_quant_algo"] = KV_QUANT_ALGOS[kv]
             elif kv != "auto":
                 raise UnsupportedOption(
-                    "trtllm", f"kv_cache_dtype={config.kv_cache_dtype}", f"quant_config.kv_cache_quant_algo accepts {', '.join(KV_QUANT_ALGOS)}"
+                    "trtllm",
+                    f"kv_cache_dtype={config.kv_cache_dtype}",
+                    f"quant_config.kv_cache_quant_algo accepts {', '.join(KV_QUANT_ALGOS)}",
                 )
         elif kv in KV_DTYPES:
             llm_api.setdefault("kv_cache_config", {})["dtype"] = KV_DTYPES[kv]
         else:
             raise UnsupportedOption(
-                "trtllm", f"kv_cache_dtype={config.kv_cache_dtype}", f"kv_cache_config.dtype accepts {', '.join(KV_DTYPES)}"
+                "trtllm",
+                f"kv_cache_dtype={config.kv_cache_dtype}",
+                f"kv_cache_config.dtype accepts {', '.join(KV_DTYPES)}",
             )
     if config.prefix_caching is not None:
         llm_api.setdefault("kv_cache_config", {})["enable_block_reuse"] = bool(config.prefix_caching)

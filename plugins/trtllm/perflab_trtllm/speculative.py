@@ -49,7 +49,9 @@ def speculative_config(spec: Mapping[str, Any]) -> dict[str, Any]:
         )
     k = spec.get("num_speculative_tokens")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-        raise UnsupportedOption("trtllm", f"speculative_config.num_speculative_tokens={k!r}", "expected a positive integer")
+        raise UnsupportedOption(
+            "trtllm", f"speculative_config.num_speculative_tokens={k!r}", "expected a positive integer"
+        )
     out: dict[str, Any] = {"decoding_type": decoding_type}
     model = spec.get("model")
     if decoding_type == "MTP":
@@ -59,7 +61,9 @@ def speculative_config(spec: Mapping[str, Any]) -> dict[str, Any]:
             out["num_nextn_predict_layers"] = k
     else:
         if k is None:
-            raise UnsupportedOption("trtllm", "speculative_config", f"{decoding_type} needs num_speculative_tokens (max_draft_len)")
+            raise UnsupportedOption(
+                "trtllm", "speculative_config", f"{decoding_type} needs num_speculative_tokens (max_draft_len)"
+            )
         out["max_draft_len"] = k
         if decoding_type == "NGram":
             if model is not None:

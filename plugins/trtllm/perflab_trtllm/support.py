@@ -34,7 +34,11 @@ def check(config: ServeConfig, hardware: HardwareSnapshot) -> list[Unsupported]:
     if is_fp8(config):
         old = [a for a in hardware.select(config.devices, "cuda") if a.sm is not None and a.sm < FP8_MIN_SM]
         if old:
-            what = f"quantization={config.quantization}" if config.quantization else f"model={config.model} (FP8 checkpoint)"
+            what = (
+                f"quantization={config.quantization}"
+                if config.quantization
+                else f"model={config.model} (FP8 checkpoint)"
+            )
             out.append(
                 Unsupported(
                     what,
@@ -46,7 +50,9 @@ def check(config: ServeConfig, hardware: HardwareSnapshot) -> list[Unsupported]:
     if is_awq(config) and pytorch_backend:
         out.append(
             Unsupported(
-                f"quantization={config.quantization}" if config.quantization else f"model={config.model} (AWQ checkpoint)",
+                f"quantization={config.quantization}"
+                if config.quantization
+                else f"model={config.model} (AWQ checkpoint)",
                 "the PyTorch backend loads ModelOpt-quantized checkpoints; an AutoAWQ checkpoint "
                 "(qweight/qzeros/scales) fails with KeyError: 'weight' (seed 002)",
                 source=AWQ_SOURCE,

@@ -1,0 +1,87 @@
+"""perflab's benchmark client for OpenAI-compatible streaming endpoints.
+
+``vllm bench serve``'s metrics and result format, measured by a client built not to be the
+bottleneck (docs/benchmark.md)::
+
+    from perflab.bench import BenchRequest, run_benchmark
+
+    req = BenchRequest(base_urls=("http://127.0.0.1:8000",), model="Qwen/Qwen3-8B",
+                       random_input_len=128, random_output_len=16, num_prompts=200,
+                       max_concurrency=32)
+    result = await run_benchmark(req)          # any anyio backend: runs in a worker thread
+    print(result.format_block())
+    result.metrics["total_token_throughput"]   # vLLM --save-result field names
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from perflab.bench.profiles import PROFILE_DESCRIPTIONS, PROFILES, apply_profile
+from perflab.bench.request import BenchRequest
+from perflab.bench.result import (
+    BenchResult,
+    format_result_block,
+    parse_result_block,
+    parse_result_blocks,
+)
+from perflab.bench.trace import RequestTrace
+
+__all__ = [
+    "PROFILES",
+    "PROFILE_DESCRIPTIONS",
+    "BenchRequest",
+    "BenchResult",
+    "RequestTrace",
+    "apply_profile",
+    "available_backends",
+    "format_result_block",
+    "parse_result_block",
+    "parse_result_blocks",
+    "run_benchmark",
+    "run_benchmark_sync",
+]
+
+
+async def run_benchmark(
+    req: BenchRequest,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    backend: str = "perflab",
+    pm: Any = None,
+) -> BenchResult:
+    """Benchmark ``req`` and return the result (raises :class:`perflab.errors.PerflabError`).
+
+    The run happens in a worker thread with its own event loop (uvloop when installed), so
+    the caller's loop — asyncio or trio through anyio — stays responsive and does not skew
+    the client's timings.
+
+    :param progress: ``progress(done, total)``, called from the worker thread about ten
+        times a second (built-in client only).
+    :param backend: ``"perflab"`` (built in), ``"vllm-bench"``, or a plugin's backend name.
+    :param pm: a loaded plugin manager, to find plugin backends (loaded on demand if omitted).
+    """
+    import anyio.to_thread
+
+    if backend == "perflab":
+        from perflab.bench.runner import run_benchmark_sync as run
+
+        return await anyio.to_thread.run_sync(run, req, progress)
+    from perflab.bench.backends import get_backend
+
+    driver = get_backend(backend, pm)
+    return await anyio.to_thread.run_sync(driver, req)
+
+
+def run_benchmark_sync(req: BenchRequest, progress: Callable[[int, int], None] | None = None) -> BenchResult:
+    """:func:`run_benchmark` for callers without an event loop (the CLI)."""
+    from perflab.bench.runner import run_benchmark_sync as run
+
+    return run(req, progress)
+
+
+def available_backends(pm: Any = None) -> dict[str, Callable[[BenchRequest], BenchResult]]:
+    from perflab.bench.backends import available_backends as _available
+
+    return _available(pm)

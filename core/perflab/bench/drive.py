@@ -1,0 +1,137 @@
+"""The timed part: send prepared requests on schedule, under the concurrency limit.
+
+Runs in one event loop (uvloop when installed) — in the caller's process, or in each
+``--workers`` process with its share of the requests. Nothing here parses or tokenizes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Callable, Coroutine, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from time import perf_counter, process_time
+from typing import Any, TypeVar
+
+from perflab.bench.client import Prepared, make_client
+from perflab.bench.trace import Capture
+
+T = TypeVar("T")
+
+
+@dataclass
+class Plan:
+    """One process' share of a run (picklable, sent to worker processes)."""
+
+    prepared: list[Prepared]
+    offsets: list[float]  # real seconds after the common start
+    max_concurrency: int | None
+    http_stack: str
+    timeout: float | None
+
+
+@dataclass
+class Outcome:
+    captures: list[Capture]
+    start: float  # perf_counter of the common start
+    end: float  # perf_counter when the last response ended
+    cpu_s: float = 0.0  # this process' CPU time during the run
+
+
+async def drive(plan: Plan, *, start_at: float | None = None, on_done: Callable[[], None] | None = None) -> Outcome:
+    """Send every request of ``plan``; return the raw captures.
+
+    :param start_at: ``perf_counter()`` time to start at (worker processes share one);
+        ``None``: now.
+    :param on_done: called after each response (progress), in the event loop.
+    """
+    client = make_client(plan.http_stack, plan.timeout)
+    sem = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
+    captures = [Capture(p.index) for p in plan.prepared]
+    send = client.send
+
+    async def one(p: Prepared, cap: Capture) -> None:
+        if sem is None:
+            await send(p, cap)
+        else:
+            async with sem:
+                await send(p, cap)
+        if on_done is not None:
+            on_done()
+
+    try:
+        if start_at is not None:
+            wait = start_at - perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+        cpu0 = process_time()
+        start = perf_counter() if start_at is None else start_at
+        tasks = []
+        for p, cap, offset in zip(plan.prepared, captures, plan.offsets, strict=True):
+            if offset > 0:
+                delay = start + offset - perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(p, cap)))
+        await asyncio.gather(*tasks)
+        end = perf_counter()
+        cpu = process_time() - cpu0
+    finally:
+        await client.close()
+    return Outcome(captures, start, end, cpu)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed (``perflab[fast]``), else asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is optional
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def run_in_new_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion in a fresh event loop owned by the current thread."""
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(coro)
+
+
+@contextmanager
+def frozen_gc():
+    """Move everything allocated so far out of the collector's sight for the timed run.
+
+    A full collection walking the prepared requests in the middle of the run is a pause of
+    many milliseconds on every stream at once; young-generation collections of what the run
+    itself allocates stay cheap.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def split_plan(plan: Plan, workers: int) -> list[Plan]:
+    """Round-robin the requests over ``workers`` plans; the concurrency limit is shared out."""
+    out = []
+    for w in range(workers):
+        conc = None
+        if plan.max_concurrency is not None:
+            conc = plan.max_concurrency // workers + (1 if w < plan.max_concurrency % workers else 0)
+        out.append(
+            Plan(
+                prepared=plan.prepared[w::workers],
+                offsets=plan.offsets[w::workers],
+                max_concurrency=conc,
+                http_stack=plan.http_stack,
+                timeout=plan.timeout,
+            )
+        )
+    return out
+
+
+def merge_outcomes(outcomes: Sequence[Outcome]) -> Outcome:
+    caps = sorted((c for o in outcomes for c in o.captures), key=lambda c: c.index)
+    return Outcome(caps, min(o.start for o in outcomes), max(o.end for o in outcomes), sum(o.cpu_s for o in outcomes))

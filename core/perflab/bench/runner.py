@@ -1,0 +1,245 @@
+"""perflab's built-in benchmark: prepare, probe, warm up, run, parse, measure.
+
+Order of work (the timed part is only step 5)::
+
+    1. profile and validation
+    2. a one-token test request per endpoint (fails fast with the server's error; tells
+       whether the server is perflab's simulator and its time scale)
+    3. tokenizer, dataset, every request encoded to bytes, arrival times
+    4. warm-up requests (not measured)
+    5. the run, with the garbage collector's heap frozen; in --workers processes if asked
+    6. captures parsed into traces, metrics, result block and JSON
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+from collections.abc import Callable
+from datetime import datetime
+from time import perf_counter
+from typing import Any
+
+from perflab.bench.client import (
+    Prepared,
+    Target,
+    build_payload,
+    make_target,
+    prepare,
+    request_headers,
+)
+from perflab.bench.datasets import Sample, build_samples
+from perflab.bench.drive import Plan, drive, frozen_gc, run_in_new_loop, split_plan
+from perflab.bench.metrics import compute_metrics
+from perflab.bench.profiles import apply_profile
+from perflab.bench.request import BenchRequest
+from perflab.bench.result import BenchResult
+from perflab.bench.schedule import arrival_offsets
+from perflab.bench.tokenizer import Tokenizer, load_tokenizer, tokenizer_spec
+from perflab.bench.trace import Capture, RequestTrace, parse_capture
+from perflab.errors import PerflabError
+
+SIM_TIME_SCALE_HEADER = "x-perflab-sim-time-scale"
+SIM_FINGERPRINT = b"perflab-sim"
+MAX_KEPT_ERRORS = 10
+PROBE_TIMEOUT_S = 60.0
+
+Progress = Callable[[int, int], None]
+
+
+# --------------------------------------------------------------------------- probe
+
+
+def _probe_requests(req: BenchRequest, targets: list[Target]) -> list[Prepared]:
+    payload = build_payload(req, "Hello", 1)
+    headers = request_headers(req)
+    return [prepare(-1 - i, t, payload, headers, f"perflab-probe-{i}") for i, t in enumerate(targets)]
+
+
+def _probe(req: BenchRequest, targets: list[Target]) -> tuple[bool, float | None]:
+    """Send one tiny request to every endpoint; (is perflab's simulator, its time scale)."""
+    probes = _probe_requests(req, targets)
+    plan = Plan(probes, [0.0] * len(probes), None, req.http_stack, min(req.timeout or PROBE_TIMEOUT_S, PROBE_TIMEOUT_S))
+    outcome = run_in_new_loop(drive(plan))
+    simulated = False
+    scale: float | None = None
+    for target, cap in zip(targets, outcome.captures, strict=True):
+        trace = parse_capture(cap, prompt_len=1, tokenizer=None)
+        if not trace.success:
+            raise PerflabError(f"the test request to {target.url} failed: {trace.error}")
+        header = cap.headers.get(SIM_TIME_SCALE_HEADER)
+        if header is not None:
+            simulated = True
+            try:
+                scale = float(header)
+            except ValueError:
+                raise PerflabError(f"{target.url} sent {SIM_TIME_SCALE_HEADER}: {header!r}, not a number") from None
+        if any(SIM_FINGERPRINT in piece for _, piece in cap.reads):
+            simulated = True
+    return simulated, scale
+
+
+# --------------------------------------------------------------------------- preparation
+
+
+def _prepare_all(req: BenchRequest, targets: list[Target], samples: list[Sample], id_prefix: str) -> list[Prepared]:
+    headers = request_headers(req)
+    out = []
+    for i, s in enumerate(samples):
+        payload = build_payload(req, s.prompt, s.output_len)
+        out.append(prepare(i, targets[i % len(targets)], payload, headers, f"{id_prefix}{i}"))
+    return out
+
+
+def _warmup(req: BenchRequest, first: Prepared, targets: list[Target]) -> None:
+    """vLLM's warm-up: the first prompt, ``--warmup`` times, under the concurrency limit."""
+    if req.warmup <= 0:
+        return
+    body = json.loads(first.body)
+    headers = request_headers(req)
+    prepared = [prepare(-1000 - i, targets[i % len(targets)], body, headers, None) for i in range(req.warmup)]
+    plan = Plan(prepared, [0.0] * len(prepared), req.max_concurrency, req.http_stack, req.timeout)
+    run_in_new_loop(drive(plan))
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _run_single(plan: Plan, samples: list[Sample], tok: Tokenizer, keep_text: bool, progress: Progress | None) -> tuple[list[RequestTrace], float, float, float]:
+    total = len(plan.prepared)
+    done = 0
+    last = [0.0]
+
+    def on_done() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            now = perf_counter()
+            if now - last[0] >= 0.1 or done == total:
+                last[0] = now
+                progress(done, total)
+
+    with frozen_gc():
+        outcome = run_in_new_loop(drive(plan, on_done=on_done))
+    traces = [
+        parse_capture(cap, prompt_len=samples[cap.index].prompt_len, tokenizer=tok, keep_text=keep_text)
+        for cap in outcome.captures
+    ]
+    return traces, outcome.start, outcome.end, outcome.cpu_s
+
+
+def _run_workers(req: BenchRequest, plan: Plan, samples: list[Sample], tok: Tokenizer, progress: Progress | None) -> tuple[list[RequestTrace], float, float, float]:
+    from perflab.bench.workers import run_workers
+
+    plans = split_plan(plan, req.workers)
+    lens = [[samples[p.index].prompt_len for p in sub.prepared] for sub in plans]
+    total = len(plan.prepared)
+    cb = (lambda n: progress(n, total)) if progress is not None else None
+    return run_workers(plans, lens, tokenizer_spec(tok), keep_text=req.save_detailed or req.keep_text, progress=cb)
+
+
+def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None) -> BenchResult:
+    """Run the built-in benchmark in the calling thread (its own event loop)."""
+    req = apply_profile(req).validate()
+    targets = [make_target(u, req.api_endpoint) for u in req.base_urls]
+
+    # An explicit tokenizer is loaded first: a wrong path is a usage error, not a server one.
+    explicit_tok = load_tokenizer(req.tokenizer) if req.tokenizer not in (None, "", "auto") else None
+    simulated, server_scale = _probe(req, targets)
+    time_scale = server_scale if server_scale is not None else req.time_scale
+    tok = explicit_tok or load_tokenizer(None, model=req.model, simulated=simulated)
+    samples = build_samples(req, tok)
+    id_prefix = f"perflab-{secrets.token_hex(4)}-"
+    prepared = _prepare_all(req, targets, samples, id_prefix)
+    rate = req.request_rate * time_scale  # real requests per second
+    offsets = arrival_offsets(len(prepared), rate, req.burstiness, req.seed)
+    plan = Plan(prepared, offsets, req.max_concurrency, req.http_stack, req.timeout)
+    _warmup(req, prepared[0], targets)
+
+    keep_text = req.save_detailed or req.keep_text
+    if req.workers > 1:
+        traces, start, end, cpu_s = _run_workers(req, plan, samples, tok, progress)
+    else:
+        traces, start, end, cpu_s = _run_single(plan, samples, tok, keep_text, progress)
+
+    traces = [_relative(t, start).scaled(time_scale) for t in traces]
+    duration = (end - start) * time_scale
+    result = _make_result(req, traces, duration, tok, simulated, time_scale, len(targets))
+    # For clock comparisons (benchmarks/bench_client_capacity.py): request i was sent with
+    # x-request-id {request_id_prefix}{i}; its absolute perf_counter() times are
+    # origin + (start + chunk time) / time_scale.
+    result.info.update(client_cpu_s=cpu_s, origin_perf_counter=start, request_id_prefix=id_prefix)
+    if req.save_result:
+        path = result.save(req.result_dir, req.result_filename, detailed=req.save_detailed)
+        result.info["result_path"] = str(path)
+    return result
+
+
+def _relative(t: RequestTrace, origin: float) -> RequestTrace:
+    t.start -= origin
+    return t
+
+
+def _make_result(
+    req: BenchRequest,
+    traces: list[RequestTrace],
+    duration: float,
+    tok: Tokenizer,
+    simulated: bool,
+    time_scale: float,
+    n_targets: int,
+) -> BenchResult:
+    metrics: dict[str, Any] = {
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": req.backend,
+        "backend": req.backend,
+        "label": req.label,
+        "model_id": req.model,
+        "tokenizer_id": tok.name,
+        "num_prompts": req.num_prompts,
+        "request_rate": req.request_rate if not math.isinf(req.request_rate) else "inf",
+        "burstiness": req.burstiness,
+        "max_concurrency": req.max_concurrency,
+    }
+    metrics.update(compute_metrics(traces, max(duration, 1e-9), percentiles=req.percentiles, goodput=req.goodput_dict or None))
+    ok = [t for t in traces if t.success]
+    with_server = sum(1 for t in ok if t.server_prompt_tokens is not None)
+    mismatched = sum(1 for t in ok if t.server_prompt_tokens is not None and t.server_prompt_tokens != t.prompt_len)
+    sources: dict[str, int] = {}
+    for t in ok:
+        sources[t.output_tokens_source] = sources.get(t.output_tokens_source, 0) + 1
+    info = {
+        "client": "perflab",
+        "simulated": simulated,
+        "time_scale": time_scale,
+        "tokenizer": tok.kind,
+        "tokenizer_exact": tok.exact,
+        "dataset": req.dataset,
+        "profile": req.profile,
+        "base_urls": list(req.base_urls),
+        "replicas": n_targets,
+        "workers": req.workers,
+        "http_stack": req.http_stack,
+        "warmup": req.warmup,
+        "percentiles": list(req.percentiles),
+        "goodput": dict(req.goodput) or None,
+        "input_tokens_source": "server" if ok and with_server == len(ok) else ("client" if with_server == 0 else "mixed"),
+        "total_input_tokens_client": sum(t.prompt_len for t in ok),
+        "prompt_len_mismatches": mismatched,
+        "output_tokens_source": sources,
+        "pid": os.getpid(),
+    }
+    errors = [f"request {t.index}: {t.error}" for t in traces if not t.success][:MAX_KEPT_ERRORS]
+    return BenchResult(
+        metrics=metrics,
+        errors=errors,
+        requests=traces,
+        info=info,
+        percentiles=tuple(req.percentiles),
+        percentile_metrics=tuple(req.percentile_metrics),
+    )
+
+
+__all__ = ["Capture", "run_benchmark_sync"]

@@ -1,0 +1,173 @@
+"""``--workers N``: drive one benchmark from N processes when one core cannot.
+
+A Python event loop tops out near one core's worth of chunks per second (see
+docs/benchmark.md). With ``--workers``, requests are dealt round-robin to N processes
+(``python -m perflab.bench.workers``, started with an argv list: unlike multiprocessing's
+spawn, this never re-imports the caller's main script), each with its own event loop, connection pool and share of
+``--max-concurrency``; they start at one common ``perf_counter()`` instant (a system-wide
+monotonic clock on Linux and macOS), keep the global arrival schedule, parse their own
+captures after the run and send back traces. The parent merges them and computes the
+metrics as for one process.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from time import perf_counter
+
+from perflab.bench.drive import Plan, drive, frozen_gc, run_in_new_loop
+from perflab.bench.trace import RequestTrace, parse_capture
+from perflab.errors import PerflabError
+
+START_LEAD_S = 0.2  # between "all workers ready" and the common start
+PROGRESS_EVERY_S = 0.25
+JOIN_TIMEOUT_S = 10.0
+READY_TIMEOUT_S = 60.0
+
+
+def _worker_main(conn: Connection) -> None:
+    """A worker process: receive its plan, wait for "go", run, parse, send traces back."""
+    try:
+        msg = conn.recv()
+        plan: Plan = msg[1]
+        prompt_lens: list[int] = msg[2]
+        keep_text: bool = msg[4]
+        from perflab.bench.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(msg[3])
+        conn.send(("ready",))
+        msg = conn.recv()
+        if msg[0] != "go":
+            return
+        start_at: float = msg[1]
+        done = 0
+        last = [0.0]
+
+        def on_done() -> None:
+            nonlocal done
+            done += 1
+            now = perf_counter()
+            if now - last[0] >= PROGRESS_EVERY_S:
+                last[0] = now
+                conn.send(("progress", done))
+
+        with frozen_gc():
+            outcome = run_in_new_loop(drive(plan, start_at=start_at, on_done=on_done))
+        conn.send(("progress", done))
+        traces = [
+            parse_capture(cap, prompt_len=plen, tokenizer=tok, keep_text=keep_text)
+            for cap, plen in zip(outcome.captures, prompt_lens, strict=True)
+        ]
+        conn.send(("done", traces, outcome.start, outcome.end, outcome.cpu_s))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the parent went away: nothing to report to
+    except BaseException as exc:  # report anything, the parent turns it into one line
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        except OSError:
+            pass
+    finally:
+        conn.close()
+
+
+def _spawn(plan: Plan, lens: list[int], tokenizer: str, keep_text: bool) -> tuple[subprocess.Popen, Connection]:
+    ours, theirs = socket.socketpair()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "perflab.bench.workers", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        theirs.close()
+    conn = Connection(ours.detach())
+    conn.send(("plan", plan, lens, tokenizer, keep_text))
+    return proc, conn
+
+
+def run_workers(
+    plans: list[Plan],
+    prompt_lens: list[list[int]],
+    tokenizer: str,
+    *,
+    keep_text: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[list[RequestTrace], float, float, float]:
+    """Run each plan in its own process; return (traces by index, start, end, CPU seconds)."""
+    procs: list[subprocess.Popen] = []
+    conns: list[Connection] = []
+    try:
+        for plan, lens in zip(plans, prompt_lens, strict=True):
+            proc, conn = _spawn(plan, lens, tokenizer, keep_text)
+            procs.append(proc)
+            conns.append(conn)
+        for conn, proc in zip(conns, procs, strict=True):
+            if not conn.poll(READY_TIMEOUT_S):
+                raise PerflabError(f"benchmark worker did not start within {READY_TIMEOUT_S:g} s")
+            msg = _recv(conn, proc)
+            if msg[0] != "ready":
+                raise PerflabError(f"benchmark worker failed to start: {msg[1]}")
+        start_at = perf_counter() + START_LEAD_S
+        for conn in conns:
+            conn.send(("go", start_at))
+        counts = [0] * len(conns)
+        results: dict[int, tuple[list[RequestTrace], float, float, float]] = {}
+        pending = {id(c): i for i, c in enumerate(conns)}
+        while pending:
+            ready = wait([conns[i] for i in pending.values()], timeout=1.0)
+            if not ready:
+                for i in pending.values():
+                    if procs[i].poll() is not None:
+                        raise PerflabError(f"benchmark worker {i} died (exit code {procs[i].returncode})")
+                continue
+            for conn in ready:
+                i = pending[id(conn)]
+                msg = _recv(conn, procs[i])  # type: ignore[arg-type]
+                if msg[0] == "progress":
+                    counts[i] = msg[1]
+                    if progress is not None:
+                        progress(sum(counts))
+                elif msg[0] == "done":
+                    results[i] = (msg[1], msg[2], msg[3], msg[4])
+                    del pending[id(conn)]
+                elif msg[0] == "error":
+                    raise PerflabError(f"benchmark worker {i} failed: {msg[1]}")
+        traces = sorted((t for r in results.values() for t in r[0]), key=lambda t: t.index)
+        runs = results.values()
+        return traces, min(r[1] for r in runs), max(r[2] for r in runs), sum(r[3] for r in runs)
+    finally:
+        for conn in conns:
+            conn.close()
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                try:
+                    proc.wait(2.0)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def _recv(conn: Connection, proc: subprocess.Popen) -> tuple:
+    try:
+        return conn.recv()
+    except (EOFError, OSError, pickle.UnpicklingError):
+        try:
+            code = proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        raise PerflabError(f"benchmark worker exited unexpectedly (exit code {code})") from None
+
+
+if __name__ == "__main__":
+    _worker_main(Connection(int(sys.argv[1])))

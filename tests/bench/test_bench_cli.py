@@ -1,0 +1,260 @@
+"""``perflab bench`` and ``run_benchmark`` against the in-test streaming server (conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+from perflab import hookimpl
+from perflab.bench import (
+    BenchRequest,
+    BenchResult,
+    available_backends,
+    run_benchmark,
+    run_benchmark_sync,
+)
+from perflab.bench.backends import run_vllm_bench_serve, vllm_bench_argv
+from perflab.cli import main
+from perflab.errors import PerflabError, UsageError
+
+from .conftest import FakeOpenAIServer
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = 0
+    try:
+        main(["bench", *args])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_block_on_simulator_like_server(fake_server: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "--base-url", fake_server.base_url, "--model", "sim", "--num-prompts", "40",
+                             "--random-input-len", "128", "--random-output-len", "16", "--max-concurrency", "8")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "============ Serving Benchmark Result ============" and lines[-1] == "=" * 50
+    assert "Successful requests:                     40" in lines
+    assert "Maximum request concurrency:             8" in lines
+    assert "Total input tokens:                      5120" in lines  # whitespace tokens, exact
+    assert "Total generated tokens:                  640" in lines
+    # what the server received: vLLM's payload, exact prompt lengths
+    body = fake_server.requests[-1]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["max_completion_tokens"] == 16 and body["temperature"] == 0.0
+    assert len(body["messages"][0]["content"].split()) == 128
+    assert fake_server.headers[-1]["x-request-id"].startswith("perflab-")
+
+
+def test_json_goodput_percentiles(fake_server: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "--base-url", fake_server.base_url, "--model", "sim", "--num-prompts", "10",
+                             "--random-input-len", "8", "--random-output-len", "4", "--goodput", "ttft:60000", "e2el:60000",
+                             "--percentiles", "50,90,95,99", "--backend", "openai", "--json")
+    assert code == 0, err
+    j = json.loads(out)
+    assert j["completed"] == 10 and j["failed"] == 0 and j["total_input_tokens"] == 80 and j["total_output_tokens"] == 40
+    assert j["request_goodput"] == pytest.approx(j["request_throughput"])  # every request meets a 60 s SLO
+    assert {"p50_ttft_ms", "p90_tpot_ms", "p95_itl_ms", "p99_e2el_ms", "max_output_tokens_per_s", "max_concurrent_requests"} <= set(j)
+    assert j["backend"] == "openai" and j["perflab"]["tokenizer"] == "whitespace" and j["perflab"]["simulated"] is True
+    assert "prompt" in fake_server.requests[-1] and fake_server.requests[-1]["max_tokens"] == 4
+
+
+def test_save_result_and_profile(fake_server: FakeOpenAIServer, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = run_cli(capsys, "--base-url", fake_server.base_url, "--model", "sim", "--profile", "throughput",
+                             "--num-prompts", "6", "--random-input-len", "16", "--random-output-len", "2",
+                             "--save-result", "--result-dir", str(tmp_path), "--label", "t")
+    assert code == 0, err
+    assert "Maximum request concurrency:             512" in out  # from the profile
+    assert "Request rate configured (RPS):           1000.00" in out
+    assert "Total input tokens:                      96" in out  # explicit options beat the profile
+    (saved,) = tmp_path.glob("t-1000.0qps-concurrency512-sim-*.json")
+    j = json.loads(saved.read_text())
+    assert j["completed"] == 6 and j["max_concurrency"] == 512 and j["request_rate"] == 1000.0
+    assert f"saved to {saved}" in err
+
+
+def test_failures_are_counted_and_reported(fake_server: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "--base-url", fake_server.base_url, "--model", "error-after-2", "--num-prompts", "3",
+                             "--random-input-len", "8", "--random-output-len", "4")
+    assert code == 1
+    assert "Failed requests:                         3" in out
+    assert "error in stream: CUDA out of memory" in err
+    assert err.strip().splitlines()[-1] == "perflab: error: all 3 requests failed: request 0: error in stream: CUDA out of memory (InternalServerError)"
+
+
+def test_unreachable_and_http_error_fail_fast(fake_server: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "--base-url", fake_server.base_url, "--model", "http-500", "--num-prompts", "3")
+    assert code == 1 and err.strip() == (
+        f"perflab: error: the test request to {fake_server.base_url}/v1/chat/completions failed: "
+        "HTTP 500 Internal Server Error: engine is dead (InternalServerError)"
+    )
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, _, err = run_cli(capsys, "--base-url", f"http://127.0.0.1:{port}", "--model", "m")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert f"the test request to http://127.0.0.1:{port}/v1/chat/completions failed: cannot connect" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--request-rate", "abc"], "--request-rate 'abc'"),
+        (["--goodput", "ttft=5"], "--goodput 'ttft=5'"),
+        (["--goodput", "itl:5"], "must be one of ttft, tpot, e2el"),
+        (["--dataset", "sharegpt"], "needs --dataset-path"),
+        (["--percentiles", "0,120"], "is not in (0, 100)"),
+        (["--random-range-ratio", "1.5"], "[0, 1)"),
+        (["--workers", "4", "--max-concurrency", "2"], "exceeds --max-concurrency"),
+        (["--profile", "nope"], "expected one of"),
+        (["--header", "novalue"], "KEY=VALUE"),
+        (["--extra-body", "[1]"], "expected a JSON object"),
+        (["--tokenizer", "/no/such/dir"], "tokenizer.json"),
+    ],
+)
+def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    code, out, err = run_cli(capsys, "--base-url", "http://127.0.0.1:9", "--model", "m", *args)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and message in err and out == ""
+
+
+def test_goodput_values_follow_the_flag_like_vllm() -> None:
+    from perflab.cli.bench_cmd import bench
+
+    ctx = bench.make_context("bench", ["--base-url", "http://x:1", "--goodput", "ttft:5", "tpot:6", "--model", "m"])
+    assert ctx.params["goodput"] == "ttft:5 tpot:6" and ctx.params["model"] == "m"
+
+
+def test_replicas_workers_and_time_scale(capsys: pytest.CaptureFixture[str]) -> None:
+    a = FakeOpenAIServer(gap_s=0.01, time_scale=10.0).start()
+    b = FakeOpenAIServer(gap_s=0.01, time_scale=10.0).start()
+    try:
+        req = BenchRequest(base_urls=(a.base_url, b.base_url + "/v1"), model="sim", num_prompts=20, random_input_len=8,
+                           random_output_len=3, request_rate=10.0, workers=2, max_concurrency=8)
+        r = run_benchmark_sync(req)
+    finally:
+        a.stop()
+        b.stop()
+    assert r.metrics["completed"] == 20 and r.metrics["total_input_tokens"] == 160
+    assert len(a.requests) == len(b.requests) == 1 + 10  # the test request + round-robin half
+    assert r.info["time_scale"] == 10.0 and r.info["workers"] == 2 and r.info["replicas"] == 2
+    # 10 req/s of simulated time: the last request leaves 20 / 10 = 2 simulated seconds in
+    assert r.metrics["duration"] >= 2.0
+    # 10 ms real between tokens is 100 ms simulated
+    assert r.metrics["mean_itl_ms"] >= 95.0
+    assert r.metrics["request_rate"] == 10.0
+
+
+def test_run_benchmark_async_api(fake_server: FakeOpenAIServer) -> None:
+    seen: list[tuple[int, int]] = []
+    req = BenchRequest(base_urls=(fake_server.base_url,), model="sim", num_prompts=12, random_input_len=4, random_output_len=2,
+                       warmup=3, http_stack="aiohttp")
+
+    async def go() -> BenchResult:
+        return await run_benchmark(req, progress=lambda done, total: seen.append((done, total)))
+
+    r = anyio.run(go)
+    assert r.metrics["completed"] == 12 and seen[-1] == (12, 12)
+    assert len(fake_server.requests) == 1 + 3 + 12  # test request, warm-up, run
+    assert r.requests[0].index == 0 and len(r.requests) == 12
+    assert "Successful requests:                     12" in r.format_block()
+
+
+# --------------------------------------------------------------------------- backends
+
+
+class _Plugin:
+    def __init__(self) -> None:
+        self.calls: list[BenchRequest] = []
+
+    @hookimpl
+    def perflab_register_bench_backends(self, register):  # type: ignore[no-untyped-def]
+        def drive(req: BenchRequest) -> BenchResult:
+            self.calls.append(req)
+            return BenchResult(metrics={"completed": req.num_prompts, "failed": 0}, info={"client": "mine"})
+
+        register("mine", drive)
+        register("perflab", drive)  # taken: ignored, noted
+
+
+def test_plugin_backend_through_the_hook() -> None:
+    from perflab.plugins import PluginManager
+
+    pm = PluginManager(entrypoints=False, builtins=False)
+    plugin = _Plugin()
+    pm.pm.register(plugin)
+    backends = available_backends(pm)
+    assert {"perflab", "vllm-bench", "mine"} <= set(backends)
+    assert any("registered twice" in e for e in pm.errors)
+    req = BenchRequest(base_urls=("http://127.0.0.1:9",), model="m", num_prompts=7)
+    r = anyio.run(lambda: run_benchmark(req, backend="mine", pm=pm))
+    assert r.metrics["completed"] == 7 and plugin.calls == [req]
+    with pytest.raises(UsageError, match="unknown"):
+        anyio.run(lambda: run_benchmark(req, backend="nope", pm=pm))
+
+
+def test_vllm_bench_argv() -> None:
+    req = BenchRequest(base_urls=("http://127.0.0.1:8000/v1",), model="Qwen/Qwen3-8B", random_input_len=128, random_output_len=4,
+                       num_prompts=1000, seed=42, max_concurrency=4, goodput=(("ttft", 500.0),), percentiles=(95, 99))
+    argv = vllm_bench_argv(req, "/tmp/out", ["vllm"])
+    joined = " ".join(argv)
+    assert argv[:3] == ["vllm", "bench", "serve"]
+    for part in ("--backend openai-chat", "--base-url http://127.0.0.1:8000", "--endpoint /v1/chat/completions",
+                 "--dataset-name random", "--random-input-len 128", "--random-output-len 4", "--num-prompts 1000",
+                 "--request-rate inf", "--seed 42", "--max-concurrency 4", "--goodput ttft:500", "--metric-percentiles 95,99",
+                 "--save-result", "--result-dir /tmp/out"):
+        assert part in joined, part
+    with pytest.raises(UsageError, match="one endpoint"):
+        vllm_bench_argv(req.replace(base_urls=("http://a:1", "http://b:1")), "/tmp", None)
+    with pytest.raises(UsageError, match="no dataset"):
+        vllm_bench_argv(req.replace(dataset="synthetic-sharegpt"), "/tmp", None)
+
+
+def test_vllm_bench_driver_reads_its_json(tmp_path: Path) -> None:
+    # A stand-in `vllm` that checks its argv like vllm bench serve's parser and writes a result.
+    fake = tmp_path / "vllm"
+    fake.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import json, sys, os
+        a = sys.argv[1:]
+        assert a[:2] == ["bench", "serve"], a
+        opt = lambda k: a[a.index(k) + 1]
+        out = os.path.join(opt("--result-dir"), opt("--result-filename"))
+        json.dump({{"date": "x", "backend": opt("--backend"), "completed": int(opt("--num-prompts")), "failed": 0,
+                   "total_input_tokens": 10, "total_output_tokens": 20, "duration": 2.0, "request_throughput": 5.0,
+                   "output_throughput": 10.0, "total_token_throughput": 15.0, "mean_ttft_ms": 12.0, "p99_ttft_ms": 30.0,
+                   "max_output_tokens_per_s": 11.0, "max_concurrent_requests": 3, "errors": ["", ""],
+                   "ttfts": [0.01, 0.02]}}, open(out, "w"))
+        print("============ Serving Benchmark Result ============")
+    """))
+    fake.chmod(0o755)
+    req = BenchRequest(base_urls=("http://127.0.0.1:8000",), model="m", num_prompts=2, time_scale=2.0)
+    r = run_vllm_bench_serve(req, env={"PATH": str(tmp_path)})
+    assert r.metrics["completed"] == 2 and "ttfts" not in r.metrics
+    assert r.metrics["mean_ttft_ms"] == 24.0 and r.metrics["duration"] == 4.0 and r.metrics["request_throughput"] == 2.5
+    assert r.info["client"] == "vllm-bench" and r.info["argv"][0] == "vllm" and r.errors == []
+    with pytest.raises(PerflabError, match="not found on PATH"):
+        run_vllm_bench_serve(req, env={"PATH": str(tmp_path / "none")})
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "vllm").write_text(f"#!{sys.executable}\nimport sys\nprint('ValueError: Unknown backend', file=sys.stderr)\nsys.exit(3)\n")
+    (broken / "vllm").chmod(0o755)
+    with pytest.raises(PerflabError, match="exited with code 3: ValueError: Unknown backend"):
+        run_vllm_bench_serve(req, env={"PATH": str(broken)})
+
+
+def test_request_validation_defaults() -> None:
+    req = BenchRequest(base_urls=("http://h:1",), model="m")
+    assert req.validate() is req and math.isinf(req.request_rate) and req.api_endpoint == "/v1/chat/completions"
+    assert req.replace(backend="openai").api_endpoint == "/v1/completions"
+    with pytest.raises(UsageError, match="base-url"):
+        BenchRequest(base_urls=("h:1",), model="m").validate()

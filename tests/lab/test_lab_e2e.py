@@ -1,0 +1,166 @@
+"""End to end on the simulator: a small study, Ctrl-C mid-study, resume, and the demo's decisions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+TAG_ENV = "PERFLAB_LAB_TEST_TAG"
+
+SMALL_PLAN = """
+name: small
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x8
+simulation: {time_scale: 50}
+engines: [vllm, sglang]
+candidates:
+  - name: Max Num Seqs
+    variants:
+      - {name: "64", set: {max_num_seqs: 64}}
+      - {name: "128", set: {max_num_seqs: 128}}
+profiles:
+  main: {label: Main, input_len: 64, output_len: 16, num_prompts: 12}
+  other: {label: Other, input_len: 256, output_len: 8, num_prompts: 8}
+timeouts: {startup_s: 60, benchmark_s: 120}
+"""
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    """Live processes started under this test (the tag is inherited through the environment)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid == os.getpid():
+                continue
+            if p.environ().get(TAG_ENV) == tag and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def _perflab(args: list[str], tag: str, cwd: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, TAG_ENV: tag, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-c", "from perflab.cli import main; main()", *args],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def _wait(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"perflab did not finish within {timeout} s:\n{out[-4000:]}")
+    return proc.returncode, out
+
+
+def _rows(db: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(db) as con:
+        return list(con.execute(sql))
+
+
+@pytest.mark.slow
+def test_sigint_mid_study_then_resume(tmp_path):
+    plan = tmp_path / "small.yaml"
+    plan.write_text(SMALL_PLAN)
+    out = tmp_path / "study"
+    db = out / "study.db"
+    tag = uuid.uuid4().hex
+    proc = _perflab(["run", str(plan), "--out", str(out), "--no-live"], tag, tmp_path)
+    try:
+        # wait (bounded) until the first configuration finished and the next one is running
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if db.exists():
+                try:
+                    states = [r[0] for r in _rows(db, "SELECT state FROM runs ORDER BY id")]
+                except sqlite3.OperationalError:
+                    states = []
+                if "done" in states and states[-1] == "running":
+                    break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the study finished before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        rc, text = _wait(proc, 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 130, text
+    assert "interrupted" in text
+    assert _tagged(tag) == [], "engine processes survived the interrupt"
+
+    finished = _rows(db, "SELECT config_key, profile_key FROM measurements m JOIN runs r ON r.id = m.run_id"
+                         " WHERE m.status = 'ok'")
+    assert finished, "nothing was measured before the interrupt"
+    states = [r[0] for r in _rows(db, "SELECT state FROM runs ORDER BY id")]
+    assert states[-1] == "interrupted" and "running" not in states
+    assert not (out / "report.md").exists()
+
+    rc, text = _wait(_perflab(["run", str(plan), "--out", str(out), "--no-live", "--json"], tag, tmp_path), 240)
+    assert rc == 0, text
+    summary = json.loads(text[text.index("{"):])
+    assert summary["complete"] and summary["measurements_reused"] >= len(finished)
+    assert _tagged(tag) == []
+
+    # nothing measured before the interrupt was measured again
+    again = _rows(db, "SELECT m.config_key, m.profile_key FROM measurements m JOIN runs r ON r.id = m.run_id"
+                      " WHERE r.session_id = 2")
+    assert again, "the resumed study measured nothing"
+    assert not set(again) & set(finished)
+    for name in ("report.md", "report.json", "chart.png", "study.log"):
+        assert (out / name).is_file(), name
+    log_lines = (out / "study.log").read_text().splitlines()
+    events = [json.loads(line)["event"] for line in log_lines]
+    assert "lab.run-interrupted" in events and events.count("lab.start") == 2
+    assert "engine.state" in events
+
+    # `perflab report` rebuilds the same report from the directory
+    rc, text = _wait(_perflab(["report", str(out), "--json"], tag, tmp_path), 60)
+    assert rc == 0, text
+    data = json.loads(text)
+    assert data["simulated"] and data["complete"]
+    assert data["optimized"]["engine"] in ("vllm", "sglang")
+
+
+@pytest.mark.slow
+def test_demo_plan_decisions(tmp_path):
+    """The demo's study makes seed 002's decisions (on fewer prompts than the demo itself)."""
+    import dataclasses
+
+    import anyio
+
+    from perflab.lab.demo import demo_plan
+    from perflab.lab.progress import StudyProgress
+    from perflab.lab.runner import run_study
+    from perflab.plugins import load
+
+    pm = load()
+    plan = demo_plan(pm.engine_names())
+    small = tuple(dataclasses.replace(p, num_prompts=max(4, p.num_prompts // 6)) for p in plan.profiles)
+    plan = dataclasses.replace(plan, profiles=small)
+    progress = StudyProgress("demo (test)", live=False, stream=open(os.devnull, "w"))
+    summary = anyio.run(lambda: run_study(pm, plan, tmp_path / "demo", progress=progress))
+    o = summary.outcome
+    assert o is not None and o.complete
+    assert o.steps[0].chosen.config.engine == "trtllm", [(e.label, e.result.summary()) for e in o.steps[0].entries]
+    quant = {e.label: e for e in o.steps[1].entries}
+    assert quant["SGLang FP8"].result.status == "unsupported"
+    assert quant["TensorRT-LLM AWQ"].result.status == "crashed"
+    assert "KeyError: 'weight'" in (quant["TensorRT-LLM AWQ"].result.cause or {}).get("line", "")
+    md = (tmp_path / "demo" / "report.md").read_text()
+    assert "KeyError: 'weight'" in md and "Not launched" in md
+    png = (tmp_path / "demo" / "chart.png").read_bytes()
+    assert png.startswith(b"\x89PNG")

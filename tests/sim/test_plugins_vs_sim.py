@@ -1,0 +1,144 @@
+"""The real plugins' launches, parsed by the simulator's front ends: every flag a plugin writes
+must be one the engine accepts, and must mean what the plugin meant.
+
+For each engine the installed plugins register, a few serving configurations are built with
+``perflab.engines.build_launch`` on a simulated machine, the launch's files are written, and
+its argv (``python -m sglang.launch_server ARGS`` for SGLang) or MindIE's config.json is parsed
+by the front end the argv names. An engine whose plugin builds no launch yet is skipped; an
+option a plugin says it cannot express (``UnsupportedOption``) is skipped for that case.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from perflab import engines, plugins
+from perflab.errors import PerflabError, UnsupportedOption
+from perflab.hardware import resolve
+from perflab.sim.config import SimEngineConfig
+from perflab.sim.frontends import frontend_for
+from perflab.sim.frontends.common import EngineExit
+from perflab.types import ServeConfig
+
+MACHINE = {"cuda": "sim:a100-80g-x8", "ascend": "sim:910b3-x8"}
+DENSE = "Qwen/Qwen3-8B"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    options: dict[str, Any]
+    expect: dict[str, Any] = field(default_factory=dict)  # SimEngineConfig field -> value
+    model: str = DENSE
+
+
+CASES = [
+    Case("baseline", {}, {"tp": 1}),
+    Case("tp", {"tp": 2}, {"tp": 2}),
+    Case("max-model-len", {"max_model_len": 8192}, {"max_model_len": 8192}),
+    Case("max-batched-tokens", {"max_batched_tokens": 4096}, {"max_batched_tokens": 4096}),
+    Case("max-num-seqs", {"max_num_seqs": 128}, {"max_num_seqs": 128}),
+    Case("prefix-caching-on", {"prefix_caching": True}, {"prefix_caching": True}),
+    Case("prefix-caching-off", {"prefix_caching": False}, {"prefix_caching": False}),
+    Case("speculative-ngram", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}}, {"spec_method": "ngram"}),
+    Case("quantization-fp8", {"quantization": "fp8"}, {"quantization": "fp8"}, model="Qwen/Qwen3-8B-FP8"),
+    Case("quantization-w8a8", {"quantization": "w8a8"}, {"quantization": "w8a8"}, model="Qwen/Qwen3-8B-W8A8"),
+    Case("mem-fraction", {"mem_fraction": 0.85}, {}),
+    Case("served-name", {"served_model_name": "qwen"}, {}),
+]
+
+
+@pytest.fixture(scope="module")
+def pm() -> plugins.PluginManager:
+    return plugins.load()
+
+
+@pytest.fixture(scope="module")
+def machines(pm: plugins.PluginManager) -> dict[str, tuple[Any, dict[str, str]]]:
+    """Each simulated machine probed once (the probes run the stand-in npu-smi / NVML)."""
+    cache: dict[str, tuple[Any, dict[str, str]]] = {}
+
+    class Lazy(dict):  # type: ignore[type-arg]
+        def __missing__(self, kind: str) -> tuple[Any, dict[str, str]]:
+            cache[kind] = resolve(pm, MACHINE[kind], base_env={"PATH": os.environ.get("PATH", "")})
+            self[kind] = cache[kind]
+            return cache[kind]
+
+    return Lazy()
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def engine_names() -> list[str]:
+    return plugins.load().engine_names()
+
+
+def parse_launch(spec: Any, env: dict[str, str]) -> SimEngineConfig:
+    module, args = frontend_for(spec.argv)
+    front = importlib.import_module(module)
+    return front.parse(args, {**env, **dict(spec.env)})
+
+
+@pytest.mark.parametrize("engine", engine_names())
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_plugin_launch_parses_in_the_simulator(
+    pm: plugins.PluginManager, machines: dict[str, tuple[Any, dict[str, str]]], engine: str, case: Case, tmp_path: Path
+) -> None:
+    info = pm.engine(engine).info
+    kind = "ascend" if "ascend" in info.accelerators else "cuda"
+    snapshot, env = machines[kind]
+    version = engines.engine_version(pm, engine, env)
+    port = free_ports(1)[0]
+    config = ServeConfig(model=case.model, host="127.0.0.1", port=port, **case.options)
+    if engine == "mindie" and case.model == DENSE and case.name == "tp":
+        config = config.replace(model="Qwen/Qwen3-14B")
+    problems = [u for u in engines.check_support(pm, engine, config, snapshot, version) if u.severity == "error"]
+    if problems:
+        pytest.skip(f"{engine} reports {case.name} unsupported: {problems[0].what}: {problems[0].why}")
+    try:
+        spec = engines.build_launch(pm, engine, config, snapshot, tmp_path, version)
+    except UnsupportedOption as exc:
+        pytest.skip(f"{engine} cannot express {case.name}: {exc}")
+    except PerflabError as exc:
+        if "built no launch" in str(exc):
+            pytest.skip(f"{engine}: plugin builds no launch yet")
+        raise
+    for f in spec.files:
+        path = Path(f.path) if os.path.isabs(f.path) else tmp_path / f.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f.content)
+        path.chmod(f.mode)
+    try:
+        cfg = parse_launch(spec, env)
+    except EngineExit as exc:
+        pytest.fail(f"the simulated {engine} refuses the plugin's launch {list(spec.argv)} (exit {exc.code}):\n{exc.stdout}{exc.stderr}")
+    assert cfg.fail_lines == (), f"{engine} would crash: {cfg.fail_lines[-1:]}"
+    assert cfg.port == spec.port
+    assert spec.served_model_name in cfg.served_model_names
+    for key, value in case.expect.items():
+        assert getattr(cfg, key) == value, f"{engine} {case.name}: {key} is {getattr(cfg, key)!r}, expected {value!r}"
+    if "mem_fraction" in case.options and engine in ("vllm", "vllm-ascend", "sglang"):
+        assert cfg.mem_fraction == case.options["mem_fraction"]
+    if "speculative_config" in case.options:
+        assert cfg.spec_tokens == 4
+
+
+def test_every_engine_plugin_is_covered(pm: plugins.PluginManager) -> None:
+    """The five engines the design names are all registered, so the matrix above is complete."""
+    assert {"vllm", "vllm-ascend", "sglang", "trtllm", "mindie"} <= set(pm.engine_names())

@@ -1,0 +1,411 @@
+"""The simulated engine runtime, run as a real process: HTTP API, workers, signals, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from perflab.sim import state
+from perflab.sim.nvml import NvmlShim
+
+MACHINE = "a100-80g-x8"
+READY = "INFO:     Application startup complete."
+STARTUP = "INFO:     simulated engine starting"
+SHUTDOWN = "INFO:     Shutting down"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Engine:
+    proc: subprocess.Popen[bytes]
+    port: int
+    env: dict[str, str]
+    out: list[str] = field(default_factory=list)
+    err: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def read_until(self, needle: str, timeout: float = 10.0, stream: str = "out") -> bool:
+        """Collect output until a line containing ``needle`` appears in ``stream`` (or EOF/timeout)."""
+        sel = selectors.DefaultSelector()
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        sel.register(self.proc.stdout, selectors.EVENT_READ, self.out)
+        sel.register(self.proc.stderr, selectors.EVENT_READ, self.err)
+        deadline = time.monotonic() + timeout
+        target = self.out if stream == "out" else self.err
+        try:
+            while not any(needle in line for line in target):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                events = sel.select(left)
+                if not events:
+                    return False
+                eof = 0
+                for key, _ in events:
+                    line = key.fileobj.readline()  # type: ignore[union-attr]
+                    if line:
+                        key.data.append(line.decode().rstrip("\n"))
+                    else:
+                        eof += 1
+                if eof == len(events) and self.proc.poll() is not None:
+                    return any(needle in line for line in target)
+            return True
+        finally:
+            sel.close()
+
+    def finish(self, timeout: float = 5.0) -> int:
+        code = self.proc.wait(timeout=timeout)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.out += self.proc.stdout.read().decode().splitlines()
+        self.err += self.proc.stderr.read().decode().splitlines()
+        return code
+
+
+@pytest.fixture
+def sim_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "PERFLAB_SIM_HARDWARE": MACHINE,
+            "PERFLAB_SIM_STATE_DIR": str(tmp_path / "state"),
+            "PERFLAB_SIM_TIME_SCALE": "20",
+        }
+    )
+    env.pop("PERFLAB_SIM_FAULT", None)
+    return env
+
+
+@contextmanager
+def engine(env: dict[str, str], fault: str | None = None, **cfg: object) -> Iterator[Engine]:
+    port = int(cfg.pop("port", 0)) or free_port()  # type: ignore[call-overload]
+    config = {
+        "engine": "vllm",
+        "engine_version": "0.11.0",
+        "model": "Qwen/Qwen3-8B",
+        "served_model_names": ["Qwen/Qwen3-8B"],
+        "host": "127.0.0.1",
+        "port": port,
+        "startup_lines": [STARTUP],
+        "ready_lines": [READY],
+        "shutdown_lines": [SHUTDOWN],
+        "load_time_s": 0.05,
+        **cfg,
+    }
+    run_env = dict(env)
+    if fault:
+        run_env["PERFLAB_SIM_FAULT"] = fault
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perflab.sim.runtime", json.dumps(config)],
+        env=run_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        yield Engine(proc, port, run_env)
+    finally:
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe:
+                pipe.close()
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        with suppress(psutil.Error):
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+    return found
+
+
+def used_mib(env: dict[str, str], device: int = 0) -> int:
+    nvml = NvmlShim(env)
+    nvml.nvmlInit()
+    try:
+        return int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(device)).used) // 2**20
+    finally:
+        nvml.nvmlShutdown()
+
+
+def stream_chat(url: str, words: int, max_tokens: int, **extra: object) -> tuple[list[dict], httpx.Headers]:
+    body = {
+        "model": "Qwen/Qwen3-8B",
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": " ".join(["w"] * words)}],
+        "max_completion_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **extra,
+    }
+    events: list[dict] = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=10) as r:
+        assert r.status_code == 200
+        headers = r.headers
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    for line in lines[:-1]:
+        assert line.startswith("data: ")
+        events.append(json.loads(line[6:]))
+    return events, headers
+
+
+# serving -----------------------------------------------------------------------------------
+
+
+def test_streams_chat_with_usage_and_stops_cleanly_on_sigterm(sim_env: dict[str, str]) -> None:
+    with engine(sim_env) as e:
+        assert e.read_until(READY)
+        assert e.out.index(STARTUP) < e.out.index(READY)
+        assert httpx.get(f"{e.url}/health").status_code == 200
+        events, headers = stream_chat(e.url, words=30, max_tokens=12, ignore_eos=True)
+        assert headers["x-perflab-sim-time-scale"] == "20"
+        content = "".join(ev["choices"][0]["delta"].get("content", "") for ev in events if ev["choices"])
+        assert len(content.split()) == 12
+        assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert all(ev["system_fingerprint"] == "perflab-sim" for ev in events)
+        finals = [ev["choices"][0]["finish_reason"] for ev in events if ev["choices"]]
+        assert finals[-1] == "length" and set(finals[:-1]) == {None}
+        usage = events[-1]["usage"]
+        assert events[-1]["choices"] == []
+        # 2 words of system prompt + 30 of user prompt, whitespace tokenization
+        assert usage == {"prompt_tokens": 32, "completion_tokens": 12, "total_tokens": 44}
+        models = httpx.get(f"{e.url}/v1/models").json()
+        assert [m["id"] for m in models["data"]] == ["Qwen/Qwen3-8B"]
+        assert used_mib(e.env) > 60000  # 0.9 x 80 GiB held by the engine
+        os.kill(e.proc.pid, signal.SIGTERM)
+        assert e.finish(timeout=3) == 0
+        assert SHUTDOWN in e.out
+        assert used_mib(e.env) == 4  # back to the idle baseline
+
+
+def test_completions_non_streaming_and_token_limits(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, max_model_len=64) as e:
+        assert e.read_until(READY)
+        r = httpx.post(f"{e.url}/v1/completions", json={"model": "Qwen/Qwen3-8B", "prompt": "one two three"})
+        body = r.json()
+        assert r.status_code == 200
+        assert body["usage"]["prompt_tokens"] == 3
+        assert body["usage"]["completion_tokens"] == len(body["choices"][0]["text"].split()) <= 16  # vLLM default
+        r = httpx.post(
+            f"{e.url}/v1/completions",
+            json={"model": "Qwen/Qwen3-8B", "prompt": "x " * 10, "max_tokens": 7, "ignore_eos": True},
+        )
+        assert r.json()["usage"]["completion_tokens"] == 7
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+        too_long = httpx.post(f"{e.url}/v1/completions", json={"model": "Qwen/Qwen3-8B", "prompt": "x " * 64})
+        assert too_long.status_code == 400
+        assert too_long.json()["error"]["message"] == (
+            "This model's maximum context length is 64 tokens. However, your request has 64 input tokens. "
+            "Please reduce the length of the input messages."
+        )
+        too_many = httpx.post(
+            f"{e.url}/v1/completions", json={"model": "Qwen/Qwen3-8B", "prompt": "x " * 60, "max_tokens": 10}
+        )
+        assert too_many.status_code == 400 and "'max_tokens' or 'max_completion_tokens' is too large" in too_many.text
+        wrong = httpx.post(f"{e.url}/v1/chat/completions", json={"model": "other", "messages": []})
+        assert wrong.status_code == 404 and wrong.json()["error"]["message"] == "The model `other` does not exist."
+
+
+def test_speculative_decoding_sends_multi_token_chunks(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, spec_method="mtp", spec_tokens=3, spec_acceptance=1.0) as e:
+        assert e.read_until(READY)
+        events, _ = stream_chat(e.url, words=5, max_tokens=13, ignore_eos=True)
+        sizes = [len(ev["choices"][0]["delta"].get("content", "").split()) for ev in events if ev["choices"]]
+        sizes = [s for s in sizes if s]
+        assert sum(sizes) == 13
+        assert sizes[0] == 1 and max(sizes) == 4  # first token from prefill, then 1 + 3 accepted drafts
+
+
+def test_workers_hold_memory_and_outlive_a_killed_server(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, tp=2, workers=2, worker_title="VllmWorker TP{rank}") as e:
+        assert e.read_until(READY)
+        members = group_members(e.proc.pid)
+        workers = [p for p in members if p.pid != e.proc.pid]
+        assert sorted(p.cmdline()[0] for p in workers) == ["VllmWorker TP0", "VllmWorker TP1"]
+        held = {h.pid: h.devices for h in state.holders(Path(e.env["PERFLAB_SIM_STATE_DIR"]))}
+        assert sorted(held.values()) == [(0,), (1,)]
+        assert set(held) == {p.pid for p in workers}
+        os.kill(e.proc.pid, signal.SIGKILL)  # the server alone, as a careless teardown would
+        e.proc.wait(timeout=5)
+        assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
+        assert used_mib(e.env, 0) > 60000 and used_mib(e.env, 1) > 60000  # leaked workers keep it
+        os.killpg(e.proc.pid, signal.SIGKILL)
+        psutil.wait_procs(workers, timeout=5)
+        assert used_mib(e.env, 0) == 4 and used_mib(e.env, 1) == 4
+
+
+def test_sigterm_stops_workers_too(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, tp=2, workers=2) as e:
+        assert e.read_until(READY)
+        workers = [p for p in group_members(e.proc.pid) if p.pid != e.proc.pid]
+        assert len(workers) == 2
+        e.proc.send_signal(signal.SIGINT)
+        assert e.finish(timeout=3) == 0
+        gone, alive = psutil.wait_procs(workers, timeout=3)
+        assert not alive
+
+
+def test_second_engine_on_busy_device_fails_like_vllm(sim_env: dict[str, str]) -> None:
+    with engine(sim_env) as first:
+        assert first.read_until(READY)
+        with engine(sim_env) as second:
+            assert second.finish() == 1
+            assert any("Free memory on device" in line for line in second.err)
+            assert READY not in second.out
+
+
+def test_unknown_model_prints_hugging_face_error(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, model="nobody/NoSuchModel-7B", served_model_names=["x"]) as e:
+        assert e.finish() == 1
+        assert any("is not a valid model identifier" in line for line in e.err)
+
+
+def test_weights_that_do_not_fit_fail_at_load(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, model="Qwen/Qwen3-235B-A22B", served_model_names=["x"]) as e:
+        assert e.finish() == 1
+        assert any("out of memory" in line for line in e.err)
+
+
+def test_front_end_failure_lines(sim_env: dict[str, str]) -> None:
+    lines = ["Traceback (most recent call last):", "RuntimeError: Unsupported SM version for FP8 block scaling GEMM"]
+    with engine(sim_env, fail_lines=lines, fail_exit_code=3, fail_after_s=0.05) as e:
+        assert e.finish() == 3
+        assert e.err[-2:] == lines
+        assert READY not in e.out
+
+
+def test_bind_before_load_answers_503_until_loaded_and_extra_port_health(sim_env: dict[str, str]) -> None:
+    mgmt = free_port()
+    extra = {"bind_before_load": True, "health_paths_by_port": {str(mgmt): ["/v2/health/ready"]}}
+    with engine(sim_env, load_time_s=30.0, extra_ports=[mgmt], health_paths=["/health"], extra=extra) as e:
+        assert e.read_until(STARTUP)
+        status = None
+        deadline = time.monotonic() + 10
+        while status is None and time.monotonic() < deadline:
+            with suppress(httpx.TransportError):
+                status = httpx.get(f"{e.url}/health", timeout=1).status_code
+        assert status == 503
+        assert httpx.get(f"http://127.0.0.1:{mgmt}/v2/health/ready").status_code == 503
+        assert httpx.get(f"http://127.0.0.1:{mgmt}/v1/models").status_code == 404
+        os.kill(e.proc.pid, signal.SIGTERM)  # while still loading
+        assert e.finish(timeout=3) == 0
+
+
+# faults ------------------------------------------------------------------------------------
+
+
+def test_fault_crash_at_start(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, fault="crash-at-start") as e:
+        assert e.finish() == 1
+        assert e.err and READY not in e.out
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{e.url}/health")
+
+
+def test_fault_crash_after_requests(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, fault="crash-after:2") as e:
+        assert e.read_until(READY)
+        for _ in range(2):
+            stream_chat(e.url, words=3, max_tokens=2, ignore_eos=True)
+        assert e.finish() == 1
+        assert any("EngineCore encountered a fatal error" in line for line in e.err)
+
+
+def test_fault_hang_after_requests(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, fault="hang-after:1") as e:
+        assert e.read_until(READY)
+        stream_chat(e.url, words=3, max_tokens=2, ignore_eos=True)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                f"{e.url}/v1/completions",
+                json={"model": "Qwen/Qwen3-8B", "prompt": "hi", "max_tokens": 2},
+                timeout=0.5,
+            )
+        assert httpx.get(f"{e.url}/health").status_code == 200  # the process and port stay up
+        assert e.proc.poll() is None
+
+
+def test_fault_slow_start(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, fault="slow-start:0.6") as e:
+        assert e.read_until(STARTUP)
+        started = time.monotonic()
+        assert e.read_until(READY)
+        assert time.monotonic() - started >= 0.6
+
+
+@pytest.mark.parametrize("fault", ["bind-fail", "ready-then-bind-fail"])
+def test_fault_bind_fail(sim_env: dict[str, str], fault: str) -> None:
+    with engine(sim_env, fault=fault) as e:
+        assert e.finish() == 1
+        assert any("[Errno 98]" in line and "address already in use" in line for line in e.err)
+        assert (READY in e.out) == (fault == "ready-then-bind-fail")
+
+
+def test_real_port_conflict_fails_like_uvicorn(sim_env: dict[str, str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with engine(sim_env, port=taken.getsockname()[1]) as e:
+            assert e.finish() == 1
+            assert any("error while attempting to bind on address" in line for line in e.err)
+
+
+def test_fault_ignore_sigterm_engine_and_workers(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, fault="ignore-sigterm", tp=2, workers=2) as e:
+        assert e.read_until(READY)
+        workers = [p for p in group_members(e.proc.pid) if p.pid != e.proc.pid]
+        os.killpg(e.proc.pid, signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):
+            e.proc.wait(timeout=0.5)
+        gone, alive = psutil.wait_procs(workers, timeout=0.3)
+        assert len(alive) == 2
+        os.killpg(e.proc.pid, signal.SIGKILL)
+        assert e.proc.wait(timeout=3) == -signal.SIGKILL
+
+
+def test_fault_health_lies(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, fault="health-lies") as e:
+        assert e.read_until(READY)
+        assert httpx.get(f"{e.url}/health").status_code == 200
+        r = httpx.post(f"{e.url}/v1/completions", json={"model": "Qwen/Qwen3-8B", "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 500
+
+
+def test_fault_orphan_workers(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, fault="orphan-workers", tp=2, workers=2) as e:
+        assert e.read_until(READY)
+        workers = [p for p in group_members(e.proc.pid) if p.pid != e.proc.pid]
+        os.kill(e.proc.pid, signal.SIGTERM)
+        assert e.finish(timeout=3) == 0
+        assert all(p.is_running() for p in workers)
+        assert used_mib(e.env, 0) > 60000
+
+
+def test_unknown_fault_is_an_error(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, fault="explode") as e:
+        assert e.finish() == 2
+        assert any("unknown PERFLAB_SIM_FAULT fault 'explode'" in line for line in e.err)
