@@ -261,7 +261,7 @@ def _sim_ready() -> bool:
         return False
 
 
-sim = pytest.mark.skipif(not _sim_ready(), reason="perflab.sim.activate and the engine plugins are not available yet")
+sim = pytest.mark.skipif(not _sim_ready(), reason="perflab.sim.activate and the engine plugins are not available")
 SIM_HW = "sim:a100-80g-x8"
 SIM_SPEED = {"PERFLAB_SIM_TIME_SCALE": "20"}  # simulated time runs 20x faster than real time
 
@@ -374,8 +374,8 @@ FAULTS = {
     "crash-after:3": ("crashed", 60.0, 3),  # the readiness generation is the first
     "bind-fail": ("crashed", 60.0, 0),
     "ready-then-bind-fail": ("crashed", 60.0, 0),
-    "slow-start:600": ("timeout", 3.0, 0),
-    "health-lies": ("timeout", 3.0, 0),
+    "slow-start:600": ("timeout", 2.0, 0),
+    "health-lies": ("timeout", 2.0, 0),
     "hang-after:1": ("done", 60.0, 1),  # ready, then the scheduler hangs: requests time out
     "ignore-sigterm": ("done", 60.0, 0),
     "orphan-workers": ("done", 60.0, 0),
@@ -410,7 +410,7 @@ def test_sim_fault_is_named_detected_fast_and_cleaned_up(tmp_path: Path, fault: 
                         try:
                             await c.post(inst.base_url + "/v1/completions",
                                          json={"model": inst.launch.served_model_name, "prompt": "hi", "max_tokens": 4},
-                                         timeout=3)
+                                         timeout=1.5)
                         except httpx.HTTPError as exc:
                             errors.append(type(exc).__name__)
                             break

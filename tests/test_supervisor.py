@@ -58,8 +58,10 @@ def mode(name):
             return m.partition(":")[2] or True
     return None
 
-def say(*a):
-    print(*a, flush=True)
+def say(line):
+    # One write per line: with unbuffered stdout (PYTHONUNBUFFERED, -u) print() writes the
+    # text and the newline separately, and lines of processes sharing the pipe interleave.
+    os.write(1, (line + "\n").encode())
 
 def die(code, line):
     say(line)
@@ -70,7 +72,7 @@ def sleeper(ignore_term, new_session, tag):
     code = ("import os, signal, time\n"
             + ("os.setsid()\n" if new_session else "")
             + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else "")
-            + f"print('{tag}', os.getpid(), flush=True)\n"
+            + f"os.write(1, b'{tag} %d\\n' % os.getpid())\n"
             + "time.sleep(60)\n")
     return subprocess.Popen([sys.executable, "-c", code])
 
@@ -675,3 +677,70 @@ async def test_kill_all_now_is_the_synchronous_last_resort(fake: Fake) -> None:
             while marked_alive(inst):
                 await anyio.sleep(0.02)
     assert_clean(inst)
+
+
+ABANDONING_SCRIPT = r"""
+import sys, anyio
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from test_supervisor import Fake
+fake = Fake(Path({tmp!r}))
+async def main():
+    inst = fake.supervise("ignore-sigterm")
+    await inst.__aenter__()
+    print("MARKER", inst.marker, inst.outcome.state, flush=True)
+    # returns without __aexit__: only the atexit last resort can stop the engine now
+anyio.run(main)
+"""
+
+
+def test_atexit_last_resort_kills_an_engine_left_running(tmp_path: Path) -> None:
+    import subprocess
+
+    code = ABANDONING_SCRIPT.format(tests=str(Path(__file__).parent), tmp=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    m = re.search(r"^MARKER (\w+) (\S+)$", done.stdout, re.M)
+    assert m and m.group(2) == "ready", done.stdout + done.stderr
+    leftovers = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("PERFLAB_INSTANCE") == m.group(1) and p.status() != psutil.STATUS_ZOMBIE:
+                leftovers.append(p)
+        except (psutil.Error, OSError):
+            continue
+    for p in leftovers:
+        p.kill()
+    assert leftovers == []
+
+
+def test_install_signal_handlers_makes_sigterm_act_like_ctrl_c() -> None:
+    import subprocess
+
+    code = ("import os, signal, time\n"
+            "from perflab.supervisor import install_signal_handlers\n"
+            "install_signal_handlers()\n"
+            "try:\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(10)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert done.stdout.strip() == "interrupted", done.stderr
+
+
+@pytest.mark.anyio
+async def test_errors_propagate_unwrapped_after_teardown(fake: Fake) -> None:
+    from perflab.errors import UsageError
+
+    with pytest.raises(KeyError, match="from the body"):  # not an ExceptionGroup
+        async with signal_guard(signals=(signal.SIGUSR1,)):
+            async with fake.supervise() as inst:
+                assert inst.outcome.state == "ready"
+                raise KeyError("from the body")
+    assert inst.outcome.state == "done"
+    assert_clean(inst)
+    bad = supervise(fake.pm, "nope", ServeConfig(model="m"), hardware=fake.hardware, env=fake.env,
+                    workdir=fake.tmp / "nope")
+    with pytest.raises(UsageError, match="unknown engine 'nope'"):
+        async with bad:
+            pytest.fail("must not enter")

@@ -29,7 +29,6 @@ import secrets
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -237,37 +236,43 @@ class EngineInstance:
         self._baseline: HardwareSnapshot | None = None
         self._bg_scopes: list[tuple[anyio.CancelScope, anyio.Event]] = []
         self._tg: anyio.abc.TaskGroup | None = None
-        self._stack: AsyncExitStack | None = None
         self._teardown_started = False
         self._teardown_done = anyio.Event()
 
     # ================================================================ context manager
 
     async def __aenter__(self) -> EngineInstance:
-        async with AsyncExitStack() as stack:
-            self._tg = await stack.enter_async_context(anyio.create_task_group())
-            stack.push_async_callback(self._close)
-            try:
-                await self._start()
-            except anyio.get_cancelled_exc_class():
-                self.outcome.interrupted = True
-                raise
-            self._stack = stack.pop_all()
+        # The helper tasks (output pump, exit watcher, tree tracker) live in a task group
+        # that spans the caller's body. Exceptions are kept out of it so that the caller
+        # gets them unwrapped (a task group would turn them into an ExceptionGroup).
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            await self._start()
+        except BaseException as exc:
+            await self._close(exc)
+            raise
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
-        if exc is not None and isinstance(exc, anyio.get_cancelled_exc_class()):
-            self.outcome.interrupted = True
-        assert self._stack is not None
-        return await self._stack.__aexit__(exc_type, exc, tb)
+        return await self._close(exc)
 
-    async def _close(self) -> None:
+    async def _close(self, exc: BaseException | None) -> bool | None:
+        """Tear down (shielded), stop the helper tasks, leave the task group."""
+        cancelled = exc is not None and isinstance(exc, anyio.get_cancelled_exc_class())
+        if cancelled:
+            self.outcome.interrupted = True
         with anyio.CancelScope(shield=True):
             await self.teardown()
-        if self._tg is not None:
-            self._tg.cancel_scope.cancel()
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        if cancelled:
+            assert exc is not None
+            return await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
+        await self._tg.__aexit__(None, None, None)
+        return None  # any exception of the body propagates as it is
 
     @property
     def pid(self) -> int | None:
@@ -387,7 +392,9 @@ class EngineInstance:
             "version": self.outcome.version,
             "warnings": list(spec.warnings),
         }
-        (self.workdir / "launch.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        # Beside a non-default log name (replicas sharing a run directory), its own record.
+        name = "launch.json" if self.log_name == "engine.log" else f"{Path(self.log_name).stem}.launch.json"
+        (self.workdir / name).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
     def _env_additions(self, spec: LaunchSpec) -> dict[str, str]:
         # extra_env is merged too, so an option is never lost if a plugin forgets it; the

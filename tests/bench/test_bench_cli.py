@@ -258,3 +258,24 @@ def test_request_validation_defaults() -> None:
     assert req.replace(backend="openai").api_endpoint == "/v1/completions"
     with pytest.raises(UsageError, match="base-url"):
         BenchRequest(base_urls=("h:1",), model="m").validate()
+
+
+def test_captures_outgrowing_their_budget_are_parsed_early(fake_server: FakeOpenAIServer) -> None:
+    from perflab.bench.client import make_target, prepare
+    from perflab.bench.drive import Plan, compact_with, drive, run_in_new_loop
+    from perflab.bench.tokenizer import WhitespaceTokenizer
+    from perflab.bench.trace import parse_capture
+
+    target = make_target(fake_server.base_url, "/v1/completions")
+    prepared = [prepare(i, target, {"model": "sim", "prompt": "a b c", "max_tokens": 5, "stream": True,
+                                    "stream_options": {"include_usage": True}}, [], None) for i in range(6)]
+
+    def parse(cap):  # type: ignore[no-untyped-def]
+        return parse_capture(cap, prompt_len=3, tokenizer=WhitespaceTokenizer())
+
+    plan = Plan(prepared, [0.0] * 6, 2, "raw", 10.0, capture_budget=0)
+    outcome = run_in_new_loop(drive(plan, compact=compact_with(parse)))
+    early = [c for c in outcome.captures if c.trace is not None]
+    assert len(early) == 5 and all(c.reads == [] for c in early)  # the first fills the budget
+    traces = [c.trace or parse(c) for c in outcome.captures]
+    assert all(t.success and t.output_tokens == 5 and len(t.chunk_times) == 5 for t in traces)

@@ -101,13 +101,16 @@ profiles:
 class FakeExecutor:
     """Stands in for perflab.lab.executor.Executor: records calls, invents throughput."""
 
-    def __init__(self, stop_after: int | None = None) -> None:
+    def __init__(self, stop_after: int | None = None, broken: str | None = None) -> None:
         self.calls: list[tuple[str, dict, tuple[str, ...]]] = []
         self.stop_after = stop_after
+        self.broken = broken
 
     async def run(self, config, profiles, run_dir, *, label=""):
         if self.stop_after is not None and len(self.calls) >= self.stop_after:
             raise KeyboardInterrupt  # what Ctrl-C looks like to the measure wrapper
+        if config.engine == self.broken:
+            raise RuntimeError("plugin bug")
         self.calls.append((config.engine, dict(config.options), tuple(p.name for p in profiles)))
         tps = {"vllm": 100.0, "sglang": 90.0}[config.engine] + config.options.get("max_num_seqs", 0) / 100
         return RunRecord("done", measurements={
@@ -118,6 +121,7 @@ class FakeExecutor:
 class _Log:
     def info(self, *a, **k): ...
     def warning(self, *a, **k): ...
+    def exception(self, *a, **k): ...
 
 
 def _study(tmp_path, executor):
@@ -171,3 +175,10 @@ def test_store_measure_reports_pending_for_missing(tmp_path):
     store.close()
     assert not o.complete and o.optimized is None
     assert all(e.result.status == PENDING for e in o.steps[0].entries)
+
+
+def test_an_executor_error_is_recorded_and_the_study_goes_on(tmp_path):
+    outcome, _ = _study(tmp_path, FakeExecutor(broken="sglang"))
+    sglang = outcome.steps[0].entries[1]
+    assert sglang.result.status == "failed" and sglang.result.error == "RuntimeError: plugin bug"
+    assert outcome.complete and outcome.optimized.config.options["max_num_seqs"] == 512

@@ -47,7 +47,7 @@ def test_seed_002_decisions(seed_002, seed_measure):
 
 def test_seed_002_conclusion_percentages(seed_002, seed_measure):
     """The conclusion table's changes, recomputed from the seed's records (seed_summaries.json)."""
-    from conftest import seed_summaries
+    from seedkit import seed_summaries
 
     text, key = seed_002
     o = _run(load_plan_text(text), seed_measure(key))

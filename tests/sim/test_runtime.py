@@ -41,45 +41,49 @@ class Engine:
     env: dict[str, str]
     out: list[str] = field(default_factory=list)
     err: list[str] = field(default_factory=list)
+    _eof: set[int] = field(default_factory=set)
+    _partial: dict[int, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def read_until(self, needle: str, timeout: float = 10.0, stream: str = "out") -> bool:
-        """Collect output until a line containing ``needle`` appears in ``stream`` (or EOF/timeout)."""
-        sel = selectors.DefaultSelector()
+        """Collect output until a line containing ``needle`` appears in ``stream``; False at
+        timeout or when both pipes reach EOF without it."""
         assert self.proc.stdout is not None and self.proc.stderr is not None
-        sel.register(self.proc.stdout, selectors.EVENT_READ, self.out)
-        sel.register(self.proc.stderr, selectors.EVENT_READ, self.err)
-        deadline = time.monotonic() + timeout
         target = self.out if stream == "out" else self.err
+        sel = selectors.DefaultSelector()
+        for pipe, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
+            if not pipe.closed and pipe.fileno() not in self._eof:
+                sel.register(pipe.fileno(), selectors.EVENT_READ, lines)
+        deadline = time.monotonic() + timeout
         try:
             while not any(needle in line for line in target):
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or not sel.get_map():
                     return False
-                events = sel.select(left)
-                if not events:
-                    return False
-                eof = 0
-                for key, _ in events:
-                    line = key.fileobj.readline()  # type: ignore[union-attr]
-                    if line:
-                        key.data.append(line.decode().rstrip("\n"))
-                    else:
-                        eof += 1
-                if eof == len(events) and self.proc.poll() is not None:
-                    return any(needle in line for line in target)
+                for key, _ in sel.select(left):
+                    fd = int(key.fd)
+                    data = os.read(fd, 65536)
+                    if not data:
+                        self._eof.add(fd)
+                        sel.unregister(fd)
+                        continue
+                    text = self._partial.pop(fd, "") + data.decode()
+                    *complete, rest = text.split("\n")
+                    key.data.extend(complete)
+                    if rest:
+                        self._partial[fd] = rest
             return True
         finally:
             sel.close()
 
     def finish(self, timeout: float = 5.0) -> int:
+        """Wait for the server to exit and collect what it printed (orphaned workers may keep
+        the pipes open, so read only what is there, never to EOF)."""
         code = self.proc.wait(timeout=timeout)
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        self.out += self.proc.stdout.read().decode().splitlines()
-        self.err += self.proc.stderr.read().decode().splitlines()
+        self.read_until("\0never printed\0", timeout=0.2)
         return code
 
 
@@ -409,3 +413,14 @@ def test_unknown_fault_is_an_error(sim_env: dict[str, str]) -> None:
     with engine(sim_env, fault="explode") as e:
         assert e.finish() == 2
         assert any("unknown PERFLAB_SIM_FAULT fault 'explode'" in line for line in e.err)
+
+
+def test_visible_devices_data_parallel_and_stats_lines(sim_env: dict[str, str]) -> None:
+    stats = "INFO [loggers.py] Avg prompt throughput: {prompt_tps:.1f} tokens/s, Running: {running} reqs"
+    with engine(sim_env, devices=[4, 5], dp=2, extra={"stats_line": stats, "stats_interval_s": 0.2}) as e:
+        assert e.read_until(READY)
+        assert [used_mib(e.env, d) > 60000 for d in (0, 4, 5)] == [False, True, True]
+        stream_chat(e.url, words=50, max_tokens=40, ignore_eos=True)
+        assert e.read_until("Avg prompt throughput:")
+        line = next(line for line in e.out if "Avg prompt throughput:" in line)
+        assert float(line.split("throughput: ")[1].split(" ")[0]) > 0

@@ -15,7 +15,7 @@ from time import perf_counter, process_time
 from typing import Any, TypeVar
 
 from perflab.bench.client import Prepared, make_client
-from perflab.bench.trace import Capture
+from perflab.bench.trace import Capture, RequestTrace
 
 T = TypeVar("T")
 
@@ -29,6 +29,7 @@ class Plan:
     max_concurrency: int | None
     http_stack: str
     timeout: float | None
+    capture_budget: int = 1 << 30  # raw bytes kept per process before captures are parsed early
 
 
 @dataclass
@@ -39,24 +40,40 @@ class Outcome:
     cpu_s: float = 0.0  # this process' CPU time during the run
 
 
-async def drive(plan: Plan, *, start_at: float | None = None, on_done: Callable[[], None] | None = None) -> Outcome:
+async def drive(
+    plan: Plan,
+    *,
+    start_at: float | None = None,
+    on_done: Callable[[], None] | None = None,
+    compact: Callable[[Capture], None] | None = None,
+) -> Outcome:
     """Send every request of ``plan``; return the raw captures.
 
     :param start_at: ``perf_counter()`` time to start at (worker processes share one);
         ``None``: now.
     :param on_done: called after each response (progress), in the event loop.
+    :param compact: once the raw bytes held exceed ``plan.capture_budget``, called on each
+        finished capture to parse it now and drop its bytes (long generation-heavy runs
+        would otherwise hold every streamed byte until the end).
     """
     client = make_client(plan.http_stack, plan.timeout)
     sem = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
     captures = [Capture(p.index) for p in plan.prepared]
     send = client.send
+    held = 0
 
     async def one(p: Prepared, cap: Capture) -> None:
+        nonlocal held
         if sem is None:
             await send(p, cap)
         else:
             async with sem:
                 await send(p, cap)
+        if compact is not None:
+            if held > plan.capture_budget:
+                compact(cap)
+            else:
+                held += sum(len(piece) for _, piece in cap.reads)
         if on_done is not None:
             on_done()
 
@@ -80,6 +97,16 @@ async def drive(plan: Plan, *, start_at: float | None = None, on_done: Callable[
     finally:
         await client.close()
     return Outcome(captures, start, end, cpu)
+
+
+def compact_with(parse: Callable[[Capture], RequestTrace]) -> Callable[[Capture], None]:
+    """A ``compact`` for :func:`drive`: parse the capture now, keep the trace, drop the bytes."""
+
+    def compact(cap: Capture) -> None:
+        cap.trace = parse(cap)
+        cap.reads = []
+
+    return compact
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -127,6 +154,7 @@ def split_plan(plan: Plan, workers: int) -> list[Plan]:
                 max_concurrency=conc,
                 http_stack=plan.http_stack,
                 timeout=plan.timeout,
+                capture_budget=plan.capture_budget,
             )
         )
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from perflab.errors import UsageError
@@ -237,7 +237,6 @@ __all__ = [
     "DATASETS",
     "DEFAULT_ENDPOINTS",
     "BenchRequest",
-    "field",
     "frozen_pairs",
     "parse_goodput",
     "parse_percentile_metrics",

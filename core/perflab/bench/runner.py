@@ -31,7 +31,14 @@ from perflab.bench.client import (
     request_headers,
 )
 from perflab.bench.datasets import Sample, build_samples
-from perflab.bench.drive import Plan, drive, frozen_gc, run_in_new_loop, split_plan
+from perflab.bench.drive import (
+    Plan,
+    compact_with,
+    drive,
+    frozen_gc,
+    run_in_new_loop,
+    split_plan,
+)
 from perflab.bench.metrics import compute_metrics
 from perflab.bench.profiles import apply_profile
 from perflab.bench.request import BenchRequest
@@ -55,7 +62,8 @@ Progress = Callable[[int, int], None]
 def _probe_requests(req: BenchRequest, targets: list[Target]) -> list[Prepared]:
     payload = build_payload(req, "Hello", 1)
     headers = request_headers(req)
-    return [prepare(-1 - i, t, payload, headers, f"perflab-probe-{i}") for i, t in enumerate(targets)]
+    run = secrets.token_hex(4)
+    return [prepare(-1 - i, t, payload, headers, f"perflab-probe-{run}-{i}") for i, t in enumerate(targets)]
 
 
 def _probe(req: BenchRequest, targets: list[Target]) -> tuple[bool, float | None]:
@@ -121,12 +129,12 @@ def _run_single(plan: Plan, samples: list[Sample], tok: Tokenizer, keep_text: bo
                 last[0] = now
                 progress(done, total)
 
+    def parse(cap: Capture) -> RequestTrace:
+        return parse_capture(cap, prompt_len=samples[cap.index].prompt_len, tokenizer=tok, keep_text=keep_text)
+
     with frozen_gc():
-        outcome = run_in_new_loop(drive(plan, on_done=on_done))
-    traces = [
-        parse_capture(cap, prompt_len=samples[cap.index].prompt_len, tokenizer=tok, keep_text=keep_text)
-        for cap in outcome.captures
-    ]
+        outcome = run_in_new_loop(drive(plan, on_done=on_done, compact=compact_with(parse)))
+    traces = [cap.trace or parse(cap) for cap in outcome.captures]
     return traces, outcome.start, outcome.end, outcome.cpu_s
 
 

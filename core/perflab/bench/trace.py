@@ -32,6 +32,7 @@ class Capture:
     headers: dict[str, str] = field(default_factory=dict)  # lower-case names
     reads: list[tuple[float, bytes]] = field(default_factory=list)  # body bytes per read
     error: str | None = None  # transport error: refused, reset, timeout, truncated
+    trace: RequestTrace | None = None  # parsed early when raw captures outgrow their budget
 
 
 @dataclass(slots=True)

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from time import perf_counter
 
-from perflab.bench.drive import Plan, drive, frozen_gc, run_in_new_loop
-from perflab.bench.trace import RequestTrace, parse_capture
+from perflab.bench.drive import Plan, compact_with, drive, frozen_gc, run_in_new_loop
+from perflab.bench.trace import Capture, RequestTrace, parse_capture
 from perflab.errors import PerflabError
 
 START_LEAD_S = 0.2  # between "all workers ready" and the common start
@@ -58,13 +58,15 @@ def _worker_main(conn: Connection) -> None:
                 last[0] = now
                 conn.send(("progress", done))
 
+        lens = {p.index: plen for p, plen in zip(plan.prepared, prompt_lens, strict=True)}
+
+        def parse(cap: Capture) -> RequestTrace:
+            return parse_capture(cap, prompt_len=lens[cap.index], tokenizer=tok, keep_text=keep_text)
+
         with frozen_gc():
-            outcome = run_in_new_loop(drive(plan, start_at=start_at, on_done=on_done))
+            outcome = run_in_new_loop(drive(plan, start_at=start_at, on_done=on_done, compact=compact_with(parse)))
         conn.send(("progress", done))
-        traces = [
-            parse_capture(cap, prompt_len=plen, tokenizer=tok, keep_text=keep_text)
-            for cap, plen in zip(outcome.captures, prompt_lens, strict=True)
-        ]
+        traces = [cap.trace or parse(cap) for cap in outcome.captures]
         conn.send(("done", traces, outcome.start, outcome.end, outcome.cpu_s))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent went away: nothing to report to

@@ -45,7 +45,7 @@ _FIELDS = (
 
 @click.command(cls=_BenchCommand, context_settings={"show_default": True})
 @click.option("--base-url", "base_urls", multiple=True, required=True, metavar="URL", help="Endpoint base URL, e.g. http://127.0.0.1:8000 (repeat for replicas: requests are spread round-robin, metrics aggregated).")
-@click.option("--model", help="Model name the server serves (required unless a profile and the server agree).")
+@click.option("--model", required=True, help="Model name the server serves.")
 @click.option("--served-model-name", help="Name sent in requests, if it differs from --model.")
 @click.option("--backend", type=click.Choice(["openai-chat", "openai"]), default=None, help="openai-chat: /v1/chat/completions; openai: /v1/completions  [default: openai-chat]")
 @click.option("--endpoint", help="API path (default by backend).")

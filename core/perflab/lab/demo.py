@@ -3,8 +3,9 @@
 The study is the seed's: vLLM vs SGLang vs TensorRT-LLM on defaults with ShareGPT; FP8 and
 AWQ checkpoints on the winner and on vLLM (and FP8 on SGLang, which seed 001 notes does not
 work on A100); max batched tokens 16k/32k; then baseline and optimized on the five
-workloads. Prompt counts and lengths are scaled down and simulated time runs compressed, so
-the whole study takes a few minutes of wall-clock time on two cores.
+workloads. ShareGPT keeps the seed's 1000 prompts, the other workloads the seed's lengths with
+fewer prompts, and simulated time runs 40 times faster than real time, so the whole study
+takes about two minutes of wall-clock time on two cores.
 """
 
 from __future__ import annotations
@@ -44,16 +45,18 @@ candidates:
       - {name: "16k", set: {max_batched_tokens: 16384}}
       - {name: "32k", set: {max_batched_tokens: 32768}}
 profiles:
-  sharegpt: {label: ShareGPT, dataset: synthetic-sharegpt, num_prompts: 120}
-  short: {label: Short Prompt, input_len: 128, output_len: 4, num_prompts: 120}
-  medium: {label: Medium Prompt, input_len: 2000, output_len: 100, num_prompts: 60}
-  long: {label: Long Prompt, input_len: 4000, output_len: 200, num_prompts: 60}
-  very-long: {label: Very Long Prompt, input_len: 32000, output_len: 100, num_prompts: 12}
+  # ShareGPT keeps the seed's 1000 prompts (the engines' ranking needs a full batch); the
+  # other workloads keep the seed's lengths with fewer prompts
+  sharegpt: {label: ShareGPT, dataset: synthetic-sharegpt, num_prompts: 1000}
+  short: {label: Short Prompt, input_len: 128, output_len: 4, num_prompts: 200, seed: 42}
+  medium: {label: Medium Prompt, input_len: 2000, output_len: 100, num_prompts: 50, seed: 42}
+  long: {label: Long Prompt, input_len: 4000, output_len: 200, num_prompts: 30, seed: 42}
+  very-long: {label: Very Long Prompt, input_len: 32000, output_len: 100, num_prompts: 3, seed: 42}
 main_profile: sharegpt
 min_success_rate: 0.9
 timeouts: {startup_s: 120, benchmark_s: 300}
 notes:
-  - This is a scaled-down reproduction of a published study (fewer and shorter prompts) on simulated engines.
+  - This is a scaled-down reproduction of a published study (fewer prompts on the random workloads) on simulated engines.
 """
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -20,7 +21,6 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from perflab.errors import PerflabError
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
@@ -97,6 +97,14 @@ class Executor:
     def __init__(self, ctx: LabContext, on_event: Event | None = None) -> None:
         self.ctx = ctx
         self.on_event = on_event or (lambda kind, **kw: None)
+        # benchmark threads left running when their engine died or their time ran out; the
+        # next launch waits for them, so they cannot send requests to its (maybe same) port
+        self._stale: list[threading.Event] = []
+
+    async def _settle(self) -> None:
+        for done in self._stale:
+            await anyio.to_thread.run_sync(done.wait, abandon_on_cancel=True)
+        self._stale.clear()
 
     def _env(self) -> dict[str, str]:
         env = dict(self.ctx.env)
@@ -117,7 +125,7 @@ class Executor:
         try:
             spec = build_launch(self.ctx.pm, config.engine, config.serve_config(devices=(device_sets or [None])[0]),
                                 self.ctx.hardware, run_dir, self.ctx.versions.get(config.engine))
-        except (PerflabError, Exception):  # a plugin that cannot express it: no script to show
+        except Exception:  # a plugin that cannot express it (UnsupportedOption): no script to show
             return None
         return serving_script([spec])
 
@@ -127,6 +135,7 @@ class Executor:
         plan = self.ctx.plan
         engine = config.engine
         version = self.ctx.versions.get(engine)
+        await self._settle()
         write_json(run_dir / "config.json", {"label": label, **config.canonical(),
                                             "profiles": [p.name for p in profiles]})
         write_json(run_dir / "hardware.json", to_jsonable(self.ctx.hardware))
@@ -159,16 +168,11 @@ class Executor:
                 if o.state != "ready":
                     self._record_startup_failure(rec, o, config, device_sets, run_dir)
                     break
-                self.on_event("ready", label=label, engine=engine, replica=i + 1, ready_s=o.ready_s)
             else:
                 rec.script = serving_script([inst.launch for inst in instances])
                 await self._benchmark_all(rec, instances, config, profiles, run_dir, label)
             self.on_event("teardown", label=label, engine=engine)
-        for inst in instances:  # a death noticed only during teardown still counts
-            if rec.state == "done" and inst.outcome.state == CRASHED and inst.outcome.cause is not None:
-                rec.cause = to_jsonable(inst.outcome.cause)
         self._write_outcome(run_dir, rec, instances)
-        self.on_event("finished", label=label, engine=engine, state=rec.state)
         return rec
 
     def _record_startup_failure(self, rec: RunRecord, o: Any, config: Configuration,
@@ -231,15 +235,23 @@ class Executor:
         result: Any = None
         error: str | None = None
         dead: list[Any] = []
+        finished = threading.Event()
+
+        def work() -> Any:
+            try:
+                return run_benchmark_sync(req, progress)
+            finally:
+                finished.set()
+
         async with anyio.create_task_group() as tg:
 
             async def bench() -> None:
                 nonlocal result, error
                 try:
                     with anyio.fail_after(plan.timeouts.benchmark_s):
-                        # abandoned on cancel (Ctrl-C, engine death): teardown must not wait for
-                        # the client, whose requests fail fast once the engine is gone
-                        result = await anyio.to_thread.run_sync(run_benchmark_sync, req, progress, abandon_on_cancel=True)
+                        # abandoned on cancel (Ctrl-C, engine death, timeout): teardown must not
+                        # wait for the client, whose requests fail fast once the engine is gone
+                        result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
                 except TimeoutError:
                     error = f"the benchmark did not finish within {plan.timeouts.benchmark_s:g} s"
                 except Exception as exc:  # a client failure is a result, not a study abort
@@ -254,6 +266,8 @@ class Executor:
             for inst in instances:
                 tg.start_soon(watch, inst)
             tg.start_soon(bench)
+        if not finished.is_set():
+            self._stale.append(finished)
 
         if dead:
             o = dead[0].outcome

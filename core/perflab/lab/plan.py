@@ -594,6 +594,121 @@ def _resolve_ref(candidates: Iterable[Candidate], ref: str) -> tuple[Candidate, 
     return hits[0] if len(hits) == 1 else None
 
 
+def _model(p: _Problems, raw: Any, base_dir: Path | None, check_files: bool) -> tuple[Any, Any, Mapping[str, Any]]:
+    """(model id or path, display name, metadata) of the ``model`` key."""
+    if raw is None:
+        p.add("model", "missing; expected a model id such as Qwen/Qwen3-32B, or {id: ..., name: ...}")
+        return None, None, {}
+    if isinstance(raw, str):
+        return _str(p, "model", raw, "a model id or a mapping with id or path"), None, {}
+    m = _mapping(p, "model", raw, "a model id or a mapping with id or path")
+    if m is None:
+        return None, None, {}
+    _unknown_keys(p, "model", m, MODEL_KEYS)
+    model_id: Any = None
+    if ("id" in m) == ("path" in m):
+        p.add("model", "expected exactly one of model.id or model.path")
+    elif "id" in m:
+        model_id = _str(p, "model.id", m["id"], "a model id such as Qwen/Qwen3-32B")
+    else:
+        v = _str(p, "model.path", m["path"], "a local model directory")
+        if v is not _BAD:
+            mp = Path(v).expanduser()
+            if not mp.is_absolute() and base_dir is not None:
+                mp = base_dir / mp
+            if check_files and not mp.exists():
+                p.add("model.path", f"{str(mp)!r} does not exist; expected a local model directory")
+            model_id = str(mp)
+    name = _str(p, "model.name", m["name"]) if "name" in m else None
+    return model_id, None if name is _BAD else name, _mapping(p, "model.metadata", m.get("metadata")) or {}
+
+
+def _baseline(p: _Problems, raw: Any, engines: tuple[str, ...] | None, known: set[str] | None) -> Baseline | None:
+    if raw is None:
+        return Baseline(engines[0]) if engines else None
+    if isinstance(raw, str):
+        if known is not None and raw not in known:
+            p.add("baseline", f"unknown engine {raw!r} (expected one of: {', '.join(sorted(known))})")
+            return None
+        return Baseline(raw)
+    b = _mapping(p, "baseline", raw, "an engine name or {engine: ..., serve: {...}}")
+    if b is None:
+        return None
+    _unknown_keys(p, "baseline", b, BASELINE_KEYS)
+    eng = b.get("engine", engines[0] if engines else None)
+    if not isinstance(eng, str) or (known is not None and eng not in known):
+        p.add("baseline.engine", f"unknown engine {_show(eng)} (expected one of: {', '.join(sorted(known or []))})")
+        return None
+    label = b.get("label")
+    if label is not None and _str(p, "baseline.label", label) is _BAD:
+        label = None
+    return Baseline(eng, MappingProxyType(_options(p, "baseline.serve", b.get("serve"))), label)
+
+
+def _check_combination_refs(p: _Problems, candidates: list[Candidate], combinations: list[Candidate]) -> None:
+    names = [f"{c.name}/{v.name}" for c in candidates for v in c.variants]
+    for i, comb in enumerate(combinations):
+        for j, var in enumerate(comb.variants):
+            key = f"combinations[{i}].variants[{j}].of" if len(comb.variants) > 1 else f"combinations[{i}].of"
+            for ref in var.of:
+                if _resolve_ref(candidates, ref) is None:
+                    p.add(key, f"{ref!r} names no candidate variant (expected one of: {', '.join(names) or 'none defined'})")
+            if not var.of and not var.set and not var.engine_set:
+                p.add(f"combinations[{i}]", "expected of (candidate variants to combine) and/or set")
+
+
+def _main_profile(p: _Problems, data: Mapping[str, Any], profiles: list[Profile]) -> Any:
+    main = data.get("main_profile")
+    raw = data.get("profiles")
+    if main is None:
+        return profiles[0].name if profiles else None
+    if isinstance(raw, Mapping) and main not in raw:
+        p.add("main_profile", f"{_show(main)} is not a profile (expected one of: {', '.join(map(str, raw))})")
+    return main
+
+
+def _timeouts(p: _Problems, raw: Any) -> Timeouts:
+    t = _mapping(p, "timeouts", raw)
+    if t is None:
+        return Timeouts()
+    _unknown_keys(p, "timeouts", t, TIMEOUT_KEYS)
+    values: dict[str, float] = {}
+    for k in TIMEOUT_KEYS:
+        if k in t:
+            v = _number(p, f"timeouts.{k}", t[k], "a positive number of seconds", 0.0, lo_open=True)
+            if v is not _BAD:
+                values[k] = v
+    return Timeouts(**values)
+
+
+def _time_scale(p: _Problems, raw: Any) -> float:
+    s = _mapping(p, "simulation", raw)
+    if s is None:
+        return 1.0
+    _unknown_keys(p, "simulation", s, SIMULATION_KEYS)
+    if "time_scale" not in s:
+        return 1.0
+    v = _number(p, "simulation.time_scale", s["time_scale"], "a number >= 1 (simulated seconds per real second)", 1.0)
+    return 1.0 if v is _BAD else v
+
+
+def _fraction_or_percent(value: Any) -> Any:
+    """``0.9`` or ``"90%"`` -> 0.9 (anything else unchanged, for the checker to report)."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            return float(value.strip()[:-1]) / 100.0
+        except ValueError:
+            return value
+    return value
+
+
+def _optional_str(p: _Problems, data: Mapping[str, Any], key: str, default: Any, what: str = "a string") -> Any:
+    value = data.get(key, default)
+    if value is None or _str(p, key, value, what) is not _BAD:
+        return value
+    return default
+
+
 def parse_plan(
     data: Any,
     *,
@@ -607,155 +722,51 @@ def parse_plan(
     ``known_engines`` None skips the engine-name check; ``check_files`` False skips checking
     that local files exist (re-reading a finished study's plan elsewhere)."""
     label = str(path) if path is not None else "plan"
-    p = _Problems()
-    known = set(known_engines) if known_engines is not None else None
     if not isinstance(data, Mapping):
         raise UsageError(f"{label}: expected a mapping of plan keys ({', '.join(TOP_KEYS[:8])} ...), got {_typename(data)}")
-    _unknown_keys(p, "", data, TOP_KEYS)
+    p = _Problems()
+    known = set(known_engines) if known_engines is not None else None
     base_dir = path.parent if path is not None else None
-
+    _unknown_keys(p, "", data, TOP_KEYS)
     if "version" in data and data["version"] != 1:
         p.add("version", f"expected 1, got {_show(data['version'])}")
 
-    # model
-    model_id: Any = None
-    model_name = None
-    metadata: Mapping[str, Any] = {}
-    raw_model = data.get("model")
-    if raw_model is None:
-        p.add("model", "missing; expected a model id such as Qwen/Qwen3-32B, or {id: ..., name: ...}")
-    elif isinstance(raw_model, str):
-        model_id = _str(p, "model", raw_model, "a model id or a mapping with id or path")
-    else:
-        m = _mapping(p, "model", raw_model, "a model id or a mapping with id or path")
-        if m is not None:
-            _unknown_keys(p, "model", m, MODEL_KEYS)
-            if ("id" in m) == ("path" in m):
-                p.add("model", "expected exactly one of model.id or model.path")
-            elif "id" in m:
-                model_id = _str(p, "model.id", m["id"], "a model id such as Qwen/Qwen3-32B")
-            else:
-                v = _str(p, "model.path", m["path"], "a local model directory")
-                if v is not _BAD:
-                    mp = Path(v).expanduser()
-                    if not mp.is_absolute() and base_dir is not None:
-                        mp = base_dir / mp
-                    if check_files and not mp.exists():
-                        p.add("model.path", f"{str(mp)!r} does not exist; expected a local model directory")
-                    model_id = str(mp)
-            if "name" in m:
-                model_name = _str(p, "model.name", m["name"])
-            metadata = _mapping(p, "model.metadata", m.get("metadata")) or {}
-
+    model_id, model_name, metadata = _model(p, data.get("model"), base_dir, check_files)
     hardware = data.get("hardware", "auto")
     if not isinstance(hardware, str) or not (hardware == "auto" or (hardware.startswith("sim:") and len(hardware) > 4)):
         p.add("hardware", f"expected 'auto' or 'sim:NAME' (e.g. sim:a100-80g-x8), got {_show(hardware)}")
-        hardware = "auto"
-
     engines = _engine_list(p, "engines", data.get("engines"), known, allow_winner=False)
     if engines is None and "engines" not in data:
         p.add("engines", "missing; expected the list of engines to compare, e.g. [vllm, sglang]")
-
     serve = _options(p, "serve", data.get("serve"))
     if "model" in serve:
         p.add("serve.model", "set the model with the top-level model key")
     engine_serve = _engine_set(p, "engine_serve", data.get("engine_serve"), known)
-
-    # baseline
-    baseline = None
-    raw_base = data.get("baseline")
-    if raw_base is None:
-        if engines:
-            baseline = Baseline(engines[0])
-    elif isinstance(raw_base, str):
-        if known is not None and raw_base not in known:
-            p.add("baseline", f"unknown engine {raw_base!r} (expected one of: {', '.join(sorted(known))})")
-        else:
-            baseline = Baseline(raw_base)
-    else:
-        b = _mapping(p, "baseline", raw_base, "an engine name or {engine: ..., serve: {...}}")
-        if b is not None:
-            _unknown_keys(p, "baseline", b, BASELINE_KEYS)
-            eng = b.get("engine", engines[0] if engines else None)
-            if not isinstance(eng, str) or (known is not None and eng not in known):
-                p.add("baseline.engine", f"unknown engine {_show(eng)} (expected one of: {', '.join(sorted(known or []))})")
-            else:
-                lab = b.get("label")
-                if lab is not None and _str(p, "baseline.label", lab) is _BAD:
-                    lab = None
-                baseline = Baseline(eng, MappingProxyType(_options(p, "baseline.serve", b.get("serve"))), lab)
-
+    baseline = _baseline(p, data.get("baseline"), engines, known)
     candidates = _candidates(p, "candidates", data.get("candidates"), known, combination=False)
     combinations = _candidates(p, "combinations", data.get("combinations"), known, combination=True)
-    for i, comb in enumerate(combinations):
-        for j, var in enumerate(comb.variants):
-            for ref in var.of:
-                if _resolve_ref(candidates, ref) is None:
-                    names = [f"{c.name}/{v.name}" for c in candidates for v in c.variants]
-                    p.add(f"combinations[{i}].variants[{j}].of" if len(comb.variants) > 1 else f"combinations[{i}].of",
-                          f"{ref!r} names no candidate variant (expected one of: {', '.join(names) or 'none defined'})")
-            if not var.of and not var.set and not var.engine_set:
-                p.add(f"combinations[{i}]", "expected of (candidate variants to combine) and/or set")
-
+    _check_combination_refs(p, candidates, combinations)
     profiles = _profiles(p, data.get("profiles"), base_dir, check_files)
-    main_profile = data.get("main_profile")
-    names = [pr.name for pr in profiles]
-    if main_profile is None:
-        main_profile = names[0] if names else None
-    elif main_profile not in names and isinstance(data.get("profiles"), Mapping) and main_profile not in data["profiles"]:
-        p.add("main_profile", f"{_show(main_profile)} is not a profile (expected one of: {', '.join(map(str, data['profiles']))})")
-
-    msr = data.get("min_success_rate", 0.9)
-    if isinstance(msr, str) and msr.strip().endswith("%"):
-        try:
-            msr = float(msr.strip()[:-1]) / 100.0
-        except ValueError:
-            pass
-    msr_v = _number(p, "min_success_rate", msr, "a fraction in [0, 1] such as 0.9 (or '90%')", 0.0, 1.0)
-    mip = _number(p, "min_improvement_pct", data.get("min_improvement_pct", 0.0), "a non-negative percentage", 0.0)
-
-    timeouts = Timeouts()
-    t = _mapping(p, "timeouts", data.get("timeouts"))
-    if t is not None:
-        _unknown_keys(p, "timeouts", t, TIMEOUT_KEYS)
-        tk: dict[str, float] = {}
-        for k in TIMEOUT_KEYS:
-            if k in t:
-                v = _number(p, f"timeouts.{k}", t[k], "a positive number of seconds", 0.0, lo_open=True)
-                if v is not _BAD:
-                    tk[k] = v
-        timeouts = Timeouts(**tk)
-
-    time_scale = 1.0
-    s = _mapping(p, "simulation", data.get("simulation"))
-    if s is not None:
-        _unknown_keys(p, "simulation", s, SIMULATION_KEYS)
-        if "time_scale" in s:
-            v = _number(p, "simulation.time_scale", s["time_scale"], "a number >= 1 (simulated seconds per real second)", 1.0)
-            time_scale = 1.0 if v is _BAD else v
-
-    title = data.get("title")
-    if title is not None and _str(p, "title", title) is _BAD:
-        title = None
-    objective = data.get("objective", DEFAULT_OBJECTIVE)
-    if _str(p, "objective", objective) is _BAD:
-        objective = DEFAULT_OBJECTIVE
-    name = data.get("name")
-    if name is not None and _str(p, "name", name, "a short study name") is _BAD:
-        name = None
+    main_profile = _main_profile(p, data, profiles)
+    min_success = _number(p, "min_success_rate", _fraction_or_percent(data.get("min_success_rate", 0.9)),
+                          "a fraction in [0, 1] such as 0.9 (or '90%')", 0.0, 1.0)
+    min_improvement = _number(p, "min_improvement_pct", data.get("min_improvement_pct", 0.0), "a non-negative percentage", 0.0)
+    timeouts = _timeouts(p, data.get("timeouts"))
+    time_scale = _time_scale(p, data.get("simulation"))
+    title = _optional_str(p, data, "title", None)
+    objective = _optional_str(p, data, "objective", DEFAULT_OBJECTIVE)
+    name = _optional_str(p, data, "name", None, "a short study name")
     notes = data.get("notes", [])
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         p.add("notes", f"expected a list of strings, got {_show(notes)}")
-        notes = []
 
     if p.items:
         count = f"{len(p.items)} problems: " if len(p.items) > 1 else ""
         raise UsageError(f"{label}: {count}{'; '.join(p.items)}")
-
+    # no problem reported: every required piece is there
     assert model_id is not None and engines is not None and baseline is not None and main_profile is not None
-    default_name = path.stem if path is not None else "study"
     return Plan(
-        name=name or default_name,
+        name=name or (path.stem if path is not None else "study"),
         model=model_id,
         engines=engines,
         profiles=tuple(profiles),
@@ -765,15 +776,15 @@ def parse_plan(
         text=text,
         title=title,
         objective=objective,
-        model_name=model_name if model_name is not _BAD else None,
+        model_name=model_name,
         model_metadata=MappingProxyType(dict(metadata)),
         hardware=hardware,
         serve=MappingProxyType(serve),
         engine_serve=MappingProxyType({k: MappingProxyType(v) for k, v in engine_serve.items()}),
         candidates=tuple(candidates),
         combinations=tuple(combinations),
-        min_success_rate=msr_v,
-        min_improvement_pct=mip,
+        min_success_rate=min_success,
+        min_improvement_pct=min_improvement,
         timeouts=timeouts,
         time_scale=time_scale,
         notes=tuple(notes),

@@ -26,7 +26,7 @@ from perflab.lab.options import Configuration
 from perflab.lab.plan import WINNER, Plan, Profile, load_plan_text
 from perflab.lab.report import ReportContext, write_report
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store, write_json
-from perflab.lab.study import CRASHED, INTERRUPTED, PENDING, Result, StudyOutcome, conduct
+from perflab.lab.study import FAILED, INTERRUPTED, PENDING, Result, StudyOutcome, conduct
 from perflab.types import to_jsonable
 
 SIM_STATE_ENV = "PERFLAB_SIM_STATE_DIR"  # perflab.sim.STATE_ENV, not imported: sim loads lazily
@@ -100,7 +100,7 @@ class LiveMeasure(StoreMeasure):
             self.log.info("lab.step", step=step)
         ckey = config.key(self.salt)
         todo = [p for p in profiles if self.lookup(config, p) is None]
-        for attempt in range(len(profiles) + 1):
+        for _ in range(len(profiles) + 1):  # a mid-benchmark crash leaves the rest for a fresh launch
             if not todo:
                 break
             self.on_event("measure", label=label, engine=config.engine)
@@ -110,6 +110,10 @@ class LiveMeasure(StoreMeasure):
             self.launched += 1
             try:
                 rec = await self.executor.run(config, todo, run_dir, label=label)
+            except Exception as exc:  # a plugin or client bug on one configuration: record it, go on
+                self.log.exception("lab.run-error", run_id=run_id, label=label)
+                rec = RunRecord(FAILED, error=f"{type(exc).__name__}: {exc}")
+                write_json(run_dir / "outcome.json", {"state": FAILED, "error": rec.error})
             except BaseException:
                 self.store.mark_interrupted(run_id)
                 write_json(run_dir / "outcome.json", {"state": INTERRUPTED})
@@ -137,9 +141,6 @@ class LiveMeasure(StoreMeasure):
             m = rec.measurements.get(p.name)
             if m is not None:
                 self.store.add_measurement(run_id, ckey, p.key(), p.name, m)
-        if rec.state == CRASHED and rec.measurements and all(m.status != "crashed" for m in rec.measurements.values()):
-            # died during teardown after every benchmark finished: the numbers stand
-            rec.state = "done"
         self.store.finish_run(run_id, rec)
 
 
@@ -225,8 +226,9 @@ async def run_study(
         # The simulated machine is the study's own: its device-memory registry lives in the
         # study directory, so simulations elsewhere on this host cannot take its memory.
         base_env[SIM_STATE_ENV] = str((out_dir / "sim-state").resolve())
-        Path(base_env[SIM_STATE_ENV]).mkdir(parents=True, exist_ok=True)
     snapshot, env = await anyio.to_thread.run_sync(resolve, pm, plan.hardware, base_env)
+    if SIM_STATE_ENV in base_env:
+        Path(base_env[SIM_STATE_ENV]).mkdir(parents=True, exist_ok=True)
     time_scale = _time_scale(plan, snapshot.simulated)
     engines = engines_of(plan)
     versions = {e: await anyio.to_thread.run_sync(engine_version, pm, e, env) for e in engines}

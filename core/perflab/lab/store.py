@@ -8,6 +8,7 @@ Layout of a study directory::
     study.log           the structured log (JSON lines)
     runs/007-vllm-fp8/  launch.json, engine.log, hardware.json, bench-<profile>.json, outcome.json
     report.md, report.json, chart.png
+    sim-state/          the simulated machine's memory registry (simulated studies)
 
 A *run* is one launch of a configuration (all its replicas), benchmarked on one or more
 profiles; a *measurement* is one (configuration, profile) result of a run. Lookups go by the

@@ -100,32 +100,40 @@ async def signal_guard(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM
     The caller checks ``guard.interrupted`` / ``guard.exit_code`` afterwards.
     """
     guard = SignalGuard()
+    error: BaseException | None = None
+    body = anyio.CancelScope()
+
+    async def watch(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        with anyio.open_signal_receiver(*signals) as received:
+            task_status.started()
+            async for sig in received:
+                guard.signals.append(int(sig))
+                name = signal.Signals(sig).name
+                n = len(guard.signals)
+                if n == 1:
+                    log.warning("signal.received", signal=name, action="tearing down every engine")
+                    body.cancel()
+                elif n == 2:
+                    log.warning("signal.received", signal=name,
+                                action="teardown under way; send it once more to SIGKILL every engine now")
+                else:
+                    log.warning("signal.received", signal=name, action="SIGKILL every engine")
+                    kill_all_now()
+
     async with anyio.create_task_group() as tg:
-        body = anyio.CancelScope()
-
-        async def watch(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-            with anyio.open_signal_receiver(*signals) as received:
-                task_status.started()
-                async for sig in received:
-                    guard.signals.append(int(sig))
-                    n = len(guard.signals)
-                    if n == 1:
-                        log.warning("signal.received", signal=signal.Signals(sig).name, action="tearing down every engine")
-                        body.cancel()
-                    elif n == 2:
-                        log.warning("signal.received", signal=signal.Signals(sig).name,
-                                    action="teardown under way; send it once more to SIGKILL every engine now")
-                    else:
-                        log.warning("signal.received", signal=signal.Signals(sig).name, action="SIGKILL every engine")
-                        kill_all_now()
-
         await tg.start(watch)
         try:
             with body:
                 yield guard
+        except anyio.get_cancelled_exc_class():
+            raise  # cancelled from outside: the task group handles it
+        except BaseException as exc:  # re-raised below, unwrapped by the task group
+            error = exc
         finally:
             await teardown_all()
             tg.cancel_scope.cancel()
+    if error is not None:
+        raise error
 
 
 def install_signal_handlers() -> None:

@@ -13,8 +13,8 @@ Peak figures are the vendors' datasheet numbers for *dense* math (no 2:4 sparsit
   2,039 GB/s, 80 GB, NVLink 600 GB/s, compute capability 8.0.
 - NVIDIA H100 SXM5 80GB (HBM3): NVIDIA H100 Tensor Core GPU datasheet (2023),
   https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
-  BF16 989 TFLOPS, FP8 1,979 TFLOPS, INT8 1,979 TOPS (the sheet's 1,979/3,958 figures are
-  "with sparsity"; dense is half), HBM3 3.35 TB/s, 80 GB, NVLink 900 GB/s, compute
+  BF16 989.4 TFLOPS, FP8 1,978.9 TFLOPS, INT8 1,978.9 TOPS (the sheet's 1,979/3,958 figures
+  are "with sparsity"; dense is half), HBM3 3.35 TB/s, 80 GB, NVLink 900 GB/s, compute
   capability 9.0.
 - Huawei Ascend 910B3 (Atlas 800I/800T A2): Huawei publishes per-server figures only; the
   per-chip figures used by the Atlas 800T A2 technical white paper and public summaries of it
@@ -121,9 +121,9 @@ H100_SXM5_80GB = ChipSpec(
     name="NVIDIA H100 80GB HBM3",
     memory_mib=81559,
     baseline_used_mib=1,
-    bf16_tflops=989.0,
-    fp8_tflops=1979.0,
-    int8_tops=1979.0,
+    bf16_tflops=989.4,
+    fp8_tflops=1978.9,
+    int8_tops=1978.9,
     hbm_gbps=3350.0,
     interconnect_gbps=900.0,
     compute_capability=(9, 0),

@@ -2,7 +2,7 @@
 
 :class:`NvmlShim` answers the calls perflab's NVML probe makes the way pynvml does on the
 catalog machine: strings as ``str`` (nvidia-ml-py's ``convertStrBytes``), memory and PCI info
-as pynvml's own ctypes structures (so ``busId`` is ``bytes``, as on a real host), errors as
+as pynvml's own ctypes structures (field types exactly as on a real host), errors as
 ``pynvml.NVMLError`` with NVML's error codes. Memory in use is the idle baseline plus what
 running simulated engines registered (:mod:`perflab.sim.state`). Ascend machines have no
 NVIDIA devices: ``nvmlDeviceGetCount()`` is 0.

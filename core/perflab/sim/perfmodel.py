@@ -279,6 +279,7 @@ def build_cost_model(model: ModelSpec, chip: ChipSpec, knobs: Knobs) -> CostMode
     flops = compute_tflops(chip, knobs.quant) * 1e12 * chip.mfu * eff * pp_eff
     per_token_flops = 2.0 * model.active_params_b * 1e9 / devices
     if model.is_moe:
+        # under expert parallelism the busiest rank sets the pace of the routed experts
         dense_share = model.dense_params_b / model.active_params_b
         per_token_flops *= dense_share + (1 - dense_share) * ep_imbalance
     attn_flops = 4.0 * model.attention_layers * model.q_heads * model.head_dim / devices

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -323,7 +324,14 @@ def _say(lines: Sequence[str], stream: Any = None) -> None:
 
 
 def _fmt(lines: Sequence[str], **values: Any) -> list[str]:
-    return [str(line).format(**values) for line in lines]
+    """Fill ``{name}`` fields; a line that is not a template (braces of its own) stays as is."""
+    out = []
+    for line in lines:
+        try:
+            out.append(str(line).format(**values))
+        except (KeyError, IndexError, ValueError, AttributeError):
+            out.append(str(line))
+    return out
 
 
 class Engine:
@@ -349,6 +357,7 @@ class Engine:
         self.stop: asyncio.Event | None = None
         self.lost_s = 0.0
         self.lag_warned = False
+        self._arrivals = itertools.count()
         self._prompt_done = 0
         self._gen_done = 0
         extra = cfg.extra
@@ -544,7 +553,7 @@ class Engine:
     def submit(self, gen: Generation, req: SimRequest) -> None:
         gen.sim = req
         rank = min(range(len(self.scheds)), key=lambda i: len(self.scheds[i].running) + len(self.scheds[i].waiting))
-        req.seed = hash(gen.id) & 0xFFFFFFFF
+        req.seed = next(self._arrivals)  # reproducible speculative-acceptance draws
         self.scheds[rank].add(req)
         gen.rank = rank
         self.wakes[rank].set()

@@ -357,7 +357,9 @@ def simulate(
     in_flight = 0
     while pending or sched.has_work:
         while pending and pending[0].arrival <= sched.now and (max_concurrency is None or in_flight < max_concurrency):
-            sched.add(pending.popleft())
+            req = pending.popleft()
+            req.arrival = sched.now  # sent now: a client measures TTFT from here
+            sched.add(req)
             in_flight += 1
         if not sched.has_work:
             sched.now = max(sched.now, pending[0].arrival)
@@ -369,7 +371,7 @@ def simulate(
         if not result.emitted and pending:
             # stuck until the next arrival (cannot happen with work admitted; defensive)
             sched.now = max(sched.now, pending[0].arrival)
-    start = min((r.arrival for r in reqs), default=0.0)
+    start = min((a for a, _, _ in items), default=0.0)
     ok = [r for r in reqs if not r.aborted]
     ttfts = [r.first_token_at - r.arrival for r in ok if r.first_token_at is not None]
     tpots = [
