@@ -178,7 +178,12 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None) -> B
     # For clock comparisons (benchmarks/bench_client_capacity.py): request i was sent with
     # x-request-id {request_id_prefix}{i}; its absolute perf_counter() times are
     # origin + (start + chunk time) / time_scale.
-    result.info.update(client_cpu_s=cpu_s, origin_perf_counter=start, request_id_prefix=id_prefix)
+    result.info.update(
+        client_cpu_s=cpu_s,
+        origin_perf_counter=start,
+        request_id_prefix=id_prefix,
+        time_scale_source="server" if server_scale is not None else "request",
+    )
     if req.save_result:
         path = result.save(req.result_dir, req.result_filename, detailed=req.save_detailed)
         result.info["result_path"] = str(path)

@@ -57,8 +57,8 @@ class _StderrLogger:
 def _configure_logging(quiet: bool) -> None:
     import logging
 
-    if structlog.is_configured():
-        return
+    # Always (re)configure: structlog's default logger prints to stdout, which would corrupt
+    # --json output, and a configuration left by an earlier in-process caller is not ours.
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
