@@ -11,13 +11,18 @@ bottleneck (docs/benchmark.md)::
     result = await run_benchmark(req)          # any anyio backend: runs in a worker thread
     print(result.format_block())
     result.metrics["total_token_throughput"]   # vLLM --save-result field names
+
+To stop a benchmark from outside, pass ``cancel=threading.Event()`` and set it: the call
+raises :class:`BenchCancelled` within about half a second (see :mod:`perflab.bench.cancel`).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
+from perflab.bench.cancel import BenchCancelled
 from perflab.bench.profiles import PROFILE_DESCRIPTIONS, PROFILES, apply_profile
 from perflab.bench.request import BenchRequest
 from perflab.bench.result import (
@@ -31,6 +36,7 @@ from perflab.bench.trace import RequestTrace
 __all__ = [
     "PROFILES",
     "PROFILE_DESCRIPTIONS",
+    "BenchCancelled",
     "BenchRequest",
     "BenchResult",
     "RequestTrace",
@@ -50,6 +56,7 @@ async def run_benchmark(
     progress: Callable[[int, int], None] | None = None,
     backend: str = "perflab",
     pm: Any = None,
+    cancel: threading.Event | None = None,
 ) -> BenchResult:
     """Benchmark ``req`` and return the result (raises :class:`perflab.errors.PerflabError`).
 
@@ -61,24 +68,54 @@ async def run_benchmark(
         times a second (built-in client only).
     :param backend: ``"perflab"`` (built in), ``"vllm-bench"``, or a plugin's backend name.
     :param pm: a loaded plugin manager, to find plugin backends (loaded on demand if omitted).
+    :param cancel: set it to stop the run: :class:`BenchCancelled` is raised within about
+        half a second (built-in client only; other backends run to their end). Cancelling
+        the awaiting task (anyio) sets it too and waits, up to a few seconds, for the
+        client's thread to stop before the cancellation goes on.
     """
+    import anyio
     import anyio.to_thread
 
-    if backend == "perflab":
-        from perflab.bench.runner import run_benchmark_sync as run
+    if backend != "perflab":
+        from perflab.bench.backends import get_backend
 
-        return await anyio.to_thread.run_sync(run, req, progress)
-    from perflab.bench.backends import get_backend
+        driver = get_backend(backend, pm)
+        return await anyio.to_thread.run_sync(driver, req)
 
-    driver = get_backend(backend, pm)
-    return await anyio.to_thread.run_sync(driver, req)
-
-
-def run_benchmark_sync(req: BenchRequest, progress: Callable[[int, int], None] | None = None) -> BenchResult:
-    """:func:`run_benchmark` for callers without an event loop (the CLI)."""
+    from perflab.bench.cancel import JOIN_S, wait_set
     from perflab.bench.runner import run_benchmark_sync as run
 
-    return run(req, progress)
+    stop = cancel if cancel is not None else threading.Event()
+    finished = threading.Event()
+
+    def work() -> BenchResult:
+        try:
+            return run(req, progress, stop)
+        finally:
+            finished.set()
+
+    try:
+        return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+    except anyio.get_cancelled_exc_class():
+        stop.set()
+        with anyio.CancelScope(shield=True):
+            await wait_set(finished, JOIN_S)
+        raise
+
+
+def run_benchmark_sync(
+    req: BenchRequest,
+    progress: Callable[[int, int], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> BenchResult:
+    """:func:`run_benchmark` for callers without an event loop (the CLI, the lab's thread).
+
+    :param cancel: set it (from any thread) to stop the run; :class:`BenchCancelled` is then
+        raised within about half a second, carrying the partial result (``.result``).
+    """
+    from perflab.bench.runner import run_benchmark_sync as run
+
+    return run(req, progress, cancel)
 
 
 def available_backends(pm: Any = None) -> dict[str, Callable[[BenchRequest], BenchResult]]:

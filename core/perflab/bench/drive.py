@@ -2,18 +2,21 @@
 
 Runs in one event loop (uvloop when installed) — in the caller's process, or in each
 ``--workers`` process with its share of the requests. Nothing here parses or tokenizes.
+A run given a ``cancel`` event stops when it is set (see :mod:`perflab.bench.cancel`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 from collections.abc import Callable, Coroutine, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from time import perf_counter, process_time
 from typing import Any, TypeVar
 
+from perflab.bench.cancel import CANCELLED, POLL_S
 from perflab.bench.client import Prepared, make_client
 from perflab.bench.trace import Capture, RequestTrace
 
@@ -36,8 +39,9 @@ class Plan:
 class Outcome:
     captures: list[Capture]
     start: float  # perf_counter of the common start
-    end: float  # perf_counter when the last response ended
+    end: float  # perf_counter when the last response ended (or the run was cancelled)
     cpu_s: float = 0.0  # this process' CPU time during the run
+    cancelled: bool = False  # stopped by the cancel event: captures with start == 0 were never sent
 
 
 async def drive(
@@ -46,6 +50,7 @@ async def drive(
     start_at: float | None = None,
     on_done: Callable[[], None] | None = None,
     compact: Callable[[Capture], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> Outcome:
     """Send every request of ``plan``; return the raw captures.
 
@@ -55,12 +60,18 @@ async def drive(
     :param compact: once the raw bytes held exceed ``plan.capture_budget``, called on each
         finished capture to parse it now and drop its bytes (long generation-heavy runs
         would otherwise hold every streamed byte until the end).
+    :param cancel: when set (from any thread), stop: nothing more is sent, in-flight requests
+        are aborted (connections closed) and get the error ``"cancelled"``, and the outcome
+        says ``cancelled``. Polled every :data:`~perflab.bench.cancel.POLL_S` by one task,
+        never per chunk.
     """
     client = make_client(plan.http_stack, plan.timeout)
     sem = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
     captures = [Capture(p.index) for p in plan.prepared]
     send = client.send
     held = 0
+    start, cpu0 = 0.0, process_time()
+    tasks: list[asyncio.Task[None]] = []
 
     async def one(p: Prepared, cap: Capture) -> None:
         nonlocal held
@@ -77,14 +88,14 @@ async def drive(
         if on_done is not None:
             on_done()
 
-    try:
+    async def dispatch() -> None:
+        nonlocal start, cpu0
         if start_at is not None:
             wait = start_at - perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
         cpu0 = process_time()
         start = perf_counter() if start_at is None else start_at
-        tasks = []
         for p, cap, offset in zip(plan.prepared, captures, plan.offsets, strict=True):
             if offset > 0:
                 delay = start + offset - perf_counter()
@@ -92,11 +103,55 @@ async def drive(
                     await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(p, cap)))
         await asyncio.gather(*tasks)
+
+    cancelled = False
+    try:
+        if cancel is None:
+            await dispatch()
+        else:
+            cancelled = await _cancellable(dispatch(), cancel, tasks)
         end = perf_counter()
         cpu = process_time() - cpu0
     finally:
         await client.close()
-    return Outcome(captures, start, end, cpu)
+    if cancelled:
+        if not start:  # cancelled while waiting for the common start
+            start = end
+        for cap in captures:
+            if cap.start and not cap.end:  # in flight (connecting, or a stack that set no error)
+                cap.error = CANCELLED
+                cap.end = end
+    return Outcome(captures, start, end, cpu, cancelled)
+
+
+async def _cancellable(work: Coroutine[Any, Any, None], cancel: threading.Event, tasks: list[asyncio.Task[None]]) -> bool:
+    """Run ``work`` until it ends (False) or ``cancel`` is set (True: ``work`` and the request
+    ``tasks`` it started are cancelled and awaited, so their connections are closed)."""
+    if cancel.is_set():
+        work.close()
+        return True
+    job = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_event(cancel))
+    try:
+        await asyncio.wait((job, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the caller's own cancellation (Ctrl-C in a CLI loop)
+        job.cancel()
+        watcher.cancel()
+        raise
+    if job.done():  # finished first: a complete run, even if the event is set by now
+        watcher.cancel()
+        job.result()
+        return False
+    job.cancel()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(job, *tasks, return_exceptions=True)
+    return True
+
+
+async def _wait_event(event: threading.Event) -> None:
+    while not event.is_set():
+        await asyncio.sleep(POLL_S)
 
 
 def compact_with(parse: Callable[[Capture], RequestTrace]) -> Callable[[Capture], None]:

@@ -223,6 +223,10 @@ class BenchResult:
     ``mean_ttft_ms``, ``median_ttft_ms``, ``p99_ttft_ms``, ..., ``max_output_tokens_per_s``,
     ``max_concurrent_requests``, plus the run's settings (``backend``, ``model_id``,
     ``num_prompts``, ``request_rate``, ``burstiness``, ``max_concurrency`` ...).
+
+    ``cancelled``: the run was stopped through its cancel event; such a result only comes
+    attached to :class:`perflab.bench.cancel.BenchCancelled` and covers the requests sent
+    before the stop (those cut short count as failed, error ``"cancelled"``).
     """
 
     metrics: dict[str, Any]
@@ -231,6 +235,7 @@ class BenchResult:
     info: dict[str, Any] = field(default_factory=dict)  # perflab's details (tokenizer, workers, ...)
     percentiles: tuple[float, ...] = (99,)
     percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS
+    cancelled: bool = False
 
     @property
     def success_rate(self) -> float:

@@ -9,6 +9,9 @@ Order of work (the timed part is only step 5)::
     4. warm-up requests (not measured)
     5. the run, with the garbage collector's heap frozen; in --workers processes if asked
     6. captures parsed into traces, metrics, result block and JSON
+
+A ``cancel`` event (:mod:`perflab.bench.cancel`) is checked between the steps and polled by
+the event loop during steps 2, 4 and 5; once set, the run raises :class:`BenchCancelled`.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ import json
 import math
 import os
 import secrets
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from time import perf_counter
 from typing import Any
 
+from perflab.bench.cancel import CANCELLED, BenchCancelled, check
 from perflab.bench.client import (
     Prepared,
     Target,
@@ -66,11 +72,13 @@ def _probe_requests(req: BenchRequest, targets: list[Target]) -> list[Prepared]:
     return [prepare(-1 - i, t, payload, headers, f"perflab-probe-{run}-{i}") for i, t in enumerate(targets)]
 
 
-def _probe(req: BenchRequest, targets: list[Target]) -> tuple[bool, float | None]:
+def _probe(req: BenchRequest, targets: list[Target], cancel: threading.Event | None = None) -> tuple[bool, float | None]:
     """Send one tiny request to every endpoint; (is perflab's simulator, its time scale)."""
     probes = _probe_requests(req, targets)
     plan = Plan(probes, [0.0] * len(probes), None, req.http_stack, min(req.timeout or PROBE_TIMEOUT_S, PROBE_TIMEOUT_S))
-    outcome = run_in_new_loop(drive(plan))
+    outcome = run_in_new_loop(drive(plan, cancel=cancel))
+    if outcome.cancelled:
+        raise BenchCancelled(None, "test request")
     simulated = False
     scale: float | None = None
     for target, cap in zip(targets, outcome.captures, strict=True):
@@ -101,7 +109,7 @@ def _prepare_all(req: BenchRequest, targets: list[Target], samples: list[Sample]
     return out
 
 
-def _warmup(req: BenchRequest, first: Prepared, targets: list[Target]) -> None:
+def _warmup(req: BenchRequest, first: Prepared, targets: list[Target], cancel: threading.Event | None = None) -> None:
     """vLLM's warm-up: the first prompt, ``--warmup`` times, under the concurrency limit."""
     if req.warmup <= 0:
         return
@@ -109,13 +117,44 @@ def _warmup(req: BenchRequest, first: Prepared, targets: list[Target]) -> None:
     headers = request_headers(req)
     prepared = [prepare(-1000 - i, targets[i % len(targets)], body, headers, None) for i in range(req.warmup)]
     plan = Plan(prepared, [0.0] * len(prepared), req.max_concurrency, req.http_stack, req.timeout)
-    run_in_new_loop(drive(plan))
+    if run_in_new_loop(drive(plan, cancel=cancel)).cancelled:
+        raise BenchCancelled(None, "warm-up")
 
 
 # --------------------------------------------------------------------------- run
 
 
-def _run_single(plan: Plan, samples: list[Sample], tok: Tokenizer, keep_text: bool, progress: Progress | None) -> tuple[list[RequestTrace], float, float, float]:
+@dataclass
+class _Timed:
+    """What the timed run gives back (traces of the requests sent, by index)."""
+
+    traces: list[RequestTrace]
+    start: float
+    end: float
+    cpu_s: float
+    cancelled: bool = False
+
+
+def cancelled_trace(cap: Capture, prompt_len: int) -> RequestTrace:
+    """A request cut short by a cancellation: failed, whatever it had received."""
+    return RequestTrace(success=False, start=cap.start, prompt_len=prompt_len, error=CANCELLED, index=cap.index)
+
+
+def sent_traces(captures: list[Capture], parse: Callable[[Capture], RequestTrace], prompt_len: Callable[[int], int]) -> list[RequestTrace]:
+    """Traces of a cancelled run's requests that were sent (the others are left out)."""
+    out = []
+    for cap in captures:
+        if not cap.start:
+            continue
+        if cap.error == CANCELLED:
+            out.append(cancelled_trace(cap, prompt_len(cap.index)))
+        else:
+            out.append(cap.trace or parse(cap))
+    return out
+
+
+def _run_single(plan: Plan, samples: list[Sample], tok: Tokenizer, keep_text: bool, progress: Progress | None,
+                cancel: threading.Event | None) -> _Timed:
     total = len(plan.prepared)
     done = 0
     last = [0.0]
@@ -133,57 +172,79 @@ def _run_single(plan: Plan, samples: list[Sample], tok: Tokenizer, keep_text: bo
         return parse_capture(cap, prompt_len=samples[cap.index].prompt_len, tokenizer=tok, keep_text=keep_text)
 
     with frozen_gc():
-        outcome = run_in_new_loop(drive(plan, on_done=on_done, compact=compact_with(parse)))
-    traces = [cap.trace or parse(cap) for cap in outcome.captures]
-    return traces, outcome.start, outcome.end, outcome.cpu_s
+        outcome = run_in_new_loop(drive(plan, on_done=on_done, compact=compact_with(parse), cancel=cancel))
+    if outcome.cancelled:
+        traces = sent_traces(outcome.captures, parse, lambda i: samples[i].prompt_len)
+    else:
+        traces = [cap.trace or parse(cap) for cap in outcome.captures]
+    return _Timed(traces, outcome.start, outcome.end, outcome.cpu_s, outcome.cancelled)
 
 
-def _run_workers(req: BenchRequest, plan: Plan, samples: list[Sample], tok: Tokenizer, progress: Progress | None) -> tuple[list[RequestTrace], float, float, float]:
+def _run_workers(req: BenchRequest, plan: Plan, samples: list[Sample], tok: Tokenizer, progress: Progress | None,
+                 cancel: threading.Event | None) -> _Timed:
     from perflab.bench.workers import run_workers
 
     plans = split_plan(plan, req.workers)
     lens = [[samples[p.index].prompt_len for p in sub.prepared] for sub in plans]
     total = len(plan.prepared)
     cb = (lambda n: progress(n, total)) if progress is not None else None
-    return run_workers(plans, lens, tokenizer_spec(tok), keep_text=req.save_detailed or req.keep_text, progress=cb)
+    traces, start, end, cpu_s, cancelled = run_workers(
+        plans, lens, tokenizer_spec(tok), keep_text=req.save_detailed or req.keep_text, progress=cb, cancel=cancel)
+    return _Timed(traces, start, end, cpu_s, cancelled)
 
 
-def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None) -> BenchResult:
-    """Run the built-in benchmark in the calling thread (its own event loop)."""
+def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, cancel: threading.Event | None = None) -> BenchResult:
+    """Run the built-in benchmark in the calling thread (its own event loop).
+
+    :param cancel: set it (from any thread) to stop the benchmark within about half a second;
+        the call then raises :class:`~perflab.bench.cancel.BenchCancelled` carrying what the
+        timed run had measured (see :mod:`perflab.bench.cancel`).
+    """
     req = apply_profile(req).validate()
     targets = [make_target(u, req.api_endpoint) for u in req.base_urls]
+    check(cancel, "start")
 
     # An explicit tokenizer is loaded first: a wrong path is a usage error, not a server one.
     explicit_tok = load_tokenizer(req.tokenizer) if req.tokenizer not in (None, "", "auto") else None
-    simulated, server_scale = _probe(req, targets)
+    check(cancel, "tokenizer")
+    simulated, server_scale = _probe(req, targets, cancel)
     time_scale = server_scale if server_scale is not None else req.time_scale
     tok = explicit_tok or load_tokenizer(None, model=req.model, simulated=simulated)
+    check(cancel, "tokenizer")
     samples = build_samples(req, tok)
+    check(cancel, "dataset")
     id_prefix = f"perflab-{secrets.token_hex(4)}-"
     prepared = _prepare_all(req, targets, samples, id_prefix)
     rate = req.request_rate * time_scale  # real requests per second
     offsets = arrival_offsets(len(prepared), rate, req.burstiness, req.seed)
     plan = Plan(prepared, offsets, req.max_concurrency, req.http_stack, req.timeout)
-    _warmup(req, prepared[0], targets)
+    check(cancel, "preparation")
+    _warmup(req, prepared[0], targets, cancel)
 
     keep_text = req.save_detailed or req.keep_text
     if req.workers > 1:
-        traces, start, end, cpu_s = _run_workers(req, plan, samples, tok, progress)
+        timed = _run_workers(req, plan, samples, tok, progress, cancel)
     else:
-        traces, start, end, cpu_s = _run_single(plan, samples, tok, keep_text, progress)
+        timed = _run_single(plan, samples, tok, keep_text, progress, cancel)
 
-    traces = [_relative(t, start).scaled(time_scale) for t in traces]
-    duration = (end - start) * time_scale
+    start = timed.start
+    traces = [_relative(t, start).scaled(time_scale) for t in timed.traces]
+    duration = (timed.end - start) * time_scale
     result = _make_result(req, traces, duration, tok, simulated, time_scale, len(targets))
     # For clock comparisons (benchmarks/bench_client_capacity.py): request i was sent with
     # x-request-id {request_id_prefix}{i}; its absolute perf_counter() times are
     # origin + (start + chunk time) / time_scale.
     result.info.update(
-        client_cpu_s=cpu_s,
+        client_cpu_s=timed.cpu_s,
         origin_perf_counter=start,
         request_id_prefix=id_prefix,
         time_scale_source="server" if server_scale is not None else "request",
     )
+    if timed.cancelled:
+        # Not a measurement of the server: never saved, never returned as a result.
+        result.cancelled = True
+        result.info.update(cancelled=True, requests_not_recorded=len(plan.prepared) - len(traces))
+        raise BenchCancelled(result)
     if req.save_result:
         path = result.save(req.result_dir, req.result_filename, detailed=req.save_detailed)
         result.info["result_path"] = str(path)
@@ -255,4 +316,4 @@ def _make_result(
     )
 
 
-__all__ = ["Capture", "run_benchmark_sync"]
+__all__ = ["BenchCancelled", "Capture", "run_benchmark_sync"]

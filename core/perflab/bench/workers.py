@@ -8,6 +8,12 @@ spawn, this never re-imports the caller's main script), each with its own event 
 monotonic clock on Linux and macOS), keep the global arrival schedule, parse their own
 captures after the run and send back traces. The parent merges them and computes the
 metrics as for one process.
+
+Cancellation: when the parent's ``cancel`` event is set it sends ``("cancel",)`` to every
+worker; a thread in each worker waits for that message (or for the parent's end of the
+socket to close) and sets the worker's own event, which its run polls like a single-process
+run. Workers send back what they had measured; one that has not answered within
+:data:`CANCEL_GRACE_S` is terminated and its requests are left out of the partial result.
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ import pickle
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from time import perf_counter
 
+from perflab.bench.cancel import POLL_S, BenchCancelled
 from perflab.bench.drive import Plan, compact_with, drive, frozen_gc, run_in_new_loop
 from perflab.bench.trace import Capture, RequestTrace, parse_capture
 from perflab.errors import PerflabError
@@ -30,6 +38,7 @@ START_LEAD_S = 0.2  # between "all workers ready" and the common start
 PROGRESS_EVERY_S = 0.25
 JOIN_TIMEOUT_S = 10.0
 READY_TIMEOUT_S = 60.0
+CANCEL_GRACE_S = 0.3  # after "cancel": how long workers get to send back what they measured
 
 
 def _worker_main(conn: Connection) -> None:
@@ -47,6 +56,8 @@ def _worker_main(conn: Connection) -> None:
         if msg[0] != "go":
             return
         start_at: float = msg[1]
+        cancel = threading.Event()
+        threading.Thread(target=_listen, args=(conn, cancel), name="perflab-bench-cancel", daemon=True).start()
         done = 0
         last = [0.0]
 
@@ -64,10 +75,16 @@ def _worker_main(conn: Connection) -> None:
             return parse_capture(cap, prompt_len=lens[cap.index], tokenizer=tok, keep_text=keep_text)
 
         with frozen_gc():
-            outcome = run_in_new_loop(drive(plan, start_at=start_at, on_done=on_done, compact=compact_with(parse)))
+            outcome = run_in_new_loop(
+                drive(plan, start_at=start_at, on_done=on_done, compact=compact_with(parse), cancel=cancel))
         conn.send(("progress", done))
-        traces = [cap.trace or parse(cap) for cap in outcome.captures]
-        conn.send(("done", traces, outcome.start, outcome.end, outcome.cpu_s))
+        if outcome.cancelled:
+            from perflab.bench.runner import sent_traces
+
+            traces = sent_traces(outcome.captures, parse, lambda i: lens[i])
+        else:
+            traces = [cap.trace or parse(cap) for cap in outcome.captures]
+        conn.send(("done", traces, outcome.start, outcome.end, outcome.cpu_s, outcome.cancelled))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent went away: nothing to report to
     except BaseException as exc:  # report anything, the parent turns it into one line
@@ -77,6 +94,17 @@ def _worker_main(conn: Connection) -> None:
             pass
     finally:
         conn.close()
+
+
+def _listen(conn: Connection, cancel: threading.Event) -> None:
+    """A worker's cancel listener: the parent's "cancel", or its end of the socket closing
+    (the parent gave up or died), stops the run."""
+    try:
+        while conn.recv()[0] != "cancel":
+            pass
+    except (EOFError, OSError, pickle.UnpicklingError):
+        pass
+    cancel.set()
 
 
 def _spawn(plan: Plan, lens: list[int], tokenizer: str, keep_text: bool) -> tuple[subprocess.Popen, Connection]:
@@ -101,18 +129,26 @@ def run_workers(
     *,
     keep_text: bool = False,
     progress: Callable[[int], None] | None = None,
-) -> tuple[list[RequestTrace], float, float, float]:
-    """Run each plan in its own process; return (traces by index, start, end, CPU seconds)."""
+    cancel: threading.Event | None = None,
+) -> tuple[list[RequestTrace], float, float, float, bool]:
+    """Run each plan in its own process; return (traces by index, start, end, CPU seconds,
+    cancelled). Cancelled before the common start: :class:`BenchCancelled` (no result);
+    after it: the traces of the requests sent, from the workers that answered in time."""
     procs: list[subprocess.Popen] = []
     conns: list[Connection] = []
+    tick = POLL_S if cancel is not None else 1.0
     try:
         for plan, lens in zip(plans, prompt_lens, strict=True):
             proc, conn = _spawn(plan, lens, tokenizer, keep_text)
             procs.append(proc)
             conns.append(conn)
         for conn, proc in zip(conns, procs, strict=True):
-            if not conn.poll(READY_TIMEOUT_S):
-                raise PerflabError(f"benchmark worker did not start within {READY_TIMEOUT_S:g} s")
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while not conn.poll(tick):
+                if cancel is not None and cancel.is_set():
+                    raise BenchCancelled(None, "starting --workers")
+                if time.monotonic() > deadline:
+                    raise PerflabError(f"benchmark worker did not start within {READY_TIMEOUT_S:g} s")
             msg = _recv(conn, proc)
             if msg[0] != "ready":
                 raise PerflabError(f"benchmark worker failed to start: {msg[1]}")
@@ -122,8 +158,19 @@ def run_workers(
         counts = [0] * len(conns)
         results: dict[int, tuple[list[RequestTrace], float, float, float]] = {}
         pending = {id(c): i for i, c in enumerate(conns)}
+        cancelled_at: float | None = None
+        partial = False  # some worker stopped before the end of its share
         while pending:
-            ready = wait([conns[i] for i in pending.values()], timeout=1.0)
+            if cancel is not None and cancelled_at is None and cancel.is_set():
+                cancelled_at = time.monotonic()
+                for i in pending.values():
+                    try:
+                        conns[i].send(("cancel",))
+                    except OSError:
+                        pass  # gone already: noticed below
+            if cancelled_at is not None and time.monotonic() - cancelled_at > CANCEL_GRACE_S:
+                break  # the rest are terminated below; their requests are not in the result
+            ready = wait([conns[i] for i in pending.values()], timeout=tick)
             if not ready:
                 for i in pending.values():
                     if procs[i].poll() is not None:
@@ -138,16 +185,21 @@ def run_workers(
                         progress(sum(counts))
                 elif msg[0] == "done":
                     results[i] = (msg[1], msg[2], msg[3], msg[4])
+                    partial = partial or msg[5]
                     del pending[id(conn)]
                 elif msg[0] == "error":
                     raise PerflabError(f"benchmark worker {i} failed: {msg[1]}")
+        cancelled = partial or bool(pending)
         traces = sorted((t for r in results.values() for t in r[0]), key=lambda t: t.index)
         runs = results.values()
-        return traces, min(r[1] for r in runs), max(r[2] for r in runs), sum(r[3] for r in runs)
+        if not runs:  # cancelled and no worker answered in time
+            return [], start_at, perf_counter(), 0.0, True
+        return traces, min(r[1] for r in runs), max(r[2] for r in runs), sum(r[3] for r in runs), cancelled
     finally:
         for conn in conns:
-            conn.close()
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
+            conn.close()  # a worker still running reads EOF and stops
+        stopping = cancel is not None and cancel.is_set()
+        deadline = time.monotonic() + (CANCEL_GRACE_S if stopping else JOIN_TIMEOUT_S)
         for proc in procs:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +43,8 @@ def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, 
             click.echo("perflab: interrupted; re-run the same command to resume", err=True)
     else:
         print_summary(summary)
-    if summary.interrupted and any(t.is_alive() and not t.daemon for t in threading.enumerate()
-                                   if t is not threading.main_thread()):
-        # A benchmark client thread abandoned at Ctrl-C may still be working through its
-        # request schedule against the (already torn down) engine; every engine is gone and
-        # every result is stored, so do not wait for it.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(summary.exit_code)
+    # No thread outlives the study: Ctrl-C cancels the running benchmark and waits for it
+    # (perflab.lab.executor), so the exit is a plain one.
     if summary.exit_code:
         raise click.exceptions.Exit(summary.exit_code)
 

@@ -5,6 +5,11 @@ One :meth:`Executor.run` is one run directory: every replica is started under
 client spreads each profile's requests over the replicas, and whatever happens — a refusal,
 a crash at startup or mid-benchmark, a benchmark error, Ctrl-C — every engine is torn down
 before it returns (or re-raises the cancellation).
+
+The benchmark runs in a worker thread with a cancel event (:mod:`perflab.bench.cancel`):
+the engine dying, the profile's time budget running out and Ctrl-C/SIGTERM (a cancellation
+of the study) all set it, and the executor waits — bounded — for the client to stop before
+it tears the engine down, so no benchmark outlives its configuration.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import structlog
 
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
@@ -27,10 +33,20 @@ from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
 from perflab.lab.study import CRASHED, FAILED, OK, TIMEOUT, UNSUPPORTED
 from perflab.types import HardwareSnapshot, LaunchSpec, to_jsonable
 
+log = structlog.get_logger("perflab.lab")
+
 SIM_TIME_SCALE_ENV = "PERFLAB_SIM_TIME_SCALE"
+# A benchmark with failed requests ends before the engine's process does when the engine is
+# going down (streams cut, connections refused while it shuts down): before calling such a
+# result a measurement, wait this long for the engine to exit.
+DEATH_GRACE_S = 3.0
+# How long a cancelled benchmark may take to stop (it needs well under a second) before the
+# executor stops waiting for its thread; the next launch still waits for it.
+BENCH_STOP_S = 10.0
 _VISIBLE = ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES")
 
 Event = Callable[..., None]  # on_event(kind, **fields): the live display and the study log
+Measured = Callable[[str, ProfileMeasurement], None]  # on_measured(profile name, measurement)
 
 
 @dataclass
@@ -91,14 +107,23 @@ def _unsupported_dicts(items: Sequence[Any]) -> list[dict[str, Any]]:
     return [to_jsonable(u) for u in items]
 
 
+def _has_failures(result: Any) -> bool:
+    return result is not None and bool(result.metrics.get("failed"))
+
+
+def _completed(result: Any) -> int | None:
+    return None if result is None else int(result.metrics.get("completed") or 0)
+
+
 class Executor:
     """Runs configurations; ``on_event(kind, **fields)`` hears about each stage."""
 
     def __init__(self, ctx: LabContext, on_event: Event | None = None) -> None:
         self.ctx = ctx
         self.on_event = on_event or (lambda kind, **kw: None)
-        # benchmark threads left running when their engine died or their time ran out; the
-        # next launch waits for them, so they cannot send requests to its (maybe same) port
+        # benchmark threads that did not stop within BENCH_STOP_S of their cancellation (a
+        # last resort: they stop by themselves); the next launch waits for them, so they
+        # cannot send requests to its (maybe same) port
         self._stale: list[threading.Event] = []
 
     async def _settle(self) -> None:
@@ -129,7 +154,11 @@ class Executor:
             return None
         return serving_script([spec])
 
-    async def run(self, config: Configuration, profiles: Sequence[Profile], run_dir: Path, *, label: str = "") -> RunRecord:
+    async def run(self, config: Configuration, profiles: Sequence[Profile], run_dir: Path, *, label: str = "",
+                  on_measured: Measured | None = None) -> RunRecord:
+        """Launch ``config``, benchmark ``profiles`` in order, tear down; the returned record
+        holds each profile's measurement. ``on_measured(name, m)`` hears each one as soon as
+        it exists, so that a caller can store it before a later profile is interrupted."""
         from perflab.supervisor import supervise
 
         plan = self.ctx.plan
@@ -170,7 +199,7 @@ class Executor:
                     break
             else:
                 rec.script = serving_script([inst.launch for inst in instances])
-                await self._benchmark_all(rec, instances, config, profiles, run_dir, label)
+                await self._benchmark_all(rec, instances, config, profiles, run_dir, label, on_measured)
             self.on_event("teardown", label=label, engine=engine)
         self._write_outcome(run_dir, rec, instances)
         return rec
@@ -189,10 +218,13 @@ class Executor:
             rec.error = "the engine stopped before it served"
 
     async def _benchmark_all(self, rec: RunRecord, instances: list[Any], config: Configuration,
-                             profiles: Sequence[Profile], run_dir: Path, label: str) -> None:
+                             profiles: Sequence[Profile], run_dir: Path, label: str,
+                             on_measured: Measured | None = None) -> None:
         for profile in profiles:
             m = await self._benchmark(instances, config, profile, run_dir, label)
             rec.measurements[profile.name] = m
+            if on_measured is not None:
+                on_measured(profile.name, m)
             if m.status == CRASHED:
                 rec.state = CRASHED
                 rec.cause = m.cause
@@ -200,7 +232,8 @@ class Executor:
 
     async def _benchmark(self, instances: list[Any], config: Configuration, profile: Profile, run_dir: Path,
                          label: str) -> ProfileMeasurement:
-        from perflab.bench import BenchRequest, run_benchmark_sync
+        from perflab.bench import BenchCancelled, BenchRequest, run_benchmark_sync
+        from perflab.bench.cancel import wait_set
 
         plan = self.ctx.plan
         workload: dict[str, Any] = {}
@@ -233,52 +266,89 @@ class Executor:
             self.on_event("progress", label=label, profile=profile.label, done=done, total=total)
 
         result: Any = None
+        partial: Any = None  # a cancelled run's BenchResult (what it had measured)
         error: str | None = None
         dead: list[Any] = []
+        timed_out = False
+        cancel = threading.Event()
         finished = threading.Event()
+        any_died = anyio.Event()
+        budget = plan.timeouts.benchmark_s
 
         def work() -> Any:
             try:
-                return run_benchmark_sync(req, progress)
+                return run_benchmark_sync(req, progress, cancel)
             finally:
                 finished.set()
 
-        async with anyio.create_task_group() as tg:
+        try:
+            async with anyio.create_task_group() as tg:
 
-            async def bench() -> None:
-                nonlocal result, error
+                async def watch(inst: Any) -> None:
+                    await inst.died.wait()
+                    dead.append(inst)
+                    cancel.set()  # no request reaches a dead engine's port any more
+                    any_died.set()
+
+                async def deadline() -> None:
+                    nonlocal timed_out
+                    await anyio.sleep(budget)
+                    timed_out = True
+                    cancel.set()
+
+                for inst in instances:
+                    tg.start_soon(watch, inst)
+                if budget is not None:
+                    tg.start_soon(deadline)
                 try:
-                    with anyio.fail_after(plan.timeouts.benchmark_s):
-                        # abandoned on cancel (Ctrl-C, engine death, timeout): teardown must not
-                        # wait for the client, whose requests fail fast once the engine is gone
-                        result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
-                except TimeoutError:
-                    error = f"the benchmark did not finish within {plan.timeouts.benchmark_s:g} s"
+                    # abandon_on_cancel: a cancellation from outside (Ctrl-C) is not held up
+                    # here; the `finally` below stops the client and waits for its thread
+                    result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+                except BenchCancelled as exc:
+                    partial = exc.result
                 except Exception as exc:  # a client failure is a result, not a study abort
                     error = f"{type(exc).__name__}: {exc}"
+                if not dead and not timed_out and (error is not None or _has_failures(result)):
+                    # failed requests may be the engine going down: let its exit be seen
+                    with anyio.move_on_after(DEATH_GRACE_S):
+                        await any_died.wait()
                 tg.cancel_scope.cancel()
+        finally:
+            if not finished.is_set():  # cancelled from outside: stop the client, wait for it
+                cancel.set()
+                with anyio.CancelScope(shield=True):
+                    if not await wait_set(finished, BENCH_STOP_S):
+                        log.warning("lab.bench-still-running", label=label, profile=profile.name, waited_s=BENCH_STOP_S)
+                        self._stale.append(finished)
 
-            async def watch(inst: Any) -> None:
-                await inst.died.wait()
-                dead.append(inst)
-                tg.cancel_scope.cancel()
+        measured = result if result is not None else partial
+        m = self._judge(profile, result, partial, error, dead, timed_out, budget)
+        if measured is not None:
+            data: dict[str, Any] = {"profile": profile.name, "label": profile.label, "definition": profile.definition()}
+            if m.status != OK:  # what a failed or stopped benchmark had measured, for diagnosis only
+                data.update(status=m.status, cancelled=measured is partial, error=m.error)
+            data["metrics"] = dict(measured.metrics)
+            write_json(run_dir / f"bench-{profile.name}.json", data)
+        return m
 
-            for inst in instances:
-                tg.start_soon(watch, inst)
-            tg.start_soon(bench)
-        if not finished.is_set():
-            self._stale.append(finished)
-
+    @staticmethod
+    def _judge(profile: Profile, result: Any, partial: Any, error: str | None, dead: list[Any], timed_out: bool,
+               budget: float) -> ProfileMeasurement:
+        """One profile's measurement from how its benchmark ended."""
+        n = profile.num_prompts
+        done = _completed(result if result is not None else partial)
+        of = f" ({done} of {n} requests completed)" if done is not None else ""
+        if result is not None and not _has_failures(result):
+            dead = []  # complete before the engine went down: a measurement; the next profile sees the death
         if dead:
-            o = dead[0].outcome
-            return ProfileMeasurement(CRASHED, num_prompts=profile.num_prompts, cause=to_jsonable(o.cause),
-                                      error=f"the engine died during the {profile.label} benchmark")
-        if error is not None or result is None:
-            return ProfileMeasurement(FAILED, num_prompts=profile.num_prompts, error=error or "no benchmark result")
-        metrics = dict(result.metrics)
-        write_json(run_dir / f"bench-{profile.name}.json", {"profile": profile.name, "label": profile.label,
-                                                             "definition": profile.definition(), "metrics": metrics})
-        return ProfileMeasurement(OK, metrics=metrics, num_prompts=profile.num_prompts)
+            cause = dead[0].outcome.cause
+            return ProfileMeasurement(CRASHED, num_prompts=n, cause=to_jsonable(cause) if cause is not None else None,
+                                      error=f"the engine died during the {profile.label} benchmark{of}")
+        if result is None and timed_out:
+            return ProfileMeasurement(FAILED, num_prompts=n, error=f"the benchmark did not finish within {budget:g} s{of}")
+        if result is None:
+            return ProfileMeasurement(FAILED, num_prompts=n, error=error or f"the benchmark was cancelled{of}")
+        return ProfileMeasurement(OK, metrics=dict(result.metrics), num_prompts=n)
 
     def _write_outcome(self, run_dir: Path, rec: RunRecord, instances: list[Any]) -> None:
         outcome = {

@@ -108,8 +108,16 @@ class LiveMeasure(StoreMeasure):
             self.log.info("lab.run", run_id=run_id, step=step, label=label, engine=config.engine,
                           options=config.canonical()["options"], profiles=[p.name for p in todo], dir=str(run_dir))
             self.launched += 1
+            saved: set[str] = set()
+            by_name = {p.name: p for p in todo}
+
+            def on_measured(name: str, m: ProfileMeasurement, run_id: int = run_id) -> None:
+                # stored at once: a profile measured before an interrupt is never lost
+                self.store.add_measurement(run_id, ckey, by_name[name].key(), name, m)
+                saved.add(name)
+
             try:
-                rec = await self.executor.run(config, todo, run_dir, label=label)
+                rec = await self.executor.run(config, todo, run_dir, label=label, on_measured=on_measured)
             except Exception as exc:  # a plugin or client bug on one configuration: record it, go on
                 self.log.exception("lab.run-error", run_id=run_id, label=label)
                 rec = RunRecord(FAILED, error=f"{type(exc).__name__}: {exc}")
@@ -119,7 +127,7 @@ class LiveMeasure(StoreMeasure):
                 write_json(run_dir / "outcome.json", {"state": INTERRUPTED})
                 self.log.warning("lab.run-interrupted", run_id=run_id, label=label)
                 raise
-            self._save(run_id, ckey, rec, todo)
+            self._save(run_id, ckey, rec, todo, saved)
             self.log.info("lab.run-finished", run_id=run_id, label=label, state=rec.state,
                           measured=sorted(rec.measurements), cause=(rec.cause or {}).get("name"))
             if not rec.measurements:
@@ -136,10 +144,10 @@ class LiveMeasure(StoreMeasure):
                       + (" (reused)" if main.reused else ""))
         return out
 
-    def _save(self, run_id: int, ckey: str, rec: RunRecord, todo: Sequence[Profile]) -> None:
+    def _save(self, run_id: int, ckey: str, rec: RunRecord, todo: Sequence[Profile], saved: set[str]) -> None:
         for p in todo:
             m = rec.measurements.get(p.name)
-            if m is not None:
+            if m is not None and p.name not in saved:
                 self.store.add_measurement(run_id, ckey, p.key(), p.name, m)
         self.store.finish_run(run_id, rec)
 

@@ -549,7 +549,7 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
         log.line(
             "INFO",
             "core.py:77",
-            f"Initializing a V1 LLM engine (v{version}) with config: model='{model}', speculative_config=None, "
+            f"Initializing a V1 LLM engine (v{version}) with config: model='{model}', speculative_config={a.get('speculative_config')}, "
             f"tokenizer='{model}', skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
             f"trust_remote_code={bool(a.get('trust_remote_code', False))}, dtype=torch.bfloat16, "
             f"max_seq_len={effective_len}, download_dir=None, load_format=auto, tensor_parallel_size={tp}, "
