@@ -420,6 +420,7 @@ class TestMindieConformance(EngineConformance):
     engine = ENGINE
     distribution = "perflab-plugin-mindie"
     model = "Qwen/Qwen3-8B"
+    sim_hardware = "910b3-x1"  # full launch/ready/teardown cycle on perflab's simulator
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"prefix_caching": True}, {"dp": 2}]
     unsupported_configs = [{"kv_cache_dtype": "fp8"}, {"prefix_caching": True, "dp": 2}, {"served_model_name": "a/b"}]
     crash_samples = CRASHES

@@ -413,6 +413,7 @@ class TestSglangConformance(EngineConformance):
     engine = ENGINE
     distribution = "perflab-plugin-sglang"
     model = "Qwen/Qwen3-8B"
+    sim_hardware = "h100-80g-x1"  # full launch/ready/teardown cycle on perflab's simulator
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"prefix_caching": False, "chunked_prefill": False}]
     unsupported_configs = [{"quantization": "ascend"}, {"speculative_config": {"method": "medusa"}}]
     crash_samples = CRASHES

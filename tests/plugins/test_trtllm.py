@@ -403,6 +403,7 @@ class TestTrtllmConformance(EngineConformance):
     engine = ENGINE
     distribution = "perflab-plugin-trtllm"
     model = "Qwen/Qwen3-8B"
+    sim_hardware = "h100-80g-x1"  # full launch/ready/teardown cycle on perflab's simulator
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"dp": 2}, {"prefix_caching": False, "chunked_prefill": True}]
     unsupported_configs = [{"served_model_name": "qwen"}, {"tp": 2, "dp": 2}, {"quantization": "fp8"}]
     crash_samples = CRASHES

@@ -656,6 +656,7 @@ class TestVllmConformance(EngineConformance):
     engine = "vllm"
     distribution = "perflab-plugin-vllm"
     model = "Qwen/Qwen3-8B"
+    sim_hardware = "h100-80g-x1"  # full launch/ready/teardown cycle on perflab's simulator
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"tp": 2, "ep": 2}, {"prefix_caching": False}]
     unsupported_configs = [{"tp": 4, "ep": 2}, {"quantization": "int3"}, {"options": {"additional_config": {}}}]
     crash_samples = {"kv-cache-too-small": KV_CACHE_LOG, "cuda-out-of-memory": OOM_THEN_NCCL_LOG}

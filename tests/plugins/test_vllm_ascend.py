@@ -275,6 +275,7 @@ class TestVllmAscendConformance(EngineConformance):
     engine = "vllm-ascend"
     distribution = "perflab-plugin-vllm-ascend"
     model = "Qwen/Qwen3-8B"
+    sim_hardware = "910b3-x1"  # full launch/ready/teardown cycle on perflab's simulator
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"quantization": "ascend"},
                {"options": {"additional_config": {"pa_shape_list": [48]}}}]
     unsupported_configs = [{"tp": 4, "ep": 2}, {"quantization": "awq"}, {"quantization": "fp8"}]

@@ -83,6 +83,8 @@ class EngineConformance:
     stand_in: ClassVar[Path | str | None] = None
     #: the basename your launch's argv[0] has (replaced by the stand-in in the full cycle)
     executable_name: ClassVar[str | None] = None
+    #: or: a perflab simulator machine (e.g. "h100-80g-x1") whose stand-in engine runs the cycle
+    sim_hardware: ClassVar[str | None] = None
 
     # ------------------------------------------------------------------ fixtures
 
@@ -245,27 +247,36 @@ class EngineConformance:
     # ------------------------------------------------------------------ the full cycle
 
     def test_full_cycle_against_stand_in(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
-        if self.stand_in is None:
-            pytest.skip("no stand_in executable given")
+        if self.stand_in is None and self.sim_hardware is None:
+            pytest.skip("no stand_in executable or sim_hardware given")
         import anyio
 
         from perflab.supervisor import supervise
 
-        spec = self._build(pm, hardware, tmp_path)
-        exe_name = self.executable_name or Path(spec.argv[0]).name
-        bindir = tmp_path / "bin"
-        bindir.mkdir()
-        target = bindir / exe_name
-        src = Path(self.stand_in)
-        target.write_text(f"#!{sys.executable}\n" + src.read_text())
-        target.chmod(target.stat().st_mode | stat.S_IEXEC)
         env = dict(os.environ)
-        env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
-        assert shutil.which(exe_name, path=env["PATH"]) == str(target)
+        cycle_hardware = HardwareSnapshot()
+        config = ServeConfig(model=self.model)
+        if self.sim_hardware is not None:
+            from perflab.hardware import resolve
+
+            # a private memory registry, so parallel simulations cannot disturb this one
+            env["PERFLAB_SIM_STATE_DIR"] = str(tmp_path / "sim-state")
+            cycle_hardware, env = resolve(pm, f"sim:{self.sim_hardware}", env)
+            config = config.replace(max_model_len=4096)
+        else:
+            spec = self._build(pm, hardware, tmp_path)
+            exe_name = self.executable_name or Path(spec.argv[0]).name
+            bindir = tmp_path / "bin"
+            bindir.mkdir()
+            target = bindir / exe_name
+            target.write_text(f"#!{sys.executable}\n" + Path(self.stand_in).read_text())  # type: ignore[arg-type]
+            target.chmod(target.stat().st_mode | stat.S_IEXEC)
+            env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+            assert shutil.which(exe_name, path=env["PATH"]) == str(target)
 
         async def cycle() -> dict[str, Any]:
-            inst = supervise(pm, self.engine, ServeConfig(model=self.model), hardware=HardwareSnapshot(),
-                             env=env, workdir=tmp_path / "run", startup_timeout=20)
+            inst = supervise(pm, self.engine, config, hardware=cycle_hardware, env=env,
+                             workdir=tmp_path / "run", startup_timeout=60)
             async with inst:
                 state = inst.outcome.state
             return {"ready": state, "final": inst.outcome}
