@@ -7,20 +7,12 @@ first matching line (the root cause, not a later MPI/wrapper error) is quoted.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-
+from perflab.crashes import Signature, first_signature
 from perflab.types import CrashCause
 
 REPO = "https://github.com/NVIDIA/TensorRT-LLM/blob/main"
 
 
-@dataclass(frozen=True)
-class Signature:
-    name: str
-    pattern: re.Pattern[str]
-    explanation: str
-    hint: str
-    source: str
 
 
 SIGNATURES: tuple[Signature, ...] = (
@@ -82,9 +74,4 @@ SIGNATURES: tuple[Signature, ...] = (
 
 
 def classify(log_tail: str, signatures: tuple[Signature, ...] = SIGNATURES) -> CrashCause | None:
-    lines = log_tail.splitlines()
-    for sig in signatures:
-        for line in lines:
-            if sig.pattern.search(line):
-                return CrashCause(sig.name, sig.explanation, line=line.strip(), hint=sig.hint, source=sig.source)
-    return None
+    return first_signature(log_tail, signatures)

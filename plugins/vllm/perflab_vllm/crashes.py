@@ -11,26 +11,17 @@ Every pattern quotes the engine's own message; ``source`` says where it comes fr
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from perflab.crashes import Signature, earliest_line, signature
 from perflab.types import CrashCause
 
 V = "https://github.com/vllm-project/vllm/blob/v0.11.0/"
 
 
-@dataclass(frozen=True)
-class CrashPattern:
-    name: str
-    regex: re.Pattern[str]
-    explanation: str
-    hint: str
-    source: str
-
-
-def pattern(name: str, regex: str, explanation: str, hint: str, source: str) -> CrashPattern:
-    return CrashPattern(name, re.compile(regex), explanation, hint, source)
+# The shared signature shape; vLLM scans lines in log order (earliest root cause wins).
+CrashPattern = Signature
+pattern = signature
 
 
 #: Root causes, most specific first (one line may match several; the first listed wins).
@@ -162,23 +153,10 @@ VLLM_WRAPPERS: tuple[CrashPattern, ...] = (
 )
 
 
-def _cause(p: CrashPattern, line: str) -> CrashCause:
-    return CrashCause(p.name, p.explanation, line=line.strip(), hint=p.hint, source=p.source)
-
-
 def classify(
     log_tail: str,
     root_causes: Sequence[CrashPattern] = VLLM_ROOT_CAUSES,
     wrappers: Sequence[CrashPattern] = VLLM_WRAPPERS,
 ) -> CrashCause | None:
     """The first root cause in the log, else the first wrapper error, else None."""
-    lines = log_tail.splitlines()
-    for line in lines:
-        for p in root_causes:
-            if p.regex.search(line):
-                return _cause(p, line)
-    for line in lines:
-        for p in wrappers:
-            if p.regex.search(line):
-                return _cause(p, line)
-    return None
+    return earliest_line(log_tail, root_causes) or earliest_line(log_tail, wrappers)
