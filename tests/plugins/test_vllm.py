@@ -501,6 +501,14 @@ OOM_THEN_NCCL_LOG = """\
 """
 
 CRASH_LOGS: list[tuple[str, str, str]] = [
+    (
+        "cuda-illegal-memory-access",
+        "(EngineCore_DP0 pid=2) ERROR 11-21 06:10:01 [core.py:710] EngineCore encountered a fatal error.\n"
+        "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+        "asyncio.exceptions.CancelledError\n"
+        "(APIServer pid=1) ERROR [async_llm.py:480] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n",
+        "an illegal memory access was encountered",
+    ),
     ("kv-cache-too-small", KV_CACHE_LOG, "larger than the available KV cache memory"),
     (
         "kv-cache-too-small",
@@ -660,3 +668,4 @@ class TestVllmConformance(EngineConformance):
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"tp": 2, "ep": 2}, {"prefix_caching": False}]
     unsupported_configs = [{"tp": 4, "ep": 2}, {"quantization": "int3"}, {"options": {"additional_config": {}}}]
     crash_samples = {"kv-cache-too-small": KV_CACHE_LOG, "cuda-out-of-memory": OOM_THEN_NCCL_LOG}
+

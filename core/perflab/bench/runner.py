@@ -27,7 +27,7 @@ from datetime import datetime
 from time import perf_counter
 from typing import Any
 
-from perflab.bench.cancel import CANCELLED, BenchCancelled, check
+from perflab.bench.cancel import BenchCancelled, check
 from perflab.bench.client import (
     Prepared,
     Target,
@@ -51,7 +51,7 @@ from perflab.bench.request import BenchRequest
 from perflab.bench.result import BenchResult
 from perflab.bench.schedule import arrival_offsets
 from perflab.bench.tokenizer import Tokenizer, load_tokenizer, tokenizer_spec
-from perflab.bench.trace import Capture, RequestTrace, parse_capture
+from perflab.bench.trace import Capture, RequestTrace, parse_capture, sent_traces
 from perflab.errors import PerflabError
 
 SIM_TIME_SCALE_HEADER = "x-perflab-sim-time-scale"
@@ -133,24 +133,6 @@ class _Timed:
     end: float
     cpu_s: float
     cancelled: bool = False
-
-
-def cancelled_trace(cap: Capture, prompt_len: int) -> RequestTrace:
-    """A request cut short by a cancellation: failed, whatever it had received."""
-    return RequestTrace(success=False, start=cap.start, prompt_len=prompt_len, error=CANCELLED, index=cap.index)
-
-
-def sent_traces(captures: list[Capture], parse: Callable[[Capture], RequestTrace], prompt_len: Callable[[int], int]) -> list[RequestTrace]:
-    """Traces of a cancelled run's requests that were sent (the others are left out)."""
-    out = []
-    for cap in captures:
-        if not cap.start:
-            continue
-        if cap.error == CANCELLED:
-            out.append(cancelled_trace(cap, prompt_len(cap.index)))
-        else:
-            out.append(cap.trace or parse(cap))
-    return out
 
 
 def _run_single(plan: Plan, samples: list[Sample], tok: Tokenizer, keep_text: bool, progress: Progress | None,

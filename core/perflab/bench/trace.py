@@ -11,9 +11,11 @@ captures from ``--workers`` processes share an origin.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from perflab.bench.cancel import CANCELLED
 from perflab.bench.sse import SSEParser
 from perflab.bench.tokenizer import Tokenizer
 
@@ -263,3 +265,21 @@ def _chunk_tokens(
             counts = [c * factor for c in counts]
         return counts
     return None
+
+
+def cancelled_trace(cap: Capture, prompt_len: int) -> RequestTrace:
+    """A request cut short by a cancellation: failed, whatever it had received."""
+    return RequestTrace(success=False, start=cap.start, prompt_len=prompt_len, error=CANCELLED, index=cap.index)
+
+
+def sent_traces(captures: list[Capture], parse: Callable[[Capture], RequestTrace], prompt_len: Callable[[int], int]) -> list[RequestTrace]:
+    """Traces of a cancelled run's requests that were sent (the others are left out)."""
+    out = []
+    for cap in captures:
+        if not cap.start:
+            continue
+        if cap.error == CANCELLED:
+            out.append(cancelled_trace(cap, prompt_len(cap.index)))
+        else:
+            out.append(cap.trace or parse(cap))
+    return out

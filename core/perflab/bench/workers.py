@@ -31,7 +31,7 @@ from time import perf_counter
 
 from perflab.bench.cancel import POLL_S, BenchCancelled
 from perflab.bench.drive import Plan, compact_with, drive, frozen_gc, run_in_new_loop
-from perflab.bench.trace import Capture, RequestTrace, parse_capture
+from perflab.bench.trace import Capture, RequestTrace, parse_capture, sent_traces
 from perflab.errors import PerflabError
 
 START_LEAD_S = 0.2  # between "all workers ready" and the common start
@@ -79,8 +79,6 @@ def _worker_main(conn: Connection) -> None:
                 drive(plan, start_at=start_at, on_done=on_done, compact=compact_with(parse), cancel=cancel))
         conn.send(("progress", done))
         if outcome.cancelled:
-            from perflab.bench.runner import sent_traces
-
             traces = sent_traces(outcome.captures, parse, lambda i: lens[i])
         else:
             traces = [cap.trace or parse(cap) for cap in outcome.captures]

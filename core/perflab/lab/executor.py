@@ -118,9 +118,13 @@ def _completed(result: Any) -> int | None:
 class Executor:
     """Runs configurations; ``on_event(kind, **fields)`` hears about each stage."""
 
-    def __init__(self, ctx: LabContext, on_event: Event | None = None) -> None:
+    def __init__(self, ctx: LabContext, on_event: Event | None = None, on_measured: Measured | None = None) -> None:
         self.ctx = ctx
         self.on_event = on_event or (lambda kind, **kw: None)
+        # on_measured(profile name, measurement) hears each profile's measurement as soon as it
+        # exists, before the run goes on to the next profile: the runner stores it at once, so
+        # an interrupt later in the same launch cannot lose it
+        self.on_measured = on_measured
         # benchmark threads that did not stop within BENCH_STOP_S of their cancellation (a
         # last resort: they stop by themselves); the next launch waits for them, so they
         # cannot send requests to its (maybe same) port
@@ -154,11 +158,9 @@ class Executor:
             return None
         return serving_script([spec])
 
-    async def run(self, config: Configuration, profiles: Sequence[Profile], run_dir: Path, *, label: str = "",
-                  on_measured: Measured | None = None) -> RunRecord:
+    async def run(self, config: Configuration, profiles: Sequence[Profile], run_dir: Path, *, label: str = "") -> RunRecord:
         """Launch ``config``, benchmark ``profiles`` in order, tear down; the returned record
-        holds each profile's measurement. ``on_measured(name, m)`` hears each one as soon as
-        it exists, so that a caller can store it before a later profile is interrupted."""
+        holds each profile's measurement (each also goes to :attr:`on_measured` at once)."""
         from perflab.supervisor import supervise
 
         plan = self.ctx.plan
@@ -199,7 +201,7 @@ class Executor:
                     break
             else:
                 rec.script = serving_script([inst.launch for inst in instances])
-                await self._benchmark_all(rec, instances, config, profiles, run_dir, label, on_measured)
+                await self._benchmark_all(rec, instances, config, profiles, run_dir, label)
             self.on_event("teardown", label=label, engine=engine)
         self._write_outcome(run_dir, rec, instances)
         return rec
@@ -218,13 +220,12 @@ class Executor:
             rec.error = "the engine stopped before it served"
 
     async def _benchmark_all(self, rec: RunRecord, instances: list[Any], config: Configuration,
-                             profiles: Sequence[Profile], run_dir: Path, label: str,
-                             on_measured: Measured | None = None) -> None:
+                             profiles: Sequence[Profile], run_dir: Path, label: str) -> None:
         for profile in profiles:
             m = await self._benchmark(instances, config, profile, run_dir, label)
             rec.measurements[profile.name] = m
-            if on_measured is not None:
-                on_measured(profile.name, m)
+            if self.on_measured is not None:
+                self.on_measured(profile.name, m)
             if m.status == CRASHED:
                 rec.state = CRASHED
                 rec.cause = m.cause

@@ -109,15 +109,11 @@ class LiveMeasure(StoreMeasure):
                           options=config.canonical()["options"], profiles=[p.name for p in todo], dir=str(run_dir))
             self.launched += 1
             saved: set[str] = set()
-            by_name = {p.name: p for p in todo}
-
-            def on_measured(name: str, m: ProfileMeasurement, run_id: int = run_id) -> None:
-                # stored at once: a profile measured before an interrupt is never lost
-                self.store.add_measurement(run_id, ckey, by_name[name].key(), name, m)
-                saved.add(name)
-
+            # each profile's measurement is stored as soon as it exists: an interrupt later in
+            # the same launch cannot lose it (executors without the attribute: stored below)
+            self.executor.on_measured = self._storer(run_id, ckey, todo, saved)
             try:
-                rec = await self.executor.run(config, todo, run_dir, label=label, on_measured=on_measured)
+                rec = await self.executor.run(config, todo, run_dir, label=label)
             except Exception as exc:  # a plugin or client bug on one configuration: record it, go on
                 self.log.exception("lab.run-error", run_id=run_id, label=label)
                 rec = RunRecord(FAILED, error=f"{type(exc).__name__}: {exc}")
@@ -127,6 +123,8 @@ class LiveMeasure(StoreMeasure):
                 write_json(run_dir / "outcome.json", {"state": INTERRUPTED})
                 self.log.warning("lab.run-interrupted", run_id=run_id, label=label)
                 raise
+            finally:
+                self.executor.on_measured = None
             self._save(run_id, ckey, rec, todo, saved)
             self.log.info("lab.run-finished", run_id=run_id, label=label, state=rec.state,
                           measured=sorted(rec.measurements), cause=(rec.cause or {}).get("name"))
@@ -143,6 +141,15 @@ class LiveMeasure(StoreMeasure):
         self.on_event("result", label=label, status=main.status, reused=main.reused, summary=main.summary()
                       + (" (reused)" if main.reused else ""))
         return out
+
+    def _storer(self, run_id: int, ckey: str, todo: Sequence[Profile], saved: set[str]) -> Any:
+        by_name = {p.name: p for p in todo}
+
+        def store(name: str, m: ProfileMeasurement) -> None:
+            self.store.add_measurement(run_id, ckey, by_name[name].key(), name, m)
+            saved.add(name)
+
+        return store
 
     def _save(self, run_id: int, ckey: str, rec: RunRecord, todo: Sequence[Profile], saved: set[str]) -> None:
         for p in todo:

@@ -85,6 +85,15 @@ VLLM_ROOT_CAUSES: tuple[CrashPattern, ...] = (
         "https://docs.pytorch.org/docs/stable/generated/torch.cuda.OutOfMemoryError.html",
     ),
     pattern(
+        "cuda-illegal-memory-access",
+        r"CUDA error: an illegal memory access was encountered|cudaErrorIllegalAddress",
+        "a CUDA kernel accessed invalid memory while serving (a kernel bug for this model, "
+        "quantization or GPU; the engine cannot recover)",
+        "rerun with CUDA_LAUNCH_BLOCKING=1 to find the kernel; try --enforce-eager via "
+        "--engine-option enforce_eager=true, another attention backend, or another vLLM version",
+        "https://docs.vllm.ai/en/stable/usage/troubleshooting.html",
+    ),
+    pattern(
         "address-in-use",
         # uvicorn: "[Errno 98] error while attempting to bind on address (...): address already in
         # use"; vLLM binds its socket itself first: "OSError: [Errno 98] Address already in use".
