@@ -118,6 +118,59 @@ def test_activate_is_idempotent_and_race_safe(sim_tmp: Path) -> None:
     assert not [p for p in trees if p.name.startswith(".building")]
 
 
+def dist_versions(env: dict[str, str]) -> dict[str, str]:
+    py_dir = Path(env["PYTHONPATH"].split(os.pathsep)[0])
+    return {d.metadata["Name"]: d.version for d in importlib.metadata.distributions(path=[str(py_dir)])}
+
+
+def test_activate_writes_the_machines_seed_versions_or_those_of_the_environment(sim_tmp: Path) -> None:
+    # seed 004: vLLM 0.17.1 and SGLang 0.5.9 on H100
+    h100 = sim.activate("h100-80g-x1", {"PATH": "/usr/bin"})
+    assert dist_versions(h100) == {"vllm": "0.17.1", "sglang": "0.5.9", "tensorrt_llm": "1.2.0rc1"}
+    chosen = sim.activate("a100-80g-x1", {"PATH": "/usr/bin", "PERFLAB_SIM_ENGINE_VERSIONS": " vllm=0.17.1, tensorrt_llm=1.3.0 ,mindie=2.2.RC1"})
+    assert dist_versions(chosen) == {"vllm": "0.17.1", "sglang": "0.5.5.post1", "tensorrt_llm": "1.3.0"}  # MindIE: not on A100
+    plain = sim.activate("a100-80g-x1", {"PATH": "/usr/bin"})
+    assert plain["PYTHONPATH"] != chosen["PYTHONPATH"] and dist_versions(plain)["vllm"] == "0.11.0"
+    ascend = sim.activate("910b3-x1", {"PATH": "/usr/bin", "PERFLAB_SIM_ENGINE_VERSIONS": "vllm-ascend=0.11.0rc2,mindie=2.2.RC1"})
+    assert dist_versions(ascend) == {"vllm": "0.9.1", "vllm_ascend": "0.11.0rc2"}
+    info = (Path(ascend["MIES_INSTALL_PATH"]) / "version.info").read_text()
+    assert info.splitlines()[0] == "Ascend-mindie : 2.2.RC1"
+    done = subprocess.run(["vllm", "--version"], env=chosen, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "0.17.1"
+
+
+def test_a_plans_engine_versions_reach_the_activated_machine(sim_tmp: Path) -> None:
+    from perflab.lab.plan import load_plan_text
+
+    text = (
+        "model: {id: Qwen/Qwen3.5-9B}\nhardware: sim:h100-80g-x1\nengines: [vllm]\n"
+        "simulation: {time_scale: 20, engine_versions: {vllm: '0.16.0', tensorrt_llm: '1.3.0'}}\n"
+        "candidates: [{name: Seqs, set: {max_num_seqs: 512}}]\n"
+        "profiles: {short: {input_len: 128, output_len: 4, num_prompts: 10}}\n"
+    )
+    plan = load_plan_text(text, path=Path("plan.yaml"), known_engines=["vllm"])
+    assert plan.sim_environment() == {"PERFLAB_SIM_ENGINE_VERSIONS": "trtllm=1.3.0,vllm=0.16.0"}
+    env = sim.activate("h100-80g-x1", {"PATH": "/usr/bin", **plan.sim_environment()})
+    assert dist_versions(env) == {"vllm": "0.16.0", "sglang": "0.5.9", "tensorrt_llm": "1.3.0"}
+    bad = text.replace("'0.16.0'", "0.16")
+    with pytest.raises(UsageError, match=r"simulation.engine_versions.vllm: expected a version string such as '0.17.1' \(quote it\), got 0.16"):
+        load_plan_text(bad, path=Path("plan.yaml"), known_engines=["vllm"])
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("vllm", "expected ENGINE=VERSION, got 'vllm'"),
+        ("vlm=0.17.1", "unknown engine 'vlm' (expected one of: vllm, sglang, trtllm, vllm-ascend, mindie)"),
+        ("vllm=latest", "vllm='latest' is not a version (expected e.g. 0.17.1)"),
+    ],
+)
+def test_activate_refuses_bad_engine_versions_in_one_line(sim_tmp: Path, value: str, message: str) -> None:
+    with pytest.raises(UsageError) as err:
+        sim.activate("h100-80g-x1", {"PERFLAB_SIM_ENGINE_VERSIONS": value})
+    assert str(err.value) == f"PERFLAB_SIM_ENGINE_VERSIONS: {message}"
+
+
 def test_activate_keeps_a_state_dir_chosen_for_the_machine(sim_tmp: Path) -> None:
     mine = str(sim_tmp / "mine")
     assert sim.activate("a100-80g-x1", {"PERFLAB_SIM_STATE_DIR": mine})["PERFLAB_SIM_STATE_DIR"] == mine

@@ -5,16 +5,14 @@ config.json checks, and the efficiency table against the seeds' rankings."""
 from __future__ import annotations
 
 import json
-import math
 import os
-import random
 import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from perflab.sim import perfmodel, runtime, scheduler
+from perflab.sim import calibrate, perfmodel, runtime, scheduler
 from perflab.sim.frontends import common, frontend_for, mindie, sglang, trtllm, vllm
 from perflab.sim.frontends.common import EngineExit
 
@@ -140,14 +138,44 @@ def test_vllm_config_file_and_dotted_json(tmp_path: Path, free_port: int) -> Non
     assert cfg.extra["compilation_config"] == {"cudagraph_mode": "FULL", "cudagraph_capture_sizes": ["1", "8"]}
 
 
-def test_vllm_version_tables_differ(monkeypatch: pytest.MonkeyPatch, free_port: int) -> None:
+def test_vllm_version_tables_differ(free_port: int) -> None:
     # --async-scheduling came after 0.9.1; --performance-mode after 0.11.
     exc = usage_error(vllm.parse, ["serve", "Qwen/Qwen3-8B", "--async-scheduling"], ASCEND)
     assert exc.code == 2 and "unrecognized arguments: --async-scheduling" in exc.stderr
-    assert "unrecognized arguments: --performance-mode" in usage_error(vllm.parse, ["serve", "m", "--performance-mode", "throughput"], H100).stderr
-    monkeypatch.setattr(vllm, "_engine_version", lambda machine, env: "0.17.1")
+    assert "unrecognized arguments: --performance-mode" in usage_error(vllm.parse, ["serve", "m", "--performance-mode", "throughput"], A100).stderr
+    # seed 004: H100 machines run vLLM 0.17.1 by default
     cfg = vllm.parse(["serve", "Qwen/Qwen3.5-9B", "--performance-mode", "throughput", "--max-model-len", "32768", "--port", str(free_port)], H100)
+    assert cfg.engine_version == "0.17.1"
     assert (cfg.max_batched_tokens, cfg.max_num_seqs) == (16384, 2048)  # throughput mode doubles both
+
+
+def test_vllm_versions_from_the_environment_pick_the_nearest_table_below(free_port: int) -> None:
+    argv = ["serve", "Qwen/Qwen3.5-9B", "--performance-mode", "throughput", "--max-model-len", "32768", "--port", str(free_port)]
+    older = env_for("h100-80g-x1", PERFLAB_SIM_ENGINE_VERSIONS="vllm=0.11.0")
+    exc = usage_error(vllm.parse, argv, older)
+    assert exc.code == 2 and "unrecognized arguments: --performance-mode" in exc.stderr
+    assert "is simulated with" not in exc.stderr  # a known release: no note
+    between = env_for("h100-80g-x1", PERFLAB_SIM_ENGINE_VERSIONS="sglang=0.5.9,vllm=0.16.0")
+    exc = usage_error(vllm.parse, argv, between)
+    assert "vLLM 0.16.0 is simulated with the command-line options of vLLM 0.11.0" in exc.stderr
+    assert "unrecognized arguments: --performance-mode" in exc.stderr
+    newer = env_for("a100-80g-x1", PERFLAB_SIM_ENGINE_VERSIONS="vllm=0.18.0")
+    cfg = vllm.parse(argv, newer)
+    assert cfg.engine_version == "0.18.0"
+    assert any("vLLM 0.18.0 is simulated with the command-line options of vLLM 0.17.1" in line for line in cfg.startup_lines)
+    assert vllm.table_version("0.8.5") == "0.9.1" and vllm.table_version("0.17.0") == "0.11.0"
+
+
+def test_sglang_trtllm_and_mindie_versions_say_which_options_they_use(tmp_path: Path) -> None:
+    cfg = sglang.parse(["--model-path", "Qwen/Qwen3.5-9B"], H100)
+    assert cfg.engine_version == "0.5.9"
+    assert "SGLang 0.5.9 is simulated with the server options of SGLang 0.5.5" in cfg.startup_lines[0]
+    assert not any("is simulated with" in line for line in sglang.parse(["--model-path", "Qwen/Qwen3-32B"], A100).startup_lines)
+    cfg = trtllm.parse(["Qwen/Qwen3-32B"], env_for("a100-80g-x1", PERFLAB_SIM_ENGINE_VERSIONS="trtllm=1.3.0"))
+    assert cfg.engine_version == "1.3.0" and "TensorRT-LLM 1.3.0 is simulated with the options of TensorRT-LLM 1.2.0rc1" in cfg.startup_lines[0]
+    env = {**mindie_env(write_config(tmp_path)), "PERFLAB_SIM_ENGINE_VERSIONS": "mindie=2.2.RC1"}
+    cfg = mindie.parse([], env)
+    assert cfg.engine_version == "2.2.RC1" and "MindIE 2.2.RC1 is simulated as MindIE 2.1.RC1" in cfg.startup_lines[0]
 
 
 def test_vllm_ascend_seed_003_command(monkeypatch: pytest.MonkeyPatch, free_port: int) -> None:
@@ -387,7 +415,8 @@ def test_mindie_maps_the_config(tmp_path: Path) -> None:
     assert cfg.health_paths == ()  # /v1/models on the business port is the OpenAI route
     assert "/v2/health/ready" in cfg.extra["health_paths_by_port"][1026]
     assert cfg.extra["health_paths_by_port"][1027] == ("/metrics",)
-    assert cfg.extra["port_hosts"][1026] == "127.0.0.2"
+    assert cfg.extra["port_hosts"] == {1026: "127.0.0.2", 1027: "127.0.0.2"}  # managementIpAddress
+    assert "listen port is occupied" in cfg.extra["bind_error_lines"][0] and cfg.extra["bind_error_signal"] == 9
 
 
 def test_mindie_one_port_serves_everything(tmp_path: Path) -> None:
@@ -482,15 +511,7 @@ def test_visible_devices_limit_parallelism(free_port: int) -> None:
 
 def sharegpt_workload(n: int = 1000, seed: int = 0) -> list[tuple[float, int, int]]:
     """ShareGPT-like lengths as perflab.bench's synthetic-sharegpt draws them, all arriving at once."""
-    rng = random.Random(seed)
-    (m_in, m_out), (s_in, s_out) = (217.0, 202.0), (0.9, 0.8)
-    mu_in, mu_out = math.log(m_in) - s_in**2 / 2, math.log(m_out) - s_out**2 / 2
-    out: list[tuple[float, int, int]] = []
-    while len(out) < n:
-        a, b = round(rng.lognormvariate(mu_in, s_in)), round(rng.lognormvariate(mu_out, s_out))
-        if 4 <= a <= 1024 and b >= 4 and a + b <= 2048:
-            out.append((0.0, a, b))
-    return out
+    return calibrate.synthetic_sharegpt(n, seed)
 
 
 @pytest.fixture(scope="module")

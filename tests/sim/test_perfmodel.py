@@ -165,6 +165,73 @@ def test_requests_queue_when_kv_cache_is_full_and_get_preempted_when_it_runs_out
     assert done == 8 and preempted > 0
 
 
+def run_all(s: Scheduler, max_steps: int = 20000) -> list[tuple[int, int, int]]:
+    """Step ``s`` until idle; (prefill tokens, decode seqs, preempted) per step."""
+    steps = []
+    while (r := s.step()) is not None:
+        steps.append((r.shape.prefill_tokens, r.shape.decode_seqs, r.preempted))
+        assert len(steps) < max_steps, "the scheduler does not get through the work (thrashing?)"
+    return steps
+
+
+def test_long_prompts_that_barely_fit_do_not_thrash() -> None:
+    """Seed 002's 32000/100 on one A100, scaled: room for one request and a bit. The oldest
+    keeps decoding; the next prefills what fits, then waits (vLLM V1), and with prefix
+    caching comes back to its cached blocks instead of recomputing them."""
+    prompt, out, n = 2000, 100, 4
+    for prefix_caching in (True, False):
+        s = _sched(capacity=2400, max_batched_tokens=512, prefix_caching=prefix_caching)
+        reqs = [SimRequest(prompt, out) for _ in range(n)]
+        for r in reqs:
+            s.add(r)
+        steps = run_all(s)
+        assert all(r.generated == out and r.finished_at is not None for r in reqs)
+        finished = sorted(reqs, key=lambda r: r.finished_at or 0.0)
+        assert finished == reqs  # first come, first served: nobody overtakes the oldest
+        assert all(r.preemptions == 0 for r in reqs[:1])  # the oldest is never pushed out
+        computed = sum(p for p, _, _ in steps)
+        # without a prefix cache a preempted newcomer recomputes its chunks; never whole requests
+        limit = n * prompt + (0 if prefix_caching else n * 2 * 512) + n * 16 * 4
+        assert computed <= limit, (prefix_caching, computed)
+        decode_steps = [d for p, d, _ in steps if d]
+        assert len(decode_steps) <= n * out  # every decode step advances someone
+
+
+def test_no_admission_in_a_step_that_preempted() -> None:
+    s = _sched(capacity=16 * 8)  # 8 blocks
+    a, b, c = SimRequest(60, 200), SimRequest(60, 200), SimRequest(10, 5)
+    for r in (a, b):
+        s.add(r)
+    s.step()  # a and b prefilled: 4 blocks each, the cache is full
+    s.add(c)
+    seen = False
+    while (r := s.step()) is not None and not seen:
+        if r.preempted:
+            seen = True
+            assert c in s.waiting and b in s.waiting and a in s.running  # b (newest) went, c waited
+    assert seen
+
+
+def test_guaranteed_no_evict_reserves_whole_requests_and_never_preempts() -> None:
+    s = _sched(capacity=16 * 100, capacity_policy="guaranteed_no_evict", max_model_len=4096)
+    reqs = [SimRequest(500, 300, max_output=300) for _ in range(5)]  # 50 blocks each when done
+    for r in reqs:
+        s.add(r)
+    first = s.step()
+    assert first is not None and first.running == 2 and first.waiting == 3  # 2 x 50 blocks reserved
+    assert s.kv_usage == pytest.approx(1.0)
+    steps = run_all(s)
+    assert all(p == 0 for _, _, p in steps) and all(r.preemptions == 0 for r in reqs)
+    assert all(r.generated == 300 for r in reqs)
+    # early EOS: the reservation (max_tokens) is what counts, not where it stops
+    s = _sched(capacity=16 * 100, capacity_policy="guaranteed_no_evict")
+    for _ in range(3):
+        s.add(SimRequest(500, 10, max_output=1100))  # 100 blocks reserved each
+    assert s.step().running == 1  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="unknown capacity policy"):
+        _sched(capacity_policy="lru")
+
+
 def test_prefix_cache_hits_skip_prefill() -> None:
     text = " ".join(f"w{i}" for i in range(320))
     hashes = tokenizer.block_hashes(text, 16)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import array
+import fcntl
 import json
 import os
 import selectors
@@ -9,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -18,11 +21,11 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-
 from perflab.sim import state
 from perflab.sim.nvml import NvmlShim
 
 MACHINE = "a100-80g-x8"
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 READY = "INFO:     Application startup complete."
 STARTUP = "INFO:     simulated engine starting"
 SHUTDOWN = "INFO:     Shutting down"
@@ -141,10 +144,24 @@ def engine(env: dict[str, str], fault: str | None = None, **cfg: object) -> Iter
 def group_members(pgid: int) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["pid"]):
-        with suppress(psutil.Error):
+        # processes come and go while we look (a busy host): skip those already gone
+        with suppress(psutil.Error, ProcessLookupError, PermissionError):
             if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
     return found
+
+
+def workers_of(e: Engine, count: int, timeout: float = 10.0) -> list[psutil.Process]:
+    """The server's worker processes once all ``count`` have registered their memory."""
+    directory = Path(e.env["PERFLAB_SIM_STATE_DIR"])
+    deadline = time.monotonic() + timeout
+    while True:
+        children = [c for c in psutil.Process(e.proc.pid).children() if c.status() != psutil.STATUS_ZOMBIE]
+        registered = {h.pid for h in state.holders(directory)}
+        if len(children) == count and {c.pid for c in children} <= registered:
+            return children
+        assert time.monotonic() < deadline, f"{len(children)} of {count} workers registered"
+        selectors.DefaultSelector().select(0.02)
 
 
 def used_mib(env: dict[str, str], device: int = 0) -> int:
@@ -273,6 +290,51 @@ def test_sigterm_stops_workers_too(sim_env: dict[str, str]) -> None:
         assert not alive
 
 
+def test_sigterm_ends_a_loaded_engine_and_its_workers_within_a_second(sim_env: dict[str, str]) -> None:
+    """Under load, with its stdout pipe full and no longer drained (a supervisor tearing a
+    study down), the engine and its workers are gone about a second after SIGTERM."""
+    access = 'INFO:     {client} - "{method} {path} HTTP/1.1" {status} {reason}'
+    with engine({**sim_env, "PERFLAB_SIM_TIME_SCALE": "1000"}, tp=2, workers=2, extra={"access_log": access}) as e:
+        assert e.proc.stdout is not None
+        fcntl.fcntl(e.proc.stdout.fileno(), F_SETPIPE_SZ, 4096)  # a small pipe fills fast
+        assert e.read_until(READY)
+        workers = [p for p in group_members(e.proc.pid) if p.pid != e.proc.pid]
+        assert len(workers) == 2
+        body = json.dumps({"model": "Qwen/Qwen3-8B", "prompt": "w " * 500, "max_tokens": 4000, "ignore_eos": True, "stream": True})
+        post = (f"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\n\r\n{body}").encode()
+        clients = []
+        try:
+            for _ in range(64):  # long generations keep the scheduler busy
+                c = socket.create_connection(("127.0.0.1", e.port))
+                c.sendall(post)
+                clients.append(c)
+            probe = socket.create_connection(("127.0.0.1", e.port))
+            clients.append(probe)
+            probe.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n" * 400)  # 400 access-log lines: far over 4 KiB
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and fionread(e.proc.stdout.fileno()) < 4000:
+                selectors.DefaultSelector().select(0.05)
+            assert fionread(e.proc.stdout.fileno()) >= 4000  # stdout is full: the server blocks writing to it
+            started = time.monotonic()
+            os.killpg(e.proc.pid, signal.SIGTERM)
+            e.proc.wait(timeout=5)
+            _gone, alive = psutil.wait_procs(workers, timeout=5)
+            elapsed = time.monotonic() - started
+        finally:
+            for c in clients:
+                c.close()
+        assert not alive and elapsed < 2.5, elapsed  # the supervisor would SIGKILL after 10 s
+        assert used_mib(e.env, 0) == 4 and used_mib(e.env, 1) == 4
+
+
+def fionread(fd: int) -> int:
+    """Bytes waiting in a pipe."""
+    buf = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, buf)
+    return buf[0]
+
+
 def test_second_engine_on_busy_device_fails_like_vllm(sim_env: dict[str, str]) -> None:
     with engine(sim_env) as first:
         assert first.read_until(READY)
@@ -280,6 +342,55 @@ def test_second_engine_on_busy_device_fails_like_vllm(sim_env: dict[str, str]) -
             assert second.finish() == 1
             assert any("Free memory on device" in line for line in second.err)
             assert READY not in second.out
+
+
+def test_fail_signal_takes_the_engine_and_its_workers_down_by_that_signal(sim_env: dict[str, str]) -> None:
+    lines = ["[2025-01-01 00:00:00] Scheduler hit an exception: ValueError: boom", "Received sigquit from a child process."]
+    with engine(sim_env, tp=2, workers=2, fail_lines=lines, fail_after_s=0.5, extra={"fail_signal": 9}) as e:
+        workers = workers_of(e, 2)
+        assert e.finish(timeout=10) == -signal.SIGKILL
+        assert e.err[-2:] == lines
+        _gone, alive = psutil.wait_procs(workers, timeout=5)
+        assert not alive
+        assert used_mib(e.env, 0) == 4 and used_mib(e.env, 1) == 4
+
+
+def test_crash_after_with_fail_signal_dies_by_the_signal(sim_env: dict[str, str]) -> None:
+    with engine(sim_env, fault="crash-after:1", extra={"fail_signal": 6}) as e:
+        assert e.read_until(READY)
+        stream_chat(e.url, words=3, max_tokens=2, ignore_eos=True)
+        assert e.finish(timeout=10) == -signal.SIGABRT
+
+
+def test_bind_error_lines_and_signal_replace_uvicorns_message(sim_env: dict[str, str]) -> None:
+    occupied = "[2025-01-01 00:00:00.000000] [ERROR] Management or Business or Metrics Http server listen port is occupied"
+    extra = {"bind_error_lines": [occupied], "bind_error_signal": 9}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        mgmt = taken.getsockname()[1]
+        with engine(sim_env, extra_ports=[mgmt], extra=extra) as e:  # the management port is the busy one
+            assert e.finish(timeout=10) == -signal.SIGKILL
+            assert occupied in e.err
+            assert not any("error while attempting to bind" in line for line in e.err)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        templ = "bind {host}:{port} failed: [Errno {errno}] {reason}"
+        with engine(sim_env, port=taken.getsockname()[1], extra={"bind_error_lines": [templ]}) as e:
+            assert e.finish(timeout=10) == 1
+            assert f"bind 127.0.0.1:{taken.getsockname()[1]} failed: [Errno 98] address already in use" in e.err
+
+
+def test_port_hosts_bind_extra_ports_on_their_own_address(sim_env: dict[str, str]) -> None:
+    mgmt = free_port()
+    extra = {"port_hosts": {str(mgmt): "127.0.0.2"}, "health_paths_by_port": {str(mgmt): ["/health"]}}
+    with engine(sim_env, extra_ports=[mgmt], health_paths=[], extra=extra) as e:
+        assert e.read_until(READY)
+        assert httpx.get(f"http://127.0.0.2:{mgmt}/health").status_code == 200
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{mgmt}/health")
+        assert httpx.get(f"{e.url}/v1/models").status_code == 200  # the main port stays on host
 
 
 def test_unknown_model_prints_hugging_face_error(sim_env: dict[str, str]) -> None:
@@ -401,12 +512,13 @@ def test_fault_health_lies(sim_env: dict[str, str]) -> None:
 
 def test_fault_orphan_workers(sim_env: dict[str, str]) -> None:
     with engine(sim_env, fault="orphan-workers", tp=2, workers=2) as e:
-        assert e.read_until(READY)
-        workers = [p for p in group_members(e.proc.pid) if p.pid != e.proc.pid]
+        assert e.read_until(READY, timeout=30)
+        workers = workers_of(e, 2)
         os.kill(e.proc.pid, signal.SIGTERM)
-        assert e.finish(timeout=3) == 0
-        assert all(p.is_running() for p in workers)
-        assert used_mib(e.env, 0) > 60000
+        assert e.finish(timeout=10) == 0
+        gone, alive = psutil.wait_procs(workers, timeout=0.5)  # they must not go
+        assert not gone and len(alive) == 2
+        assert used_mib(e.env, 0) > 60000 and used_mib(e.env, 1) > 60000
 
 
 def test_unknown_fault_is_an_error(sim_env: dict[str, str]) -> None:

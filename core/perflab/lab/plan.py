@@ -45,7 +45,7 @@ PROFILE_KEYS = (
     "max_concurrency", "seed", "backend", "endpoint", "burstiness", "range_ratio",
 )
 TIMEOUT_KEYS = ("startup_s", "benchmark_s", "teardown_s")
-SIMULATION_KEYS = ("time_scale",)
+SIMULATION_KEYS = ("time_scale", "engine_versions")
 # perflab.bench's datasets: "synthetic-sharegpt" is ShareGPT-like conversations generated
 # locally (no dataset file needed), for studies where the real ShareGPT file is not at hand
 DATASETS = ("random", "sharegpt", "synthetic-sharegpt")
@@ -196,6 +196,9 @@ class Plan:
     timeouts: Timeouts = Timeouts()
     time_scale: float = 1.0
     notes: tuple[str, ...] = ()
+    # simulation.engine_versions: engine -> version the simulated engines report (empty: the
+    # simulated machine's defaults, the seeds' versions)
+    sim_engine_versions: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def display_model(self) -> str:
@@ -216,6 +219,16 @@ class Plan:
 
     def baseline_config(self) -> Configuration:
         return self.engine_defaults(self.baseline.engine).with_delta(self.baseline.serve)
+
+    def sim_environment(self) -> dict[str, str]:
+        """What the simulator's activation needs from the plan, as environment variables:
+        ``PERFLAB_SIM_ENGINE_VERSIONS`` when ``simulation.engine_versions`` is set (the lab
+        adds it to the environment it activates ``sim:NAME`` hardware with)."""
+        if not self.sim_engine_versions:
+            return {}
+        from perflab.sim.versions import ENGINE_VERSIONS_ENV, format_versions
+
+        return {ENGINE_VERSIONS_ENV: format_versions(self.sim_engine_versions)}
 
     def variant(self, ref: str) -> tuple[Candidate, Variant]:
         """Resolve ``"Candidate/Variant"``, ``"Candidate"`` (single variant) or a unique variant name."""
@@ -692,6 +705,30 @@ def _time_scale(p: _Problems, raw: Any) -> float:
     return 1.0 if v is _BAD else v
 
 
+def _sim_engine_versions(p: _Problems, raw: Any) -> dict[str, str]:
+    if not isinstance(raw, Mapping) or "engine_versions" not in raw:
+        return {}  # a simulation key that is not a mapping is reported once, by _time_scale
+    s = raw
+    key = "simulation.engine_versions"
+    versions = _mapping(p, key, s["engine_versions"])
+    if versions is None:
+        return {}
+    from perflab.sim import versions as sim_versions
+
+    out: dict[str, str] = {}
+    for engine, version in versions.items():
+        where = f"{key}.{engine}"
+        if not isinstance(version, str):
+            # YAML reads 0.10 as the number 0.1: a version must be quoted to survive
+            p.add(where, f"expected a version string such as '0.17.1' (quote it), got {_show(version)}")
+            continue
+        try:
+            out[sim_versions.engine_name(str(engine))] = sim_versions.check_version(str(engine), version)
+        except UsageError as exc:
+            p.add(where, str(exc).split(": ", 1)[-1])
+    return out
+
+
 def _fraction_or_percent(value: Any) -> Any:
     """``0.9`` or ``"90%"`` -> 0.9 (anything else unchanged, for the checker to report)."""
     if isinstance(value, str) and value.strip().endswith("%"):
@@ -753,6 +790,7 @@ def parse_plan(
     min_improvement = _number(p, "min_improvement_pct", data.get("min_improvement_pct", 0.0), "a non-negative percentage", 0.0)
     timeouts = _timeouts(p, data.get("timeouts"))
     time_scale = _time_scale(p, data.get("simulation"))
+    sim_engine_versions = _sim_engine_versions(p, data.get("simulation"))
     title = _optional_str(p, data, "title", None)
     objective = _optional_str(p, data, "objective", DEFAULT_OBJECTIVE)
     name = _optional_str(p, data, "name", None, "a short study name")
@@ -788,6 +826,7 @@ def parse_plan(
         timeouts=timeouts,
         time_scale=time_scale,
         notes=tuple(notes),
+        sim_engine_versions=MappingProxyType(sim_engine_versions),
     )
 
 

@@ -54,12 +54,38 @@ def engines_of(plan: Plan) -> list[str]:
     return out
 
 
-def key_salt(spec: str, time_scale: float, simulated: bool, accelerators: Sequence[Any]) -> dict[str, Any]:
-    """What besides the configuration decides a measurement: the machine (and sim speed)."""
+def key_salt(
+    spec: str,
+    time_scale: float,
+    simulated: bool,
+    accelerators: Sequence[Any],
+    versions: Mapping[str, str | None] | None = None,
+) -> dict[str, Any]:
+    """What besides the configuration decides a measurement: the machine (and sim speed), and
+    the engine versions — a resumed study must not reuse a measurement of another version."""
+    salt: dict[str, Any]
     if simulated:
-        return {"hardware": spec, "time_scale": time_scale}
-    names = sorted(f"{a.kind}:{a.name}" for a in accelerators)
-    return {"hardware": names}
+        salt = {"hardware": spec, "time_scale": time_scale}
+    else:
+        salt = {"hardware": sorted(f"{a.kind}:{a.name}" for a in accelerators)}
+    if versions:
+        salt["versions"] = {k: v for k, v in sorted(versions.items())}
+    return salt
+
+
+def study_environment(plan: Plan, out_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment a study resolves its hardware with (and launches engines from)."""
+    env = dict(environ)
+    if plan.hardware.startswith("sim:"):
+        # the plan's simulated engine versions (simulation.engine_versions), unless the user
+        # set PERFLAB_SIM_ENGINE_VERSIONS explicitly
+        for key, value in plan.sim_environment().items():
+            env.setdefault(key, value)
+        if SIM_STATE_ENV not in env:
+            # The simulated machine is the study's own: its device-memory registry lives in the
+            # study directory, so simulations elsewhere on this host cannot take its memory.
+            env[SIM_STATE_ENV] = str((out_dir / "sim-state").resolve())
+    return env
 
 
 class StoreMeasure:
@@ -236,11 +262,7 @@ async def run_study(
 
     if hardware:
         plan = dataclasses.replace(plan, hardware=hardware)
-    base_env = dict(os.environ)
-    if plan.hardware.startswith("sim:") and SIM_STATE_ENV not in base_env:
-        # The simulated machine is the study's own: its device-memory registry lives in the
-        # study directory, so simulations elsewhere on this host cannot take its memory.
-        base_env[SIM_STATE_ENV] = str((out_dir / "sim-state").resolve())
+    base_env = study_environment(plan, out_dir, os.environ)
     snapshot, env = await anyio.to_thread.run_sync(resolve, pm, plan.hardware, base_env)
     if SIM_STATE_ENV in base_env:
         Path(base_env[SIM_STATE_ENV]).mkdir(parents=True, exist_ok=True)
@@ -250,7 +272,7 @@ async def run_study(
     display = _display_names(pm, engines)
 
     store = Store(out_dir)
-    salt = key_salt(plan.hardware, time_scale, snapshot.simulated, snapshot.accelerators)
+    salt = key_salt(plan.hardware, time_scale, snapshot.simulated, snapshot.accelerators, versions)
     suffix = plan.path.suffix if plan.path is not None and plan.path.suffix else ".yaml"
     plan_copy = store.dir / f"plan{suffix}"
     if plan.path is not None and plan.path.is_file() and plan.path.resolve() != plan_copy.resolve():

@@ -12,7 +12,9 @@ What activate creates, once per machine name and interpreter (reused afterwards)
   on Ascend machines), tiny Python scripts run by ``sys.executable``;
 - ``env-<digest>/python/``: a ``sglang`` package whose ``launch_server`` module starts the
   SGLang stand-in, and ``<dist>-<version>.dist-info`` directories, so
-  ``importlib.metadata`` finds the simulated engine versions on ``PYTHONPATH``;
+  ``importlib.metadata`` finds the simulated engine versions on ``PYTHONPATH``: the
+  machine's defaults (the seeds' versions) or those ``PERFLAB_SIM_ENGINE_VERSIONS`` names
+  (:mod:`perflab.sim.versions`); the digest covers the versions;
 - ``env-<digest>/mindie/latest/`` (Ascend machines): a MindIE install tree with
   ``version.info`` files and ``mindie-service/bin/mindieservice_daemon``;
   ``MIES_INSTALL_PATH`` points at ``mindie/latest/mindie-service`` as MindIE's ``set_env.sh``
@@ -35,7 +37,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from perflab.errors import PerflabError
-from perflab.sim import catalog
+from perflab.sim import catalog, versions
+from perflab.sim.versions import ENGINE_VERSIONS_ENV
 
 HARDWARE_ENV = "PERFLAB_SIM_HARDWARE"
 STATE_ENV = "PERFLAB_SIM_STATE_DIR"
@@ -43,12 +46,7 @@ TIME_SCALE_ENV = "PERFLAB_SIM_TIME_SCALE"
 FAULT_ENV = "PERFLAB_SIM_FAULT"
 MIES_ENV = "MIES_INSTALL_PATH"
 
-_LAYOUT_VERSION = "1"  # bump when the generated tree changes shape
-
-# Versions the seeds were measured with (Engine Version sections of /work/shared/seeds/).
-CUDA_DISTRIBUTIONS = {"vllm": "0.11.0", "sglang": "0.5.5.post1", "tensorrt_llm": "1.2.0rc1"}
-ASCEND_DISTRIBUTIONS = {"vllm": "0.9.1", "vllm_ascend": "0.9.1"}
-MINDIE_VERSION = "2.1.RC1"
+_LAYOUT_VERSION = "2"  # bump when the generated tree changes shape
 
 # executable -> front-end module (its main(argv) returns the exit status)
 ENGINE_EXECUTABLES = {
@@ -106,9 +104,8 @@ def _metadata(name: str, version: str) -> str:
     )
 
 
-def _mindie_version_info() -> str:
+def _mindie_version_info(v: str) -> str:
     # $install/mindie/latest/version.info as MindIE 2.x images ship it
-    v = MINDIE_VERSION
     return (
         f"Ascend-mindie : MindIE {v}\n"
         f"mindie-rt: {v}\nmindie-torch: {v}\nmindie-service: {v}\nmindie-llm: {v}\nmindie-sd:{v}\n"
@@ -116,9 +113,8 @@ def _mindie_version_info() -> str:
     )
 
 
-def _mindie_service_version_info() -> str:
+def _mindie_service_version_info(v: str) -> str:
     # $MIES_INSTALL_PATH/version.info (MindIE-Service build script's set_version)
-    v = MINDIE_VERSION
     return f"Ascend-mindie : {v}\nAscend-mindie-service Version : {v}\nPlatform : aarch64\n"
 
 
@@ -129,7 +125,7 @@ def _write(path: Path, text: str, executable: bool = False) -> None:
         path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def _populate(tree: Path, machine: catalog.Machine, python: str) -> None:
+def _populate(tree: Path, machine: catalog.Machine, python: str, engines: dict[str, str]) -> None:
     bin_dir = tree / "bin"
     py_dir = tree / "python"
     bin_dir.mkdir(parents=True)
@@ -138,17 +134,18 @@ def _populate(tree: Path, machine: catalog.Machine, python: str) -> None:
         _write(bin_dir / exe, _script(module, python), executable=True)
     if machine.is_ascend:
         _write(bin_dir / "npu-smi", _script("perflab.sim.npusmi", python), executable=True)
-    dists = ASCEND_DISTRIBUTIONS if machine.is_ascend else CUDA_DISTRIBUTIONS
-    for dist, version in dists.items():
-        _write(py_dir / f"{dist}-{version}.dist-info" / "METADATA", _metadata(dist, version))
-    if "sglang" in dists:
+    for engine, version in engines.items():
+        dist = versions.DISTRIBUTIONS.get(engine)
+        if dist is not None:
+            _write(py_dir / f"{dist}-{version}.dist-info" / "METADATA", _metadata(dist, version))
+    if "sglang" in engines:
         _write(py_dir / "sglang" / "__init__.py", '"""perflab simulator stand-in for SGLang."""\n')
         _write(py_dir / "sglang" / "launch_server.py", _sglang_launch_server(python))
     if machine.is_ascend:
         latest = tree / "mindie" / "latest"
-        _write(latest / "version.info", _mindie_version_info())
+        _write(latest / "version.info", _mindie_version_info(engines["mindie"]))
         service = latest / "mindie-service"
-        _write(service / "version.info", _mindie_service_version_info())
+        _write(service / "version.info", _mindie_service_version_info(engines["mindie"]))
         _write(
             service / "bin" / "mindieservice_daemon",
             _script(ENGINE_EXECUTABLES["mindieservice_daemon"], python),
@@ -158,10 +155,13 @@ def _populate(tree: Path, machine: catalog.Machine, python: str) -> None:
         (service / "logs").mkdir(parents=True, exist_ok=True)
 
 
-def install_tree(machine: catalog.Machine, python: str | None = None) -> Path:
-    """The machine's stand-in tree, created if missing (idempotent and race-safe)."""
+def install_tree(machine: catalog.Machine, python: str | None = None, engines: dict[str, str] | None = None) -> Path:
+    """The machine's stand-in tree for the engine versions ``engines`` (default: the
+    machine's), created if missing (idempotent and race-safe)."""
     python = python or sys.executable
-    digest = hashlib.sha256(f"{_LAYOUT_VERSION}\0{machine.name}\0{python}".encode()).hexdigest()[:12]
+    engines = dict(machine.engine_versions) if engines is None else dict(engines)
+    pinned = ",".join(f"{k}={v}" for k, v in sorted(engines.items()))
+    digest = hashlib.sha256(f"{_LAYOUT_VERSION}\0{machine.name}\0{python}\0{pinned}".encode()).hexdigest()[:12]
     base = sim_root() / machine.name
     base.mkdir(mode=0o700, exist_ok=True)
     final = base / f"env-{digest}"
@@ -169,7 +169,7 @@ def install_tree(machine: catalog.Machine, python: str | None = None) -> Path:
         return final
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=base))
     try:
-        _populate(tmp, machine, python)
+        _populate(tmp, machine, python, engines)
         try:
             tmp.rename(final)
         except OSError:
@@ -190,12 +190,14 @@ def _without_sim(value: str | None) -> list[str]:
 def activate(name: str, env: Mapping[str, str]) -> dict[str, str]:
     """The environment that runs the simulated machine ``name`` (a catalog name).
 
-    Raises :class:`perflab.errors.UsageError` naming the catalog for an unknown name.
-    ``PERFLAB_SIM_STATE_DIR`` already set in ``env`` for the same machine (or with no machine
-    set) is kept, so a test can isolate its memory registry.
+    Raises :class:`perflab.errors.UsageError` naming the catalog for an unknown name, or for
+    a malformed ``PERFLAB_SIM_ENGINE_VERSIONS`` in ``env`` (the engine versions to simulate;
+    default: the machine's, the seeds'). ``PERFLAB_SIM_STATE_DIR`` already set in ``env`` for
+    the same machine (or with no machine set) is kept, so a test can isolate its memory
+    registry.
     """
     machine = catalog.get(name)
-    tree = install_tree(machine)
+    tree = install_tree(machine, engines=versions.for_machine(machine, env))
     out = dict(env)
     out["PATH"] = os.pathsep.join([str(tree / "bin"), *_without_sim(env.get("PATH"))])
     out["PYTHONPATH"] = os.pathsep.join([str(tree / "python"), *_without_sim(env.get("PYTHONPATH"))])
@@ -212,4 +214,6 @@ def activate(name: str, env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-__all__ = ["activate", "install_tree", "sim_root", "HARDWARE_ENV", "STATE_ENV", "TIME_SCALE_ENV", "FAULT_ENV"]
+__all__ = [
+    "activate", "install_tree", "sim_root", "HARDWARE_ENV", "STATE_ENV", "TIME_SCALE_ENV", "FAULT_ENV", "ENGINE_VERSIONS_ENV",
+]

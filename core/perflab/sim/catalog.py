@@ -49,6 +49,9 @@ class ChipSpec:
     # GEMMs run at mfu x peak, all-reduce moves data at link_efficiency x interconnect/2.
     hbm_efficiency: float = 0.75
     mfu: float = 0.55
+    # Prefill attention (FlashAttention kernels) sustains its own fraction of the BF16 peak;
+    # None: the same as mfu.
+    attention_mfu: float | None = None
     link_efficiency: float = 0.6
     collective_latency_us: float = 8.0  # fixed cost of one all-reduce
     # npu-smi details (Ascend only)
@@ -65,6 +68,9 @@ class Machine:
     driver_version: str  # NVIDIA driver / Ascend npu-smi version
     cuda_version: str | None = None  # "12.4" (CUDA machines)
     bus_ids: tuple[str, ...] = ()
+    # (engine, version) the simulated engines report by default: the seeds' versions for the
+    # machine (PERFLAB_SIM_ENGINE_VERSIONS overrides them, see perflab.sim.engine_versions)
+    engine_versions: tuple[tuple[str, str], ...] = ()
 
     @property
     def kind(self) -> str:
@@ -113,6 +119,10 @@ A100_SXM4_80GB = ChipSpec(
     compute_capability=(8, 0),
     hbm_efficiency=0.75,
     mfu=0.5,
+    # FlashAttention-2 forward, causal, head dim 128, long sequences: ~70% of the A100's BF16
+    # peak (Dao 2023, "FlashAttention-2", Fig. 5), above what a whole serving forward pass
+    # sustains; seed 002's 32000-token prompts (1798 tok/s, vLLM) need it.
+    attention_mfu=0.65,
 )
 
 H100_SXM5_80GB = ChipSpec(
@@ -156,18 +166,27 @@ _DGX_A100_BUS = tuple(f"00000000:{b}:00.0" for b in ("07", "0F", "47", "4E", "87
 _DGX_H100_BUS = tuple(f"00000000:{b}:00.0" for b in ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"))
 _ATLAS_BUS = tuple(f"0000:{b}:00.0" for b in ("C1", "81", "41", "01", "C2", "82", "42", "02"))
 
+# Engine versions of the seeds (their "Engine Version" sections): 001/002 on A100 (vLLM
+# 0.11.0, SGLang 0.5.5.post1, TensorRT-LLM 1.2.0rc1), 004 on H100 (vLLM 0.17.1, SGLang 0.5.9;
+# TensorRT-LLM as on A100), 000/003 on 910B (vLLM / vLLM-Ascend 0.9.1, MindIE 2.1.RC1).
+_A100_ENGINES = (("vllm", "0.11.0"), ("sglang", "0.5.5.post1"), ("trtllm", "1.2.0rc1"))
+_H100_ENGINES = (("vllm", "0.17.1"), ("sglang", "0.5.9"), ("trtllm", "1.2.0rc1"))
+_ASCEND_ENGINES = (("vllm", "0.9.1"), ("vllm-ascend", "0.9.1"), ("mindie", "2.1.RC1"))
+# Which engines each kind of machine runs (what PERFLAB_SIM_ENGINE_VERSIONS may set there).
+ENGINES_BY_KIND = {"cuda": ("vllm", "sglang", "trtllm"), "ascend": ("vllm", "vllm-ascend", "mindie")}
+
 _NV_DRIVER = "550.127.05"  # an R550 production branch driver; it reports CUDA 12.4
 _NPU_SMI = "23.0.1"  # as in /work/shared/fixtures/npu-smi/910B3_info.txt
 
 CATALOG: dict[str, Machine] = {
     m.name: m
     for m in (
-        Machine("a100-80g-x1", A100_SXM4_80GB, 1, _NV_DRIVER, "12.4", _DGX_A100_BUS),
-        Machine("a100-80g-x8", A100_SXM4_80GB, 8, _NV_DRIVER, "12.4", _DGX_A100_BUS),
-        Machine("h100-80g-x1", H100_SXM5_80GB, 1, _NV_DRIVER, "12.4", _DGX_H100_BUS),
-        Machine("h100-80g-x8", H100_SXM5_80GB, 8, _NV_DRIVER, "12.4", _DGX_H100_BUS),
-        Machine("910b3-x1", ASCEND_910B3, 1, _NPU_SMI, None, _ATLAS_BUS),
-        Machine("910b3-x8", ASCEND_910B3, 8, _NPU_SMI, None, _ATLAS_BUS),
+        Machine("a100-80g-x1", A100_SXM4_80GB, 1, _NV_DRIVER, "12.4", _DGX_A100_BUS, _A100_ENGINES),
+        Machine("a100-80g-x8", A100_SXM4_80GB, 8, _NV_DRIVER, "12.4", _DGX_A100_BUS, _A100_ENGINES),
+        Machine("h100-80g-x1", H100_SXM5_80GB, 1, _NV_DRIVER, "12.4", _DGX_H100_BUS, _H100_ENGINES),
+        Machine("h100-80g-x8", H100_SXM5_80GB, 8, _NV_DRIVER, "12.4", _DGX_H100_BUS, _H100_ENGINES),
+        Machine("910b3-x1", ASCEND_910B3, 1, _NPU_SMI, None, _ATLAS_BUS, _ASCEND_ENGINES),
+        Machine("910b3-x8", ASCEND_910B3, 8, _NPU_SMI, None, _ATLAS_BUS, _ASCEND_ENGINES),
     )
 }
 

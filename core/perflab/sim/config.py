@@ -58,8 +58,12 @@ class SimEngineConfig:
     spec_acceptance: float | None = None  # per draft token; None: the method's default
     shutdown_lines: tuple[str, ...] = ()  # printed (stdout) on SIGTERM/SIGINT
     block_size: int = 16  # KV-cache block (tokens), also the prefix-cache granularity
+    # KV admission (perflab.sim.scheduler): "max_utilization" allocates blocks as tokens are
+    # computed and preempts the newest request when they run out (vLLM, SGLang, MindIE);
+    # "guaranteed_no_evict" admits a request only when its whole length fits (TensorRT-LLM)
+    capacity_policy: str = "max_utilization"
     # Engine-specific runtime behaviour, all optional (see perflab.sim.runtime for the list):
     # bind_before_load, health_paths_by_port, access_log, stats_line, stats_interval_s,
     # crash_lines, crash_at_start_lines, oom_lines, insufficient_memory_lines, eos_mean_tokens,
-    # owned_by, process_name.
+    # owned_by, process_name, fail_signal, bind_error_lines, bind_error_signal, port_hosts.
     extra: dict[str, object] = field(default_factory=dict)

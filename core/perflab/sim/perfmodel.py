@@ -123,6 +123,9 @@ class Knobs:
     prefill_efficiency: float = 1.0
     overhead_ms: float = 0.5
     block_size: int = 16
+    # how KV blocks are handed out (perflab.sim.scheduler): "max_utilization" (vLLM: as
+    # tokens are computed, preempting when out) or "guaranteed_no_evict" (TensorRT-LLM)
+    capacity_policy: str = "max_utilization"
 
     @property
     def devices(self) -> int:
@@ -277,6 +280,9 @@ def build_cost_model(model: ModelSpec, chip: ChipSpec, knobs: Knobs) -> CostMode
     expert_bytes = model.expert_params_b * 1e9 * bpp / devices
     ep_imbalance = 1.15 if knobs.ep > 1 and model.is_moe else 1.0  # the busiest rank sets the pace
     flops = compute_tflops(chip, knobs.quant) * 1e12 * chip.mfu * eff * pp_eff
+    # attention runs in BF16 whatever the weights' format, at its own sustained fraction
+    attention_mfu = chip.attention_mfu if chip.attention_mfu is not None else chip.mfu
+    attn_peak = chip.bf16_tflops * 1e12 * attention_mfu * eff * pp_eff
     per_token_flops = 2.0 * model.active_params_b * 1e9 / devices
     if model.is_moe:
         # under expert parallelism the busiest rank sets the pace of the routed experts
@@ -312,7 +318,7 @@ def build_cost_model(model: ModelSpec, chip: ChipSpec, knobs: Knobs) -> CostMode
         kv_read_s_per_token=kv_token / bw,
         decode_s_per_token=per_token_flops / (flops * knobs.decode_efficiency),
         prefill_s_per_token=per_token_flops / (flops * knobs.prefill_efficiency),
-        attention_s_per_token_ctx=attn_flops / (flops * knobs.prefill_efficiency),
+        attention_s_per_token_ctx=attn_flops / (attn_peak * knobs.prefill_efficiency),
         comm_s_per_step=comm_fixed / eff,
         comm_s_per_token=comm_token / eff,
         overhead_s=knobs.overhead_ms / 1000.0,

@@ -37,7 +37,17 @@ Optional engine behaviour in ``cfg.extra``:
 - ``eos_mean_tokens`` (int, default 16384): mean length at which a request without
   ``ignore_eos`` stops by itself (exponential, seeded by the prompt);
 - ``owned_by`` (str): ``/v1/models`` owner (default: the engine name);
-- ``process_name`` (str): the server's name in ``npu-smi``'s process table (default: argv[0]).
+- ``process_name`` (str): the server's name in ``npu-smi``'s process table (default: argv[0]);
+- ``fail_signal`` (int): every failure (front-end ``fail_lines``, memory, crash faults) ends
+  by this signal instead of an exit status, the workers killed first (MindIE's
+  killpg(SIGKILL) / abort(), SGLang's kill_process_tree);
+- ``bind_error_lines`` (format: host, port, errno, reason): stderr lines for a port in use,
+  instead of uvicorn's; ``bind_error_signal`` (int): that failure ends by this signal;
+- ``port_hosts`` ({port: host}): extra ports bound on an address of their own (MindIE's
+  management and metrics ports on ``managementIpAddress``).
+
+SIGTERM/SIGINT end the engine and its workers within about a second whatever it is doing
+(``EXIT_DEADLINE_S``), except under the ``ignore-sigterm`` fault.
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -66,7 +77,14 @@ from perflab.sim.server import HttpServer, Request, Response, Stream, json_respo
 
 TIME_SCALE_ENV = "PERFLAB_SIM_TIME_SCALE"
 FAULT_ENV = "PERFLAB_SIM_FAULT"
-MAX_LAG_S = 0.05  # real seconds the step clock may run behind before it stops catching up
+# Real seconds the step clock may run behind and still catch up (steps then run back to back):
+# a host hiccup that short (HTTP bursts, another process on the cores) costs no simulated
+# throughput. Beyond it the time is lost and counted (the "runs behind" warning).
+MAX_LAG_S = 0.5
+# After SIGTERM/SIGINT the engine exits within this many real seconds whatever it is doing:
+# a watchdog thread ends it (workers killed, memory released) if the orderly shutdown has not
+# (an event loop flooded by a benchmark, a stdout pipe nobody drains any more).
+EXIT_DEADLINE_S = 1.0
 _FAULTS = (
     "crash-at-start", "crash-after", "hang-after", "slow-start", "bind-fail", "ready-then-bind-fail",
     "ignore-sigterm", "health-lies", "orphan-workers",
@@ -173,6 +191,7 @@ def plan(cfg: SimEngineConfig, env: Mapping[str, str] | None = None) -> Plan:
         prefill_efficiency=cfg.prefill_efficiency,
         overhead_ms=cfg.scheduler_overhead_ms,
         block_size=cfg.block_size,
+        capacity_policy=cfg.capacity_policy,
     )
     memory = perfmodel.memory_plan(model, machine.chip, knobs)
     return Plan(model, machine, visible[:world], knobs, memory, knobs.max_model_len or model.context_len)
@@ -355,6 +374,8 @@ class Engine:
         self.scheds = [Scheduler(cost, plan_.knobs, capacity) for _ in range(cfg.dp)]
         self.wakes: list[asyncio.Event] = []
         self.stop: asyncio.Event | None = None
+        self.stopping = threading.Event()  # set by the signal handler: the exit deadline runs
+        self.die_signal: int | None = None  # the engine fails by this signal, not an exit status
         self.lost_s = 0.0
         self.lag_warned = False
         self._arrivals = itertools.count()
@@ -377,12 +398,40 @@ class Engine:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         else:
+            stop = self.stop
+
+            def on_signal(signum: int, frame: object) -> None:
+                # A Python-level handler runs in the main thread even when it is stuck in
+                # synchronous code or a blocked write, where a loop callback would not.
+                if not self.stopping.is_set():
+                    self.stopping.set()
+                    threading.Thread(target=self._exit_deadline, name="exit-deadline", daemon=True).start()
+                with contextlib.suppress(RuntimeError):  # the loop may be closed already
+                    loop.call_soon_threadsafe(stop.set)
+
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stop.set)
+                signal.signal(sig, on_signal)
         try:
             return await self._run()
         finally:
             await self._cleanup()
+
+    def _exit_deadline(self) -> None:
+        """Watchdog thread: end the process EXIT_DEADLINE_S after the stop signal if the
+        orderly shutdown has not. Prints nothing (stdout may be the reason it is stuck)."""
+        time.sleep(EXIT_DEADLINE_S)
+        if not self.faults.orphan_workers:
+            for w in self.workers:
+                with contextlib.suppress(OSError):
+                    w.kill()
+            for w in self.workers:
+                with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                    w.wait(timeout=0.2)
+                if self.state_dir is not None:
+                    state.unregister(self.state_dir, w.pid)
+        if self.state_dir is not None and self.cfg.workers <= 0:
+            state.unregister(self.state_dir)
+        os._exit(self.exit_code)
 
     async def _pause(self, seconds: float) -> bool:
         """Sleep ``seconds`` real seconds; True if a stop signal came meanwhile."""
@@ -403,7 +452,7 @@ class Engine:
                 "RuntimeError: Engine core initialization failed. See root cause above. (simulated crash-at-start)",
             )
             _say(list(lines), sys.stderr)  # type: ignore[arg-type]
-            return 1
+            return self._failed(1)
         if not mem.fits:
             lines = extra.get("oom_lines") or (
                 "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {need_gib:.2f} GiB. "
@@ -411,7 +460,7 @@ class Engine:
             )
             _say(_fmt(list(lines), need_gib=mem.weights_gib + mem.reserve_gib, total_gib=mem.total_gib,  # type: ignore[arg-type]
                       budget_gib=mem.budget_gib), sys.stderr)
-            return 1
+            return self._failed(1)
         short = self._short_device()
         if short is not None:
             device, free_gib = short
@@ -422,23 +471,23 @@ class Engine:
             )
             _say(_fmt(list(lines), free_gib=free_gib, total_gib=mem.total_gib, fraction=cfg.mem_fraction,  # type: ignore[arg-type]
                       requested_gib=mem.budget_gib, device=device), sys.stderr)
-            return 1
+            return self._failed(1)
         await self._hold_memory()
         if cfg.fail_lines:
             if await self._pause(cfg.fail_after_s):
                 return 0
             _say(cfg.fail_lines, sys.stderr)
-            return cfg.fail_exit_code
+            return self._failed(cfg.fail_exit_code)
         if extra.get("bind_before_load"):
             if not await self._bind():
-                return 1
+                return self._failed(1, extra.get("bind_error_signal"))
         if await self._pause(cfg.load_time_s + self.faults.slow_start_s):
             return 0
         if not extra.get("bind_before_load"):
             if self.faults.ready_then_bind_fail:
                 _say(cfg.ready_lines)
             if not await self._bind():
-                return 1
+                return self._failed(1, extra.get("bind_error_signal"))
         self.ready = True
         _say(cfg.ready_lines)
         self.tasks = [asyncio.create_task(self._drive(i)) for i in range(len(self.scheds))]
@@ -449,6 +498,16 @@ class Engine:
         if not self.crashing:
             _say(cfg.shutdown_lines)
         return self.exit_code
+
+    def _failed(self, code: int, die_signal: object = "fail") -> int:
+        """Exit status ``code`` — or, where the engine dies by a signal when it fails
+        (``extra["fail_signal"]``: MindIE's killpg(SIGKILL)/abort(), SGLang's
+        kill_process_tree), that signal: the workers are killed, then this process gets it."""
+        sig = self.cfg.extra.get("fail_signal") if die_signal == "fail" else die_signal
+        if sig:
+            self.die_signal = int(sig)  # type: ignore[call-overload]
+        self.exit_code = code
+        return code
 
     def _short_device(self) -> tuple[int, float] | None:
         """A device whose free memory is below the budget (another engine holds memory)."""
@@ -478,7 +537,7 @@ class Engine:
         if self.state_dir is not None:  # ready means memory is held: wait for the workers' entries
             deadline = time.monotonic() + 10.0
             pending = {w.pid for w in self.workers}
-            while pending and time.monotonic() < deadline:
+            while pending and time.monotonic() < deadline and not (self.stop and self.stop.is_set()):
                 pending = {pid for pid in pending if not (self.state_dir / f"{pid}.json").exists()}
                 if any(w.poll() is not None for w in self.workers):
                     break
@@ -496,18 +555,26 @@ class Engine:
         cfg = self.cfg
         common = {"server": "perflab-sim", "x-perflab-sim-time-scale": f"{self.scale:g}"}
         ports = [cfg.port, *cfg.extra_ports]
+        # extra["port_hosts"]: ports bound on an address of their own (MindIE's management
+        # and metrics ports listen on managementIpAddress)
+        hosts = {int(p): str(h) for p, h in dict(cfg.extra.get("port_hosts") or {}).items()}  # type: ignore[call-overload]
+        host, port = cfg.host, cfg.port
         try:
             if self.faults.bind_fail or self.faults.ready_then_bind_fail:
                 raise OSError(98, "address already in use")
             for port in ports:
+                host = hosts.get(port, cfg.host)
                 server = HttpServer(self._handler_for(port), common, self._log_access if self.access_log else None)
-                await server.start(cfg.host, port)
+                await server.start(host, port)
                 self.servers.append(server)
         except OSError as exc:
-            # uvicorn's wording (uvicorn/server.py startup)
-            reason = (exc.strerror or str(exc)).lower()
-            _say([f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address "
-                  f"('{cfg.host}', {port}): {reason}"], sys.stderr)
+            # asyncio wraps the bind error in its own message: keep the system's reason only
+            reason = (os.strerror(exc.errno) if exc.errno else str(exc)).lower()
+            lines = cfg.extra.get("bind_error_lines") or (
+                # uvicorn's wording (uvicorn/server.py startup)
+                "ERROR:    [Errno {errno}] error while attempting to bind on address ('{host}', {port}): {reason}",
+            )
+            _say(_fmt(list(lines), errno=exc.errno, host=host, port=port, reason=reason), sys.stderr)  # type: ignore[arg-type]
             return False
         return True
 
@@ -516,6 +583,12 @@ class Engine:
             task.cancel()
         for server in self.servers:
             server.close()
+        if self.die_signal is not None and not self.faults.orphan_workers:
+            # the engine takes its process tree down with it (MindIE: killpg SIGKILL before
+            # its own abort(); SGLang: kill_process_tree)
+            for w in self.workers:
+                with contextlib.suppress(OSError):
+                    w.kill()
         if not self.faults.orphan_workers:
             await self._stop_workers()
         if self.state_dir is not None and self.cfg.workers <= 0:
@@ -545,7 +618,7 @@ class Engine:
         )
         _say(list(lines), sys.stderr)  # type: ignore[arg-type]
         self.crashing = True
-        self.exit_code = 1
+        self._failed(1)
         assert self.stop is not None
         self.stop.set()
 
@@ -730,7 +803,7 @@ class Engine:
         gen = Generation(self, chat, str(model or self.cfg.served_model_names[0]), prompt_tokens, cap, stop_at, stream,
                          bool(opts.get("include_usage")), bool(opts.get("continuous_usage_stats")))
         hashes = tokenizer.block_hashes(text, self.cfg.block_size) if (self.cfg.prefix_caching and text) else ()
-        sim = SimRequest(prompt_tokens, stop_at, block_hashes=hashes, sink=gen.sink)
+        sim = SimRequest(prompt_tokens, stop_at, block_hashes=hashes, sink=gen.sink, max_output=cap)
 
         async def wait_done() -> None:
             """Until the generation ends or the client goes away (then abort it)."""
@@ -783,7 +856,23 @@ def serve(cfg: SimEngineConfig) -> int:
         code = runner.run(engine.main())
     sys.stdout.flush()
     sys.stderr.flush()
+    if engine.die_signal is not None:
+        die_by_signal(engine.die_signal)
     return code
+
+
+def die_by_signal(sig: int) -> None:
+    """End this process by ``sig`` (its default action), without leaving a core file."""
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ImportError, ValueError, OSError):
+        pass
+    if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot be caught anyway
+        signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+    time.sleep(1.0)  # delivery is asynchronous for a few signals; never fall through at once
 
 
 

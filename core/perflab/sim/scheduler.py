@@ -1,18 +1,30 @@
 """A continuous-batching scheduler in simulated time (pure, synchronous).
 
-Modelled on vLLM's V1 scheduler, the common shape of today's engines:
+Modelled on vLLM's V1 scheduler (vllm/v1/core/sched/scheduler.py ``Scheduler.schedule``),
+the common shape of today's engines:
 
 - each step has a token budget (``max_batched_tokens``) and a sequence cap (``max_num_seqs``);
-- running requests go first: decoding sequences take ``1 + spec_tokens`` positions each,
-  partially prefilled prompts their next chunk;
+- running requests go first, oldest first: decoding sequences take ``1 + spec_tokens``
+  positions each, partially prefilled prompts their next chunk;
+- KV cache is allocated in blocks, a step's tokens at a time (``allocate_slots``). When a
+  running request cannot get the blocks for its next tokens, the most recently admitted
+  running request is preempted (its KV freed, recomputed later); when that is the request
+  itself, the running pass stops there. The oldest requests therefore keep progressing;
 - waiting requests are admitted first-come-first-served while budget, sequence slots and
-  free KV-cache blocks last; with chunked prefill a prompt is split across steps, without it a
-  prompt waits until it fits in one step's budget whole;
-- KV cache is allocated in blocks as tokens are computed; when a decoding sequence needs a
-  block and none is free, the most recently admitted request is preempted (its KV freed, to
-  be recomputed later), as vLLM does;
-- with prefix caching, the prompt's full blocks that are still in the cache (blocks of
-  finished requests, kept until their space is needed) are not computed again.
+  free KV blocks for their next chunk last — and not at all in a step that preempted, as
+  vLLM does; with chunked prefill a prompt is split across steps, without it a prompt waits
+  until it fits in one step's budget whole;
+- with prefix caching, freed blocks stay in the cache (least recently freed evicted first,
+  a request's last block before its first, like vLLM's free-block queue) until their space
+  is needed: a later prompt with the same prefix, and a preempted request coming back, find
+  their full blocks there and do not compute them again. Without prefix caching a preempted
+  request recomputes everything.
+
+``capacity_policy="guaranteed_no_evict"`` is TensorRT-LLM's default capacity scheduler
+(``CapacitySchedulerPolicy.GUARANTEED_NO_EVICT``, cpp/tensorrt_llm/batch_manager/
+capacityScheduler.cpp): a request is admitted only when the KV blocks for its whole length
+(prompt + ``max_tokens``) are free, they are reserved at admission, and nothing is ever
+preempted.
 
 :meth:`Scheduler.step` plans one step, advances every request and returns the step's
 simulated duration (from :class:`perflab.sim.perfmodel.CostModel`) and the tokens each request
@@ -22,15 +34,19 @@ emitted. The HTTP runtime sleeps that long (divided by the time scale) before de
 
 from __future__ import annotations
 
-import math
+import itertools
 import random
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from perflab.sim.perfmodel import CostModel, Knobs, StepShape
 
 Sink = Callable[[int, bool], None]  # (tokens emitted this step, finished)
+
+ON_DEMAND = "max_utilization"  # vLLM / SGLang / MindIE: blocks as computed, preempt when out
+GUARANTEED_NO_EVICT = "guaranteed_no_evict"  # TensorRT-LLM: reserve the whole length up front
+CAPACITY_POLICIES = (ON_DEMAND, GUARANTEED_NO_EVICT)
 
 
 @dataclass(eq=False)
@@ -41,6 +57,7 @@ class SimRequest:
     sink: Sink | None = None
     arrival: float = 0.0  # simulated seconds
     seed: int = 0
+    max_output: int | None = None  # the client's max_tokens (reserved under guaranteed_no_evict); None: output_tokens
     # progress ------------------------------------------------------------------------
     target: int = 0  # tokens whose KV must be computed before decoding (prompt [+ output])
     target_output: int = 0  # generated tokens included in target (after a preemption)
@@ -52,6 +69,7 @@ class SimRequest:
     finished_at: float | None = None
     preemptions: int = 0
     aborted: bool = False
+    uid: int = 0  # set by the scheduler: names the request's own KV blocks in the cache
     _rng: random.Random | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -69,6 +87,10 @@ class SimRequest:
     def context(self) -> int:
         return self.computed + (self.generated - self.target_output if self.decoding else 0)
 
+    @property
+    def full_length(self) -> int:
+        return self.prompt_tokens + max(self.output_tokens, self.max_output or 0)
+
 
 @dataclass(frozen=True)
 class StepResult:
@@ -83,6 +105,8 @@ class StepResult:
 
 class Scheduler:
     def __init__(self, cost: CostModel, knobs: Knobs, kv_capacity_tokens: int) -> None:
+        if knobs.capacity_policy not in CAPACITY_POLICIES:
+            raise ValueError(f"unknown capacity policy {knobs.capacity_policy!r} (known: {', '.join(CAPACITY_POLICIES)})")
         self.cost = cost
         self.knobs = knobs
         self.block = max(1, knobs.block_size)
@@ -93,8 +117,11 @@ class Scheduler:
         self.now = 0.0
         self.acceptance = knobs.acceptance
         self.spec_tokens = max(0, knobs.spec_tokens)
-        # prefix cache: block hash -> None, LRU order; holds only blocks not in use
-        self._cache: OrderedDict[int, None] = OrderedDict()
+        self.reserve = knobs.capacity_policy == GUARANTEED_NO_EVICT
+        self.max_len = knobs.max_model_len or 0
+        # prefix cache: block key -> None, LRU order; holds only blocks not in use
+        self._cache: OrderedDict[Hashable, None] = OrderedDict()
+        self._uids = itertools.count(1)
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.steps = 0
@@ -104,6 +131,7 @@ class Scheduler:
     def add(self, req: SimRequest) -> None:
         if req.output_tokens <= 0:
             raise ValueError("a request must generate at least one token")
+        req.uid = next(self._uids)
         self.waiting.append(req)
 
     def abort(self, req: SimRequest) -> None:
@@ -124,7 +152,7 @@ class Scheduler:
 
     @property
     def kv_usage(self) -> float:
-        return 1.0 - self.free_blocks / self.total_blocks
+        return 1.0 - (self.free_blocks + len(self._cache)) / self.total_blocks
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -132,53 +160,55 @@ class Scheduler:
 
     # KV blocks ------------------------------------------------------------------------
     def _blocks_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self.block)
-
-    def _take_blocks(self, n: int) -> bool:
-        if n <= 0:
-            return True
-        if n > self.free_blocks + len(self._cache):
-            return False
-        short = n - self.free_blocks
-        while short > 0 and self._cache:  # evict cached prefixes, least recently used first
-            self._cache.popitem(last=False)
-            self.free_blocks += 1
-            short -= 1
-        self.free_blocks -= n
-        return True
+        return -(-tokens // self.block)
 
     def _available(self) -> int:
         return self.free_blocks + len(self._cache)
 
-    def _free(self, req: SimRequest, cache: bool) -> None:
-        released = req.blocks
-        req.blocks = 0
-        if cache and self.knobs.prefix_caching and req.block_hashes:
-            for h in req.block_hashes:
-                if released <= 0:
-                    break
-                if h in self._cache:
-                    self._cache.move_to_end(h)
-                else:
-                    self._cache[h] = None
-                    released -= 1
-        self.free_blocks += released
+    def _take_blocks(self, n: int) -> None:
+        """Allocate ``n`` blocks (the caller checked they are available): free ones first,
+        then cached ones, least recently freed first."""
+        if n <= 0:
+            return
+        short = n - self.free_blocks
+        while short > 0:
+            self._cache.popitem(last=False)
+            self.free_blocks += 1
+            short -= 1
+        self.free_blocks -= n
 
-    def _prefix_hits(self, req: SimRequest) -> int:
-        """Leading prompt blocks found in the cache (they leave the cache: now in use)."""
-        if not (self.knobs.prefix_caching and req.block_hashes):
+    def _key(self, req: SimRequest, index: int) -> Hashable:
+        """What names block ``index`` of ``req``'s tokens in the prefix cache: the prompt's
+        content hash where there is one (shared between equal prefixes), else the request's own."""
+        if index < len(req.block_hashes):
+            return req.block_hashes[index]
+        return (req.uid, index)
+
+    def _free(self, req: SimRequest, cache: bool) -> None:
+        held = req.blocks
+        req.blocks = 0
+        kept = 0
+        if cache and self.knobs.prefix_caching:
+            full = min(held, req.context // self.block)
+            # last block first, so the cache evicts a request's tail before its head
+            for index in range(full - 1, -1, -1):
+                key = self._key(req, index)
+                if key in self._cache:
+                    self._cache.move_to_end(key)  # the same content is cached already
+                else:
+                    self._cache[key] = None
+                    kept += 1
+        self.free_blocks += held - kept
+
+    def _cached_prefix(self, req: SimRequest) -> int:
+        """Leading blocks of ``req``'s tokens still in the cache (never all of them: the last
+        position is recomputed to produce a token)."""
+        if not self.knobs.prefix_caching:
             return 0
+        limit = (req.target - 1) // self.block
         hits = 0
-        for h in req.block_hashes:
-            if h not in self._cache:
-                break
+        while hits < limit and self._key(req, hits) in self._cache:
             hits += 1
-        # never the whole prompt: the last position is recomputed to produce a token
-        hits = min(hits, (req.prompt_tokens - 1) // self.block)
-        for h in req.block_hashes[:hits]:
-            del self._cache[h]
-        self.prefix_queries += req.prompt_tokens
-        self.prefix_hits += hits * self.block
         return hits
 
     # one step -------------------------------------------------------------------------
@@ -193,7 +223,7 @@ class Scheduler:
         preempted = 0
         # 1. running requests, oldest first
         i = 0
-        while i < len(self.running):
+        while i < len(self.running) and budget > 0:
             req = self.running[i]
             if req.decoding:
                 need = positions
@@ -201,58 +231,66 @@ class Scheduler:
                 need = req.target - req.computed
                 if self.knobs.chunked_prefill:
                     need = min(need, budget)
-            if need > budget or need <= 0:
+            if need > budget:
                 i += 1
                 continue
-            grow = self._blocks_for(req.context + need) - req.blocks
-            while grow > self._available() and len(self.running) > 1:
-                victim = self.running[-1] if self.running[-1] is not req else self.running[-2]
-                if victim is req:
-                    break
-                if self.running.index(victim) < i:
-                    i -= 1
-                budget += scheduled.pop(victim, 0)
+            # guaranteed_no_evict reserved the request's whole length at admission
+            grow = 0 if self.reserve else self._blocks_for(req.context + need) - req.blocks
+            stopped = False
+            while grow > self._available():
+                victim = self.running[-1]  # the most recently admitted
                 self._preempt(victim)
                 preempted += 1
+                if victim is req:
+                    stopped = True
+                    break
+            if stopped:
+                break  # vLLM: the request cannot be scheduled and nothing is left to preempt
             if grow > self._available():
                 i += 1
                 continue
             self._take_blocks(grow)
-            req.blocks += grow
+            req.blocks += max(0, grow)
             budget -= need
             scheduled[req] = need
             i += 1
-        # 2. waiting requests, first come first served
-        while self.waiting and budget > 0 and len(self.running) < self.knobs.max_num_seqs:
+        # 2. waiting requests, first come first served (none in a step that preempted)
+        while self.waiting and not preempted and budget > 0 and len(self.running) < self.knobs.max_num_seqs:
             req = self.waiting[0]
-            if self._blocks_for(req.target) > self.total_blocks:
+            whole = self._blocks_for(self._reservation(req) if self.reserve else req.target)
+            if whole > self.total_blocks:
                 # larger than the whole KV cache: can never run
                 self.waiting.popleft()
-                req.aborted = True
-                self.rejected += 1
-                emitted.append((req, 0, True))
+                self._reject(req, emitted)
                 continue
-            if req.computed == 0 and req.preemptions == 0 and req.cached_tokens == 0:
-                hits = self._prefix_hits(req)
-                req.cached_tokens = hits * self.block
-                req.computed = req.cached_tokens
-                req.blocks = hits
-            need = req.target - req.computed
+            hits = self._cached_prefix(req) if req.computed == 0 else 0
+            computed = hits * self.block if req.computed == 0 else req.computed
+            need = req.target - computed
             if self.knobs.chunked_prefill:
                 need = min(need, budget)
             elif need > budget and scheduled:
                 break  # without chunking a whole prompt must fit in one step
-            grow = self._blocks_for(req.computed + need) - req.blocks
-            if grow > self._available():
-                break
+            held = req.blocks + hits
+            grow = (whole if self.reserve else self._blocks_for(computed + need)) - held
+            if grow > self._available() - hits:
+                break  # not enough free KV blocks: it waits (and so does everyone behind it)
+            if req.computed == 0:
+                for index in range(hits):  # the cached blocks are in use again
+                    del self._cache[self._key(req, index)]
+                req.blocks = hits
+                req.computed = computed
+                self.prefix_queries += req.target
+                self.prefix_hits += computed
+                if req.preemptions == 0:
+                    req.cached_tokens = computed
             self._take_blocks(grow)
-            req.blocks += grow
+            req.blocks += max(0, grow)
             self.waiting.popleft()
             self.running.append(req)
             scheduled[req] = need
             budget -= need
         if not scheduled:
-            if self.running and not emitted:
+            if self.running and not emitted and not preempted:
                 # the KV cache cannot hold even the oldest request's next token: stop it at
                 # its current length rather than stall forever
                 req = self.running.pop(0)
@@ -292,9 +330,26 @@ class Scheduler:
             duration, tuple(emitted), shape, len(self.running), len(self.waiting), self.kv_usage, preempted
         )
 
+    def _reservation(self, req: SimRequest) -> int:
+        """Tokens guaranteed_no_evict reserves: the request's whole possible length (and
+        the draft tokens of its last step under speculative decoding)."""
+        full = min(req.full_length, self.max_len) if self.max_len else req.full_length
+        return full + self.spec_tokens
+
+    def _reject(self, req: SimRequest, emitted: list[tuple[SimRequest, int, bool]]) -> None:
+        if req.generated > 0:
+            # preempted and grown past what the cache holds: it ends at its current length
+            req.output_tokens = req.generated
+            req.finished_at = self.now
+            emitted.append((req, 0, True))
+            return
+        req.aborted = True
+        self.rejected += 1
+        emitted.append((req, 0, True))
+
     def _preempt(self, victim: SimRequest) -> None:
         self.running.remove(victim)
-        self._free(victim, cache=False)
+        self._free(victim, cache=True)  # its full blocks stay cached (prefix caching) until needed
         victim.computed = 0
         victim.target = victim.prompt_tokens + victim.generated  # recompute prompt + output so far
         victim.target_output = victim.generated

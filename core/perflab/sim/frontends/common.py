@@ -249,16 +249,38 @@ def architecture(spec: Any) -> str:
 # --------------------------------------------------------------------------- versions
 
 
-def dist_version(names: Sequence[str], default: str) -> str:
-    """The installed version of the first distribution in ``names`` that is found (the
-    simulator's activation writes ``*.dist-info`` for the simulated engines), else
-    ``default``."""
+def dist_version(names: Sequence[str], default: str, env: Mapping[str, str] | None = None) -> str:
+    """The installed version of the first distribution in ``names`` that is found on
+    ``env["PYTHONPATH"]``, then on ``sys.path`` (the simulator's activation writes
+    ``*.dist-info`` for the simulated engines there), else ``default``."""
+    paths = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p] + [p for p in sys.path if p]
     for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+        for dist in importlib.metadata.distributions(name=name, path=paths):
+            if dist.version:
+                return str(dist.version)
     return default
+
+
+def engine_version(engine: str, machine: SimMachine, env: Mapping[str, str], default: str) -> str:
+    """The version the simulated ``engine`` is: what :func:`perflab.sim.activate` installed
+    (its ``*.dist-info``), else the machine's default as ``PERFLAB_SIM_ENGINE_VERSIONS`` may
+    override it, else ``default``."""
+    from perflab.sim import versions
+
+    fallback = default
+    if machine.spec is not None:
+        fallback = versions.for_machine(machine.spec, env).get(engine, default)
+    dist = versions.DISTRIBUTIONS.get(engine)
+    return dist_version((dist,), fallback, env) if dist else fallback
+
+
+def nearest_known(version: str, known: Sequence[str]) -> str:
+    """Of the ``known`` versions, the newest at or below ``version`` (the oldest when
+    ``version`` predates them all)."""
+    ordered = sorted(known, key=version_tuple)
+    v = version_tuple(version)
+    below = [k for k in ordered if version_tuple(k) <= v]
+    return below[-1] if below else ordered[0]
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -310,41 +332,46 @@ class Factors:
 
 
 # Engine x hardware x model-kind efficiency: a multiplier on the runtime's roofline model
-# (perflab.sim.perfmodel: sustained bandwidth and FLOPS), fitted so that a simulated ShareGPT
-# run (1000 requests arriving at once, lengths as perflab.bench's synthetic-sharegpt) with the
-# seed's own command reproduces the seed's total token throughput. The factor absorbs both the
-# engine's kernels/scheduler and what the roofline model misses for that hardware and model
-# family, so the engines rank on each machine as the seeds measured them. Refit (the fitting
-# loop of tests/sim/test_frontends.py::test_efficiency_table_reproduces_seed_rankings) if
-# perfmodel's hardware constants change.
+# (perflab.sim.perfmodel: sustained bandwidth and FLOPS), fitted so that the seeds' own
+# commands, run offline through the scheduler (`python -m perflab.sim.calibrate --suite
+# engines`), reproduce the seeds' total token throughput: ShareGPT (1000 requests arriving at
+# once, lengths as perflab.bench's synthetic-sharegpt) everywhere, on A100 also seed 002's
+# random workloads (128/4, 2000/100, 4000/200, 32000/100) and on H100 seed 004's other
+# profiles, which is what separates the prefill factor (prompt-heavy loads) from the decode
+# factor (ShareGPT's large decode batches). The
+# factor absorbs both the engine's kernels/scheduler and what the roofline model misses for
+# that hardware and model family, so the engines rank on each machine as the seeds measured
+# them. Refit (tests/sim/test_frontends.py::test_efficiency_table_reproduces_seed_rankings and
+# the calibrate table in docs/simulator.md) if perfmodel's hardware constants or the
+# scheduler change.
 #
-# | engine      | hw   | model | factor | seed command                                         | total tok/s | seed     |
-# |-------------|------|-------|--------|------------------------------------------------------|-------------|----------|
-# | trtllm      | a100 | dense | 1.19   | trtllm-serve Qwen/Qwen3-32B                          | 2054.21     | 002 §1   |
-# | vllm        | a100 | dense | 1.12   | vllm serve Qwen/Qwen3-32B --max-model-len 32768      | 1730.98     | 002 §1   |
-# | sglang      | a100 | dense | 1.34   | python3 -m sglang.launch_server --model-path Qwen/Qwen3-32B | 1398.38 | 002 §1 |
-# | sglang      | a100 | moe   | 0.65   | sglang ... Qwen3-235B-A22B-Instruct-2507 --tp-size 8 | 4635.31     | 001 §1   |
-# | vllm        | a100 | moe   | 0.59   | vllm serve Qwen3-235B-A22B-Instruct-2507 -tp 8       | 3792.50     | 001 §1   |
-# | mindie      | 910b | moe   | 0.72   | mindie serve Qwen3-30B-A3B (worldSize 2)             | 4712.47     | 000 §1   |
-# | mindie      | 910b | dense | 0.49   | mindie serve vllm-ascend/Qwen3-8B-W8A8               | 4539.88     | 000 §3   |
-# | vllm-ascend | 910b | any   | 0.168  | vllm serve Qwen/Qwen3-30B-A3B -tp 2 (vLLM-Ascend 0.9.1) | 1227.19  | 000 §1   |
-# | vllm        | h100 | any   | 0.68   | vllm serve Qwen/Qwen3.5-9B --reasoning-parser qwen3 --max-model-len 32768, 512 concurrent | 11527.14 | 004 |
-# | sglang      | h100 | any   | 0.38   | sglang ... Qwen/Qwen3.5-9B --context-length 32768, 512 concurrent | 6499.41 | 004 |
+# | engine      | hw   | model | factors (eff / prefill / decode) | seed command                          | total tok/s | seed     |
+# |-------------|------|-------|-------------------|------------------------------------------------------|-------------|----------|
+# | trtllm      | a100 | any   | 1.19 / 1.15 / 0.8 | trtllm-serve Qwen/Qwen3-32B (+ seed 002's optimized command on the random workloads) | 2054.21 | 002 §1 |
+# | vllm        | a100 | dense | 1.12 / 1.1 / 0.87 | vllm serve Qwen/Qwen3-32B --max-model-len 32768 (ShareGPT and random) | 1730.98 | 002 §1 |
+# | sglang      | a100 | dense | 1.25              | python3 -m sglang.launch_server --model-path Qwen/Qwen3-32B | 1398.38 | 002 §1 |
+# | sglang      | a100 | moe   | 0.65              | sglang ... Qwen3-235B-A22B-Instruct-2507 --tp-size 8 | 4635.31     | 001 §1   |
+# | vllm        | a100 | moe   | 0.59              | vllm serve Qwen3-235B-A22B-Instruct-2507 -tp 8       | 3792.50     | 001 §1   |
+# | mindie      | 910b | moe   | 0.72              | mindie serve Qwen3-30B-A3B (worldSize 2)             | 4712.47     | 000 §1   |
+# | mindie      | 910b | dense | 0.49              | mindie serve vllm-ascend/Qwen3-8B-W8A8               | 4539.88     | 000 §3   |
+# | vllm-ascend | 910b | any   | 0.168             | vllm serve Qwen/Qwen3-30B-A3B -tp 2 (vLLM-Ascend 0.9.1) | 1227.19  | 000 §1   |
+# | vllm        | h100 | any   | 0.68 / 2.2 / 0.77 | vllm serve Qwen/Qwen3.5-9B --reasoning-parser qwen3 --max-model-len 32768, 512 concurrent (+ the throughput, long-context, generation-heavy profiles) | 11527.14 | 004 |
+# | sglang      | h100 | any   | 0.38              | sglang ... Qwen/Qwen3.5-9B --context-length 32768, 512 concurrent | 6499.41 | 004 |
 #
 # SGLang's higher factor on A100 comes with its smaller KV cache (mem_fraction_static 0.836 of
 # an 80 GB card for a 65 GB model), which limits its batch: its throughput still ranks last, as
 # measured. Seed 004 measured vLLM 0.17.1 / SGLang 0.5.9; the factors apply to whatever version
 # is simulated. Unlisted combinations run at 1.0.
 EFFICIENCY: dict[tuple[str, str, str], Factors] = {
-    ("trtllm", "a100", "any"): Factors(efficiency=1.19),
-    ("vllm", "a100", "dense"): Factors(efficiency=1.12),
+    ("trtllm", "a100", "any"): Factors(efficiency=1.19, prefill=1.15, decode=0.8),
+    ("vllm", "a100", "dense"): Factors(efficiency=1.12, prefill=1.1, decode=0.87),
     ("vllm", "a100", "moe"): Factors(efficiency=0.59),
-    ("sglang", "a100", "dense"): Factors(efficiency=1.34),
+    ("sglang", "a100", "dense"): Factors(efficiency=1.25),
     ("sglang", "a100", "moe"): Factors(efficiency=0.65),
     ("mindie", "910b", "moe"): Factors(efficiency=0.72),
     ("mindie", "910b", "dense"): Factors(efficiency=0.49),
     ("vllm-ascend", "910b", "any"): Factors(efficiency=0.168),
-    ("vllm", "h100", "any"): Factors(efficiency=0.68),
+    ("vllm", "h100", "any"): Factors(efficiency=0.68, prefill=2.2, decode=0.77),
     ("sglang", "h100", "any"): Factors(efficiency=0.38),
 }
 
@@ -385,6 +412,8 @@ def run_main(parse: Any, argv: Sequence[str] | None, env: Mapping[str, str] | No
     except EngineExit as exc:
         code = emit(exc)
         if exc.signal is not None and hasattr(os, "kill"):
-            os.kill(os.getpid(), exc.signal)
+            from perflab.sim.runtime import die_by_signal
+
+            die_by_signal(exc.signal)
         return code
     return serve(cfg)

@@ -312,6 +312,24 @@ def _fatal(lines: Sequence[str], log: MindieLog, config_path_: str | None) -> En
     return EngineExit(137, stdout="\n".join(out) + "\n", stderr=f"g_mainPid = {log.pid}\n", signal=9)
 
 
+def installed_version(machine: SimMachine, env: Mapping[str, str]) -> str:
+    """``$MIES_INSTALL_PATH/version.info``'s ``Ascend-mindie`` (what activate wrote), else the
+    machine's default version."""
+    install = env.get("MIES_INSTALL_PATH")
+    if install:
+        for path in (Path(install) / "version.info", Path(install).parent / "version.info"):
+            try:
+                text = path.read_text()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, sep, value = line.partition(":")
+                if sep and key.strip().lower() == "ascend-mindie":
+                    value = value.strip()
+                    return value[len("MindIE "):].strip() if value.startswith("MindIE ") else value
+    return common.engine_version("mindie", machine, env, DEFAULT_VERSION)
+
+
 def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> SimEngineConfig:
     """``mindieservice_daemon ARGV`` (and its config.json) on the simulated machine."""
     env = dict(env or {})
@@ -334,7 +352,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> SimEngin
     machine = common.sim_machine(env)
     if not machine.is_ascend:
         raise EngineExit(1, stderr=f"g_mainPid = {log.pid}\nperflab simulator: MindIE runs on Ascend NPUs; {machine.name} has none\n")
-    version = DEFAULT_VERSION
+    version = installed_version(machine, env)
     path, base = config_path(args, env)
     try:
         data = read_config(path, base, env)
@@ -359,6 +377,9 @@ def _configure(s: dict[str, Any], machine: SimMachine, version: str, log: Mindie
                 path,
             )
     startup = [f"ConfigManager: Load Config from {path}.", "[ConfigManager::InitConfigManager] Successfully init config manager"]
+    if version != DEFAULT_VERSION:
+        startup.insert(0, log.line(f"[WARN] perflab simulator: MindIE {version} is simulated as MindIE {DEFAULT_VERSION}, "
+                                   "the only release the simulator knows"))
     spec = None
     for candidate in (name, model["modelWeightPath"]):
         try:
@@ -472,11 +493,16 @@ def _configure(s: dict[str, Any], machine: SimMachine, version: str, log: Mindie
             "bind_before_load": False,
             "fail_signal": fail_signal,
             "health_paths_by_port": by_port,
-            "port_hosts": {mgmt_port: mgmt_host, metrics_port: mgmt_host},
+            # management and metrics listen on managementIpAddress (the business port on ipAddress)
+            "port_hosts": {p: mgmt_host for p in extra_ports},
             "plugin_types": types,
             "max_input_token_len": int(deploy["maxInputTokenLen"]),
             "max_prefill_batch_size": int(schedule["maxPrefillBatchSize"]),
-            "bind_error_lines": [log.line("[ERROR] Management or Business or Metrics Http server listen port is occupied")],
+            "bind_error_lines": [
+                log.line("[ERROR] Management or Business or Metrics Http server listen port is occupied"),
+                log.line("[ERROR] Failed to init endpoint! Please check the service log or console output."),
+            ],
+            "bind_error_signal": 9,  # a failed endpoint ends in killpg(getpgrp(), SIGKILL)
         },
     )
     return SimEngineConfig(**common.apply_factors(fields, factors))

@@ -43,6 +43,9 @@ from perflab.sim.frontends.common import EngineArgumentParser, EngineExit, SimMa
 from perflab.sim.frontends.sglang_args import V0_5_5
 
 DEFAULT_VERSION = "0.5.5.post1"  # seeds 001/002
+# The options reproduced are 0.5.5's (sglang_args); other releases (seed 004 measured 0.5.9)
+# are simulated with them and the log says so.
+KNOWN_OPTIONS = "0.5.5"
 PROG = "launch_server.py"  # argparse's prog: basename of sys.argv[0] under `python -m`
 
 # --speculative-algorithm -> the runtime's method names
@@ -183,14 +186,30 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> SimEngin
     """``python -m sglang.launch_server ARGV`` on the simulated machine."""
     env = dict(env or {})
     machine = common.sim_machine(env)
-    version = common.dist_version(("sglang",), DEFAULT_VERSION)
+    version = common.engine_version("sglang", machine, env, DEFAULT_VERSION)
     parser = build_parser()
-    ns = vars(parser.parse_args(_merge_config(list(argv), parser)))
+    note = version_note(version)
+    try:
+        ns = vars(parser.parse_args(_merge_config(list(argv), parser)))
+    except EngineExit as exc:
+        if note and exc.code != 0:
+            exc.stderr = note + "\n" + exc.stderr
+        raise
     # ServerArgs.from_cli_args: the long spellings' dests are renamed
     for long, short in (("tensor_parallel_size", "tp_size"), ("pipeline_parallel_size", "pp_size"),
                         ("data_parallel_size", "dp_size"), ("expert_parallel_size", "ep_size")):
         ns[short] = ns.pop(long)
     return _configure(ns, machine, version)
+
+
+def version_note(version: str) -> str | None:
+    """The log line saying that ``version`` runs with 0.5.5's options, if it is not 0.5.5."""
+    if common.version_tuple(version)[:3] == common.version_tuple(KNOWN_OPTIONS):
+        return None
+    return SglangLog().line(
+        f"perflab simulator: SGLang {version} is simulated with the server options of SGLang {KNOWN_OPTIONS}, "
+        "the only release the simulator knows"
+    )
 
 
 def _configure(a: dict[str, Any], machine: SimMachine, version: str) -> SimEngineConfig:
@@ -199,6 +218,9 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str) -> SimEngin
     tp, pp, dp = int(a["tp_size"]), int(a["pp_size"]), int(a["dp_size"])
     ep = int(a["ep_size"])
     startup = [log.line(f"server_args=ServerArgs({_server_args_repr(a)})")]
+    note = version_note(version)
+    if note:
+        startup.insert(0, note)
     try:
         spec = common.lookup_model(model)
     except common.unknown_model_error() as exc:

@@ -19,6 +19,9 @@ Sources:
   choices internal_error, error, warning, info, verbose.
 - tensorrt_llm/serve/openai_server.py: uvicorn (``INFO:     Started server process``,
   ``Application startup complete.``, ``Uvicorn running on http://H:P``); ``/health``.
+- tensorrt_llm/llmapi/llm_args.py ``SchedulerConfig.capacity_scheduler_policy`` (default
+  ``GUARANTEED_NO_EVICT``; ``MAX_UTILIZATION``, ``STATIC_BATCH``), settable under
+  ``scheduler_config`` in ``--extra_llm_api_options``: the simulator's KV admission.
 - cpp/tensorrt_llm/thop/fp8BlockScalingGemm.cpp: ``fp8_block_scaling_gemm`` dispatches on
   SM 89/90/100/103 and otherwise ``TORCH_CHECK(false, "Unsupported SM version for FP8 block
   scaling GEMM")`` -> seed 002's ``RuntimeError`` for Qwen3-32B-FP8 on A100.
@@ -48,6 +51,15 @@ MAX_BATCH_SIZE = 2048  # BuildConfig.max_batch_size
 MAX_NUM_TOKENS = 8192  # BuildConfig.max_num_tokens
 # FP8 block-scaling GEMM kernels exist for these SMs only (fp8BlockScalingGemm.cpp).
 FP8_BLOCK_SMS = (89, 90, 100, 103)
+# SchedulerConfig.capacity_scheduler_policy (llmapi/llm_args.py; default GUARANTEED_NO_EVICT)
+# -> the simulator's KV admission. GUARANTEED_NO_EVICT reserves each request's whole length
+# at admission; MAX_UTILIZATION allocates as it goes and pauses (evicts) requests when out;
+# STATIC_BATCH is modelled as GUARANTEED_NO_EVICT (the simulator does not batch statically).
+CAPACITY_POLICIES = {
+    "MAX_UTILIZATION": "max_utilization",
+    "GUARANTEED_NO_EVICT": "guaranteed_no_evict",
+    "STATIC_BATCH": "guaranteed_no_evict",
+}
 # speculative_config.decoding_type -> the runtime's method names
 DECODING_TYPES = {"MTP": "mtp", "Eagle": "eagle", "Eagle3": "eagle3", "NGram": "ngram", "DraftTarget": "draft_model"}
 
@@ -148,7 +160,12 @@ class TrtLog:
 
 
 def banner(version: str) -> str:
-    return f"[TensorRT-LLM] TensorRT LLM version: {version}"
+    text = f"[TensorRT-LLM] TensorRT LLM version: {version}"
+    if version != DEFAULT_VERSION:
+        # the options reproduced are 1.2.0rc1's: say so wherever the banner goes
+        text += (f"\n[perflab simulator] TensorRT-LLM {version} is simulated with the options of TensorRT-LLM "
+                 f"{DEFAULT_VERSION}, the only release the simulator knows")
+    return text
 
 
 def _click_parse(argv: list[str], version: str) -> dict[str, Any]:
@@ -173,7 +190,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> SimEngin
     """``trtllm-serve ARGV`` on the simulated machine."""
     env = dict(env or {})
     machine = common.sim_machine(env)
-    version = common.dist_version(("tensorrt_llm", "tensorrt-llm"), DEFAULT_VERSION)
+    version = common.engine_version("trtllm", machine, env, DEFAULT_VERSION)
     opts = _click_parse(list(argv), version)
     llm_api = _load_extra_options(opts.get("extra_llm_api_options"), version)
     return _configure(opts, llm_api, machine, version)
@@ -245,6 +262,20 @@ def _configure(o: dict[str, Any], api: dict[str, Any], machine: SimMachine, vers
         spec_method = DECODING_TYPES[dt]
         spec_tokens = int(spec_cfg.get("max_draft_len") or spec_cfg.get("num_nextn_predict_layers") or 1)
     overlap = not bool(api.get("disable_overlap_scheduler", False))
+    sched_cfg = api.get("scheduler_config", {})
+    if not isinstance(sched_cfg, dict):
+        raise EngineExit(1, stdout="\n".join(head) + "\n", stderr=_validation_error("TorchLlmArgs", "scheduler_config", "Input should be a valid dictionary or instance of SchedulerConfig", sched_cfg, "model_type") + "\n")
+    policy_name = str(sched_cfg.get("capacity_scheduler_policy", "GUARANTEED_NO_EVICT"))
+    if policy_name not in CAPACITY_POLICIES:
+        raise EngineExit(
+            1,
+            stdout="\n".join(head) + "\n",
+            stderr=_validation_error(
+                "SchedulerConfig", "capacity_scheduler_policy",
+                "Input should be " + ", ".join(repr(p) for p in list(CAPACITY_POLICIES)[:-1]) + f" or {list(CAPACITY_POLICIES)[-1]!r}",
+                policy_name, "enum",
+            ) + "\n",
+        )
 
     try:
         spec = common.lookup_model(model)
@@ -371,6 +402,7 @@ def _configure(o: dict[str, Any], api: dict[str, Any], machine: SimMachine, vers
         fail_exit_code=1,
         fail_after_s=fail_after,
         block_size=int(kv_cfg.get("tokens_per_block", 32)),
+        capacity_policy=CAPACITY_POLICIES[policy_name],
         extra={
             "bind_before_load": False,
             "backend": o["backend"],
@@ -388,7 +420,7 @@ _MODELLED_KEYS = frozenset(
     {
         "tensor_parallel_size", "pipeline_parallel_size", "moe_expert_parallel_size", "max_batch_size", "max_num_tokens",
         "max_seq_len", "enable_chunked_prefill", "enable_attention_dp", "kv_cache_config", "speculative_config",
-        "disable_overlap_scheduler", "quant_config",
+        "disable_overlap_scheduler", "quant_config", "scheduler_config",
     }
 )  # fmt: skip
 

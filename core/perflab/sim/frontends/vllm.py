@@ -54,19 +54,27 @@ DEFAULT_VERSION = {"cuda": "0.11.0", "ascend": "0.9.1"}
 SUBCOMMANDS = ("chat", "complete", "serve", "bench", "collect-env", "run-batch")
 ASCEND_QUANT = "ascend"  # vllm_ascend/utils.py ASCEND_QUATIZATION_METHOD
 # Weight-only Marlin kernels (FP8 without FP8 tensor cores, i.e. SM < 89; AWQ/GPTQ via
-# awq_marlin/gptq_marlin) decode slower per step than the roofline says: fitted to seed 002 §2
-# on A100 (Qwen3-32B-FP8 1563.33 tok/s, TPOT 340 ms; -AWQ 1767.21 tok/s, TPOT 302 ms; BF16
-# 1730.98 tok/s, TPOT 150 ms).
-MARLIN_DECODE = {"fp8": 0.72, "awq": 0.75, "gptq": 0.75, "gptq-int4": 0.75, "gptq-int8": 0.75}
+# awq_marlin/gptq_marlin) decode slower per step than the roofline says: fitted (on top of
+# the engine's decode factor) to seed 002 §2 on A100 (Qwen3-32B-FP8 1563.33 tok/s, TPOT
+# 340 ms; -AWQ 1767.21 tok/s, TPOT 302 ms; BF16 1730.98 tok/s, TPOT 150 ms).
+MARLIN_DECODE = {"fp8": 0.79, "awq": 0.84, "gptq": 0.84, "gptq-int4": 0.84, "gptq-int8": 0.84}
 
 
 def table_version(version: str) -> str:
-    v = common.version_tuple(version)
-    if v >= (0, 17):
-        return "0.17.1"
-    if v >= (0, 10):
-        return "0.11.0"
-    return "0.9.1"
+    """The flag table that simulates ``version``: the nearest known release at or below it."""
+    return common.nearest_known(version, tuple(TABLES))
+
+
+def version_note(version: str, log: VllmLog) -> str | None:
+    """The log line saying which release's options simulate ``version``, if not its own."""
+    table = table_version(version)
+    if table == version:
+        return None
+    return log.line(
+        "WARNING", "perflab-sim",
+        f"perflab simulator: vLLM {version} is simulated with the command-line options of vLLM {table}, the "
+        f"nearest release at or below it the simulator knows (known: {', '.join(TABLES)})",
+    )
 
 
 # --------------------------------------------------------------------------- argparse types
@@ -367,7 +375,7 @@ class VllmLog:
 
 
 def _engine_version(machine: SimMachine, env: Mapping[str, str]) -> str:
-    return common.dist_version(("vllm",), DEFAULT_VERSION[machine.kind])
+    return common.engine_version("vllm", machine, env, DEFAULT_VERSION[machine.kind])
 
 
 def _speculative(value: Any) -> tuple[str | None, int]:
@@ -407,8 +415,15 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> SimEngin
     version = _engine_version(machine, env)
     ascend = machine.is_ascend
     parser = build_parser(version, ascend)
-    args_list = preprocess(list(argv), version)
-    ns = parser.parse_args(args_list)
+    log = VllmLog(version)
+    note = version_note(version, log)
+    try:
+        args_list = preprocess(list(argv), version)
+        ns = parser.parse_args(args_list)
+    except EngineExit as exc:
+        if note and exc.code != 0:
+            exc.stderr = note + "\n" + exc.stderr
+        raise
     if ns.subparser is None:
         parser.print_help()
         parser.sink.exit(0)
@@ -417,7 +432,6 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> SimEngin
             2, stderr=f"perflab simulator: `vllm {ns.subparser}` is not simulated; only `vllm serve` serves\n"
         )
     given = {k: v for k, v in vars(ns).items() if k not in ("subparser",)}
-    log = VllmLog(version)
     return _configure(given, machine, version, log, env)
 
 
@@ -447,6 +461,9 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
         log.line("INFO", where_api, f"vLLM API server version {version}"),
         log.line("INFO", "utils.py:233", f"non-default args: {_non_default(a)}"),
     ]
+    note = version_note(version, log)
+    if note:
+        startup.append(note)
 
     # ModelConfig: the model must resolve (transformers_utils/config.py)
     try:
