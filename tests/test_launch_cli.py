@@ -251,17 +251,6 @@ def test_engine_death_while_serving_ends_launch_with_crash(tmp_path: Path, token
 # =========================================================================== the simulator (issue #3 "must show")
 
 
-def _sim_ready() -> bool:
-    try:
-        import perflab.sim as sim
-        from perflab.plugins import load
-
-        return hasattr(sim, "activate") and {"vllm", "sglang", "trtllm"} <= set(load().engines)
-    except Exception:
-        return False
-
-
-sim = pytest.mark.skipif(not _sim_ready(), reason="perflab.sim.activate and the engine plugins are not available")
 SIM_HW = "sim:a100-80g-x8"
 SIM_SPEED = {"PERFLAB_SIM_TIME_SCALE": "20"}  # simulated time runs 20x faster than real time
 
@@ -278,7 +267,6 @@ def perflab_cli(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.
     return subprocess.run([PERFLAB, *args], capture_output=True, text=True, timeout=timeout, env=sim_env(tmp_path))
 
 
-@sim
 def test_sim_vllm_check_json(tmp_path: Path) -> None:
     r = perflab_cli(tmp_path, "launch", "vllm", "--model", "Qwen/Qwen3-32B", "--tp", "2", "--hardware", SIM_HW, "--check", "--json",
                     "--workdir", str(tmp_path / "run"), "--grace", "2")
@@ -287,7 +275,6 @@ def test_sim_vllm_check_json(tmp_path: Path) -> None:
     assert out["state"] == "done" and out["check"]["ok"] and out["leftovers"] == []
 
 
-@sim
 def test_sim_sglang_fp8_on_a100_is_unsupported_then_crashes_when_forced(tmp_path: Path) -> None:
     args = ["launch", "sglang", "--model", "Qwen/Qwen3-32B-FP8", "--quantization", "fp8", "--hardware", SIM_HW,
             "--check", "--json", "--grace", "2"]
@@ -305,7 +292,6 @@ def test_sim_sglang_fp8_on_a100_is_unsupported_then_crashes_when_forced(tmp_path
     assert out["leftovers"] == []
 
 
-@sim
 def test_sim_trtllm_awq_crashes_with_keyerror_weight(tmp_path: Path) -> None:
     r = perflab_cli(tmp_path, "launch", "trtllm", "--model", "Qwen/Qwen3-32B-AWQ", "--hardware", SIM_HW, "--check",
                     "--force", "--json", "--workdir", str(tmp_path / "run"), "--grace", "2")
@@ -316,7 +302,6 @@ def test_sim_trtllm_awq_crashes_with_keyerror_weight(tmp_path: Path) -> None:
     assert out["leftovers"] == []
 
 
-@sim
 def test_sim_sigint_kills_vllm_tp2_workers_ignoring_sigterm(tmp_path: Path) -> None:
     argv = [PERFLAB, "launch", "vllm", "--model", "Qwen/Qwen3-32B", "--tp", "2",
             "--hardware", SIM_HW, "--workdir", str(tmp_path / "run"), "--grace", "1"]
@@ -382,7 +367,6 @@ FAULTS = {
 }
 
 
-@sim
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_sim_fault_is_named_detected_fast_and_cleaned_up(tmp_path: Path, fault: str) -> None:
     from perflab.hardware import resolve

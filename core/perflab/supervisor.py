@@ -688,7 +688,7 @@ class EngineInstance:
         if self._tracker is not None:
             try:
                 self._tracker.scan_tree()
-            except Exception:
+            except (psutil.Error, OSError):  # best effort at exit: kill what is already known
                 pass
             self._tracker.kill_now()
 

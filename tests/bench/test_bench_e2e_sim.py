@@ -8,7 +8,6 @@ reads the scale from the same header and reports simulated durations.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from collections.abc import AsyncIterator, Callable
@@ -23,11 +22,6 @@ from perflab.bench import BenchRequest, parse_result_block, run_benchmark
 from perflab.cli import main
 
 
-def _sim_ready() -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in ("perflab.sim.runtime", "perflab.supervisor", "perflab_vllm"))
-
-
-pytestmark = pytest.mark.skipif(not _sim_ready(), reason="the simulator, supervisor or vLLM plugin is not installed")
 
 SIM_HW = "sim:h100-80g-x1"
 TIME_SCALE = 20.0

@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 
+from perflab.errors import UnknownEngine
 from perflab.lab.executor import Executor, LabContext
 from perflab.lab.options import Configuration
 from perflab.lab.plan import WINNER, Plan, Profile, load_plan_text
@@ -190,7 +191,7 @@ def _display_names(pm: Any, engines: Sequence[str]) -> dict[str, str]:
     for e in engines:
         try:
             out[e] = pm.engine(e).info.display_name
-        except Exception:
+        except UnknownEngine:  # an engine whose plugin is gone: show its name as is
             out[e] = e
     return out
 
