@@ -1,0 +1,345 @@
+"""perflab against the real vLLM (CPU build 0.32.0, tiny local model): every promise, for real.
+
+One engine at a time; each test checks that nothing perflab started is left and the port is
+free. The measured figures each test prints (``-s``) are the ones in docs/engines/vllm.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from reallab import RealLab, free_port, port_is_free, stop, wait_for_line
+
+READY_RE = re.compile(r"ready in ([\d.]+) s at (http://\S+);")
+
+
+def _ready(proc) -> tuple[float, str]:
+    line = wait_for_line(proc, "ready in", timeout=300)
+    m = READY_RE.search(line)
+    assert m, line
+    return float(m.group(1)), m.group(2)
+
+
+def _scrape(base_url: str) -> dict[str, float]:
+    """Sum every sample of each vLLM counter/histogram series by its sample name."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            sums[s.name] = sums.get(s.name, 0.0) + s.value
+    return sums
+
+
+def _engine_core(lab: RealLab, timeout: float = 30) -> psutil.Process:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in lab.engine_processes():
+            try:
+                if any("EngineCore" in part for part in p.cmdline()):
+                    return p
+            except psutil.Error:
+                continue
+        time.sleep(0.2)
+    raise AssertionError("no VLLM::EngineCore process found")
+
+
+# --------------------------------------------------------------------------- engines list
+
+
+def test_engines_list_finds_the_installed_vllm(lab: RealLab) -> None:
+    r = lab.run("engines", "list", "--json")
+    assert r.rc == 0, r.stderr
+    rows = {row["engine"]: row for row in r.json()["engines"]} if isinstance(r.json(), dict) else {
+        row["engine"]: row for row in r.json()}
+    vllm = rows["vllm"]
+    assert "0.32.0" in json.dumps(vllm)
+    print(f"\nengines list: {r.seconds:.2f} s")
+    assert r.seconds < 10
+
+
+# --------------------------------------------------------------------------- launch --check
+
+
+def test_launch_check_serves_and_tears_down_cleanly(lab: RealLab) -> None:
+    port = free_port()
+    r = lab.run(*lab.launch_args("--check", "--json", "--port", str(port), "--workdir", str(lab.tmp / "w")))
+    assert r.rc == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = r.json()
+    assert out["state"] == "done"
+    assert out["check"]["ok"] is True
+    assert out["leftovers"] == []
+    assert "0.32.0" in (out["version"] or "")
+    log = Path(out["log"]).read_text(errors="replace")
+    assert "Starting vLLM server on http://" in log  # vLLM 0.32's own ready line (entry.py)
+    assert "EngineDeadError" not in log  # a clean teardown is not an engine death
+    print(f"\nlaunch --check: ready {out['ready_s']} s (own line {out['ready_log_s']} s), "
+          f"teardown {out['teardown_s']} s, notes {out['notes']}")
+    assert not any("SIGKILL" in n for n in out["notes"]), out["notes"]
+    lab.assert_nothing_left(port)
+
+
+# --------------------------------------------------------------------------- serving + bench
+
+
+def test_bench_totals_equal_what_vllm_counted(lab: RealLab) -> None:
+    port = free_port()
+    proc = lab.popen(*lab.launch_args("--port", str(port), "--workdir", str(lab.tmp / "w")))
+    try:
+        ready_s, base_url = _ready(proc)
+        version = httpx.get(f"{base_url}/version", timeout=10).json()["version"]
+        assert version.startswith("0.32.0")
+        before = _scrape(base_url)
+        result_dir = lab.tmp / "results"
+        r = lab.run("bench", "--base-url", base_url, "--model", "tiny", "--tokenizer", str(lab.env.model),
+                    "--dataset", "random", "--random-input-len", "48", "--random-output-len", "12",
+                    "--num-prompts", "24", "--max-concurrency", "4", "--seed", "7", "--json",
+                    timeout=300)
+        assert r.rc == 0, r.stderr[-2000:]
+        res = r.json()
+        after = _scrape(base_url)
+    finally:
+        rc, out, err = stop(proc, signal.SIGINT, timeout=90)
+    assert rc == 0, err[-3000:]
+
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    assert res["completed"] == 24 and res["failed"] == 0
+    assert delta["vllm:request_success_total"] == res["completed"]
+    assert delta["vllm:prompt_tokens_total"] == res["total_input_tokens"]
+    assert delta["vllm:generation_tokens_total"] == res["total_output_tokens"]
+    # the random dataset asks for exactly its output length (ignore_eos, as vLLM's bench does)
+    assert res["total_output_tokens"] == 24 * 12
+
+    # latencies: the client's view includes the network and its own scheduling, so it is never
+    # shorter than the server's own measure (compare means; small slack for clock reads)
+    server_ttft = delta["vllm:time_to_first_token_seconds_sum"] / delta["vllm:time_to_first_token_seconds_count"]
+    server_e2e = delta["vllm:e2e_request_latency_seconds_sum"] / delta["vllm:e2e_request_latency_seconds_count"]
+    client_ttft = res["mean_ttft_ms"] / 1000
+    client_e2e = res["mean_e2el_ms"] / 1000
+    print(f"\nbench vs /metrics: requests {res['completed']}={delta['vllm:request_success_total']:.0f}, "
+          f"input {res['total_input_tokens']}, output {res['total_output_tokens']}; mean TTFT client "
+          f"{client_ttft*1000:.1f} ms vs server {server_ttft*1000:.1f} ms; mean E2EL client "
+          f"{client_e2e*1000:.1f} ms vs server {server_e2e*1000:.1f} ms; ready {ready_s} s")
+    assert client_ttft >= 0.9 * server_ttft
+    assert client_e2e >= 0.9 * server_e2e
+    assert client_e2e <= 3 * server_e2e + 0.5
+    lab.assert_nothing_left(port)
+
+
+# --------------------------------------------------------------------------- a study
+
+
+def _plan(lab: RealLab, profile: str = "{label: Short Prompt, input_len: 48, output_len: 12, num_prompts: 24, seed: 42}",
+          candidates: bool = True) -> Path:
+    steps = """
+candidates:
+  - name: Max Num Seqs
+    variants:
+      - {name: "4", set: {max_num_seqs: 4}}
+""" if candidates else ""
+    plan = lab.tmp / "plan.yaml"
+    plan.write_text(f"""
+name: real-vllm-tiny
+title: The real vLLM CPU build on a tiny model
+model: {{path: {lab.env.model}, name: tiny}}
+hardware: auto
+engines: [vllm]
+serve:
+  served_model_name: tiny
+  max_model_len: 512
+  extra_args: ["--enforce-eager"]
+  env: {{VLLM_CPU_KVCACHE_SPACE: "1"}}
+{steps}
+profiles:
+  short: {profile}
+timeouts: {{startup_s: 300, benchmark_s: 300, teardown_s: 10}}
+""")
+    return plan
+
+
+def test_run_a_study_on_the_real_engine(lab: RealLab) -> None:
+    out = lab.tmp / "study"
+    r = lab.run("run", str(_plan(lab)), "--hardware", "auto", "--out", str(out), timeout=900)
+    assert r.rc == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    text = (out / "report.md").read_text()
+    assert "vllm serve" in text and "--served-model-name tiny" in text
+    assert (out / "chart.png").stat().st_size > 1000
+    runs = report.get("runs") or report.get("configurations") or []
+    assert runs, list(report)
+    print(f"\nstudy: {r.seconds:.0f} s, report keys {sorted(report)}")
+    lab.assert_nothing_left()
+
+
+def test_sigint_during_a_study_benchmark_stops_everything(lab: RealLab) -> None:
+    out = lab.tmp / "study"
+    plan = _plan(lab, "{label: Long, input_len: 256, output_len: 128, num_prompts: 2000, seed: 1}", candidates=False)
+    proc = lab.popen("run", str(plan), "--hardware", "auto", "--out", str(out))
+    try:
+        _engine_core(lab, timeout=300)
+        _wait_for_generation(lab, out)
+        started = time.monotonic()
+        rc, _, err = stop(proc, signal.SIGINT, timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    print(f"\nSIGINT during benchmark: perflab exited {rc} after {time.monotonic() - started:.1f} s")
+    assert rc == 130, err[-3000:]
+    lab.assert_nothing_left()
+
+
+def _wait_for_generation(lab: RealLab, study: Path, timeout: float = 300) -> None:
+    """Until the engine has generated tokens for the benchmark (its own counter moves)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for launch in study.glob("runs/*/launch.json"):
+            try:
+                spec = json.loads(launch.read_text())
+                port = spec.get("port") or spec.get("launch", {}).get("port")
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            except (OSError, ValueError, httpx.HTTPError):
+                continue
+            m = re.search(r"^vllm:generation_tokens_total\{[^}]*\} ([\d.e+]+)", text, re.M)
+            if m and float(m.group(1)) > 50:
+                return
+        time.sleep(0.5)
+    raise AssertionError("the benchmark never generated tokens")
+
+
+# --------------------------------------------------------------------------- engine core killed
+
+
+@pytest.mark.parametrize("keep_alive", ["0", "1"])
+def test_engine_core_killed_while_idle_is_a_named_crash(lab: RealLab, keep_alive: str) -> None:
+    port = free_port()
+    proc = lab.popen(*lab.launch_args("--port", str(port), "--json", "--env",
+                                      f"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH={keep_alive}",
+                                      "--workdir", str(lab.tmp / "w")))
+    try:
+        _ready(proc)
+        core = _engine_core(lab)
+        core.kill()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 4, err[-3000:]
+    result = json.loads(out)
+    assert result["state"] == "crashed"
+    line = (result["crash"] or {}).get("line") or ""
+    print(f"\nEngineCore killed (keep-alive {keep_alive}): cause {result['cause']!r}, line {line!r}")
+    assert "engine core" in line.lower() or "enginecore" in line.lower() or "EngineDead" in line, result["crash"]
+    lab.assert_nothing_left(port)
+
+
+def test_engine_core_killed_during_a_benchmark_is_a_named_crash(lab: RealLab) -> None:
+    out = lab.tmp / "study"
+    plan = _plan(lab, "{label: Long, input_len: 256, output_len: 128, num_prompts: 2000, seed: 1}", candidates=False)
+    proc = lab.popen("run", str(plan), "--hardware", "auto", "--out", str(out))
+    try:
+        core = _engine_core(lab, timeout=300)
+        _wait_for_generation(lab, out)
+        core.kill()
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report = json.loads((out / "report.json").read_text())
+    blob = json.dumps(report)
+    print(f"\nEngineCore killed mid-benchmark: perflab exited {proc.returncode}")
+    assert "crashed" in blob, blob[:2000]
+    assert "CancelledError" not in blob
+    assert re.search(r"engine core|EngineCore|EngineDead", blob), blob[:3000]
+    lab.assert_nothing_left()
+
+
+# --------------------------------------------------------------------------- startup faults
+
+
+def _launch_fault(lab: RealLab, *extra: str, model: Path | str | None = None, timeout: float = 300) -> dict:
+    port = free_port()
+    r = lab.run(*lab.launch_args("--check", "--json", "--port", str(port), "--workdir", str(lab.tmp / "w"),
+                                 "--grace", "5", *extra, model=model), timeout=timeout)
+    result = json.loads(r.stdout)
+    result["_rc"] = r.rc
+    print(f"\n{extra or model}: rc {r.rc}, state {result['state']}, cause {result['cause']!r}, "
+          f"line {(result.get('crash') or {}).get('line')!r}, {r.seconds:.1f} s")
+    lab.assert_nothing_left(port)
+    return result
+
+
+def _line(result: dict) -> str:
+    return (result.get("crash") or {}).get("line") or ""
+
+
+def test_broken_config_json(lab: RealLab) -> None:
+    model = lab.tmp / "broken-model"
+    shutil.copytree(lab.env.model, model)
+    (model / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"], "model_type": ')
+    result = _launch_fault(lab, model=model)
+    assert result["_rc"] == 4 and result["state"] == "crashed"
+    assert result["cause"] != "unknown"
+    assert re.search(r"JSONDecodeError|config\.json|Expecting value|not a valid JSON", _line(result)), result["crash"]
+
+
+def test_missing_model_path(lab: RealLab) -> None:
+    result = _launch_fault(lab, model=lab.tmp / "no-such-model")
+    assert result["_rc"] == 4 and result["state"] == "crashed"
+    assert result["cause"] not in (None, "unknown")
+    assert re.search(r"HFValidationError|LocalEntryNotFoundError|does not exist|not found|Repo id", _line(result)), result["crash"]
+
+
+def test_unknown_flag(lab: RealLab) -> None:
+    result = _launch_fault(lab, "--extra-arg=--no-such-flag-at-all")
+    assert result["_rc"] == 4 and result["state"] == "crashed"
+    assert "--no-such-flag-at-all" in _line(result), result["crash"]
+
+
+def test_max_model_len_above_the_models_limit(lab: RealLab) -> None:
+    # the tiny model has max_position_embeddings 2048; the last --max-model-len wins in argparse
+    result = _launch_fault(lab, "--extra-arg=--max-model-len=4096")
+    assert result["_rc"] == 4 and result["state"] == "crashed"
+    assert "max_model_len" in _line(result) or "max-model-len" in _line(result), result["crash"]
+
+
+def test_port_taken(lab: RealLab) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        r = lab.run(*lab.launch_args("--check", "--json", "--port", str(port), "--workdir", str(lab.tmp / "w")))
+        result = json.loads(r.stdout)
+        print(f"\nport taken: rc {r.rc}, state {result['state']}, reason {result['reason']!r}")
+        assert r.rc == 4
+        assert str(port) in (result["reason"] or "") + _line(result)
+        assert str(os.getpid()) in json.dumps(result) or "in use" in json.dumps(result).lower()
+    lab.assert_nothing_left()
+
+
+def test_sigint_during_startup(lab: RealLab) -> None:
+    port = free_port()
+    proc = lab.popen(*lab.launch_args("--json", "--port", str(port), "--grace", "5", "--workdir", str(lab.tmp / "w")))
+    try:
+        # the API server is up and the engine core is loading: vLLM is mid-startup
+        _engine_core(lab, timeout=120)
+        started = time.monotonic()
+        rc, out, err = stop(proc, signal.SIGINT, timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    result = json.loads(out)
+    print(f"\nSIGINT during startup: rc {rc} after {time.monotonic() - started:.1f} s, notes {result['notes']}")
+    assert rc == 130, err[-2000:]
+    assert result["interrupted"] is True
+    lab.assert_nothing_left(port)
