@@ -17,7 +17,8 @@ engine's flags into a :class:`perflab.sim.config.SimEngineConfig`.
 
 Simulated time runs ``PERFLAB_SIM_TIME_SCALE`` times faster than real time (default 1): a step
 the performance model says takes 50 ms is slept for 50 ms / scale. Responses carry the scale in
-the ``x-perflab-sim-time-scale`` header and ``"system_fingerprint": "perflab-sim"``.
+the ``x-perflab-sim-time-scale`` header. Bodies, methods and ``/metrics`` are a real vLLM
+0.32.0's (see :class:`Generation`, :func:`routes`, :mod:`perflab.sim.metrics`).
 
 Faults (``PERFLAB_SIM_FAULT``, comma separated): ``crash-at-start``, ``crash-after:N``,
 ``hang-after:N``, ``slow-start:S``, ``bind-fail``, ``ready-then-bind-fail``, ``ignore-sigterm``,
