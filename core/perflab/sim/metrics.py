@@ -94,6 +94,7 @@ class EngineMetrics:
         self.model_name = model_name
         self.ranks = ranks
         self.registry = CollectorRegistry(auto_describe=False)
+        self._seen: dict[tuple[str, int], int] = {}  # scheduler totals already counted
         self.flavour = {"vllm": "vllm", "vllm-ascend": "vllm", "sglang": "sglang", "trtllm": "trtllm"}.get(
             engine, "mindie"
         )
@@ -234,10 +235,14 @@ class EngineMetrics:
                 self.running.labels(**lab).set(s.running)
                 self.waiting.labels(**lab).set(s.waiting)
                 self.kv_usage.labels(**lab).set(s.kv_usage)
-                # counters mirror the scheduler's own totals
-                _sync(self.prefix_queries.labels(**lab), s.prefix_queries)
-                _sync(self.prefix_hits.labels(**lab), s.prefix_hits)
-                _sync(self.preemptions.labels(**lab), s.preemptions)
+                # counters mirror the scheduler's own running totals
+                for what, counter, total in (("queries", self.prefix_queries, s.prefix_queries),
+                                             ("hits", self.prefix_hits, s.prefix_hits),
+                                             ("preemptions", self.preemptions, s.preemptions)):
+                    key = (what, rank)
+                    if total > self._seen.get(key, 0):
+                        counter.labels(**lab).inc(total - self._seen.get(key, 0))
+                        self._seen[key] = total
         else:
             lab = self._labels(0)
             self.running.labels(**lab).set(sum(s.running for s in snapshots))
@@ -249,10 +254,3 @@ class EngineMetrics:
                 queries = sum(s.prefix_queries for s in snapshots)
                 self.hit_rate.labels(**lab).set(sum(s.prefix_hits for s in snapshots) / queries if queries else 0.0)
         return generate_latest(self.registry)
-
-
-def _sync(counter: Counter, total: float) -> None:
-    """Bring a counter child up to ``total`` (counters only go up)."""
-    current = counter._value.get()  # noqa: SLF001 - prometheus_client has no public getter
-    if total > current:
-        counter.inc(total - current)

@@ -388,6 +388,7 @@ METRICS_PATHS = ("/metrics", "/prometheus/metrics")
 # metrics.py, 0.32.0): a Starlette Mount matches every method, so HEAD /metrics answers 200
 # (captured: http/head_metrics.http) where HEAD on a GET-only APIRoute answers 405.
 ANY_METHOD = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+VLLM_ENGINES = ("vllm", "vllm-ascend")  # the stand-ins with vLLM's API server
 
 
 def routes(cfg: SimEngineConfig) -> dict[str, frozenset[str]]:
@@ -395,7 +396,7 @@ def routes(cfg: SimEngineConfig) -> dict[str, frozenset[str]]:
     get, post = frozenset({"GET"}), frozenset({"POST"})
     out: dict[str, frozenset[str]] = {p: get for p in cfg.health_paths}
     out.update({"/v1/models": get, "/v1/chat/completions": post, "/v1/completions": post, "/metrics": ANY_METHOD})
-    if cfg.engine in ("vllm", "vllm-ascend"):
+    if cfg.engine in VLLM_ENGINES:
         # vLLM 0.32.0's routes (serve-eager.log "Route: ..."): /version GET, /tokenize and
         # /detokenize POST (vllm/entrypoints/serve/tokenize/api_router.py)
         out.update({"/version": get, "/tokenize": post, "/detokenize": post})
@@ -416,7 +417,7 @@ def fingerprint(cfg: SimEngineConfig) -> str:
     ``vllm-<version>[-tpN][-ppN][-dpN][-ep]-<hash8>``, hash8 from the engine configuration; the
     simulator hashes its own configuration. Other engines: ``perflab-sim``.
     """
-    if cfg.engine not in ("vllm", "vllm-ascend"):
+    if cfg.engine not in VLLM_ENGINES:
         return "perflab-sim"
     parts = [f"vllm-{cfg.engine_version}"]
     for flag, value in (("tp", cfg.tp), ("pp", cfg.pp), ("dp", cfg.dp)):
