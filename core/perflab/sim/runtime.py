@@ -436,7 +436,7 @@ class Vocabulary:
     ``/detokenize``): a word's id is a stable hash of it; ids of words seen turn back into
     them, other ids into a placeholder word (still one token)."""
 
-    SIZE = 151_669  # Qwen3's vocabulary (config.json vocab_size 151936, of which tokens used)
+    SIZE = 151_669  # ids below Qwen3's tokenizer size (its config.json vocab_size, 151936, is padded)
 
     def __init__(self) -> None:
         self._words: dict[int, str] = {}
