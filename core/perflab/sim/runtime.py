@@ -17,7 +17,8 @@ engine's flags into a :class:`perflab.sim.config.SimEngineConfig`.
 
 Simulated time runs ``PERFLAB_SIM_TIME_SCALE`` times faster than real time (default 1): a step
 the performance model says takes 50 ms is slept for 50 ms / scale. Responses carry the scale in
-the ``x-perflab-sim-time-scale`` header and ``"system_fingerprint": "perflab-sim"``.
+the ``x-perflab-sim-time-scale`` header. Bodies, methods and ``/metrics`` are a real vLLM
+0.32.0's (see :class:`Generation`, :func:`routes`, :mod:`perflab.sim.metrics`).
 
 Faults (``PERFLAB_SIM_FAULT``, comma separated): ``crash-at-start``, ``crash-after:N``,
 ``hang-after:N``, ``slow-start:S``, ``bind-fail``, ``ready-then-bind-fail``, ``ignore-sigterm``,
@@ -72,6 +73,7 @@ from typing import Any
 
 from perflab.sim import catalog, models, perfmodel, state, tokenizer, worker
 from perflab.sim.config import SimEngineConfig
+from perflab.sim.metrics import EngineMetrics, Finished, Snapshot
 from perflab.sim.scheduler import Scheduler, SimRequest
 from perflab.sim.server import HttpServer, Request, Response, Stream, json_response
 
@@ -230,7 +232,17 @@ def natural_length(seed_text: str, mean: float) -> int:
 
 
 class Generation:
-    """One request in flight: turns scheduler emissions into the OpenAI response."""
+    """One request in flight: turns scheduler emissions into the OpenAI response.
+
+    The wire format is vLLM 0.32.0's, field for field and in its order (captured from a real
+    server: tests/fixtures/real/vllm-0.32.0-cpu/; vllm/entrypoints/openai/chat_completion/
+    serving.py and completion/serving.py): chat streams open with a role-only chunk carrying
+    ``prompt_token_ids``/``prompt_text`` nulls, token chunks carry ``token_ids: null``, the
+    finishing chunk adds ``stop_reason``; ``include_usage`` adds a final ``choices: []`` chunk
+    with ``usage`` and the ``system_fingerprint`` (without it the fingerprint rides on the
+    finishing chunk); ``continuous_usage_stats`` (only with ``include_usage``, as
+    ``should_include_usage`` decides) puts ``usage`` on every chunk.
+    """
 
     def __init__(self, engine: Engine, chat: bool, model: str, prompt_tokens: int, max_tokens: int,
                  stop_at: int, stream: bool, include_usage: bool, continuous_usage: bool) -> None:
@@ -241,7 +253,7 @@ class Generation:
         self.stop_at = stop_at
         self.stream = stream
         self.include_usage = include_usage
-        self.continuous_usage = continuous_usage
+        self.continuous_usage = include_usage and continuous_usage
         self.generated = 0
         self.finish_reason: str | None = None
         self.error: str | None = None
@@ -250,13 +262,16 @@ class Generation:
         self.sim: SimRequest | None = None
         self.rank = 0  # data-parallel scheduler serving it
         prefix = "chatcmpl-" if chat else "cmpl-"
-        self.id = prefix + uuid.uuid4().hex
+        self.id = prefix + uuid.uuid4().hex[:16]  # vLLM: random_uuid()[:16] after the prefix
         self.created = int(time.time())
         self.model_json = json.dumps(model)
+        self.fingerprint = engine.fingerprint
+        self.arrived = time.monotonic()
+        self.first_at: float | None = None
+        self.last_at: float | None = None
         obj = "chat.completion.chunk" if chat else "text_completion"
         self._head = (
-            f'{{"id":"{self.id}","object":"{obj}","created":{self.created},"model":{self.model_json},'
-            f'"system_fingerprint":"perflab-sim","choices":['
+            f'{{"id":"{self.id}","object":"{obj}","created":{self.created},"model":{self.model_json},"choices":['
         ).encode()
 
     def usage(self) -> dict[str, int]:
@@ -266,17 +281,36 @@ class Generation:
             "completion_tokens": self.generated,
         }
 
+    def _usage_json(self, details: bool) -> str:
+        usage: dict[str, Any] = self.usage()
+        if details:
+            usage["completion_tokens_details"] = None
+        return json.dumps(usage, separators=(",", ":"))
+
     def _chunk(self, text: str, finish: str | None, role: bool = False) -> bytes:
         fin = "null" if finish is None else f'"{finish}"'
+        stop = ',"stop_reason":null' if finish is not None else ""
+        content = json.dumps(text)
         if self.chat:
-            delta = '{"role":"assistant","content":""}' if role else f'{{"content":"{text}"}}'
-            choice = f'{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":{fin},"stop_reason":null}}'
+            if role:
+                choice = '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}'
+            else:
+                choice = f'{{"index":0,"delta":{{"content":{content}}},"logprobs":null,"finish_reason":{fin}{stop},"token_ids":null}}'
         else:
-            choice = f'{{"index":0,"text":"{text}","logprobs":null,"finish_reason":{fin},"stop_reason":null}}'
+            choice = (f'{{"index":0,"text":{content},"logprobs":null,"finish_reason":{fin},"stop_reason":null,'
+                      '"prompt_token_ids":null,"token_ids":null}')
         tail = "]"
         if self.continuous_usage:
-            tail += ',"usage":' + json.dumps(self.usage(), separators=(",", ":"))
+            tail += ',"usage":' + self._usage_json(details=self.chat)
+        if role:
+            tail += ',"prompt_token_ids":null,"prompt_text":null'
+        if finish is not None and not self.include_usage:
+            tail += ',"system_fingerprint":' + json.dumps(self.fingerprint)
         return b"data: " + self._head + choice.encode() + tail.encode() + b"}\n\n"
+
+    def _final_usage(self) -> bytes:
+        return (b"data: " + self._head + b'],"usage":' + self._usage_json(details=False).encode()
+                + b',"system_fingerprint":' + json.dumps(self.fingerprint).encode() + b"}\n\n")
 
     def sink(self, n: int, finished: bool) -> None:
         """Called by the scheduler driver with the tokens of one step."""
@@ -288,9 +322,17 @@ class Generation:
             if self.send:
                 body = json.dumps(error_body(self.error, "BadRequestError", 400), separators=(",", ":"))
                 self.send(f"data: {body}\n\n".encode() + b"data: [DONE]\n\n")
+            self.engine.record(self, "abort")
             self.done.set_result(None)
             return
         first = self.generated == 0 and n > 0
+        now = time.monotonic()
+        if n > 0:
+            if first:
+                self.first_at = now
+            elif self.last_at is not None:
+                self.engine.metrics.token_interval(self.rank, (now - self.last_at) * self.engine.scale)
+            self.last_at = now
         self.generated += n
         if finished:
             self.finish_reason = "length" if self.generated >= self.max_tokens else "stop"
@@ -302,35 +344,110 @@ class Generation:
                 out.append(self._chunk(tokenizer.output_text(n), self.finish_reason))
             if finished:
                 if self.include_usage:
-                    usage = json.dumps(self.usage(), separators=(",", ":"))
-                    out.append(b"data: " + self._head + b'],"usage":' + usage.encode() + b"}\n\n")
+                    out.append(self._final_usage())
                 out.append(b"data: [DONE]\n\n")
             if not self.send(b"".join(out)):
                 self.engine.abort(self)
         if finished:
+            self.engine.record(self, self.finish_reason or "stop")
             self.done.set_result(None)
 
     def full_response(self) -> dict[str, Any]:
+        """The non-streamed body, vLLM 0.32.0's fields in its order."""
         text = tokenizer.output_text(self.generated)
+        usage = {**self.usage(), "prompt_tokens_details": None, "completion_tokens_details": None}
         if self.chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": []},
-                "logprobs": None,
-                "finish_reason": self.finish_reason,
-                "stop_reason": None,
-            }
+            message = {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
+                       "function_call": None, "reasoning": None}
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish_reason,
+                                      "stop_reason": None, "token_ids": None, "routed_experts": None}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": None}
-        return {
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": None,
+                      "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None, "routed_experts": None}
+        body: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion" if self.chat else "text_completion",
             "created": self.created,
             "model": json.loads(self.model_json),
-            "system_fingerprint": "perflab-sim",
             "choices": [choice],
-            "usage": {**self.usage(), "prompt_tokens_details": None},
+            "service_tier": None,
+            "system_fingerprint": self.fingerprint,
+            "usage": usage,
         }
+        if self.chat:
+            body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+        body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
+        return body
+
+# HTTP surface ------------------------------------------------------------------------------
+
+# Paths that serve Prometheus text: vLLM/SGLang/MindIE ``/metrics``, trtllm-serve
+# ``/prometheus/metrics`` (tensorrt_llm/serve/openai_server.py).
+METRICS_PATHS = ("/metrics", "/prometheus/metrics")
+# vLLM mounts prometheus_client's ASGI app on /metrics (vllm/entrypoints/serve/instrumentator/
+# metrics.py, 0.32.0): a Starlette Mount matches every method, so HEAD /metrics answers 200
+# (captured: http/head_metrics.http) where HEAD on a GET-only APIRoute answers 405.
+ANY_METHOD = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+VLLM_ENGINES = ("vllm", "vllm-ascend")  # the stand-ins with vLLM's API server
+
+
+def routes(cfg: SimEngineConfig) -> dict[str, frozenset[str]]:
+    """path -> the methods the simulated engine's HTTP server answers on it."""
+    get, post = frozenset({"GET"}), frozenset({"POST"})
+    out: dict[str, frozenset[str]] = {p: get for p in cfg.health_paths}
+    out.update({"/v1/models": get, "/v1/chat/completions": post, "/v1/completions": post, "/metrics": ANY_METHOD})
+    if cfg.engine in VLLM_ENGINES:
+        # vLLM 0.32.0's routes (serve-eager.log "Route: ..."): /version GET, /tokenize and
+        # /detokenize POST (vllm/entrypoints/serve/tokenize/api_router.py)
+        out.update({"/version": get, "/tokenize": post, "/detokenize": post})
+    if cfg.engine == "trtllm":
+        out["/prometheus/metrics"] = get
+    return out
+
+
+def not_found() -> Response:
+    """Starlette's 404 for a path no route matches (captured: http/get_notfound.http)."""
+    return json_response({"detail": "Not Found"}, 404)
+
+
+def fingerprint(cfg: SimEngineConfig) -> str:
+    """The ``system_fingerprint`` of the responses.
+
+    vLLM 0.32.0 (vllm/entrypoints/serve/utils/fingerprint.py, mode ``full``):
+    ``vllm-<version>[-tpN][-ppN][-dpN][-ep]-<hash8>``, hash8 from the engine configuration; the
+    simulator hashes its own configuration. Other engines: ``perflab-sim``.
+    """
+    if cfg.engine not in VLLM_ENGINES:
+        return "perflab-sim"
+    parts = [f"vllm-{cfg.engine_version}"]
+    for flag, value in (("tp", cfg.tp), ("pp", cfg.pp), ("dp", cfg.dp)):
+        if value > 1:
+            parts.append(f"{flag}{value}")
+    if cfg.ep > 1:
+        parts.append("ep")
+    digest = hashlib.sha256(repr((cfg.model, cfg.engine_version, cfg.max_model_len, cfg.quantization, cfg.tp, cfg.pp,
+                                  cfg.dp, cfg.kv_cache_dtype)).encode()).hexdigest()
+    parts.append(digest[:8])
+    return "-".join(parts)
+
+
+class Vocabulary:
+    """Token ids for the simulator's one-token-per-word tokenizer (``/tokenize``,
+    ``/detokenize``): a word's id is a stable hash of it; ids of words seen turn back into
+    them, other ids into a placeholder word (still one token)."""
+
+    SIZE = 151_669  # ids below Qwen3's tokenizer size (its config.json vocab_size, 151936, is padded)
+
+    def __init__(self) -> None:
+        self._words: dict[int, str] = {}
+
+    def id(self, word: str) -> int:
+        token = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "big") % self.SIZE
+        self._words.setdefault(token, word)
+        return token
+
+    def word(self, token: int) -> str:
+        return self._words.get(token, f"<tok{token}>")
 
 
 # the engine -------------------------------------------------------------------------------
@@ -388,6 +505,11 @@ class Engine:
         self.stats_interval = float(extra.get("stats_interval_s", 10.0))  # type: ignore[arg-type]
         by_port = extra.get("health_paths_by_port") or {}
         self.port_health = {int(p): tuple(v) for p, v in dict(by_port).items()}  # type: ignore[call-overload]
+        self.fingerprint = fingerprint(cfg)
+        self.metrics = EngineMetrics(cfg.engine, cfg.served_model_names[0], cfg.dp, plan_.max_model_len)
+        self.preemptions = [0] * cfg.dp
+        self.vocab = Vocabulary()
+        self.routes = routes(cfg)
 
     # lifecycle ------------------------------------------------------------------------
     async def main(self) -> int:
@@ -634,7 +756,30 @@ class Engine:
     def abort(self, gen: Generation) -> None:
         if gen.sim is not None and not gen.done.done():
             self.scheds[gen.rank].abort(gen.sim)
+            self.record(gen, "abort")
             gen.done.set_result(None)
+
+    def record(self, gen: Generation, reason: str) -> None:
+        """Count a request that ended (finished, or aborted) in the metrics."""
+        now = time.monotonic()
+        sim = gen.sim
+        ttft = (gen.first_at - gen.arrived) * self.scale if gen.first_at is not None else None
+        prefill = 0.0
+        if sim is not None and sim.first_token_at is not None and sim.scheduled_at is not None:
+            prefill = max(0.0, sim.first_token_at - sim.scheduled_at)
+        self.metrics.finished(Finished(
+            rank=gen.rank,
+            reason=reason,
+            prompt_tokens=gen.prompt_tokens,
+            generated=gen.generated,
+            max_tokens=gen.max_tokens,
+            ttft_s=ttft,
+            e2e_s=(now - gen.arrived) * self.scale,
+            queue_s=max(0.0, (ttft or 0.0) - prefill),
+            prefill_s=prefill,
+            preemptions=sim.preemptions if sim is not None else 0,
+            cached_tokens=sim.cached_tokens if sim is not None else 0,
+        ))
 
     async def _drive(self, rank: int) -> None:
         sched, wake = self.scheds[rank], self.wakes[rank]
@@ -651,6 +796,7 @@ class Engine:
             result = sched.step()
             if result is None:
                 continue
+            self.preemptions[rank] += result.preempted
             if result.duration > 0:
                 now = loop.time()
                 if due < now - MAX_LAG_S:
@@ -715,62 +861,131 @@ class Engine:
             paths = self.port_health.get(port, ())
 
             async def extra_port(req: Request) -> Response | Stream:
-                if req.method == "GET" and req.path in paths:
-                    return Response(200 if self.ready else 503, b"", content_type="text/plain")
-                return json_response({"detail": "Not Found"}, 404)
+                if req.path not in paths:
+                    return not_found()
+                if req.method != "GET":
+                    return json_response({"detail": "Method Not Allowed"}, 405, headers={"allow": "GET"})
+                if req.path in METRICS_PATHS:
+                    return self._metrics()
+                return Response(200 if self.ready else 503, b"", content_type=None)
 
             return extra_port
         return self._handle
 
     async def _handle(self, req: Request) -> Response | Stream:
-        path = req.path
-        if req.method == "GET" and path in self.cfg.health_paths:
-            return Response(200 if self.ready else 503, b"", content_type="text/plain")
-        if req.method == "GET" and path == "/v1/models":
+        path, method = req.path, req.method
+        allowed = self.routes.get(path)
+        if allowed is None:
+            return not_found()
+        if method not in allowed:
+            # FastAPI/Starlette: a path that exists under other methods answers 405 with
+            # ``allow``; APIRoutes declared GET do not answer HEAD (captured: http/head_health.http)
+            return json_response({"detail": "Method Not Allowed"}, 405, headers={"allow": ", ".join(sorted(allowed))})
+        if path in METRICS_PATHS:
+            return self._metrics()
+        if path in self.cfg.health_paths:
+            return Response(200 if self.ready else 503, b"", content_type=None)
+        if path == "/v1/models":
             return json_response(self._models())
-        if req.method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
+        if path in ("/v1/chat/completions", "/v1/completions"):
             if not self.ready:
                 return json_response(error_body("The server is not ready yet.", "ServiceUnavailableError", 503), 503)
             return await self._generate(req, chat=path.endswith("chat/completions"))
-        if req.method == "GET" and path == "/metrics":
-            return Response(200, self._metrics(), content_type="text/plain; version=0.0.4")
-        return json_response({"detail": "Not Found"}, 404)
+        if path == "/version":
+            return json_response({"version": self.cfg.engine_version})
+        if path == "/tokenize":
+            return self._tokenize(req)
+        if path == "/detokenize":
+            return self._detokenize(req)
+        return not_found()
 
     def _models(self) -> dict[str, Any]:
+        """``/v1/models`` as vLLM 0.32.0 answers it (http/models.http)."""
         owner = str(self.cfg.extra.get("owned_by", self.cfg.engine))
         created = int(time.time())
         return {
             "object": "list",
             "data": [
                 {"id": name, "object": "model", "created": created, "owned_by": owner, "root": self.cfg.model,
-                 "parent": None, "max_model_len": self.plan.max_model_len}
+                 "parent": None, "max_model_len": self.plan.max_model_len,
+                 "permission": [{"id": "modelperm-" + uuid.uuid4().hex[:16], "object": "model_permission",
+                                 "created": created, "allow_create_engine": False, "allow_sampling": True,
+                                 "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                                 "allow_fine_tuning": False, "organization": "*", "group": None,
+                                 "is_blocking": False}]}
                 for name in self.cfg.served_model_names
             ],
         }
 
-    def _metrics(self) -> str:
-        running = sum(len(s.running) for s in self.scheds)
-        waiting = sum(len(s.waiting) for s in self.scheds)
-        kv = max(s.kv_usage for s in self.scheds)
-        return (
-            "# simulated engine (perflab-sim)\n"
-            f"perflab_sim_requests_running {running}\n"
-            f"perflab_sim_requests_waiting {waiting}\n"
-            f"perflab_sim_kv_cache_usage_perc {kv:.6f}\n"
-            f"perflab_sim_requests_completed_total {self.completed}\n"
-            f"perflab_sim_time_scale {self.scale:g}\n"
-        )
+    def _metrics(self) -> Response:
+        snaps = [
+            Snapshot(running=len(s.running), waiting=len(s.waiting), kv_usage=s.kv_usage,
+                     kv_used_tokens=int(s.kv_usage * s.total_blocks * s.block), prefix_queries=s.prefix_queries,
+                     prefix_hits=s.prefix_hits, preemptions=self.preemptions[i])
+            for i, s in enumerate(self.scheds)
+        ]
+        # prometheus_client.CONTENT_TYPE_LATEST, what vLLM's PrometheusResponse sends
+        return Response(200, self.metrics.render(snaps), content_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def _generate(self, req: Request, chat: bool) -> Response | Stream:
+    def _model_error(self, body: dict[str, Any]) -> Response | None:
+        """vLLM's ``_check_model`` (404) for a request naming a model it does not serve."""
+        model = body.get("model")
+        if model is None or model in self.cfg.served_model_names:
+            return None
+        message = f"The model `{model}` does not exist. Valid aliases: {', '.join(self.cfg.served_model_names)}."
+        return json_response({"error": {"message": message, "type": "NotFoundError", "param": "model", "code": 404}}, 404)
+
+    def _json_body(self, req: Request) -> dict[str, Any] | Response:
         try:
             body = req.json()
         except ValueError:
             return json_response(error_body("Invalid JSON body", "BadRequestError", 400), 400)
         if not isinstance(body, dict):
             return json_response(error_body("The request body must be a JSON object", "BadRequestError", 400), 400)
+        return body
+
+    def _tokenize(self, req: Request) -> Response:
+        """vLLM's ``POST /tokenize`` (vllm/entrypoints/serve/tokenize/protocol.py, 0.32.0):
+        ``{"prompt": str}`` or ``{"messages": [...]}`` -> ``{"count", "max_model_len",
+        "tokens", "token_strs"}``, in the simulator's one-token-per-word vocabulary."""
+        body = self._json_body(req)
+        if isinstance(body, Response):
+            return body
+        error = self._model_error(body)
+        if error is not None:
+            return error
+        if isinstance(body.get("messages"), list):
+            text = tokenizer.chat_text(body["messages"])
+        elif isinstance(body.get("prompt"), str):
+            text = body["prompt"]
+        else:
+            return json_response(error_body("Either 'prompt' (a string) or 'messages' is required", "BadRequestError", 400), 400)
+        words = text.split()
+        ids = [self.vocab.id(w) for w in words]
+        return json_response({"count": len(ids), "max_model_len": self.plan.max_model_len, "tokens": ids,
+                              "token_strs": words if body.get("return_token_strs") else None})
+
+    def _detokenize(self, req: Request) -> Response:
+        """vLLM's ``POST /detokenize``: ``{"tokens": [int]}`` -> ``{"prompt": str}``."""
+        body = self._json_body(req)
+        if isinstance(body, Response):
+            return body
+        error = self._model_error(body)
+        if error is not None:
+            return error
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
+            return json_response(error_body("'tokens' must be a list of non-negative integers", "BadRequestError", 400), 400)
+        return json_response({"prompt": " ".join(self.vocab.word(t) for t in tokens)})
+
+    async def _generate(self, req: Request, chat: bool) -> Response | Stream:
+        body = self._json_body(req)
+        if isinstance(body, Response):
+            return body
+        error = self._model_error(body)
+        if error is not None:
+            return error
         model = body.get("model")
-        if model is not None and model not in self.cfg.served_model_names:
-            return json_response(error_body(f"The model `{model}` does not exist.", "NotFoundError", 404), 404)
         if self.faults.health_lies:
             msg = "EngineCore encountered an issue. See stack trace (above) for the root cause."
             return json_response(error_body(msg, "InternalServerError", 500), 500)

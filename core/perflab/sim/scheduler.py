@@ -65,6 +65,7 @@ class SimRequest:
     generated: int = 0
     cached_tokens: int = 0
     blocks: int = 0
+    scheduled_at: float | None = None  # simulated time it was first admitted (left the queue)
     first_token_at: float | None = None
     finished_at: float | None = None
     preemptions: int = 0
@@ -274,6 +275,8 @@ class Scheduler:
             grow = (whole if self.reserve else self._blocks_for(computed + need)) - held
             if grow > self._available() - hits:
                 break  # not enough free KV blocks: it waits (and so does everyone behind it)
+            if req.scheduled_at is None:
+                req.scheduled_at = self.now
             if req.computed == 0:
                 for index in range(hits):  # the cached blocks are in use again
                     del self._cache[self._key(req, index)]

@@ -68,7 +68,7 @@ class Request:
 class Response:
     """A complete response."""
 
-    def __init__(self, status: int = 200, body: bytes | str = b"", content_type: str = "application/json",
+    def __init__(self, status: int = 200, body: bytes | str = b"", content_type: str | None = "application/json",
                  headers: Mapping[str, str] | None = None) -> None:
         self.status = status
         self.body = body.encode() if isinstance(body, str) else body
@@ -121,9 +121,10 @@ class HttpServer:
         for writer in list(self.connections):
             writer.transport.abort()
 
-    def _head(self, status: int, content_type: str, extra: Mapping[str, str], length: int | None) -> bytes:
-        lines = [_status_line(status), b"date: ", formatdate(usegmt=True).encode(), b"\r\n", self.common,
-                 b"content-type: ", content_type.encode(), b"\r\n"]
+    def _head(self, status: int, content_type: str | None, extra: Mapping[str, str], length: int | None) -> bytes:
+        lines = [_status_line(status), b"date: ", formatdate(usegmt=True).encode(), b"\r\n", self.common]
+        if content_type is not None:  # uvicorn sends none for an empty Response (captured: health.txt)
+            lines += [b"content-type: ", content_type.encode(), b"\r\n"]
         for k, v in extra.items():
             lines.append(f"{k}: {v}\r\n".encode())
         if length is None:
@@ -190,7 +191,10 @@ class HttpServer:
                 if self.on_access:
                     self.on_access(req, resp.status)
                 if isinstance(resp, Response):
-                    writer.write(self._head(resp.status, resp.content_type, resp.headers, len(resp.body)) + resp.body)
+                    # HEAD: the GET response's status and headers (its Content-Length too), no
+                    # body (RFC 9110 9.3.2; uvicorn drops the body of a HEAD response)
+                    body = b"" if req.method == "HEAD" else resp.body
+                    writer.write(self._head(resp.status, resp.content_type, resp.headers, len(resp.body)) + body)
                     await writer.drain()
                 else:
                     writer.write(self._head(resp.status, resp.content_type, resp.headers, None))

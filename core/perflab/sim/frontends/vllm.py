@@ -57,6 +57,16 @@ ASCEND_QUANT = "ascend"  # vllm_ascend/utils.py ASCEND_QUATIZATION_METHOD
 # awq_marlin/gptq_marlin) decode slower per step than the roofline says: fitted (on top of
 # the engine's decode factor) to seed 002 §2 on A100 (Qwen3-32B-FP8 1563.33 tok/s, TPOT
 # 340 ms; -AWQ 1767.21 tok/s, TPOT 302 ms; BF16 1730.98 tok/s, TPOT 150 ms).
+# The first release whose log lines the simulator reproduces from a capture of its own
+# (tests/fixtures/real/vllm-0.32.0-cpu/serve-*.log): the banner, entry.py's "Starting vLLM
+# server on ...", "EngineCore" without the DP suffix. Releases between 0.17.1 and 0.32.0 were
+# not captured; they keep the older lines.
+V032 = (0, 32)
+# The routes vLLM 0.32.0 lists at start that the simulator serves, in its order and spelling.
+ROUTES_032 = (
+    ("/version", "GET"), ("/health", "GET"), ("/metrics", "GET"), ("/tokenize", "POST"), ("/detokenize", "POST"),
+    ("/v1/models", "GET"), ("/v1/chat/completions", "POST"), ("/v1/completions", "POST"),
+)
 MARLIN_DECODE = {"fp8": 0.79, "awq": 0.84, "gptq": 0.84, "gptq-int4": 0.84, "gptq-int8": 0.84}
 
 
@@ -340,6 +350,9 @@ class VllmLog:
     def __init__(self, version: str) -> None:
         self.version = version
         self.new_prefix = common.version_tuple(version) >= (0, 10)
+        # 0.32: the engine process is "EngineCore" and uvicorn's own lines carry no prefix
+        # (tests/fixtures/real/vllm-0.32.0-cpu/serve-eager.log)
+        self.v032 = common.version_tuple(version) >= V032
         self.pid = common.pid()
 
     def line(self, level: str, where: str, message: str, proc: str = "APIServer", pid: int | None = None) -> str:
@@ -351,9 +364,11 @@ class VllmLog:
 
     def uvicorn(self, message: str) -> str:
         text = f"INFO:     {message}"
-        return f"(APIServer pid={self.pid}) {text}" if self.new_prefix else text
+        return f"(APIServer pid={self.pid}) {text}" if self.new_prefix and not self.v032 else text
 
     def engine_proc(self, dp_rank: int = 0) -> str:
+        if self.v032:
+            return "EngineCore" if dp_rank == 0 else f"EngineCore_DP{dp_rank}"
         return f"EngineCore_DP{dp_rank}" if self.new_prefix else "EngineCore_0"
 
     def worker_proc(self, rank: int, tp: int, pp: int, dp_rank: int = 0, dp: int = 1, ep: bool = False) -> str:
@@ -457,10 +472,16 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
     spec_method, spec_tokens = _speculative(a.get("speculative_config"))
     perf_mode = a.get("performance_mode", "balanced")
 
-    startup = [
-        log.line("INFO", where_api, f"vLLM API server version {version}"),
-        log.line("INFO", "utils.py:233", f"non-default args: {_non_default(a)}"),
-    ]
+    if vt >= V032:
+        # vllm/entrypoints/serve/utils/api_utils.py (0.32.0): the logo banner replaces the
+        # "vLLM API server version" line; non-default args from the same module
+        startup = [log.line("INFO", "api_utils.py:347", text) for text in _banner(version, model)]
+        startup.append(log.line("INFO", "api_utils.py:286", f"non-default args: {_non_default(a)}"))
+    else:
+        startup = [
+            log.line("INFO", where_api, f"vLLM API server version {version}"),
+            log.line("INFO", "utils.py:233", f"non-default args: {_non_default(a)}"),
+        ]
     note = version_note(version, log)
     if note:
         startup.append(note)
@@ -551,8 +572,8 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
 
     arch = common.architecture(spec)
     startup += [
-        log.line("INFO", "model.py:547", f"Resolved architecture: {arch}"),
-        log.line("INFO", "model.py:1510", f"Using max model len {effective_len}"),
+        log.line("INFO", "model.py:733" if vt >= V032 else "model.py:547", f"Resolved architecture: {arch}"),
+        log.line("INFO", "model.py:2152" if vt >= V032 else "model.py:1510", f"Using max model len {effective_len}"),
     ]
     if chunked:
         startup.append(log.line("INFO", "scheduler.py:205", f"Chunked prefill is enabled with max_num_batched_tokens={batched}."))
@@ -565,7 +586,7 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
     startup.append(
         log.line(
             "INFO",
-            "core.py:77",
+            "core.py:133" if vt >= V032 else "core.py:77",
             f"Initializing a V1 LLM engine (v{version}) with config: model='{model}', speculative_config={a.get('speculative_config')}, "
             f"tokenizer='{model}', skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
             f"trust_remote_code={bool(a.get('trust_remote_code', False))}, dtype=torch.bfloat16, "
@@ -617,13 +638,25 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
 
     workers = world * dp if world > 1 else 0
     url_host = f"[{host_part}]" if ":" in host_part else host_part
-    ready = [
-        log.line("INFO", "api_server.py:1912", f"Starting vLLM API server 0 on http://{url_host}:{port}"),
-        log.line("INFO", "launcher.py:34", "Available routes are:"),
-        log.line("INFO", "launcher.py:42", "Route: /health, Methods: GET"),
-        log.line("INFO", "launcher.py:42", "Route: /v1/models, Methods: GET"),
-        log.line("INFO", "launcher.py:42", "Route: /v1/chat/completions, Methods: POST"),
-        log.line("INFO", "launcher.py:42", "Route: /v1/completions, Methods: POST"),
+    if vt >= V032:
+        # vllm/entrypoints/launchers/api_server/entry.py:136/140 and launcher.py (0.32.0): the
+        # routes the simulator serves, as the real server lists them (serve-eager.log)
+        ready = [
+            log.line("INFO", "entry.py:136", "Supported tasks: ['generate']"),
+            log.line("INFO", "entry.py:140", f"Starting vLLM server on http://{url_host}:{port}"),
+            log.line("INFO", "launcher.py:186", "Available routes are:"),
+        ]
+        ready += [log.line("INFO", "launcher.py:195", f"Route: {path}, Methods: {methods}") for path, methods in ROUTES_032]
+    else:
+        ready = [
+            log.line("INFO", "api_server.py:1912", f"Starting vLLM API server 0 on http://{url_host}:{port}"),
+            log.line("INFO", "launcher.py:34", "Available routes are:"),
+            log.line("INFO", "launcher.py:42", "Route: /health, Methods: GET"),
+            log.line("INFO", "launcher.py:42", "Route: /v1/models, Methods: GET"),
+            log.line("INFO", "launcher.py:42", "Route: /v1/chat/completions, Methods: POST"),
+            log.line("INFO", "launcher.py:42", "Route: /v1/completions, Methods: POST"),
+        ]
+    ready += [
         log.uvicorn(f"Started server process [{log.pid}]"),
         log.uvicorn("Waiting for application startup."),
         log.uvicorn("Application startup complete."),
@@ -678,6 +711,8 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
         health_paths=("/health",),
         ready_lines=tuple(ready),
         startup_lines=tuple(startup + warnings),
+        # uvicorn's shutdown lines (0.32.0 capture; unprefixed there)
+        shutdown_lines=tuple(log.uvicorn(m) for m in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.")) if vt >= V032 else (),
         workers=workers,
         # vllm/v1/executor/multiproc_executor.py: setproctitle VLLM::Worker[_DPn][_PPn][_TPn]
         worker_title=("VLLM::Worker_TP{tp_rank}" if dp == 1 else "VLLM::Worker_DP{dp_rank}_TP{tp_rank}") if vt >= (0, 10) else "VllmWorker rank={rank}",
@@ -726,6 +761,18 @@ def _bind_error(exc: OSError) -> str:
         [("/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/api_server.py", 1809, "create_server_socket", "sock.bind(addr)")],
         f"OSError: [Errno {exc.errno}] {exc.strerror or exc}",
     )
+
+
+def _banner(version: str, model: str) -> list[str]:
+    """vLLM 0.32.0's start banner (api_utils.py:347), line for line as the capture shows it."""
+    return [
+        "",
+        "       \u2588     \u2588     \u2588\u2584   \u2584\u2588",
+        f" \u2584\u2584 \u2584\u2588 \u2588     \u2588     \u2588 \u2580\u2584\u2580 \u2588  version {version}",
+        f"  \u2588\u2584\u2588\u2580 \u2588     \u2588     \u2588     \u2588  model   {model}",
+        "   \u2580\u2580  \u2580\u2580\u2580\u2580\u2580 \u2580\u2580\u2580\u2580\u2580 \u2580     \u2580",
+        "",
+    ]
 
 
 def _quant_name(quant: str | None) -> str | None:

@@ -1,0 +1,256 @@
+"""The simulated engines' Prometheus ``/metrics``, under the engines' own metric names.
+
+The values are what the simulated engine did: token counters equal the tokens it served,
+request counters the requests it finished, gauges its scheduler's state at scrape time.
+Latency histograms are in simulated seconds (equal to wall seconds at time scale 1).
+
+The exposition is written by ``prometheus_client`` (the library the engines use themselves), so
+the text format — ``# HELP``/``# TYPE``, ``_total``/``_created`` samples, ``le`` buckets —
+is the engines' byte for byte.
+
+Sources:
+
+- vLLM 0.32.0 (``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``): names, help texts,
+  labels ``engine`` (the data-parallel rank) and ``model_name`` (first served name), the
+  ``finished_reason`` label of ``vllm:request_success``, the bucket boundaries (token
+  histograms: ``build_1_2_5_buckets(max_model_len)``). Checked against a real vLLM 0.32.0's
+  ``/metrics`` (``tests/fixtures/real/vllm-0.32.0-cpu/metrics-idle.txt``).
+- SGLang (``python/sglang/srt/metrics/collector.py``, ``SchedulerMetricsCollector`` and
+  ``TokenizerMetricsCollector``; docs/references/production_metrics.md): ``sglang:*`` names,
+  label ``model_name``.
+- TensorRT-LLM (``tensorrt_llm/metrics/collector.py``, ``MetricsCollector``): ``trtllm_*`` names,
+  labels ``model_name``, ``engine_type``; trtllm-serve serves them on ``/prometheus/metrics``.
+- MindIE: no public list of metric names; the stand-in exports ``mindie_sim_*`` names, clearly
+  its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# vllm/v1/metrics/loggers.py (0.32.0): the buckets of the latency histograms
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                   480.0, 960.0, 1920.0, 7680.0)
+PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+N_BUCKETS = (1, 2, 5, 10, 20)
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM 0.32's label values
+
+
+def buckets_1_2_5(maximum: int) -> tuple[float, ...]:
+    """vLLM's ``build_1_2_5_buckets``: 1, 2, 5, 10, 20, 50, ... up to ``maximum``."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for m in (1, 2, 5):
+            value = m * 10**exponent
+            if value > maximum:
+                return tuple(out)
+            out.append(float(value))
+        exponent += 1
+
+
+@dataclass(frozen=True)
+class Finished:
+    """One finished request, as the metrics see it (times in simulated seconds)."""
+
+    rank: int
+    reason: str  # "stop" | "length" | "abort"
+    prompt_tokens: int
+    generated: int
+    max_tokens: int
+    ttft_s: float | None
+    e2e_s: float
+    queue_s: float
+    prefill_s: float
+    preemptions: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One data-parallel rank's scheduler state at scrape time."""
+
+    running: int
+    waiting: int
+    kv_usage: float  # 0..1
+    kv_used_tokens: int
+    prefix_queries: int
+    prefix_hits: int
+    preemptions: int
+
+
+class EngineMetrics:
+    """Counters and histograms an engine updates as it serves; ``render()`` is ``/metrics``."""
+
+    def __init__(self, engine: str, model_name: str, ranks: int, max_model_len: int) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.ranks = ranks
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._seen: dict[tuple[str, int], int] = {}  # scheduler totals already counted
+        self.flavour = {"vllm": "vllm", "vllm-ascend": "vllm", "sglang": "sglang", "trtllm": "trtllm"}.get(
+            engine, "mindie"
+        )
+        self._build(max(2, max_model_len))
+
+    # ---------------------------------------------------------------------------- families
+    def _build(self, max_model_len: int) -> None:
+        r = self.registry
+        tokens = buckets_1_2_5(max_model_len)
+        if self.flavour == "vllm":
+            labels = ["engine", "model_name"]
+            self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", labels, registry=r)
+            self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels, registry=r)
+            self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels, registry=r)
+            self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", labels, registry=r)
+            self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", labels, registry=r)
+            self.preemptions = Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels, registry=r)
+            self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=r)
+            self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=r)
+            self.success = Counter("vllm:request_success", "Count of successfully processed requests.", [*labels, "finished_reason"], registry=r)
+            self.h_prompt = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", labels, buckets=tokens, registry=r)
+            self.h_generation = Histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", labels, buckets=tokens, registry=r)
+            self.h_max_tokens = Histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", labels, buckets=tokens, registry=r)
+            self.h_n = Histogram("vllm:request_params_n", "Histogram of the n request parameter.", labels, buckets=N_BUCKETS, registry=r)
+            self.h_ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, buckets=TTFT_BUCKETS, registry=r)
+            self.h_itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels, buckets=ITL_BUCKETS, registry=r)
+            self.h_tpot = Histogram("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", labels, buckets=ITL_BUCKETS, registry=r)
+            self.h_e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", labels, buckets=LATENCY_BUCKETS, registry=r)
+            self.h_queue = Histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", labels, buckets=LATENCY_BUCKETS, registry=r)
+            self.h_inference = Histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", labels, buckets=LATENCY_BUCKETS, registry=r)
+            self.h_prefill = Histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", labels, buckets=LATENCY_BUCKETS, registry=r)
+            self.h_decode = Histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", labels, buckets=LATENCY_BUCKETS, registry=r)
+            self.h_preemptions = Histogram("vllm:request_num_preemptions", "Histogram of the number of times a request was preempted.", labels, buckets=PREEMPTION_BUCKETS, registry=r)
+        elif self.flavour == "sglang":
+            labels = ["model_name"]
+            self.running = Gauge("sglang:num_running_reqs", "The number of running requests.", labels, registry=r)
+            self.waiting = Gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", labels, registry=r)
+            self.kv_usage = Gauge("sglang:token_usage", "The token usage.", labels, registry=r)
+            self.used_tokens = Gauge("sglang:num_used_tokens", "The number of used tokens.", labels, registry=r)
+            self.hit_rate = Gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", labels, registry=r)
+            self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", labels, registry=r)
+            self.generation_tokens = Counter("sglang:generation_tokens", "Number of generation tokens processed.", labels, registry=r)
+            self.cached_tokens = Counter("sglang:cached_tokens", "Number of cached prompt tokens.", labels, registry=r)
+            self.requests = Counter("sglang:num_requests", "Number of requests processed.", labels, registry=r)
+            self.h_ttft = Histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, buckets=TTFT_BUCKETS, registry=r)
+            self.h_itl = Histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels, buckets=ITL_BUCKETS, registry=r)
+            self.h_e2e = Histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", labels, buckets=LATENCY_BUCKETS, registry=r)
+        elif self.flavour == "trtllm":
+            labels = ["model_name", "engine_type"]
+            self.running = Gauge("trtllm_num_requests_running", "Number of requests currently being processed.", labels, registry=r)
+            self.waiting = Gauge("trtllm_num_requests_waiting", "Number of requests waiting to be processed.", labels, registry=r)
+            self.kv_usage = Gauge("trtllm_kv_cache_utilization", "KV cache utilization", labels, registry=r)
+            self.hit_rate = Gauge("trtllm_kv_cache_hit_rate", "KV cache hit rate", labels, registry=r)
+            self.success = Counter("trtllm_request_success", "Count of successfully processed requests.", [*labels, "finished_reason"], registry=r)
+            self.h_e2e = Histogram("trtllm_e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", labels, buckets=LATENCY_BUCKETS, registry=r)
+            self.h_ttft = Histogram("trtllm_time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, buckets=TTFT_BUCKETS, registry=r)
+            self.h_tpot = Histogram("trtllm_time_per_output_token_seconds", "Histogram of time per output token in seconds.", labels, buckets=ITL_BUCKETS, registry=r)
+            self.h_queue = Histogram("trtllm_request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", labels, buckets=LATENCY_BUCKETS, registry=r)
+        else:  # MindIE: no public metric names, so clearly the simulator's own
+            labels = ["model_name"]
+            self.running = Gauge("mindie_sim_num_requests_running", "Requests running (perflab simulator).", labels, registry=r)
+            self.waiting = Gauge("mindie_sim_num_requests_waiting", "Requests waiting (perflab simulator).", labels, registry=r)
+            self.kv_usage = Gauge("mindie_sim_kv_cache_usage_perc", "KV-cache usage, 1 = 100% (perflab simulator).", labels, registry=r)
+            self.prompt_tokens = Counter("mindie_sim_prompt_tokens", "Prompt tokens processed (perflab simulator).", labels, registry=r)
+            self.generation_tokens = Counter("mindie_sim_generation_tokens", "Tokens generated (perflab simulator).", labels, registry=r)
+            self.success = Counter("mindie_sim_request_success", "Requests finished (perflab simulator).", [*labels, "finished_reason"], registry=r)
+            self.h_ttft = Histogram("mindie_sim_time_to_first_token_seconds", "Time to first token (perflab simulator).", labels, buckets=TTFT_BUCKETS, registry=r)
+            self.h_e2e = Histogram("mindie_sim_e2e_request_latency_seconds", "End-to-end latency (perflab simulator).", labels, buckets=LATENCY_BUCKETS, registry=r)
+        self._init_children()
+
+    def _labels(self, rank: int) -> dict[str, str]:
+        if self.flavour == "vllm":
+            return {"engine": str(rank), "model_name": self.model_name}
+        if self.flavour == "trtllm":
+            return {"model_name": self.model_name, "engine_type": "trtllm"}
+        return {"model_name": self.model_name}
+
+    def _init_children(self) -> None:
+        """Create every labelled series up front, as the engines do (zeros before traffic)."""
+        for rank in range(self.ranks if self.flavour == "vllm" else 1):
+            lab = self._labels(rank)
+            for name, metric in vars(self).items():
+                if isinstance(metric, (Counter, Gauge, Histogram)) and name not in ("success",):
+                    metric.labels(**lab)
+            if hasattr(self, "success"):
+                for reason in FINISHED_REASONS if self.flavour == "vllm" else ("stop", "length", "abort"):
+                    self.success.labels(**lab, finished_reason=reason)
+
+    def _rank(self, rank: int) -> dict[str, str]:
+        return self._labels(rank if self.flavour == "vllm" else 0)
+
+    # ---------------------------------------------------------------------------- events
+    def token_interval(self, rank: int, seconds: float) -> None:
+        """Time between two outputs of one request (an inter-token latency)."""
+        h = getattr(self, "h_itl", None)
+        if h is not None:
+            h.labels(**self._rank(rank)).observe(max(0.0, seconds))
+
+    def finished(self, f: Finished) -> None:
+        lab = self._rank(f.rank)
+        if hasattr(self, "prompt_tokens"):
+            self.prompt_tokens.labels(**lab).inc(f.prompt_tokens)
+        if hasattr(self, "generation_tokens"):
+            self.generation_tokens.labels(**lab).inc(f.generated)
+        if hasattr(self, "cached_tokens"):
+            self.cached_tokens.labels(**lab).inc(f.cached_tokens)
+        if hasattr(self, "requests"):
+            self.requests.labels(**lab).inc()
+        if hasattr(self, "success"):
+            self.success.labels(**lab, finished_reason=f.reason).inc()
+        if f.reason == "abort" and self.flavour == "vllm":
+            return  # vLLM observes the request histograms for finished requests only
+        decode_s = max(0.0, f.e2e_s - (f.ttft_s or f.e2e_s))
+        if f.ttft_s is not None and hasattr(self, "h_ttft"):
+            self.h_ttft.labels(**lab).observe(f.ttft_s)
+        if hasattr(self, "h_e2e"):
+            self.h_e2e.labels(**lab).observe(f.e2e_s)
+        if hasattr(self, "h_queue"):
+            self.h_queue.labels(**lab).observe(f.queue_s)
+        if hasattr(self, "h_tpot"):
+            self.h_tpot.labels(**lab).observe(decode_s / (f.generated - 1) if f.generated > 1 else 0.0)
+        if self.flavour == "vllm":
+            self.h_prompt.labels(**lab).observe(f.prompt_tokens)
+            self.h_generation.labels(**lab).observe(f.generated)
+            self.h_max_tokens.labels(**lab).observe(f.max_tokens)
+            self.h_n.labels(**lab).observe(1)
+            self.h_inference.labels(**lab).observe(max(0.0, f.e2e_s - f.queue_s))
+            self.h_prefill.labels(**lab).observe(f.prefill_s)
+            self.h_decode.labels(**lab).observe(decode_s)
+            self.h_preemptions.labels(**lab).observe(f.preemptions)
+
+    # ---------------------------------------------------------------------------- scrape
+    def render(self, snapshots: Sequence[Snapshot]) -> bytes:
+        """The exposition text, gauges set from ``snapshots`` (one per data-parallel rank)."""
+        if self.flavour == "vllm":
+            for rank, s in enumerate(snapshots):
+                lab = self._labels(rank)
+                self.running.labels(**lab).set(s.running)
+                self.waiting.labels(**lab).set(s.waiting)
+                self.kv_usage.labels(**lab).set(s.kv_usage)
+                # counters mirror the scheduler's own running totals
+                for what, counter, total in (("queries", self.prefix_queries, s.prefix_queries),
+                                             ("hits", self.prefix_hits, s.prefix_hits),
+                                             ("preemptions", self.preemptions, s.preemptions)):
+                    key = (what, rank)
+                    if total > self._seen.get(key, 0):
+                        counter.labels(**lab).inc(total - self._seen.get(key, 0))
+                        self._seen[key] = total
+        else:
+            lab = self._labels(0)
+            self.running.labels(**lab).set(sum(s.running for s in snapshots))
+            self.waiting.labels(**lab).set(sum(s.waiting for s in snapshots))
+            self.kv_usage.labels(**lab).set(max((s.kv_usage for s in snapshots), default=0.0))
+            if hasattr(self, "used_tokens"):
+                self.used_tokens.labels(**lab).set(sum(s.kv_used_tokens for s in snapshots))
+            if hasattr(self, "hit_rate"):
+                queries = sum(s.prefix_queries for s in snapshots)
+                self.hit_rate.labels(**lab).set(sum(s.prefix_hits for s in snapshots) / queries if queries else 0.0)
+        return generate_latest(self.registry)
