@@ -237,6 +237,17 @@ def _preflight_json(problems: list[Unsupported]) -> list[dict[str, str]]:
     return [{"what": u.what, "why": u.why, "source": u.source, "severity": u.severity} for u in problems]
 
 
+def describe_devices(hardware: HardwareSnapshot) -> str:
+    """``2 accelerator(s)``, or for the host CPU ``CPU AMD EPYC: 2 cores in 1 NUMA node(s)``."""
+    accs = hardware.accelerators
+    if not accs:
+        return "no accelerator found"
+    if all(a.kind == "cpu" for a in accs):
+        cores = sum(a.cores or 0 for a in accs)
+        return f"CPU {accs[0].name}: {cores} cores in {len(accs)} NUMA node(s)"
+    return f"{len(accs)} accelerator(s)"
+
+
 def render_command(
     engine: str,
     launch: LaunchSpec,
@@ -248,7 +259,7 @@ def render_command(
     import shlex
 
     echo = click.echo
-    where = "no accelerator found" if not hardware.accelerators else f"{len(hardware.accelerators)} accelerator(s)"
+    where = describe_devices(hardware)
     if hardware.simulated:
         where += f", simulated {hardware.name}"
     echo(f"# {engine} {version or '(not installed here)'} — {where}")
