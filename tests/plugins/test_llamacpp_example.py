@@ -99,3 +99,122 @@ def test_runs_on_cpu(plugin) -> None:
     assert [u.what for u in refused] == ["devices"]
     assert plugin.perflab_check_support("llama-cpp", ServeConfig(model="m.gguf", devices=(0,)), GPUS) == []
     assert build(plugin, GPUS, devices=(1,)).env["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+# --------------------------------------------------------------------------- the GGUF's own tokenizer
+
+def _gguf(path: Path, kv: dict[str, object]) -> Path:
+    """A GGUF v3 file with these metadata keys and no tensors (gguf.md layout)."""
+    import struct
+
+    def s(text: str) -> bytes:
+        raw = text.encode()
+        return struct.pack("<Q", len(raw)) + raw
+
+    def val(v: object) -> tuple[int, bytes]:
+        if isinstance(v, str):
+            return 8, s(v)
+        if isinstance(v, bool):
+            return 7, struct.pack("<?", v)
+        if isinstance(v, int):
+            return 5, struct.pack("<i", v)
+        if isinstance(v, list):
+            kinds_items = [val(x) for x in v]
+            kind = kinds_items[0][0] if kinds_items else 8
+            return 9, struct.pack("<IQ", kind, len(v)) + b"".join(b for _, b in kinds_items)
+        raise TypeError(v)
+
+    body = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv))
+    for k, v in kv.items():
+        kind, data = val(v)
+        body += s(k) + struct.pack("<I", kind) + data
+    path.write_bytes(body)
+    return path
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's byte <-> printable-char table (what byte-level BPE vocabularies are written in)
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def _tiny_bpe() -> tuple[list[str], list[str]]:
+    byte_tokens = list(_bytes_to_unicode().values())
+    merges = ["Ġ h", "e l", "l o", "el lo", "Ġh ello", "Ġ w", "o r", "Ġw or", "Ġwor l", "Ġworl d"]
+    merged = ["Ġh", "el", "lo", "ello", "Ġhello", "Ġw", "or", "Ġwor", "Ġworl", "Ġworld"]
+    return byte_tokens + merged + ["<|endoftext|>"], merges
+
+
+def test_gguf_tokenizer_matches_an_independent_bpe(plugin, tmp_path: Path) -> None:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    from perflab_llamacpp import gguf
+
+    tokens, merges = _tiny_bpe()
+    types = [1] * (len(tokens) - 1) + [3]
+    path = _gguf(tmp_path / "tiny.gguf", {
+        "general.architecture": "qwen3", "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+        "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.eos_token_id": len(tokens) - 1,
+    })
+    meta = gguf.read_metadata(path)
+    assert meta["general.architecture"] == "qwen3" and meta["tokenizer.ggml.eos_token_id"] == len(tokens) - 1
+    out = gguf.write_tokenizer_json(path, tmp_path / "tokenizer.json")
+    ours = Tokenizer.from_file(str(out))
+    ref = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, [tuple(m.split(" ")) for m in merges]))
+    ref.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(gguf.QWEN2_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    ref.decoder = decoders.ByteLevel()
+    # llama-server parses control tokens written in the prompt (tokenize with parse_special)
+    ref.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+    for text in ["hello world", " hello world 123", "hello<|endoftext|>", "héllo\n\nworld!"]:
+        assert ours.encode(text, add_special_tokens=False).ids == ref.encode(text, add_special_tokens=False).ids
+    ids = ours.encode(" hello world", add_special_tokens=False).ids
+    assert [tokens[i] for i in ids] == ["Ġhello", "Ġworld"]
+    assert ours.decode(ids) == " hello world"
+    assert ours.encode("<|endoftext|>", add_special_tokens=False).ids == [len(tokens) - 1]  # control token kept whole
+    # the bench loads it like any tokenizer.json
+    from perflab.bench.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(out))
+    assert tok.exact and tok.count(" hello world") == 2
+
+
+@pytest.mark.parametrize(
+    ("kv", "message"),
+    [
+        ({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]}, "'llama'"),
+        ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": ["a"]}, "'default'"),
+    ],
+)
+def test_gguf_tokenizers_not_rebuilt_are_a_preflight_warning(plugin, tmp_path: Path, kv: dict[str, object], message: str) -> None:
+    from perflab_llamacpp import gguf
+
+    path = _gguf(tmp_path / "m.gguf", kv)
+    with pytest.raises(gguf.UnsupportedTokenizer, match=message):
+        gguf.tokenizer_json(gguf.read_metadata(path))
+    (warning,) = plugin.perflab_check_support("llama-cpp", ServeConfig(model=str(path)), CPU)
+    assert (warning.what, warning.severity) == ("tokenizer", "warning") and "approximate" in warning.why
+
+
+def test_not_a_gguf(plugin, tmp_path: Path) -> None:
+    from perflab_llamacpp import gguf
+
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"PK\x03\x04 not gguf")
+    with pytest.raises(gguf.GGUFError, match="not a GGUF"):
+        gguf.read_metadata(bad)
+    assert [u.what for u in plugin.perflab_check_support("llama-cpp", ServeConfig(model=str(bad)), CPU)] == ["tokenizer"]
+    tokens, merges = _tiny_bpe()
+    good = _gguf(tmp_path / "ok.gguf", {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
+                                          "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": merges})
+    assert plugin.perflab_check_support("llama-cpp", ServeConfig(model=str(good)), CPU) == []

@@ -122,9 +122,30 @@ def perflab_check_support(engine: str, config: ServeConfig, hardware: HardwareSn
     if config.devices is not None and hardware.of_kind("cpu") and not hardware.of_kind("cuda"):
         out.append(Unsupported("devices", "on CPU llama-server has no device selection (it uses the cores it may run on; "
                                "set threads with --extra-arg=--threads=N)", SOURCE))
+    out += tokenizer_problems(config.model)
     if config.quantization is not None:
         out.append(Unsupported("quantization", "llama.cpp's quantization is chosen by the GGUF file, not a flag: pass a quantized GGUF as --model", SOURCE))
     return out
+
+
+def tokenizer_problems(model: str) -> list[Unsupported]:
+    """Say so when perflab's client cannot count tokens as this GGUF's own tokenizer does.
+
+    llama-server tokenizes with the vocabulary inside the GGUF; :mod:`perflab_llamacpp.gguf`
+    rebuilds it as a tokenizer.json (``write_tokenizer_json``) for byte-level BPE models.
+    For other kinds, token counts would silently be approximate: a warning instead.
+    """
+    path = Path(model)
+    if not (model.endswith(".gguf") and path.is_file()):
+        return []
+    from perflab_llamacpp.gguf import GGUFError, UnsupportedTokenizer, read_metadata, tokenizer_json
+
+    try:
+        tokenizer_json(read_metadata(path))
+    except (GGUFError, UnsupportedTokenizer, OSError) as exc:
+        return [Unsupported("tokenizer", f"{exc}; without it benchmark token counts are approximate",
+                            "https://github.com/ggml-org/ggml/blob/master/docs/gguf.md", severity="warning")]
+    return []
 
 
 def _model_args(model: str) -> list[str]:
