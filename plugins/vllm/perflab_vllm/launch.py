@@ -26,12 +26,13 @@ CPU_DEVICES = "CPU_VISIBLE_MEMORY_NODES"
 #: (503 on EngineDeadError), GET /v1/models lists the served names
 #: (vllm/entrypoints/openai/api_server.py, v0.11.0). The ready lines: vLLM's own
 #: ``logger.info("Starting vLLM API server %d on %s", ...)`` (v0.11; older releases print
-#: "Starting vLLM API server on ...") and uvicorn's "Application startup complete.".
+#: "Starting vLLM API server on ..."; 0.32 prints ``"Starting vLLM server on %s"`` from
+#: vllm/entrypoints/launchers/api_server/entry.py) and uvicorn's "Application startup complete.".
 READINESS = Readiness(
     http=(HttpProbe("/health"), HttpProbe("/v1/models")),
     generation_path="/v1/completions",
     ready_log_patterns=(
-        r"Starting vLLM API server(?: \d+)? on ",
+        r"Starting vLLM (?:API )?server(?: \d+)? on ",
         r"Application startup complete\.",
     ),
     # Loading a 200B+ checkpoint, torch.compile and CUDA-graph capture take many minutes.
