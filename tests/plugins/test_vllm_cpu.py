@@ -158,3 +158,42 @@ def test_crash_classifier_still_sees_the_real_log(pm) -> None:
     # Not this module's code (crashes.py), but the fixture must stay useful to it: the
     # root cause line is in the tail perflab captures.
     assert "ValueError: Available memory on node 0" in REAL_LOG.read_text()[-20000:]
+
+
+def test_served_version_cross_check_over_http(tmp_path: Path) -> None:
+    """GET /version as vLLM 0.32.0 answered it (fixture), served by a local stand-in."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import anyio
+    from perflab_vllm.version import served_version_warning
+
+    body = (REAL / "version.json").read_bytes()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            code = 200 if self.path == "/version" else 404
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert anyio.run(served_version_warning, url, "0.32.0") is None
+        warning = anyio.run(served_version_warning, url, "0.31.1")
+        assert warning is not None and "0.32.0" in warning and "0.31.1" in warning
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    # nothing listens there any more: a warning, not an exception
+    gone = anyio.run(served_version_warning, url, "0.32.0", 1.0)
+    assert gone is not None and "could not read /version" in gone
