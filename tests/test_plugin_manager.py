@@ -162,7 +162,7 @@ def test_load_plugins_unset_loads_every_entry_point(two_toys: Dists) -> None:
 def test_load_plugins_empty_loads_none(two_toys: Dists) -> None:
     pm = PluginManager(environ={"PERFLAB_LOAD_PLUGINS": ""})
     assert loaded(pm) == set() and pm.engine_names() == []
-    assert {r.name for r in pm.records} == {"perflab.hardware.nvml", "perflab.hardware.npusmi"}  # built-ins stay
+    assert {r.name for r in pm.records} == {"perflab.hardware.nvml", "perflab.hardware.npusmi", "perflab.hardware.cpu"}  # built-ins stay
 
 
 def test_load_plugins_by_entry_point_or_distribution_name(two_toys: Dists) -> None:

@@ -36,6 +36,7 @@ from perflab.types import EngineInfo
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "perflab.hardware.nvml",
     "perflab.hardware.npusmi",
+    "perflab.hardware.cpu",
 )
 
 Status = Literal["ok", "load-error", "incompatible"]

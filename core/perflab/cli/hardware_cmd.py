@@ -1,4 +1,5 @@
-"""``perflab hardware``: the accelerators every hardware probe (NVML, npu-smi, plugins) found."""
+"""``perflab hardware``: the accelerators every hardware probe (NVML, npu-smi, plugins) found,
+or the host CPU (one row per NUMA node) when there is none."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import click
 from perflab.cli.options import hardware_option, json_option
 from perflab.types import Accelerator, HardwareSnapshot, to_jsonable
 
-NOTHING_FOUND = "No NVIDIA GPU (NVML) or Ascend NPU (npu-smi) found on this machine."
+NOTHING_FOUND = "No NVIDIA GPU (NVML), Ascend NPU (npu-smi) or readable CPU (/proc/cpuinfo) found on this machine."
 
 
 def _memory(a: Accelerator) -> str:
@@ -19,6 +20,8 @@ def _memory(a: Accelerator) -> str:
 
 
 def _compute(a: Accelerator) -> str:
+    if a.cores is not None:  # the host CPU: its cores and the instruction sets engines care about
+        return f"{a.cores} cores ({a.cpu_list or '-'})\n{' '.join(a.features) or 'no AVX-512/AMX'}"
     if a.compute_capability is not None:
         return f"{a.compute_capability[0]}.{a.compute_capability[1]} (SM{a.sm})"
     return a.chip or "-"
@@ -49,12 +52,15 @@ def render_table(snapshot: HardwareSnapshot) -> None:
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("accelerator\nuuid · bus id", overflow="fold", min_width=26)
     table.add_column("memory MiB\nused / total", no_wrap=True)
-    table.add_column("compute\nor chip")
+    table.add_column("compute, chip\nor cores · ISA", overflow="fold")
     table.add_column("driver")
     for a in snapshot.accelerators:
         label = a.name if a.vendor.lower() in a.name.lower() else f"{a.name} ({a.vendor})"
         who = Text(label)
-        who.append(f"\n{a.uuid or 'no uuid'}\nbus {a.bus_id or '-'}", style="dim")
+        if a.cores is not None:
+            who.append(f"\nNUMA node {a.index}", style="dim")
+        else:
+            who.append(f"\n{a.uuid or 'no uuid'}\nbus {a.bus_id or '-'}", style="dim")
         table.add_row(str(a.index), who, _memory(a), _compute(a), _driver(a))
     Console().print(table)
 
@@ -64,7 +70,8 @@ def render_table(snapshot: HardwareSnapshot) -> None:
 @json_option
 @click.pass_context
 def hardware(ctx: click.Context, hardware: str, as_json: bool) -> None:
-    """Show the accelerators on this machine (NVIDIA through NVML, Ascend through npu-smi).
+    """Show the accelerators on this machine (NVIDIA through NVML, Ascend through npu-smi),
+    or, when there is none, the CPU (one row per NUMA node: cores, memory, AVX-512/AMX).
 
     With --hardware sim:NAME the same probes run against the simulator's stand-ins for the
     catalog machine NAME; the output says so.

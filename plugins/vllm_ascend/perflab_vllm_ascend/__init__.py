@@ -30,7 +30,7 @@ INFO = EngineInfo(
     accelerators=("ascend",),
     description="vLLM with the vLLM-Ascend platform plugin (vllm serve) on Huawei Ascend NPUs",
     executable="vllm",
-    distributions=("vllm-ascend", "vllm_ascend"),
+    distributions=("vllm-ascend",),  # dist-info names are normalised: vllm_ascend-X.dist-info
     homepage="https://docs.vllm.ai/projects/ascend",
     default_port=8000,
 )
@@ -47,8 +47,9 @@ def perflab_engine_version(engine: str, env: Mapping[str, str]) -> str | None:
         return None
     from perflab_vllm.version import installed_version
 
-    # Metadata only: `vllm --version` would print vLLM's version, not vLLM-Ascend's.
-    return installed_version(INFO.distributions, env, executable=INFO.executable, run_executable=False)
+    # Installed only when the environment that runs `vllm` has a vllm-ascend distribution:
+    # any vLLM on PATH (a CUDA or CPU build) is not vLLM-Ascend.
+    return installed_version(INFO.distributions, env, executable=INFO.executable)
 
 
 @hookimpl

@@ -10,6 +10,21 @@ common/arg.cpp): ``-m/--model FNAME``, ``-hf/--hf-repo <user>/<model>[:quant]``,
 ``--cache-prompt/--no-cache-prompt``, ``-ngl/--n-gpu-layers``, ``-sm/--split-mode``,
 ``-fa/--flash-attn``, ``--reasoning-format``. Health: ``GET /health`` answers 503
 ("Loading model") until the model is loaded, then 200.
+
+As the real server behaves (tools/server/server.cpp, common/arg.cpp; the captured log of
+llama-server 0.6.0-dev in tests/fixtures/server.log):
+
+* ready line: ``srv  llama_server: listening on http://H:P`` (0.6.x, where ``main`` became
+  ``llama_server`` — tools/server/main.cpp), ``main: server is listening on http://H:P``
+  before (server.cpp ``LOG_INF("%s: server is listening on %s\n", __func__, ...)``);
+* ``--version`` prints ``version: X.Y.Z (build N, commit H)`` (``llama_print_build_info``,
+  common/build-info.cpp.in), older builds ``version: N (H)``;
+* ``--ctx-size`` is the KV cache of all ``--parallel`` slots together: each slot gets
+  ``n_ctx / n_parallel`` (``n_ctx_slot`` in server.cpp; the log prints ``n_slots = 4,
+  n_ctx_slot = 1024``), so perflab's per-request ``max_model_len`` becomes
+  ``--ctx-size max_model_len*slots --parallel slots``;
+* it runs on CPU as well as on GPUs (``-ngl`` offloads layers; without a GPU backend
+  everything runs on the CPU), so ``cpu`` is among its accelerators.
 """
 
 from __future__ import annotations
@@ -44,6 +59,15 @@ KV_TYPES = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_
 KV_ALIASES = {"fp16": "f16", "float16": "f16", "bfloat16": "bf16", "auto": "f16"}
 # --reasoning-format values (README)
 REASONING_FORMATS = {"none", "deepseek", "deepseek-legacy", "auto"}
+#: Slots when only max_model_len is given: llama-server's own default, since with no
+#: ``--parallel`` it sets ``n_parallel = 4`` (and a unified KV cache; server.cpp main()).
+#: perflab passes it explicitly so that each slot holds exactly max_model_len tokens.
+DEFAULT_SLOTS = 4
+#: ``version: X.Y.Z (build N, commit H)`` and the older ``version: N (H)``
+VERSION_RE = re.compile(r"version:\s*(?P<version>\S+)\s*\((?:build\s+(?P<build>\d+),\s*commit\s+(?P<commit>\w+)|(?P<old_commit>\w+))\)")
+VERSION_TIMEOUT_S = 5.0  # a C++ binary printing two lines; never wait long
+#: The ready line of 0.6.x and of the releases before it (see the module docstring).
+READY_PATTERNS = (r"llama_server: listening on https?://\S+", r"server is listening on https?://\S+")
 # engine options -> flags
 OPTIONS = {"n_gpu_layers": "--n-gpu-layers", "split_mode": "--split-mode", "flash_attn": "--flash-attn", "ubatch_size": "--ubatch-size"}
 
@@ -58,9 +82,21 @@ CRASH_PATTERNS = [
 
 @hookimpl
 def perflab_register_engines(register):
-    register(EngineInfo(name=ENGINE, display_name="llama.cpp (llama-server)", accelerators=("cuda",),
+    register(EngineInfo(name=ENGINE, display_name="llama.cpp (llama-server)", accelerators=("cuda", "cpu"),
                         description="llama.cpp's OpenAI-compatible server", executable=EXECUTABLE,
                         homepage="https://github.com/ggml-org/llama.cpp", default_port=8080))
+
+
+def parse_version(text: str) -> str | None:
+    """``X.Y.Z (build N, commit H)`` from ``llama-server --version``; old
+    builds (``version: 6123 (9a0e6ab1)``) give ``b6123 (9a0e6ab1)``, the release tag name."""
+    m = VERSION_RE.search(text)
+    if m is None:
+        return None
+    if m.group("build"):
+        return f"{m.group('version')} (build {m.group('build')}, commit {m.group('commit')})"
+    version = m.group("version")
+    return f"{'b' if version.isdigit() else ''}{version} ({m.group('old_commit')})"
 
 
 @hookimpl
@@ -70,12 +106,12 @@ def perflab_engine_version(engine: str, env: Mapping[str, str]) -> str | None:
     exe = shutil.which(EXECUTABLE, path=env.get("PATH"))
     if exe is None:
         return None
-    try:  # prints "version: 6123 (9a0e6ab1)" on stderr
-        out = subprocess.run([exe, "--version"], env=dict(env), capture_output=True, text=True, timeout=10)
+    try:  # prints the version on stderr (common/arg.cpp, --version)
+        out = subprocess.run([exe, "--version"], env=dict(env), capture_output=True, text=True,
+                             timeout=VERSION_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    m = re.search(r"version:\s*(\S+)(?:\s*\((\w+)\))?", out.stdout + out.stderr)
-    return (f"b{m.group(1)}" + (f" ({m.group(2)})" if m.group(2) else "")) if m else None
+    return parse_version(out.stdout + out.stderr)
 
 
 @hookimpl
@@ -83,9 +119,33 @@ def perflab_check_support(engine: str, config: ServeConfig, hardware: HardwareSn
     if engine != ENGINE:
         return None
     out = []
+    if config.devices is not None and hardware.of_kind("cpu") and not hardware.of_kind("cuda"):
+        out.append(Unsupported("devices", "on CPU llama-server has no device selection (it uses the cores it may run on; "
+                               "set threads with --extra-arg=--threads=N)", SOURCE))
+    out += tokenizer_problems(config.model)
     if config.quantization is not None:
         out.append(Unsupported("quantization", "llama.cpp's quantization is chosen by the GGUF file, not a flag: pass a quantized GGUF as --model", SOURCE))
     return out
+
+
+def tokenizer_problems(model: str) -> list[Unsupported]:
+    """Say so when perflab's client cannot count tokens as this GGUF's own tokenizer does.
+
+    llama-server tokenizes with the vocabulary inside the GGUF; :mod:`perflab_llamacpp.gguf`
+    rebuilds it as a tokenizer.json (``write_tokenizer_json``) for byte-level BPE models.
+    For other kinds, token counts would silently be approximate: a warning instead.
+    """
+    path = Path(model)
+    if not (model.endswith(".gguf") and path.is_file()):
+        return []
+    from perflab_llamacpp.gguf import GGUFError, UnsupportedTokenizer, read_metadata, tokenizer_json
+
+    try:
+        tokenizer_json(read_metadata(path))
+    except (GGUFError, UnsupportedTokenizer, OSError) as exc:
+        return [Unsupported("tokenizer", f"{exc}; without it benchmark token counts are approximate",
+                            "https://github.com/ggml-org/ggml/blob/master/docs/gguf.md", severity="warning")]
+    return []
 
 
 def _model_args(model: str) -> list[str]:
@@ -95,6 +155,14 @@ def _model_args(model: str) -> list[str]:
     return ["--hf-repo", model]
 
 
+def context_args(max_model_len: int | None, max_num_seqs: int | None) -> list[str]:
+    """``--ctx-size`` is shared by the ``--parallel`` slots: ctx = per-request length × slots."""
+    if max_model_len is None:
+        return [] if max_num_seqs is None else ["--parallel", str(max_num_seqs)]
+    slots = max_num_seqs or DEFAULT_SLOTS
+    return ["--ctx-size", str(max_model_len * slots), "--parallel", str(slots)]
+
+
 @hookimpl
 def perflab_build_launch(engine: str, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path) -> LaunchSpec | None:
     if engine != ENGINE:
@@ -102,10 +170,7 @@ def perflab_build_launch(engine: str, config: ServeConfig, hardware: HardwareSna
     argv = [EXECUTABLE, *_model_args(config.model), "--host", config.host, "--port", str(config.port)]
     if config.served_model_name:
         argv += ["--alias", config.served_model_name]
-    if config.max_model_len is not None:
-        argv += ["--ctx-size", str(config.max_model_len)]
-    if config.max_num_seqs is not None:
-        argv += ["--parallel", str(config.max_num_seqs)]
+    argv += context_args(config.max_model_len, config.max_num_seqs)
     if config.max_batched_tokens is not None:
         argv += ["--batch-size", str(config.max_batched_tokens)]
     if config.kv_cache_dtype is not None:
@@ -136,7 +201,7 @@ def perflab_build_launch(engine: str, config: ServeConfig, hardware: HardwareSna
         argv += [OPTIONS[key], str(value)]
     argv += list(config.extra_args)
     env = dict(config.extra_env)
-    if config.devices is not None:
+    if config.devices is not None and hardware.of_kind("cuda"):
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, config.devices))
     return LaunchSpec(engine=ENGINE, argv=tuple(argv), host=config.host, port=config.port,
                       served_model_name=config.name, env=env)
@@ -146,9 +211,8 @@ def perflab_build_launch(engine: str, config: ServeConfig, hardware: HardwareSna
 def perflab_readiness(engine: str, launch: LaunchSpec) -> Readiness | None:
     if engine != ENGINE:
         return None
-    # tools/server/server.cpp logs "server is listening on http://H:P - starting the main loop"
     return Readiness(http=(HttpProbe("/health"), HttpProbe("/v1/models")), generation_path="/v1/completions",
-                     ready_log_patterns=(r"server is listening on .* - starting the main loop",), startup_timeout_s=900)
+                     ready_log_patterns=READY_PATTERNS, startup_timeout_s=900)
 
 
 @hookimpl

@@ -1,4 +1,5 @@
-"""A stand-in for llama.cpp's llama-server: its real flags, /health semantics and ready line."""
+"""A stand-in for llama.cpp's llama-server: its real flags, /health semantics, version format
+and log lines (as in fixtures/server.log, captured from llama-server 0.6.0-dev)."""
 
 import argparse
 import json
@@ -26,7 +27,8 @@ p.add_argument("-fa", "--flash-attn")
 p.add_argument("--version", action="store_true")
 args = p.parse_args()
 if args.version:
-    print("version: 6123 (9a0e6ab1)\nbuilt with cc for x86_64-linux-gnu", file=sys.stderr)
+    # the real format (llama_print_build_info); build number and commit are the stand-in's own
+    print("version: 0.6.0-dev (build 1, commit abcdef0)\nbuilt with cc for x86_64-linux-gnu", file=sys.stderr)
     sys.exit(0)
 name = args.alias or args.model or args.hf_repo
 loaded = threading.Event()
@@ -69,8 +71,13 @@ class H(BaseHTTPRequestHandler):
 
 server = ThreadingHTTPServer((args.host, args.port), H)
 threading.Thread(target=server.serve_forever, daemon=True).start()
-print(f"main: HTTP server is listening, hostname: {args.host}, port: {args.port}, http threads: 3", flush=True)
+print("0.00.001.521 I srv  llama_server: initializing ...", flush=True)
+print(f"0.00.006.742 I srv    load_model: loading model '{args.model or args.hf_repo}'", flush=True)
 threading.Event().wait(0.2)  # "loading the model" while /health says 503
+slots = args.parallel or 4
+print(f"0.00.076.879 I srv    load_model: initializing, n_slots = {slots}, n_ctx_slot = {(args.ctx_size or 4096) // slots}, "
+      "kv_unified = 'false'", flush=True)
 loaded.set()
-print(f"main: server is listening on http://{args.host}:{args.port} - starting the main loop", flush=True)
+print("0.00.080.592 I srv  llama_server: model loaded", flush=True)
+print(f"0.00.080.619 I srv  llama_server: listening on http://{args.host}:{args.port}", flush=True)
 threading.Event().wait()
