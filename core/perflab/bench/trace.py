@@ -141,16 +141,51 @@ def _chunk_text(choice: Any) -> str:
     if text is None:
         delta = choice.get("delta")
         if isinstance(delta, dict):
-            # Reasoning models stream their thinking in reasoning_content; it is output too.
+            # Reasoning models stream their thinking in reasoning (vLLM >= 0.10) or
+            # reasoning_content (SGLang, older vLLM); it is output too.
             text = (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
     return text if isinstance(text, str) else ""
+
+
+def has_streamed_output(choice: Any) -> bool:
+    """Whether a chunk's first choice carries a generated token (it then times TTFT/ITL).
+
+    Chat chunks follow vLLM 0.33.0's ``_choice_has_streamed_output``
+    (vllm/benchmarks/lib/endpoint_request_func.py): a delta with non-empty ``content``,
+    ``reasoning``, ``tool_calls`` or ``function_call`` — plus ``reasoning_content``, which
+    SGLang and vLLM < 0.10 use — is output; so is ``"content": ""`` without ``role`` (a
+    token that decoded to nothing: a special token, or the first bytes of a UTF-8 character
+    split over tokens — the real vLLM 0.32 capture tests/fixtures/real/vllm-0.32.0-cpu/
+    chat_stream.txt streams 8 chunks of this kind for ``completion_tokens`` 8). Not output:
+    the opening ``{"role": "assistant", "content": ""}`` chunk (vLLM) or
+    ``{"role": "assistant", "content": null}`` (llama-server), an empty ``delta: {}``
+    finish chunk (llama-server), a choice without a delta.
+
+    Completions chunks: vLLM 0.33 counts every chunk with choices ("text could be empty
+    here, e.g. for special tokens"); perflab does the same except for a chunk whose text is
+    empty *and* that carries a ``finish_reason``: llama-server's closing chunk
+    (tests/fixtures/real/llama-server/completions_stream.txt: 5 text chunks, then
+    ``{"text": "", "finish_reason": "length"}``, ``completion_tokens`` 5) is no token.
+    """
+    if not isinstance(choice, dict):
+        return False
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        if (delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content")
+                or delta.get("tool_calls") or delta.get("function_call")):
+            return True
+        return delta.get("content") == "" and "role" not in delta
+    if "delta" in choice:  # "delta": null
+        return False
+    return bool(choice.get("text")) or choice.get("finish_reason") is None
 
 
 def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None, keep_text: bool = False) -> RequestTrace:
     """Turn a raw capture into a trace, with ``vllm bench serve``'s definitions.
 
-    - TTFT: arrival of the first chunk whose ``choices`` is non-empty (even if its text is
-      empty, as vLLM counts it).
+    - TTFT: arrival of the first chunk that carries output (:func:`has_streamed_output`, vLLM
+      0.33's rule): not the role-only opening chunk, not an empty finish chunk.
+    - ITL: the gaps between the chunks that carry output; E2EL: the last of them.
     - Output tokens: ``usage.completion_tokens`` of the stream (``stream_options.include_usage``);
       without usage, the tokenizer's count of the generated text; without a tokenizer, the
       number of chunks.
@@ -192,7 +227,7 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
                 return _error_message(obj)
             choices = obj.get("choices")
             u = obj.get("usage")
-            if choices:
+            if choices and has_streamed_output(choices[0]):
                 times.append(t - start)
                 texts.append(_chunk_text(choices[0]))
                 cumulative.append(u.get("completion_tokens") if isinstance(u, dict) else None)
@@ -214,7 +249,7 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
         trace.error = _clip(cap.error)
         return trace
     if not times:
-        trace.error = "stream ended without a chunk with choices (no token received)"
+        trace.error = "stream ended without a chunk carrying output (no token received)"
         return trace
 
     trace.success = True
