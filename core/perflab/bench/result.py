@@ -213,6 +213,31 @@ def _parse_body(body: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the result
 
 
+@dataclass(frozen=True)
+class Stall:
+    """Why a benchmark stopped early: no byte on any open stream for ``stall_s``.
+
+    Durations are in the engine's time (real seconds × the simulator's time scale), as the
+    ``stall_s`` option. ``stage`` is ``"run"`` (the timed run) or ``"warm-up"``.
+    """
+
+    stall_s: float  # the watchdog's threshold
+    idle_s: float  # time since the last byte on any open stream when it fired
+    in_flight: int  # streams open then (failed with the error "stalled")
+    completed: int  # requests that had completed before
+    stage: str = "run"
+
+    def message(self) -> str:
+        return (f"the benchmark stalled: no token on any of {self.in_flight} open stream(s) for "
+                f"{self.idle_s:.0f} s (--stall-s {self.stall_s:g}) during the {self.stage}; "
+                f"{self.completed} request(s) had completed")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stall_s": self.stall_s, "idle_s": self.idle_s, "in_flight": self.in_flight,
+                "completed": self.completed, "stage": self.stage}
+
+
+
 @dataclass
 class BenchResult:
     """One benchmark run.
@@ -227,6 +252,10 @@ class BenchResult:
     ``cancelled``: the run was stopped through its cancel event; such a result only comes
     attached to :class:`perflab.bench.cancel.BenchCancelled` and covers the requests sent
     before the stop (those cut short count as failed, error ``"cancelled"``).
+
+    ``stall``: the stall watchdog stopped the run (:class:`Stall`); the result is returned
+    (not raised) and covers the requests sent before it fired — those open then count as
+    failed with the error ``"stalled"``. Not a full measurement: callers check ``stalled``.
     """
 
     metrics: dict[str, Any]
@@ -236,6 +265,11 @@ class BenchResult:
     percentiles: tuple[float, ...] = (99,)
     percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS
     cancelled: bool = False
+    stall: Stall | None = None  # set when the stall watchdog stopped the run
+
+    @property
+    def stalled(self) -> bool:
+        return self.stall is not None
 
     @property
     def success_rate(self) -> float:

@@ -15,19 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from perflab.bench.cancel import CANCELLED
+from perflab.bench.cancel import CANCELLED, STALLED
 from perflab.bench.sse import SSEParser
 from perflab.bench.tokenizer import Tokenizer
 
 MAX_ERROR_CHARS = 500
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: open requests are kept in a set
 class Capture:
     """What the HTTP client records for one request while the benchmark runs."""
 
     index: int
     start: float = 0.0  # when the request was issued (before a connection is taken)
+    queued: float = 0.0  # when it was due (its arrival time, before --max-concurrency's wait)
     end: float = 0.0  # when the response ended or failed
     status: int = 0
     reason: str = ""
@@ -58,6 +59,7 @@ class RequestTrace:
     generated_text: str = ""
     output_tokens_source: str = "usage"  # "usage" | "tokenizer" | "chunks"
     index: int = -1
+    queue_time: float = 0.0  # waited for --max-concurrency (vLLM's client_queue_time)
 
     @property
     def ttft(self) -> float:
@@ -100,6 +102,7 @@ class RequestTrace:
             generated_text=self.generated_text,
             output_tokens_source=self.output_tokens_source,
             index=self.index,
+            queue_time=self.queue_time * factor,
         )
 
 
@@ -193,7 +196,8 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
       vLLM, which counts such a request as a success — an ``{"error": ...}`` object (or an
       ``event: error``) inside the stream, even after tokens were received.
     """
-    trace = RequestTrace(success=False, start=cap.start, prompt_len=prompt_len, index=cap.index)
+    trace = RequestTrace(success=False, start=cap.start, prompt_len=prompt_len, index=cap.index,
+                         queue_time=max(cap.start - cap.queued, 0.0) if cap.queued and cap.start else 0.0)
     if cap.status == 0:
         trace.error = _clip(cap.error or "no response")
         return trace
@@ -303,8 +307,9 @@ def _chunk_tokens(
 
 
 def cancelled_trace(cap: Capture, prompt_len: int) -> RequestTrace:
-    """A request cut short by a cancellation: failed, whatever it had received."""
-    return RequestTrace(success=False, start=cap.start, prompt_len=prompt_len, error=CANCELLED, index=cap.index)
+    """A request cut short by a cancellation or the stall watchdog: failed, whatever it had
+    received (its error says which)."""
+    return RequestTrace(success=False, start=cap.start, prompt_len=prompt_len, error=cap.error or CANCELLED, index=cap.index)
 
 
 def sent_traces(captures: list[Capture], parse: Callable[[Capture], RequestTrace], prompt_len: Callable[[int], int]) -> list[RequestTrace]:
@@ -313,7 +318,7 @@ def sent_traces(captures: list[Capture], parse: Callable[[Capture], RequestTrace
     for cap in captures:
         if not cap.start:
             continue
-        if cap.error == CANCELLED:
+        if cap.error in (CANCELLED, STALLED):
             out.append(cancelled_trace(cap, prompt_len(cap.index)))
         else:
             out.append(cap.trace or parse(cap))
