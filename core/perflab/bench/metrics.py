@@ -149,6 +149,7 @@ def compute_metrics(
         "total_token_throughput": (total_input + total_output) / duration_s,
         "max_output_tokens_per_s": peak_output_tokens_per_s(ok),
         "max_concurrent_requests": peak_concurrency(ok),
+        "rtfx": 0.0,  # vLLM 0.33: input audio seconds / duration (ASR); text prompts have none
     }
     series = {"ttft": ttfts, "tpot": tpots, "itl": itls, "e2el": e2els}
     for name in METRIC_NAMES:
