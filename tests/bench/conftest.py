@@ -10,6 +10,7 @@ tokens are counted by whitespace like the simulator. The ``model`` field picks a
 - ``error-after-K``: ``data: {"error": ...}`` after K tokens, then the stream ends;
 - ``http-500``: an HTTP 500 with an OpenAI error body;
 - ``no-usage``: no usage chunk;
+- ``hang-after-K``: K tokens, then nothing more (the connection stays open: a hung engine);
 - ``sim``: adds the header ``x-perflab-sim-time-scale: <time_scale>``.
 """
 
@@ -59,6 +60,7 @@ class FakeOpenAIServer:
             return web.json_response({"error": {"message": "engine is dead", "type": "InternalServerError", "code": 500}}, status=500)
         per_chunk = int(model.split("-")[1]) if model.startswith("multi-") else 1
         error_after = int(model.split("-")[2]) if model.startswith("error-after-") else None
+        hang_after = int(model.split("-")[2]) if model.startswith("hang-after-") else None
         headers = {"Content-Type": "text/event-stream"}
         if model == "sim":
             headers["x-perflab-sim-time-scale"] = repr(self.time_scale)
@@ -74,6 +76,8 @@ class FakeOpenAIServer:
                 await resp.write(event({"error": {"message": "CUDA out of memory", "type": "InternalServerError", "code": 500}}))
                 await resp.write_eof()
                 return resp
+            if hang_after is not None and sent >= hang_after:
+                await asyncio.sleep(3600)  # cancelled when the client closes the connection
             k = min(per_chunk, n - sent)
             text = " tok" * k
             choice = {"index": 0, "delta": {"content": text}, "finish_reason": None} if chat else {"index": 0, "text": text, "finish_reason": None}
