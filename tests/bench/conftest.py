@@ -36,6 +36,7 @@ class FakeOpenAIServer:
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self._stopping = False
 
     @property
     def base_url(self) -> str:
@@ -77,7 +78,10 @@ class FakeOpenAIServer:
                 await resp.write_eof()
                 return resp
             if hang_after is not None and sent >= hang_after:
-                await asyncio.sleep(3600)  # cancelled when the client closes the connection
+                # until the client closes the connection (aiohttp no longer cancels handlers)
+                while request.transport is not None and not request.transport.is_closing() and not self._stopping:
+                    await asyncio.sleep(0.02)
+                return resp
             k = min(per_chunk, n - sent)
             text = " tok" * k
             choice = {"index": 0, "delta": {"content": text}, "finish_reason": None} if chat else {"index": 0, "text": text, "finish_reason": None}
@@ -119,6 +123,7 @@ class FakeOpenAIServer:
         return self
 
     def stop(self) -> None:
+        self._stopping = True
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
