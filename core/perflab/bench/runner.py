@@ -21,7 +21,7 @@ import math
 import os
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from time import perf_counter
@@ -36,7 +36,7 @@ from perflab.bench.client import (
     prepare,
     request_headers,
 )
-from perflab.bench.datasets import Sample, build_samples
+from perflab.bench.datasets import Sample, check_memory, iter_samples
 from perflab.bench.drive import (
     Plan,
     StallSeen,
@@ -101,13 +101,18 @@ def _probe(req: BenchRequest, targets: list[Target], cancel: threading.Event | N
 # --------------------------------------------------------------------------- preparation
 
 
-def _prepare_all(req: BenchRequest, targets: list[Target], samples: list[Sample], id_prefix: str) -> list[Prepared]:
+def _prepare_all(req: BenchRequest, targets: list[Target], samples: Iterable[Sample], id_prefix: str
+                 ) -> tuple[list[Prepared], list[int]]:
+    """Every request encoded, and each prompt's client-side token count (the prompt texts
+    themselves are not kept: ``samples`` is consumed as it is generated)."""
     headers = request_headers(req)
     out = []
+    lens = []
     for i, s in enumerate(samples):
         payload = build_payload(req, s.prompt, s.output_len)
         out.append(prepare(i, targets[i % len(targets)], payload, headers, f"{id_prefix}{i}"))
-    return out
+        lens.append(s.prompt_len)
+    return out, lens
 
 
 def _warmup(req: BenchRequest, first: Prepared, targets: list[Target], cancel: threading.Event | None = None,
@@ -143,7 +148,7 @@ class _Timed:
     stall: StallSeen | None = None
 
 
-def _run_single(plan: Plan, samples: list[Sample], tok: Tokenizer, keep_text: bool, progress: Progress | None,
+def _run_single(plan: Plan, prompt_lens: list[int], tok: Tokenizer, keep_text: bool, progress: Progress | None,
                 cancel: threading.Event | None) -> _Timed:
     total = len(plan.prepared)
     done = 0
@@ -159,23 +164,23 @@ def _run_single(plan: Plan, samples: list[Sample], tok: Tokenizer, keep_text: bo
                 progress(done, total)
 
     def parse(cap: Capture) -> RequestTrace:
-        return parse_capture(cap, prompt_len=samples[cap.index].prompt_len, tokenizer=tok, keep_text=keep_text)
+        return parse_capture(cap, prompt_len=prompt_lens[cap.index], tokenizer=tok, keep_text=keep_text)
 
     with frozen_gc():
         outcome = run_in_new_loop(drive(plan, on_done=on_done, compact=compact_with(parse), cancel=cancel))
     if outcome.cancelled:
-        traces = sent_traces(outcome.captures, parse, lambda i: samples[i].prompt_len)
+        traces = sent_traces(outcome.captures, parse, lambda i: prompt_lens[i])
     else:
         traces = [cap.trace or parse(cap) for cap in outcome.captures]
     return _Timed(traces, outcome.start, outcome.end, outcome.cpu_s, outcome.cancelled, outcome.stall)
 
 
-def _run_workers(req: BenchRequest, plan: Plan, samples: list[Sample], tok: Tokenizer, progress: Progress | None,
+def _run_workers(req: BenchRequest, plan: Plan, prompt_lens: list[int], tok: Tokenizer, progress: Progress | None,
                  cancel: threading.Event | None) -> _Timed:
     from perflab.bench.workers import run_workers
 
     plans = split_plan(plan, req.workers)
-    lens = [[samples[p.index].prompt_len for p in sub.prepared] for sub in plans]
+    lens = [[prompt_lens[p.index] for p in sub.prepared] for sub in plans]
     total = len(plan.prepared)
     cb = (lambda n: progress(n, total)) if progress is not None else None
     traces, start, end, cpu_s, cancelled, stall = run_workers(
@@ -191,6 +196,7 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
         timed run had measured (see :mod:`perflab.bench.cancel`).
     """
     req = apply_profile(req).validate()
+    check_memory(req)
     targets = [make_target(u, req.api_endpoint) for u in req.base_urls]
     check(cancel, "start")
 
@@ -201,10 +207,10 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     time_scale = server_scale if server_scale is not None else req.time_scale
     tok = explicit_tok or load_tokenizer(None, model=req.model, simulated=simulated)
     check(cancel, "tokenizer")
-    samples = build_samples(req, tok)
+    samples = iter_samples(req, tok)
     check(cancel, "dataset")
     id_prefix = f"perflab-{secrets.token_hex(4)}-"
-    prepared = _prepare_all(req, targets, samples, id_prefix)
+    prepared, prompt_lens = _prepare_all(req, targets, samples, id_prefix)
     rate = req.request_rate * time_scale  # real requests per second
     offsets = arrival_offsets(len(prepared), rate, req.burstiness, req.seed)
     stall_real = req.stall_s / time_scale if req.stall_s else None  # stall_s is engine time
@@ -219,9 +225,9 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
 
     keep_text = req.save_detailed or req.keep_text
     if req.workers > 1:
-        timed = _run_workers(req, plan, samples, tok, progress, cancel)
+        timed = _run_workers(req, plan, prompt_lens, tok, progress, cancel)
     else:
-        timed = _run_single(plan, samples, tok, keep_text, progress, cancel)
+        timed = _run_single(plan, prompt_lens, tok, keep_text, progress, cancel)
 
     start = timed.start
     traces = [_relative(t, start).scaled(time_scale) for t in timed.traces]
