@@ -25,6 +25,7 @@ from perflab.lab.study import (
     INTERRUPTED,
     OK,
     PENDING,
+    STALLED,
     TIMEOUT,
     UNSUPPORTED,
     Entry,
@@ -153,11 +154,11 @@ def result_block(res: Result) -> str:
             src = f" (source: {r['source']})" if r.get("source") else ""
             lines.append(f"# {r.get('what', '')}: {r.get('why', '')}{src}")
         return "\n".join(lines)
-    if res.status in (CRASHED, TIMEOUT):
+    if res.status in (CRASHED, TIMEOUT, STALLED):
         c = res.cause or {}
         if c.get("line"):
             lines.append(f"# {c['line'].strip()}")
-        what = "Crash" if res.status == CRASHED else "Timeout"
+        what = {CRASHED: "Crash", TIMEOUT: "Timeout", STALLED: "Stalled"}[res.status]
         name = f" [{c['name']}]" if c.get("name") else ""
         lines.append(f"# {what}{name}: {c.get('explanation') or res.error or 'see the engine log'}")
         if c.get("hint"):
