@@ -136,7 +136,10 @@ async def drive(
         else:
             watchers = []
             if cancel is not None:
-                watchers.append(_wait_event(cancel))
+                if cancel.is_set():  # stopped before it began: send nothing
+                    watchers.append(_noop())
+                else:
+                    watchers.append(_wait_event(cancel))
             if plan.stall_s:
                 watchers.append(_watch_stall(open_caps, plan.stall_s, stall))
             cancelled = await _cancellable(dispatch(), watchers, tasks)
@@ -160,8 +163,15 @@ async def _cancellable(work: Coroutine[Any, Any, None], watchers: list[Coroutine
     """Run ``work`` until it ends (False) or one of ``watchers`` returns (True: ``work`` and
     the request ``tasks`` it started are cancelled and awaited, so their connections are
     closed)."""
-    job = asyncio.ensure_future(work)
     watching = [asyncio.ensure_future(w) for w in watchers]
+    await asyncio.sleep(0)  # a watcher that is already done wins before anything is sent
+    if any(w.done() for w in watching):
+        work.close()
+        for w in watching:
+            w.cancel()
+        await asyncio.gather(*watching, return_exceptions=True)
+        return True
+    job = asyncio.ensure_future(work)
     try:
         await asyncio.wait((job, *watching), return_when=asyncio.FIRST_COMPLETED)
     except BaseException:  # the caller's own cancellation (Ctrl-C in a CLI loop)
@@ -196,6 +206,10 @@ async def _watch_stall(open_caps: set[Capture], stall_s: float, seen: list[Stall
         if now - last >= stall_s:
             seen.append(StallSeen(now - last, len(open_caps)))
             return
+
+
+async def _noop() -> None:
+    return None
 
 
 async def _wait_event(event: threading.Event) -> None:
