@@ -288,7 +288,10 @@ class Executor:
             workload["endpoint"] = profile.endpoint
         req = BenchRequest(
             base_urls=tuple(inst.base_url for inst in instances),
-            model=instances[0].launch.served_model_name,
+            # the model itself (a local directory gives the client its exact tokenizer) and
+            # the name it is served under (sent in every request)
+            model=config.serve_config().model,
+            served_model_name=instances[0].launch.served_model_name,
             backend=profile.backend,
             dataset=profile.dataset,
             num_prompts=profile.num_prompts,

@@ -285,7 +285,8 @@ def _setup(o: StudyOutcome, ctx: ReportContext) -> list[str]:
         return " (perflab generated ShareGPT-like conversations; the real dataset file gives:)" \
             if p.dataset == "synthetic-sharegpt" else ""
 
-    body = "\n".join(f"# {p.label}{note(p)}\n{p.bench_command(plan.model)}" for p in plan.profiles)
+    served = o.baseline.config.serve_config().name  # what the engines served (perflab asks for it)
+    body = "\n".join(f"# {p.label}{note(p)}\n{p.bench_command(plan.model, served)}" for p in plan.profiles)
     out.append(_fence(body, "bash"))
     if ctx.simulated and ctx.time_scale != 1.0:
         out += ["", f"Simulated time ran {ctx.time_scale:g}× faster than wall-clock time; every duration, latency "
