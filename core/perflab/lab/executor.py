@@ -303,9 +303,8 @@ class Executor:
             label=label,
             **workload,
         )
-        stall_s = getattr(plan.timeouts, "stall_s", None)  # engine seconds; default: the bench's (60)
-        if stall_s is not None:
-            req = req.replace(stall_s=stall_s)
+        if plan.timeouts.stall_s is not None:  # engine seconds; default: the bench's (60)
+            req = req.replace(stall_s=plan.timeouts.stall_s)
         self.on_event("benchmark", label=label, profile=profile.label, done=0, total=profile.num_prompts)
 
         def progress(done: int, total: int) -> None:

@@ -44,7 +44,7 @@ PROFILE_KEYS = (
     "label", "dataset", "dataset_path", "input_len", "output_len", "num_prompts", "request_rate",
     "max_concurrency", "seed", "backend", "endpoint", "burstiness", "range_ratio",
 )
-TIMEOUT_KEYS = ("startup_s", "benchmark_s", "teardown_s")
+TIMEOUT_KEYS = ("startup_s", "benchmark_s", "teardown_s", "stall_s")
 SIMULATION_KEYS = ("time_scale", "engine_versions")
 # perflab.bench's datasets: "synthetic-sharegpt" is ShareGPT-like conversations generated
 # locally (no dataset file needed), for studies where the real ShareGPT file is not at hand
@@ -174,6 +174,7 @@ class Timeouts:
     startup_s: float | None = None  # None: the engine plugin's own readiness timeout
     benchmark_s: float = 7200.0
     teardown_s: float | None = None  # grace between SIGTERM and SIGKILL; None: the supervisor's
+    stall_s: float | None = None  # no token on any open stream this long (engine time): stalled; None: the bench's 60
 
 
 @dataclass(frozen=True)
