@@ -103,3 +103,26 @@ def test_the_lab_benchmarks_a_local_model_with_its_own_tokenizer(tmp_path: Path,
 
     assert load_tokenizer(req.tokenizer, model=req.model).kind == "hf"  # what the runner does in auto mode
     assert json.loads(json.dumps(build_payload(req, "x", 1)))["model"] == "tiny"
+
+
+def _vllm_033_peak_concurrency(traces: list) -> int:
+    """vLLM 0.33's count (vllm/benchmarks/serve.py calculate_metrics): every one-second bucket
+    from int(start) to int(end) of each successful request, the fullest bucket wins."""
+    ok = [t for t in traces if t.success]
+    origin = min(t.start for t in ok)
+    buckets: dict[int, int] = {}
+    for t in ok:
+        for s in range(int(t.start - origin), int(t.start + t.latency - origin) + 1):
+            buckets[s] = buckets.get(s, 0) + 1
+    return max(buckets.values())
+
+
+def test_peak_concurrency_is_exact_where_vllm_buckets_double_it() -> None:
+    """32 slots, two waves of 0.4 s requests inside one second: vLLM 0.33 reads 64."""
+    from perflab.bench.metrics import compute_metrics
+    from perflab.bench.trace import RequestTrace
+
+    traces = [RequestTrace.from_itl(start=0.1 + 0.4 * wave, ttft=0.1, itl=[0.1, 0.1, 0.1], output_tokens=4)
+              for wave in range(2) for _ in range(32)]
+    assert _vllm_033_peak_concurrency(traces) == 64
+    assert compute_metrics(traces, 1.0)["max_concurrent_requests"] == 32
