@@ -340,3 +340,20 @@ def test_captures_outgrowing_their_budget_are_parsed_early(fake_server: FakeOpen
     assert len(early) == 5 and all(c.reads == [] for c in early)  # the first fills the budget
     traces = [c.trace or parse(c) for c in outcome.captures]
     assert all(t.success and t.output_tokens == 5 and len(t.chunk_times) == 5 for t in traces)
+
+
+def test_stall_in_warm_up_and_with_workers(fake_server: FakeOpenAIServer) -> None:
+    import time
+
+    base = BenchRequest(base_urls=(fake_server.base_url,), model="hang-after-1", num_prompts=4, random_input_len=4,
+                        random_output_len=5, stall_s=0.4)
+    warm = run_benchmark_sync(base.replace(warmup=2))
+    assert warm.stall is not None and warm.stall.stage == "warm-up" and warm.stall.in_flight == 2
+    assert warm.metrics["completed"] == 0 and warm.info["requests_not_recorded"] == 4
+
+    t0 = time.monotonic()
+    spread = run_benchmark_sync(base.replace(workers=2, max_concurrency=2))
+    assert time.monotonic() - t0 < 15
+    assert spread.stall is not None and spread.stall.stage == "run"
+    assert spread.metrics["completed"] == 0
+    assert spread.requests and {t.error for t in spread.requests} == {"stalled"}
