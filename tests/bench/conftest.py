@@ -10,6 +10,7 @@ tokens are counted by whitespace like the simulator. The ``model`` field picks a
 - ``error-after-K``: ``data: {"error": ...}`` after K tokens, then the stream ends;
 - ``http-500``: an HTTP 500 with an OpenAI error body;
 - ``no-usage``: no usage chunk;
+- ``hang-after-K``: K tokens, then nothing more (the connection stays open: a hung engine);
 - ``sim``: adds the header ``x-perflab-sim-time-scale: <time_scale>``.
 """
 
@@ -35,6 +36,7 @@ class FakeOpenAIServer:
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self._stopping = False
 
     @property
     def base_url(self) -> str:
@@ -59,6 +61,7 @@ class FakeOpenAIServer:
             return web.json_response({"error": {"message": "engine is dead", "type": "InternalServerError", "code": 500}}, status=500)
         per_chunk = int(model.split("-")[1]) if model.startswith("multi-") else 1
         error_after = int(model.split("-")[2]) if model.startswith("error-after-") else None
+        hang_after = int(model.split("-")[2]) if model.startswith("hang-after-") else None
         headers = {"Content-Type": "text/event-stream"}
         if model == "sim":
             headers["x-perflab-sim-time-scale"] = repr(self.time_scale)
@@ -73,6 +76,11 @@ class FakeOpenAIServer:
             if error_after is not None and sent >= error_after:
                 await resp.write(event({"error": {"message": "CUDA out of memory", "type": "InternalServerError", "code": 500}}))
                 await resp.write_eof()
+                return resp
+            if hang_after is not None and sent >= hang_after:
+                # until the client closes the connection (aiohttp no longer cancels handlers)
+                while request.transport is not None and not request.transport.is_closing() and not self._stopping:
+                    await asyncio.sleep(0.02)
                 return resp
             k = min(per_chunk, n - sent)
             text = " tok" * k
@@ -115,6 +123,7 @@ class FakeOpenAIServer:
         return self
 
     def stop(self) -> None:
+        self._stopping = True
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:

@@ -48,7 +48,9 @@ def test_block_on_simulator_like_server(fake_server: FakeOpenAIServer, capsys: p
     # what the server received: vLLM's payload, exact prompt lengths
     body = fake_server.requests[-1]
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
-    assert body["max_completion_tokens"] == 16 and body["temperature"] == 0.0
+    assert body["max_completion_tokens"] == 16
+    # vLLM 0.33's defaults: no forced temperature, ignore_eos on for the random dataset
+    assert "temperature" not in body and body["ignore_eos"] is True
     assert len(body["messages"][0]["content"].split()) == 128
     assert fake_server.headers[-1]["x-request-id"].startswith("perflab-")
 
@@ -87,6 +89,65 @@ def test_failures_are_counted_and_reported(fake_server: FakeOpenAIServer, capsys
     assert "Failed requests:                         3" in out
     assert "error in stream: CUDA out of memory" in err
     assert err.strip().splitlines()[-1] == "perflab: error: all 3 requests failed: request 0: error in stream: CUDA out of memory (InternalServerError)"
+
+
+def test_some_failed_requests_exit_non_zero(fake_server: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
+    # outputs of 2..6 tokens; the server fails every stream longer than 3 tokens
+    code, out, err = run_cli(capsys, "--base-url", fake_server.base_url, "--model", "error-after-3", "--num-prompts", "20",
+                             "--random-input-len", "8", "--random-output-len", "4", "--random-range-ratio", "0.5")
+    lens = [b["max_completion_tokens"] for b in fake_server.requests[1:]]
+    failed = sum(n > 3 for n in lens)
+    assert 0 < failed < 20
+    assert code == 3, err
+    assert f"Failed requests:                         {failed}" in out
+    assert f"perflab: {failed} of 20 requests failed" in err
+
+
+def test_stall_watchdog_cli(fake_server: FakeOpenAIServer, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import time
+
+    t0 = time.monotonic()
+    code, out, err = run_cli(capsys, "--base-url", fake_server.base_url, "--model", "hang-after-2", "--num-prompts", "4",
+                             "--random-input-len", "8", "--random-output-len", "5", "--stall-s", "0.5", "--json")
+    assert time.monotonic() - t0 < 10
+    assert code == 4, err
+    j = json.loads(out)
+    assert j["perflab"]["stalled"]["in_flight"] == 4 and j["perflab"]["stalled"]["stall_s"] == 0.5
+    assert j["completed"] == 0 and j["failed"] == 4
+    assert "the benchmark stalled: no token on any of 4 open stream(s)" in err
+
+
+def test_stall_watchdog_result_is_typed(fake_server: FakeOpenAIServer) -> None:
+    import time
+
+    from perflab.bench.result import Stall
+
+    req = BenchRequest(base_urls=(fake_server.base_url,), model="hang-after-2", num_prompts=6, max_concurrency=2,
+                       random_input_len=4, random_output_len=5, stall_s=0.4)
+    t0 = time.monotonic()
+    result = run_benchmark_sync(req)
+    assert time.monotonic() - t0 < 5
+    assert isinstance(result.stall, Stall) and result.stalled
+    assert (result.stall.in_flight, result.stall.completed, result.stall.stage) == (2, 0, "run")
+    assert result.stall.idle_s >= 0.4
+    assert result.info["requests_not_recorded"] == 4  # never sent: the limit of 2 was full
+    assert [t.error for t in result.requests] == ["stalled", "stalled"]
+
+
+def test_stall_watchdog_off(fake_server: FakeOpenAIServer) -> None:
+    slow = FakeOpenAIServer(gap_s=0.3).start()
+    try:
+        req = BenchRequest(base_urls=(slow.base_url,), model="ok", num_prompts=2, random_input_len=4,
+                           random_output_len=3, stall_s=0.25)
+        stalled = run_benchmark_sync(req)
+        assert stalled.stall is not None  # 0.3 s between tokens > 0.25 s
+        assert [t.error for t in stalled.requests] == ["stalled", "stalled"]
+        calm = run_benchmark_sync(req.replace(stall_s=0))
+        assert calm.stall is None and calm.metrics["completed"] == 2
+        patient = run_benchmark_sync(req.replace(stall_s=2.0))
+        assert patient.stall is None and patient.metrics["completed"] == 2
+    finally:
+        slow.stop()
 
 
 def test_unreachable_and_http_error_fail_fast(fake_server: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
@@ -279,3 +340,20 @@ def test_captures_outgrowing_their_budget_are_parsed_early(fake_server: FakeOpen
     assert len(early) == 5 and all(c.reads == [] for c in early)  # the first fills the budget
     traces = [c.trace or parse(c) for c in outcome.captures]
     assert all(t.success and t.output_tokens == 5 and len(t.chunk_times) == 5 for t in traces)
+
+
+def test_stall_in_warm_up_and_with_workers(fake_server: FakeOpenAIServer) -> None:
+    import time
+
+    base = BenchRequest(base_urls=(fake_server.base_url,), model="hang-after-1", num_prompts=4, random_input_len=4,
+                        random_output_len=5, stall_s=0.4)
+    warm = run_benchmark_sync(base.replace(warmup=2))
+    assert warm.stall is not None and warm.stall.stage == "warm-up" and warm.stall.in_flight == 2
+    assert warm.metrics["completed"] == 0 and warm.info["requests_not_recorded"] == 4
+
+    t0 = time.monotonic()
+    spread = run_benchmark_sync(base.replace(workers=2, max_concurrency=2))
+    assert time.monotonic() - t0 < 15
+    assert spread.stall is not None and spread.stall.stage == "run"
+    assert spread.metrics["completed"] == 0
+    assert spread.requests and {t.error for t in spread.requests} == {"stalled"}

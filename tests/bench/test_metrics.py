@@ -154,19 +154,19 @@ def cap(*reads: tuple[float, bytes], status: int = 200, error: str | None = None
 
 def test_trace_from_stream_vllm_definitions() -> None:
     c = cap(
-        (0.05, sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})),  # TTFT: first chunk with choices
-        (0.05, sse(chunk(" tok"))),
+        (0.02, sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})),  # role only: no token
+        (0.05, sse(chunk(" tok"))),  # TTFT: the first chunk carrying output (vLLM 0.33)
         (0.15, sse(chunk(" tok"))),
         (0.40, sse(chunk(" tok"), usage(8, 3), b"[DONE]")),  # usage chunk: choices [] -> no token
     )
     t = parse_capture(c, prompt_len=8, tokenizer=WhitespaceTokenizer())
     assert t.success and t.error == ""
     assert t.ttft == approx(0.05)
-    assert t.itl == pytest.approx([0.0, 0.1, 0.25])
+    assert t.itl == pytest.approx([0.1, 0.25])
     assert t.latency == approx(0.40)
     assert t.output_tokens == 3 and t.output_tokens_source == "usage"
     assert t.server_prompt_tokens == 8
-    assert t.chunk_tokens == [0.0, 1.0, 1.0, 1.0]  # the role chunk carries no word
+    assert t.chunk_tokens == [1.0, 1.0, 1.0]
 
 
 def test_multi_token_chunks_are_counted_per_chunk() -> None:

@@ -99,7 +99,32 @@ def test_own_block_has_the_seed_layout() -> None:
 
     t = RequestTrace.from_itl(start=0.0, ttft=0.1, itl=[0.05, 0.05], output_tokens=3, prompt_len=8)
     metrics = {"max_concurrency": 4, "request_rate": "inf", **compute_metrics([t], 1.0)}
-    assert labels(format_result_block(metrics)) == labels(seed_block)
+    # perflab's own runs print vLLM 0.33's labels: "Failed requests:" always, "Total token"
+    own = labels(format_result_block(metrics))
+    seed = labels(seed_block)
+    assert own == seed[:2] + ["Failed requests"] + [
+        "Total token throughput (tok/s)" if lab == "Total Token throughput (tok/s)" else lab for lab in seed[2:]]
+    # the seed's own layout on demand
+    assert labels(format_result_block({**metrics, "block_layout": "vllm-0.11"})) == seed
+
+
+def test_vllm_033_block_labels_and_json_keys() -> None:
+    t = RequestTrace.from_itl(start=0.0, ttft=0.1, itl=[0.05, 0.05], output_tokens=3, prompt_len=8, queue_time=0.25)
+    bad = RequestTrace(success=False, start=0.2, error="HTTP 500", queue_time=0.5)
+    metrics = compute_metrics([t, bad], 1.0)
+    block = format_result_block(metrics)
+    assert "Failed requests:                         1" in block
+    assert "Total token throughput (tok/s):          11.00" in block and "Total Token" not in block
+    zero = format_result_block(compute_metrics([t], 1.0))
+    assert "Failed requests:                         0" in zero
+    assert parse_result_block(zero)["block_layout"] == "vllm-0.33"
+    assert format_result_block(parse_result_block(zero)) == zero
+    j = BenchResult(metrics=metrics, requests=[t, bad]).to_json()
+    # vLLM 0.33's always-present keys (kept without --save-detailed)
+    assert j["latencies"] == [pytest.approx(0.2), 0.0]
+    assert j["queue_times"] == [0.25, 0.5]
+    assert j["rtfx"] == 0.0
+    assert "ttfts" not in j and "block_layout" not in j
 
 
 def test_format_exact_text() -> None:

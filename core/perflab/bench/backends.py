@@ -54,6 +54,22 @@ def _perflab(req: BenchRequest) -> BenchResult:
 # --------------------------------------------------------------------------- vllm bench serve
 
 
+def vllm_tokenizer_dir(spec: str | None) -> str | None:
+    """``--tokenizer`` for vLLM: a directory or hub id, never a ``tokenizer.json`` file.
+
+    vLLM loads it with ``AutoTokenizer.from_pretrained`` (vllm/benchmarks/serve.py ->
+    ``get_tokenizer``), which takes a directory (or a hub id); perflab accepts the
+    ``tokenizer.json`` file itself, so the file's directory is passed. perflab's own
+    ``whitespace``/``approx`` have no vLLM counterpart: nothing is passed (vLLM then uses
+    ``--model``)."""
+    if spec in (None, "", "auto", "whitespace", "approx", "none"):
+        return None
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return str(path.resolve().parent)
+    return str(spec)
+
+
 def vllm_bench_argv(req: BenchRequest, result_dir: str, executable: list[str] | None = None) -> list[str]:
     """The ``vllm bench serve`` command for ``req`` (vLLM's own option names)."""
     if len(req.base_urls) != 1:
@@ -103,11 +119,12 @@ def vllm_bench_argv(req: BenchRequest, result_dir: str, executable: list[str] | 
             "--prefix-repetition-num-prefixes", str(req.prefix_repetition_num_prefixes),
             "--prefix-repetition-output-len", str(req.prefix_repetition_output_len),
         ]  # fmt: skip
-    if req.tokenizer not in (None, "", "auto", "whitespace", "approx", "none"):
-        argv += ["--tokenizer", str(req.tokenizer)]
+    tok_dir = vllm_tokenizer_dir(req.tokenizer)
+    if tok_dir is not None:
+        argv += ["--tokenizer", tok_dir]
     if req.goodput:
         argv += ["--goodput", *(f"{k}:{v:g}" for k, v in req.goodput)]
-    if req.ignore_eos:
+    if req.send_ignore_eos:  # vLLM 0.33 turns it on for random by itself; said for older ones
         argv.append("--ignore-eos")
     if req.temperature is not None:
         argv += ["--temperature", repr(req.temperature)]

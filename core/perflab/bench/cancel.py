@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 POLL_S = 0.05  # how often a running event loop looks at the cancel event
 CANCELLED = "cancelled"  # the error of a request cut short by a cancellation
+STALLED = "stalled"  # the error of a request open when the stall watchdog stopped the run
 JOIN_S = 5.0  # how long run_benchmark() waits for its cancelled thread before giving up on it
 
 
@@ -67,4 +68,4 @@ async def wait_set(event: threading.Event, timeout: float) -> bool:
     return True
 
 
-__all__ = ["CANCELLED", "POLL_S", "BenchCancelled", "check", "wait_set"]
+__all__ = ["CANCELLED", "POLL_S", "STALLED", "BenchCancelled", "check", "wait_set"]

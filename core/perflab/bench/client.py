@@ -103,7 +103,7 @@ def build_payload(req: BenchRequest, prompt: str, max_tokens: int) -> dict[str, 
     payload["stream_options"] = stream_options
     if req.temperature is not None:
         payload["temperature"] = req.temperature
-    if req.ignore_eos:
+    if req.send_ignore_eos:
         payload["ignore_eos"] = True
     payload.update(dict(req.extra_body))
     return payload

@@ -1,5 +1,10 @@
 """Benchmark datasets, built before the timed run (tokenization never runs while timing).
 
+Prompts are generated lazily: :func:`iter_samples` yields them one at a time, so the runner
+holds only the encoded requests it will send, never a second list of prompt texts; the
+number of prompts is bounded (``BenchRequest.validate``, :func:`check_memory`) before any
+is made — a plan asking for ``10**12`` prompts is refused in one line, not by the OOM killer.
+
 Follows ``vllm bench serve``'s datasets (vllm/benchmarks/datasets.py):
 
 ``random``
@@ -26,6 +31,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +77,7 @@ def _len_range(length: int, ratio: float, minimum: int) -> tuple[int, int]:
     return low, high
 
 
-def random_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
+def random_samples(req: BenchRequest, tok: Tokenizer) -> Iterator[Sample]:
     rng = random.Random(req.seed)
     in_lo, in_hi = _len_range(req.random_input_len, req.random_range_ratio, 1)
     out_lo, out_hi = _len_range(req.random_output_len, req.random_range_ratio, 1)
@@ -78,7 +85,6 @@ def random_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
     prefix_len = 0
     if req.random_prefix_len:
         prefix, prefix_len = tok.random_text(rng, req.random_prefix_len)
-    samples = []
     for _ in range(req.num_prompts):
         n_in = rng.randint(in_lo, in_hi)
         n_out = rng.randint(out_lo, out_hi)
@@ -88,8 +94,7 @@ def random_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
             count = prefix_len + count if tok.kind != "hf" else tok.count(text)
         else:
             text = body
-        samples.append(Sample(text, count, n_out))
-    return samples
+        yield Sample(text, count, n_out)
 
 
 def prefix_repetition_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
@@ -165,29 +170,82 @@ def sharegpt_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
     return samples
 
 
-def synthetic_sharegpt_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
+def synthetic_sharegpt_samples(req: BenchRequest, tok: Tokenizer) -> Iterator[Sample]:
     rng = random.Random(req.seed)
     (m_in, m_out), (s_in, s_out) = SYNTHETIC_SHAREGPT_MEANS, SYNTHETIC_SHAREGPT_SIGMAS
     mu_in, mu_out = math.log(m_in) - s_in**2 / 2, math.log(m_out) - s_out**2 / 2
-    samples: list[Sample] = []
-    while len(samples) < req.num_prompts:
+    made = 0
+    while made < req.num_prompts:
         n_in = round(rng.lognormvariate(mu_in, s_in))
         n_out = req.sharegpt_output_len or round(rng.lognormvariate(mu_out, s_out))
         if not is_valid_sequence(n_in, n_out, skip_min_output_len_check=req.sharegpt_output_len is not None):
             continue
         text, count = tok.random_text(rng, n_in)
-        samples.append(Sample(text, count, n_out))
-    return samples
+        made += 1
+        yield Sample(text, count, n_out)
 
 
-def build_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
-    """The request list for ``req.dataset`` (deterministic for a given seed and tokenizer)."""
+def iter_samples(req: BenchRequest, tok: Tokenizer) -> Iterator[Sample]:
+    """The prompts for ``req.dataset``, one at a time (deterministic for a given seed and
+    tokenizer). Usage errors (a missing file, too few prompts for the prefixes) are raised
+    by this call, before the first prompt is made."""
     if req.dataset == "random":
         return random_samples(req, tok)
     if req.dataset == "sharegpt":
-        return sharegpt_samples(req, tok)
+        return iter(sharegpt_samples(req, tok))  # reads and filters the file now
     if req.dataset == "prefix-repetition":
-        return prefix_repetition_samples(req, tok)
+        return iter(prefix_repetition_samples(req, tok))  # shuffled: made whole, bounded by the checks
     if req.dataset == "synthetic-sharegpt":
         return synthetic_sharegpt_samples(req, tok)
     raise UsageError(f"--dataset {req.dataset!r}: unknown")
+
+
+def build_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
+    """:func:`iter_samples` as a list (for tests and small tools)."""
+    return list(iter_samples(req, tok))
+
+
+# Encoded request per prompt token (JSON, UTF-8 text, headers) and per request, measured on
+# the random dataset with the approx and whitespace tokenizers (~5-7 bytes a token), with room.
+BYTES_PER_PROMPT_TOKEN = 8
+BYTES_PER_REQUEST = 2048  # the encoded head and payload around the prompt, the trace kept after
+
+
+def expected_prompt_tokens(req: BenchRequest) -> int:
+    """A prompt's length in tokens, roughly, for the memory estimate."""
+    if req.dataset == "random":
+        return req.random_prefix_len + math.ceil(req.random_input_len * (1 + req.random_range_ratio))
+    if req.dataset == "prefix-repetition":
+        return req.prefix_repetition_prefix_len + req.prefix_repetition_suffix_len
+    return SHAREGPT_MAX_PROMPT_LEN if req.dataset == "sharegpt" else round(SYNTHETIC_SHAREGPT_MEANS[0] * 2)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux MemAvailable), or None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(req: BenchRequest, available: int | None = None) -> None:
+    """Refuse (one line) a run whose encoded requests would not fit in half the free memory.
+
+    Every request is encoded before the timed run (no encoding while timing), so the prompts
+    have to fit; better refused now than killed by the OOM killer with a server under load.
+    """
+    need = req.num_prompts * (expected_prompt_tokens(req) * BYTES_PER_PROMPT_TOKEN + BYTES_PER_REQUEST)
+    free = available if available is not None else available_memory()
+    if free is not None and need > free // 2:
+        gib = 1 << 30
+        raise UsageError(
+            f"--num-prompts {req.num_prompts}: the encoded requests need about {need / gib:.1f} GiB, "
+            f"more than half of the {free / gib:.1f} GiB of memory available; use fewer prompts"
+        )

@@ -3,6 +3,11 @@
 Runs in one event loop (uvloop when installed) — in the caller's process, or in each
 ``--workers`` process with its share of the requests. Nothing here parses or tokenizes.
 A run given a ``cancel`` event stops when it is set (see :mod:`perflab.bench.cancel`).
+
+Stall watchdog (``Plan.stall_s``): when requests are open and none of them has received a
+byte for ``stall_s`` real seconds, the run stops as a cancelled one does and the outcome says
+``stalled``. One task looks at the open requests' last receive times a few times a second
+(never per chunk): the receive time of every read is already recorded in the captures.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass
 from time import perf_counter, process_time
 from typing import Any, TypeVar
 
-from perflab.bench.cancel import CANCELLED, POLL_S
+from perflab.bench.cancel import CANCELLED, POLL_S, STALLED
 from perflab.bench.client import Prepared, make_client
 from perflab.bench.trace import Capture, RequestTrace
 
@@ -33,6 +38,7 @@ class Plan:
     http_stack: str
     timeout: float | None
     capture_budget: int = 1 << 30  # raw bytes kept per process before captures are parsed early
+    stall_s: float | None = None  # real seconds without a byte on any open request: stalled
 
 
 @dataclass
@@ -42,6 +48,15 @@ class Outcome:
     end: float  # perf_counter when the last response ended (or the run was cancelled)
     cpu_s: float = 0.0  # this process' CPU time during the run
     cancelled: bool = False  # stopped by the cancel event: captures with start == 0 were never sent
+    stall: StallSeen | None = None  # stopped by the stall watchdog (then cancelled is True too)
+
+
+@dataclass(frozen=True, slots=True)
+class StallSeen:
+    """What the watchdog saw when it stopped the run (real seconds)."""
+
+    idle_s: float  # since the last byte on any open request
+    in_flight: int  # requests open at that moment
 
 
 async def drive(
@@ -72,14 +87,23 @@ async def drive(
     held = 0
     start, cpu0 = 0.0, process_time()
     tasks: list[asyncio.Task[None]] = []
+    open_caps: set[Capture] = set()  # requests sent and not finished (for the stall watchdog)
+
+    async def send_open(p: Prepared, cap: Capture) -> None:
+        open_caps.add(cap)
+        try:
+            await send(p, cap)
+        finally:
+            open_caps.discard(cap)
 
     async def one(p: Prepared, cap: Capture) -> None:
         nonlocal held
+        cap.queued = perf_counter()
         if sem is None:
-            await send(p, cap)
+            await send_open(p, cap)
         else:
             async with sem:
-                await send(p, cap)
+                await send_open(p, cap)
         if compact is not None:
             if held > plan.capture_budget:
                 compact(cap)
@@ -105,11 +129,20 @@ async def drive(
         await asyncio.gather(*tasks)
 
     cancelled = False
+    stall: list[StallSeen] = []
     try:
-        if cancel is None:
+        if cancel is None and not plan.stall_s:
             await dispatch()
         else:
-            cancelled = await _cancellable(dispatch(), cancel, tasks)
+            watchers = []
+            if cancel is not None:
+                if cancel.is_set():  # stopped before it began: send nothing
+                    watchers.append(_noop())
+                else:
+                    watchers.append(_wait_event(cancel))
+            if plan.stall_s:
+                watchers.append(_watch_stall(open_caps, plan.stall_s, stall))
+            cancelled = await _cancellable(dispatch(), watchers, tasks)
         end = perf_counter()
         cpu = process_time() - cpu0
     finally:
@@ -117,36 +150,66 @@ async def drive(
     if cancelled:
         if not start:  # cancelled while waiting for the common start
             start = end
+        why = STALLED if stall else CANCELLED
         for cap in captures:
-            if cap.start and not cap.end:  # in flight (connecting, or a stack that set no error)
-                cap.error = CANCELLED
+            if cap.start and (not cap.end or cap.error == CANCELLED):  # in flight, or aborted by the stop
+                cap.error = why
                 cap.end = end
-    return Outcome(captures, start, end, cpu, cancelled)
+    return Outcome(captures, start, end, cpu, cancelled, stall[0] if stall else None)
 
 
-async def _cancellable(work: Coroutine[Any, Any, None], cancel: threading.Event, tasks: list[asyncio.Task[None]]) -> bool:
-    """Run ``work`` until it ends (False) or ``cancel`` is set (True: ``work`` and the request
-    ``tasks`` it started are cancelled and awaited, so their connections are closed)."""
-    if cancel.is_set():
+async def _cancellable(work: Coroutine[Any, Any, None], watchers: list[Coroutine[Any, Any, None]],
+                       tasks: list[asyncio.Task[None]]) -> bool:
+    """Run ``work`` until it ends (False) or one of ``watchers`` returns (True: ``work`` and
+    the request ``tasks`` it started are cancelled and awaited, so their connections are
+    closed)."""
+    watching = [asyncio.ensure_future(w) for w in watchers]
+    await asyncio.sleep(0)  # a watcher that is already done wins before anything is sent
+    if any(w.done() for w in watching):
         work.close()
+        for w in watching:
+            w.cancel()
+        await asyncio.gather(*watching, return_exceptions=True)
         return True
     job = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_event(cancel))
     try:
-        await asyncio.wait((job, watcher), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((job, *watching), return_when=asyncio.FIRST_COMPLETED)
     except BaseException:  # the caller's own cancellation (Ctrl-C in a CLI loop)
         job.cancel()
-        watcher.cancel()
+        for w in watching:
+            w.cancel()
         raise
     if job.done():  # finished first: a complete run, even if the event is set by now
-        watcher.cancel()
+        for w in watching:
+            w.cancel()
         job.result()
         return False
+    for w in watching:
+        w.cancel()
     job.cancel()
     for t in tasks:
         t.cancel()
-    await asyncio.gather(job, *tasks, return_exceptions=True)
+    await asyncio.gather(job, *tasks, *watching, return_exceptions=True)
     return True
+
+
+async def _watch_stall(open_caps: set[Capture], stall_s: float, seen: list[StallSeen]) -> None:
+    """Return (appending to ``seen``) once requests are open and none has received a byte
+    for ``stall_s`` seconds; a request without a byte yet counts from when it was sent."""
+    tick = min(max(stall_s / 10, 0.01), 0.5)
+    while True:
+        await asyncio.sleep(tick)
+        if not open_caps:
+            continue
+        now = perf_counter()
+        last = max((c.reads[-1][0] if c.reads else (c.start or now)) for c in open_caps)
+        if now - last >= stall_s:
+            seen.append(StallSeen(now - last, len(open_caps)))
+            return
+
+
+async def _noop() -> None:
+    return None
 
 
 async def _wait_event(event: threading.Event) -> None:
@@ -210,6 +273,7 @@ def split_plan(plan: Plan, workers: int) -> list[Plan]:
                 http_stack=plan.http_stack,
                 timeout=plan.timeout,
                 capture_budget=plan.capture_budget,
+                stall_s=plan.stall_s,
             )
         )
     return out

@@ -3,20 +3,25 @@
 Source: vllm/benchmarks/serve.py, ``calculate_metrics`` (vLLM 0.11 and main), and
 vllm/benchmarks/lib/endpoint_request_func.py. Per successful request:
 
-- TTFT: first chunk with choices − request start;
+- TTFT: first chunk that carries output (:func:`perflab.bench.trace.has_streamed_output`,
+  vLLM 0.33's rule) − request start;
 - TPOT: (latency − TTFT) / (output tokens − 1), only for requests with more than one output
   token (for goodput a request with one token has TPOT 0);
-- ITL: every gap between consecutive chunks with choices;
-- E2EL: last chunk with choices − request start;
+- ITL: every gap between consecutive chunks that carry output;
+- E2EL: last chunk that carries output − request start;
 
 over the run: request/output/total token throughput = count / benchmark duration,
-goodput = requests meeting every SLO / duration, peak concurrent requests = exact maximum
-of overlapping [start, end) intervals (vLLM main's sweep line). Statistics are numpy's: mean,
-population std, median and percentiles with linear interpolation; an empty list gives 0.
+goodput = requests meeting every SLO / duration. Statistics are numpy's: mean, population
+std, median and percentiles with linear interpolation; an empty list gives 0.
 
-One deliberate difference (vLLM issue 37666): ``max_output_tokens_per_s`` adds each chunk's
-*tokens* to its one-second bucket, where vLLM adds 1 per chunk — with multi-token chunks
-(speculative decoding, stream intervals) vLLM's "peak" can fall below the average.
+Two deliberate differences (docs/benchmark.md lists them all):
+
+- peak concurrent requests is the exact maximum of overlapping [start, end) intervals (a
+  sweep line); vLLM 0.33 counts a request in every one-second bucket it touches, so requests
+  that follow each other within a second read as concurrent (64 for a limit of 32);
+- ``max_output_tokens_per_s`` adds each chunk's *tokens* to its one-second bucket, where
+  vLLM adds 1 per chunk (vLLM issue 37666) — with multi-token chunks (speculative decoding,
+  stream intervals) vLLM's "peak" can fall below the average.
 """
 
 from __future__ import annotations
@@ -149,6 +154,7 @@ def compute_metrics(
         "total_token_throughput": (total_input + total_output) / duration_s,
         "max_output_tokens_per_s": peak_output_tokens_per_s(ok),
         "max_concurrent_requests": peak_concurrency(ok),
+        "rtfx": 0.0,  # vLLM 0.33: input audio seconds / duration (ASR); text prompts have none
     }
     series = {"ttft": ttfts, "tpot": tpots, "itl": itls, "e2el": e2els}
     for name in METRIC_NAMES:

@@ -14,6 +14,10 @@ BACKENDS = ("openai-chat", "openai")
 DEFAULT_ENDPOINTS = {"openai-chat": "/v1/chat/completions", "openai": "/v1/completions"}
 DATASETS = ("random", "sharegpt", "prefix-repetition", "synthetic-sharegpt")
 HTTP_STACKS = ("raw", "aiohttp")
+DEFAULT_STALL_S = 60.0
+# Prompts are generated lazily, but every request is still encoded and timed one by one and
+# keeps a trace: beyond this a plan is a typo (10**12), not a benchmark.
+MAX_NUM_PROMPTS = 10_000_000
 PERCENTILE_METRICS = ("latency", "ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 
@@ -56,8 +60,13 @@ class BenchRequest:
     warmup: int = 0
     timeout: float | None = None  # per request, wall-clock seconds (None: 6 h as vLLM)
     tokenizer: str | None = None  # None/"auto", "whitespace", "approx", a tokenizer.json or model dir
-    ignore_eos: bool = False
-    temperature: float | None = 0.0  # vLLM's default: greedy
+    # None: vLLM 0.33's default — on for the random dataset (a real engine would otherwise stop
+    # at EOS early and runs would not be comparable), off for the others
+    # (vllm/benchmarks/serve.py main_async: "when using random datasets, default to ignoring EOS")
+    ignore_eos: bool | None = None
+    # None: not sent, the server's default applies (vLLM 0.33 "no longer sets
+    # temperature==0 (greedy) in requests by default", vllm/benchmarks/serve.py)
+    temperature: float | None = None
     extra_body: tuple[tuple[str, Any], ...] = ()
     headers: tuple[tuple[str, str], ...] = ()
     continuous_usage_stats: bool = False  # ask for usage on every chunk (vLLM, SGLang, TRT-LLM)
@@ -71,12 +80,20 @@ class BenchRequest:
     time_scale: float = 1.0  # simulated time compression: measured durations are multiplied by it
     profile: str | None = None
     keep_text: bool = False  # keep generated texts (for --save-detailed)
+    # Stall watchdog: no byte on any open stream for this many seconds of *engine* time
+    # (divided by time_scale on the simulator) ends the run as stalled; None or 0: off.
+    stall_s: float | None = DEFAULT_STALL_S
 
     # ------------------------------------------------------------------ derived
 
     @property
     def api_endpoint(self) -> str:
         return self.endpoint or DEFAULT_ENDPOINTS[self.backend]
+
+    @property
+    def send_ignore_eos(self) -> bool:
+        """``ignore_eos`` as sent: the explicit choice, else on for the random dataset."""
+        return self.ignore_eos if self.ignore_eos is not None else self.dataset == "random"
 
     @property
     def request_model(self) -> str:
@@ -118,6 +135,13 @@ class BenchRequest:
         for name, value in positive.items():
             if value < 1:
                 raise UsageError(f"{name} {value}: expected a positive integer")
+        if self.num_prompts > MAX_NUM_PROMPTS:
+            raise UsageError(
+                f"--num-prompts {self.num_prompts}: more than perflab runs in one benchmark "
+                f"({MAX_NUM_PROMPTS:,}); split the run"
+            )
+        if self.stall_s is not None and (self.stall_s < 0 or self.stall_s != self.stall_s):
+            raise UsageError(f"--stall-s {self.stall_s}: expected seconds >= 0 (0: no stall watchdog)")
         if self.random_prefix_len < 0 or self.prefix_repetition_prefix_len < 0 or self.prefix_repetition_suffix_len < 0:
             raise UsageError("prefix and suffix lengths must be >= 0")
         if self.sharegpt_output_len is not None and self.sharegpt_output_len < 1:

@@ -1,11 +1,12 @@
 """The "Serving Benchmark Result" block and the JSON result.
 
-The block reproduces ``vllm bench serve``'s layout as the seed studies show it
-(``{:<40} {:<10}`` lines, trailing blanks stripped): the throughput lines, then one section per
-metric. Sections and lines beyond vLLM 0.11's, all optional:
+The block reproduces ``vllm bench serve``'s layout (``{:<40} {:<10}`` lines, trailing blanks
+stripped): the throughput lines, then one section per metric. perflab's own runs use vLLM
+0.33's labels (``Failed requests:`` always, ``Total token throughput (tok/s):``); blocks read
+from the seeds (vLLM 0.11: no ``Failed requests:`` line when none failed, ``Total Token
+throughput``) are written back in their own layout (:func:`block_layout`). Sections and lines
+beyond vLLM's, all optional:
 
-- ``Failed requests:`` after the successful ones, only when some failed (vLLM main prints it
-  always; the seeds, made with 0.11, never show it);
 - the GPUStack ``Latency`` section in seconds (seed 004), percentile metric ``latency``;
 - vLLM's ``End-to-end Latency`` section in milliseconds, percentile metric ``e2el``;
 - one line per asked percentile; a percentile with no value prints ``N/A`` (seed 004's
@@ -60,6 +61,19 @@ _HEAD_LINES: tuple[tuple[str, str, str], ...] = (
     ("Peak concurrent requests:", "max_concurrent_requests", ".2f"),
     ("Total Token throughput (tok/s):", "total_token_throughput", ".2f"),
 )
+# The two layouts: vLLM 0.33 (vllm/benchmarks/serve.py benchmark(): "Failed requests:"
+# always, "Total token throughput (tok/s):") and vLLM 0.11, the seeds' ("Failed requests:"
+# never shown, "Total Token throughput (tok/s):"). A metrics dict says which through
+# "block_layout" (set by parse_result_block); otherwise a result with vLLM 0.33's
+# always-present "rtfx" key (every perflab run, a vllm-bench 0.33 JSON) uses 0.33's.
+LAYOUT_033, LAYOUT_011 = "vllm-0.33", "vllm-0.11"
+
+
+def block_layout(metrics: Mapping[str, Any]) -> str:
+    layout = metrics.get("block_layout")
+    if layout in (LAYOUT_033, LAYOUT_011):
+        return str(layout)
+    return LAYOUT_033 if "rtfx" in metrics else LAYOUT_011
 
 
 def _line(label: str, value: Any, fmt: str) -> str:
@@ -72,9 +86,9 @@ def _line(label: str, value: Any, fmt: str) -> str:
     return f"{label:<40} {text:<10}".rstrip()
 
 
-def _shown(key: str, value: Any) -> bool:
+def _shown(key: str, value: Any, layout: str = LAYOUT_011) -> bool:
     if key == "failed":
-        return bool(value)
+        return layout == LAYOUT_033 or bool(value)
     if key == "max_concurrency":
         return value is not None
     if key == "request_rate":
@@ -116,10 +130,15 @@ def format_result_block(
     unknown = set(percentile_metrics) - set(SECTIONS)
     if unknown:
         raise ValueError(f"unknown percentile metric(s) {sorted(unknown)}; known: {', '.join(SECTION_ORDER)}")
+    layout = block_layout(metrics)
     lines = ["{s:{c}^{n}}".format(s=BLOCK_TITLE, n=WIDTH, c="=")]
     for label, key, fmt in _HEAD_LINES:
         value = metrics.get(key)
-        if _shown(key, value):
+        if key == "failed" and value is None and layout == LAYOUT_033:
+            value = 0
+        if _shown(key, value, layout):
+            if key == "total_token_throughput" and layout == LAYOUT_033:
+                label = "Total token throughput (tok/s):"
             lines.append(_line(label, value, fmt))
     for name in SECTION_ORDER:
         if name not in percentile_metrics:
@@ -207,10 +226,37 @@ def _parse_body(body: str) -> dict[str, Any]:
             key = stat.lower() if stat.lower() in ("mean", "median") else "p" + stat[1:]
             out[f"{key}_{fm}_ms"] = value
     out["percentile_metrics"] = sections
+    newer = "Total token throughput" in body or re.search(r"Failed requests:\s*0\b", body) is not None
+    out["block_layout"] = LAYOUT_033 if newer else LAYOUT_011
     return out
 
 
 # --------------------------------------------------------------------------- the result
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Why a benchmark stopped early: no byte on any open stream for ``stall_s``.
+
+    Durations are in the engine's time (real seconds × the simulator's time scale), as the
+    ``stall_s`` option. ``stage`` is ``"run"`` (the timed run) or ``"warm-up"``.
+    """
+
+    stall_s: float  # the watchdog's threshold
+    idle_s: float  # time since the last byte on any open stream when it fired
+    in_flight: int  # streams open then (failed with the error "stalled")
+    completed: int  # requests that had completed before
+    stage: str = "run"
+
+    def message(self) -> str:
+        return (f"the benchmark stalled: no token on any of {self.in_flight} open stream(s) for "
+                f"{self.idle_s:.0f} s (--stall-s {self.stall_s:g}) during the {self.stage}; "
+                f"{self.completed} request(s) had completed")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stall_s": self.stall_s, "idle_s": self.idle_s, "in_flight": self.in_flight,
+                "completed": self.completed, "stage": self.stage}
+
 
 
 @dataclass
@@ -227,6 +273,10 @@ class BenchResult:
     ``cancelled``: the run was stopped through its cancel event; such a result only comes
     attached to :class:`perflab.bench.cancel.BenchCancelled` and covers the requests sent
     before the stop (those cut short count as failed, error ``"cancelled"``).
+
+    ``stall``: the stall watchdog stopped the run (:class:`Stall`); the result is returned
+    (not raised) and covers the requests sent before it fired — those open then count as
+    failed with the error ``"stalled"``. Not a full measurement: callers check ``stalled``.
     """
 
     metrics: dict[str, Any]
@@ -236,6 +286,11 @@ class BenchResult:
     percentiles: tuple[float, ...] = (99,)
     percentile_metrics: tuple[str, ...] = DEFAULT_PERCENTILE_METRICS
     cancelled: bool = False
+    stall: Stall | None = None  # set when the stall watchdog stopped the run
+
+    @property
+    def stalled(self) -> bool:
+        return self.stall is not None
 
     @property
     def success_rate(self) -> float:
@@ -253,9 +308,15 @@ class BenchResult:
     def to_json(self, *, detailed: bool = False) -> dict[str, Any]:
         """The ``--save-result`` JSON; ``detailed`` adds vLLM's ``--save-detailed`` lists."""
         out = dict(self.metrics)
+        out.pop("block_layout", None)
+        reqs = self.requests
+        # vLLM 0.33 keeps these three without --save-detailed (vllm/benchmarks/serve.py:
+        # they are not in its list of "fields with too many data points")
+        out["latencies"] = [r.latency if r.success else 0.0 for r in reqs]
+        out["queue_times"] = [r.queue_time for r in reqs]
+        out.setdefault("rtfx", 0.0)
         out["errors"] = list(self.errors)
         if detailed:
-            reqs = self.requests
             out["input_lens"] = [r.input_tokens for r in reqs]
             out["output_lens"] = [r.output_tokens if r.success else 0 for r in reqs]
             out["ttfts"] = [r.ttft for r in reqs]

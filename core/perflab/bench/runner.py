@@ -21,7 +21,7 @@ import math
 import os
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from time import perf_counter
@@ -36,9 +36,10 @@ from perflab.bench.client import (
     prepare,
     request_headers,
 )
-from perflab.bench.datasets import Sample, build_samples
+from perflab.bench.datasets import Sample, check_memory, iter_samples
 from perflab.bench.drive import (
     Plan,
+    StallSeen,
     compact_with,
     drive,
     frozen_gc,
@@ -48,7 +49,7 @@ from perflab.bench.drive import (
 from perflab.bench.metrics import compute_metrics
 from perflab.bench.profiles import apply_profile
 from perflab.bench.request import BenchRequest
-from perflab.bench.result import BenchResult
+from perflab.bench.result import BenchResult, Stall
 from perflab.bench.schedule import arrival_offsets
 from perflab.bench.tokenizer import Tokenizer, load_tokenizer, tokenizer_spec
 from perflab.bench.trace import Capture, RequestTrace, parse_capture, sent_traces
@@ -100,25 +101,36 @@ def _probe(req: BenchRequest, targets: list[Target], cancel: threading.Event | N
 # --------------------------------------------------------------------------- preparation
 
 
-def _prepare_all(req: BenchRequest, targets: list[Target], samples: list[Sample], id_prefix: str) -> list[Prepared]:
+def _prepare_all(req: BenchRequest, targets: list[Target], samples: Iterable[Sample], id_prefix: str
+                 ) -> tuple[list[Prepared], list[int]]:
+    """Every request encoded, and each prompt's client-side token count (the prompt texts
+    themselves are not kept: ``samples`` is consumed as it is generated)."""
     headers = request_headers(req)
     out = []
+    lens = []
     for i, s in enumerate(samples):
         payload = build_payload(req, s.prompt, s.output_len)
         out.append(prepare(i, targets[i % len(targets)], payload, headers, f"{id_prefix}{i}"))
-    return out
+        lens.append(s.prompt_len)
+    return out, lens
 
 
-def _warmup(req: BenchRequest, first: Prepared, targets: list[Target], cancel: threading.Event | None = None) -> None:
-    """vLLM's warm-up: the first prompt, ``--warmup`` times, under the concurrency limit."""
+def _warmup(req: BenchRequest, first: Prepared, targets: list[Target], cancel: threading.Event | None = None,
+            stall_s: float | None = None) -> StallSeen | None:
+    """vLLM's warm-up: the first prompt, ``--warmup`` times, under the concurrency limit;
+    what the stall watchdog saw if it stopped it."""
     if req.warmup <= 0:
-        return
+        return None
     body = json.loads(first.body)
     headers = request_headers(req)
     prepared = [prepare(-1000 - i, targets[i % len(targets)], body, headers, None) for i in range(req.warmup)]
-    plan = Plan(prepared, [0.0] * len(prepared), req.max_concurrency, req.http_stack, req.timeout)
-    if run_in_new_loop(drive(plan, cancel=cancel)).cancelled:
+    plan = Plan(prepared, [0.0] * len(prepared), req.max_concurrency, req.http_stack, req.timeout, stall_s=stall_s)
+    outcome = run_in_new_loop(drive(plan, cancel=cancel))
+    if outcome.stall is not None:
+        return outcome.stall
+    if outcome.cancelled:
         raise BenchCancelled(None, "warm-up")
+    return None
 
 
 # --------------------------------------------------------------------------- run
@@ -133,9 +145,10 @@ class _Timed:
     end: float
     cpu_s: float
     cancelled: bool = False
+    stall: StallSeen | None = None
 
 
-def _run_single(plan: Plan, samples: list[Sample], tok: Tokenizer, keep_text: bool, progress: Progress | None,
+def _run_single(plan: Plan, prompt_lens: list[int], tok: Tokenizer, keep_text: bool, progress: Progress | None,
                 cancel: threading.Event | None) -> _Timed:
     total = len(plan.prepared)
     done = 0
@@ -151,28 +164,28 @@ def _run_single(plan: Plan, samples: list[Sample], tok: Tokenizer, keep_text: bo
                 progress(done, total)
 
     def parse(cap: Capture) -> RequestTrace:
-        return parse_capture(cap, prompt_len=samples[cap.index].prompt_len, tokenizer=tok, keep_text=keep_text)
+        return parse_capture(cap, prompt_len=prompt_lens[cap.index], tokenizer=tok, keep_text=keep_text)
 
     with frozen_gc():
         outcome = run_in_new_loop(drive(plan, on_done=on_done, compact=compact_with(parse), cancel=cancel))
     if outcome.cancelled:
-        traces = sent_traces(outcome.captures, parse, lambda i: samples[i].prompt_len)
+        traces = sent_traces(outcome.captures, parse, lambda i: prompt_lens[i])
     else:
         traces = [cap.trace or parse(cap) for cap in outcome.captures]
-    return _Timed(traces, outcome.start, outcome.end, outcome.cpu_s, outcome.cancelled)
+    return _Timed(traces, outcome.start, outcome.end, outcome.cpu_s, outcome.cancelled, outcome.stall)
 
 
-def _run_workers(req: BenchRequest, plan: Plan, samples: list[Sample], tok: Tokenizer, progress: Progress | None,
+def _run_workers(req: BenchRequest, plan: Plan, prompt_lens: list[int], tok: Tokenizer, progress: Progress | None,
                  cancel: threading.Event | None) -> _Timed:
     from perflab.bench.workers import run_workers
 
     plans = split_plan(plan, req.workers)
-    lens = [[samples[p.index].prompt_len for p in sub.prepared] for sub in plans]
+    lens = [[prompt_lens[p.index] for p in sub.prepared] for sub in plans]
     total = len(plan.prepared)
     cb = (lambda n: progress(n, total)) if progress is not None else None
-    traces, start, end, cpu_s, cancelled = run_workers(
+    traces, start, end, cpu_s, cancelled, stall = run_workers(
         plans, lens, tokenizer_spec(tok), keep_text=req.save_detailed or req.keep_text, progress=cb, cancel=cancel)
-    return _Timed(traces, start, end, cpu_s, cancelled)
+    return _Timed(traces, start, end, cpu_s, cancelled, stall)
 
 
 def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, cancel: threading.Event | None = None) -> BenchResult:
@@ -183,6 +196,7 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
         timed run had measured (see :mod:`perflab.bench.cancel`).
     """
     req = apply_profile(req).validate()
+    check_memory(req)
     targets = [make_target(u, req.api_endpoint) for u in req.base_urls]
     check(cancel, "start")
 
@@ -193,21 +207,27 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     time_scale = server_scale if server_scale is not None else req.time_scale
     tok = explicit_tok or load_tokenizer(None, model=req.model, simulated=simulated)
     check(cancel, "tokenizer")
-    samples = build_samples(req, tok)
+    samples = iter_samples(req, tok)
     check(cancel, "dataset")
     id_prefix = f"perflab-{secrets.token_hex(4)}-"
-    prepared = _prepare_all(req, targets, samples, id_prefix)
+    prepared, prompt_lens = _prepare_all(req, targets, samples, id_prefix)
     rate = req.request_rate * time_scale  # real requests per second
     offsets = arrival_offsets(len(prepared), rate, req.burstiness, req.seed)
-    plan = Plan(prepared, offsets, req.max_concurrency, req.http_stack, req.timeout)
+    stall_real = req.stall_s / time_scale if req.stall_s else None  # stall_s is engine time
+    plan = Plan(prepared, offsets, req.max_concurrency, req.http_stack, req.timeout, stall_s=stall_real)
     check(cancel, "preparation")
-    _warmup(req, prepared[0], targets, cancel)
+    warm_stall = _warmup(req, prepared[0], targets, cancel, stall_real)
+    if warm_stall is not None:
+        result = _make_result(req, [], 1e-9, tok, simulated, time_scale, len(targets))
+        result.stall = _stall(req, warm_stall, time_scale, 0, "warm-up")
+        result.info.update(stalled=result.stall.to_json(), requests_not_recorded=len(prepared))
+        return result
 
     keep_text = req.save_detailed or req.keep_text
     if req.workers > 1:
-        timed = _run_workers(req, plan, samples, tok, progress, cancel)
+        timed = _run_workers(req, plan, prompt_lens, tok, progress, cancel)
     else:
-        timed = _run_single(plan, samples, tok, keep_text, progress, cancel)
+        timed = _run_single(plan, prompt_lens, tok, keep_text, progress, cancel)
 
     start = timed.start
     traces = [_relative(t, start).scaled(time_scale) for t in timed.traces]
@@ -222,7 +242,12 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
         request_id_prefix=id_prefix,
         time_scale_source="server" if server_scale is not None else "request",
     )
-    if timed.cancelled:
+    if timed.stall is not None:
+        # The engine stopped answering: returned (typed) so that callers can name it, saved
+        # when asked with the stall recorded; never mistaken for a full run (result.stalled).
+        result.stall = _stall(req, timed.stall, time_scale, int(result.metrics.get("completed") or 0), "run")
+        result.info.update(stalled=result.stall.to_json(), requests_not_recorded=len(plan.prepared) - len(traces))
+    elif timed.cancelled:
         # Not a measurement of the server: never saved, never returned as a result.
         result.cancelled = True
         result.info.update(cancelled=True, requests_not_recorded=len(plan.prepared) - len(traces))
@@ -231,6 +256,11 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
         path = result.save(req.result_dir, req.result_filename, detailed=req.save_detailed)
         result.info["result_path"] = str(path)
     return result
+
+
+def _stall(req: BenchRequest, seen: StallSeen, time_scale: float, completed: int, stage: str) -> Stall:
+    return Stall(stall_s=float(req.stall_s or 0.0), idle_s=seen.idle_s * time_scale, in_flight=seen.in_flight,
+                 completed=completed, stage=stage)
 
 
 def _relative(t: RequestTrace, origin: float) -> RequestTrace:

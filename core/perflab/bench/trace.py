@@ -15,19 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from perflab.bench.cancel import CANCELLED
+from perflab.bench.cancel import CANCELLED, STALLED
 from perflab.bench.sse import SSEParser
 from perflab.bench.tokenizer import Tokenizer
 
 MAX_ERROR_CHARS = 500
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: open requests are kept in a set
 class Capture:
     """What the HTTP client records for one request while the benchmark runs."""
 
     index: int
     start: float = 0.0  # when the request was issued (before a connection is taken)
+    queued: float = 0.0  # when it was due (its arrival time, before --max-concurrency's wait)
     end: float = 0.0  # when the response ended or failed
     status: int = 0
     reason: str = ""
@@ -58,6 +59,7 @@ class RequestTrace:
     generated_text: str = ""
     output_tokens_source: str = "usage"  # "usage" | "tokenizer" | "chunks"
     index: int = -1
+    queue_time: float = 0.0  # waited for --max-concurrency (vLLM's client_queue_time)
 
     @property
     def ttft(self) -> float:
@@ -100,6 +102,7 @@ class RequestTrace:
             generated_text=self.generated_text,
             output_tokens_source=self.output_tokens_source,
             index=self.index,
+            queue_time=self.queue_time * factor,
         )
 
 
@@ -141,16 +144,51 @@ def _chunk_text(choice: Any) -> str:
     if text is None:
         delta = choice.get("delta")
         if isinstance(delta, dict):
-            # Reasoning models stream their thinking in reasoning_content; it is output too.
+            # Reasoning models stream their thinking in reasoning (vLLM >= 0.10) or
+            # reasoning_content (SGLang, older vLLM); it is output too.
             text = (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
     return text if isinstance(text, str) else ""
+
+
+def has_streamed_output(choice: Any) -> bool:
+    """Whether a chunk's first choice carries a generated token (it then times TTFT/ITL).
+
+    Chat chunks follow vLLM 0.33.0's ``_choice_has_streamed_output``
+    (vllm/benchmarks/lib/endpoint_request_func.py): a delta with non-empty ``content``,
+    ``reasoning``, ``tool_calls`` or ``function_call`` — plus ``reasoning_content``, which
+    SGLang and vLLM < 0.10 use — is output; so is ``"content": ""`` without ``role`` (a
+    token that decoded to nothing: a special token, or the first bytes of a UTF-8 character
+    split over tokens — the real vLLM 0.32 capture tests/fixtures/real/vllm-0.32.0-cpu/
+    chat_stream.txt streams 8 chunks of this kind for ``completion_tokens`` 8). Not output:
+    the opening ``{"role": "assistant", "content": ""}`` chunk (vLLM) or
+    ``{"role": "assistant", "content": null}`` (llama-server), an empty ``delta: {}``
+    finish chunk (llama-server), a choice without a delta.
+
+    Completions chunks: vLLM 0.33 counts every chunk with choices ("text could be empty
+    here, e.g. for special tokens"); perflab does the same except for a chunk whose text is
+    empty *and* that carries a ``finish_reason``: llama-server's closing chunk
+    (tests/fixtures/real/llama-server/completions_stream.txt: 5 text chunks, then
+    ``{"text": "", "finish_reason": "length"}``, ``completion_tokens`` 5) is no token.
+    """
+    if not isinstance(choice, dict):
+        return False
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        if (delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content")
+                or delta.get("tool_calls") or delta.get("function_call")):
+            return True
+        return delta.get("content") == "" and "role" not in delta
+    if "delta" in choice:  # "delta": null
+        return False
+    return bool(choice.get("text")) or choice.get("finish_reason") is None
 
 
 def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None, keep_text: bool = False) -> RequestTrace:
     """Turn a raw capture into a trace, with ``vllm bench serve``'s definitions.
 
-    - TTFT: arrival of the first chunk whose ``choices`` is non-empty (even if its text is
-      empty, as vLLM counts it).
+    - TTFT: arrival of the first chunk that carries output (:func:`has_streamed_output`, vLLM
+      0.33's rule): not the role-only opening chunk, not an empty finish chunk.
+    - ITL: the gaps between the chunks that carry output; E2EL: the last of them.
     - Output tokens: ``usage.completion_tokens`` of the stream (``stream_options.include_usage``);
       without usage, the tokenizer's count of the generated text; without a tokenizer, the
       number of chunks.
@@ -158,7 +196,8 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
       vLLM, which counts such a request as a success — an ``{"error": ...}`` object (or an
       ``event: error``) inside the stream, even after tokens were received.
     """
-    trace = RequestTrace(success=False, start=cap.start, prompt_len=prompt_len, index=cap.index)
+    trace = RequestTrace(success=False, start=cap.start, prompt_len=prompt_len, index=cap.index,
+                         queue_time=max(cap.start - cap.queued, 0.0) if cap.queued and cap.start else 0.0)
     if cap.status == 0:
         trace.error = _clip(cap.error or "no response")
         return trace
@@ -192,7 +231,7 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
                 return _error_message(obj)
             choices = obj.get("choices")
             u = obj.get("usage")
-            if choices:
+            if choices and has_streamed_output(choices[0]):
                 times.append(t - start)
                 texts.append(_chunk_text(choices[0]))
                 cumulative.append(u.get("completion_tokens") if isinstance(u, dict) else None)
@@ -214,7 +253,7 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
         trace.error = _clip(cap.error)
         return trace
     if not times:
-        trace.error = "stream ended without a chunk with choices (no token received)"
+        trace.error = "stream ended without a chunk carrying output (no token received)"
         return trace
 
     trace.success = True
@@ -268,8 +307,9 @@ def _chunk_tokens(
 
 
 def cancelled_trace(cap: Capture, prompt_len: int) -> RequestTrace:
-    """A request cut short by a cancellation: failed, whatever it had received."""
-    return RequestTrace(success=False, start=cap.start, prompt_len=prompt_len, error=CANCELLED, index=cap.index)
+    """A request cut short by a cancellation or the stall watchdog: failed, whatever it had
+    received (its error says which)."""
+    return RequestTrace(success=False, start=cap.start, prompt_len=prompt_len, error=cap.error or CANCELLED, index=cap.index)
 
 
 def sent_traces(captures: list[Capture], parse: Callable[[Capture], RequestTrace], prompt_len: Callable[[int], int]) -> list[RequestTrace]:
@@ -278,7 +318,7 @@ def sent_traces(captures: list[Capture], parse: Callable[[Capture], RequestTrace
     for cap in captures:
         if not cap.start:
             continue
-        if cap.error == CANCELLED:
+        if cap.error in (CANCELLED, STALLED):
             out.append(cancelled_trace(cap, prompt_len(cap.index)))
         else:
             out.append(cap.trace or parse(cap))

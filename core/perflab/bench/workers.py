@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection, wait
 from time import perf_counter
 
 from perflab.bench.cancel import POLL_S, BenchCancelled
-from perflab.bench.drive import Plan, compact_with, drive, frozen_gc, run_in_new_loop
+from perflab.bench.drive import Plan, StallSeen, compact_with, drive, frozen_gc, run_in_new_loop
 from perflab.bench.trace import Capture, RequestTrace, parse_capture, sent_traces
 from perflab.errors import PerflabError
 
@@ -82,7 +82,7 @@ def _worker_main(conn: Connection) -> None:
             traces = sent_traces(outcome.captures, parse, lambda i: lens[i])
         else:
             traces = [cap.trace or parse(cap) for cap in outcome.captures]
-        conn.send(("done", traces, outcome.start, outcome.end, outcome.cpu_s, outcome.cancelled))
+        conn.send(("done", traces, outcome.start, outcome.end, outcome.cpu_s, outcome.cancelled, outcome.stall))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the parent went away: nothing to report to
     except BaseException as exc:  # report anything, the parent turns it into one line
@@ -128,13 +128,17 @@ def run_workers(
     keep_text: bool = False,
     progress: Callable[[int], None] | None = None,
     cancel: threading.Event | None = None,
-) -> tuple[list[RequestTrace], float, float, float, bool]:
+) -> tuple[list[RequestTrace], float, float, float, bool, StallSeen | None]:
     """Run each plan in its own process; return (traces by index, start, end, CPU seconds,
-    cancelled). Cancelled before the common start: :class:`BenchCancelled` (no result);
-    after it: the traces of the requests sent, from the workers that answered in time."""
+    cancelled, stall). Cancelled before the common start: :class:`BenchCancelled` (no result);
+    after it: the traces of the requests sent, from the workers that answered in time.
+
+    Each worker runs the stall watchdog over its own open requests; the first to stall
+    stops the others, as a cancellation does."""
     procs: list[subprocess.Popen] = []
     conns: list[Connection] = []
     tick = POLL_S if cancel is not None else 1.0
+    cancelled_at: float | None = None  # when the workers were told to stop (cancel or a stall)
     try:
         for plan, lens in zip(plans, prompt_lens, strict=True):
             proc, conn = _spawn(plan, lens, tokenizer, keep_text)
@@ -156,10 +160,10 @@ def run_workers(
         counts = [0] * len(conns)
         results: dict[int, tuple[list[RequestTrace], float, float, float]] = {}
         pending = {id(c): i for i, c in enumerate(conns)}
-        cancelled_at: float | None = None
         partial = False  # some worker stopped before the end of its share
+        stall: StallSeen | None = None
         while pending:
-            if cancel is not None and cancelled_at is None and cancel.is_set():
+            if cancelled_at is None and ((cancel is not None and cancel.is_set()) or stall is not None):
                 cancelled_at = time.monotonic()
                 for i in pending.values():
                     try:
@@ -184,6 +188,7 @@ def run_workers(
                 elif msg[0] == "done":
                     results[i] = (msg[1], msg[2], msg[3], msg[4])
                     partial = partial or msg[5]
+                    stall = stall or msg[6]
                     del pending[id(conn)]
                 elif msg[0] == "error":
                     raise PerflabError(f"benchmark worker {i} failed: {msg[1]}")
@@ -191,12 +196,12 @@ def run_workers(
         traces = sorted((t for r in results.values() for t in r[0]), key=lambda t: t.index)
         runs = results.values()
         if not runs:  # cancelled and no worker answered in time
-            return [], start_at, perf_counter(), 0.0, True
-        return traces, min(r[1] for r in runs), max(r[2] for r in runs), sum(r[3] for r in runs), cancelled
+            return [], start_at, perf_counter(), 0.0, True, stall
+        return traces, min(r[1] for r in runs), max(r[2] for r in runs), sum(r[3] for r in runs), cancelled, stall
     finally:
         for conn in conns:
             conn.close()  # a worker still running reads EOF and stops
-        stopping = cancel is not None and cancel.is_set()
+        stopping = (cancel is not None and cancel.is_set()) or cancelled_at is not None
         deadline = time.monotonic() + (CANCEL_GRACE_S if stopping else JOIN_TIMEOUT_S)
         for proc in procs:
             try:

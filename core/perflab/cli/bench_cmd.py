@@ -39,8 +39,15 @@ _FIELDS = (
     "sharegpt_output_len", "prefix_repetition_prefix_len", "prefix_repetition_suffix_len",
     "prefix_repetition_num_prefixes", "prefix_repetition_output_len", "burstiness",
     "max_concurrency", "seed", "warmup", "timeout", "tokenizer", "temperature", "label",
-    "result_dir", "result_filename", "workers", "http_stack", "time_scale", "profile",
+    "result_dir", "result_filename", "workers", "http_stack", "time_scale", "profile", "stall_s",
+    "ignore_eos",
 )  # fmt: skip
+
+# Exit codes of `perflab bench` (docs/benchmark.md): 0 every request succeeded; 1 nothing
+# measured (every request failed, or the server/client failed); 2 a usage error; 3 the run
+# finished but some requests failed; 4 the stall watchdog stopped the run.
+EXIT_SOME_FAILED = 3
+EXIT_STALLED = 4
 
 
 @click.command(cls=_BenchCommand, context_settings={"show_default": True})
@@ -72,8 +79,9 @@ _FIELDS = (
 @click.option("--warmup", type=int, default=None, help="Warm-up requests before measuring  [default: 0]")
 @click.option("--timeout", type=float, default=None, help="Per-request timeout, wall-clock seconds  [default: 6 h]")
 @click.option("--tokenizer", default=None, metavar="PATH|whitespace|approx", help="tokenizer.json or model directory; default: whitespace on perflab's simulator, the model directory's tokenizer, else approximate.")
-@click.option("--ignore-eos", is_flag=True, default=False, help="Ask the server to ignore EOS (exact output lengths).")
-@click.option("--temperature", type=float, default=None, help="Sampling temperature  [default: 0]")
+@click.option("--ignore-eos/--no-ignore-eos", default=None, help="Ask the server to ignore EOS (exact output lengths)  [default: on for the random dataset, as vLLM 0.33]")
+@click.option("--temperature", type=float, default=None, help="Sampling temperature  [default: not sent: the server's default, as vLLM 0.33]")
+@click.option("--stall-s", type=float, default=None, help="Stop the run as stalled when no open stream has received anything for this many seconds of engine time; 0: never  [default: 60]")
 @click.option("--header", "headers", multiple=True, metavar="KEY=VALUE", help="Extra HTTP header (repeatable).")
 @click.option("--extra-body", default=None, metavar="JSON", help="JSON object merged into every request body.")
 @click.option("--continuous-usage-stats", is_flag=True, default=False, help="Ask for usage on every chunk (exact tokens per chunk; vLLM, SGLang, TensorRT-LLM).")
@@ -95,6 +103,10 @@ def bench(**kw: Any) -> None:
 
     Example: perflab bench --base-url http://127.0.0.1:8000 --model Qwen/Qwen3-8B
     --random-input-len 128 --random-output-len 16 --num-prompts 200 --max-concurrency 32
+
+    Exit codes: 0 all requests succeeded; 1 nothing measured (all failed, server or client
+    error); 2 usage error; 3 some requests failed (the result is printed); 4 stalled (no
+    token on any open stream for --stall-s; the partial result is printed).
     """
     from perflab.bench import BenchRequest, run_benchmark_sync
     from perflab.bench.profiles import apply_profile
@@ -119,7 +131,7 @@ def bench(**kw: Any) -> None:
         values["headers"] = tuple(_pair(h, "--header") for h in kw["headers"])
     if kw["extra_body"]:
         values["extra_body"] = frozen_pairs(_json_object(kw["extra_body"], "--extra-body"))
-    for flag in ("ignore_eos", "continuous_usage_stats", "save_result", "save_detailed"):
+    for flag in ("continuous_usage_stats", "save_result", "save_detailed"):
         if kw[flag]:
             values[flag] = True
     if not values.get("model"):
@@ -150,8 +162,16 @@ def bench(**kw: Any) -> None:
             click.echo(f"  {err}", err=True)
     if "result_path" in result.info:
         click.echo(f"perflab: result saved to {result.info['result_path']}", err=True)
+    if result.stall is not None:
+        click.echo(f"perflab: {result.stall.message()}", err=True)
+        sys.exit(EXIT_STALLED)
     if not result.metrics.get("completed"):
         raise PerflabError(f"all {result.metrics.get('failed', 0)} requests failed: {result.errors[0] if result.errors else 'no error recorded'}")
+    failed = int(result.metrics.get("failed") or 0)
+    if failed:
+        total = failed + int(result.metrics.get("completed") or 0)
+        click.echo(f"perflab: {failed} of {total} requests failed ({failed / total:.0%}); exit code {EXIT_SOME_FAILED}", err=True)
+        sys.exit(EXIT_SOME_FAILED)
 
 
 def _pair(item: str, what: str) -> tuple[str, str]:

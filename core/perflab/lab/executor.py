@@ -30,7 +30,7 @@ import structlog
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
-from perflab.lab.study import CRASHED, FAILED, OK, TIMEOUT, UNSUPPORTED
+from perflab.lab.study import CRASHED, FAILED, OK, STALLED, TIMEOUT, UNSUPPORTED
 from perflab.types import HardwareSnapshot, LaunchSpec, to_jsonable
 
 log = structlog.get_logger("perflab.lab")
@@ -113,6 +113,45 @@ def _has_failures(result: Any) -> bool:
 
 def _completed(result: Any) -> int | None:
     return None if result is None else int(result.metrics.get("completed") or 0)
+
+
+def _last_log_line(path: str | Path | None) -> str | None:
+    """The engine log's last non-blank line (read from its last 8 KiB)."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 8192))
+            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return None
+    return lines[-1] if lines else None
+
+
+async def _health(inst: Any) -> str:
+    """The engine's health probe now, in words: "200", "503", "no answer (...)"."""
+    import httpx
+
+    probes = inst.readiness.http if inst.readiness is not None else ()
+    if not probes:
+        return "no health path"
+    url = inst.base_url.rstrip("/") + probes[0].path
+    try:
+        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+            resp = await client.get(url)
+        return f"GET {probes[0].path} {resp.status_code}"
+    except httpx.HTTPError as exc:
+        return f"GET {probes[0].path}: no answer ({type(exc).__name__})"
+
+
+async def _stall_cause(instances: Sequence[Any], stall: Any) -> dict[str, Any]:
+    """A stalled benchmark's cause, shaped as a CrashCause: the engine's last log line and its
+    health when the watchdog fired (the engines were alive: a dead one is "crashed")."""
+    inst = instances[0]
+    health = "; ".join([await _health(i) for i in instances])
+    return {"name": "benchmark-stalled", "explanation": stall.message(), "line": _last_log_line(inst.outcome.log),
+            "hint": f"the engine is alive; health: {health}", "health": health}
 
 
 class Executor:
@@ -226,8 +265,8 @@ class Executor:
             rec.measurements[profile.name] = m
             if self.on_measured is not None:
                 self.on_measured(profile.name, m)
-            if m.status == CRASHED:
-                rec.state = CRASHED
+            if m.status in (CRASHED, STALLED):
+                rec.state = m.status
                 rec.cause = m.cause
                 break  # the rest of the profiles need a fresh launch
 
@@ -249,7 +288,10 @@ class Executor:
             workload["endpoint"] = profile.endpoint
         req = BenchRequest(
             base_urls=tuple(inst.base_url for inst in instances),
-            model=instances[0].launch.served_model_name,
+            # the model itself (a local directory gives the client its exact tokenizer) and
+            # the name it is served under (sent in every request)
+            model=config.serve_config().model,
+            served_model_name=instances[0].launch.served_model_name,
             backend=profile.backend,
             dataset=profile.dataset,
             num_prompts=profile.num_prompts,
@@ -261,6 +303,8 @@ class Executor:
             label=label,
             **workload,
         )
+        if plan.timeouts.stall_s is not None:  # engine seconds; default: the bench's (60)
+            req = req.replace(stall_s=plan.timeouts.stall_s)
         self.on_event("benchmark", label=label, profile=profile.label, done=0, total=profile.num_prompts)
 
         def progress(done: int, total: int) -> None:
@@ -324,6 +368,8 @@ class Executor:
 
         measured = result if result is not None else partial
         m = self._judge(profile, result, partial, error, dead, timed_out, budget)
+        if m.status == STALLED:
+            m.cause = await _stall_cause(instances, result.stall)
         if measured is not None:
             data: dict[str, Any] = {"profile": profile.name, "label": profile.label, "definition": profile.definition()}
             if m.status != OK:  # what a failed or stopped benchmark had measured, for diagnosis only
@@ -345,6 +391,9 @@ class Executor:
             cause = dead[0].outcome.cause
             return ProfileMeasurement(CRASHED, num_prompts=n, cause=to_jsonable(cause) if cause is not None else None,
                                       error=f"the engine died during the {profile.label} benchmark{of}")
+        if result is not None and result.stall is not None:  # the engine alive, its streams silent
+            return ProfileMeasurement(STALLED, metrics=dict(result.metrics), num_prompts=n,
+                                      error=f"{result.stall.message()} (the {profile.label} benchmark)")
         if result is None and timed_out:
             return ProfileMeasurement(FAILED, num_prompts=n, error=f"the benchmark did not finish within {budget:g} s{of}")
         if result is None:

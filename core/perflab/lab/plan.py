@@ -44,7 +44,7 @@ PROFILE_KEYS = (
     "label", "dataset", "dataset_path", "input_len", "output_len", "num_prompts", "request_rate",
     "max_concurrency", "seed", "backend", "endpoint", "burstiness", "range_ratio",
 )
-TIMEOUT_KEYS = ("startup_s", "benchmark_s", "teardown_s")
+TIMEOUT_KEYS = ("startup_s", "benchmark_s", "teardown_s", "stall_s")
 SIMULATION_KEYS = ("time_scale", "engine_versions")
 # perflab.bench's datasets: "synthetic-sharegpt" is ShareGPT-like conversations generated
 # locally (no dataset file needed), for studies where the real ShareGPT file is not at hand
@@ -105,14 +105,18 @@ class Profile:
             extra.append(f"max concurrency {self.max_concurrency}")
         return f"{what}, {', '.join(extra)}"
 
-    def bench_command(self, model: str) -> str:
+    def bench_command(self, model: str, served_model_name: str | None = None) -> str:
         """The equivalent ``vllm bench serve`` command line (flags from vLLM's
-        vllm/benchmarks/serve.py and datasets.py: --dataset-name, --random-input-len ...)."""
+        vllm/benchmarks/serve.py and datasets.py: --dataset-name, --random-input-len ...).
+        ``--served-model-name`` is the name the engines were asked for: without it vLLM sends
+        ``--model`` (a local path, say) as the request's model and the server answers 404."""
         endpoint = self.endpoint or ("/v1/chat/completions" if self.backend == "openai-chat" else "/v1/completions")
         # vLLM has no synthetic ShareGPT: the closest command reads the real file
         dataset = "sharegpt" if self.dataset == "synthetic-sharegpt" else self.dataset
-        argv = ["vllm", "bench", "serve", "--model", model, "--backend", self.backend, "--endpoint", endpoint,
-                "--dataset-name", dataset]
+        argv = ["vllm", "bench", "serve", "--model", model]
+        if served_model_name:
+            argv += ["--served-model-name", served_model_name]
+        argv += ["--backend", self.backend, "--endpoint", endpoint, "--dataset-name", dataset]
         if self.dataset_path or dataset == "sharegpt":
             argv += ["--dataset-path", self.dataset_path or "ShareGPT_V3_unfiltered_cleaned_split.json"]
         if self.dataset == "random":
@@ -170,6 +174,7 @@ class Timeouts:
     startup_s: float | None = None  # None: the engine plugin's own readiness timeout
     benchmark_s: float = 7200.0
     teardown_s: float | None = None  # grace between SIGTERM and SIGKILL; None: the supervisor's
+    stall_s: float | None = None  # no token on any open stream this long (engine time): stalled; None: the bench's 60
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from perflab.lab.study import (
     INTERRUPTED,
     OK,
     PENDING,
+    STALLED,
     TIMEOUT,
     UNSUPPORTED,
     Entry,
@@ -153,11 +154,11 @@ def result_block(res: Result) -> str:
             src = f" (source: {r['source']})" if r.get("source") else ""
             lines.append(f"# {r.get('what', '')}: {r.get('why', '')}{src}")
         return "\n".join(lines)
-    if res.status in (CRASHED, TIMEOUT):
+    if res.status in (CRASHED, TIMEOUT, STALLED):
         c = res.cause or {}
         if c.get("line"):
             lines.append(f"# {c['line'].strip()}")
-        what = "Crash" if res.status == CRASHED else "Timeout"
+        what = {CRASHED: "Crash", TIMEOUT: "Timeout", STALLED: "Stalled"}[res.status]
         name = f" [{c['name']}]" if c.get("name") else ""
         lines.append(f"# {what}{name}: {c.get('explanation') or res.error or 'see the engine log'}")
         if c.get("hint"):
@@ -284,7 +285,8 @@ def _setup(o: StudyOutcome, ctx: ReportContext) -> list[str]:
         return " (perflab generated ShareGPT-like conversations; the real dataset file gives:)" \
             if p.dataset == "synthetic-sharegpt" else ""
 
-    body = "\n".join(f"# {p.label}{note(p)}\n{p.bench_command(plan.model)}" for p in plan.profiles)
+    served = o.baseline.config.serve_config().name  # what the engines served (perflab asks for it)
+    body = "\n".join(f"# {p.label}{note(p)}\n{p.bench_command(plan.model, served)}" for p in plan.profiles)
     out.append(_fence(body, "bash"))
     if ctx.simulated and ctx.time_scale != 1.0:
         out += ["", f"Simulated time ran {ctx.time_scale:g}× faster than wall-clock time; every duration, latency "

@@ -29,9 +29,10 @@ UNSUPPORTED = "unsupported"  # preflight refused: never launched
 CRASHED = "crashed"  # the engine died (at startup or while serving)
 TIMEOUT = "timeout"  # never became ready in time
 FAILED = "failed"  # the engine served but the benchmark could not run
+STALLED = "stalled"  # the engine, alive, stopped streaming: no token on any open stream for stall_s
 PENDING = "pending"  # not measured (yet)
 INTERRUPTED = "interrupted"
-FAILURES = (CRASHED, TIMEOUT, FAILED)
+FAILURES = (CRASHED, TIMEOUT, FAILED, STALLED)
 
 
 @dataclass
@@ -76,7 +77,7 @@ class Result:
         if self.status == UNSUPPORTED:
             whys = "; ".join(r.get("why", "") for r in self.reasons if r.get("severity", "error") == "error")
             return f"not launched: {whys or 'unsupported'}"
-        if self.status in (CRASHED, TIMEOUT):
+        if self.status in (CRASHED, TIMEOUT, STALLED):
             c = self.cause or {}
             return f"{self.status}: {c.get('line') or c.get('explanation') or self.error or 'see log'}"
         if self.status == FAILED:
