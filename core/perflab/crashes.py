@@ -70,6 +70,9 @@ _NOT_ROOT = re.compile(r"\b(?:asyncio\.(?:exceptions\.)?)?CancelledError\b|\bKey
 #: Warnings name no root cause (vLLM's ulimit warning quotes "OSError: [Errno 24]").
 _WARNING_LINE = re.compile(r"^\s*(?:\([\w:.-]+(?: pid=\d+)?\)\s+)?WARNING\b|^\d+\.\d\d\.\d\d\d\.\d\d\d W |\[TensorRT-LLM\]\[WARNING\]|\[TRT-LLM\] \[W\]")
 
+#: The traceback module's own lines between chained exceptions.
+_CHAIN = re.compile(r"Traceback \(most recent call last\):|^During handling of the above exception|^The above exception was the direct cause")
+
 #: Lines that look like errors, for the generic fallback (no plugin signature matched).
 _ERRORISH = re.compile(r"(?:Error|Exception|error:|FATAL|Traceback|Killed|failed|abort|Segmentation fault)", re.I)
 
@@ -84,8 +87,29 @@ def is_notable(line: str) -> bool:
     return bool(line.strip()) and not is_info(line)
 
 
+#: vLLM's per-process prefix and level, e.g. ``(EngineCore pid=1) ERROR 11-24 07:10:45 [core.py:9] ``.
+_PREFIX = re.compile(r"^\s*\([\w:.-]+(?: pid=\d+)?\)\s+(?:[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\]\s?)?")
+_FRAME = re.compile(r'^\s*File "[^"]*", line \d+')
+
+
 def _candidates(lines: Sequence[str]) -> list[str]:
-    return [ln for ln in lines if ln.strip() and not is_info(ln)]
+    """Lines that may name a cause: not INFO/DEBUG, not blank, and not the source-code line a
+    traceback prints under each ``File "...", line N`` (it quotes code such as
+    ``raise HFValidationError(`` or an f-string holding the very message a signature matches)."""
+    out: list[str] = []
+    after_frame = False
+    for ln in lines:
+        body = _PREFIX.sub("", ln, count=1)
+        if after_frame:
+            after_frame = False
+            if body.startswith((" ", "\t")):
+                continue
+        if _FRAME.match(body):
+            after_frame = True
+            continue
+        if ln.strip() and not is_info(ln):
+            out.append(ln)
+    return out
 
 
 # ---------------------------------------------------------------------------- scan orders
@@ -156,7 +180,7 @@ def signal_cause(exit_code: int | None, log_text: str = "") -> CrashCause | None
     return CrashCause(
         "killed-by-signal",
         f"the engine was killed by {name}" + (f": {meaning}" if meaning else ""),
-        line=_last_errorish(log_text),
+        line=root_exception_line(log_text),
         hint="see the engine log and the kernel log (dmesg) for who sent it",
         source="signal(7)",
     )
@@ -171,7 +195,7 @@ def with_signal(cause: CrashCause, exit_code: int | None) -> CrashCause:
 
 def _last_errorish(log_text: str) -> str | None:
     lines = [ln.strip() for ln in _candidates(log_text.splitlines()) if not _NOT_ROOT.search(ln)]
-    errorish = [ln for ln in lines if _ERRORISH.search(ln) and not _WARNING_LINE.search(ln)]
+    errorish = [ln for ln in lines if _ERRORISH.search(ln) and not _WARNING_LINE.search(ln) and not _CHAIN.search(ln)]
     return errorish[-1] if errorish else None
 
 
