@@ -17,12 +17,14 @@ CUDA_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 #: (503 on EngineDeadError), GET /v1/models lists the served names
 #: (vllm/entrypoints/openai/api_server.py, v0.11.0). The ready lines: vLLM's own
 #: ``logger.info("Starting vLLM API server %d on %s", ...)`` (v0.11; older releases print
-#: "Starting vLLM API server on ...") and uvicorn's "Application startup complete.".
+#: "Starting vLLM API server on ..."), 0.32's ``logger.info("Starting vLLM server on %s",
+#: listen_address)`` (vllm/entrypoints/launchers/api_server/entry.py, 0.32.0) and uvicorn's
+#: "Application startup complete.". A ready line only wakes the probes; it proves nothing.
 READINESS = Readiness(
     http=(HttpProbe("/health"), HttpProbe("/v1/models")),
     generation_path="/v1/completions",
     ready_log_patterns=(
-        r"Starting vLLM API server(?: \d+)? on ",
+        r"Starting vLLM (?:API )?server(?: \d+)? on ",
         r"Application startup complete\.",
     ),
     # Loading a 200B+ checkpoint, torch.compile and CUDA-graph capture take many minutes.
