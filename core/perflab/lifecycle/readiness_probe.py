@@ -182,14 +182,18 @@ async def poll_until_ready(
     readiness: Readiness,
     state: ProbeState,
     *,
-    first_interval: float = FIRST_INTERVAL_S,
-    max_interval: float = MAX_INTERVAL_S,
+    first_interval: float | None = None,
+    max_interval: float | None = None,
     kick: Kick | None = None,
-    max_generation_http_errors: int = GENERATION_HTTP_ERRORS_MAX,
+    max_generation_http_errors: int | None = None,
 ) -> GenerationResult | None:
     """Return once every probe passes and (if asked) a generation worked. The caller bounds
     it with the startup deadline and races it against the process' exit; it gives up only by
-    raising :class:`GenerationProbeFailed`. ``kick`` (the ready line) makes it probe at once."""
+    raising :class:`GenerationProbeFailed`. ``kick`` (the ready line) makes it probe at once.
+    Unset intervals and limits take the module's constants (read at call time)."""
+    first_interval = FIRST_INTERVAL_S if first_interval is None else first_interval
+    max_interval = MAX_INTERVAL_S if max_interval is None else max_interval
+    max_errors = GENERATION_HTTP_ERRORS_MAX if max_generation_http_errors is None else max_generation_http_errors
     interval = first_interval
     while True:
         state.attempts += 1
@@ -208,7 +212,7 @@ async def poll_until_ready(
                 state.generation_http_errors = 0
             else:
                 state.generation_http_errors += 1
-                if gen.status in NOT_RETRIED or state.generation_http_errors >= max_generation_http_errors:
+                if gen.status in NOT_RETRIED or state.generation_http_errors >= max_errors:
                     raise GenerationProbeFailed(error, gen.status, state.generation_http_errors)
         if kick is not None and await kick.sleep(interval):
             interval = first_interval
