@@ -210,3 +210,10 @@ async def test_startup_fault_is_crashed_with_the_real_root_line(pm: PluginManage
         if spec["root"]:
             assert spec["root"] in (o.cause.line or "")
         assert o.reason and "ulimit" not in o.reason
+
+
+def test_the_032_ready_line_is_recognised_before_uvicorns() -> None:
+    """0.32 prints ``Starting vLLM server on http://…`` (entry.py), then the routes, then uvicorn's line."""
+    log = (FAULTS / "enginecore-killed.log").read_text().splitlines()
+    first = next(i for i, ln in enumerate(log) if any(re.search(p, ln) for p in READINESS.ready_log_patterns))
+    assert "[entry.py:140] Starting vLLM server on http://127.0.0.1:" in log[first]
