@@ -148,3 +148,21 @@ def test_llamacpp_random_bytes_gguf_is_named_from_the_magic_line() -> None:
     )
     cause = mod.perflab_classify_crash(engine="llama-cpp", exit_code=1, log_tail=log)
     assert cause.name == "not-a-gguf-file" and "invalid magic characters" in cause.line
+
+
+def test_llamacpp_ready_patterns_match_the_real_server_lines() -> None:
+    """The real llama-server (0.6.0-dev) start-up; its ready line must wake the probes."""
+    import importlib.util
+    import re
+
+    path = Path(__file__).parent / "external_plugins" / "llamacpp" / "perflab_llamacpp" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("perflab_llamacpp_src2", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from perflab.types import LaunchSpec
+
+    ready = mod.perflab_readiness(engine="llama-cpp", launch=LaunchSpec(engine="llama-cpp", argv=("llama-server",), host="127.0.0.1", port=18080, served_model_name="m"))
+    lines = (Path(__file__).parent / "fixtures" / "real" / "llama-server" / "startup.log").read_text().splitlines()
+    matched = [ln for ln in lines if any(re.search(p, ln) for p in ready.ready_log_patterns)]
+    assert matched and matched[0].endswith("llama_server: model loaded")

@@ -152,7 +152,13 @@ def perflab_readiness(engine: str, launch: LaunchSpec) -> Readiness | None:
         return None
     # tools/server/server.cpp logs "server is listening on http://H:P - starting the main loop"
     return Readiness(http=(HttpProbe("/health"), HttpProbe("/v1/models")), generation_path="/v1/completions",
-                     ready_log_patterns=(r"server is listening on .* - starting the main loop",), startup_timeout_s=900)
+                     # older llama-server: "main: server is listening on http://H:P - starting the main
+                     # loop"; current (the real log in /work/shared/fixtures/real/llama-server, 0.6.0-dev):
+                     # "llama_server: model loaded" then "llama_server: listening on http://H:P". A ready
+                     # line only wakes the probes at once; it proves nothing by itself.
+                     ready_log_patterns=(r"server is listening on .* - starting the main loop",
+                                         r"llama_server: model loaded$", r"llama_server: listening on http://"),
+                     startup_timeout_s=900)
 
 
 @hookimpl
