@@ -13,7 +13,9 @@ after the first generation replay the rest of the log and behave as the real ser
 * ``--fault sigkill``: the process kills itself with SIGKILL (``kill -9`` of the API server).
 
 Readiness options: ``--health-503-until-ready S`` (listen at once, /health 503 for S seconds,
-then print the ready line and answer 200), ``--gen-status N`` (every generation answers HTTP N).
+then print the ready line and answer 200), ``--gen-status N`` (every generation answers HTTP N),
+``--api-key K`` (as vLLM 0.32's AuthenticationMiddleware: /v1/* without the key answer 401
+``{"error": "Unauthorized"}``, entrypoints/serve/middleware/authenticate.py).
 Each request is logged as uvicorn does (an INFO line), for the tests to count.
 """
 
@@ -37,6 +39,7 @@ ap.add_argument("--fault-after", type=float, default=0.3)
 ap.add_argument("--keep-alive", action="store_true")
 ap.add_argument("--health-503-until-ready", type=float, default=0.0)
 ap.add_argument("--gen-status", type=int, default=200)
+ap.add_argument("--api-key", default="")  # like vLLM's: /v1/* answer 401 without "Authorization: Bearer KEY"
 a = ap.parse_args()
 
 DEAD_BODY = {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
@@ -100,7 +103,15 @@ class H(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def unauthorized(self):
+        if a.api_key and self.path.startswith("/v1") and self.headers.get("Authorization") != f"Bearer {a.api_key}":
+            self.send(401, {"error": "Unauthorized"})
+            return True
+        return False
+
     def do_GET(self):
+        if self.unauthorized():
+            return
         if self.path == "/health":
             if state["dead"]:
                 state["health_after_death"] += 1
@@ -114,6 +125,8 @@ class H(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.unauthorized():
+            return
         if state["dead"]:
             self.send(500, DEAD_BODY)
             return

@@ -147,6 +147,18 @@ async def test_auth_errors_are_not_retried(pm: PluginManager, tmp_path: Path) ->
     assert posts(inst) == 1
 
 
+@pytest.mark.anyio
+async def test_an_api_key_on_the_engine_ends_readiness_at_once(pm: PluginManager, tmp_path: Path) -> None:
+    """vLLM --api-key guards /v1/*: GET /v1/models answers 401; no wait for the start-up timeout."""
+    t0 = time.monotonic()
+    async with run(pm, tmp_path, "enginecore-killed", "--api-key", "secret", timeout=30.0) as inst:
+        o = inst.outcome
+        assert o.state == "timeout" and o.cause is not None and o.cause.name == "probe-refused", o.to_json()
+        assert "GET /v1/models" in o.cause.explanation and "HTTP 401" in o.cause.explanation
+        assert "Unauthorized" in o.cause.explanation and "not retried" in o.cause.explanation
+    assert time.monotonic() - t0 < 10.0
+
+
 # --------------------------------------------------------------------------- after ready
 
 

@@ -51,7 +51,7 @@ from perflab.lifecycle.ports import (
     taken_ports,
     wait_ports_free,
 )
-from perflab.lifecycle.readiness_probe import GenerationProbeFailed, Kick, ProbeState, http_probes_pass, poll_until_ready
+from perflab.lifecycle.readiness_probe import Kick, ProbeRefused, ProbeState, http_probes_pass, poll_until_ready
 from perflab.lifecycle.registry import install_signal_handlers, signal_guard, teardown_all
 from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig, Unsupported, to_jsonable
 
@@ -585,7 +585,7 @@ class EngineInstance:
         timeout = self.startup_timeout if self.startup_timeout is not None else readiness.startup_timeout_s
         state = ProbeState()
         ready = False
-        refused: GenerationProbeFailed | None = None
+        refused: ProbeRefused | None = None
         async with httpx.AsyncClient(trust_env=False) as client:
             with anyio.move_on_after(timeout):
                 async with anyio.create_task_group() as tg:
@@ -598,7 +598,7 @@ class EngineInstance:
                                 client, connect_host(self.launch.host), self.launch, readiness, state, kick=self._kick
                             )
                             ready = True
-                        except GenerationProbeFailed as exc:
+                        except ProbeRefused as exc:
                             refused = exc
                         tg.cancel_scope.cancel()
 
@@ -624,15 +624,16 @@ class EngineInstance:
         self._transition("timeout", after_s=timeout, cause=self.outcome.cause.name, last_error=state.last_error)
         return False
 
-    def _probe_refused_cause(self, refused: GenerationProbeFailed) -> CrashCause:
+    def _probe_refused_cause(self, refused: ProbeRefused) -> CrashCause:
         auth = refused.status in (401, 403)
+        what = "the one-token generation" if refused.generation else "a readiness probe"
         return CrashCause(
-            "generation-probe-failed",
-            "the engine answers but refused the one-token generation "
+            "generation-probe-failed" if refused.generation else "probe-refused",
+            f"the engine answers but refused {what} "
             + ("(authentication required; not retried)" if auth else f"{refused.attempts} times in a row")
             + f": {refused.error}",
             line=self._root_line(),
-            hint="the engine wants an API key: do not pass --api-key to it, or run it without one"
+            hint="the engine wants an API key (vLLM's --api-key guards /v1/*): run it without one"
             if auth
             else "see the engine log; the served model name or the generation path may not match",
             source="perflab",

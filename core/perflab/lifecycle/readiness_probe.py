@@ -6,7 +6,7 @@ and engines answer ``/health`` while their scheduler is dead. Only a generated t
 Polling is fast (every 50 ms, backing off to 250 ms) and the engine's own ready line wakes
 the loop at once (:class:`Kick`), so "ready" is reported within milliseconds of the engine
 serving. A generation probe that gets HTTP errors ``GENERATION_HTTP_ERRORS_MAX`` times in a
-row (or one 401/403, which no retry fixes) ends readiness: :class:`GenerationProbeFailed`.
+row, or any probe answered 401/403 (which no retry fixes), ends readiness: :class:`ProbeRefused`.
 """
 
 from __future__ import annotations
@@ -29,14 +29,23 @@ FIRST_INTERVAL_S = 0.05
 MAX_INTERVAL_S = 0.25  # a closed port refuses in microseconds; polling fast costs nothing
 
 
-class GenerationProbeFailed(Exception):
-    """The engine answers HTTP but refuses the generation probe (the message quotes the answer)."""
+class ProbeRefused(Exception):
+    """The engine answers HTTP but refuses a readiness probe for good (the message quotes the
+    answer): 401/403 on any probe, or HTTP errors to the generation probe, N times in a row."""
 
-    def __init__(self, error: str, status: int, attempts: int) -> None:
+    def __init__(self, error: str, status: int, attempts: int, *, generation: bool) -> None:
         super().__init__(error)
         self.error = error
         self.status = status
         self.attempts = attempts
+        self.generation = generation  # the generation probe (else an HTTP health probe)
+
+
+class GenerationProbeFailed(ProbeRefused):
+    """The generation probe was refused."""
+
+    def __init__(self, error: str, status: int, attempts: int) -> None:
+        super().__init__(error, status, attempts, generation=True)
 
 
 class Kick:
@@ -158,7 +167,16 @@ class ProbeState:
         self.last_error = error
 
 
-async def http_probes_pass(client: httpx.AsyncClient, host: str, launch: LaunchSpec, readiness: Readiness, state: ProbeState) -> bool:
+async def http_probes_pass(
+    client: httpx.AsyncClient,
+    host: str,
+    launch: LaunchSpec,
+    readiness: Readiness,
+    state: ProbeState,
+    *,
+    refuse_auth: bool = False,
+) -> bool:
+    """Every HTTP probe answers 2xx; with ``refuse_auth`` a 401/403 raises :class:`ProbeRefused`."""
     for probe in readiness.http:
         port = probe.port or launch.port
         try:
@@ -170,7 +188,11 @@ async def http_probes_pass(client: httpx.AsyncClient, host: str, launch: LaunchS
             state.fail(f"GET {probe.path} (port {port}): {type(exc).__name__}: {exc}")
             return False
         if not 200 <= r.status_code < 300:
-            state.fail(f"GET {probe.path} (port {port}): HTTP {r.status_code}")
+            error = f"GET {probe.path} (port {port}): HTTP {r.status_code}"
+            state.fail(error)
+            if refuse_auth and r.status_code in NOT_RETRIED:
+                # vLLM's --api-key guards /v1/* (entrypoints/serve/middleware/authenticate.py, 0.32.0)
+                raise ProbeRefused(f"{error} {r.text[:200]!r}", r.status_code, 1, generation=False)
             return False
     return True
 
@@ -189,7 +211,7 @@ async def poll_until_ready(
 ) -> GenerationResult | None:
     """Return once every probe passes and (if asked) a generation worked. The caller bounds
     it with the startup deadline and races it against the process' exit; it gives up only by
-    raising :class:`GenerationProbeFailed`. ``kick`` (the ready line) makes it probe at once.
+    raising :class:`ProbeRefused`. ``kick`` (the ready line) makes it probe at once.
     Unset intervals and limits take the module's constants (read at call time)."""
     first_interval = FIRST_INTERVAL_S if first_interval is None else first_interval
     max_interval = MAX_INTERVAL_S if max_interval is None else max_interval
@@ -197,7 +219,7 @@ async def poll_until_ready(
     interval = first_interval
     while True:
         state.attempts += 1
-        if await http_probes_pass(client, host, launch, readiness, state):
+        if await http_probes_pass(client, host, launch, readiness, state, refuse_auth=True):
             state.http_ok = True
             if state.first_http_ok is None:
                 state.first_http_ok = time.time()
