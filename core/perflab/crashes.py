@@ -47,6 +47,8 @@ def signature(name: str, regex: str, explanation: str, hint: str, source: str) -
 
 # ---------------------------------------------------------------------------- line triage
 
+#: vLLM prefixes a process tag: ``(APIServer pid=1)``, ``(EngineCore_DP0 pid=2)``,
+#: ``(VllmWorker TP0 pid=3)``.
 #: Informational log lines of the engines perflab knows; they never name a root cause, and
 #: the output pump does not keep them beyond the tail. Sources of the formats:
 #: vLLM ``(APIServer pid=1) INFO 11-24 06:04:11 [file.py:1] ...`` (vllm/logger.py, 0.32.0) and
@@ -54,7 +56,7 @@ def signature(name: str, regex: str, explanation: str, hint: str, source: str) -
 #: letters I/D/W/E); TensorRT-LLM ``[TensorRT-LLM][INFO]`` and ``[TRT-LLM] [I]``
 #: (tensorrt_llm/logger.py); SGLang and MindIE ``[...] INFO ...``-style Python logging.
 _INFO_LINE = re.compile(
-    r"^\s*(?:\([\w:.-]+(?: pid=\d+)?\)\s+)?(?:INFO|DEBUG)(?::|\s+\d\d-\d\d\s)"  # vLLM, uvicorn
+    r"^\s*(?:\([\w:. -]+?(?: pid=\d+)?\)\s+)?(?:INFO|DEBUG)(?::|\s+\d\d-\d\d\s)"  # vLLM, uvicorn
     r"|^\d+\.\d\d\.\d\d\d\.\d\d\d [ID] "  # llama.cpp with timestamps
     r"|\[TensorRT-LLM\]\[(?:INFO|DEBUG|VERBOSE)\]|\[TRT-LLM\] \[[IV]\]"  # TensorRT-LLM
     r"|^\[[\d\-: ,.T]+(?: [\w\-]+)?\] (?:INFO|DEBUG)\b"  # [time] INFO (SGLang style)
@@ -62,13 +64,13 @@ _INFO_LINE = re.compile(
 )
 
 #: A Python exception line as the traceback module prints it: ``pkg.mod.SomeError: message``.
-_EXCEPTION_LINE = re.compile(r"^(?:\([\w:.-]+(?: pid=\d+)?\)\s+)?(?:ERROR\s.*?\]\s+)?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?::\s|$)")
+_EXCEPTION_LINE = re.compile(r"^(?:\([\w:. -]+?(?: pid=\d+)?\)\s+)?(?:ERROR\s.*?\]\s+)?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?::\s|$)")
 
 #: perflab's own cancellation and normal shutdown surface as these; they are never a root cause.
 _NOT_ROOT = re.compile(r"\b(?:asyncio\.(?:exceptions\.)?)?CancelledError\b|\bKeyboardInterrupt\b|\bSystemExit\b|\bGeneratorExit\b")
 
 #: Warnings name no root cause (vLLM's ulimit warning quotes "OSError: [Errno 24]").
-_WARNING_LINE = re.compile(r"^\s*(?:\([\w:.-]+(?: pid=\d+)?\)\s+)?WARNING\b|^\d+\.\d\d\.\d\d\d\.\d\d\d W |\[TensorRT-LLM\]\[WARNING\]|\[TRT-LLM\] \[W\]")
+_WARNING_LINE = re.compile(r"^\s*(?:\([\w:. -]+?(?: pid=\d+)?\)\s+)?WARNING\b|^\d+\.\d\d\.\d\d\d\.\d\d\d W |\[TensorRT-LLM\]\[WARNING\]|\[TRT-LLM\] \[W\]")
 
 #: The traceback module's own lines between chained exceptions.
 _CHAIN = re.compile(r"Traceback \(most recent call last\):|^During handling of the above exception|^The above exception was the direct cause")
@@ -88,7 +90,7 @@ def is_notable(line: str) -> bool:
 
 
 #: vLLM's per-process prefix and level, e.g. ``(EngineCore pid=1) ERROR 11-24 07:10:45 [core.py:9] ``.
-_PREFIX = re.compile(r"^\s*\([\w:.-]+(?: pid=\d+)?\)\s+(?:[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\]\s?)?")
+_PREFIX = re.compile(r"^\s*\([\w:. -]+?(?: pid=\d+)?\)\s+(?:[A-Z]+\s+\d\d-\d\d(?: \d\d:\d\d:\d\d)? \[[^\]]*\]\s?)?")
 _FRAME = re.compile(r'^\s*File "[^"]*", line \d+')
 
 
