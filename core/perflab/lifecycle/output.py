@@ -26,6 +26,7 @@ import anyio
 from perflab.crashes import is_notable
 
 MAX_LINE = 64 * 1024  # a line longer than this is split (progress bars without newlines)
+KEPT_LINE_MAX = 4096  # notable lines are kept this long at most (2000 of them: at most 8 MiB)
 
 
 class OutputPump:
@@ -105,7 +106,7 @@ class OutputPump:
         self.tail.append(text)
         self._tail_index.append(self.lines)
         if len(self.kept) < self._keep_max and self._keep(text):
-            self.kept.append((self.lines, text))
+            self.kept.append((self.lines, text[:KEPT_LINE_MAX]))
         self.lines += 1
         for pattern, rx in self._patterns:
             if pattern not in self.pattern_seen and rx.search(text):
