@@ -23,6 +23,7 @@ import anyio
 import psutil
 import pytest
 from perflab import hookimpl
+from perflab.crashes import is_info
 from perflab.lifecycle import readiness_probe, registry
 from perflab.plugins import PluginManager, module_plugin
 from perflab.supervisor import EngineInstance, supervise
@@ -156,6 +157,7 @@ async def test_an_api_key_on_the_engine_ends_readiness_at_once(pm: PluginManager
         assert o.state == "timeout" and o.cause is not None and o.cause.name == "probe-refused", o.to_json()
         assert "GET /v1/models" in o.cause.explanation and "HTTP 401" in o.cause.explanation
         assert "Unauthorized" in o.cause.explanation and "not retried" in o.cause.explanation
+        assert o.cause.line is None or not is_info(o.cause.line)  # never uvicorn's access line
     assert time.monotonic() - t0 < 10.0
 
 

@@ -41,6 +41,7 @@ import structlog
 
 from perflab import engines as engine_hooks
 from perflab.errors import UnsupportedOption
+from perflab.crashes import is_notable
 from perflab.lifecycle import procs, registry
 from perflab.lifecycle.output import OutputPump
 from perflab.lifecycle.ports import (
@@ -632,21 +633,24 @@ class EngineInstance:
             f"the engine answers but refused {what} "
             + ("(authentication required; not retried)" if auth else f"{refused.attempts} times in a row")
             + f": {refused.error}",
-            line=self._root_line(),
+            line=self._root_line(last_resort=False),  # the answer is quoted in the explanation
             hint="the engine wants an API key (vLLM's --api-key guards /v1/*): run it without one"
             if auth
             else "see the engine log; the served model name or the generation path may not match",
             source="perflab",
         )
 
-    def _root_line(self) -> str | None:
-        """The most specific line the output offers (a named cause's line, else the last one)."""
+    def _root_line(self, *, last_resort: bool = True) -> str | None:
+        """The most specific line the output offers: a named cause's line, else (with
+        ``last_resort``) the last line of the tail that is not an INFO/DEBUG line."""
         if self._pump is None:
             return None
         found = self._classify(None)
         if found.line:
             return found.line
-        return self._pump.tail[-1] if self._pump.tail else None
+        if last_resort:
+            return next((ln for ln in reversed(self._pump.tail) if is_notable(ln)), None)
+        return None
 
     def _timeout_cause(self, timeout: float, state: ProbeState) -> CrashCause:
         last_line = self._root_line()
