@@ -6,7 +6,6 @@ supervisor, the CLI and the lab get the same answers (and the same errors).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -115,21 +114,15 @@ def readiness(pm: PluginManager, engine: str, launch: LaunchSpec) -> Readiness:
     return pm.hook.perflab_readiness(engine=engine, launch=launch) or DEFAULT_READINESS
 
 
-_ERRORISH = re.compile(r"(Error|Exception|error:|FATAL|Traceback|Killed|failed)", re.I)
-
-
 def classify_crash(pm: PluginManager, engine: str, exit_code: int | None, log_tail: str) -> CrashCause:
-    """The plugin's named cause, or a generic one quoting the last error-looking line."""
+    """The plugin's named cause (noting a death by signal), or the core's: ``killed-by-signal``
+    for a signal, else ``unknown`` quoting the first exception line (see perflab.crashes)."""
+    from perflab.crashes import fallback_cause, with_signal
+
     cause = pm.hook.perflab_classify_crash(engine=engine, exit_code=exit_code, log_tail=log_tail)
     if cause is not None:
-        return cause
-    lines = [ln for ln in log_tail.splitlines() if ln.strip()]
-    errorish = [ln for ln in lines if _ERRORISH.search(ln)]
-    line = (errorish or lines or [None])[-1]
-    how = f"exited with code {exit_code}" if exit_code is not None else "failed"
-    if exit_code is not None and exit_code < 0:
-        how = f"was killed by signal {-exit_code}"
-    return CrashCause("unknown", f"the engine {how}", line=line, hint="see the engine log")
+        return with_signal(cause, exit_code)
+    return fallback_cause(exit_code, log_tail)
 
 
 def parse_env_pairs(pairs: tuple[str, ...] | list[str], what: str = "--env") -> dict[str, str]:

@@ -250,8 +250,13 @@ def perflab_classify_crash(
     wrapper error (vLLM's "Engine core initialization failed" hides the real one earlier).
 
     :param engine: the registered engine name.
-    :param exit_code: the process exit code, or ``None`` if it is still running.
-    :param log_tail: the last lines of the engine's combined stdout/stderr.
+    :param exit_code: the process exit code (negative: killed by that signal), or ``None`` if
+        it is still running (its health checks failed, or readiness gave up).
+    :param log_tail: the engine's combined stdout/stderr: every notable (non-INFO/DEBUG) line
+        of the whole output as it streamed, merged in log order with the last 400 lines
+        (see :func:`perflab.crashes.is_notable`). Match with
+        :func:`perflab.crashes.earliest_line` / :func:`~perflab.crashes.first_signature`,
+        which skip INFO lines and traceback source lines.
     :returns: a :class:`~perflab.types.CrashCause`, or ``None`` if unknown (the core then
         reports a generic "exited with code N" cause with the last error-looking line).
 

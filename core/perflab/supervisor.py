@@ -41,6 +41,7 @@ import structlog
 
 from perflab import engines as engine_hooks
 from perflab.errors import UnsupportedOption
+from perflab.crashes import is_notable
 from perflab.lifecycle import procs, registry
 from perflab.lifecycle.output import OutputPump
 from perflab.lifecycle.ports import (
@@ -51,7 +52,7 @@ from perflab.lifecycle.ports import (
     taken_ports,
     wait_ports_free,
 )
-from perflab.lifecycle.readiness_probe import ProbeState, poll_until_ready
+from perflab.lifecycle.readiness_probe import Kick, ProbeRefused, ProbeState, http_probes_pass, poll_until_ready
 from perflab.lifecycle.registry import install_signal_handlers, signal_guard, teardown_all
 from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig, Unsupported, to_jsonable
 
@@ -79,6 +80,16 @@ MEMORY_SETTLE_S = 5.0  # drivers release device memory shortly after the process
 MEMORY_TOLERANCE = 0.03  # of a device's total memory
 TRACK_INTERVAL_S = 1.0  # how often descendants are snapshotted while the engine runs
 PORT_PICK_TRIES = 5
+# After ready: the HTTP probes are repeated every HEALTH_INTERVAL_S. Failing answers (an HTTP
+# error status or a refused connection) for HEALTH_FAIL_S in a row (and HEALTH_FAILS probes)
+# end the run as crashed although the process lives: vLLM 0.32 answers /health with 503 once
+# its EngineCore is dead (forever with VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1). A probe that only
+# times out is an engine too busy to answer (a CPU engine under load), so it needs
+# HEALTH_TIMEOUT_FAIL_S of silence.
+HEALTH_INTERVAL_S = 1.0
+HEALTH_FAILS = 3
+HEALTH_FAIL_S = 2.0
+HEALTH_TIMEOUT_FAIL_S = 60.0
 
 
 @dataclass
@@ -238,6 +249,8 @@ class EngineInstance:
         self._tg: anyio.abc.TaskGroup | None = None
         self._teardown_started = False
         self._teardown_done = anyio.Event()
+        self._kick = Kick()  # the ready line wakes the readiness probe
+        self._unhealthy = False  # the health watch ended the run (the process was alive)
 
     # ================================================================ context manager
 
@@ -327,6 +340,7 @@ class EngineInstance:
         if await self._wait_ready(self.readiness):
             o.ready_s = self._since_launch()
             self._transition("ready", ready_s=_round(o.ready_s), base_url=self.base_url)
+            self._background(self._watch_health)
         else:
             await self.teardown()
 
@@ -465,6 +479,7 @@ class EngineInstance:
         if self.outcome.ready_log_s is None:
             self.outcome.ready_log_s = self._since_launch()
             log.info("engine.ready-line", engine=self.engine, after_s=_round(self.outcome.ready_log_s), line=line[:200])
+        self._kick.set()  # probe now, not at the next poll
 
     # ================================================================ watching
 
@@ -477,19 +492,85 @@ class EngineInstance:
         if self._stopping:
             self._exited.set()
             return
-        # No await from here to `died.set()`: whoever wakes on `died` sees the cause.
+        # No await from here to `died.set()`: whoever wakes on `died` sees the cause. Any exit
+        # perflab did not ask for is a crash, code 0 included (vLLM 0.32's API server exits 0
+        # after its engine-core watchdog fires).
         if self._pump is not None:
             self._pump.read_available()  # the engine's last words are already in the pipe
-        tail = self._pump.tail_text() if self._pump else ""
-        try:
-            o.cause = engine_hooks.classify_crash(self.pm, self.engine, rc, tail)
-        except Exception as exc:  # a broken classifier must not hide the crash
-            o.cause = CrashCause("unknown", f"the engine exited with code {rc} (crash classifier failed: {exc!r})")
+        cause = self._classify(rc)
+        if self._unhealthy:
+            # Already ended by the health watch; the exit may have printed the real cause.
+            if o.cause is None or (o.cause.name == "engine-unhealthy" and cause.name not in ("unknown",)):
+                o.cause = cause
+            if self._pump is not None:
+                self._pump.note(f"engine exited with code {rc} after its health check failed")
+            self._exited.set()
+            return
+        o.cause = cause
         if self._pump is not None:
             self._pump.note(f"engine exited with code {rc}: {o.cause.name}: {o.cause.explanation}")
         self._transition("crashed", exit_code=rc, cause=o.cause.name, explanation=o.cause.explanation, line=o.cause.line)
         self.died.set()
         self._exited.set()
+
+    def _classify(self, rc: int | None) -> CrashCause:
+        """The plugin's cause from the whole output's notable lines and the tail."""
+        text = self._pump.scan_text() if self._pump is not None else ""
+        try:
+            return engine_hooks.classify_crash(self.pm, self.engine, rc, text)
+        except Exception as exc:  # a broken classifier must not hide the crash
+            return CrashCause("unknown", f"the engine exited with code {rc} (crash classifier failed: {exc!r})")
+
+    async def _watch_health(self) -> None:
+        """After ready: the process may live on while the engine is dead (vLLM's API server
+        answers 503 with its EngineCore gone). Repeat the HTTP probes; see HEALTH_*."""
+        readiness, launch = self.readiness, self.launch
+        if readiness is None or launch is None or not readiness.http:
+            return
+        host = connect_host(launch.host)
+        fails = 0
+        since: float | None = None
+        only_timeouts = True
+        async with httpx.AsyncClient(trust_env=False) as client:
+            while not self._exited.is_set() and not self._stopping:
+                state = ProbeState()
+                if await http_probes_pass(client, host, launch, readiness, state):
+                    fails, since, only_timeouts = 0, None, True
+                else:
+                    fails += 1
+                    since = since if since is not None else time.monotonic()
+                    only_timeouts = only_timeouts and "no answer within" in (state.last_error or "")
+                    needed = HEALTH_TIMEOUT_FAIL_S if only_timeouts else HEALTH_FAIL_S
+                    failing_s = time.monotonic() - since
+                    if fails >= HEALTH_FAILS and failing_s >= needed:
+                        if self._exited.is_set() or self._stopping:
+                            return
+                        self._declare_unhealthy(state.last_error or "probe failed", failing_s)
+                        return
+                with anyio.move_on_after(HEALTH_INTERVAL_S):
+                    await self._exited.wait()
+
+    def _declare_unhealthy(self, last_error: str, failing_s: float) -> None:
+        o = self.outcome
+        if self._pump is not None:
+            self._pump.read_available()
+        found = self._classify(None)
+        if found.name == "unknown":
+            found = CrashCause(
+                "engine-unhealthy",
+                f"the engine process is alive but its health check has failed for {failing_s:.1f} s "
+                f"after it was ready (last: {last_error})",
+                line=found.line,
+                hint="see the engine log; vLLM answers /health with 503 once its engine core died",
+                source="perflab",
+            )
+        o.cause = found
+        o.notes.append(f"health check failing for {failing_s:.1f} s while the process lived: {last_error}")
+        self._unhealthy = True
+        if self._pump is not None:
+            self._pump.note(f"health check failing for {failing_s:.1f} s ({last_error}): {found.name}: {found.explanation}")
+        self._transition("crashed", cause=found.name, explanation=found.explanation, line=found.line, health=last_error)
+        self.died.set()
 
     async def _track_descendants(self) -> None:
         # Snapshot the tree while the parent lives: a worker re-parented after a crash
@@ -505,15 +586,21 @@ class EngineInstance:
         timeout = self.startup_timeout if self.startup_timeout is not None else readiness.startup_timeout_s
         state = ProbeState()
         ready = False
+        refused: ProbeRefused | None = None
         async with httpx.AsyncClient(trust_env=False) as client:
             with anyio.move_on_after(timeout):
                 async with anyio.create_task_group() as tg:
 
                     async def probe() -> None:
-                        nonlocal ready
+                        nonlocal ready, refused
                         assert self.launch is not None
-                        await poll_until_ready(client, connect_host(self.launch.host), self.launch, readiness, state)
-                        ready = True
+                        try:
+                            await poll_until_ready(
+                                client, connect_host(self.launch.host), self.launch, readiness, state, kick=self._kick
+                            )
+                            ready = True
+                        except ProbeRefused as exc:
+                            refused = exc
                         tg.cancel_scope.cancel()
 
                     async def exited() -> None:
@@ -526,14 +613,47 @@ class EngineInstance:
             return False  # _watch_exit set "crashed" and the cause
         if ready:
             return True
+        if refused is not None:
+            self.outcome.cause = self._probe_refused_cause(refused)
+            if self._pump is not None:
+                self._pump.note(f"generation probe failed: {refused.error}")
+            self._transition("timeout", cause=self.outcome.cause.name, last_error=refused.error)
+            return False
         self.outcome.cause = self._timeout_cause(timeout, state)
         if self._pump is not None:
             self._pump.note(f"not ready within {timeout:g} s: {self.outcome.cause.explanation}")
         self._transition("timeout", after_s=timeout, cause=self.outcome.cause.name, last_error=state.last_error)
         return False
 
+    def _probe_refused_cause(self, refused: ProbeRefused) -> CrashCause:
+        auth = refused.status in (401, 403)
+        what = "the one-token generation" if refused.generation else "a readiness probe"
+        return CrashCause(
+            "generation-probe-failed" if refused.generation else "probe-refused",
+            f"the engine answers but refused {what} "
+            + ("(authentication required; not retried)" if auth else f"{refused.attempts} times in a row")
+            + f": {refused.error}",
+            line=self._root_line(last_resort=False),  # the answer is quoted in the explanation
+            hint="the engine wants an API key (vLLM's --api-key guards /v1/*): run it without one"
+            if auth
+            else "see the engine log; the served model name or the generation path may not match",
+            source="perflab",
+        )
+
+    def _root_line(self, *, last_resort: bool = True) -> str | None:
+        """The most specific line the output offers: a named cause's line, else (with
+        ``last_resort``) the last line of the tail that is not an INFO/DEBUG line."""
+        if self._pump is None:
+            return None
+        found = self._classify(None)
+        if found.line:
+            return found.line
+        if last_resort:
+            return next((ln for ln in reversed(self._pump.tail) if is_notable(ln)), None)
+        return None
+
     def _timeout_cause(self, timeout: float, state: ProbeState) -> CrashCause:
-        last_line = self._pump.tail[-1] if self._pump is not None and self._pump.tail else None
+        last_line = self._root_line()
         if state.http_ok and self.readiness is not None and self.readiness.generation_path:
             return CrashCause(
                 "generation-probe-failed",

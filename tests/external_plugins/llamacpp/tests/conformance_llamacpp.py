@@ -16,6 +16,12 @@ class TestLlamaCppConformance(EngineConformance):
             "llama_model_load: error loading model: tensor 'blk.0.attn_q.weight' data is not within the file bounds\n"
             "llama_model_load_from_file_impl: failed to load model\n"
         ),
+        # llama.cpp's wording for a file of random bytes (gguf.cpp, then llama-model-loader.cpp)
+        "not-a-gguf-file": (
+            "gguf_init_from_file_impl: invalid magic characters: 'vers', expected 'GGUF'\n"
+            "llama_model_load: error loading model: llama_model_loader: failed to load model from /models/x.gguf\n"
+            "llama_model_load_from_file_impl: failed to load model\n"
+        ),
         "address-in-use": "main: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 8080\n",
         "out-of-memory": (
             "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9216.00 MiB on device 0: cudaMalloc failed: out of memory\n"
