@@ -699,7 +699,7 @@ def test_atexit_last_resort_kills_an_engine_left_running(tmp_path: Path) -> None
 
     code = ABANDONING_SCRIPT.format(tests=str(Path(__file__).parent), tmp=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    m = re.search(r"^MARKER (\w+) (\S+)$", done.stdout, re.M)
+    m = re.search(r"^MARKER (\S+) (\S+)$", done.stdout, re.M)
     assert m and m.group(2) == "ready", done.stdout + done.stderr
     leftovers = []
     for p in psutil.process_iter():
