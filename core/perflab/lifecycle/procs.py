@@ -543,3 +543,100 @@ async def terminate(tracker: ProcessTracker, grace: float, *, orphan_grace: floa
     """:func:`stop_tree` off the event loop (its waits are short sleeps in a worker thread)."""
     return await anyio.to_thread.run_sync(
         lambda: stop_tree(tracker, grace, orphan_grace=orphan_grace, kill_wait=kill_wait))
+
+
+# ================================================================ perflab ps / perflab kill
+
+
+@dataclass(frozen=True)
+class RunningEngine:
+    """One engine perflab started that is still running, found by its marker."""
+
+    marker: Marker
+    marker_value: str
+    pid: int  # the leader: the marked process whose parent is not marked (the earliest, if several)
+    pids: tuple[int, ...]  # every live process carrying the marker
+    keeper_pid: int | None  # the leader's parent, when it is a perflab keeper
+    ports: tuple[int, ...]  # TCP ports the engine's processes listen on
+    started: float  # the leader's start (time.time())
+    command: str
+    owner_alive: bool
+
+    @property
+    def orphan(self) -> bool:
+        """Nobody stops it any more: the perflab that started it is gone."""
+        return not self.owner_alive
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "study": self.marker.study, "run": self.marker.run, "pid": self.pid, "pids": list(self.pids),
+            "keeper_pid": self.keeper_pid, "ports": list(self.ports), "started": self.started,
+            "age_s": round(time.time() - self.started, 1), "command": self.command,
+            "owner_pid": self.marker.owner_pid, "owner_alive": self.owner_alive, "orphan": self.orphan,
+            "marker": self.marker_value,
+        }
+
+
+def _is_keeper(pid: int) -> bool:
+    try:
+        return "perflab.lifecycle.keeper" in psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+
+
+def find_engines() -> list[RunningEngine]:
+    """Every live process whose environment carries a perflab marker, grouped by marker.
+
+    Only processes of users we may read (``/proc/PID/environ``) are seen: one's own.
+    """
+    groups: dict[str, list[psutil.Process]] = {}
+    me = os.getpid()
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        try:
+            value = p.environ().get(MARKER_ENV)
+            if value and Marker.parse(value) is not None and _alive(p):
+                groups.setdefault(value, []).append(p)
+        except (psutil.Error, OSError):
+            continue
+    found = []
+    for value, members in groups.items():
+        marker = Marker.parse(value)
+        assert marker is not None
+        pids = {p.pid for p in members}
+        roots = []
+        for p in members:
+            try:
+                if p.ppid() not in pids:
+                    roots.append(p)
+            except psutil.Error:
+                continue
+        if not roots:
+            continue
+        leader = min(roots, key=lambda p: p.create_time())
+        ports: set[int] = set()
+        for p in members:
+            try:
+                for c in p.net_connections(kind="inet"):
+                    if c.status == psutil.CONN_LISTEN and c.laddr:
+                        ports.add(c.laddr.port)
+            except (psutil.Error, OSError):
+                continue
+        try:
+            parent = leader.ppid()
+            started = leader.create_time()
+        except psutil.Error:
+            continue
+        found.append(RunningEngine(
+            marker=marker, marker_value=value, pid=leader.pid, pids=tuple(sorted(pids)),
+            keeper_pid=parent if _is_keeper(parent) else None, ports=tuple(sorted(ports)), started=started,
+            command=describe(leader).partition(" (")[2].rstrip(")"), owner_alive=marker.owner_alive(),
+        ))
+    return sorted(found, key=lambda e: (e.marker.study, e.marker.run, e.started))
+
+
+def stop_engine(engine: RunningEngine, grace: float) -> StopReport:
+    """Stop a running engine found by :func:`find_engines` with the teardown policy."""
+    tracker = ProcessTracker(PidLeader(engine.pid), engine.marker_value)
+    return stop_tree(tracker, grace)
