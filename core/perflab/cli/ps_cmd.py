@@ -45,7 +45,8 @@ def ps(as_json: bool) -> None:
 
     table = Table(box=box.SIMPLE_HEAD)
     for col in ("study", "run", "pid", "keeper", "port", "age", "owner", "command"):
-        table.add_column(col, overflow="fold")
+        wrap = col in ("study", "command")
+        table.add_column(col, overflow="fold" if wrap else "ellipsis", no_wrap=not wrap)
     now = time.time()
     for e in engines:
         owner = f"{e.marker.owner_pid}" if e.owner_alive else f"{e.marker.owner_pid} (gone: orphan)"
