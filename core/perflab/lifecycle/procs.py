@@ -346,7 +346,7 @@ def _alive(p: psutil.Process) -> bool:
 
 def describe(p: psutil.Process) -> str:
     try:
-        cmd = " ".join(p.cmdline())[:120] or p.name()
+        cmd = " ".join(" ".join(p.cmdline()).split())[:120] or p.name()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         cmd = "?"
     return f"pid {p.pid} ({cmd})"
@@ -516,22 +516,32 @@ def stop_tree(tracker: ProcessTracker, grace: float, *, orphan_grace: float = OR
             report.leader_exited_s = time.monotonic() - t0
     tracker.scan_all()
     if tracker.leader_alive():
-        why = f"did not exit within the {grace:g} s grace after SIGTERM"
+        leader_stuck = True
         orphan_deadline = time.monotonic()
     else:
+        leader_stuck = False
         left = tracker.alive()
         for p in left:
             _term(p, report)
         wait = min(orphan_grace, grace)
-        why = f"outlived its leader and did not exit within {wait:g} s of SIGTERM"
         orphan_deadline = time.monotonic() + wait if left else time.monotonic()
     _wait(lambda: not tracker.alive(), max(0.0, orphan_deadline - time.monotonic()), sleep)
     for _ in range(3):
         tracker.scan_all()
-        if not tracker.alive():
+        alive = tracker.alive()
+        if not alive:
             break
+        names = {p.pid: describe(p) for p in alive}  # before SIGKILL: a dead process has no cmdline
         for p in tracker.kill_now():
-            report.killed.append(f"{describe(p)}: {why}")
+            if p.pid == tracker.leader.pid:
+                why = f"did not exit within the {grace:g} s grace after SIGTERM"
+            elif leader_stuck and p.pid not in report.sigterm:
+                why = f"still running when its leader was SIGKILLed after the {grace:g} s grace"
+            elif p.pid in report.sigterm:
+                why = f"outlived its leader and did not exit within {min(orphan_grace, grace):g} s of SIGTERM"
+            else:
+                why = "appeared during teardown"
+            report.killed.append(f"{names.get(p.pid) or describe(p)}: {why}")
         _wait(lambda: not tracker.alive(), kill_wait, sleep)
     tracker.leader.poll()
     report.leftovers = [f"{describe(p)} still alive after SIGKILL" for p in tracker.alive()]
