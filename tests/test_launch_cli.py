@@ -310,7 +310,9 @@ def test_sim_sigint_kills_vllm_tp2_workers_ignoring_sigterm(tmp_path: Path) -> N
     tree: list[psutil.Process] = []
     try:
         read_line_until(proc.stdout, r"^http://", 120)
-        tree = psutil.Process(proc.pid).children(recursive=True)
+        # The engine is the keeper's child, not perflab's: launch.json records its pid.
+        leader = psutil.Process(json.loads((tmp_path / "run" / "launch.json").read_text())["pid"])
+        tree = [leader, *leader.children(recursive=True)]
         assert len(tree) >= 3, tree  # the API server and its two TP workers
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)

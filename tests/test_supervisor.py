@@ -83,7 +83,55 @@ if gpu_dir:
         with open(os.path.join(gpu_dir, "leak.mem"), "w") as f:
             f.write("4000")
 
+def recorder(tag, ignore_term=False):
+    # A child that writes down every signal it gets (FAKE_SIGNAL_DIR/<pid>.sig) and, like an
+    # engine's worker, exits on its first SIGTERM (unless told to ignore it).
+    code = ("import os, signal, sys, time\n"
+            f"path = os.path.join({sig_dir!r}, '%d.sig' % os.getpid())\n"
+            "open(path, 'a').close()\n"
+            "def rec(sig, frame):\n"
+            "    with open(path, 'a') as f:\n"
+            "        f.write(signal.Signals(sig).name + '\\n')\n"
+            + ("" if ignore_term else "    if sig == signal.SIGTERM:\n        os._exit(0)\n")
+            + "for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
+            "    signal.signal(s, rec)\n"
+            f"os.write(1, b'{tag} %d\\n' % os.getpid())\n"
+            "while True:\n"
+            "    time.sleep(1)\n")
+    return subprocess.Popen([sys.executable, "-c", code])
+
 say(f"FAKE starting pid={os.getpid()} modes={modes}")
+sig_dir = os.environ.get("FAKE_SIGNAL_DIR", ".")
+recorded = []
+if mode("record-signals"):
+    # The leader of a real server: it records its signals, forwards the first SIGTERM to its
+    # workers, waits for them and exits 0 (vLLM's API server and llama.cpp's server do so).
+    leader_sig = os.path.join(sig_dir, f"{os.getpid()}.sig")
+    open(leader_sig, "a").close()
+    def on_signal(sig, frame):
+        with open(leader_sig, "a") as f:
+            f.write(signal.Signals(sig).name + "\n")
+        if sig == signal.SIGTERM:
+            for c in recorded:
+                c.send_signal(signal.SIGTERM)
+            for c in recorded:
+                try:
+                    c.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+            say("FAKE stopped cleanly")
+            os._exit(0)
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, on_signal)
+    for i in range(int(mode("record-signals") if mode("record-signals") is not True else 2)):
+        recorded.append(recorder(f"RECORDER{i}"))
+if mode("orphan-ignores-sigterm"):
+    recorder("ORPHAN", ignore_term=True)  # not forwarded to: it outlives the leader
+if mode("zombie"):
+    zpid = os.fork()
+    if zpid == 0:
+        os._exit(0)  # never waited for by its parent: a zombie until someone reaps it
+    say(f"ZOMBIE {zpid}")
 if mode("ignore-sigterm"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 for i in range(int(mode("workers") or 0)):
@@ -266,7 +314,9 @@ class Fake:
         self.gpu_dir.mkdir()
         self.teardown_calls: list[dict[str, Any]] = []
         self.pm = make_pm(fake_plugin(self.script, teardown_calls=self.teardown_calls, **plugin_kw))
-        self.env = {**os.environ, "FAKE_GPU_DIR": str(self.gpu_dir)}
+        self.signal_dir = tmp_path / "signals"
+        self.signal_dir.mkdir()
+        self.env = {**os.environ, "FAKE_GPU_DIR": str(self.gpu_dir), "FAKE_SIGNAL_DIR": str(self.signal_dir)}
         from perflab.hardware import probe
 
         self.hardware = probe(self.pm, self.env)
@@ -499,7 +549,73 @@ async def test_sigterm_ignored_means_sigkill_after_grace(fake: Fake) -> None:
     assert o.state == "done"
     assert 0.4 <= o.teardown_s < 5  # type: ignore[operator]
     assert o.exit_code == -signal.SIGKILL
+    # the outcome says SIGKILL was needed (it is not a clean stop)
+    assert len(o.killed) == 1 and o.killed[0].startswith(f"pid {o.pid} ") and "0.4 s grace" in o.killed[0], o.killed
+    assert any("SIGKILL was needed" in n for n in o.notes), o.notes
+    assert inst.outcome.to_json()["killed"] == o.killed
     assert_clean(inst)
+
+
+def signals_received(fake: Fake) -> dict[int, list[str]]:
+    """pid -> the signals it recorded, for every process of the stand-in that records them."""
+    return {int(f.stem): f.read_text().split() for f in fake.signal_dir.glob("*.sig")}
+
+
+@pytest.mark.anyio
+async def test_each_process_gets_at_most_one_sigterm_and_the_leader_stops_its_children(fake: Fake) -> None:
+    # A leader that forwards SIGTERM to its workers, like vLLM's API server and llama.cpp's
+    # server; a second SIGTERM is what makes llama.cpp skip its cleanup.
+    async with fake.supervise("record-signals:3", grace=5.0) as inst:
+        assert inst.outcome.state == "ready"
+        await wait_log(inst.outcome.log, r"^RECORDER2 \d+$")  # type: ignore[arg-type]
+    o = inst.outcome
+    got = signals_received(fake)
+    assert set(got) == {o.pid, *log_pids(o.log, "RECORDER")}, got  # type: ignore[arg-type]
+    assert got[o.pid] == ["SIGTERM"]  # exactly one, to the leader
+    for pid, sigs in got.items():
+        assert sigs.count("SIGTERM") <= 1 and set(sigs) <= {"SIGTERM"}, (pid, sigs)
+    assert o.exit_code == 0, o.exit_code  # it stopped itself: no SIGKILL, cleanup ran
+    assert "FAKE stopped cleanly" in o.log.read_text()  # type: ignore[union-attr]
+    assert o.killed == [] and o.teardown_s < 3  # type: ignore[operator]
+    assert_clean(inst)
+
+
+@pytest.mark.anyio
+async def test_a_child_outliving_its_leader_gets_a_short_grace_not_the_full_one(fake: Fake) -> None:
+    from perflab.lifecycle.procs import ORPHAN_GRACE_S
+
+    async with fake.supervise("record-signals:1,orphan-ignores-sigterm", grace=8.0) as inst:
+        assert inst.outcome.state == "ready"
+        await wait_log(inst.outcome.log, r"^ORPHAN \d+$")  # type: ignore[arg-type]
+    o = inst.outcome
+    orphan = log_pids(o.log, "ORPHAN")[0]  # type: ignore[arg-type]
+    got = signals_received(fake)
+    assert got[orphan] == ["SIGTERM"]  # once, after its leader was gone
+    assert got[o.pid] == ["SIGTERM"]
+    assert o.exit_code == 0
+    # the leader's clean exit took well under a second; the orphan got ORPHAN_GRACE_S, not 8 s
+    assert ORPHAN_GRACE_S <= o.teardown_s < 8.0 / 2, o.teardown_s  # type: ignore[operator]
+    assert len(o.killed) == 1 and o.killed[0].startswith(f"pid {orphan} ") and "outlived its leader" in o.killed[0]
+    assert not _pid_alive(orphan)
+    assert_clean(inst)
+
+
+@pytest.mark.anyio
+async def test_zombies_are_reaped(fake: Fake) -> None:
+    async with fake.supervise("zombie", grace=2.0) as inst:
+        assert inst.outcome.state == "ready"
+        await wait_log(inst.outcome.log, r"^ZOMBIE \d+$")  # type: ignore[arg-type]
+        zombie = log_pids(inst.outcome.log, "ZOMBIE")[0]  # type: ignore[arg-type]
+        assert psutil.Process(zombie).status() == psutil.STATUS_ZOMBIE  # its parent never waits for it
+    assert_clean(inst)
+    # once its parent died it was re-parented to the keeper (a child subreaper), which reaped it
+    with anyio.fail_after(2):
+        while psutil.pid_exists(zombie):
+            await anyio.sleep(0.02)
+    assert inst.outcome.keeper_pid is not None
+    with anyio.fail_after(2):  # and the keeper exits once its engine tree is gone
+        while _pid_alive(inst.outcome.keeper_pid):
+            await anyio.sleep(0.02)
 
 
 @pytest.mark.anyio
@@ -699,7 +815,7 @@ def test_atexit_last_resort_kills_an_engine_left_running(tmp_path: Path) -> None
 
     code = ABANDONING_SCRIPT.format(tests=str(Path(__file__).parent), tmp=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    m = re.search(r"^MARKER (\w+) (\S+)$", done.stdout, re.M)
+    m = re.search(r"^MARKER (\S+) (\S+)$", done.stdout, re.M)
     assert m and m.group(2) == "ready", done.stdout + done.stderr
     leftovers = []
     for p in psutil.process_iter():

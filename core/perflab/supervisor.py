@@ -25,8 +25,6 @@ See docs/lifecycle.md.
 from __future__ import annotations
 
 import json
-import secrets
-import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -116,6 +114,8 @@ class Outcome:
     ready_log_s: float | None = None  # launch -> the engine's own "ready" line (informative)
     interrupted: bool = False  # cancelled (Ctrl-C) before it finished
     notes: list[str] = field(default_factory=list)  # teardown facts worth knowing (not problems)
+    killed: list[str] = field(default_factory=list)  # processes that needed SIGKILL at teardown, and why
+    keeper_pid: int | None = None  # the keeper that started the engine (perflab.lifecycle.keeper)
 
     @property
     def ok(self) -> bool:
@@ -155,6 +155,8 @@ class Outcome:
             "warnings": to_jsonable(list(self.warnings)),
             "leftovers": list(self.leftovers),
             "notes": list(self.notes),
+            "killed": list(self.killed),
+            "keeper_pid": self.keeper_pid,
             "exit_code": self.exit_code,
             "pid": self.pid,
             "ready_log_s": _round(self.ready_log_s),
@@ -218,6 +220,7 @@ class EngineInstance:
         check_memory: bool = True,
         memory_settle_s: float = MEMORY_SETTLE_S,
         on_started: Callable[[int], None] | None = None,
+        scope: tuple[str | Path, str] | None = None,
     ) -> None:
         self.pm = pm
         self.engine = engine
@@ -237,8 +240,10 @@ class EngineInstance:
         self.base_url: str | None = None
         self.readiness: Readiness | None = None
         self.died = anyio.Event()
-        self.marker = secrets.token_hex(8)
-        self._proc: subprocess.Popen[bytes] | None = None
+        # PERFLAB_INSTANCE: scoped to a study and a run (default: the run directory itself)
+        study, run = scope if scope is not None else (self.workdir, Path(log_name).stem)
+        self.marker = str(procs.Marker.new(study, run))
+        self._proc: procs.KeptProcess | None = None
         self._tracker: procs.ProcessTracker | None = None
         self._pump: OutputPump | None = None
         self._exited = anyio.Event()
@@ -432,7 +437,10 @@ class EngineInstance:
         o.log = log_path
         env = {**self.env, **self._env_additions(spec), procs.MARKER_ENV: self.marker}
         try:
-            proc, fd = procs.spawn(spec.argv, env, self._cwd(spec))
+            # Through the keeper (perflab.lifecycle.keeper): if perflab dies, it stops the engine.
+            # Not abandoned on cancellation: the handle (and its lifeline) must not be lost.
+            proc, fd = await anyio.to_thread.run_sync(
+                lambda: procs.spawn(spec.argv, env, self._cwd(spec), grace=self.grace))
         except OSError as exc:
             log_path.write_text(f"[perflab] could not start {spec.argv[0]}: {exc}\n", encoding="utf-8")
             o.cause = CrashCause(
@@ -446,8 +454,10 @@ class EngineInstance:
         self._launched_mono = time.monotonic()
         self._proc = proc
         o.pid = proc.pid
+        o.keeper_pid = proc.keeper_pid
         self._tracker = procs.ProcessTracker(proc, self.marker)
         registry.register(self)
+        self._record_pids(proc)
         patterns = self.readiness.ready_log_patterns if self.readiness else ()
         self._pump = OutputPump(fd, log_path, patterns=patterns, on_pattern=self._on_ready_line)
         if self.on_started is not None:
@@ -456,6 +466,17 @@ class EngineInstance:
         self._background(self._watch_exit)
         self._background(self._track_descendants)
         return True
+
+    def _record_pids(self, proc: procs.KeptProcess) -> None:
+        """Add the engine's pid, its keeper and its marker to launch.json (``perflab ps``/``kill``)."""
+        path = self.workdir / ("launch.json" if self.log_name == "engine.log" else f"{Path(self.log_name).stem}.launch.json")
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = {}
+        record.update({"pid": proc.pid, "keeper_pid": proc.keeper_pid, "marker": self.marker,
+                       "started": time.time()})
+        path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
     def _background(self, fn: Callable[[], Any]) -> None:
         scope = anyio.CancelScope()
@@ -699,11 +720,16 @@ class EngineInstance:
         t0 = time.monotonic()
         self._stopping = True
         self._transition("tearing-down", pid=self._proc.pid, grace_s=self.grace)
-        left = await procs.terminate(self._tracker, self.grace)
-        o.leftovers.extend(left)
-        if self._proc.returncode is not None and o.exit_code is None:
+        stopped = await procs.terminate(self._tracker, self.grace)
+        o.leftovers.extend(stopped.leftovers)
+        if stopped.killed:
+            o.killed.extend(stopped.killed)
+            o.notes.append(f"SIGKILL was needed for {len(stopped.killed)} process(es): " + "; ".join(stopped.killed))
+            log.warning("engine.sigkilled", engine=self.engine, killed=stopped.killed)
+        if self._proc.poll() is not None and o.exit_code is None:
             o.exit_code = self._proc.returncode
         await self._stop_background()
+        self._proc.close()  # the lifeline: the keeper finds no tree left and exits
         registry.unregister(self)
         assert self.launch is not None
         await self._check_ports(self.launch)
@@ -811,6 +837,8 @@ class EngineInstance:
             except (psutil.Error, OSError):  # best effort at exit: kill what is already known
                 pass
             self._tracker.kill_now()
+        if self._proc is not None:
+            self._proc.close_lifeline()
 
 
 def supervise(
@@ -829,6 +857,7 @@ def supervise(
     check_memory: bool = True,
     memory_settle_s: float = MEMORY_SETTLE_S,
     on_started: Callable[[int], None] | None = None,
+    scope: tuple[str | Path, str] | None = None,
 ) -> EngineInstance:
     """Prepare the supervision of one engine; ``async with`` it to run it.
 
@@ -844,6 +873,8 @@ def supervise(
     :param grace: seconds between SIGTERM and SIGKILL at teardown.
     :param check_memory: compare accelerator memory with the pre-launch baseline.
     :param on_started: called with the leader's pid right after it started.
+    :param scope: (study directory, run id) put in the engine's ``PERFLAB_INSTANCE`` marker,
+        which ``perflab ps``/``perflab kill`` match (default: the workdir and the log's name).
     """
     return EngineInstance(
         pm,
@@ -860,4 +891,5 @@ def supervise(
         check_memory=check_memory,
         memory_settle_s=memory_settle_s,
         on_started=on_started,
+        scope=scope,
     )

@@ -227,6 +227,9 @@ class Executor:
                 inst = supervise(
                     self.ctx.pm, engine, config.serve_config(devices=devices), hardware=self.ctx.hardware,
                     env=self._env(), workdir=workdir, startup_timeout=plan.timeouts.startup_s, version=version,
+                    # the engine's PERFLAB_INSTANCE marker names its study and run (perflab ps / kill);
+                    # run_dir is <study>/runs/<NNN-label> (Store.begin_run)
+                    scope=(run_dir.parent.parent, run_dir.name if workdir == run_dir else f"{run_dir.name}.{workdir.name}"),
                     **({"grace": plan.timeouts.teardown_s} if plan.timeouts.teardown_s is not None else {}),
                 )
                 await stack.enter_async_context(inst)

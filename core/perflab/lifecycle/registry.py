@@ -1,15 +1,15 @@
 """Every engine this process started and has not torn down yet, and the ways to stop them.
 
 * :func:`signal_guard` (async context manager, used by ``perflab launch`` and the lab
-  runner): the first SIGINT/SIGTERM cancels the work inside it, so every engine's context
+  runner): the first SIGINT/SIGTERM/SIGHUP (a closed SSH session) cancels the work inside it, so every engine's context
   manager tears down (shielded); a second signal says teardown is under way; a third
   SIGKILLs every registered engine at once.
-* :func:`install_signal_handlers` for callers without an event loop at hand: SIGTERM
-  behaves like Ctrl-C, and the atexit last resort is armed.
+* :func:`install_signal_handlers` for callers without an event loop at hand: SIGTERM and
+  SIGHUP behave like Ctrl-C, and the atexit last resort is armed.
 * An ``atexit`` hook SIGKILLs whatever is still registered when the interpreter exits
-  (an exception escaped, ``sys.exit`` from a thread...). Nothing survives a SIGKILL of
-  perflab itself except through the environment marker, which the next teardown of the same
-  launch would find; see docs/lifecycle.md.
+  (an exception escaped, ``sys.exit`` from a thread...).
+* Should perflab itself be SIGKILLed, every engine's keeper (:mod:`.keeper`) sees its lifeline
+  close and stops the engine; see docs/lifecycle.md.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class SignalGuard:
 
 
 @asynccontextmanager
-async def signal_guard(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> AsyncIterator[SignalGuard]:
+async def signal_guard(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)) -> AsyncIterator[SignalGuard]:
     """Run the body so that SIGINT/SIGTERM cancel it and every engine is torn down.
 
     The body is cancelled (not killed): ``async with supervise(...)`` blocks inside it run
@@ -137,12 +137,13 @@ async def signal_guard(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM
 
 
 def install_signal_handlers() -> None:
-    """For callers without :func:`signal_guard`: make SIGTERM act like Ctrl-C (so the same
-    cancellation and teardown path runs) and arm the atexit last resort. Main thread only."""
+    """For callers without :func:`signal_guard`: make SIGTERM and SIGHUP act like Ctrl-C (so
+    the same cancellation and teardown path runs) and arm the atexit last resort. Main thread only."""
     global _ATEXIT_ARMED
     with _LOCK:
         if not _ATEXIT_ARMED:
             atexit.register(kill_all_now)
             _ATEXIT_ARMED = True
-    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, lambda signum, frame: signal.raise_signal(signal.SIGINT))

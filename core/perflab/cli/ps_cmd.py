@@ -1,0 +1,105 @@
+"""``perflab ps`` and ``perflab kill``: the engines perflab started that are still running.
+
+Engines are found by their ``PERFLAB_INSTANCE`` marker (see :class:`perflab.lifecycle.procs.Marker`),
+which names the study directory and run that started them and the perflab process that owns
+them. ``kill`` matches a study directory exactly, or engines whose owner is gone
+(``--all-orphans``); it never touches another study's engines.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from perflab.errors import UsageError
+
+
+def _age(seconds: float) -> str:
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+@click.command("ps")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
+def ps(as_json: bool) -> None:
+    """List the engines perflab started that are still running (study, run, pid, port, age)."""
+    from perflab.lifecycle.procs import find_engines
+
+    engines = find_engines()
+    if as_json:
+        click.echo(json.dumps([e.to_json() for e in engines], indent=2))
+        return
+    if not engines:
+        click.echo("No engine started by perflab is running.")
+        return
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD)
+    for col in ("study", "run", "pid", "keeper", "port", "age", "owner", "command"):
+        wrap = col in ("study", "command")
+        table.add_column(col, overflow="fold" if wrap else "ellipsis", no_wrap=not wrap)
+    now = time.time()
+    for e in engines:
+        owner = f"{e.marker.owner_pid}" if e.owner_alive else f"{e.marker.owner_pid} (gone: orphan)"
+        table.add_row(e.marker.study, e.marker.run, str(e.pid), str(e.keeper_pid or "-"),
+                      ",".join(map(str, e.ports)) or "-", _age(now - e.started), owner, e.command[:60])
+    Console().print(table)
+
+
+@click.command("kill")
+@click.argument("study_dir", required=False, type=click.Path(path_type=Path, file_okay=False))
+@click.option("--all-orphans", is_flag=True, help="Every engine whose perflab process is gone (any study).")
+@click.option("--grace", type=float, default=None, help="Seconds between SIGTERM and SIGKILL (default 10).")
+@click.option("--dry-run", is_flag=True, help="Only list what would be stopped.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of what was stopped.")
+def kill(study_dir: Path | None, all_orphans: bool, grace: float | None, dry_run: bool, as_json: bool) -> None:
+    """Stop the engines of STUDY_DIR (a study or launch directory), or every orphaned engine.
+
+    The same policy as a teardown: SIGTERM to each engine's leader, a grace, SIGTERM to the
+    stragglers, SIGKILL what is left (reported).
+    """
+    from perflab.lifecycle.procs import find_engines, stop_engine
+    from perflab.supervisor import DEFAULT_GRACE_S
+
+    if (study_dir is None) == (not all_orphans):
+        raise UsageError("give a STUDY_DIR or --all-orphans (exactly one)")
+    if grace is not None and grace < 0:
+        raise UsageError("--grace must be >= 0")
+    if study_dir is not None:
+        if not study_dir.is_dir():
+            raise UsageError(f"{study_dir}: no such directory")
+        study = str(study_dir.resolve())
+        chosen = [e for e in find_engines() if e.marker.study == study]
+    else:
+        chosen = [e for e in find_engines() if e.orphan]
+    results = []
+    for e in chosen:
+        entry = e.to_json()
+        if not dry_run:
+            report = stop_engine(e, DEFAULT_GRACE_S if grace is None else grace)
+            entry.update({"sigterm": report.sigterm, "killed": report.killed, "leftovers": report.leftovers})
+        results.append(entry)
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+    else:
+        if not results:
+            click.echo("No matching engine is running.")
+        for r in results:
+            verb = "would stop" if dry_run else "stopped"
+            line = f"{verb} pid {r['pid']} ({r['study']} run {r['run']}, {len(r['pids'])} process(es))"
+            if r.get("killed"):
+                line += f"; SIGKILL needed: {'; '.join(r['killed'])}"  # type: ignore[arg-type]
+            click.echo(line)
+            for left in r.get("leftovers") or []:  # type: ignore[union-attr]
+                click.echo(f"  still alive: {left}", err=True)
+    if any(r.get("leftovers") for r in results):
+        raise click.exceptions.Exit(7)

@@ -1,0 +1,298 @@
+"""The keeper (perflab.lifecycle.keeper): engines never outlive perflab.
+
+Small stand-in process trees started through :func:`perflab.lifecycle.procs.spawn`; processes
+are checked by their ``PERFLAB_INSTANCE`` marker (each test makes its own), never by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from perflab.lifecycle import procs
+
+# A tree like an engine's: a leader with two workers; the leader forwards its first SIGTERM to
+# them and exits 0 once they are gone. Every process writes down the signals it receives.
+# argv: SIGNAL_DIR [worker flags...]: "orphan" (a worker that ignores SIGTERM and that the
+# leader does not forward to), "grandchild" (a worker that double-forks: its child is orphaned
+# at once).
+TREE_SRC = r'''
+import os, signal, subprocess, sys, time
+sig_dir = sys.argv[1]
+flags = sys.argv[2:]
+
+def recorder(path, on_term):
+    def rec(sig, frame):
+        with open(path, "a") as f:
+            f.write(signal.Signals(sig).name + "\n")
+        if sig == signal.SIGTERM:
+            on_term()
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, rec)
+    open(path, "a").close()  # after the handlers: its file says it records
+
+if os.environ.get("TREE_ROLE") == "worker":
+    ignore = os.environ.get("TREE_IGNORE_TERM") == "1"
+    recorder(os.path.join(sig_dir, "%d.sig" % os.getpid()), (lambda: None) if ignore else (lambda: os._exit(0)))
+    if os.environ.get("TREE_DOUBLE_FORK") == "1":
+        if os.fork() == 0:
+            os.write(1, b"GRANDCHILD %d\n" % os.getpid())
+            time.sleep(60)
+            os._exit(0)
+    os.write(1, b"WORKER %d\n" % os.getpid())
+    while True:
+        time.sleep(1)
+
+workers = []
+def stop():
+    for w in workers:
+        w.send_signal(signal.SIGTERM)
+    for w in workers:
+        w.wait()
+    os.write(1, b"LEADER stopped\n")
+    os._exit(0)
+recorder(os.path.join(sig_dir, "%d.sig" % os.getpid()), stop)
+for i in range(2):
+    workers.append(subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env={**os.environ, "TREE_ROLE": "worker"}))
+if "orphan" in flags:
+    subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env={**os.environ, "TREE_ROLE": "worker", "TREE_IGNORE_TERM": "1"})
+if "grandchild" in flags:
+    subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env={**os.environ, "TREE_ROLE": "worker", "TREE_DOUBLE_FORK": "1"})
+os.write(1, b"LEADER ready\n")
+while True:
+    time.sleep(1)
+'''
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Tree:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.script = tmp / "tree.py"
+        self.script.write_text(TREE_SRC)
+        self.sig_dir = tmp / "signals"
+        self.sig_dir.mkdir()
+        self.marker = str(procs.Marker.new(tmp, "keeper-test"))
+        self.started: list[procs.KeptProcess] = []
+        self.out: list[int] = []
+        self.text = b""
+
+    def spawn(self, *flags: str, grace: float = 5.0) -> procs.KeptProcess:
+        env = {**os.environ, procs.MARKER_ENV: self.marker}
+        proc, fd = procs.spawn([sys.executable, str(self.script), str(self.sig_dir), *flags], env, str(self.tmp),
+                               grace=grace)
+        self.started.append(proc)
+        self.out.append(fd)
+        return proc
+
+    def read(self) -> str:
+        for fd in self.out:
+            try:
+                while chunk := os.read(fd, 65536):
+                    self.text += chunk
+            except BlockingIOError:
+                pass
+        return self.text.decode()
+
+    def wait_line(self, prefix: str, n: int = 1, timeout: float = 15) -> list[int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pids = [int(line.split()[1]) for line in self.read().splitlines() if line.startswith(prefix + " ")
+                    and line.split()[1].isdigit()]
+            if len(pids) >= n:
+                return pids
+            time.sleep(0.02)
+        pytest.fail(f"no {n} x {prefix!r} within {timeout} s: {self.read()}")
+
+    def marked(self) -> list[psutil.Process]:
+        out = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get(procs.MARKER_ENV) == self.marker and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except (psutil.Error, OSError):
+                continue
+        return out
+
+    def signals(self) -> dict[int, list[str]]:
+        return {int(f.stem): f.read_text().split() for f in self.sig_dir.glob("*.sig")}
+
+    def wait_gone(self, pids: list[int], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not any(_running(p) for p in pids) and not self.marked():
+                return True
+            time.sleep(0.02)
+        return False
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Iterator[Tree]:
+    t = Tree(tmp_path)
+    yield t
+    for p in t.marked():  # a failing test must not leave its tree running
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    for proc in t.started:
+        proc.close()
+    for fd in t.out:
+        os.close(fd)
+
+
+def test_the_keeper_is_a_python_program_without_the_marker_and_not_our_child(tree: Tree) -> None:
+    proc = tree.spawn()
+    tree.wait_line("WORKER", 2)
+    keeper = psutil.Process(proc.keeper_pid)
+    assert keeper.cmdline()[1:3] == ["-m", "perflab.lifecycle.keeper"]
+    assert procs.MARKER_ENV not in keeper.environ()  # a marker scan never finds the keeper
+    assert keeper.pid not in {c.pid for c in psutil.Process().children(recursive=True)}  # double-forked
+    assert psutil.Process(proc.pid).ppid() == keeper.pid  # the engine is the keeper's child
+    assert os.getsid(proc.pid) == proc.pid  # in a session of its own
+    assert len(tree.marked()) == 3
+
+
+def test_closing_the_lifeline_stops_the_tree_one_sigterm_each_and_the_keeper_exits(tree: Tree) -> None:
+    proc = tree.spawn()
+    tree.wait_line("WORKER", 2)
+    pids = [p.pid for p in tree.marked()]
+    assert len(pids) == 3
+    proc.close_lifeline()  # what perflab's death does too
+    assert tree.wait_gone([*pids, proc.keeper_pid], 5), [p.pid for p in tree.marked()]
+    got = tree.signals()
+    assert set(got) == set(pids)
+    assert all(sigs == ["SIGTERM"] for sigs in got.values()), got  # exactly one each, no SIGKILL needed
+    assert "LEADER stopped" in tree.read()
+    assert proc.poll() == 0  # reported by the keeper before it exited
+
+
+@pytest.mark.anyio
+async def test_the_keeper_reports_the_exit_and_exits_when_the_tree_is_gone(tree: Tree) -> None:
+    proc = tree.spawn()
+    tree.wait_line("WORKER", 2)
+    kids = [p.pid for p in psutil.Process(proc.pid).children()]
+    for pid in kids:
+        os.kill(pid, signal.SIGKILL)
+    os.kill(proc.pid, signal.SIGKILL)
+    with anyio.fail_after(5):
+        rc = await procs.wait_exit(proc)  # the pidfd of the engine's pid, then the keeper's report
+    assert rc == -signal.SIGKILL
+    assert tree.wait_gone([proc.keeper_pid, *kids], 3)  # the lifeline is still open: it exits on its own
+
+
+def test_an_orphaned_worker_gets_a_short_grace(tree: Tree) -> None:
+    proc = tree.spawn("orphan", grace=8.0)
+    tree.wait_line("WORKER", 3)
+    tracker = procs.ProcessTracker(proc, tree.marker)
+    t0 = time.monotonic()
+    report = procs.stop_tree(tracker, 8.0)
+    took = time.monotonic() - t0
+    assert procs.ORPHAN_GRACE_S <= took < 4, took
+    assert len(report.killed) == 1 and "outlived its leader" in report.killed[0]
+    assert report.leftovers == []
+    assert len(report.sigterm) == len(set(report.sigterm)) == 2  # the leader, then the orphan
+    assert all(sigs.count("SIGTERM") == 1 for sigs in tree.signals().values()), tree.signals()
+    assert tree.wait_gone([proc.keeper_pid], 3)
+
+
+def test_the_keeper_is_a_subreaper_orphans_are_its_children_and_get_reaped(tree: Tree) -> None:
+    proc = tree.spawn("grandchild")
+    (grandchild,) = tree.wait_line("GRANDCHILD")
+    workers = tree.wait_line("WORKER", 3)
+    parent = psutil.Process(grandchild).ppid()
+    assert parent in workers
+    os.kill(parent, signal.SIGKILL)  # the grandchild loses its parent: re-parented to the keeper, not init
+    deadline = time.monotonic() + 5
+    while psutil.Process(grandchild).ppid() != proc.keeper_pid:
+        assert time.monotonic() < deadline, psutil.Process(grandchild).ppid()
+        time.sleep(0.02)
+    # the dead worker is a zombie of the leader, which never waits for it
+    assert psutil.Process(parent).status() == psutil.STATUS_ZOMBIE
+    proc.close_lifeline()
+    assert tree.wait_gone([grandchild, proc.pid, proc.keeper_pid], 5)
+    # stopped and reaped by the keeper: the grandchild, and the zombie once the leader was gone
+    assert not psutil.pid_exists(grandchild) and not psutil.pid_exists(parent)
+
+
+KILLED_OWNER_SRC = r"""
+import json, os, sys, time
+from perflab.lifecycle import procs
+env = {**os.environ, procs.MARKER_ENV: sys.argv[1]}
+proc, fd = procs.spawn([sys.executable, sys.argv[2], sys.argv[3]], env, None, grace=5.0)
+print(json.dumps({"pid": proc.pid, "keeper": proc.keeper_pid}), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGHUP])
+def test_an_owner_killed_or_hung_up_leaves_no_engine(tree: Tree, how: int) -> None:
+    owner = subprocess.Popen([sys.executable, "-c", KILLED_OWNER_SRC, tree.marker, str(tree.script), str(tree.sig_dir)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None
+        info = json.loads(owner.stdout.readline())
+        deadline = time.monotonic() + 15
+        while len(tree.signals()) < 3:
+            assert time.monotonic() < deadline, "the tree did not start"
+            time.sleep(0.05)
+        pids = [p.pid for p in tree.marked()]
+        owner.send_signal(how)  # SIGHUP: a plain python process dies of it, like a closed SSH session
+        owner.wait(5)
+        assert tree.wait_gone([*pids, info["keeper"]], 5), [p.pid for p in tree.marked()]
+        assert all(sigs == ["SIGTERM"] for sigs in tree.signals().values()), tree.signals()
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+
+
+def test_an_engine_that_cannot_start_raises_and_leaves_no_keeper(tmp_path: Path) -> None:
+    before = {p.pid for p in psutil.process_iter() if "perflab.lifecycle.keeper" in _cmd(p)}
+    with pytest.raises(FileNotFoundError):
+        procs.spawn([str(tmp_path / "no-such-engine")], dict(os.environ), None, grace=1.0)
+    time.sleep(0.3)
+    after = {p.pid for p in psutil.process_iter() if "perflab.lifecycle.keeper" in _cmd(p) and _running(p.pid)}
+    assert not (after - before)
+    assert psutil.Process().children() == []
+
+
+def _cmd(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def test_marker_round_trip_and_owner() -> None:
+    m = procs.Marker.new("/some/study:dir", "003-vllm fp8")
+    parsed = procs.Marker.parse(str(m))
+    assert parsed == m and parsed.study.endswith("/some/study:dir") and parsed.run == "003-vllm_fp8"
+    assert m.owner_alive()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    p = psutil.Process(dead.pid)
+    start = int(p.create_time() * 1000)
+    dead.wait()
+    assert not procs.Marker(m.token, dead.pid, start, m.run, m.study).owner_alive()
+    assert procs.Marker.parse("0123abcd") is None and procs.Marker.parse("pl1:x:y:z") is None
