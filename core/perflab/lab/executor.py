@@ -30,7 +30,7 @@ import structlog
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
-from perflab.lab.study import CRASHED, FAILED, OK, TIMEOUT, UNSUPPORTED
+from perflab.lab.study import CRASHED, FAILED, INTERRUPTED, OK, TIMEOUT, UNSUPPORTED
 from perflab.types import HardwareSnapshot, LaunchSpec, to_jsonable
 
 log = structlog.get_logger("perflab.lab")
@@ -111,6 +111,29 @@ def _has_failures(result: Any) -> bool:
     return result is not None and bool(result.metrics.get("failed"))
 
 
+MAX_FAILURE_REASONS = 3
+
+
+def failure_summary(result: Any) -> str | None:
+    """"N of M requests failed: K × 'first error'; ..." — the distinct error messages of the
+    failed requests, most frequent first, counted (None when every request succeeded)."""
+    from collections import Counter
+
+    failed = int(result.metrics.get("failed") or 0)
+    if not failed:
+        return None
+    total = failed + int(result.metrics.get("completed") or 0)
+    errors = [str(getattr(t, "error", "") or "unknown error").strip() for t in getattr(result, "requests", [])
+              if not getattr(t, "success", True)]
+    if not errors:  # no traces: the kept "request N: error" lines
+        errors = [e.split(": ", 1)[-1] for e in getattr(result, "errors", [])]
+    counted = Counter(e.splitlines()[0][:200] if e else "unknown error" for e in errors)
+    reasons = "; ".join(f"{c} × {e!r}" for e, c in counted.most_common(MAX_FAILURE_REASONS))
+    more = len(counted) - MAX_FAILURE_REASONS
+    return f"{failed} of {total} requests failed" + (f": {reasons}" if reasons else "") + (
+        f"; and {more} other error(s)" if more > 0 else "")
+
+
 def _completed(result: Any) -> int | None:
     return None if result is None else int(result.metrics.get("completed") or 0)
 
@@ -179,6 +202,7 @@ class Executor:
             self._write_outcome(run_dir, rec, [])
             return rec
 
+        await self._machine_ready(config, device_sets, label)
         rec = RunRecord("done", version=version)
         instances: list[Any] = []
         async with AsyncExitStack() as stack:
@@ -203,8 +227,48 @@ class Executor:
                 rec.script = serving_script([inst.launch for inst in instances])
                 await self._benchmark_all(rec, instances, config, profiles, run_dir, label)
             self.on_event("teardown", label=label, engine=engine)
+        rec.leftovers = [f"{engine} replica {i + 1}: {msg}" if len(instances) > 1 else msg
+                         for i, inst in enumerate(instances) for msg in inst.outcome.leftovers]
+        if rec.cause is not None and rec.cause.get("name") == "port-in-use":
+            # the supervisor found the port taken by someone else: the machine, not the
+            # configuration, is at fault — nothing was started, nothing is a result
+            rec.state, rec.error = INTERRUPTED, f"the machine is not ready: {rec.cause.get('explanation')}"
         self._write_outcome(run_dir, rec, instances)
         return rec
+
+    def _devices_by_kind(self, config: Configuration, device_sets: list[tuple[int, ...]] | None) -> dict[str, list[int]]:
+        kinds = self.ctx.pm.engine(config.engine).info.accelerators
+        out: dict[str, list[int]] = {}
+        for kind in kinds:
+            pool = [a.index for a in self.ctx.hardware.accelerators if a.kind == kind]
+            if not pool:
+                continue
+            if device_sets:
+                wanted = sorted({d for ds in device_sets for d in ds})
+            else:  # the engine's default selection: the first world_size visible devices
+                wanted = pool[: max(1, config.serve_config().world_size)]
+            out[kind] = [d for d in wanted if d in pool]
+        return out
+
+    async def _machine_ready(self, config: Configuration, device_sets: list[tuple[int, ...]] | None, label: str) -> None:
+        """Wait (timeouts.device_wait_s) until no other process holds the devices or the fixed
+        port this launch needs; else raise MachineNotReady naming the holders."""
+        from perflab.lab.integrity import device_holders, wait_until_ready
+
+        by_kind = self._devices_by_kind(config, device_sets)
+        port = config.serve_config().port
+        ports = [port] if port else []
+        host = config.serve_config().host or "127.0.0.1"
+
+        def check() -> list[Any]:
+            return device_holders(self.ctx.env, self.ctx.simulated, by_kind, ports, host)
+
+        def waiting(holders: list[Any]) -> None:
+            self.on_event("waiting", label=label, holders=[h.describe() for h in holders])
+            log.warning("lab.machine-busy", label=label, holders=[h.describe() for h in holders],
+                        wait_s=self.ctx.plan.timeouts.device_wait_s)
+
+        await wait_until_ready(check, self.ctx.plan.timeouts.device_wait_s, waiting)
 
     def _record_startup_failure(self, rec: RunRecord, o: Any, config: Configuration,
                                 device_sets: list[tuple[int, ...]] | None, run_dir: Path) -> None:
@@ -349,7 +413,7 @@ class Executor:
             return ProfileMeasurement(FAILED, num_prompts=n, error=f"the benchmark did not finish within {budget:g} s{of}")
         if result is None:
             return ProfileMeasurement(FAILED, num_prompts=n, error=error or f"the benchmark was cancelled{of}")
-        return ProfileMeasurement(OK, metrics=dict(result.metrics), num_prompts=n)
+        return ProfileMeasurement(OK, metrics=dict(result.metrics), num_prompts=n, error=failure_summary(result))
 
     def _write_outcome(self, run_dir: Path, rec: RunRecord, instances: list[Any]) -> None:
         outcome = {
@@ -360,6 +424,7 @@ class Executor:
             "cause": rec.cause,
             "error": rec.error,
             "log": rec.log,
+            "leftovers": rec.leftovers,
             "measurements": {k: {"status": m.status, "error": m.error, "cause": m.cause} for k, m in rec.measurements.items()},
             "instances": [inst.outcome.to_json() for inst in instances],
         }
