@@ -84,23 +84,56 @@ def _strip_host_port(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def serving_script(launches: Sequence[LaunchSpec]) -> str:
-    """The "Serving script" box: environment exports and the command, as the seeds print it."""
+def serving_script(launches: Sequence[LaunchSpec], describe_file: Callable[[str, str], list[str] | None] | None = None,
+                   workdir: Path | None = None) -> str:
+    """The "Serving script" box: environment exports and the command, as the seeds print it.
+
+    A file the plugin wrote (MindIE's config.json) is shown by what it sets —
+    ``describe_file(path, content)``, the plugin's optional ``perflab_describe_file`` — and
+    paths inside the run directory become ``$PWD/<name>``: the script must not point into a
+    study directory."""
     first = launches[0]
     lines: list[str] = []
     if len(launches) > 1:
         lines.append(f"# {len(launches)} replicas on disjoint devices; the benchmark spreads requests over all of them")
+    inside = {str(workdir) + "/", str(workdir.resolve()) + "/"} if workdir is not None else set()
     for key, value in first.env.items():
         if key.startswith("PERFLAB_"):
             continue
-        lines.append(f"export {key}={shlex.quote(str(value))}")
+        text = str(value)
+        prefix = next((d for d in inside if text.startswith(d)), None)
+        if prefix is not None:
+            lines.append(f'export {key}="$PWD/{text[len(prefix):]}"')
+            continue
+        lines.append(f"export {key}={shlex.quote(text)}")
     lines.append(shlex.join(_strip_host_port(first.argv)))
     for f in first.files:
-        lines.append(f"# with {Path(f.path).name} written by perflab (see launch.json in the run directory)")
+        described = describe_file(f.path, f.content) if describe_file is not None else None
+        name = Path(f.path).name
+        if described is None:
+            lines.append(f"# with {name} written by perflab (see launch.json in the run directory)")
+            continue
+        lines.append(f"# {name}: the engine's default template with these keys set by perflab:")
+        lines += [f"#   {d}" for d in described]
     for i, spec in enumerate(launches[1:], 2):
         vis = [f"{k}={spec.env[k]}" for k in _VISIBLE if k in spec.env]
         lines.append(f"# replica {i}: the same command{' with ' + ', '.join(vis) if vis else ''}")
     return "\n".join(lines)
+
+
+def plugin_file_describer(pm: Any, engine: str) -> Callable[[str, str], list[str] | None] | None:
+    """The engine plugin's optional ``perflab_describe_file(path, content)`` (module level)."""
+    import importlib
+
+    try:
+        record = pm.engine(engine)
+        module = next((r.module for r in pm.records if r.name == record.plugin), None)
+        if module is None:
+            return None
+        fn = getattr(importlib.import_module(module), "perflab_describe_file", None)
+    except Exception:  # an engine without plugin module info: the plain "written by perflab" line
+        return None
+    return fn if callable(fn) else None
 
 
 def _unsupported_dicts(items: Sequence[Any]) -> list[dict[str, Any]]:
@@ -153,6 +186,9 @@ class Executor:
         # cannot send requests to its (maybe same) port
         self._stale: list[threading.Event] = []
 
+    def _describer(self, engine: str) -> Callable[[str, str], list[str] | None] | None:
+        return plugin_file_describer(self.ctx.pm, engine)
+
     async def _settle(self) -> None:
         for done in self._stale:
             await anyio.to_thread.run_sync(done.wait, abandon_on_cancel=True)
@@ -179,7 +215,7 @@ class Executor:
                                 self.ctx.hardware, run_dir, self.ctx.versions.get(config.engine))
         except Exception:  # a plugin that cannot express it (UnsupportedOption): no script to show
             return None
-        return serving_script([spec])
+        return serving_script([spec], self._describer(config.engine), run_dir)
 
     async def run(self, config: Configuration, profiles: Sequence[Profile], run_dir: Path, *, label: str = "") -> RunRecord:
         """Launch ``config``, benchmark ``profiles`` in order, tear down; the returned record
@@ -202,8 +238,16 @@ class Executor:
             self._write_outcome(run_dir, rec, [])
             return rec
 
-        await self._machine_ready(config, device_sets, label)
         rec = RunRecord("done", version=version)
+        profiles = self._refuse_too_long(rec, config, profiles)
+        if not profiles:  # no workload fits the context: nothing to launch
+            rec.state = UNSUPPORTED
+            rec.reasons = [{"what": "context", "why": m.error, "source": "perflab", "severity": "error"}
+                           for m in rec.measurements.values()]
+            rec.script = self._script_without_launch(config, device_sets, run_dir)
+            self._write_outcome(run_dir, rec, [])
+            return rec
+        await self._machine_ready(config, device_sets, label)
         instances: list[Any] = []
         async with AsyncExitStack() as stack:
             for i, devices in enumerate(device_sets or [None]):
@@ -224,7 +268,7 @@ class Executor:
                     self._record_startup_failure(rec, o, config, device_sets, run_dir)
                     break
             else:
-                rec.script = serving_script([inst.launch for inst in instances])
+                rec.script = serving_script([inst.launch for inst in instances], self._describer(engine), run_dir)
                 await self._benchmark_all(rec, instances, config, profiles, run_dir, label)
             self.on_event("teardown", label=label, engine=engine)
         rec.leftovers = [f"{engine} replica {i + 1}: {msg}" if len(instances) > 1 else msg
@@ -235,6 +279,23 @@ class Executor:
             rec.state, rec.error = INTERRUPTED, f"the machine is not ready: {rec.cause.get('explanation')}"
         self._write_outcome(run_dir, rec, instances)
         return rec
+
+    def _refuse_too_long(self, rec: RunRecord, config: Configuration, profiles: Sequence[Profile]) -> list[Profile]:
+        """Refuse (as unsupported measurements, with the reason) the profiles whose prompt +
+        output exceed the configuration's context limit; return the others."""
+        from perflab.lab.preflight import model_context, too_long
+
+        model = config.serve_config().model
+        ctx_len = model_context(model, simulated=self.ctx.simulated, env=self.ctx.env)
+        refused = too_long(config, list(profiles), ctx_len)
+        for p in profiles:
+            if p.name in refused:
+                m = ProfileMeasurement(UNSUPPORTED, num_prompts=p.num_prompts, error=refused[p.name])
+                rec.measurements[p.name] = m
+                log.warning("lab.profile-refused", profile=p.name, engine=config.engine, why=refused[p.name])
+                if self.on_measured is not None:
+                    self.on_measured(p.name, m)
+        return [p for p in profiles if p.name not in refused]
 
     def _devices_by_kind(self, config: Configuration, device_sets: list[tuple[int, ...]] | None) -> dict[str, list[int]]:
         kinds = self.ctx.pm.engine(config.engine).info.accelerators
@@ -277,7 +338,7 @@ class Executor:
         rec.reasons = _unsupported_dicts(o.reasons)
         rec.cause = to_jsonable(o.cause) if o.cause is not None else None
         if o.launch is not None:
-            rec.script = serving_script([o.launch])
+            rec.script = serving_script([o.launch], self._describer(config.engine), run_dir)
         else:
             rec.script = self._script_without_launch(config, device_sets, run_dir)
         if state == CRASHED and rec.cause is None:

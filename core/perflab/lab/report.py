@@ -117,7 +117,8 @@ def cell(res: Result | None, change: float | None = None) -> str:
 
 def short_status(res: Result) -> str:
     if res.status == UNSUPPORTED:
-        return "Not launched: unsupported"
+        whys = [r.get("why", "") for r in res.reasons if r.get("severity", "error") == "error" and r.get("why")]
+        return f"Not launched: {_md_escape(whys[0]) if whys else 'unsupported'}"
     if res.status in (CRASHED, TIMEOUT):
         c = res.cause or {}
         return f"Crash: {_md_escape(c.get('line') or c.get('explanation') or res.status)}"

@@ -98,7 +98,7 @@ _STARTUP_STATES = (UNSUPPORTED, CRASHED, TIMEOUT, FAILED)
 class ProfileMeasurement:
     """One profile's outcome inside a run, as the executor reports it."""
 
-    status: str  # ok | crashed | failed
+    status: str  # ok | crashed | failed | unsupported (refused before launch: the workload does not fit)
     metrics: dict[str, Any] | None = None
     num_prompts: int | None = None
     error: str | None = None
@@ -345,6 +345,9 @@ class Store:
             res.num_prompts = m["num_prompts"]
             if m["status"] == OK:
                 res.error = m["error"]  # the failed requests' reasons, when some failed
+            elif m["status"] == UNSUPPORTED:  # refused for this profile only (its workload does not fit)
+                res.error = m["error"]
+                res.reasons = [{"what": m["profile"], "why": m["error"], "source": "perflab", "severity": "error"}]
             else:
                 res.error = m["error"] or res.error
                 res.cause = _loads(m["cause"]) or res.cause
