@@ -336,6 +336,7 @@ def summary_rows(o: StudyOutcome, ctx: ReportContext) -> list[dict[str, Any]]:
         else:
             detail = "no usable result"
         failures = [f"{e.label}: {short_status(e.result) if e.result.status != OK else e.note}"
+                    + (f" ({e.result.error})" if e.result.status == OK and e.result.error else "")
                     for e in s.entries if not e.eligible]
         if failures:
             detail += "; " + "; ".join(failures)
