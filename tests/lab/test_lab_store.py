@@ -192,3 +192,24 @@ def test_a_perflab_bug_is_recorded_interrupted_with_its_reason_and_never_reused(
     outcome, measure = _study(tmp_path, again)
     assert ("sglang", {}, ("main",)) in [(e, {k: v for k, v in o.items() if k != "model"}, p) for e, o, p in again.calls]
     assert outcome.complete and outcome.steps[0].entries[1].result.status == OK
+
+
+class LeakyExecutor(FakeExecutor):
+    """Measures, but its teardown leaves a port bound (as the supervisor reports it)."""
+
+    async def run(self, config, profiles, run_dir, *, label=""):
+        rec = await super().run(config, profiles, run_dir, label=label)
+        rec.leftovers = ["port 8000 is still bound by pid 4242 (python), not started by this launch"]
+        return rec
+
+
+def test_a_teardown_leftover_stops_the_study_keeping_the_measurement(tmp_path):
+    from perflab.lab.integrity import MachineNotReady
+
+    with pytest.raises(MachineNotReady, match=r"teardown of vllm left something behind: port 8000 .* pid 4242") as exc:
+        _study(tmp_path, LeakyExecutor())
+    assert exc.value.exit_code == 3 and exc.value.leftovers
+    store = Store(tmp_path)
+    assert [(r["engine"], r["state"]) for r in store.runs()] == [("vllm", "done")]  # one launch, then stop
+    assert [m["status"] for m in store.measurements()] == [OK]  # what it measured is kept
+    store.close()
