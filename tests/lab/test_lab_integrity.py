@@ -259,3 +259,19 @@ def test_plan_name_cannot_leave_the_studies_directory(name: str) -> None:
 def test_ordinary_plan_names_are_accepted() -> None:
     for name in ("qwen3.5-9b-h100", "seed_002", "A1"):
         assert load_plan_text(TINY.replace("name: tiny", f"name: {name}")).name == name
+
+
+def test_new_runs_never_land_in_an_existing_run_directory(tmp_path: Path) -> None:
+    """Run directories the database does not know (an older study, a lost study.db) are
+    never written over: run ids continue after the highest directory."""
+    from perflab.lab.store import Store
+
+    old = tmp_path / "runs" / "007-vllm"
+    old.mkdir(parents=True)
+    (old / "engine.log").write_text("measured long ago\n")
+    store = Store(tmp_path)
+    store.begin_session()
+    run_id, run_dir = store.begin_run("k", "vllm", {"engine": "vllm"}, "step", "vllm", ["main"])
+    store.close()
+    assert run_id == 8 and run_dir.name == "008-vllm"
+    assert (old / "engine.log").read_text() == "measured long ago\n"

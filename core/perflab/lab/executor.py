@@ -280,6 +280,23 @@ class Executor:
         self._write_outcome(run_dir, rec, instances)
         return rec
 
+    def _invisible_holders(self, by_kind: dict[str, list[int]]) -> list[Any]:
+        """Memory in use that no visible process holds (another container's, a driver-hidden
+        one): more than the supervisor's tolerance above what the study started with."""
+        from perflab.hardware import probe
+        from perflab.lab.integrity import DeviceHolder
+        from perflab.supervisor import MEMORY_TOLERANCE
+
+        start = {(a.kind, a.index): a.memory_used_mib for a in self.ctx.hardware.accelerators}
+        out = []
+        for a in probe(self.ctx.pm, self.ctx.env).accelerators:
+            if a.index not in by_kind.get(a.kind, ()):
+                continue
+            grown = a.memory_used_mib - start.get((a.kind, a.index), a.memory_used_mib)
+            if grown > max(MEMORY_TOLERANCE * a.memory_total_mib, 64):
+                out.append(DeviceHolder(f"{a.kind}:{a.index}", None, "", grown))
+        return out
+
     def _refuse_too_long(self, rec: RunRecord, config: Configuration, profiles: Sequence[Profile]) -> list[Profile]:
         """Refuse (as unsupported measurements, with the reason) the profiles whose prompt +
         output exceed the configuration's context limit; return the others."""
@@ -322,7 +339,10 @@ class Executor:
         host = config.serve_config().host or "127.0.0.1"
 
         def check() -> list[Any]:
-            return device_holders(self.ctx.env, self.ctx.simulated, by_kind, ports, host)
+            found = device_holders(self.ctx.env, self.ctx.simulated, by_kind, ports, host)
+            if not found and not self.ctx.simulated:
+                found = self._invisible_holders(by_kind)
+            return found
 
         def waiting(holders: list[Any]) -> None:
             self.on_event("waiting", label=label, holders=[h.describe() for h in holders])

@@ -297,7 +297,7 @@ async def run_study(
         raise as_fault(exc, out_dir) or exc from None
     try:
         return await _run_locked(pm, plan, out_dir, retry_failed=retry_failed, progress=progress, argv=argv)
-    except OSError as exc:  # a storage fault outside a run (meta, plan copy, report)
+    except (OSError, sqlite3.Error) as exc:  # a storage fault outside a run (meta, plan copy, report)
         fault = as_fault(exc, out_dir)
         if fault is None:
             raise

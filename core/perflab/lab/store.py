@@ -159,12 +159,16 @@ class Store:
                 self.db.executescript(_SCHEMA)
                 if self.get_meta("schema_version") is None:
                     self.set_meta("schema_version", SCHEMA_VERSION)
-                if not self.db.execute("SELECT 1 FROM runs LIMIT 1").fetchone() and run_dirs(self.dir):
+                dirs = run_dirs(self.dir)
+                if (not self.db.execute("SELECT 1 FROM runs LIMIT 1").fetchone()
+                        and any((d / RUN_FILE).is_file() for d in dirs)):
                     # an empty (or new) study.db beside measured runs: index them, never reuse their ids
                     self.db.close()
                     rebuild(self.dir)
                     self.db = sqlite3.connect(self.dir / DB_NAME, isolation_level=None, timeout=30)
                     self.db.row_factory = sqlite3.Row
+                elif dirs:  # new runs never land in an existing run directory
+                    _raise_sequence(self.db, max(int(d.name.split("-", 1)[0]) for d in dirs))
         except (OSError, sqlite3.DatabaseError) as exc:
             fault = storage_fault(exc, self.dir)
             if fault is None:
@@ -404,6 +408,16 @@ def run_dirs(directory: Path) -> list[Path]:
     return sorted(d for d in runs.iterdir() if d.is_dir() and re.match(r"\d+-", d.name))
 
 
+def _raise_sequence(db: sqlite3.Connection, at_least: int) -> None:
+    """Make the next run id larger than ``at_least`` (and than every indexed run)."""
+    current = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'runs'").fetchone()
+    top = max(at_least, db.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0])
+    if current is not None and int(current[0]) >= top:
+        return
+    db.execute("DELETE FROM sqlite_sequence WHERE name = 'runs'")
+    db.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('runs', ?)", (top,))
+
+
 def rebuild(directory: Path) -> dict[str, int]:
     """Recreate ``study.db`` from the run directories (the source of truth).
 
@@ -471,10 +485,7 @@ def rebuild(directory: Path) -> dict[str, int]:
                 )
                 measurements += 1
         if dirs:  # new runs get ids after every existing directory's, even unindexed ones
-            top = max(int(d.name.split("-", 1)[0]) for d in dirs)
-            seq = max(top, db.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0])
-            db.execute("DELETE FROM sqlite_sequence WHERE name = 'runs'")
-            db.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('runs', ?)", (seq,))
+            _raise_sequence(db, max(int(d.name.split("-", 1)[0]) for d in dirs))
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
