@@ -54,6 +54,13 @@ def _rows(db: Path, sql: str) -> list[tuple]:
         con.close()
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 def _plan(tmp_path: Path, text: str = TINY) -> Path:
     path = tmp_path / "plan.yaml"
     path.write_text(text, encoding="utf-8")
@@ -97,6 +104,10 @@ def test_second_run_on_the_same_directory_exits_2_naming_the_holder(tmp_path: Pa
         lines = [ln for ln in second.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and f"pid {first.pid}" in lines[0] and "another perflab run" in lines[0], second.stderr
         assert first.poll() is None  # the first one goes on, undisturbed
+        while time.monotonic() < deadline and "plan_text" not in _read(out / "study.json"):
+            time.sleep(0.1)
+        report = subprocess.run([*cmd[:3], "report", str(out)], env=env, capture_output=True, text=True, timeout=60)
+        assert report.returncode == 0 and "incomplete" in report.stderr, report.stderr  # no lock needed to read
     finally:
         # SIGTERM ends perflab within the teardown grace (default 10 s), engine torn down
         first.send_signal(signal.SIGTERM)
