@@ -286,3 +286,26 @@ def test_new_runs_never_land_in_an_existing_run_directory(tmp_path: Path) -> Non
     store.close()
     assert run_id == 8 and run_dir.name == "008-vllm"
     assert (old / "engine.log").read_text() == "measured long ago\n"
+
+
+def test_a_holder_that_is_one_of_our_engines_is_named_by_study_and_run(tmp_path: Path) -> None:
+    from perflab.lab.integrity import device_holders
+
+    other = tmp_path / "other-study"
+    run_dir = other / "runs" / "004-vllm-fp8"
+    run_dir.mkdir(parents=True)
+    (other / "study.db").touch()
+    state = tmp_path / "sim-state"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time; from pathlib import Path; from perflab.sim import state; "
+         f"state.register(Path({str(state)!r}), 'vllm', 'python', [1], [30000]); print('ready', flush=True); "
+         "time.sleep(60)"], cwd=run_dir, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        found = device_holders({"PERFLAB_SIM_STATE_DIR": str(state)}, True, {"cuda": [0, 1]})
+        assert [h.what for h in found] == ["cuda:1"]
+        text = found[0].describe()
+        assert f"pid {holder.pid}" in text and f"perflab study {other}, run runs/004-vllm-fp8" in text
+        assert device_holders({"PERFLAB_SIM_STATE_DIR": str(state)}, True, {"cuda": [0]}) == []
+    finally:
+        _stop(holder)
