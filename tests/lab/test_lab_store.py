@@ -177,8 +177,39 @@ def test_store_measure_reports_pending_for_missing(tmp_path):
     assert all(e.result.status == PENDING for e in o.steps[0].entries)
 
 
-def test_an_executor_error_is_recorded_and_the_study_goes_on(tmp_path):
-    outcome, _ = _study(tmp_path, FakeExecutor(broken="sglang"))
-    sglang = outcome.steps[0].entries[1]
-    assert sglang.result.status == "failed" and sglang.result.error == "RuntimeError: plugin bug"
-    assert outcome.complete and outcome.optimized.config.options["max_num_seqs"] == 512
+def test_a_perflab_bug_is_recorded_interrupted_with_its_reason_and_never_reused(tmp_path):
+    """A plugin or client bug is perflab's fault, not the configuration's: the run is
+    'interrupted' (with the reason), the study stops with one line, and a resume measures it."""
+    from perflab.errors import PerflabError
+
+    with pytest.raises(PerflabError, match=r"perflab failed while measuring .*RuntimeError: plugin bug"):
+        _study(tmp_path, FakeExecutor(broken="sglang"))
+    store = Store(tmp_path)
+    broken = [r for r in store.runs() if r["engine"] == "sglang"]
+    assert [r["state"] for r in broken] == ["interrupted"] and "plugin bug" in broken[0]["error"]
+    store.close()
+    again = FakeExecutor()
+    outcome, measure = _study(tmp_path, again)
+    assert ("sglang", {}, ("main",)) in [(e, {k: v for k, v in o.items() if k != "model"}, p) for e, o, p in again.calls]
+    assert outcome.complete and outcome.steps[0].entries[1].result.status == OK
+
+
+class LeakyExecutor(FakeExecutor):
+    """Measures, but its teardown leaves a port bound (as the supervisor reports it)."""
+
+    async def run(self, config, profiles, run_dir, *, label=""):
+        rec = await super().run(config, profiles, run_dir, label=label)
+        rec.leftovers = ["port 8000 is still bound by pid 4242 (python), not started by this launch"]
+        return rec
+
+
+def test_a_teardown_leftover_stops_the_study_keeping_the_measurement(tmp_path):
+    from perflab.lab.integrity import MachineNotReady
+
+    with pytest.raises(MachineNotReady, match=r"teardown of vllm left something behind: port 8000 .* pid 4242") as exc:
+        _study(tmp_path, LeakyExecutor())
+    assert exc.value.exit_code == 3 and exc.value.leftovers
+    store = Store(tmp_path)
+    assert [(r["engine"], r["state"]) for r in store.runs()] == [("vllm", "done")]  # one launch, then stop
+    assert [m["status"] for m in store.measurements()] == [OK]  # what it measured is kept
+    store.close()

@@ -424,3 +424,52 @@ class TestMindieConformance(EngineConformance):
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"prefix_caching": True}, {"dp": 2}]
     unsupported_configs = [{"kv_cache_dtype": "fp8"}, {"prefix_caching": True, "dp": 2}, {"served_model_name": "a/b"}]
     crash_samples = CRASHES
+
+
+# --------------------------------------------------------------------------- context (seed 000)
+
+
+def _sim_npus(n: int) -> HardwareSnapshot:
+    return HardwareSnapshot(accelerators=npus(n).accelerators, simulated=True, name="910b3-x8")
+
+
+def test_without_max_model_len_the_models_context_is_used_like_gpustack(pm):
+    """Seed 000 failed 100 % of its 4000- and 32000-token prompts on MindIE's template
+    (maxSeqLen 2560, maxInputTokenLen 2048); with the model's context known (the simulator's
+    registry here, config.json of the weights on a real host), the plugin sets it as GPUStack's
+    MindIE backend does (ascend_mindie.py: max_seq_len from the model, max_input_token_len,
+    max_prefill_tokens and max_iter_times from max_seq_len)."""
+    spec = build(pm, ServeConfig(model="Qwen/Qwen3-30B-A3B", tp=2), _sim_npus(8))
+    doc = document(spec)
+    deploy, schedule = doc["BackendConfig"]["ModelDeployConfig"], doc["BackendConfig"]["ScheduleConfig"]
+    assert (deploy["maxSeqLen"], deploy["maxInputTokenLen"], schedule["maxIterTimes"]) == (40960, 40960, 40960)
+    assert schedule["maxPrefillTokens"] >= deploy["maxInputTokenLen"]  # MindIE's own rule
+    assert 32000 + 100 <= deploy["maxSeqLen"] and 32000 <= deploy["maxInputTokenLen"]
+    assert not any("max_model_len not set" in w for w in spec.warnings)
+
+
+def test_a_prefill_budget_caps_the_derived_input_length(pm):
+    doc = document(build(pm, ServeConfig(model="Qwen/Qwen3-30B-A3B", max_batched_tokens=8192), _sim_npus(1)))
+    deploy, schedule = doc["BackendConfig"]["ModelDeployConfig"], doc["BackendConfig"]["ScheduleConfig"]
+    assert (deploy["maxSeqLen"], deploy["maxInputTokenLen"], schedule["maxPrefillTokens"]) == (40960, 8192, 8192)
+
+
+def test_model_context_from_the_weights_config_json(pm, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 32768}))
+    deploy = document(build(pm, ServeConfig(model=str(tmp_path))))["BackendConfig"]["ModelDeployConfig"]
+    assert (deploy["maxSeqLen"], deploy["maxInputTokenLen"]) == (32768, 32768)
+
+
+def test_serving_script_lists_the_keys_perflab_set_not_a_study_path(pm, tmp_path):
+    from perflab.lab.executor import plugin_file_describer, serving_script
+
+    run_dir = tmp_path / "study" / "runs" / "001-mindie"
+    spec = engines.build_launch(pm, ENGINE, ServeConfig(model="Qwen/Qwen3-30B-A3B", tp=2, port=1025), _sim_npus(8),
+                                run_dir, "2.1.RC1")
+    script = serving_script([spec], plugin_file_describer(pm, ENGINE), run_dir)
+    assert str(tmp_path) not in script
+    assert 'export MIES_CONFIG_JSON_PATH="$PWD/config.json"' in script
+    assert "#   BackendConfig.ModelDeployConfig.maxSeqLen = 40960" in script
+    assert "#   BackendConfig.ModelDeployConfig.ModelConfig.0.tp = 2" in script
+    assert "ServerConfig.port" not in script  # perflab's chosen address, left out like --port
+    assert "maxBatchSize" not in script  # unchanged template keys are not listed

@@ -81,10 +81,27 @@ def run(ctx: click.Context, plan_file: Path, out: Path | None, hardware: str | N
 @click.command("report")
 @click.argument("study_dir", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print report.json instead of the paths written.")
-def report(study_dir: Path, as_json: bool) -> None:
-    """Write report.md, report.json and chart.png of a study directory (also done at the end of `run`)."""
+@click.option("--rebuild", is_flag=True,
+              help="Recreate a missing or corrupt study.db from the run directories first (the old one is kept "
+                   "as study.db.corrupt-<time>).")
+def report(study_dir: Path, as_json: bool, rebuild: bool) -> None:
+    """Write report.md, report.json and chart.png of a study directory (also done at the end of `run`).
+
+    Reads without the study lock: it works while `perflab run` is still going."""
     from perflab.lab.runner import write_study_report
 
+    if rebuild:
+        from perflab.lab.integrity import StudyLock
+        from perflab.lab.store import rebuild as rebuild_db
+
+        if not study_dir.is_dir():
+            from perflab.errors import UsageError
+
+            raise UsageError(f"{study_dir}: no such study directory")
+        with StudyLock(study_dir):  # rebuilding writes: not while a run writes it
+            counts = rebuild_db(study_dir)
+        click.echo(f"Rebuilt   {study_dir / 'study.db'} from {counts['runs']} run(s), "
+                   f"{counts['measurements']} measurement(s)", err=as_json)
     outcome, paths = write_study_report(study_dir)
     if as_json:
         click.echo(paths["json"].read_text(encoding="utf-8"))

@@ -30,7 +30,7 @@ import structlog
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
-from perflab.lab.study import CRASHED, FAILED, OK, STALLED, TIMEOUT, UNSUPPORTED
+from perflab.lab.study import CRASHED, FAILED, INTERRUPTED, OK, STALLED, TIMEOUT, UNSUPPORTED
 from perflab.types import HardwareSnapshot, LaunchSpec, to_jsonable
 
 log = structlog.get_logger("perflab.lab")
@@ -84,23 +84,56 @@ def _strip_host_port(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def serving_script(launches: Sequence[LaunchSpec]) -> str:
-    """The "Serving script" box: environment exports and the command, as the seeds print it."""
+def serving_script(launches: Sequence[LaunchSpec], describe_file: Callable[[str, str], list[str] | None] | None = None,
+                   workdir: Path | None = None) -> str:
+    """The "Serving script" box: environment exports and the command, as the seeds print it.
+
+    A file the plugin wrote (MindIE's config.json) is shown by what it sets —
+    ``describe_file(path, content)``, the plugin's optional ``perflab_describe_file`` — and
+    paths inside the run directory become ``$PWD/<name>``: the script must not point into a
+    study directory."""
     first = launches[0]
     lines: list[str] = []
     if len(launches) > 1:
         lines.append(f"# {len(launches)} replicas on disjoint devices; the benchmark spreads requests over all of them")
+    inside = {str(workdir) + "/", str(workdir.resolve()) + "/"} if workdir is not None else set()
     for key, value in first.env.items():
         if key.startswith("PERFLAB_"):
             continue
-        lines.append(f"export {key}={shlex.quote(str(value))}")
+        text = str(value)
+        prefix = next((d for d in inside if text.startswith(d)), None)
+        if prefix is not None:
+            lines.append(f'export {key}="$PWD/{text[len(prefix):]}"')
+            continue
+        lines.append(f"export {key}={shlex.quote(text)}")
     lines.append(shlex.join(_strip_host_port(first.argv)))
     for f in first.files:
-        lines.append(f"# with {Path(f.path).name} written by perflab (see launch.json in the run directory)")
+        described = describe_file(f.path, f.content) if describe_file is not None else None
+        name = Path(f.path).name
+        if described is None:
+            lines.append(f"# with {name} written by perflab (see launch.json in the run directory)")
+            continue
+        lines.append(f"# {name}: the engine's default template with these keys set by perflab:")
+        lines += [f"#   {d}" for d in described]
     for i, spec in enumerate(launches[1:], 2):
         vis = [f"{k}={spec.env[k]}" for k in _VISIBLE if k in spec.env]
         lines.append(f"# replica {i}: the same command{' with ' + ', '.join(vis) if vis else ''}")
     return "\n".join(lines)
+
+
+def plugin_file_describer(pm: Any, engine: str) -> Callable[[str, str], list[str] | None] | None:
+    """The engine plugin's optional ``perflab_describe_file(path, content)`` (module level)."""
+    import importlib
+
+    try:
+        record = pm.engine(engine)
+        module = next((r.module for r in pm.records if r.name == record.plugin), None)
+        if module is None:
+            return None
+        fn = getattr(importlib.import_module(module), "perflab_describe_file", None)
+    except Exception:  # an engine without plugin module info: the plain "written by perflab" line
+        return None
+    return fn if callable(fn) else None
 
 
 def _unsupported_dicts(items: Sequence[Any]) -> list[dict[str, Any]]:
@@ -109,6 +142,29 @@ def _unsupported_dicts(items: Sequence[Any]) -> list[dict[str, Any]]:
 
 def _has_failures(result: Any) -> bool:
     return result is not None and bool(result.metrics.get("failed"))
+
+
+MAX_FAILURE_REASONS = 3
+
+
+def failure_summary(result: Any) -> str | None:
+    """"N of M requests failed: K × 'first error'; ..." — the distinct error messages of the
+    failed requests, most frequent first, counted (None when every request succeeded)."""
+    from collections import Counter
+
+    failed = int(result.metrics.get("failed") or 0)
+    if not failed:
+        return None
+    total = failed + int(result.metrics.get("completed") or 0)
+    errors = [str(getattr(t, "error", "") or "unknown error").strip() for t in getattr(result, "requests", [])
+              if not getattr(t, "success", True)]
+    if not errors:  # no traces: the kept "request N: error" lines
+        errors = [e.split(": ", 1)[-1] for e in getattr(result, "errors", [])]
+    counted = Counter(e.splitlines()[0][:200] if e else "unknown error" for e in errors)
+    reasons = "; ".join(f"{c} × {e!r}" for e, c in counted.most_common(MAX_FAILURE_REASONS))
+    more = len(counted) - MAX_FAILURE_REASONS
+    return f"{failed} of {total} requests failed" + (f": {reasons}" if reasons else "") + (
+        f"; and {more} other error(s)" if more > 0 else "")
 
 
 def _completed(result: Any) -> int | None:
@@ -169,6 +225,9 @@ class Executor:
         # cannot send requests to its (maybe same) port
         self._stale: list[threading.Event] = []
 
+    def _describer(self, engine: str) -> Callable[[str, str], list[str] | None] | None:
+        return plugin_file_describer(self.ctx.pm, engine)
+
     async def _settle(self) -> None:
         for done in self._stale:
             await anyio.to_thread.run_sync(done.wait, abandon_on_cancel=True)
@@ -195,7 +254,7 @@ class Executor:
                                 self.ctx.hardware, run_dir, self.ctx.versions.get(config.engine))
         except Exception:  # a plugin that cannot express it (UnsupportedOption): no script to show
             return None
-        return serving_script([spec])
+        return serving_script([spec], self._describer(config.engine), run_dir)
 
     async def run(self, config: Configuration, profiles: Sequence[Profile], run_dir: Path, *, label: str = "") -> RunRecord:
         """Launch ``config``, benchmark ``profiles`` in order, tear down; the returned record
@@ -219,6 +278,15 @@ class Executor:
             return rec
 
         rec = RunRecord("done", version=version)
+        profiles = self._refuse_too_long(rec, config, profiles)
+        if not profiles:  # no workload fits the context: nothing to launch
+            rec.state = UNSUPPORTED
+            rec.reasons = [{"what": "context", "why": m.error, "source": "perflab", "severity": "error"}
+                           for m in rec.measurements.values()]
+            rec.script = self._script_without_launch(config, device_sets, run_dir)
+            self._write_outcome(run_dir, rec, [])
+            return rec
+        await self._machine_ready(config, device_sets, label)
         instances: list[Any] = []
         async with AsyncExitStack() as stack:
             for i, devices in enumerate(device_sets or [None]):
@@ -242,11 +310,88 @@ class Executor:
                     self._record_startup_failure(rec, o, config, device_sets, run_dir)
                     break
             else:
-                rec.script = serving_script([inst.launch for inst in instances])
+                rec.script = serving_script([inst.launch for inst in instances], self._describer(engine), run_dir)
                 await self._benchmark_all(rec, instances, config, profiles, run_dir, label)
             self.on_event("teardown", label=label, engine=engine)
+        rec.leftovers = [f"{engine} replica {i + 1}: {msg}" if len(instances) > 1 else msg
+                         for i, inst in enumerate(instances) for msg in inst.outcome.leftovers]
+        if rec.cause is not None and rec.cause.get("name") == "port-in-use":
+            # the supervisor found the port taken by someone else: the machine, not the
+            # configuration, is at fault — nothing was started, nothing is a result
+            rec.state, rec.error = INTERRUPTED, f"the machine is not ready: {rec.cause.get('explanation')}"
         self._write_outcome(run_dir, rec, instances)
         return rec
+
+    def _invisible_holders(self, by_kind: dict[str, list[int]]) -> list[Any]:
+        """Memory in use that no visible process holds (another container's, a driver-hidden
+        one): more than the supervisor's tolerance above what the study started with."""
+        from perflab.hardware import probe
+        from perflab.lab.integrity import DeviceHolder
+        from perflab.supervisor import MEMORY_TOLERANCE
+
+        start = {(a.kind, a.index): a.memory_used_mib for a in self.ctx.hardware.accelerators}
+        out = []
+        for a in probe(self.ctx.pm, self.ctx.env).accelerators:
+            if a.index not in by_kind.get(a.kind, ()):
+                continue
+            grown = a.memory_used_mib - start.get((a.kind, a.index), a.memory_used_mib)
+            if grown > max(MEMORY_TOLERANCE * a.memory_total_mib, 64):
+                out.append(DeviceHolder(f"{a.kind}:{a.index}", None, "", grown))
+        return out
+
+    def _refuse_too_long(self, rec: RunRecord, config: Configuration, profiles: Sequence[Profile]) -> list[Profile]:
+        """Refuse (as unsupported measurements, with the reason) the profiles whose prompt +
+        output exceed the configuration's context limit; return the others."""
+        from perflab.lab.preflight import model_context, too_long
+
+        model = config.serve_config().model
+        ctx_len = model_context(model, simulated=self.ctx.simulated, env=self.ctx.env)
+        refused = too_long(config, list(profiles), ctx_len)
+        for p in profiles:
+            if p.name in refused:
+                m = ProfileMeasurement(UNSUPPORTED, num_prompts=p.num_prompts, error=refused[p.name])
+                rec.measurements[p.name] = m
+                log.warning("lab.profile-refused", profile=p.name, engine=config.engine, why=refused[p.name])
+                if self.on_measured is not None:
+                    self.on_measured(p.name, m)
+        return [p for p in profiles if p.name not in refused]
+
+    def _devices_by_kind(self, config: Configuration, device_sets: list[tuple[int, ...]] | None) -> dict[str, list[int]]:
+        kinds = self.ctx.pm.engine(config.engine).info.accelerators
+        out: dict[str, list[int]] = {}
+        for kind in kinds:
+            pool = [a.index for a in self.ctx.hardware.accelerators if a.kind == kind]
+            if not pool:
+                continue
+            if device_sets:
+                wanted = sorted({d for ds in device_sets for d in ds})
+            else:  # the engine's default selection: the first world_size visible devices
+                wanted = pool[: max(1, config.serve_config().world_size)]
+            out[kind] = [d for d in wanted if d in pool]
+        return out
+
+    async def _machine_ready(self, config: Configuration, device_sets: list[tuple[int, ...]] | None, label: str) -> None:
+        """Wait (timeouts.device_wait_s) until no other process holds the devices or the fixed
+        port this launch needs; else raise MachineNotReady naming the holders."""
+        from perflab.lab.integrity import device_holders, wait_until_ready
+
+        by_kind = self._devices_by_kind(config, device_sets)
+        port = config.serve_config().port
+        ports = [port] if port else []
+        host = config.serve_config().host or "127.0.0.1"
+
+        def check() -> list[Any]:
+            found = device_holders(self.ctx.env, self.ctx.simulated, by_kind, ports, host)
+            if not found and not self.ctx.simulated:
+                found = self._invisible_holders(by_kind)
+            return found
+
+        def waiting(holders: list[Any]) -> None:
+            self.on_event("waiting", label=label, holders=[h.describe() for h in holders])
+            log.warning("lab.machine-busy", label=label, holders=[h.describe() for h in holders],
+                        wait_s=self.ctx.plan.timeouts.device_wait_s)
+
+        await wait_until_ready(check, self.ctx.plan.timeouts.device_wait_s, waiting)
 
     def _record_startup_failure(self, rec: RunRecord, o: Any, config: Configuration,
                                 device_sets: list[tuple[int, ...]] | None, run_dir: Path) -> None:
@@ -255,7 +400,7 @@ class Executor:
         rec.reasons = _unsupported_dicts(o.reasons)
         rec.cause = to_jsonable(o.cause) if o.cause is not None else None
         if o.launch is not None:
-            rec.script = serving_script([o.launch])
+            rec.script = serving_script([o.launch], self._describer(config.engine), run_dir)
         else:
             rec.script = self._script_without_launch(config, device_sets, run_dir)
         if state == CRASHED and rec.cause is None:
@@ -401,7 +546,7 @@ class Executor:
             return ProfileMeasurement(FAILED, num_prompts=n, error=f"the benchmark did not finish within {budget:g} s{of}")
         if result is None:
             return ProfileMeasurement(FAILED, num_prompts=n, error=error or f"the benchmark was cancelled{of}")
-        return ProfileMeasurement(OK, metrics=dict(result.metrics), num_prompts=n)
+        return ProfileMeasurement(OK, metrics=dict(result.metrics), num_prompts=n, error=failure_summary(result))
 
     def _write_outcome(self, run_dir: Path, rec: RunRecord, instances: list[Any]) -> None:
         outcome = {
@@ -412,6 +557,7 @@ class Executor:
             "cause": rec.cause,
             "error": rec.error,
             "log": rec.log,
+            "leftovers": rec.leftovers,
             "measurements": {k: {"status": m.status, "error": m.error, "cause": m.cause} for k, m in rec.measurements.items()},
             "instances": [inst.outcome.to_json() for inst in instances],
         }

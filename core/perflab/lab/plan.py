@@ -14,6 +14,7 @@ import difflib
 import hashlib
 import json
 import math
+import re
 import shlex
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -44,7 +45,7 @@ PROFILE_KEYS = (
     "label", "dataset", "dataset_path", "input_len", "output_len", "num_prompts", "request_rate",
     "max_concurrency", "seed", "backend", "endpoint", "burstiness", "range_ratio",
 )
-TIMEOUT_KEYS = ("startup_s", "benchmark_s", "teardown_s", "stall_s")
+TIMEOUT_KEYS = ("startup_s", "benchmark_s", "teardown_s", "stall_s", "device_wait_s")
 SIMULATION_KEYS = ("time_scale", "engine_versions")
 # perflab.bench's datasets: "synthetic-sharegpt" is ShareGPT-like conversations generated
 # locally (no dataset file needed), for studies where the real ShareGPT file is not at hand
@@ -175,6 +176,9 @@ class Timeouts:
     benchmark_s: float = 7200.0
     teardown_s: float | None = None  # grace between SIGTERM and SIGKILL; None: the supervisor's
     stall_s: float | None = None  # no token on any open stream this long (engine time): stalled; None: the bench's 60
+    # how long a launch waits for its devices (memory, fixed ports) to be free of other
+    # processes before the study stops as "machine not ready" (perflab.lab.integrity)
+    device_wait_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -693,7 +697,9 @@ def _timeouts(p: _Problems, raw: Any) -> Timeouts:
     values: dict[str, float] = {}
     for k in TIMEOUT_KEYS:
         if k in t:
-            v = _number(p, f"timeouts.{k}", t[k], "a positive number of seconds", 0.0, lo_open=True)
+            zero_ok = k == "device_wait_s"  # 0: do not wait, stop at once
+            v = _number(p, f"timeouts.{k}", t[k], "a non-negative number of seconds" if zero_ok else
+                        "a positive number of seconds", 0.0, lo_open=not zero_ok)
             if v is not _BAD:
                 values[k] = v
     return Timeouts(**values)
@@ -799,6 +805,9 @@ def parse_plan(
     title = _optional_str(p, data, "title", None)
     objective = _optional_str(p, data, "objective", DEFAULT_OBJECTIVE)
     name = _optional_str(p, data, "name", None, "a short study name")
+    if isinstance(name, str) and not STUDY_NAME.fullmatch(name):
+        # the name becomes perflab-studies/<name>: no separator, no '..', nothing hidden
+        p.add("name", f"expected a short study name of letters, digits, '.', '_' or '-' (no '/', no '..'), got {_show(name)}")
     notes = data.get("notes", [])
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         p.add("notes", f"expected a list of strings, got {_show(notes)}")
@@ -835,6 +844,58 @@ def parse_plan(
     )
 
 
+STUDY_NAME = re.compile(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# A plan is a few hundred nodes; a document whose aliases expand past this is an attack
+# ("billion laughs"), refused before anything walks the expanded tree.
+MAX_YAML_NODES = 100_000
+
+
+def _yaml_expanded_size(node: yaml.Node, limit: int) -> int:
+    """The number of nodes ``node`` expands to once every alias is followed (a shared
+    node counts each time it is referenced); stops counting past ``limit``."""
+    memo: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(n: yaml.Node) -> int:
+        key = id(n)
+        if key in memo:
+            return memo[key]
+        if key in active:  # a recursive alias: it expands forever
+            return limit + 1
+        active.add(key)
+        total = 1
+        if isinstance(n, yaml.SequenceNode):
+            for child in n.value:
+                total += size(child)
+                if total > limit:
+                    break
+        elif isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                total += size(k) + size(v)
+                if total > limit:
+                    break
+        active.discard(key)
+        memo[key] = total
+        return total
+
+    return size(node)
+
+
+def safe_load_bounded(text: str, label: str, limit: int = MAX_YAML_NODES) -> Any:
+    """``yaml.safe_load`` that refuses documents whose anchors/aliases expand past ``limit`` nodes."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _yaml_expanded_size(node, limit) > limit:
+            raise UsageError(f"{label}: refused: its YAML aliases expand to more than {limit} nodes "
+                             f"(a plan needs a few hundred; remove the alias bomb)")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def read_text(path: Path) -> str:
     """Read a plan file; one-line UsageError on any problem."""
     if not path.exists():
@@ -865,7 +926,7 @@ def load_plan_text(text: str, *, path: str | Path = "plan.yaml", known_engines: 
             raise UsageError(f"{path}: invalid TOML ({exc})") from None
     else:
         try:
-            data = yaml.safe_load(text)
+            data = safe_load_bounded(text, str(path))
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""

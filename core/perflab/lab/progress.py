@@ -85,6 +85,9 @@ class StudyProgress:
             s.done, s.total = int(f.get("done") or 0), int(f.get("total") or s.total)
         elif kind == "teardown":
             s.state = "tearing down"
+        elif kind == "waiting":  # the devices it needs are held by someone else (perflab.lab.integrity)
+            s.state = "waiting for the machine"
+            self._line(f"   {s.label}: waiting for the machine: {'; '.join(f.get('holders') or [])}")
         elif kind == "result":
             status = f.get("status", "")
             key = "reused" if f.get("reused") and status == "ok" else status

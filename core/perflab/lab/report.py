@@ -63,6 +63,8 @@ class ReportContext:
     study_dir: Path | None = None
     generated_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"))
     interrupted: bool = False
+    stop_reason: str | None = None  # the environment/storage fault that stopped the study
+    leftovers: list[str] = field(default_factory=list)  # what a teardown left behind
 
     def name(self, engine: str) -> str:
         return self.display.get(engine, engine)
@@ -107,12 +109,17 @@ def cell(res: Result | None, change: float | None = None) -> str:
     tpot = _num(res.metrics, "mean_tpot_ms")
     span = f" {pct_span(change)}" if change is not None else ""
     tpot_s = f"{tpot:.2f}" if tpot is not None else "n/a"
-    return f"Total TPS: {_tps_text(res)}{span}<br>Mean TPOT(ms): {tpot_s}"
+    text = f"Total TPS: {_tps_text(res)}{span}<br>Mean TPOT(ms): {tpot_s}"
+    rate = res.success_rate
+    if rate is not None and rate < 1.0:  # the number alone would hide why: say it
+        text += f"<br>**Success rate: {rate * 100:.1f}%** — {_md_escape(res.error or 'see the run directory')}"
+    return text
 
 
 def short_status(res: Result) -> str:
     if res.status == UNSUPPORTED:
-        return "Not launched: unsupported"
+        whys = [r.get("why", "") for r in res.reasons if r.get("severity", "error") == "error" and r.get("why")]
+        return f"Not launched: {_md_escape(whys[0]) if whys else 'unsupported'}"
     if res.status in (CRASHED, TIMEOUT):
         c = res.cause or {}
         return f"Crash: {_md_escape(c.get('line') or c.get('explanation') or res.status)}"
@@ -145,6 +152,8 @@ def result_block(res: Result) -> str:
         rate = res.success_rate
         if rate is not None and rate < 1.0:
             lines.append(f"# Success rate: {rate * 100:.1f}%")
+            if res.error:
+                lines.append(f"# Failed requests: {res.error}")
         return "\n".join(lines)
     if res.status == UNSUPPORTED:
         lines.append("# Not launched: preflight found this configuration unsupported")
@@ -329,6 +338,7 @@ def summary_rows(o: StudyOutcome, ctx: ReportContext) -> list[dict[str, Any]]:
         else:
             detail = "no usable result"
         failures = [f"{e.label}: {short_status(e.result) if e.result.status != OK else e.note}"
+                    + (f" ({e.result.error})" if e.result.status == OK and e.result.error else "")
                     for e in s.entries if not e.eligible]
         if failures:
             detail += "; " + "; ".join(failures)
@@ -383,6 +393,10 @@ def render_markdown(o: StudyOutcome, ctx: ReportContext) -> str:
                 "not on real accelerators."
                 + (f" Simulated time ran {ctx.time_scale:g}× faster than real time; numbers are in simulated time."
                    if ctx.time_scale != 1.0 else ""), ""]
+    if ctx.stop_reason:
+        out += ['!!! danger "The study stopped"', f"    {_md_escape(ctx.stop_reason)}"]
+        out += [f"    - {_md_escape(x)}" for x in ctx.leftovers]
+        out += [""]
     out += _conclusion(o, ctx)
     out += _setup(o, ctx)
     out += ["## Experiment Results", ""]
@@ -407,6 +421,8 @@ def build_json(o: StudyOutcome, ctx: ReportContext) -> dict[str, Any]:
         "hardware_spec": ctx.hardware_spec,
         "time_scale": ctx.time_scale,
         "interrupted": ctx.interrupted,
+        "stop_reason": ctx.stop_reason,
+        "leftovers": list(ctx.leftovers),
         "model": {"id": plan.model, "name": plan.display_model, "metadata": dict(plan.model_metadata)},
         "objective": plan.objective,
         "hardware": dict(ctx.hardware),
@@ -421,12 +437,24 @@ def build_json(o: StudyOutcome, ctx: ReportContext) -> dict[str, Any]:
              "baseline_mean_tpot_ms": _num(c.baseline.metrics, "mean_tpot_ms"),
              "optimized_total_token_throughput": c.optimized.tps if c.optimized else None,
              "optimized_mean_tpot_ms": _num(c.optimized.metrics, "mean_tpot_ms") if c.optimized else None,
-             "change_pct": c.change_pct}
+             "change_pct": c.change_pct,
+             "baseline_success_rate": c.baseline.success_rate,
+             "baseline_failures": _failures(c.baseline),
+             "optimized_success_rate": c.optimized.success_rate if c.optimized else None,
+             "optimized_failures": _failures(c.optimized) if c.optimized else None}
             for c in o.cases
         ],
         "summary": summary_rows(o, ctx),
         **o.to_json(),
     }
+
+
+def _failures(res: Result) -> str | None:
+    """Why a result has no number, or why its requests failed (None when all went well)."""
+    if res.status == OK:
+        rate = res.success_rate
+        return res.error if rate is not None and rate < 1.0 else None
+    return res.summary()
 
 
 def write_report(o: StudyOutcome, ctx: ReportContext, directory: Path) -> dict[str, Path]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import sqlite3
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -21,8 +22,9 @@ from typing import Any
 
 import anyio
 
-from perflab.errors import UnknownEngine
+from perflab.errors import PerflabError, UnknownEngine
 from perflab.lab.executor import Executor, LabContext
+from perflab.lab.integrity import MachineNotReady, StudyLock, as_fault
 from perflab.lab.options import Configuration
 from perflab.lab.plan import WINNER, Plan, Profile, load_plan_text
 from perflab.lab.report import ReportContext, write_report
@@ -141,18 +143,35 @@ class LiveMeasure(StoreMeasure):
             self.executor.on_measured = self._storer(run_id, ckey, todo, saved)
             try:
                 rec = await self.executor.run(config, todo, run_dir, label=label)
-            except Exception as exc:  # a plugin or client bug on one configuration: record it, go on
-                self.log.exception("lab.run-error", run_id=run_id, label=label)
-                rec = RunRecord(FAILED, error=f"{type(exc).__name__}: {exc}")
-                write_json(run_dir / "outcome.json", {"state": FAILED, "error": rec.error})
+            except Exception as exc:
+                # the environment (a busy device, a full disk) or perflab itself (a plugin or
+                # client bug) failed, not the configuration: recorded as interrupted with the
+                # reason — never a result, never reused — and the study stops
+                fault = as_fault(exc, self.store.dir)
+                reason = str(fault) if fault is not None else f"perflab error: {type(exc).__name__}: {exc}"
+                self.log.exception("lab.run-error", run_id=run_id, label=label, reason=reason)
+                self._interrupted(run_id, run_dir, reason)
+                self.executor.on_measured = None
+                if fault is not None:
+                    raise fault from None
+                raise PerflabError(f"perflab failed while measuring {label} ({type(exc).__name__}: {exc}); "
+                                   f"the run is recorded as interrupted (traceback in {self.store.dir / 'study.log'}); "
+                                   f"everything measured is kept — re-run the same command to resume") from exc
             except BaseException:
-                self.store.mark_interrupted(run_id)
-                write_json(run_dir / "outcome.json", {"state": INTERRUPTED})
+                self._interrupted(run_id, run_dir, None)
                 self.log.warning("lab.run-interrupted", run_id=run_id, label=label)
                 raise
             finally:
                 self.executor.on_measured = None
             self._save(run_id, ckey, rec, todo, saved)
+            if rec.state == INTERRUPTED:  # the supervisor found the machine not ready
+                raise MachineNotReady(f"{label}: {rec.error}; nothing was launched — stop it and re-run the same "
+                                      f"command to resume")
+            if rec.leftovers:
+                raise MachineNotReady(
+                    f"the teardown of {label} left something behind: {'; '.join(rec.leftovers)} — the study stopped "
+                    f"so the next configuration is not measured on a dirty machine; clean up and re-run to resume",
+                    leftovers=rec.leftovers)
             self.log.info("lab.run-finished", run_id=run_id, label=label, state=rec.state,
                           measured=sorted(rec.measurements), cause=(rec.cause or {}).get("name"))
             if not rec.measurements:
@@ -168,6 +187,14 @@ class LiveMeasure(StoreMeasure):
         self.on_event("result", label=label, status=main.status, reused=main.reused, summary=main.summary()
                       + (" (reused)" if main.reused else ""))
         return out
+
+    def _interrupted(self, run_id: int, run_dir: Path, reason: str | None) -> None:
+        """Best effort: the disk may be the fault."""
+        try:
+            self.store.mark_interrupted(run_id, reason)
+            write_json(run_dir / "outcome.json", {"state": INTERRUPTED, "error": reason})
+        except (OSError, sqlite3.Error) as exc:
+            self.log.warning("lab.record-interrupted-failed", run_id=run_id, error=str(exc))
 
     def _storer(self, run_id: int, ckey: str, todo: Sequence[Profile], saved: set[str]) -> Any:
         by_name = {p.name: p for p in todo}
@@ -206,6 +233,8 @@ def report_context(store: Store) -> ReportContext:
         time_scale=float(store.get_meta("time_scale", 1.0)),
         study_dir=store.dir,
         interrupted=store.get_meta("last_state") == "interrupted",
+        stop_reason=store.get_meta("stop_reason"),
+        leftovers=list(store.get_meta("leftovers") or []),
     )
 
 
@@ -254,15 +283,37 @@ async def run_study(
     progress: Any = None,
     argv: list[str] | None = None,
 ) -> RunSummary:
-    """Run (or resume) a study; write its report unless interrupted."""
+    """Run (or resume) a study; write its report unless interrupted. Holds the study lock
+    for its whole life; an environment or storage fault raises its one-line PerflabError
+    after recording what happened (never as a configuration's result)."""
+    if hardware:
+        plan = dataclasses.replace(plan, hardware=hardware)
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lock = StudyLock(out_dir)
+        lock.acquire()  # one writer per study: a second run exits 2 naming this pid
+    except OSError as exc:
+        raise as_fault(exc, out_dir) or exc from None
+    try:
+        return await _run_locked(pm, plan, out_dir, retry_failed=retry_failed, progress=progress, argv=argv)
+    except (OSError, sqlite3.Error) as exc:  # a storage fault outside a run (meta, plan copy, report)
+        fault = as_fault(exc, out_dir)
+        if fault is None:
+            raise
+        raise fault from None
+    finally:
+        lock.release()
+
+
+async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool, progress: Any,
+                      argv: list[str] | None) -> RunSummary:
     from perflab.engines import engine_version
     from perflab.hardware import resolve
     from perflab.lab.progress import StudyProgress
     from perflab.lab.studylog import study_logging
     from perflab.supervisor import signal_guard
 
-    if hardware:
-        plan = dataclasses.replace(plan, hardware=hardware)
     base_env = study_environment(plan, out_dir, os.environ)
     snapshot, env = await anyio.to_thread.run_sync(resolve, pm, plan.hardware, base_env)
     if SIM_STATE_ENV in base_env:
@@ -284,6 +335,7 @@ async def run_study(
         "plan_text": plan.text, "plan_path": str(plan.path.resolve() if plan.path and plan.path.exists() else plan_copy),
         "hardware": to_jsonable(snapshot), "hardware_spec": plan.hardware, "simulated": snapshot.simulated,
         "time_scale": time_scale, "versions": versions, "display": display, "salt": salt, "last_state": "running",
+        "stop_reason": None, "leftovers": [],
     }.items():
         store.set_meta(key, value)
     write_json(store.dir / "hardware.json", to_jsonable(snapshot))
@@ -296,20 +348,40 @@ async def run_study(
     ctx = LabContext(pm, plan, snapshot, env, versions, time_scale)
     outcome: StudyOutcome | None = None
     interrupted = False
+    stopped: PerflabError | None = None
     t0 = time.monotonic()
     with ui, study_logging(store.dir, ui.log_listener) as log:
         log.info("lab.start", plan=str(plan.path), out=str(store.dir), hardware=plan.hardware, simulated=snapshot.simulated,
                  time_scale=time_scale, versions=versions, retry_failed=retry_failed)
         executor = Executor(ctx, on_event=ui.event)
         measure = LiveMeasure(store, salt, executor, retry_failed=retry_failed, on_event=ui.event, log=log)
-        async with signal_guard() as guard:
-            outcome = await conduct(plan, measure, display=lambda e: display.get(e, e))
-        interrupted = guard.interrupted
-        state = "interrupted" if interrupted else "done"
-        store.end_session(state)
-        store.set_meta("last_state", state)
+        try:
+            async with signal_guard() as guard:
+                outcome = await conduct(plan, measure, display=lambda e: display.get(e, e))
+            interrupted = guard.interrupted
+        except PerflabError as exc:  # the environment or perflab stopped the study
+            stopped = exc
+            log.error("lab.stopped", reason=str(exc))
+        state = "interrupted" if interrupted else "stopped" if stopped is not None else "done"
+        try:
+            store.end_session(state)
+            store.set_meta("last_state", state)
+            if stopped is not None:
+                store.set_meta("stop_reason", str(stopped))
+                store.set_meta("leftovers", getattr(stopped, "leftovers", []))
+        except (OSError, sqlite3.Error) as exc:  # the disk may be what stopped it
+            log.warning("lab.end-not-recorded", error=str(exc))
         log.info("lab.end", state=state, launched=measure.launched, reused=measure.reused,
                  elapsed_s=round(time.monotonic() - t0, 1))
+    if stopped is not None:
+        if isinstance(stopped, MachineNotReady):
+            # what was measured, and why it stopped, in the report too
+            try:
+                await _write_partial_report(store)
+            except Exception as exc:  # the report is a courtesy here; the error line is the message
+                log.warning("lab.partial-report-failed", error=f"{type(exc).__name__}: {exc}")
+        store.close()
+        raise stopped
     paths: dict[str, Path] = {}
     exit_code = 130 if interrupted else 0
     if not interrupted and outcome is not None:
@@ -318,6 +390,11 @@ async def run_study(
     store.close()
     return RunSummary(outcome if not interrupted else None, store.dir, paths, interrupted, exit_code,
                       measure.launched, measure.reused)
+
+
+async def _write_partial_report(store: Store) -> dict[str, Path]:
+    outcome = await _report_outcome(store)
+    return write_report(outcome, report_context(store), store.dir)
 
 
 def default_out(plan: Plan) -> Path:

@@ -16,6 +16,14 @@ configuration's key and the profile's key, so re-running a plan reuses every mea
 whose configuration and workload are unchanged — that is how a study resumes.
 
 Every write commits at once: a study killed at any moment keeps what it measured.
+
+The run directories are the source of truth, the database their index: each run directory
+holds ``run.json`` (its keys, configuration, state) and one ``measurement-<profile>.json`` per
+measurement, written atomically (temp file + rename) inside the same transaction as the
+database row (the row commits only once the file is there), and ``study.json`` mirrors the
+study's meta. :func:`rebuild` recreates a missing or corrupt ``study.db`` from them
+(``perflab report --rebuild``); an empty ``study.db`` beside existing run directories is
+rebuilt, never written over them.
 """
 
 from __future__ import annotations
@@ -90,7 +98,7 @@ _STARTUP_STATES = (UNSUPPORTED, CRASHED, TIMEOUT, FAILED)
 class ProfileMeasurement:
     """One profile's outcome inside a run, as the executor reports it."""
 
-    status: str  # ok | crashed | failed
+    status: str  # ok | crashed | failed | unsupported (refused before launch: the workload does not fit)
     metrics: dict[str, Any] | None = None
     num_prompts: int | None = None
     error: str | None = None
@@ -109,11 +117,20 @@ class RunRecord:
     cause: dict[str, Any] | None = None
     error: str | None = None
     log: str | None = None  # path of the (first) engine log
+    leftovers: list[str] = field(default_factory=list)  # what teardown left behind (stops the study)
 
 
 def slug(text: str, limit: int = 40) -> str:
     s = re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
     return s[:limit].strip("-") or "run"
+
+
+RUN_FILE = "run.json"
+META_FILE = "study.json"
+
+
+def _measurement_file(profile: str) -> str:
+    return f"measurement-{slug(profile, 60)}.json"
 
 
 def _loads(text: str | None) -> Any:
@@ -123,24 +140,52 @@ def _loads(text: str | None) -> Any:
 class Store:
     """The SQLite index of one study directory."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, readonly: bool = False) -> None:
+        from perflab.lab.integrity import storage_fault
+
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "runs").mkdir(exist_ok=True)
-        self.db = sqlite3.connect(self.dir / DB_NAME, isolation_level=None, timeout=30)
-        self.db.row_factory = sqlite3.Row
-        self.db.executescript(_SCHEMA)
-        if self.get_meta("schema_version") is None:
-            self.set_meta("schema_version", SCHEMA_VERSION)
         self.session_id: int | None = None
+        self.readonly = readonly
+        self._meta_cache: dict[str, Any] = {}
+        try:
+            if not readonly:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                (self.dir / "runs").mkdir(exist_ok=True)
+            self.db = sqlite3.connect(self.dir / DB_NAME, isolation_level=None, timeout=30)
+            self.db.row_factory = sqlite3.Row
+            if readonly:
+                self.db.execute("SELECT COUNT(*) FROM runs").fetchone()  # a corrupt file fails here
+            else:
+                self.db.executescript(_SCHEMA)
+                if self.get_meta("schema_version") is None:
+                    self.set_meta("schema_version", SCHEMA_VERSION)
+                dirs = run_dirs(self.dir)
+                if (not self.db.execute("SELECT 1 FROM runs LIMIT 1").fetchone()
+                        and any((d / RUN_FILE).is_file() for d in dirs)):
+                    # an empty (or new) study.db beside measured runs: index them, never reuse their ids
+                    self.db.close()
+                    rebuild(self.dir)
+                    self.db = sqlite3.connect(self.dir / DB_NAME, isolation_level=None, timeout=30)
+                    self.db.row_factory = sqlite3.Row
+                elif dirs:  # new runs never land in an existing run directory
+                    _raise_sequence(self.db, max(int(d.name.split("-", 1)[0]) for d in dirs))
+        except (OSError, sqlite3.DatabaseError) as exc:
+            fault = storage_fault(exc, self.dir)
+            if fault is None:
+                raise
+            raise fault from None
 
     @classmethod
     def open_existing(cls, directory: Path) -> Store:
+        """Open a study to read it (``perflab report``: no lock, no schema writes)."""
         from perflab.errors import UsageError
 
         if not (Path(directory) / DB_NAME).is_file():
+            if run_dirs(Path(directory)):
+                raise UsageError(f"{directory}: {DB_NAME} is missing; recreate it from the run directories with "
+                                 f"`perflab report --rebuild {directory}`")
             raise UsageError(f"{directory}: not a study directory (no {DB_NAME}); expected the --out of a `perflab run`")
-        return cls(directory)
+        return cls(directory, readonly=True)
 
     def close(self) -> None:
         self.db.close()
@@ -149,6 +194,9 @@ class Store:
 
     def set_meta(self, key: str, value: Any) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+        # the mirror in study.json lets `perflab report --rebuild` recreate the meta
+        meta = {r["key"]: json.loads(r["value"]) for r in self.db.execute("SELECT key, value FROM meta")}
+        write_json(self.dir / META_FILE, meta)
 
     def get_meta(self, key: str, default: Any = None) -> Any:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -181,17 +229,52 @@ class Store:
         )
         run_id = int(cur.lastrowid or 0)
         rel = Path("runs") / f"{run_id:03d}-{slug(label)}"
-        (self.dir / rel).mkdir(parents=True, exist_ok=True)
+        (self.dir / rel).mkdir(parents=True, exist_ok=False)  # never over an existing run
         self.db.execute("UPDATE runs SET dir = ? WHERE id = ?", (str(rel), run_id))
+        self._write_run_file(run_id)
         return run_id, self.dir / rel
 
+    def _write_run_file(self, run_id: int) -> None:
+        """The run's row, as run.json in its directory (what --rebuild reads)."""
+        row = self.db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        data = {k: row[k] for k in row.keys()}
+        for k in ("config", "profiles", "reasons", "cause"):
+            data[k] = _loads(data[k])
+        write_json(self.dir / row["dir"] / RUN_FILE, data)
+
+    def _transaction(self) -> Any:
+        """BEGIN ... COMMIT, or ROLLBACK if the body (the file write) fails."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def tx() -> Any:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+
+        return tx()
+
     def add_measurement(self, run_id: int, config_key: str, profile_key: str, profile: str, m: ProfileMeasurement) -> None:
-        self.db.execute(
-            "INSERT INTO measurements(run_id, config_key, profile_key, profile, status, metrics, num_prompts, error, cause, created)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, config_key, profile_key, profile, m.status, json.dumps(m.metrics) if m.metrics is not None else None,
-             m.num_prompts, m.error, json.dumps(m.cause) if m.cause else None, time.time()),
-        )
+        """Store one measurement: its file in the run directory and its row, together (the row
+        commits only once the file is written)."""
+        created = time.time()
+        run_dir = self.db.execute("SELECT dir FROM runs WHERE id = ?", (run_id,)).fetchone()["dir"]
+        with self._transaction():
+            self.db.execute(
+                "INSERT INTO measurements(run_id, config_key, profile_key, profile, status, metrics, num_prompts, error, cause, created)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, config_key, profile_key, profile, m.status, json.dumps(m.metrics) if m.metrics is not None else None,
+                 m.num_prompts, m.error, json.dumps(m.cause) if m.cause else None, created),
+            )
+            write_json(self.dir / run_dir / _measurement_file(profile), {
+                "run_id": run_id, "config_key": config_key, "profile_key": profile_key, "profile": profile,
+                "status": m.status, "metrics": m.metrics, "num_prompts": m.num_prompts, "error": m.error,
+                "cause": m.cause, "created": created,
+            })
 
     def finish_run(self, run_id: int, rec: RunRecord) -> None:
         log = rec.log
@@ -200,16 +283,21 @@ class Store:
                 log = str(Path(log).resolve().relative_to(self.dir.resolve()))
             except ValueError:
                 pass
-        self.db.execute(
-            "UPDATE runs SET state = ?, finished = ?, version = ?, script = ?, reasons = ?, cause = ?, error = ?, log = ?"
-            " WHERE id = ?",
-            (rec.state, time.time(), rec.version, rec.script, json.dumps(rec.reasons), json.dumps(rec.cause) if rec.cause else None,
-             rec.error, log, run_id),
-        )
+        with self._transaction():
+            self.db.execute(
+                "UPDATE runs SET state = ?, finished = ?, version = ?, script = ?, reasons = ?, cause = ?, error = ?, log = ?"
+                " WHERE id = ?",
+                (rec.state, time.time(), rec.version, rec.script, json.dumps(rec.reasons),
+                 json.dumps(rec.cause) if rec.cause else None, rec.error, log, run_id),
+            )
+            self._write_run_file(run_id)
 
-    def mark_interrupted(self, run_id: int) -> None:
-        self.db.execute("UPDATE runs SET state = 'interrupted', finished = ? WHERE id = ? AND state = 'running'",
-                        (time.time(), run_id))
+    def mark_interrupted(self, run_id: int, reason: str | None = None) -> None:
+        """The run did not produce a result (Ctrl-C, the environment, perflab itself): it is
+        never reused; ``reason`` says why."""
+        self.db.execute("UPDATE runs SET state = 'interrupted', finished = ?, error = COALESCE(?, error)"
+                        " WHERE id = ? AND state = 'running'", (time.time(), reason, run_id))
+        self._write_run_file(run_id)
 
     def runs(self) -> list[sqlite3.Row]:
         return list(self.db.execute("SELECT * FROM runs ORDER BY id"))
@@ -259,7 +347,12 @@ class Store:
             res.reused = m["session_id"] != self.session_id
             res.metrics = _loads(m["metrics"])
             res.num_prompts = m["num_prompts"]
-            if m["status"] != OK:
+            if m["status"] == OK:
+                res.error = m["error"]  # the failed requests' reasons, when some failed
+            elif m["status"] == UNSUPPORTED:  # refused for this profile only (its workload does not fit)
+                res.error = m["error"]
+                res.reasons = [{"what": m["profile"], "why": m["error"], "source": "perflab", "severity": "error"}]
+            else:
                 res.error = m["error"] or res.error
                 res.cause = _loads(m["cause"]) or res.cause
             return res
@@ -283,7 +376,120 @@ class Store:
 
 
 def write_json(path: Path, value: Any) -> None:
-    """Write JSON atomically (a kill mid-write leaves the old file or none, never half)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    """Write JSON atomically (a kill or a full disk mid-write leaves the old file or none,
+    never half): temp file, fsync, rename; the temp file is removed if anything fails."""
+    import os
+
+    data = (json.dumps(value, indent=2, default=str) + "\n").encode("utf-8")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
+def run_dirs(directory: Path) -> list[Path]:
+    """The run directories of a study (``runs/NNN-label``)."""
+    runs = Path(directory) / "runs"
+    if not runs.is_dir():
+        return []
+    return sorted(d for d in runs.iterdir() if d.is_dir() and re.match(r"\d+-", d.name))
+
+
+def _raise_sequence(db: sqlite3.Connection, at_least: int) -> None:
+    """Make the next run id larger than ``at_least`` (and than every indexed run)."""
+    current = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'runs'").fetchone()
+    top = max(at_least, db.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0])
+    if current is not None and int(current[0]) >= top:
+        return
+    db.execute("DELETE FROM sqlite_sequence WHERE name = 'runs'")
+    db.execute("INSERT INTO sqlite_sequence(name, seq) VALUES ('runs', ?)", (top,))
+
+
+def rebuild(directory: Path) -> dict[str, int]:
+    """Recreate ``study.db`` from the run directories (the source of truth).
+
+    A corrupt database is kept beside as ``study.db.corrupt-<time>``; runs still "running"
+    (their process is gone: the caller holds the study lock) become interrupted. Returns the
+    counts of runs and measurements indexed.
+    """
+    from perflab.errors import UsageError
+
+    directory = Path(directory)
+    meta_path = directory / META_FILE
+    dirs = run_dirs(directory)
+    if not meta_path.is_file() and not dirs:
+        raise UsageError(f"{directory}: nothing to rebuild from (no {META_FILE}, no run directories)")
+    db_path = directory / DB_NAME
+    if db_path.exists():
+        db_path.replace(directory / f"{DB_NAME}.corrupt-{int(time.time())}")
+    for extra in ("-wal", "-shm", "-journal"):
+        side = directory / f"{DB_NAME}{extra}"
+        if side.exists():
+            side.unlink()
+    db = sqlite3.connect(db_path, isolation_level=None)
+    db.executescript(_SCHEMA)
+    runs = measurements = 0
+    try:
+        db.execute("BEGIN")
+        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+        meta.setdefault("schema_version", SCHEMA_VERSION)
+        for k, v in meta.items():
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (k, json.dumps(v)))
+        sessions: set[int] = set()
+        for d in dirs:
+            try:
+                run = json.loads((d / RUN_FILE).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # a run directory from before run.json, or a half-created one
+            state = run.get("state") or "interrupted"
+            state = "interrupted" if state == "running" else state
+            sid = int(run.get("session_id") or 0)
+            if sid not in sessions:
+                sessions.add(sid)
+                db.execute("INSERT INTO sessions(id, started, finished, state, argv) VALUES (?, ?, ?, 'done', '[]')",
+                           (sid, run.get("started") or 0.0, run.get("finished")))
+            db.execute(
+                "INSERT INTO runs(id, session_id, config_key, engine, config, step, label, profiles, state, dir, started,"
+                " finished, version, script, reasons, cause, error, log) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run["id"], sid, run["config_key"], run["engine"], json.dumps(run.get("config")), run.get("step"),
+                 run.get("label"), json.dumps(run.get("profiles") or []), state, str(d.relative_to(directory)),
+                 run.get("started") or 0.0, run.get("finished"), run.get("version"), run.get("script"),
+                 json.dumps(run.get("reasons") or []), json.dumps(run["cause"]) if run.get("cause") else None,
+                 run.get("error"), run.get("log")),
+            )
+            runs += 1
+            for f in sorted(d.glob("measurement-*.json"), key=lambda f: f.stat().st_mtime):
+                try:
+                    m = json.loads(f.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    continue
+                db.execute(
+                    "INSERT INTO measurements(run_id, config_key, profile_key, profile, status, metrics, num_prompts,"
+                    " error, cause, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run["id"], m["config_key"], m["profile_key"], m["profile"], m["status"],
+                     json.dumps(m["metrics"]) if m.get("metrics") is not None else None, m.get("num_prompts"),
+                     m.get("error"), json.dumps(m["cause"]) if m.get("cause") else None, m.get("created") or 0.0),
+                )
+                measurements += 1
+        if dirs:  # new runs get ids after every existing directory's, even unindexed ones
+            _raise_sequence(db, max(int(d.name.split("-", 1)[0]) for d in dirs))
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    finally:
+        db.close()
+    return {"runs": runs, "measurements": measurements}

@@ -91,6 +91,29 @@ def perflab_readiness(engine: str, launch: LaunchSpec) -> Readiness | None:
     )
 
 
+# The address perflab picks for each launch, left out of the serving script as the seeds
+# leave out --host/--port.
+_ADDRESS_KEYS = frozenset({"ServerConfig.ipAddress", "ServerConfig.managementIpAddress", "ServerConfig.port",
+                           "ServerConfig.managementPort", "ServerConfig.metricsPort"})
+
+
+def perflab_describe_file(path: str, content: str) -> list[str] | None:
+    """The serving script's view of a file this plugin wrote (perflab.lab.executor.serving_script):
+    config.json as the keys perflab set on MindIE's default template, one ``Key.Path = value``
+    per line, so the recommended command does not point into a study directory."""
+    if Path(path).name != "config.json":
+        return None
+    import json
+
+    from perflab_mindie.config_json import changed_keys
+
+    try:
+        document = json.loads(content)
+    except ValueError:
+        return None
+    return [f"{k} = {json.dumps(v)}" for k, v in changed_keys(document).items() if k not in _ADDRESS_KEYS]
+
+
 @hookimpl
 def perflab_classify_crash(engine: str, exit_code: int | None, log_tail: str) -> CrashCause | None:
     if engine != ENGINE:

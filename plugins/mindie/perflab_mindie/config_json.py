@@ -14,6 +14,14 @@ data_parallel.md, expert_parallel.md, enable_reasoning.md). Mapping:
 * max_model_len -> ModelDeployConfig.maxSeqLen and maxInputTokenLen, ScheduleConfig.maxIterTimes
   (max output length, range [1, maxSeqLen]); maxPrefillTokens is raised to it when unset, as
   MindIE requires maxPrefillTokens >= maxInputTokenLen (config_manager_impl.cpp).
+  Without max_model_len, the template's maxSeqLen 2560 / maxInputTokenLen 2048 would fail every
+  longer prompt (seed 000's 4000- and 32000-token workloads failed 100 %), so when the model's
+  context is known (perflab.lab.preflight.model_context: the weights' config.json, the HF
+  cache, or the simulator's registry) it is used, as GPUStack's MindIE backend does
+  (gpustack/worker/backends/ascend_mindie.py: ``derived_max_seq_len = get_max_model_len(...)``
+  for --max-seq-len; ``max_input_token_len`` defaults to ``min(max_seq_len, max_prefill_tokens)``
+  when a prefill budget is set, else ``max_seq_len``; ``max_prefill_tokens`` and
+  ``max_iter_times`` default to ``max_seq_len``).
 * max_batched_tokens -> ScheduleConfig.maxPrefillTokens.
 * max_num_seqs -> ScheduleConfig.maxBatchSize and maxPrefillBatchSize.
 * prefix_caching -> plugin "prefix_cache" (+ ScheduleConfig.enablePrefixCache, needed by older
@@ -163,6 +171,7 @@ def build_config(
     metrics_port: int,
     devices: Sequence[int],
     model_name: str,
+    model_context: int | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """The config.json document and any warnings about how options were expressed."""
     cfg = copy.deepcopy(load_template())
@@ -194,7 +203,17 @@ def build_config(
     _parallel(config, mc, world)
 
     mix = bool(config.chunked_prefill)
-    if config.max_model_len is None:
+    if config.max_model_len is None and model_context:
+        # GPUStack's defaults (ascend_mindie.py _default): the model's context for maxSeqLen,
+        # maxIterTimes and maxPrefillTokens; maxInputTokenLen = min(maxSeqLen, prefill budget)
+        length = int(model_context)
+        deploy["maxSeqLen"] = length
+        schedule["maxIterTimes"] = length
+        budget = config.max_batched_tokens
+        deploy["maxInputTokenLen"] = min(length, budget) if budget is not None and not mix else length
+        if budget is None:
+            schedule["maxPrefillTokens"] = max(int(schedule["maxPrefillTokens"]), length)
+    elif config.max_model_len is None:
         # MindIE's own defaults are small; say so rather than silently truncating benchmarks
         warnings.append(
             f"max_model_len not set: MindIE's template limits apply (maxSeqLen {deploy['maxSeqLen']}, "
@@ -256,3 +275,26 @@ def build_config(
     for arg in config.extra_args:
         apply_override(cfg, arg)
     return cfg, warnings
+
+
+def changed_keys(document: dict[str, Any]) -> dict[str, Any]:
+    """{dotted key: value} of every config.json value that differs from MindIE's template (what
+    a user must set in their own config.json to serve the same configuration)."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, base: Any, prefix: str) -> None:
+        if isinstance(node, dict) and isinstance(base, dict):
+            for key, value in node.items():
+                walk(value, base.get(key, _MISSING), f"{prefix}{key}.")
+        elif isinstance(node, list) and isinstance(base, list) and len(node) == len(base) and node and all(
+                isinstance(x, dict) for x in node):
+            for i, (a, b) in enumerate(zip(node, base, strict=True)):
+                walk(a, b, f"{prefix}{i}.")
+        elif node != base:
+            out[prefix.rstrip(".")] = node
+
+    walk(document, load_template(), "")
+    return out
+
+
+_MISSING = object()

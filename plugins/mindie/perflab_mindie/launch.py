@@ -58,6 +58,12 @@ def _port(name: str, value: object) -> int:
     return value
 
 
+def _model_context(model: str, hardware: HardwareSnapshot) -> int | None:
+    from perflab.lab.preflight import model_context
+
+    return model_context(model, simulated=hardware.simulated)
+
+
 def build(config: ServeConfig, hardware: HardwareSnapshot, workdir: Path) -> LaunchSpec:
     unknown = sorted(set(config.options) - OPTIONS)
     if unknown:
@@ -91,6 +97,7 @@ def build(config: ServeConfig, hardware: HardwareSnapshot, workdir: Path) -> Lau
         metrics_port=metrics,
         devices=_devices(config, hardware),
         model_name=name,
+        model_context=_model_context(config.model, hardware),
     )
     path = str(Path(workdir) / CONFIG_FILE)
     env["MIES_CONFIG_JSON_PATH"] = path

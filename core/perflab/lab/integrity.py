@@ -1,0 +1,335 @@
+"""A study's integrity: one writer, a machine that is ready, storage faults that lose nothing.
+
+* :class:`StudyLock` — an OS file lock (``flock``) on ``<study>/.perflab.lock`` held for the
+  whole ``perflab run``; a second run on the same directory exits 2 naming the holder's pid.
+  ``perflab report`` reads without it. The lock dies with its process (no stale-lock cleanup).
+* :func:`device_holders` / :func:`wait_until_ready` — before each launch, the devices a
+  configuration will use must be free: a process holding accelerator memory on them (NVML's
+  compute processes, ``npu-smi info``'s process table, the simulator's memory registry) means
+  the machine is not ready. perflab waits (``timeouts.device_wait_s``) and then stops the study
+  with :class:`MachineNotReady` naming the holder — it never launches into a busy device and
+  records the engine's "Free memory on device ..." crash as the configuration's result.
+* :class:`StorageFault` — disk full, read-only directory, a corrupt ``study.db``: one line,
+  exit 1; everything already measured is in the run directories and the database.
+
+See docs/reliability.md for the whole fault matrix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from perflab.errors import PerflabError
+
+LOCK_NAME = ".perflab.lock"
+DEFAULT_DEVICE_WAIT_S = 60.0
+DEVICE_POLL_S = 2.0
+
+
+class StudyLocked(PerflabError):
+    """Another ``perflab run`` writes this study directory."""
+
+    exit_code = 2
+
+
+class MachineNotReady(PerflabError):
+    """The devices (or a port) a launch needs are held by someone else, or a teardown left
+    something behind: the environment is at fault, not the configuration."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, leftovers: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.leftovers = list(leftovers)
+
+
+class StorageFault(PerflabError):
+    """The study directory cannot be written (disk full, read-only) or its database is corrupt."""
+
+    exit_code = 1
+
+
+# ---------------------------------------------------------------------------------- lock
+
+
+class StudyLock:
+    """``with StudyLock(dir):`` — exclusive, non-blocking; raises :class:`StudyLocked`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = Path(directory) / LOCK_NAME
+        self._fd: int | None = None
+
+    def holder(self) -> str:
+        try:
+            text = self.path.read_text(encoding="utf-8").strip()
+        except OSError:
+            text = ""
+        return text or "unknown pid"
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StudyLocked(
+                f"{self.path.parent}: another perflab run ({self.holder()}) is writing this study; "
+                f"wait for it to finish or stop it (`perflab report` can read the study meanwhile)"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    def __enter__(self) -> StudyLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# ---------------------------------------------------------------------------------- storage
+
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
+
+
+def storage_fault(exc: BaseException, where: Path) -> StorageFault | None:
+    """The one-line error for an exception that is a storage fault, else None."""
+    import sqlite3
+
+    if isinstance(exc, StorageFault):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+        what = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+                errno.EROFS: "the file system is read-only"}.get(exc.errno or 0, os.strerror(exc.errno or 0).lower())
+        return StorageFault(f"{where}: cannot write the study ({what}: {exc.filename or exc}); everything measured so "
+                            f"far is kept — free the space / fix the permissions and re-run the same command to resume")
+    if isinstance(exc, sqlite3.DatabaseError):
+        text = str(exc)
+        if "full" in text:
+            return StorageFault(f"{where}: cannot write the study (the disk is full: {text}); everything measured so "
+                                f"far is kept — free the space and re-run the same command to resume")
+        if "readonly" in text or "read-only" in text:
+            return StorageFault(f"{where}: cannot write the study (read-only: {text}); fix the permissions and re-run")
+        return StorageFault(f"{where}/study.db: {text}; rebuild it from the run directories with "
+                            f"`perflab report --rebuild {where}`")
+    return None
+
+
+def as_fault(exc: BaseException, where: Path) -> PerflabError | None:
+    """The environment fault ``exc`` is (machine not ready, storage), else None (a bug)."""
+    if isinstance(exc, (MachineNotReady, StorageFault)):
+        return exc
+    return storage_fault(exc, where)
+
+
+# ---------------------------------------------------------------------------------- devices
+
+
+@dataclass(frozen=True)
+class DeviceHolder:
+    """A process holding memory on a device a launch needs (or a port it needs)."""
+
+    what: str  # "cuda:0", "ascend:3", "port 8000"
+    pid: int | None
+    command: str
+    mib: int | None = None
+    study: str | None = None  # "perflab study DIR, run runs/007-x" when it is one of ours
+
+    def describe(self) -> str:
+        who = f"pid {self.pid}" if self.pid is not None else "a process perflab cannot see"
+        text = f"{self.what} is held by {who}"
+        if self.command:
+            text += f" ({self.command})"
+        if self.mib is not None:
+            text += f", {self.mib} MiB"
+        if self.study:
+            text += f" — {self.study}"
+        return text
+
+
+def _command(pid: int) -> str:
+    try:
+        proc = psutil.Process(pid)
+        cmd = proc.cmdline()
+        text = " ".join(cmd) if cmd else proc.name()
+    except (psutil.Error, OSError):
+        return ""
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def perflab_owner(pid: int) -> str | None:
+    """"perflab study DIR, run runs/NNN-x" when ``pid`` (or an ancestor) is an engine perflab
+    launched in a study's run directory; "perflab" for a perflab process elsewhere."""
+    try:
+        proc: psutil.Process | None = psutil.Process(pid)
+    except (psutil.Error, OSError):
+        return None
+    for _ in range(6):
+        if proc is None:
+            break
+        try:
+            cwd = Path(proc.cwd())
+        except (psutil.Error, OSError):
+            cwd = None
+        if cwd is not None:
+            for d in (cwd, *cwd.parents[:2]):
+                if d.parent.name == "runs" and (d.parent.parent / "study.db").exists():
+                    return f"perflab study {d.parent.parent}, run runs/{d.name}"
+        try:
+            if "PERFLAB_INSTANCE" in proc.environ():  # perflab.lifecycle.procs.MARKER_ENV
+                return "an engine launched by perflab"
+            proc = proc.parent()
+        except (psutil.Error, OSError):
+            break
+    return None
+
+
+def _sim_holders(env: Mapping[str, str], kind: str, devices: Sequence[int]) -> list[DeviceHolder]:
+    from perflab.sim import state
+
+    out = []
+    for h in state.holders(state.state_dir(env)):
+        for d in devices:
+            mib = h.on(d)
+            if mib:
+                out.append(DeviceHolder(f"{kind}:{d}", h.pid, _command(h.pid) or h.name, mib, perflab_owner(h.pid)))
+    return out
+
+
+def _nvml_holders(devices: Sequence[int]) -> list[DeviceHolder]:
+    """Compute processes on each CUDA device (pynvml.nvmlDeviceGetComputeRunningProcesses,
+    nvidia-ml-py; ``usedGpuMemory`` in bytes, None when the driver hides it)."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    out = []
+    try:
+        for d in devices:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(d)
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except pynvml.NVMLError:
+                continue
+            for p in procs:
+                used = getattr(p, "usedGpuMemory", None)
+                mib = int(used) // (1024 * 1024) if isinstance(used, int) else None
+                out.append(DeviceHolder(f"cuda:{d}", int(p.pid), _command(int(p.pid)), mib, perflab_owner(int(p.pid))))
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+    return out
+
+
+def _npusmi_holders(env: Mapping[str, str], devices: Sequence[int]) -> list[DeviceHolder]:
+    """The process table of ``npu-smi info`` (parsed by perflab.hardware.npusmi_parse),
+    mapped from (NPU id, chip id) to the logic ids launches use."""
+    from perflab.hardware.npusmi_parse import merge, parse_info, parse_mapping
+
+    exe = shutil.which("npu-smi", path=env.get("PATH", os.defpath))
+    if exe is None:
+        return []
+    try:
+        info = parse_info(subprocess.run([exe, "info"], env=dict(env), capture_output=True, text=True,
+                                         timeout=30, check=False).stdout)
+        mapping = subprocess.run([exe, "info", "-m"], env=dict(env), capture_output=True, text=True,
+                                 timeout=15, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    logic = {(c.npu_id, c.chip_id): c.logic_id for c in merge(info, parse_mapping(mapping))}
+    out = []
+    for p in info.processes:
+        d = logic.get((p.npu_id, p.chip_id))
+        if d is not None and d in devices:
+            out.append(DeviceHolder(f"ascend:{d}", p.pid, _command(p.pid) or p.name, p.memory_mb, perflab_owner(p.pid)))
+    return out
+
+
+def device_holders(env: Mapping[str, str], simulated: bool, devices_by_kind: Mapping[str, Sequence[int]],
+                   ports: Iterable[int] = (), host: str = "127.0.0.1") -> list[DeviceHolder]:
+    """Who holds the devices (and fixed ports) a launch needs; [] when the machine is ready."""
+    from perflab.lifecycle.ports import port_is_free, port_owners
+
+    found: list[DeviceHolder] = []
+    for kind, devices in devices_by_kind.items():
+        if not devices:
+            continue
+        if simulated:
+            found += _sim_holders(env, kind, devices)
+        elif kind == "cuda":
+            found += _nvml_holders(devices)
+        elif kind == "ascend":
+            found += _npusmi_holders(env, devices)
+    busy = [p for p in ports if not port_is_free(host, p)]
+    if busy:
+        owners = {o.port: o for o in port_owners(busy)}
+        for p in busy:
+            o = owners.get(p)
+            pid = o.pid if o is not None else None
+            found.append(DeviceHolder(f"port {p}", pid, (_command(pid) if pid else "") or (o.name or "" if o else ""),
+                                      None, perflab_owner(pid) if pid else None))
+    return found
+
+
+async def wait_until_ready(check: Any, wait_s: float, on_wait: Any = None) -> None:
+    """Call ``check()`` (-> list of DeviceHolder) until it is empty or ``wait_s`` passed; then
+    raise :class:`MachineNotReady` naming the holders."""
+    import anyio
+    import anyio.to_thread
+
+    deadline = time.monotonic() + wait_s
+    told = False
+    while True:
+        holders = await anyio.to_thread.run_sync(check)
+        if not holders:
+            return
+        if time.monotonic() >= deadline:
+            raise MachineNotReady(
+                "the machine is not ready: " + "; ".join(h.describe() for h in holders)
+                + f" (waited {wait_s:g} s; nothing was launched — stop it, or raise timeouts.device_wait_s, "
+                  "and re-run the same command to resume)"
+            )
+        if on_wait is not None and not told:
+            on_wait(holders)
+            told = True
+        await anyio.sleep(min(DEVICE_POLL_S, max(0.05, deadline - time.monotonic())))
+
+
+__all__ = [
+    "DEFAULT_DEVICE_WAIT_S",
+    "DeviceHolder",
+    "MachineNotReady",
+    "StorageFault",
+    "StudyLock",
+    "StudyLocked",
+    "as_fault",
+    "device_holders",
+    "perflab_owner",
+    "storage_fault",
+    "wait_until_ready",
+]

@@ -1,0 +1,101 @@
+"""The lab's own preflight: does each workload fit the configuration's context?
+
+A profile whose prompt plus output can exceed the configuration's context limit would fail
+most of its requests ("input too long" from the engine) and the study would report a
+meaningless number. The lab refuses such a (configuration, profile) before launching, with
+the reason, instead. The limit is the configuration's ``max_model_len`` when set, else the
+model's own context (``max_position_embeddings`` of its ``config.json``: a local weight
+directory, the Hugging Face cache, or the simulator's model registry on simulated hardware).
+Engines whose *default* limit is not the model's context set it from the model the way
+GPUStack does (the MindIE plugin: maxSeqLen/maxInputTokenLen, see perflab_mindie.config_json).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from perflab.lab.options import Configuration
+from perflab.lab.plan import Profile
+
+CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions", "max_seq_len")
+
+
+def _from_config_json(path: Path) -> int | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for doc in (data, data.get("text_config") or {}, data.get("llm_config") or {}):
+        for key in CONTEXT_KEYS:
+            value = doc.get(key) if isinstance(doc, Mapping) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def _hf_cache_dirs(env: Mapping[str, str]) -> list[Path]:
+    if env.get("HF_HUB_CACHE"):
+        return [Path(env["HF_HUB_CACHE"])]
+    home = Path(env.get("HF_HOME") or Path(env.get("HOME") or Path.home()) / ".cache" / "huggingface")
+    return [home / "hub"]
+
+
+def model_context(model: str, *, simulated: bool, env: Mapping[str, str] | None = None) -> int | None:
+    """The model's native context length in tokens, or None when perflab cannot know it."""
+    env = os.environ if env is None else env
+    local = Path(model).expanduser()
+    if local.is_dir():
+        return _from_config_json(local / "config.json")
+    if simulated:
+        from perflab.sim.models import UnknownModel, lookup
+
+        try:
+            return lookup(model).context_len
+        except UnknownModel:
+            return None
+    if model.count("/") == 1:  # a Hugging Face id: its config.json in the local cache, if any
+        for hub in _hf_cache_dirs(env):
+            snapshots = hub / f"models--{model.replace('/', '--')}" / "snapshots"
+            if snapshots.is_dir():
+                for snap in sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
+                    found = _from_config_json(snap / "config.json")
+                    if found:
+                        return found
+    return None
+
+
+def tokens_needed(profile: Profile) -> int | None:
+    """The most prompt + output tokens one request of ``profile`` can take (vLLM's random
+    dataset draws lengths in [len·(1-range_ratio), len·(1+range_ratio)]); None when the
+    workload does not fix them (ShareGPT-like datasets)."""
+    if profile.dataset != "random" or profile.input_len is None or profile.output_len is None:
+        return None
+    scale = 1.0 + max(0.0, profile.range_ratio)
+    return math.ceil(profile.input_len * scale) + math.ceil(profile.output_len * scale)
+
+
+def context_limit(config: Configuration, model_ctx: int | None) -> tuple[int | None, str]:
+    """(limit, where it comes from) for one configuration."""
+    explicit = config.options.get("max_model_len")
+    if isinstance(explicit, int) and explicit > 0:
+        return explicit, "max_model_len"
+    return model_ctx, "the model's context (max_position_embeddings)"
+
+
+def too_long(config: Configuration, profiles: list[Profile], model_ctx: int | None) -> dict[str, str]:
+    """{profile name: why it cannot run on this configuration} for the profiles that do not fit."""
+    limit, source = context_limit(config, model_ctx)
+    out: dict[str, str] = {}
+    if limit is None:
+        return out
+    for p in profiles:
+        need = tokens_needed(p)
+        if need is not None and need > limit:
+            out[p.name] = (f"{p.label}: up to {need} prompt + output tokens per request, more than the "
+                           f"{limit}-token context limit ({source}); raise max_model_len (if the model allows) "
+                           f"or shorten the workload")
+    return out
