@@ -356,4 +356,6 @@ def test_stall_in_warm_up_and_with_workers(fake_server: FakeOpenAIServer) -> Non
     assert time.monotonic() - t0 < 15
     assert spread.stall is not None and spread.stall.stage == "run"
     assert spread.metrics["completed"] == 0
-    assert spread.requests and {t.error for t in spread.requests} == {"stalled"}
+    # the worker that saw the stall names it; the other one is stopped by it (cancelled)
+    errors = {t.error for t in spread.requests}
+    assert spread.requests and "stalled" in errors and errors <= {"stalled", "cancelled"}
