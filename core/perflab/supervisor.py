@@ -181,11 +181,13 @@ def _memory_by_device(
     snapshot: HardwareSnapshot, kinds: tuple[str, ...], devices: tuple[int, ...] | None
 ) -> dict[tuple[str, int], tuple[int, int]]:
     # Only the devices this engine uses: replicas run side by side on disjoint devices, and
-    # another replica's memory is not this one's leftover.
+    # another replica's memory is not this one's leftover. Never the host CPU's RAM (kind
+    # "cpu", perflab.hardware.cpu): every process on the machine uses it, so a change there
+    # says nothing about this engine; its processes are checked one by one instead.
     return {
         (a.kind, a.index): (a.memory_used_mib, a.memory_total_mib)
         for a in snapshot.accelerators
-        if a.kind in kinds and (devices is None or a.index in devices)
+        if a.kind in kinds and a.kind != "cpu" and (devices is None or a.index in devices)
     }
 
 
