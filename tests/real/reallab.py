@@ -17,19 +17,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-import pytest
 
 from perflab.lifecycle.procs import MARKER_ENV
-from perflab.realengine import RealEngineEnv, ensure_vllm_cpu
+from perflab.realengine import RealEngineEnv
 
 # Memory the CPU build may use for its KV cache, in GiB (its default fraction of RAM fails on a
 # machine with other work on it). Small: the tiny model needs little.
 KV_SPACE_GIB = "1"
+TOKEN_ENV = "PERFLAB_REAL_TEST_TOKEN"
 MAX_MODEL_LEN = "512"
 
 
@@ -50,11 +50,15 @@ class RealLab:
     def __init__(self, env: RealEngineEnv, tmp: Path) -> None:
         self.env = env
         self.tmp = tmp
+        # inherited by every process this test's perflab starts: what is left is counted (and
+        # killed) by it, so another run of these tests on the same machine is never touched
+        self.token = uuid.uuid4().hex
 
     def environ(self, **extra: str) -> dict[str, str]:
         env = self.env.env()
         env["HF_HUB_OFFLINE"] = "1"  # nothing is downloaded: a missing model fails at once
         env["PYTHONUNBUFFERED"] = "1"
+        env[TOKEN_ENV] = self.token
         env.update(extra)
         return env
 
@@ -82,12 +86,12 @@ class RealLab:
 
     # -- what is left behind
     def engine_processes(self) -> list[psutil.Process]:
-        """Live processes perflab started from this engine environment (by marker, not name)."""
+        """Live processes perflab started for this test (by perflab's marker and the test's token)."""
         found = []
         for p in psutil.process_iter():
             try:
                 environ = p.environ()
-                if MARKER_ENV in environ and environ.get("PATH", "").startswith(str(self.env.bin_dir)):
+                if MARKER_ENV in environ and environ.get(TOKEN_ENV) == self.token:
                     if p.status() != psutil.STATUS_ZOMBIE:
                         found.append(p)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
