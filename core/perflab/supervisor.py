@@ -38,6 +38,7 @@ import psutil
 import structlog
 
 from perflab import engines as engine_hooks
+from perflab import redact
 from perflab.errors import UnsupportedOption
 from perflab.crashes import is_notable
 from perflab.lifecycle import procs, registry
@@ -141,7 +142,7 @@ class Outcome:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        return redact.redact_obj({  # type: ignore[no-any-return]
             "state": self.state,
             "cause": self.cause.name if self.cause else None,
             "reason": self.reason,
@@ -165,7 +166,7 @@ class Outcome:
             "workdir": str(self.workdir) if self.workdir else None,
             "launch": to_jsonable(self.launch),
             "transitions": [{"state": s, "time": t} for s, t in self.transitions],
-        }
+        })
 
 
 def _round(v: float | None) -> float | None:
@@ -229,6 +230,8 @@ class EngineInstance:
         self.config = config
         self.hardware = hardware
         self.env = dict(env)
+        redact.register_config(config)  # its secrets are written as *** from here on
+        redact.register_env(self.env)
         self.workdir = Path(workdir)
         self.force = force
         self.startup_timeout = startup_timeout
@@ -333,6 +336,7 @@ class EngineInstance:
         if spec is None:
             return
         self.launch = o.launch = spec
+        redact.register_launch(spec)
         self.base_url = _connectable_url(spec)
         self.readiness = engine_hooks.readiness(self.pm, self.engine, spec)
         self._write_files(spec)
@@ -340,7 +344,7 @@ class EngineInstance:
         if self.check_memory and self.hardware.accelerators:
             self._baseline = await _in_thread(self._probe_hardware)
 
-        self._transition("launching", argv=list(spec.argv), port=spec.port)
+        self._transition("launching", argv=redact.redact_argv(spec.argv), port=spec.port)
         if not await self._spawn(spec):
             return
         self._transition("waiting-ready", pid=self._proc.pid if self._proc else None, base_url=self.base_url)
@@ -398,11 +402,11 @@ class EngineInstance:
             path = path if path.is_absolute() else self.workdir / path
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(f.content, encoding="utf-8")
-            path.chmod(f.mode)
+            path.chmod(f.mode if redact.scrub(f.content) == f.content else 0o600)  # holds a secret: owner only
         record = {
             "engine": spec.engine,
-            "argv": list(spec.argv),
-            "env": dict(self._env_additions(spec)),
+            "argv": redact.redact_argv(spec.argv),
+            "env": redact.redact_env(self._env_additions(spec)),
             "files": [f.path for f in spec.files],
             "cwd": self._cwd(spec),
             "host": spec.host,
@@ -415,7 +419,7 @@ class EngineInstance:
         }
         # Beside a non-default log name (replicas sharing a run directory), its own record.
         name = "launch.json" if self.log_name == "engine.log" else f"{Path(self.log_name).stem}.launch.json"
-        (self.workdir / name).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        redact.write_text(self.workdir / name, json.dumps(redact.redact_obj(record), indent=2) + "\n")
 
     def _env_additions(self, spec: LaunchSpec) -> dict[str, str]:
         # extra_env is merged too, so an option is never lost if a plugin forgets it; the
@@ -610,7 +614,8 @@ class EngineInstance:
         state = ProbeState()
         ready = False
         refused: ProbeRefused | None = None
-        async with httpx.AsyncClient(trust_env=False) as client:
+        headers = redact.auth_headers(self.launch.argv, {**self.env, **self._env_additions(self.launch)})
+        async with httpx.AsyncClient(trust_env=False, headers=headers) as client:
             with anyio.move_on_after(timeout):
                 async with anyio.create_task_group() as tg:
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from perflab import redact
 from perflab.cli.options import hardware_option, json_option, pop_serve_config, serve_options
 from perflab.errors import PerflabError
 
@@ -225,9 +226,9 @@ def _file_path(workdir: Path, path: str) -> str:
 def launch_json(launch: LaunchSpec, workdir: Path) -> dict[str, Any]:
     return {
         "engine": launch.engine,
-        "argv": list(launch.argv),
-        "env": dict(launch.env),
-        "files": [{"path": _file_path(workdir, f.path), "content": f.content} for f in launch.files],
+        "argv": redact.redact_argv(launch.argv),
+        "env": redact.redact_env(launch.env),
+        "files": [{"path": _file_path(workdir, f.path), "content": redact.scrub(f.content)} for f in launch.files],
         "host": launch.host,
         "port": launch.port,
     }
@@ -265,18 +266,18 @@ def render_command(
     echo(f"# {engine} {version or '(not installed here)'} — {where}")
     if launch.env:
         echo("# environment:")
-        for k, v in launch.env.items():
+        for k, v in redact.redact_env(launch.env).items():
             echo(f"{k}={shlex.quote(v)}")
     if launch.files:
         echo("# files written before start:")
         for f in launch.files:
             echo(f"# --- {_file_path(workdir, f.path)}")
-            echo(f.content.rstrip("\n"))
+            echo(redact.scrub(f.content).rstrip("\n"))
             echo("# ---")
     if launch.cwd:
         echo(f"# working directory: {launch.cwd}")
     echo("# command:")
-    echo(shlex.join(launch.argv))
+    echo(shlex.join(redact.redact_argv(launch.argv)))
     echo(f"# serves {launch.served_model_name!r} on {launch.base_url}")
     for w in launch.warnings:
         click.secho(f"warning: {w}", fg="yellow", err=True)
@@ -309,10 +310,12 @@ def engine_command(ctx: click.Context, engine: str, hardware: str, as_json: bool
     problems = check_support(pm, engine, config, snapshot, version)
     workdir = dry_run_workdir(engine)
     launch = build_launch(pm, engine, config, snapshot, workdir, version)
+    redact.register_config(config)  # printed as ***
+    redact.register_launch(launch)
     if as_json:
         out = launch_json(launch, workdir)
         out["preflight"] = _preflight_json(problems)
-        click.echo(json.dumps(out, indent=2))
+        click.echo(json.dumps(redact.redact_obj(out), indent=2))
         for w in launch.warnings:  # stdout stays pure JSON
             click.secho(f"warning: {w}", fg="yellow", err=True)
     else:

@@ -18,6 +18,7 @@ import click
 import httpx
 import structlog
 
+from perflab import redact
 from perflab.cli.options import hardware_option, json_option, pop_serve_config, serve_options
 
 # Exit statuses (also in --help and docs/lifecycle.md).
@@ -61,6 +62,7 @@ def _configure_logging(quiet: bool) -> None:
     # --json output, and a configuration left by an earlier in-process caller is not ours.
     structlog.configure(
         processors=[
+            redact.structlog_processor,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="%H:%M:%S"),
             structlog.dev.ConsoleRenderer(colors=False),
@@ -115,6 +117,7 @@ def launch(ctx: click.Context, engine: str, hardware: str, check: bool, force: b
     from perflab.hardware import resolve
 
     config = pop_serve_config(kwargs)
+    redact.register_config(config)  # before anything is printed or written
     _configure_logging(quiet=as_json)
     pm = get_pm(ctx)
     pm.engine(engine)  # unknown engine: one-line usage error before anything else
@@ -123,8 +126,7 @@ def launch(ctx: click.Context, engine: str, hardware: str, check: bool, force: b
         _err(f"perflab: warning: hardware probe: {problem}")
     if workdir is None:
         workdir = _default_workdir(engine)
-    else:
-        workdir.mkdir(parents=True, exist_ok=True)
+    redact.private_dir(workdir)  # 0700 when the launch has secrets
     _err(f"perflab: run directory {workdir}")
     code = anyio.run(_launch, pm, engine, config, snapshot, env, workdir, force, startup_timeout, grace, check, as_json)
     sys.exit(code)  # not ctx.exit(): perflab.cli.main runs click in non-standalone mode
@@ -154,7 +156,7 @@ async def _launch(pm: Any, engine: str, config: Any, snapshot: Any, env: dict[st
     if check_result is not None:
         result["check"] = check_result
     if as_json:
-        click.echo(json.dumps(result, indent=2))
+        click.echo(json.dumps(redact.redact_obj(result), indent=2))
     else:
         _print_summary(result, o)
     return _exit_code(o, check_result, guard.exit_code if guard.interrupted else 0, check)
@@ -166,7 +168,7 @@ async def _check(inst: Any) -> dict[str, Any]:
 
     spec = inst.launch
     path = (inst.readiness.generation_path if inst.readiness else None) or "/v1/completions"
-    async with httpx.AsyncClient(trust_env=False) as client:
+    async with httpx.AsyncClient(trust_env=False, headers=redact.auth_headers(spec.argv, {**inst.env, **spec.env})) as client:
         gen = await generate_once(client, connect_host(spec.host), spec.port, path, spec.served_model_name,
                                   prompt="Say hello.", max_tokens=8)
     return {"ok": gen.ok, "path": path, "text": gen.text, "error": gen.error,

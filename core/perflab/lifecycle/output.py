@@ -23,6 +23,7 @@ from typing import IO
 
 import anyio
 
+from perflab import redact
 from perflab.crashes import is_notable
 
 MAX_LINE = 64 * 1024  # a line longer than this is split (progress bars without newlines)
@@ -100,6 +101,7 @@ class OutputPump:
             self._line(raw.decode("utf-8", errors="replace"))
 
     def _line(self, text: str) -> None:
+        text = redact.scrub(text)  # engines echo their arguments (vLLM's "non-default args")
         if self._log is not None:
             self._log.write(text + "\n")
             self._log.flush()
@@ -128,7 +130,7 @@ class OutputPump:
     def note(self, text: str) -> None:
         """Write a perflab line into the engine log (marked, so it is not mistaken for the engine's)."""
         if self._log is not None:
-            self._log.write(f"[perflab] {text}\n")
+            self._log.write(f"[perflab] {redact.scrub(text)}\n")
             self._log.flush()
 
     def close(self) -> None:
