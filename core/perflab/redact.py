@@ -219,6 +219,41 @@ def scrub(text: str) -> str:
     return _REGISTRY.scrub(text)
 
 
+def _inside_quotes(line: str) -> bool:
+    """Whether the end of ``line`` is inside a '...' or "..." string (YAML/TOML, roughly)."""
+    quote: str | None = None
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote is None and c in "'\"":
+            quote = c
+        elif quote == '"' and c == "\\":
+            i += 1
+        elif c == quote:
+            if quote == "'" and line[i + 1 : i + 2] == "'":  # YAML's '' inside '...'
+                i += 1
+            else:
+                quote = None
+        i += 1
+    return quote is not None
+
+
+def scrub_plan(text: str) -> str:
+    """A plan file's text (YAML or TOML) with the known secrets masked so that it still
+    parses: a bare ``***`` is a YAML alias, so a secret outside quotes becomes ``'***'``.
+    Parsed again, the masked plan gives the same configuration keys (options are keyed in
+    their redacted form), so ``perflab report`` and resuming work from the stored copy."""
+    rx = _REGISTRY._rx
+    if rx is None or not text:
+        return text
+
+    def repl(m: re.Match[str]) -> str:
+        line = text[text.rfind("\n", 0, m.start()) + 1 : m.start()]
+        return MASK if _inside_quotes(line) else f"'{MASK}'"
+
+    return rx.sub(repl, text)
+
+
 def redact_argv(argv: Sequence[str]) -> list[str]:
     """An argument list with the values of secret flags masked (and known secrets scrubbed)."""
     out: list[str] = []

@@ -27,6 +27,7 @@ import anyio
 import anyio.to_thread
 import structlog
 
+from perflab import redact
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
@@ -97,7 +98,7 @@ def serving_script(launches: Sequence[LaunchSpec], describe_file: Callable[[str,
     if len(launches) > 1:
         lines.append(f"# {len(launches)} replicas on disjoint devices; the benchmark spreads requests over all of them")
     inside = {str(workdir) + "/", str(workdir.resolve()) + "/"} if workdir is not None else set()
-    for key, value in first.env.items():
+    for key, value in redact.redact_env(first.env).items():  # secrets as ***
         if key.startswith("PERFLAB_"):
             continue
         text = str(value)
@@ -106,7 +107,7 @@ def serving_script(launches: Sequence[LaunchSpec], describe_file: Callable[[str,
             lines.append(f'export {key}="$PWD/{text[len(prefix):]}"')
             continue
         lines.append(f"export {key}={shlex.quote(text)}")
-    lines.append(shlex.join(_strip_host_port(first.argv)))
+    lines.append(shlex.join(redact.redact_argv(_strip_host_port(first.argv))))
     for f in first.files:
         described = describe_file(f.path, f.content) if describe_file is not None else None
         name = Path(f.path).name
@@ -440,6 +441,7 @@ class Executor:
             # the name it is served under (sent in every request)
             model=config.serve_config().model,
             served_model_name=instances[0].launch.served_model_name,
+            headers=tuple(redact.auth_headers(instances[0].launch.argv, {**self._env(), **instances[0].launch.env}).items()),
             backend=profile.backend,
             dataset=profile.dataset,
             num_prompts=profile.num_prompts,

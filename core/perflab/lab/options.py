@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from perflab import redact
 from perflab.types import ServeConfig
 
 # name -> (kind, what the plan must give); the kinds are checked in perflab.lab.plan
@@ -135,7 +136,8 @@ class Configuration:
         return str(self.options["model"])
 
     def canonical(self) -> dict[str, Any]:
-        return {"engine": self.engine, "options": _canonical(dict(self.options))}
+        # secrets as *** (perflab.redact): what is stored and keyed; a plan's masked copy keys the same
+        return {"engine": self.engine, "options": redact.redact_obj(_canonical(dict(self.options)), "options")}
 
     def key(self, salt: Mapping[str, Any] | None = None) -> str:
         """A stable id of what runs: same engine, options (and salt: hardware) -> same key."""
@@ -173,7 +175,7 @@ class Configuration:
                 parts.append(f"{key}={value if not isinstance(value, Mapping) else json.dumps(dict(value))}")
         removed = [k for k in ref if k not in self.options]
         parts += [f"{k}=default" for k in sorted(removed)]
-        return ", ".join(parts)
+        return redact.scrub(", ".join(parts))
 
 
 def replica_devices(

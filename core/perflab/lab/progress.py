@@ -19,6 +19,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from perflab import redact
+
 _MARK = {"ok": ("✓", "green"), "reused": ("↺", "cyan"), "unsupported": ("⊘", "yellow"), "crashed": ("✗", "red"),
          "timeout": ("✗", "red"), "failed": ("✗", "red"), "skipped": ("–", "yellow")}
 
@@ -65,6 +67,7 @@ class StudyProgress:
     # ------------------------------------------------------------------ events
 
     def event(self, kind: str, **f: Any) -> None:
+        f = redact.redact_obj(f)  # labels and errors may carry a secret
         s = self.s
         if kind == "step":
             s.step = f.get("title", "")

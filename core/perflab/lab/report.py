@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perflab import __version__
+from perflab import __version__, redact
 from perflab.lab.study import (
     CRASHED,
     FAILED,
@@ -468,7 +468,7 @@ def write_report(o: StudyOutcome, ctx: ReportContext, directory: Path) -> dict[s
     paths = {"markdown": directory / "report.md", "json": directory / "report.json", "chart": directory / CHART_NAME}
     write_chart(o, ctx, paths["chart"], title=title_of(o, ctx))
     tmp = paths["markdown"].with_suffix(".md.tmp")
-    tmp.write_text(render_markdown(o, ctx), encoding="utf-8")
+    tmp.write_text(redact.scrub(render_markdown(o, ctx)), encoding="utf-8")
     tmp.replace(paths["markdown"])
     write_json(paths["json"], json.loads(json.dumps(build_json(o, ctx), default=str)))
     return paths

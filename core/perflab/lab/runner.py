@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import sqlite3
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 import anyio
 
+from perflab import redact
 from perflab.errors import PerflabError, UnknownEngine
 from perflab.lab.executor import Executor, LabContext
 from perflab.lab.integrity import MachineNotReady, StudyLock, as_fault
@@ -314,6 +314,8 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
     from perflab.lab.studylog import study_logging
     from perflab.supervisor import signal_guard
 
+    redact.register(redact.secrets_in(plan))  # env / --api-key values: written as *** everywhere
+    redact.private_dir(out_dir)  # 0700 when the plan holds a secret
     base_env = study_environment(plan, out_dir, os.environ)
     snapshot, env = await anyio.to_thread.run_sync(resolve, pm, plan.hardware, base_env)
     if SIM_STATE_ENV in base_env:
@@ -328,11 +330,11 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
     suffix = plan.path.suffix if plan.path is not None and plan.path.suffix else ".yaml"
     plan_copy = store.dir / f"plan{suffix}"
     if plan.path is not None and plan.path.is_file() and plan.path.resolve() != plan_copy.resolve():
-        shutil.copyfile(plan.path, plan_copy)
+        redact.write_text(plan_copy, redact.scrub_plan(plan.path.read_text(encoding="utf-8")))
     elif plan.text:
-        plan_copy.write_text(plan.text, encoding="utf-8")
+        redact.write_text(plan_copy, redact.scrub_plan(plan.text))
     for key, value in {
-        "plan_text": plan.text, "plan_path": str(plan.path.resolve() if plan.path and plan.path.exists() else plan_copy),
+        "plan_text": redact.scrub_plan(plan.text), "plan_path": str(plan.path.resolve() if plan.path and plan.path.exists() else plan_copy),
         "hardware": to_jsonable(snapshot), "hardware_spec": plan.hardware, "simulated": snapshot.simulated,
         "time_scale": time_scale, "versions": versions, "display": display, "salt": salt, "last_state": "running",
         "stop_reason": None, "leftovers": [],

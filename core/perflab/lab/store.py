@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perflab import redact
 from perflab.lab.study import CRASHED, FAILED, OK, TIMEOUT, UNSUPPORTED, Result
 
 SCHEMA_VERSION = 1
@@ -193,7 +194,7 @@ class Store:
     # ------------------------------------------------------------------ meta
 
     def set_meta(self, key: str, value: Any) -> None:
-        self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+        self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, json.dumps(redact.redact_obj(value))))
         # the mirror in study.json lets `perflab report --rebuild` recreate the meta
         meta = {r["key"]: json.loads(r["value"]) for r in self.db.execute("SELECT key, value FROM meta")}
         write_json(self.dir / META_FILE, meta)
@@ -206,7 +207,7 @@ class Store:
 
     def begin_session(self, argv: list[str] | None = None) -> int:
         cur = self.db.execute(
-            "INSERT INTO sessions(started, state, argv) VALUES (?, 'running', ?)", (time.time(), json.dumps(argv or []))
+            "INSERT INTO sessions(started, state, argv) VALUES (?, 'running', ?)", (time.time(), json.dumps(redact.redact_obj(argv or [])))
         )
         self.session_id = int(cur.lastrowid or 0)
         # runs left "running" by a session that was killed outright did not finish
@@ -225,7 +226,8 @@ class Store:
         cur = self.db.execute(
             "INSERT INTO runs(session_id, config_key, engine, config, step, label, profiles, state, dir, started)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, 'running', '', ?)",
-            (self.session_id, config_key, engine, json.dumps(config), step, label, json.dumps(profiles), time.time()),
+            (self.session_id, config_key, engine, json.dumps(redact.redact_obj(config)), redact.scrub(step), redact.scrub(label),
+             json.dumps(profiles), time.time()),
         )
         run_id = int(cur.lastrowid or 0)
         rel = Path("runs") / f"{run_id:03d}-{slug(label)}"
@@ -268,7 +270,8 @@ class Store:
                 "INSERT INTO measurements(run_id, config_key, profile_key, profile, status, metrics, num_prompts, error, cause, created)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run_id, config_key, profile_key, profile, m.status, json.dumps(m.metrics) if m.metrics is not None else None,
-                 m.num_prompts, m.error, json.dumps(m.cause) if m.cause else None, created),
+                 m.num_prompts, redact.scrub(m.error or "") or None, json.dumps(redact.redact_obj(m.cause)) if m.cause else None,
+                 created),
             )
             write_json(self.dir / run_dir / _measurement_file(profile), {
                 "run_id": run_id, "config_key": config_key, "profile_key": profile_key, "profile": profile,
@@ -287,8 +290,9 @@ class Store:
             self.db.execute(
                 "UPDATE runs SET state = ?, finished = ?, version = ?, script = ?, reasons = ?, cause = ?, error = ?, log = ?"
                 " WHERE id = ?",
-                (rec.state, time.time(), rec.version, rec.script, json.dumps(rec.reasons),
-                 json.dumps(rec.cause) if rec.cause else None, rec.error, log, run_id),
+                (rec.state, time.time(), rec.version, redact.scrub(rec.script or "") or None,
+                 json.dumps(redact.redact_obj(rec.reasons)), json.dumps(redact.redact_obj(rec.cause)) if rec.cause else None,
+                 redact.scrub(rec.error or "") or None, log, run_id),
             )
             self._write_run_file(run_id)
 
@@ -380,7 +384,7 @@ def write_json(path: Path, value: Any) -> None:
     never half): temp file, fsync, rename; the temp file is removed if anything fails."""
     import os
 
-    data = (json.dumps(value, indent=2, default=str) + "\n").encode("utf-8")
+    data = (json.dumps(redact.redact_obj(value), indent=2, default=str) + "\n").encode("utf-8")  # secrets as ***
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)

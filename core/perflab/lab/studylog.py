@@ -14,6 +14,8 @@ from typing import Any
 
 import structlog
 
+from perflab import redact
+
 LOG_NAME = "study.log"
 
 Listener = Callable[[str, dict[str, Any]], None]
@@ -39,6 +41,7 @@ def study_logging(directory: Path, listener: Listener | None = None) -> Iterator
     fh = path.open("a", encoding="utf-8", buffering=1)
     structlog.configure(
         processors=[
+            redact.structlog_processor,  # before the display and the file see the event
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             _forwarder(listener),

