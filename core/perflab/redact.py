@@ -121,7 +121,8 @@ def secrets_in(value: Any) -> list[str]:
             if all(isinstance(x, str) for x in v):
                 found.extend(argv_secrets(v))
             for x in v:
-                walk(x, key)
+                if not isinstance(x, str):
+                    walk(x, key)
         elif isinstance(v, str) and key == "extra_args":
             try:
                 found.extend(argv_secrets(shlex.split(v)))
@@ -131,7 +132,7 @@ def secrets_in(value: Any) -> list[str]:
             walk({f: getattr(v, f) for f in v.__dataclass_fields__}, key)
 
     walk(value, None)
-    return [s for s in found if s]
+    return list(dict.fromkeys(s for s in found if s))
 
 
 # ================================================================== the registry
