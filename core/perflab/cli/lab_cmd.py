@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from perflab import redact
 from perflab.cli import get_pm
 
 
@@ -30,7 +31,7 @@ def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, 
     )
     if as_json:
         o = summary.outcome
-        click.echo(json.dumps({
+        click.echo(json.dumps(redact.redact_obj({  # secrets as *** (perflab.redact)
             "study_dir": str(summary.study_dir),
             "interrupted": summary.interrupted,
             "runs_launched": summary.measured,
@@ -38,7 +39,7 @@ def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, 
             "complete": o.complete if o else False,
             "optimized": o.optimized.label if o and o.optimized else None,
             "report": {k: str(v) for k, v in summary.report.items()},
-        }, indent=2))
+        }), indent=2))
         if summary.interrupted:
             click.echo("perflab: interrupted; re-run the same command to resume", err=True)
     else:
