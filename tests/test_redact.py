@@ -223,3 +223,13 @@ def test_supervised_sim_vllm_receives_the_real_secrets_and_requires_the_key(tmp_
     assert (tmp_path / "run" / "launch.json").stat().st_mode & 0o777 == 0o600
     assert "'api_key': ['***']" in (tmp_path / "run" / "engine.log").read_text()  # vLLM echoes its args
     assert tok not in str(seen["outcome"]) and key not in str(seen["outcome"])
+
+
+def test_short_numbers_are_not_scrubbed_but_dataclasses_are() -> None:
+    from perflab.types import CrashCause
+
+    key = _secret("sk-")
+    redact.register(["8000", key])
+    assert redact.scrub("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
+    out = redact.redact_obj({"cause": CrashCause("x", f"died with --api-key {key}")})
+    assert out["cause"]["explanation"] == "died with --api-key ***"

@@ -21,6 +21,7 @@ what is launched. See docs/reliability.md, "Secrets".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -60,6 +61,14 @@ MIN_SCRUB_LEN = 4
 _NOT_SECRET_VALUES = frozenset({"true", "false", "none", "null", "auto", "yes", "no"})
 
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+")
+
+
+def _scrubbable(value: str) -> bool:
+    """Long enough to be scrubbed from any text without mangling ordinary words or numbers
+    (a port "8000" given as a secret must not turn every URL into ***)."""
+    if len(value) < MIN_SCRUB_LEN or value.lower() in _NOT_SECRET_VALUES:
+        return False
+    return not (value.isdigit() and len(value) < 8)
 
 # Mappings whose keys are environment variables or engine options: there a secret-looking key
 # masks its value whatever the value is. Elsewhere (report.json's ``config_key``...) keys are
@@ -147,7 +156,7 @@ class _Registry:
         self._rx: re.Pattern[str] | None = None
 
     def add(self, values: Iterable[str]) -> None:
-        new = {v for v in (str(x) for x in values) if len(v) >= MIN_SCRUB_LEN and v.lower() not in _NOT_SECRET_VALUES}
+        new = {v for v in (str(x) for x in values) if _scrubbable(v)}
         with self._lock:
             if new <= self._values:
                 return
@@ -299,6 +308,8 @@ def redact_obj(value: Any, _parent: str | None = None) -> Any:
         return scrub(value)
     if isinstance(value, Path):
         return Path(scrub(str(value)))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return redact_obj({f.name: getattr(value, f.name) for f in dataclasses.fields(value)}, _parent)
     return value
 
 
