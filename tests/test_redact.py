@@ -257,3 +257,18 @@ def test_short_numbers_are_not_scrubbed_but_dataclasses_are() -> None:
     assert redact.scrub("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
     out = redact.redact_obj({"cause": CrashCause("x", f"died with --api-key {key}")})
     assert out["cause"]["explanation"] == "died with --api-key ***"
+
+
+def test_bench_client_sends_the_engines_key_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lab passes the engine's key as an explicit header; an OPENAI_API_KEY in the
+    environment (what `vllm bench serve` reads) must not add a second, wrong one."""
+    from perflab.bench.client import request_headers
+    from perflab.bench.request import BenchRequest
+
+    monkeypatch.setenv("OPENAI_API_KEY", "from-env")
+    req = BenchRequest(base_urls=("http://127.0.0.1:1",), model="m",
+                       headers=tuple(redact.auth_headers(["vllm", "--api-key", "engine-key"]).items()))
+    auth = [v for k, v in request_headers(req) if k.lower() == "authorization"]
+    assert auth == ["Bearer engine-key"]
+    plain = BenchRequest(base_urls=("http://127.0.0.1:1",), model="m")
+    assert [v for k, v in request_headers(plain) if k.lower() == "authorization"] == ["Bearer from-env"]

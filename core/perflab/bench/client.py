@@ -123,7 +123,7 @@ class Prepared:
 def request_headers(req: BenchRequest) -> list[tuple[str, str]]:
     headers = [("Content-Type", "application/json"), ("Accept", "text/event-stream"), ("User-Agent", USER_AGENT)]
     api_key = os.environ.get("OPENAI_API_KEY")
-    if api_key:
+    if api_key and not any(k.lower() == "authorization" for k, _ in req.headers):  # an explicit one wins
         headers.append(("Authorization", f"Bearer {api_key}"))
     headers.extend(req.headers)
     return headers
