@@ -272,3 +272,17 @@ def test_bench_client_sends_the_engines_key_once(monkeypatch: pytest.MonkeyPatch
     assert auth == ["Bearer engine-key"]
     plain = BenchRequest(base_urls=("http://127.0.0.1:1",), model="m")
     assert [v for k, v in request_headers(plain) if k.lower() == "authorization"] == ["Bearer from-env"]
+
+
+def test_study_log_masks_secrets_in_tracebacks(tmp_path: Path) -> None:
+    from perflab.lab.studylog import study_logging
+
+    key = _secret("sk-")
+    redact.register([key])
+    with study_logging(tmp_path) as log:
+        try:
+            raise RuntimeError(f"engine refused --api-key {key}")
+        except RuntimeError:
+            log.exception("lab.run-error", argv=["vllm", "--api-key", key])
+    text = (tmp_path / "study.log").read_text()
+    assert key not in text and "engine refused --api-key ***" in text

@@ -62,9 +62,10 @@ def _configure_logging(quiet: bool) -> None:
     # --json output, and a configuration left by an earlier in-process caller is not ours.
     structlog.configure(
         processors=[
-            redact.structlog_processor,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="%H:%M:%S"),
+            structlog.processors.format_exc_info,
+            redact.structlog_processor,  # after the traceback is text: it may quote a secret
             structlog.dev.ConsoleRenderer(colors=False),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING if quiet else logging.INFO),

@@ -47,6 +47,7 @@ def study_logging(directory: Path, listener: Listener | None = None) -> Iterator
             _forwarder(listener),
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            redact.structlog_processor,  # again: a traceback may quote a secret
             structlog.processors.JSONRenderer(default=str),
         ],
         logger_factory=structlog.WriteLoggerFactory(file=fh),
