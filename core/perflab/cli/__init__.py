@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rv = cli.main(args=argv, prog_name="perflab", standalone_mode=False)
     except PerflabError as exc:
-        click.echo(f"perflab: error: {exc}", err=True)
+        from perflab.redact import scrub
+
+        click.echo(f"perflab: error: {scrub(str(exc))}", err=True)  # known secrets as ***
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("perflab: aborted", err=True)
