@@ -286,3 +286,15 @@ def test_study_log_masks_secrets_in_tracebacks(tmp_path: Path) -> None:
             log.exception("lab.run-error", argv=["vllm", "--api-key", key])
     text = (tmp_path / "study.log").read_text()
     assert key not in text and "engine refused --api-key ***" in text
+
+
+def test_plan_errors_do_not_quote_a_secret() -> None:
+    from perflab.errors import UsageError
+
+    key = _secret("sk-")
+    text = (f"name: s\nmodel: m\nengines: [vllm]\nserve:\n  env: {{HF_TOKEN: {key}}}\n  max_num_seqs: {key}\n"
+            f"profiles:\n  main: {{input_len: 8, output_len: 2}}\n")
+    with pytest.raises(UsageError) as err:
+        load_plan_text(text, path="plan.yaml", check_files=False)
+    assert "max_num_seqs" in str(err.value) and key in str(err.value)  # the message quotes the value
+    assert key not in redact.scrub(str(err.value))  # what `perflab: error:` prints

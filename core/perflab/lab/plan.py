@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from perflab import redact
 from perflab.errors import UsageError
 from perflab.lab.options import OPTION_KINDS, Configuration, apply_delta, normalise
 
@@ -932,4 +933,5 @@ def load_plan_text(text: str, *, path: str | Path = "plan.yaml", known_engines: 
             where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             raise UsageError(f"{path}: {where}invalid YAML ({problem})") from None
+    redact.register(redact.secrets_in(data))  # before a validation message can quote one
     return parse_plan(data, path=path, text=text, known_engines=known_engines, check_files=check_files)
