@@ -38,7 +38,9 @@ ap.add_argument("--fault-after", type=float, default=0.3)
 ap.add_argument("--keep-alive", action="store_true")
 ap.add_argument("--health-503-until-ready", type=float, default=0.0)
 ap.add_argument("--gen-status", type=int, default=200)
-ap.add_argument("--api-key", default="")  # like vLLM's: /v1/* answer 401 without "Authorization: Bearer KEY"
+# like vLLM's: /v1/* answer 401 without "Authorization: Bearer KEY"; REPLAY_API_KEY stands for a
+# key perflab cannot know (set outside the engine's argv and VLLM_API_KEY)
+ap.add_argument("--api-key", default=os.environ.get("REPLAY_API_KEY", ""))
 a = ap.parse_args()
 
 DEAD_BODY = {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",

@@ -149,10 +149,20 @@ async def test_auth_errors_are_not_retried(pm: PluginManager, tmp_path: Path) ->
 
 
 @pytest.mark.anyio
-async def test_an_api_key_on_the_engine_ends_readiness_at_once(pm: PluginManager, tmp_path: Path) -> None:
-    """vLLM --api-key guards /v1/*: GET /v1/models answers 401; no wait for the start-up timeout."""
+async def test_the_probe_sends_the_engines_api_key(pm: PluginManager, tmp_path: Path) -> None:
+    """vLLM --api-key guards /v1/*: the probe sends the key of the launch's argv (perflab.redact)."""
+    async with run(pm, tmp_path, "enginecore-killed", "--api-key", "secret-key", timeout=30.0) as inst:
+        assert inst.outcome.state == "ready", inst.outcome.to_json()
+
+
+@pytest.mark.anyio
+async def test_an_api_key_on_the_engine_ends_readiness_at_once(pm: PluginManager, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key perflab does not know (not in the argv nor VLLM_API_KEY): GET /v1/models answers
+    401; no wait for the start-up timeout."""
+    monkeypatch.setenv("REPLAY_API_KEY", "secret")
     t0 = time.monotonic()
-    async with run(pm, tmp_path, "enginecore-killed", "--api-key", "secret", timeout=30.0) as inst:
+    async with run(pm, tmp_path, "enginecore-killed", timeout=30.0) as inst:
         o = inst.outcome
         assert o.state == "timeout" and o.cause is not None and o.cause.name == "probe-refused", o.to_json()
         assert "GET /v1/models" in o.cause.explanation and "HTTP 401" in o.cause.explanation

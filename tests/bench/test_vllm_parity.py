@@ -88,7 +88,7 @@ def test_the_lab_benchmarks_a_local_model_with_its_own_tokenizer(tmp_path: Path,
     monkeypatch.setattr(bench, "run_benchmark_sync", fake_run)
     ctx = LabContext(pm=None, plan=SimpleNamespace(timeouts=Timeouts(benchmark_s=30.0)),  # type: ignore[arg-type]
                      hardware=SimpleNamespace(simulated=False), env={})  # type: ignore[arg-type]
-    inst = SimpleNamespace(base_url="http://127.0.0.1:9", launch=SimpleNamespace(served_model_name="tiny"),
+    inst = SimpleNamespace(base_url="http://127.0.0.1:9", launch=SimpleNamespace(served_model_name="tiny", argv=("vllm",), env={}),
                            died=anyio.Event(), outcome=SimpleNamespace(cause=None, log=None))
     config = Configuration("vllm", {"model": str(d), "served_model_name": "tiny"})
     profile = Profile(name="main", label="Main", input_len=3000, output_len=10, num_prompts=5)
