@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -269,20 +270,26 @@ def test_an_owner_killed_or_hung_up_leaves_no_engine(tree: Tree, how: int) -> No
 
 
 def test_an_engine_that_cannot_start_raises_and_leaves_no_keeper(tmp_path: Path) -> None:
-    before = {p.pid for p in psutil.process_iter() if "perflab.lifecycle.keeper" in _cmd(p)}
+    tag = secrets.token_hex(8)  # in the keeper's own environment: finds our keeper, not others'
     with pytest.raises(FileNotFoundError):
-        procs.spawn([str(tmp_path / "no-such-engine")], dict(os.environ), None, grace=1.0)
-    time.sleep(0.3)
-    after = {p.pid for p in psutil.process_iter() if "perflab.lifecycle.keeper" in _cmd(p) and _running(p.pid)}
-    assert not (after - before)
-    assert psutil.Process().children() == []
+        procs.spawn([str(tmp_path / "no-such-engine")], dict(os.environ), None, grace=1.0,
+                    keeper_env={**os.environ, "KEEPER_TEST_TAG": tag})
+    deadline = time.monotonic() + 3
+    while _tagged(tag):
+        assert time.monotonic() < deadline, "the keeper did not exit"
+        time.sleep(0.02)
+    assert psutil.Process().children() == []  # the first process of the double fork is reaped
 
 
-def _cmd(p: psutil.Process) -> str:
-    try:
-        return " ".join(p.cmdline())
-    except psutil.Error:
-        return ""
+def _tagged(tag: str) -> list[int]:
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("KEEPER_TEST_TAG") == tag and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return out
 
 
 def test_marker_round_trip_and_owner() -> None:
