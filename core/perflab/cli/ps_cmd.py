@@ -39,20 +39,16 @@ def ps(as_json: bool) -> None:
     if not engines:
         click.echo("No engine started by perflab is running.")
         return
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=box.SIMPLE_HEAD)
-    for col in ("study", "run", "pid", "keeper", "port", "age", "owner", "command"):
-        wrap = col in ("study", "command")
-        table.add_column(col, overflow="fold" if wrap else "ellipsis", no_wrap=not wrap)
+    # Plain columns, never truncated: a study path or a pid cut short is of no use.
     now = time.time()
+    rows = [("STUDY", "RUN", "PID", "KEEPER", "PORT", "AGE", "OWNER", "COMMAND")]
     for e in engines:
-        owner = f"{e.marker.owner_pid}" if e.owner_alive else f"{e.marker.owner_pid} (gone: orphan)"
-        table.add_row(e.marker.study, e.marker.run, str(e.pid), str(e.keeper_pid or "-"),
-                      ",".join(map(str, e.ports)) or "-", _age(now - e.started), owner, e.command[:60])
-    Console().print(table)
+        owner = str(e.marker.owner_pid) if e.owner_alive else f"{e.marker.owner_pid}(gone:orphan)"
+        rows.append((e.marker.study, e.marker.run, str(e.pid), str(e.keeper_pid or "-"),
+                     ",".join(map(str, e.ports)) or "-", _age(now - e.started), owner, e.command[:60]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
 
 
 @click.command("kill")

@@ -597,13 +597,21 @@ def _is_keeper(pid: int) -> bool:
 def find_engines() -> list[RunningEngine]:
     """Every live process whose environment carries a perflab marker, grouped by marker.
 
-    Only processes of users we may read (``/proc/PID/environ``) are seen: one's own.
+    Only processes of users we may read (``/proc/PID/environ``) are seen: one's own. A process
+    that rewrote its environment area (vLLM's ``VLLM::EngineCore`` sets its title with
+    setproctitle, which leaves ``/proc/PID/environ`` empty) is counted through the leader's
+    session instead.
     """
     groups: dict[str, list[psutil.Process]] = {}
+    by_session: dict[int, list[psutil.Process]] = {}
     me = os.getpid()
     for p in psutil.process_iter():
         if p.pid == me:
             continue
+        try:
+            by_session.setdefault(os.getsid(p.pid), []).append(p)
+        except OSError:
+            pass
         try:
             value = p.environ().get(MARKER_ENV)
             if value and Marker.parse(value) is not None and _alive(p):
@@ -625,6 +633,10 @@ def find_engines() -> list[RunningEngine]:
         if not roots:
             continue
         leader = min(roots, key=lambda p: p.create_time())
+        for p in by_session.get(leader.pid, []):  # its session (the keeper started it in its own)
+            if p.pid not in pids and _alive(p):
+                members.append(p)
+                pids.add(p.pid)
         ports: set[int] = set()
         for p in members:
             try:
@@ -638,12 +650,31 @@ def find_engines() -> list[RunningEngine]:
             started = leader.create_time()
         except psutil.Error:
             continue
+        served = _served_ports(leader, value)
+        if served:
+            ports = set(served)  # the serving port(s), not the engine's internal listeners (ZMQ, NCCL)
         found.append(RunningEngine(
             marker=marker, marker_value=value, pid=leader.pid, pids=tuple(sorted(pids)),
             keeper_pid=parent if _is_keeper(parent) else None, ports=tuple(sorted(ports)), started=started,
             command=describe(leader).partition(" (")[2].rstrip(")"), owner_alive=marker.owner_alive(),
         ))
     return sorted(found, key=lambda e: (e.marker.study, e.marker.run, e.started))
+
+
+def _served_ports(leader: psutil.Process, marker: str) -> tuple[int, ...]:
+    """The ports of the launch.json beside the engine (its cwd) that names this marker."""
+    try:
+        cwd = Path(leader.cwd())
+    except (psutil.Error, OSError):
+        return ()
+    for path in (*cwd.glob("launch.json"), *cwd.glob("*.launch.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("marker") == marker and isinstance(record.get("port"), int):
+            return (record["port"], *[p for p in record.get("extra_ports") or () if isinstance(p, int)])
+    return ()
 
 
 def stop_engine(engine: RunningEngine, grace: float) -> StopReport:
