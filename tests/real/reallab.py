@@ -16,10 +16,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -71,9 +73,8 @@ class RealLab:
                               timeout=timeout, stdin=subprocess.DEVNULL)
         return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
 
-    def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.argv(*args), env=self.environ(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    def popen(self, *args: str) -> Proc:
+        return Proc(self.argv(*args), self.environ())
 
     def launch_args(self, *extra: str, model: Path | str | None = None) -> list[str]:
         """``perflab launch vllm`` on the tiny model, sized for a 2-core machine."""
@@ -86,17 +87,48 @@ class RealLab:
 
     # -- what is left behind
     def engine_processes(self) -> list[psutil.Process]:
-        """Live processes perflab started for this test (by perflab's marker and the test's token)."""
-        found = []
-        for p in psutil.process_iter():
+        """Live processes perflab started for this test.
+
+        The engine leader and the processes that keep their environment carry perflab's marker
+        and this test's token; vLLM's EngineCore and workers rename themselves
+        (``setproctitle``), which empties their ``/proc/PID/environ``, so they are found by the
+        session the keeper started the engine in (the leader's pid, also in ``launch.json``)."""
+        marked: list[psutil.Process] = []
+        sessions: set[int] = set()
+        for launch in self.tmp.rglob("launch.json"):
+            try:
+                pid = json.loads(launch.read_text()).get("pid")
+            except (OSError, ValueError):
+                continue
+            if isinstance(pid, int):
+                sessions.add(pid)
+        everyone = list(psutil.process_iter())
+        for p in everyone:
             try:
                 environ = p.environ()
-                if MARKER_ENV in environ and environ.get(TOKEN_ENV) == self.token:
-                    if p.status() != psutil.STATUS_ZOMBIE:
-                        found.append(p)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-        return found
+            if MARKER_ENV in environ and environ.get(TOKEN_ENV) == self.token:
+                marked.append(p)
+                try:
+                    sessions.add(os.getsid(p.pid))
+                except OSError:
+                    pass
+        found = {p.pid: p for p in marked}
+        for p in everyone:
+            try:
+                if p.pid not in found and os.getsid(p.pid) in sessions:
+                    found[p.pid] = p
+            except OSError:
+                continue
+        alive = []
+        for p in found.values():
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE and p.pid != os.getpid():
+                    alive.append(p)
+            except psutil.Error:
+                continue
+        return alive
 
     def assert_nothing_left(self, port: int | None = None, within: float = 5.0) -> None:
         deadline = time.monotonic() + within
@@ -131,30 +163,64 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> str:
-    """Read ``proc``'s stderr until a line containing ``needle`` (returns it)."""
-    import selectors
+class Proc:
+    """A perflab command running in the background; its output is drained by threads (so a
+    line is never stuck in a pipe buffer while the test waits for it)."""
 
-    assert proc.stderr is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stderr, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    seen: list[str] = []
-    while time.monotonic() < deadline:
-        if not sel.select(timeout=0.5):
-            if proc.poll() is not None:
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, stdin=subprocess.DEVNULL)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._threads = [threading.Thread(target=self._drain, args=(s, buf), daemon=True)
+                         for s, buf in ((self.popen.stdout, self.out), (self.popen.stderr, self.err))]
+        for th in self._threads:
+            th.start()
+
+    @staticmethod
+    def _drain(stream: Any, buf: list[str]) -> None:
+        for line in stream:
+            buf.append(line)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def wait_for_line(self, needle: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            lines = list(self.err)
+            for line in lines[seen:]:
+                if needle in line:
+                    return line
+            seen = len(lines)
+            if self.popen.poll() is not None and not self._threads[1].is_alive():
                 break
-            continue
-        line = proc.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if needle in line:
-            return line
-    raise AssertionError(f"no line with {needle!r} within {timeout} s; stderr:\n{''.join(seen[-30:])}")
+            time.sleep(0.1)
+        raise AssertionError(f"no line with {needle!r} within {timeout} s; stderr:\n{''.join(self.err[-30:])}")
 
+    def finish(self, timeout: float) -> tuple[int, str, str]:
+        """Wait for it to exit (killing it if it does not); return (exit code, stdout, stderr)."""
+        try:
+            rc = self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+            raise
+        finally:
+            for th in self._threads:
+                th.join(timeout=10)
+        return rc, "".join(self.out), "".join(self.err)
 
-def stop(proc: subprocess.Popen[str], sig: int = signal.SIGINT, timeout: float = 60) -> tuple[int, str, str]:
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 60) -> tuple[int, str, str]:
+        self.popen.send_signal(sig)
+        return self.finish(timeout)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()

@@ -20,13 +20,13 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from reallab import RealLab, free_port, port_is_free, stop, wait_for_line
+from reallab import Proc, RealLab, free_port
 
 READY_RE = re.compile(r"ready in ([\d.]+) s at (http://\S+);")
 
 
-def _ready(proc) -> tuple[float, str]:
-    line = wait_for_line(proc, "ready in", timeout=300)
+def _ready(proc: Proc) -> tuple[float, str]:
+    line = proc.wait_for_line("ready in", timeout=300)
     m = READY_RE.search(line)
     assert m, line
     return float(m.group(1)), m.group(2)
@@ -43,6 +43,7 @@ def _scrape(base_url: str) -> dict[str, float]:
 
 
 def _engine_core(lab: RealLab, timeout: float = 30) -> psutil.Process:
+    """vLLM's engine core process (``VLLM::EngineCore``, in the engine's session)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for p in lab.engine_processes():
@@ -83,7 +84,12 @@ def test_launch_check_serves_and_tears_down_cleanly(lab: RealLab) -> None:
     assert "0.32.0" in (out["version"] or "")
     log = Path(out["log"]).read_text(errors="replace")
     assert "Starting vLLM server on http://" in log  # vLLM 0.32's own ready line (entry.py)
-    assert "EngineDeadError" not in log  # a clean teardown is not an engine death
+    # one SIGTERM to the API server: vLLM stops its own engine core and workers. vLLM 0.32 may
+    # still log an EngineDeadError from its output handler *after* its own shutdown completed
+    # (a race inside vLLM, seen with a single SIGTERM too); never before it.
+    before_shutdown = log.split("[shutdown] MPClient: complete")[0]
+    assert "EngineDeadError" not in before_shutdown
+    assert log.count("EngineCore: trigger received signal=SIGTERM") <= 1
     print(f"\nlaunch --check: ready {out['ready_s']} s (own line {out['ready_log_s']} s), "
           f"teardown {out['teardown_s']} s, notes {out['notes']}")
     assert not any("SIGKILL" in n for n in out["notes"]), out["notes"]
@@ -101,7 +107,6 @@ def test_bench_totals_equal_what_vllm_counted(lab: RealLab) -> None:
         version = httpx.get(f"{base_url}/version", timeout=10).json()["version"]
         assert version.startswith("0.32.0")
         before = _scrape(base_url)
-        result_dir = lab.tmp / "results"
         r = lab.run("bench", "--base-url", base_url, "--model", "tiny", "--tokenizer", str(lab.env.model),
                     "--dataset", "random", "--random-input-len", "48", "--random-output-len", "12",
                     "--num-prompts", "24", "--max-concurrency", "4", "--seed", "7", "--json",
@@ -110,7 +115,7 @@ def test_bench_totals_equal_what_vllm_counted(lab: RealLab) -> None:
         res = r.json()
         after = _scrape(base_url)
     finally:
-        rc, out, err = stop(proc, signal.SIGINT, timeout=90)
+        rc, out, err = proc.stop(signal.SIGINT, timeout=90)
     assert rc == 0, err[-3000:]
 
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
@@ -195,10 +200,9 @@ def test_sigint_during_a_study_benchmark_stops_everything(lab: RealLab) -> None:
         _engine_core(lab, timeout=300)
         _wait_for_generation(lab, out)
         started = time.monotonic()
-        rc, _, err = stop(proc, signal.SIGINT, timeout=120)
+        rc, _, err = proc.stop(signal.SIGINT, timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        proc.kill()
     print(f"\nSIGINT during benchmark: perflab exited {rc} after {time.monotonic() - started:.1f} s")
     assert rc == 130, err[-3000:]
     lab.assert_nothing_left()
@@ -235,11 +239,10 @@ def test_engine_core_killed_while_idle_is_a_named_crash(lab: RealLab, keep_alive
         _ready(proc)
         core = _engine_core(lab)
         core.kill()
-        out, err = proc.communicate(timeout=120)
+        rc, out, err = proc.finish(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 4, err[-3000:]
+        proc.kill()
+    assert rc == 4, err[-3000:]
     result = json.loads(out)
     assert result["state"] == "crashed"
     line = (result["crash"] or {}).get("line") or ""
@@ -256,13 +259,12 @@ def test_engine_core_killed_during_a_benchmark_is_a_named_crash(lab: RealLab) ->
         core = _engine_core(lab, timeout=300)
         _wait_for_generation(lab, out)
         core.kill()
-        stdout, stderr = proc.communicate(timeout=300)
+        rc, _, err = proc.finish(timeout=300)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        proc.kill()
     report = json.loads((out / "report.json").read_text())
     blob = json.dumps(report)
-    print(f"\nEngineCore killed mid-benchmark: perflab exited {proc.returncode}")
+    print(f"\nEngineCore killed mid-benchmark: perflab exited {rc}")
     assert "crashed" in blob, blob[:2000]
     assert "CancelledError" not in blob
     assert re.search(r"engine core|EngineCore|EngineDead", blob), blob[:3000]
@@ -339,10 +341,9 @@ def test_sigint_during_startup(lab: RealLab) -> None:
         # the API server is up and the engine core is loading: vLLM is mid-startup
         _engine_core(lab, timeout=120)
         started = time.monotonic()
-        rc, out, err = stop(proc, signal.SIGINT, timeout=60)
+        rc, out, err = proc.stop(signal.SIGINT, timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        proc.kill()
     result = json.loads(out)
     print(f"\nSIGINT during startup: rc {rc} after {time.monotonic() - started:.1f} s, notes {result['notes']}")
     assert rc == 130, err[-2000:]
