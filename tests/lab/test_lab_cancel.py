@@ -178,3 +178,46 @@ def test_ctrl_c_mid_benchmark_keeps_the_profiles_measured_and_exits_130(tmp_path
     measured = _rows(db, "SELECT profile, status FROM measurements ORDER BY id")
     assert measured == [("main", "ok"), ("second", "ok")]
     assert _rows(db, "SELECT state FROM runs ORDER BY id")[-1] == ("interrupted",)
+
+
+# --------------------------------------------------------------------------- a crash under load
+
+CRASH_UNDER_LOAD_PLAN = """
+name: crash-under-load
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x1
+simulation: {time_scale: 50}
+engines: [vllm]
+engine_serve:
+  vllm: {env: {PERFLAB_SIM_FAULT: "crash-after:20"}}
+profiles:
+  burst: {label: All at once, input_len: 64, output_len: 64, num_prompts: 400}
+timeouts: {startup_s: 60, benchmark_s: 120}
+"""
+
+
+def test_a_crash_at_all_at_once_load_is_named_from_the_engines_line_not_our_cancellation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """400 streams open when the engine dies: perflab cancels them all, and the cause it records
+    is the engine's own root line, never the CancelledError of its own cancellation."""
+    import anyio
+    from perflab.lab.plan import load_plan_text
+    from perflab.lab.progress import StudyProgress
+    from perflab.lab.runner import run_study
+    from perflab.plugins import load
+
+    monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))
+    plan = load_plan_text(CRASH_UNDER_LOAD_PLAN, path="crash.yaml")
+    out = tmp_path / "study"
+    with open(os.devnull, "w") as sink:
+        progress = StudyProgress("crash (test)", live=False, stream=sink)
+        anyio.run(lambda: run_study(load(), plan, out, progress=progress))
+    (state, run_dir), = _rows(out / "study.db", "SELECT state, dir FROM runs")
+    assert state == "crashed"
+    outcome = json.loads((out / run_dir / "outcome.json").read_text())
+    cause = outcome["instances"][0]["crash"]
+    assert "illegal memory access" in cause["line"], cause
+    blob = json.dumps(outcome) + (out / "report.md").read_text() + (out / "report.json").read_text()
+    assert "CancelledError" not in blob
+    assert "illegal memory access" in (out / "report.md").read_text()
+    assert psutil.Process().children(recursive=True) == []
