@@ -214,7 +214,7 @@ def write_fake_engine(directory: Path) -> Path:
 def fake_plugin(script: Path, *, check: list[Unsupported] | None = None, files: tuple[FileSpec, ...] = (),
                 extra_ports: tuple[int, ...] = (), executable: str | None = None,
                 teardown_calls: list[dict[str, Any]] | None = None, teardown_raises: bool = False,
-                startup_timeout: float = 20.0) -> ModuleType:
+                startup_timeout: float = 20.0, version_check: Any = None) -> ModuleType:
     """An engine plugin for the fake engine. ``config.options['mode']`` picks its behaviour."""
 
     @hookimpl
@@ -246,7 +246,8 @@ def fake_plugin(script: Path, *, check: list[Unsupported] | None = None, files: 
         if engine != "fake":
             return None
         return Readiness(http=(HttpProbe("/health"),), generation_path="/v1/completions",
-                         ready_log_patterns=(r"FAKE READY",), startup_timeout_s=startup_timeout)
+                         ready_log_patterns=(r"FAKE READY",), startup_timeout_s=startup_timeout,
+                         served_version_check=version_check)
 
     @hookimpl
     def perflab_classify_crash(engine: str, exit_code: int | None, log_tail: str) -> CrashCause | None:
@@ -421,6 +422,31 @@ async def test_ready_serves_then_tears_down_completely(fake: Fake) -> None:
     j = o.to_json()
     assert {"state", "cause", "reason", "log", "ready_s", "teardown_s"} <= set(j)
     json.dumps(j)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("answer", ["mismatch", "boom", None])
+async def test_served_version_is_cross_checked_once_ready(tmp_path: Path, answer: str | None) -> None:
+    seen: list[tuple[str, str | None, int]] = []
+
+    async def check(base_url: str, detected: str | None) -> str | None:
+        async with httpx.AsyncClient(trust_env=False) as c:  # the engine serves when asked
+            seen.append((base_url, detected, (await c.get(base_url + "/health")).status_code))
+        if answer == "boom":
+            raise RuntimeError("plugin bug")
+        return None if answer is None else f"serves 9.9, detected {detected}"
+
+    fake = Fake(tmp_path, version_check=check)
+    async with fake.supervise() as inst:
+        assert inst.outcome.state == "ready"
+        assert seen == [(inst.base_url, "0.0-fake", 200)]
+    warnings = [w.why for w in inst.outcome.warnings if w.what == "version"]
+    if answer is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and ("0.0-fake" in warnings[0] or "plugin bug" in warnings[0])
+        assert inst.outcome.state == "done"  # a warning, never a failure
+    registry.kill_all_now()
 
 
 @pytest.mark.anyio

@@ -221,8 +221,11 @@ def perflab_readiness(engine: str, launch: LaunchSpec) -> Readiness | None:
     :param launch: the spec being started (ports, served model name).
     :returns: a :class:`~perflab.types.Readiness`: HTTP probes that must answer 2xx, the
         path of a one-token generation probe, the engine's ready log line (informative),
-        and a startup timeout. ``None`` for engines not yours (the core's default is
-        ``GET /health`` then a one-token ``/v1/completions``).
+        a startup timeout, and optionally ``served_version_check``: an async
+        ``check(base_url, detected_version)`` the supervisor awaits once the engine is ready,
+        returning a one-line warning when the engine serves another version than the one
+        detected (vLLM: ``GET /version``). ``None`` for engines not yours (the core's default
+        is ``GET /health`` then a one-token ``/v1/completions``).
 
     Example::
 

@@ -352,8 +352,23 @@ class EngineInstance:
             o.ready_s = self._since_launch()
             self._transition("ready", ready_s=_round(o.ready_s), base_url=self.base_url)
             self._background(self._watch_health)
+            await self._check_served_version()
         else:
             await self.teardown()
+
+    async def _check_served_version(self) -> None:
+        """Cross-check the version detected before launch with the one the engine serves."""
+        check = self.readiness.served_version_check if self.readiness else None
+        if check is None or self.base_url is None:
+            return
+        try:
+            with anyio.fail_after(10):
+                warning = await check(self.base_url, self.outcome.version)
+        except Exception as exc:  # a plugin's check must never fail a launch that serves
+            warning = f"the served-version check failed: {type(exc).__name__}: {exc}"
+        if warning:
+            self.outcome.warnings = (*self.outcome.warnings, Unsupported("version", warning, severity="warning"))
+            log.warning("engine.version-mismatch", engine=self.engine, warning=warning)
 
     async def _build_spec(self) -> LaunchSpec | None:
         """Choose the port(s), build the launch; None (with the outcome set) if it cannot start."""

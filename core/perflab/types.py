@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
@@ -210,13 +210,17 @@ class Readiness:
     The supervisor waits for every ``http`` probe to answer 2xx, then (unless
     ``generation_path`` is None) sends a one-token generation to ``generation_path`` and
     requires a token back. ``ready_log_patterns`` are regexes of the engine's own "ready"
-    line; they are recorded, never trusted alone.
+    line; they are recorded, never trusted alone. ``served_version_check``, if given, is
+    awaited once the engine is ready as ``check(base_url, detected_version)`` and returns a
+    one-line warning (the engine serves another version than the one detected, or does not
+    say) or None; the supervisor adds it to the outcome's warnings.
     """
 
     http: tuple[HttpProbe, ...] = (HttpProbe("/health"),)
     generation_path: str | None = "/v1/completions"
     ready_log_patterns: tuple[str, ...] = ()
     startup_timeout_s: float = 1800.0
+    served_version_check: Callable[[str, str | None], Awaitable[str | None]] | None = None
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from perflab.types import HardwareSnapshot, HttpProbe, LaunchSpec, Readiness, ServeConfig
 
 from perflab_vllm.flags import VLLM_OPTIONS, device_env, serve_argv
+from perflab_vllm.version import served_version_warning
 
 ENGINE = "vllm"
 
@@ -38,6 +39,8 @@ READINESS = Readiness(
     ),
     # Loading a 200B+ checkpoint, torch.compile and CUDA-graph capture take many minutes.
     startup_timeout_s=3600.0,
+    # GET /version once serving, compared with the version read from the environment
+    served_version_check=served_version_warning,
 )
 
 
