@@ -36,6 +36,8 @@ ap.add_argument("--exit-code", type=int, default=1)
 ap.add_argument("--fault", default="")
 ap.add_argument("--fault-after", type=float, default=0.3)
 ap.add_argument("--keep-alive", action="store_true")
+# after the death, GET /health never answers (an API server swamped by open streams)
+ap.add_argument("--health-hangs-when-dead", action="store_true")
 ap.add_argument("--health-503-until-ready", type=float, default=0.0)
 ap.add_argument("--gen-status", type=int, default=200)
 # like vLLM's: /v1/* answer 401 without "Authorization: Bearer KEY"; REPLAY_API_KEY stands for a
@@ -114,6 +116,8 @@ class H(http.server.BaseHTTPRequestHandler):
         if self.unauthorized():
             return
         if self.path == "/health":
+            if state["dead"] and a.health_hangs_when_dead:
+                time.sleep(3600)
             if state["dead"]:
                 state["health_after_death"] += 1
                 self.send(200 if state["health_after_death"] == 1 else 503, {})

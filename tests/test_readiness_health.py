@@ -193,6 +193,27 @@ async def test_engine_core_death_with_keep_alive_is_caught_by_the_health_watch(p
 
 
 @pytest.mark.anyio
+async def test_a_swamped_health_endpoint_with_the_death_in_the_log_is_a_crash_in_seconds(
+        pm: PluginManager, tmp_path: Path) -> None:
+    """Measured on the real vLLM with 1041 open streams when its EngineCore was killed: the API
+    server lived on and /health timed out. Timeouts alone wait HEALTH_TIMEOUT_FAIL_S (a busy
+    engine is not a dead one); with the engine's own death line in its output they do not."""
+    from perflab.supervisor import HEALTH_TIMEOUT_FAIL_S
+
+    async with run(pm, tmp_path, "enginecore-killed-keepalive", "--fault", "engine-core-died", "--keep-alive",
+                   "--health-hangs-when-dead") as inst:
+        assert inst.outcome.state == "ready", inst.outcome.to_json()
+        t0 = time.monotonic()
+        with anyio.fail_after(HEALTH_TIMEOUT_FAIL_S / 2):
+            await inst.died.wait()
+        o = inst.outcome
+        assert o.state == "crashed" and o.cause is not None and o.cause.name == "engine-core-died"
+        assert "no answer within" in " ".join(o.notes)
+        print(f"named after {time.monotonic() - t0:.1f} s")
+    assert_gone(inst)
+
+
+@pytest.mark.anyio
 async def test_exit_code_zero_after_the_engine_core_watchdog_is_a_crash(pm: PluginManager, tmp_path: Path) -> None:
     async with run(pm, tmp_path, "enginecore-killed", "--fault", "engine-core-died") as inst:
         assert inst.outcome.state == "ready", inst.outcome.to_json()

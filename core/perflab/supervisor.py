@@ -584,6 +584,11 @@ class EngineInstance:
                     only_timeouts = only_timeouts and "no answer within" in (state.last_error or "")
                     needed = HEALTH_TIMEOUT_FAIL_S if only_timeouts else HEALTH_FAIL_S
                     failing_s = time.monotonic() - since
+                    if only_timeouts and failing_s >= HEALTH_FAIL_S and self._death_in_log():
+                        # probes time out (the API server is swamped by open streams: the real
+                        # vLLM with 1000+ streams when its EngineCore died) and the engine has
+                        # already said why: no need to wait for minutes of silence
+                        needed = HEALTH_FAIL_S
                     if fails >= HEALTH_FAILS and failing_s >= needed:
                         if self._exited.is_set() or self._stopping:
                             return
@@ -591,6 +596,13 @@ class EngineInstance:
                         return
                 with anyio.move_on_after(HEALTH_INTERVAL_S):
                     await self._exited.wait()
+
+    def _death_in_log(self) -> bool:
+        """The engine's output already names a cause (a root line the plugin or the core knows)."""
+        if self._pump is None:
+            return False
+        self._pump.read_available()
+        return self._classify(None).name != "unknown"
 
     def _declare_unhealthy(self, last_error: str, failing_s: float) -> None:
         o = self.outcome

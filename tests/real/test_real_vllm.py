@@ -109,7 +109,7 @@ def test_bench_totals_equal_what_vllm_counted(lab: RealLab) -> None:
         before = _scrape(base_url)
         r = lab.run("bench", "--base-url", base_url, "--model", "tiny", "--tokenizer", str(lab.env.model),
                     "--dataset", "random", "--random-input-len", "48", "--random-output-len", "12",
-                    "--num-prompts", "24", "--max-concurrency", "4", "--seed", "7", "--json",
+                    "--num-prompts", "24", "--max-concurrency", "4", "--seed", "7", "--warmup", "0", "--json",
                     timeout=300)
         assert r.rc == 0, r.stderr[-2000:]
         res = r.json()
