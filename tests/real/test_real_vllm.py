@@ -42,6 +42,18 @@ def _scrape(base_url: str) -> dict[str, float]:
     return sums
 
 
+def _probe_prompt_tokens(base_url: str) -> int:
+    """Prompt tokens of perflab bench's test request, as this engine counts them (``usage``)."""
+    from perflab.bench.client import build_payload
+    from perflab.bench.request import BenchRequest
+
+    payload = build_payload(BenchRequest(base_urls=(base_url,), model="tiny"), "Hello", 1)
+    payload["stream"] = False
+    payload.pop("stream_options", None)
+    answer = httpx.post(f"{base_url}/v1/chat/completions", json=payload, timeout=60).json()
+    return int(answer["usage"]["prompt_tokens"])
+
+
 def _engine_core(lab: RealLab, timeout: float = 30) -> psutil.Process:
     """vLLM's engine core process (``VLLM::EngineCore``, in the engine's session)."""
     deadline = time.monotonic() + timeout
@@ -114,15 +126,18 @@ def test_bench_totals_equal_what_vllm_counted(lab: RealLab) -> None:
         assert r.rc == 0, r.stderr[-2000:]
         res = r.json()
         after = _scrape(base_url)
+        probe_prompt = _probe_prompt_tokens(base_url)  # after the scrape: not in the delta
     finally:
         rc, out, err = proc.stop(signal.SIGINT, timeout=90)
     assert rc == 0, err[-3000:]
 
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     assert res["completed"] == 24 and res["failed"] == 0
-    assert delta["vllm:request_success_total"] == res["completed"]
-    assert delta["vllm:prompt_tokens_total"] == res["total_input_tokens"]
-    assert delta["vllm:generation_tokens_total"] == res["total_output_tokens"]
+    # perflab bench, like `vllm bench serve`, first sends one test request (1 token, prompt
+    # "Hello"); vLLM counts it too
+    assert delta["vllm:request_success_total"] == res["completed"] + 1
+    assert delta["vllm:prompt_tokens_total"] == res["total_input_tokens"] + probe_prompt
+    assert delta["vllm:generation_tokens_total"] == res["total_output_tokens"] + 1
     # the random dataset asks for exactly its output length (ignore_eos, as vLLM's bench does)
     assert res["total_output_tokens"] == 24 * 12
 
