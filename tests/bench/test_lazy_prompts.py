@@ -53,3 +53,17 @@ def test_memory_estimate_refuses_what_would_not_fit() -> None:
         check_memory(req, available=16 << 30)
     assert "\n" not in str(exc.value) and "GiB" in str(exc.value) and "16.0 GiB of memory available" in str(exc.value)
     check_memory(req.replace(num_prompts=1000), available=16 << 30)  # 256 MB: fine
+
+
+def test_a_local_model_without_a_tokenizer_is_counted_approximately_out_loud(tmp_path, capsys) -> None:
+    from perflab.bench.tokenizer import ApproxTokenizer, load_tokenizer
+
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF")
+    tok = load_tokenizer(None, model=str(gguf))
+    assert isinstance(tok, ApproxTokenizer)
+    err = capsys.readouterr().err
+    assert "approximate" in err and str(gguf) in err
+    # a hub id (nothing local) stays quiet: nothing is downloaded, and nothing to warn about
+    load_tokenizer(None, model="Qwen/Qwen3-8B")
+    assert capsys.readouterr().err == ""

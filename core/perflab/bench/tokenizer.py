@@ -185,6 +185,14 @@ def load_tokenizer(spec: str | None, *, model: str | None = None, simulated: boo
             found = _find_tokenizer_json(model)
             if found is not None:
                 return HFTokenizer(found, name=model)
+            if Path(model).expanduser().exists():
+                # a local model without a tokenizer.json (a GGUF file, say): say so on stderr
+                # (stdout may be --json), never count silently approximately
+                import sys
+
+                print(f"perflab: warning: no tokenizer.json for {model}: prompt lengths are approximate; "
+                      "pass --tokenizer FILE (for a GGUF, the llama.cpp example plugin's "
+                      "perflab_llamacpp.gguf.write_tokenizer_json writes its own)", file=sys.stderr)
         return ApproxTokenizer()
     if spec == "whitespace":
         return WhitespaceTokenizer()
