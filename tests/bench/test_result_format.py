@@ -16,9 +16,8 @@ from perflab.bench.result import (
 )
 from perflab.bench.trace import RequestTrace
 
-SEEDS = Path("/work/shared/seeds")
-FIXTURE = Path("/work/shared/fixtures/seeds/seed_results.json")
-needs_seeds = pytest.mark.skipif(not SEEDS.is_dir() or not FIXTURE.is_file(), reason="seed studies not present")
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "seeds" / "seed_results.json"
+SEEDS = FIXTURE.parent / "studies"
 
 BLOCK_RE = re.compile(r"=+ Serving Benchmark Result =+.*?={50}", re.S)
 
@@ -45,7 +44,6 @@ def seed_blocks(name: str) -> list[str]:
     return BLOCK_RE.findall((SEEDS / name).read_text())
 
 
-@needs_seeds
 @pytest.mark.parametrize("seed", ["000_66c74e108a0d1776.txt", "001_7382f1cb439cecdf.txt", "002_df97046e8f66ab3a.txt"])
 def test_vllm_seed_blocks_round_trip_line_for_line(seed: str) -> None:
     blocks = seed_blocks(seed)
@@ -55,7 +53,6 @@ def test_vllm_seed_blocks_round_trip_line_for_line(seed: str) -> None:
         assert format_result_block(parse_result_block(block), percentiles=()).splitlines() == lines
 
 
-@needs_seeds
 def test_gpustack_seed_blocks_round_trip() -> None:
     # seed 004's text lost its line breaks; its blocks have a Latency (s) section and P95 lines,
     # some "N/A", present in some sections and not others.
@@ -70,7 +67,6 @@ def test_gpustack_seed_blocks_round_trip() -> None:
     assert first["mean_e2el_ms"] == pytest.approx(24110.0) and first["max_concurrency"] == 512
 
 
-@needs_seeds
 def test_parse_matches_the_seed_fixture() -> None:
     records = [r for r in json.loads(FIXTURE.read_text()) if r.get("metrics")]
     assert len(records) == 67
@@ -90,7 +86,6 @@ def test_parse_matches_the_seed_fixture() -> None:
                 assert got == pytest.approx(expected * factor), (r["id"], key, got, expected)
 
 
-@needs_seeds
 def test_own_block_has_the_seed_layout() -> None:
     seed_block = seed_blocks("000_66c74e108a0d1776.txt")[-1]  # the one with a concurrency limit
 

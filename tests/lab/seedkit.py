@@ -1,7 +1,6 @@
 """The seeds' own numbers as a fake ``measure`` for the lab's tests.
 
-``data/seed_records.json`` is the subset (seeds 001, 002, 004) of
-``../shared/fixtures/seeds/seed_results.json``: every configuration the seeds measured, with
+``tests/fixtures/seeds/seed_results.json`` holds every configuration the seeds measured, with
 its result block's numbers. :class:`SeedMeasure` answers the study's measure calls from those
 records, so the study logic and the report writer can be checked against the seeds' own
 tables without launching anything.
@@ -18,7 +17,7 @@ from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile
 from perflab.lab.study import CRASHED, OK, PENDING, Result
 
-DATA = Path(__file__).parent / "data"
+SEEDS = Path(__file__).resolve().parents[1] / "fixtures" / "seeds"
 
 # seed record metric names -> vLLM --save-result names (what perflab.bench produces)
 _RENAME = {
@@ -31,12 +30,12 @@ _RENAME = {
 
 
 def seed_records() -> dict[str, dict[str, Any]]:
-    recs = json.loads((DATA / "seed_records.json").read_text())["records"]
+    recs = json.loads((SEEDS / "seed_results.json").read_text())
     return {r["id"]: r for r in recs}
 
 
 def seed_summaries() -> dict[str, Any]:
-    return json.loads((DATA / "seed_summaries.json").read_text())["summaries"]
+    return json.loads((SEEDS / "seed_summaries.json").read_text())
 
 
 def vllm_metrics(record: dict[str, Any], num_prompts: int | None = None) -> dict[str, Any]:

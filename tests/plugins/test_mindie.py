@@ -7,56 +7,24 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 from perflab import engines
 from perflab.errors import UnsupportedOption
-from perflab.plugins import load
-from perflab.types import Accelerator, HardwareSnapshot, HttpProbe, ServeConfig
+from perflab.types import HardwareSnapshot, HttpProbe, ServeConfig
 
 import perflab_mindie
 from perflab_mindie.config_json import load_template
 from perflab_mindie.version import parse_version_info
 
+from .conftest import WORKDIR, gpus, npus, seed_records
+
 ENGINE = "mindie"
-SHARED_SEEDS = Path("/work/shared/fixtures/seeds/seed_results.json")
-WORKDIR = Path("/nonexistent/perflab-run")  # build_launch is pure: nothing is written
-
-
-def npus(n: int, chip: str = "910B3") -> HardwareSnapshot:
-    return HardwareSnapshot(
-        accelerators=tuple(
-            Accelerator(
-                vendor="huawei",
-                kind="ascend",
-                index=i,
-                name=chip,
-                memory_total_mib=65536,
-                chip=chip,
-                npu_id=i,
-                chip_id=0,
-            )
-            for i in range(n)
-        )
-    )
-
 
 NPU1 = npus(1)
 NPU8 = npus(8)
-A100 = HardwareSnapshot(
-    accelerators=(
-        Accelerator(
-            vendor="nvidia", kind="cuda", index=0, name="A100", memory_total_mib=81920, compute_capability=(8, 0)
-        ),
-    )
-)
-
-
-@pytest.fixture(scope="module")
-def pm():
-    return load()
+A100 = gpus("A100", (8, 0), n=1)
 
 
 def build(pm, config: ServeConfig, hardware: HardwareSnapshot = NPU1, version: str | None = "2.1.RC1"):
@@ -136,10 +104,9 @@ def test_quantized_seed_checkpoint_is_served_as_is(pm):
     )
 
 
-@pytest.mark.skipif(not SHARED_SEEDS.exists(), reason="shared seed fixture not on this machine")
 def test_table_covers_every_mindie_command_of_the_seeds():
-    records = json.loads(SHARED_SEEDS.read_text())
-    assert {r["command"] for r in records if r["engine"] == ENGINE} <= set(SEED_COMMANDS)
+    seen = {r["command"] for r in seed_records(ENGINE)}
+    assert seen and seen <= set(SEED_COMMANDS)
 
 
 def test_config_json_keeps_every_template_section_and_key(pm):

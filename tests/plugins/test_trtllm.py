@@ -3,68 +3,31 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import stat
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 from perflab import engines
 from perflab.errors import UnsupportedOption
-from perflab.plugins import load
-from perflab.types import Accelerator, HardwareSnapshot, HttpProbe, ServeConfig
+from perflab.types import HardwareSnapshot, HttpProbe, ServeConfig
 
 import perflab_trtllm
 from perflab_trtllm.version import parse_version_output
 
+from .conftest import WORKDIR, gpus, seed_records, split_equals, without_host_port
+
 ENGINE = "trtllm"
-SHARED_SEEDS = Path("/work/shared/fixtures/seeds/seed_results.json")
-WORKDIR = Path("/nonexistent/perflab-run")  # build_launch is pure: nothing is written
-
-
-def gpus(name: str, cc: tuple[int, int], n: int) -> HardwareSnapshot:
-    return HardwareSnapshot(
-        accelerators=tuple(
-            Accelerator(vendor="nvidia", kind="cuda", index=i, name=name, memory_total_mib=81920, compute_capability=cc)
-            for i in range(n)
-        )
-    )
-
 
 A100 = gpus("NVIDIA A100-SXM4-80GB", (8, 0), 8)
 H100 = gpus("NVIDIA H100 80GB HBM3", (9, 0), 1)
 
 
-@pytest.fixture(scope="module")
-def pm():
-    return load()
-
-
 def build(pm, config: ServeConfig, hardware: HardwareSnapshot = A100):
     return engines.build_launch(pm, ENGINE, config, hardware, WORKDIR, "1.2.0rc1")
-
-
-def normalize(argv) -> list[str]:
-    out: list[str] = []
-    for token in argv:
-        if token.startswith("--") and "=" in token:
-            out += token.split("=", 1)
-        else:
-            out.append(token)
-    return out
-
-
-def without_host_port(argv, host: str, port: int) -> list[str]:
-    argv = normalize(argv)
-    for flag, value in (("--host", host), ("--port", str(port))):
-        i = argv.index(flag)  # always explicit
-        assert argv[i + 1] == value
-        del argv[i : i + 2]
-    return argv
 
 
 def flags_of(spec) -> dict[str, str | None]:
@@ -103,7 +66,7 @@ SEED_COMMANDS = {
 @pytest.mark.parametrize("command", sorted(SEED_COMMANDS))
 def test_seed_command_is_reproduced_exactly(pm, command):
     spec = build(pm, SEED_COMMANDS[command].replace(port=8000))
-    assert without_host_port(spec.argv, "127.0.0.1", 8000) == normalize(shlex.split(command))
+    assert without_host_port(spec.argv, "127.0.0.1", 8000) == split_equals(shlex.split(command))
     assert spec.files == ()
 
 
@@ -114,10 +77,8 @@ def test_quantization_of_a_prequantized_checkpoint_adds_no_flag(pm, model, quant
     assert any(quantization in w for w in spec.warnings)
 
 
-@pytest.mark.skipif(not SHARED_SEEDS.exists(), reason="shared seed fixture not on this machine")
 def test_table_covers_every_trtllm_command_of_the_seeds():
-    records = json.loads(SHARED_SEEDS.read_text())
-    assert {r["command"] for r in records if r["engine"] == ENGINE} == set(SEED_COMMANDS)
+    assert {r["command"] for r in seed_records(ENGINE)} == set(SEED_COMMANDS)
 
 
 # --------------------------------------------------------------------------- launch

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import stat
@@ -15,94 +14,16 @@ import perflab_vllm
 import pytest
 from perflab import engines
 from perflab.errors import UnsupportedOption, UsageError
-from perflab.plugins import load
 from perflab.types import Accelerator, HardwareSnapshot, HttpProbe, ServeConfig
 
+from .conftest import KV_CACHE_LOG, gpus, normalise, seed_records, seed_summaries, shell_argv
+
 # --------------------------------------------------------------------------- helpers
-
-# Spellings that mean the same to vLLM's argparse (vllm/engine/arg_utils.py).
-ALIASES = {
-    "-tp": "--tensor-parallel-size",
-    "-pp": "--pipeline-parallel-size",
-    "-dp": "--data-parallel-size",
-    "-q": "--quantization",
-    "-O": "--compilation-config",
-}
-HOST_PORT = {"--host", "--port"}
-SEED_FIXTURE_DIRS = (
-    Path(__file__).resolve().parents[1] / "fixtures" / "seeds",
-    Path("/work/shared/fixtures/seeds"),
-)
-
-
-def _value(raw: str | None) -> Any:
-    if raw is not None and raw[:1] in "{[":
-        return json.dumps(json.loads(raw), sort_keys=True)
-    return raw
-
-
-def normalise(argv: list[str] | tuple[str, ...]) -> tuple[tuple[str, ...], tuple[tuple[str, Any], ...]]:
-    """(positionals after ``vllm serve``, sorted (flag, value) pairs without --host/--port).
-
-    ``-tp 4`` and ``--tensor-parallel-size=4`` normalise alike; JSON values compare as JSON.
-    """
-    args = list(argv)
-    assert args[:2] == ["vllm", "serve"], args
-    args = args[2:]
-    positional: list[str] = []
-    pairs: list[tuple[str, Any]] = []
-    i = 0
-    while i < len(args):
-        tok = args[i]
-        if not tok.startswith("-"):
-            positional.append(tok)
-            i += 1
-            continue
-        if "=" in tok:
-            name, raw = tok.split("=", 1)
-            i += 1
-        elif i + 1 < len(args) and not args[i + 1].startswith("-"):
-            name, raw = tok, args[i + 1]
-            i += 2
-        else:
-            name, raw = tok, None
-            i += 1
-        name = ALIASES.get(name, name)
-        if name not in HOST_PORT:
-            pairs.append((name, _value(raw)))
-    return tuple(positional), tuple(sorted(pairs, key=lambda p: (p[0], str(p[1]))))
-
-
-def shell_argv(command: str) -> list[str]:
-    """A seed command as bash splits it (backslash-newline continuations included)."""
-    return shlex.split(command.replace("\\\n", " "))
-
-
-def seed_fixture(name: str) -> Path | None:
-    for d in SEED_FIXTURE_DIRS:
-        if (d / name).is_file():
-            return d / name
-    return None
-
-
-def gpus(name: str, cc: tuple[int, int], n: int = 8, mib: int = 81920) -> HardwareSnapshot:
-    return HardwareSnapshot(
-        accelerators=tuple(
-            Accelerator(vendor="nvidia", kind="cuda", index=i, name=name, memory_total_mib=mib, compute_capability=cc)
-            for i in range(n)
-        )
-    )
-
 
 A100 = gpus("NVIDIA A100-SXM4-80GB", (8, 0))
 H100 = gpus("NVIDIA H100 80GB HBM3", (9, 0))
 T4 = gpus("Tesla T4", (7, 5), mib=15360)
 V100 = gpus("Tesla V100-SXM2-32GB", (7, 0), mib=32768)
-
-
-@pytest.fixture(scope="module")
-def pm():
-    return load()
 
 
 def launch(pm, hw: HardwareSnapshot = A100, version: str | None = "0.11.0", **kw: Any):
@@ -201,16 +122,12 @@ def test_seed_commands_reproduced(pm, command: str, fields: dict[str, Any]) -> N
 
 
 def test_every_vllm_seed_command_is_covered() -> None:
-    path = seed_fixture("seed_results.json")
-    if path is None:
-        pytest.skip("seed_results.json not available")
     covered = {normalise(seed_argv(c)) for c, _ in SEED_COMMANDS}
-    records = [r for r in json.loads(path.read_text()) if r["engine"] == "vllm"]
+    records = seed_records("vllm")
     assert records
     missing = sorted({r["command"] for r in records if normalise(seed_argv(r["command"])) not in covered})
     assert missing == []
-    summaries = json.loads(path.with_name("seed_summaries.json").read_text())
-    for summary in summaries.values():
+    for summary in seed_summaries().values():
         cmd = (summary.get("recommended_serving_command") or {}).get("command", "")
         if cmd.startswith("vllm serve") and "env" not in summary["recommended_serving_command"]:
             assert normalise(shell_argv(cmd.replace("\\ ", " "))) in covered, cmd
@@ -571,27 +488,6 @@ def test_core_device_checks_still_apply(pm) -> None:
 
 
 # --------------------------------------------------------------------------- crashes
-
-KV_CACHE_LOG = """\
-(EngineCore_DP0 pid=2207) INFO 10-20 09:14:05 [gpu_model_runner.py:2653] Model loading took 61.03 GiB and 35.1 seconds
-(EngineCore_DP0 pid=2207) INFO 10-20 09:14:07 [gpu_worker.py:298] Available KV cache memory: 1.12 GiB
-(EngineCore_DP0 pid=2207) ERROR 10-20 09:14:07 [core.py:708] EngineCore failed to start.
-(EngineCore_DP0 pid=2207) ERROR 10-20 09:14:07 [core.py:708] Traceback (most recent call last):
-(EngineCore_DP0 pid=2207) ERROR 10-20 09:14:07 [core.py:708]   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 699, in run_engine_core
-(EngineCore_DP0 pid=2207) ERROR 10-20 09:14:07 [core.py:708]     engine_core = EngineCoreProc(*args, **kwargs)
-(EngineCore_DP0 pid=2207) ERROR 10-20 09:14:07 [core.py:708]   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/core/kv_cache_utils.py", line 716, in check_enough_kv_cache_memory
-(EngineCore_DP0 pid=2207) ERROR 10-20 09:14:07 [core.py:708]     raise ValueError(
-(EngineCore_DP0 pid=2207) ERROR 10-20 09:14:07 [core.py:708] ValueError: To serve at least one request with the models's max seq len (131072), (24.00 GiB KV cache is needed, which is larger than the available KV cache memory (1.12 GiB). Based on the available memory, the estimated maximum model length is 6096. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.
-(EngineCore_DP0 pid=2207) Process EngineCore_DP0:
-(EngineCore_DP0 pid=2207) Traceback (most recent call last):
-(EngineCore_DP0 pid=2207) ValueError: To serve at least one request with the models's max seq len (131072), (24.00 GiB KV cache is needed, which is larger than the available KV cache memory (1.12 GiB).
-(APIServer pid=2051) Traceback (most recent call last):
-(APIServer pid=2051)   File "/usr/local/bin/vllm", line 10, in <module>
-(APIServer pid=2051)     sys.exit(main())
-(APIServer pid=2051)   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/utils.py", line 785, in wait_for_engine_startup
-(APIServer pid=2051)     raise RuntimeError("Engine core initialization failed. "
-(APIServer pid=2051) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
-"""
 
 OOM_THEN_NCCL_LOG = """\
 (Worker_TP1 pid=3312) INFO 10-20 10:01:12 [gpu_model_runner.py:3480] Graph capturing finished in 12 secs

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,37 +9,13 @@ import perflab_vllm_ascend
 import pytest
 from perflab import engines
 from perflab.errors import UnsupportedOption, UsageError
-from perflab.plugins import load
-from perflab.types import Accelerator, HardwareSnapshot, ServeConfig
+from perflab.types import HardwareSnapshot, ServeConfig
 
-# The argv normaliser and seed helpers live with the vLLM plugin's tests (same command line).
-_spec = importlib.util.spec_from_file_location("_vllm_plugin_tests", Path(__file__).with_name("test_vllm.py"))
-assert _spec is not None and _spec.loader is not None
-_vllm_tests = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_vllm_tests)
-normalise, shell_argv, seed_fixture = _vllm_tests.normalise, _vllm_tests.shell_argv, _vllm_tests.seed_fixture
-KV_CACHE_LOG = _vllm_tests.KV_CACHE_LOG
+from .conftest import KV_CACHE_LOG, gpus, normalise, npus, seed_records, seed_summaries, shell_argv
 
-
-def npus(chip: str, n: int = 8) -> HardwareSnapshot:
-    return HardwareSnapshot(
-        accelerators=tuple(
-            Accelerator(vendor="huawei", kind="ascend", index=i, name=f"Ascend {chip}", memory_total_mib=65536, chip=chip)
-            for i in range(n)
-        )
-    )
-
-
-A2 = npus("910B3")
-A5 = npus("Ascend950DT")
-H100 = HardwareSnapshot(
-    accelerators=(Accelerator(vendor="nvidia", kind="cuda", index=0, name="H100", memory_total_mib=81920, compute_capability=(9, 0)),)
-)
-
-
-@pytest.fixture(scope="module")
-def pm():
-    return load()
+A2 = npus(chip="910B3")
+A5 = npus(chip="Ascend950DT")
+H100 = gpus("H100", (9, 0), n=1)
 
 
 def launch(pm, hw: HardwareSnapshot = A2, version: str | None = "0.11.0rc2", **kw: Any):
@@ -109,10 +83,7 @@ def test_seed_003_command_and_environment(pm) -> None:
 
 
 def test_seed_003_matches_the_summary_fixture(pm) -> None:
-    path = seed_fixture("seed_summaries.json")
-    if path is None:
-        pytest.skip("seed_summaries.json not available")
-    rec = json.loads(path.read_text())["003_a7a312d188b739ef.txt"]["recommended_serving_command"]
+    rec = seed_summaries()["003_a7a312d188b739ef.txt"]["recommended_serving_command"]
     spec = launch(pm, **SEED_003_CONFIG)
     assert normalise(spec.argv) == normalise(shell_argv(rec["command"]))
     assert dict(spec.env) == {k: v.strip('"') for k, v in rec["env"].items()}
@@ -121,10 +92,7 @@ def test_seed_003_matches_the_summary_fixture(pm) -> None:
 def test_seed_000_vllm_ascend_command(pm) -> None:
     spec = launch(pm, model="Qwen/Qwen3-30B-A3B", tp=2)
     assert normalise(spec.argv) == normalise(shell_argv("vllm serve Qwen/Qwen3-30B-A3B -tp 2"))
-    path = seed_fixture("seed_results.json")
-    if path is not None:
-        cmds = {r["command"] for r in json.loads(path.read_text()) if r["engine"] == "vllm-ascend"}
-        assert cmds == {"vllm serve Qwen/Qwen3-30B-A3B -tp 2"}
+    assert {r["command"] for r in seed_records("vllm-ascend")} == {"vllm serve Qwen/Qwen3-30B-A3B -tp 2"}
 
 
 def test_additional_config_as_json_text(pm) -> None:

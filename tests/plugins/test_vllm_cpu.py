@@ -42,11 +42,6 @@ GPU = HardwareSnapshot(accelerators=(Accelerator(vendor="nvidia", kind="cuda", i
                                                  memory_total_mib=81920, compute_capability=(8, 0), source="nvml"),))
 
 
-@pytest.fixture(scope="module")
-def pm():
-    return load(strict=False)
-
-
 def launch(pm, hw: HardwareSnapshot = SHARED, **kw: Any):
     kw.setdefault("port", 8000)
     return engines.build_launch(pm, "vllm", ServeConfig(**kw), hw, Path("/tmp/perflab-test"), "0.32.0")

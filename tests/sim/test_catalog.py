@@ -21,8 +21,7 @@ from perflab.errors import UsageError
 from perflab.sim import catalog, npusmi, state
 from perflab.sim.nvml import NvmlShim
 
-FIXTURES = Path("/work/shared/fixtures/npu-smi")
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="real npu-smi outputs not available")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "npu-smi"
 
 
 @pytest.fixture
@@ -185,7 +184,6 @@ def _separators(line: str) -> list[int]:
     return [m.start() for m in re.finditer(r"[|+]", line)]
 
 
-@needs_fixtures
 def test_npu_smi_info_table_is_byte_exact_for_the_fixture_values() -> None:
     rows = [npusmi.ChipRow(4, "910B3", "OK", "93.6", 40, 0, 0, 0, "0000:01:00.0", 0, 0, 0, 3161, 65536)]
     assert npusmi.render_info("23.0.1", rows, []) == (FIXTURES / "910B3_info.txt").read_text()
@@ -204,7 +202,6 @@ def _run_npu_smi(args: list[str], env: dict[str, str]) -> str:
     return npusmi.run(args, env)
 
 
-@needs_fixtures
 def test_npu_smi_stand_in_matches_real_line_structure(tmp_path: Path) -> None:
     env = {"PERFLAB_SIM_HARDWARE": "910b3-x8", "PERFLAB_SIM_STATE_DIR": str(tmp_path)}
     table = _run_npu_smi(["info"], env).splitlines()

@@ -16,7 +16,7 @@ from perflab.sim import calibrate, perfmodel, runtime, scheduler
 from perflab.sim.frontends import common, frontend_for, mindie, sglang, trtllm, vllm
 from perflab.sim.frontends.common import EngineExit
 
-FIXTURE_CONFIG = Path("/work/shared/fixtures/mindie/config.json")
+FIXTURE_CONFIG = Path(__file__).resolve().parents[1] / "fixtures" / "mindie" / "config.json"
 CLEAN_ENV = {"PATH": os.environ.get("PATH", "")}
 
 
