@@ -4,8 +4,9 @@ must be one the engine accepts, and must mean what the plugin meant.
 For each engine the installed plugins register, a few serving configurations are built with
 ``perflab.engines.build_launch`` on a simulated machine, the launch's files are written, and
 its argv (``python -m sglang.launch_server ARGS`` for SGLang) or MindIE's config.json is parsed
-by the front end the argv names. An engine whose plugin builds no launch yet is skipped; an
-option a plugin says it cannot express (``UnsupportedOption``) is skipped for that case.
+by the front end the argv names. A case an engine cannot run is declared in the case
+(``refused_by``): the plugin must refuse it, by a preflight error or by ``UnsupportedOption``,
+with a reason naming why; every other case must build and parse. Nothing is skipped.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Case:
     options: dict[str, Any]
     expect: dict[str, Any] = field(default_factory=dict)  # SimEngineConfig field -> value
     model: str = DENSE
+    # engine -> a fragment of the reason its plugin gives for refusing this case
+    refused_by: dict[str, str] = field(default_factory=dict)
 
 
 CASES = [
@@ -46,11 +49,15 @@ CASES = [
     Case("max-num-seqs", {"max_num_seqs": 128}, {"max_num_seqs": 128}),
     Case("prefix-caching-on", {"prefix_caching": True}, {"prefix_caching": True}),
     Case("prefix-caching-off", {"prefix_caching": False}, {"prefix_caching": False}),
-    Case("speculative-ngram", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}}, {"spec_method": "ngram"}),
-    Case("quantization-fp8", {"quantization": "fp8"}, {"quantization": "fp8"}, model="Qwen/Qwen3-8B-FP8"),
-    Case("quantization-w8a8", {"quantization": "w8a8"}, {"quantization": "w8a8"}, model="Qwen/Qwen3-8B-W8A8"),
+    Case("speculative-ngram", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}}, {"spec_method": "ngram"},
+         refused_by={"mindie": "speculative_config.method='ngram'"}),
+    Case("quantization-fp8", {"quantization": "fp8"}, {"quantization": "fp8"}, model="Qwen/Qwen3-8B-FP8",
+         refused_by={"sglang": "SM89+", "trtllm": "SM89+", "vllm-ascend": "does not support fp8"}),  # A100: SM80
+    Case("quantization-w8a8", {"quantization": "w8a8"}, {"quantization": "w8a8"}, model="Qwen/Qwen3-8B-W8A8",
+         refused_by={"sglang": "quantization=w8a8", "vllm": "Unknown quantization method",
+                     "vllm-ascend": "not supported in npu"}),
     Case("mem-fraction", {"mem_fraction": 0.85}, {}),
-    Case("served-name", {"served_model_name": "qwen"}, {}),
+    Case("served-name", {"served_model_name": "qwen"}, {}, refused_by={"trtllm": "no served-model-name option"}),
 ]
 
 
@@ -109,12 +116,17 @@ def test_plugin_launch_parses_in_the_simulator(
     if engine == "mindie" and case.model == DENSE and case.name == "tp":
         config = config.replace(model="Qwen/Qwen3-14B")
     problems = [u for u in engines.check_support(pm, engine, config, snapshot, version) if u.severity == "error"]
-    if problems:
-        pytest.skip(f"{engine} reports {case.name} unsupported: {problems[0].what}: {problems[0].why}")
-    try:
-        spec = engines.build_launch(pm, engine, config, snapshot, tmp_path, version)
-    except UnsupportedOption as exc:
-        pytest.skip(f"{engine} cannot express {case.name}: {exc}")
+    refused = f"{problems[0].what}: {problems[0].why}" if problems else None
+    if refused is None:
+        try:
+            spec = engines.build_launch(pm, engine, config, snapshot, tmp_path, version)
+        except UnsupportedOption as exc:
+            refused = str(exc)
+    if engine in case.refused_by:
+        assert refused is not None, f"{engine} accepts {case.name}; expected a refusal naming {case.refused_by[engine]!r}"
+        assert case.refused_by[engine] in refused, f"{engine} refuses {case.name} for another reason: {refused}"
+        return
+    assert refused is None, f"{engine} refuses {case.name}: {refused}"
     for f in spec.files:
         path = Path(f.path) if os.path.isabs(f.path) else tmp_path / f.path
         path.parent.mkdir(parents=True, exist_ok=True)
