@@ -150,7 +150,7 @@ def two_toys(dists: Dists) -> Dists:
 
 
 def loaded(pm: PluginManager) -> set[str]:
-    return {r.name for r in pm.records if not r.builtin}
+    return {r.name for r in pm.records if not r.builtin and r.status == "ok"}
 
 
 def test_load_plugins_unset_loads_every_entry_point(two_toys: Dists) -> None:
@@ -175,8 +175,38 @@ def test_load_plugins_by_entry_point_or_distribution_name(two_toys: Dists) -> No
 def test_disable_plugins(two_toys: Dists) -> None:
     pm = PluginManager(environ={"PERFLAB_LOAD_PLUGINS": "toyone,toytwo", "PERFLAB_DISABLE_PLUGINS": "perflab-plugin-toy-one"})
     assert loaded(pm) == {"toytwo"}
+    assert pm.engine_names() == ["toy2"]
+    (one,) = (r for r in pm.records if r.name == "toyone")
+    assert (one.status, one.distribution, one.version, one.module, one.engines) == (
+        "disabled", "perflab-plugin-toy-one", "1.0", "perflab_test_toy_one", ())
+    assert pm.broken == []  # the user's choice, not a problem: strict mode accepts it
     pm = PluginManager(environ={"PERFLAB_DISABLE_PLUGINS": "toyone,toytwo"})
     assert not {"toyone", "toytwo"} & loaded(pm)
+    assert {r.name for r in pm.records if r.status == "disabled"} == {"toyone", "toytwo"}
+
+
+def test_engines_list_shows_disabled_plugins_without_importing_them(dists: Dists) -> None:
+    # The disabled plugin raises on import: listed as disabled (not load-error) proves it was never imported.
+    dists.add("perflab-plugin-broken", "broken", "perflab_test_broken", BROKEN)
+    dists.add("perflab-plugin-toy", "toy", "perflab_test_toy", GOOD.format(engine="toy"))
+    env = dists.env(COLUMNS="300", PERFLAB_DISABLE_PLUGINS="perflab-plugin-broken", **only("broken", "toy"))
+
+    data = json.loads(run_perflab(["engines", "list", "--json"], env).stdout)
+    assert [e["engine"] for e in data["engines"]] == ["toy"]
+    rec = next(p for p in data["plugins"] if p["name"] == "broken")
+    assert (rec["status"], rec["error"], rec["distribution"], rec["version"]) == ("disabled", None, "perflab-plugin-broken", "1.0")
+    assert (rec["module"], rec["engines"], rec["hooks"]) == ("perflab_test_broken", [], [])
+
+    table = run_perflab(["engines", "list"], env)
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if "perflab-plugin-broken" in line)
+    assert "disabled (PERFLAB_DISABLE_PLUGINS)" in row
+    assert "load-error" not in table.stdout and "--strict" not in table.stdout  # nothing broken
+
+    strict = run_perflab(["--strict", "engines", "list", "--json"], env)
+    assert strict.returncode == 0, strict.stderr
+    assert {p["name"]: p["status"] for p in json.loads(strict.stdout)["plugins"] if not p["builtin"]} == {
+        "broken": "disabled", "toy": "ok"}
 
 
 # --------------------------------------------------------------------------- compatibility

@@ -8,7 +8,8 @@ Environment:
 
 * ``PERFLAB_LOAD_PLUGINS`` — unset: load all; empty: load none; a comma list of
   distribution names (``perflab-plugin-vllm``) or entry-point names (``vllm``): only those.
-* ``PERFLAB_DISABLE_PLUGINS`` — a comma list of the same names never to load.
+* ``PERFLAB_DISABLE_PLUGINS`` — a comma list of the same names never to load (never
+  imported; recorded with status ``disabled`` so ``perflab engines list`` shows them).
 
 Built-in plugins (the NVML and npu-smi hardware probes) are always loaded; they are part of
 the core, not of an engine.
@@ -22,7 +23,7 @@ import inspect
 import os
 import re
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
@@ -39,7 +40,9 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "perflab.hardware.cpu",
 )
 
-Status = Literal["ok", "load-error", "incompatible"]
+Status = Literal["ok", "load-error", "incompatible", "disabled"]
+# Statuses that are not a problem: ``disabled`` is the user's choice, not a broken plugin.
+FINE: tuple[Status, ...] = ("ok", "disabled")
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,7 @@ class PluginManager:
             if only is not None and not (names & only):
                 continue
             if names & disabled:
+                self.records.append(PluginRecord(ep.name, ep.module, dist, version, "disabled"))
                 continue
             self._load(ep.name, ep.load, dist, version)
 
@@ -249,7 +253,7 @@ class PluginManager:
 
     @property
     def broken(self) -> list[PluginRecord]:
-        return [r for r in self.records if r.status != "ok"]
+        return [r for r in self.records if r.status not in FINE]
 
     def raise_if_broken(self) -> None:
         problems = [f"{r.distribution or r.name}: {r.error}" for r in self.broken] + self.errors
@@ -278,6 +282,3 @@ def module_plugin(name: str, **attrs: Any) -> ModuleType:
         setattr(mod, k, v)
     return mod
 
-
-def iter_ok(records: Iterable[PluginRecord]) -> Iterable[PluginRecord]:
-    return (r for r in records if r.status == "ok")

@@ -19,6 +19,7 @@ import click
 from perflab import redact
 from perflab.cli.options import hardware_option, json_option, pop_serve_config, serve_options
 from perflab.errors import PerflabError
+from perflab.plugins import FINE
 
 if TYPE_CHECKING:
     from perflab.plugins import PluginManager
@@ -66,7 +67,7 @@ def collect(pm: PluginManager, env: Mapping[str, str]) -> dict[str, Any]:
     for name in pm.engine_names():
         rec = pm.engines[name]
         info = rec.info
-        plugin = next((r for r in pm.records if r.name == rec.plugin), None)
+        plugin = next((r for r in pm.records if r.name == rec.plugin and r.status == "ok"), None)
         installed, version, problem = _engine_install(pm, name, info.executable, env, info.distributions)
         engines.append(
             {
@@ -166,11 +167,13 @@ def render_list(data: dict[str, Any]) -> None:
             continue  # shown as engine rows
         if p["status"] == "ok":
             status = Text("ok (registers no engine)", style="green")
+        elif p["status"] == "disabled":  # not loaded, so which engines it registers is unknown
+            status = Text("disabled (PERFLAB_DISABLE_PLUGINS)", style="dim")
         else:
             status = Text(f"{p['status']}: {p['error']}", style="red")
         table.add_row(NO_ENGINE, plugin_cell(p["distribution"] or p["module"], p["version"], p["hooks"]), "-", status, "")
     console.print(table)
-    broken = [p for p in data["plugins"] if p["status"] != "ok"]
+    broken = [p for p in data["plugins"] if p["status"] not in FINE]
     for p in broken:
         console.print(
             Text(f"plugin {p['distribution'] or p['name']} ({p['module']}): {p['status']}: {p['error']}", style="red"),
