@@ -1,7 +1,7 @@
 """Parsers for Huawei ``npu-smi`` text output (pure functions, no subprocess).
 
 The formats, including their irregular spacing (``0    / 0``, ``65099/ 65536``), are those
-of the real outputs kept in ``shared/fixtures/npu-smi/``:
+of the real outputs kept in ``tests/fixtures/npu-smi/``:
 
 * ``npu-smi info`` — a box table: per NPU one "NPU Name | Health | Power Temp Hugepages" row
   followed by one "Chip [Device] | Bus-Id | AICore Memory-Usage [HBM-Usage]" row per chip;

@@ -1,6 +1,6 @@
 """The study write-up: Markdown in the seeds' structure, ``report.json``, and the chart.
 
-Sections, as in ``../shared/seeds/00[0-2]*.txt``: Conclusion (chart, recommended serving
+Sections, as in ``tests/fixtures/seeds/studies/00[0-2]*.txt``: Conclusion (chart, recommended serving
 command, baseline vs optimized table with percentages, notes), Optimization Objective,
 Experimental Setup (model, probed hardware, detected engine versions, datasets, benchmark
 commands), Experiment Results (one section per step, each configuration's serving script and

@@ -56,7 +56,7 @@ class Case:
     knobs: dict[str, object] = field(default_factory=dict)
 
 
-# Seed numbers: /work/shared/fixtures/seeds/seed_results.json (ShareGPT rows).
+# Seed numbers: tests/fixtures/seeds/seed_results.json (ShareGPT rows).
 CASES: tuple[Case, ...] = (
     Case("A100 Qwen3-32B vLLM", "Qwen/Qwen3-32B", "a100-80g-x1", 1730.98, {"max_model_len": 32768}),
     Case("A100 Qwen3-32B TensorRT-LLM", "Qwen/Qwen3-32B", "a100-80g-x1", 2054.21,
@@ -153,7 +153,7 @@ class EngineCase:
     seeds: tuple[tuple[Workload, float, float | None], ...]
 
 
-# /work/shared/seeds/*.txt and fixtures/seeds/seed_results.json
+# tests/fixtures/seeds/studies/*.txt and tests/fixtures/seeds/seed_results.json
 ENGINE_CASES: tuple[EngineCase, ...] = (
     EngineCase("002 vLLM Qwen3-32B", "a100-80g-x1", "vllm", ("serve", "Qwen/Qwen3-32B", "--max-model-len", "32768"), (
         (SHAREGPT, 1730.98, 149.67), (SHORT, 2656.71, 528.57), (MEDIUM, 2521.38, 143.23),

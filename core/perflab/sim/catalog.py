@@ -146,7 +146,7 @@ ASCEND_910B3 = ChipSpec(
     kind="ascend",
     name="910B3",
     memory_mib=65536,
-    baseline_used_mib=3161,  # /work/shared/fixtures/npu-smi/910B3_info.txt, idle chip
+    baseline_used_mib=3161,  # tests/fixtures/npu-smi/910B3_info.txt, idle chip
     bf16_tflops=313.0,
     fp8_tflops=None,
     int8_tops=626.0,
@@ -176,7 +176,7 @@ _ASCEND_ENGINES = (("vllm", "0.9.1"), ("vllm-ascend", "0.9.1"), ("mindie", "2.1.
 ENGINES_BY_KIND = {"cuda": ("vllm", "sglang", "trtllm"), "ascend": ("vllm", "vllm-ascend", "mindie")}
 
 _NV_DRIVER = "550.127.05"  # an R550 production branch driver; it reports CUDA 12.4
-_NPU_SMI = "23.0.1"  # as in /work/shared/fixtures/npu-smi/910B3_info.txt
+_NPU_SMI = "23.0.1"  # as in tests/fixtures/npu-smi/910B3_info.txt
 
 CATALOG: dict[str, Machine] = {
     m.name: m

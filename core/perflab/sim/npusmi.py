@@ -1,7 +1,7 @@
 """A stand-in ``npu-smi`` for simulated Ascend machines.
 
 Prints what Huawei's tool prints for the catalog machine's chips, in exactly the formats of the
-real outputs in /work/shared/fixtures/npu-smi/ (the 910B files: column widths, the irregular
+real outputs in tests/fixtures/npu-smi/ (the 910B files: column widths, the irregular
 spacing, the ``Chip ID`` line at the end of ``-t usages``). HBM in use is the idle baseline plus
 what running simulated engines registered (:mod:`perflab.sim.state`), and their processes are
 listed in the process table like the real tool's.

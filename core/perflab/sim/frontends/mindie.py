@@ -1,7 +1,7 @@
 """The simulated ``mindieservice_daemon`` (MindIE 2.1.RC1 service).
 
 MindIE takes no serving flags: it reads a JSON file. Sources (Ascend/MindIE-LLM, HEAD 8b4871ad,
-the repository /work/shared/fixtures/mindie/config.json comes from):
+the repository tests/fixtures/mindie/config.json comes from):
 
 - src/server/daemon/llm_daemon.cpp: command-line keys ``--config-file`` and
   ``--expert-parallel`` only (anything else: ``Unrecognized command-line argument, expect
