@@ -318,10 +318,3 @@ def perflab_register_bench_backends(register: Callable[[str, Any], None]) -> Non
         def perflab_register_bench_backends(register):
             register("vllm-bench", run_vllm_bench_serve)
     """
-
-
-#: Hooks every engine plugin is expected to implement (used by the conformance kit).
-ENGINE_HOOKS = (
-    "perflab_register_engines",
-    "perflab_build_launch",
-)

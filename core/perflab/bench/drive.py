@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from contextlib import contextmanager
 from dataclasses import dataclass
 from time import perf_counter, process_time
@@ -277,8 +277,3 @@ def split_plan(plan: Plan, workers: int) -> list[Plan]:
             )
         )
     return out
-
-
-def merge_outcomes(outcomes: Sequence[Outcome]) -> Outcome:
-    caps = sorted((c for o in outcomes for c in o.captures), key=lambda c: c.index)
-    return Outcome(caps, min(o.start for o in outcomes), max(o.end for o in outcomes), sum(o.cpu_s for o in outcomes))

@@ -32,7 +32,6 @@ FAILED = "failed"  # the engine served but the benchmark could not run
 STALLED = "stalled"  # the engine, alive, stopped streaming: no token on any open stream for stall_s
 PENDING = "pending"  # not measured (yet)
 INTERRUPTED = "interrupted"
-FAILURES = (CRASHED, TIMEOUT, FAILED, STALLED)
 
 
 @dataclass

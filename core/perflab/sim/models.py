@@ -124,12 +124,3 @@ def lookup(name: str) -> ModelSpec:
     if base is None:
         raise UnknownModel(name)
     return replace(base, quant=quant) if quant else base
-
-
-def quant_from_name(name: str) -> str | None:
-    """The quantization a checkpoint name announces (``-FP8`` -> "fp8"), None for none."""
-    key = _basename(name).lower()
-    for suffix, q in _QUANT_SUFFIXES:
-        if key.endswith(suffix):
-            return q
-    return None

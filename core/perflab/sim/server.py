@@ -17,7 +17,6 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
-MAX_HEADER = 64 * 1024
 MAX_BODY = 64 * 1024 * 1024
 
 

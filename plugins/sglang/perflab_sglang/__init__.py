@@ -28,7 +28,6 @@ from perflab.types import (
 
 ENGINE = "sglang"
 PERFLAB_HOOKSPEC_VERSIONS = (1,)
-HTTP_SERVER = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/entrypoints/http_server.py"
 
 INFO = EngineInfo(
     name=ENGINE,

