@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from perflab.bench.metrics import (
     compute_metrics,
@@ -117,7 +118,6 @@ def test_all_failed_gives_zeros_like_vllm() -> None:
 
 
 def test_numpy_compatible_statistics() -> None:
-    np = pytest.importorskip("numpy")
     xs = [0.3, 1.7, 0.2, 9.1, 4.4, 4.4, 0.05]
     for p in (1, 25, 50, 90, 95, 99, 99.9):
         assert percentile(xs, p) == pytest.approx(float(np.percentile(xs, p)))
