@@ -126,6 +126,18 @@ def normalise(argv: list[str] | tuple[str, ...]) -> tuple[tuple[str, ...], tuple
     return tuple(positional), tuple(sorted(pairs, key=lambda p: (p[0], str(p[1]))))
 
 
+# --------------------------------------------------------------------------- installs
+
+
+def dist_info(site: Path, name: str, version: str) -> Path:
+    """An installed distribution's record (``NAME-VERSION.dist-info/METADATA``) under ``site``:
+    what the plugins' version hooks read instead of importing or running the engine."""
+    d = site / f"{name}-{version}.dist-info"
+    d.mkdir(parents=True)
+    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return d
+
+
 # --------------------------------------------------------------------------- the seeds
 
 

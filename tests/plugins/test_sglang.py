@@ -14,7 +14,7 @@ from perflab.types import HardwareSnapshot, HttpProbe, ServeConfig
 
 import perflab_sglang
 
-from .conftest import WORKDIR, gpus, seed_records, split_equals, without_host_port
+from .conftest import WORKDIR, dist_info, gpus, seed_records, split_equals, without_host_port
 
 ENGINE = "sglang"
 
@@ -337,9 +337,7 @@ def test_unknown_crash_falls_back_to_the_core(pm):
 
 def test_version_is_read_from_metadata_on_pythonpath(pm, tmp_path):
     assert engines.engine_version(pm, ENGINE, {"PYTHONPATH": str(tmp_path)}) is None  # no sglang installed here
-    info = tmp_path / "sglang-0.5.5.post1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.5.post1\n")
+    dist_info(tmp_path, "sglang", "0.5.5.post1")
     assert engines.engine_version(pm, ENGINE, {"PYTHONPATH": f"/nonexistent:{tmp_path}"}) == "0.5.5.post1"
 
 

@@ -18,7 +18,7 @@ from perflab.types import HardwareSnapshot, HttpProbe, ServeConfig
 import perflab_trtllm
 from perflab_trtllm.version import parse_version_output
 
-from .conftest import WORKDIR, gpus, seed_records, split_equals, without_host_port
+from .conftest import WORKDIR, dist_info, gpus, seed_records, split_equals, without_host_port
 
 ENGINE = "trtllm"
 
@@ -316,9 +316,7 @@ def test_version_from_metadata_then_from_the_trtllm_serve_banner(pm, tmp_path):
     )
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     assert engines.engine_version(pm, ENGINE, env) == "1.2.0rc1"
-    info = tmp_path / "site" / "tensorrt_llm-1.2.0rc2.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorrt_llm\nVersion: 1.2.0rc2\n")
+    dist_info(tmp_path / "site", "tensorrt_llm", "1.2.0rc2")
     assert engines.engine_version(pm, ENGINE, env) == "1.2.0rc2"  # metadata first
 
 

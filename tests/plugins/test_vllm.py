@@ -16,7 +16,7 @@ from perflab import engines
 from perflab.errors import UnsupportedOption, UsageError
 from perflab.types import Accelerator, HardwareSnapshot, HttpProbe, ServeConfig
 
-from .conftest import KV_CACHE_LOG, gpus, normalise, seed_records, seed_summaries, shell_argv
+from .conftest import KV_CACHE_LOG, dist_info, gpus, normalise, seed_records, seed_summaries, shell_argv
 
 # --------------------------------------------------------------------------- helpers
 
@@ -300,12 +300,6 @@ def test_hooks_answer_only_for_vllm() -> None:
 # --------------------------------------------------------------------------- version
 
 
-def _dist_info(root: Path, name: str, version: str) -> None:
-    d = root / f"{name}-{version}.dist-info"
-    d.mkdir(parents=True)
-    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-
-
 def _console_script(bin_dir: Path, interpreter: str, name: str = "vllm", body: str = "") -> Path:
     """A pip-style console script: ``#!INTERPRETER`` then Python (never run by the tests)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
@@ -323,12 +317,12 @@ def _venv(root: Path, *dists: tuple[str, str], python: str = "python3.11") -> Pa
     site = root / "lib" / python / "site-packages"
     site.mkdir(parents=True)
     for name, version in dists:
-        _dist_info(site, name, version)
+        dist_info(site, name, version)
     return site
 
 
-def test_version_from_pythonpath_dist_info(pm, tmp_path: Path) -> None:
-    _dist_info(tmp_path / "site", "vllm", "0.11.0")
+def test_version_from_pythonpathdist_info(pm, tmp_path: Path) -> None:
+    dist_info(tmp_path / "site", "vllm", "0.11.0")
     _console_script(tmp_path / "bin", sys.executable)
     env = {"PYTHONPATH": str(tmp_path / "site"), "PATH": str(tmp_path / "bin")}
     assert engines.engine_version(pm, "vllm", env) == "0.11.0"
@@ -353,7 +347,7 @@ def test_version_none_when_not_installed(pm, tmp_path: Path) -> None:
 
 def test_version_none_without_the_executable_even_with_metadata(pm, tmp_path: Path) -> None:
     # A dist-info alone cannot be launched: perflab runs `vllm serve`.
-    _dist_info(tmp_path / "site", "vllm", "0.11.0")
+    dist_info(tmp_path / "site", "vllm", "0.11.0")
     env = {"PATH": str(tmp_path / "nobin"), "PYTHONPATH": str(tmp_path / "site")}
     assert engines.engine_version(pm, "vllm", env) is None
 

@@ -11,7 +11,7 @@ from perflab import engines
 from perflab.errors import UnsupportedOption, UsageError
 from perflab.types import HardwareSnapshot, ServeConfig
 
-from .conftest import KV_CACHE_LOG, gpus, normalise, npus, seed_records, seed_summaries, shell_argv
+from .conftest import KV_CACHE_LOG, dist_info, gpus, normalise, npus, seed_records, seed_summaries, shell_argv
 
 A2 = npus(chip="910B3")
 A5 = npus(chip="Ascend950DT")
@@ -139,9 +139,7 @@ def _vllm_venv(root: Path, *dists: tuple[str, str]) -> dict[str, str]:
     site = root / "lib" / "python3.11" / "site-packages"
     site.mkdir(parents=True)
     for name, version in dists:
-        d = site / f"{name}-{version}.dist-info"
-        d.mkdir()
-        (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        dist_info(site, name, version)
     (root / "bin").mkdir()
     exe = root / "bin" / "vllm"
     exe.write_text(f"#!{root / 'bin' / 'python3'}\nimport sys\n")
