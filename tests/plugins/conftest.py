@@ -1,5 +1,6 @@
 """Helpers shared by the engine plugins' tests: the plugin manager, probed machines, argv
-normalisers, the seeds' records and a vLLM log that both vLLM plugins classify.
+normalisers, installed-distribution records, the seeds' records (tests/fixtures/seeds) and a
+vLLM log that both vLLM plugins classify.
 
 Test modules import the plain helpers with ``from .conftest import ...`` (this folder is a
 package, as tests/bench is); the ``pm`` fixture needs no import.
