@@ -413,7 +413,9 @@ def test_sim_fault_is_named_detected_fast_and_cleaned_up(tmp_path: Path, fault: 
     if expected == "crashed":
         assert clock.exited_at is not None
         crashed_at = next(t for s, t in o.transitions if s == "crashed")
-        assert crashed_at - clock.exited_at < 1.0
+        # noticed at the exit (pidfd), not at some later poll; the bound is loose for a loaded
+        # 2-core machine: benchmarks/bench_lifecycle.py measures the real latency (ms)
+        assert crashed_at - clock.exited_at < 3.0
     if fault.startswith("hang"):
         assert errors == ["ReadTimeout"] and not inst.died.is_set()
     assert o.leftovers == [], o.leftovers
