@@ -128,7 +128,7 @@ def plugin_file_describer(pm: Any, engine: str) -> Callable[[str, str], list[str
 
     try:
         record = pm.engine(engine)
-        module = next((r.module for r in pm.records if r.name == record.plugin), None)
+        module = next((r.module for r in pm.records if r.name == record.plugin and r.status == "ok"), None)
         if module is None:
             return None
         fn = getattr(importlib.import_module(module), "perflab_describe_file", None)
