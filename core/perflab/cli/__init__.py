@@ -17,7 +17,7 @@ from perflab import __version__
 # name -> "module:attribute", imported on first use
 COMMANDS: dict[str, tuple[str, str]] = {
     "engines": ("perflab.cli.engines_cmd:engines", "List engine plugins and show the command perflab would run."),
-    "hardware": ("perflab.cli.hardware_cmd:hardware", "Show the accelerators on this machine (NVML, npu-smi)."),
+    "hardware": ("perflab.cli.hardware_cmd:hardware", "Show the accelerators on this machine (NVML, npu-smi), else the CPU."),
     "launch": ("perflab.cli.launch_cmd:launch", "Launch one engine, wait until it really serves, tear it down on Ctrl-C."),
     "bench": ("perflab.cli.bench_cmd:bench", "Benchmark an OpenAI-compatible endpoint (vllm bench serve metrics)."),
     "run": ("perflab.cli.lab_cmd:run", "Run a whole study from a plan file, resumable."),
