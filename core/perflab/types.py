@@ -102,6 +102,77 @@ class HardwareSnapshot:
         return tuple(by_index[i] for i in devices if i in by_index)
 
 
+#: How an option's value is written and checked. kind -> (its type as the docs name it, what a
+#: plan must give unless the option says more). Each consumer handles every kind once: the CLI
+#: (perflab.cli.options), plan checks (perflab.lab.plan), deltas (perflab.lab.options).
+OptionKind = Literal["str", "pos_int", "bool", "fraction", "port", "json", "devices", "args", "env", "options"]
+OPTION_KINDS: Mapping[str, tuple[str, str]] = MappingProxyType({
+    "str": ("string", "a string"),
+    "pos_int": ("positive integer", "a positive integer"),
+    "bool": ("boolean", "true or false"),
+    "fraction": ("number in (0, 1]", "a number in (0, 1]"),
+    "port": ("port number", "a port number (1-65535)"),
+    "json": ("mapping", "a mapping"),  # one JSON object, replaced whole in a delta
+    "devices": ("list of indexes", "a list of distinct non-negative device indexes"),
+    "args": ("list of strings (or one string, split like a shell)", "a list of arguments"),
+    "env": ("mapping", "a mapping of environment variables"),  # merged by key in a delta
+    "options": ("mapping", "a mapping of plain values"),  # merged by key in a delta
+})
+
+
+@dataclass(frozen=True)
+class ServeOption:
+    """One serving option, declared once as metadata of its :class:`ServeConfig` field.
+
+    Everything that spells the option derives from this: the CLI options of ``perflab launch``
+    and ``perflab engines command`` (perflab.cli.options), the plan keys and their checks
+    (perflab.lab.options, perflab.lab.plan), the table in docs/plan-reference.md, and the
+    list a new plugin must map or refuse (each plugin's ``serve_options`` table).
+    ``name`` is the ServeConfig field (filled in by :func:`serve_options`); ``flag`` the CLI
+    flag (default ``--`` + the name with dashes; a ``bool`` also gets ``--no-...``), or None
+    with ``cli=False``; ``plan_key`` the key in plan files (default the name), or None with
+    ``plan=False``; ``expect`` what a plan must give, in its error message (default: the
+    kind's); ``note`` is extra text for the docs table only; ``default`` and ``required``
+    come from the field.
+    """
+
+    kind: OptionKind
+    help: str
+    expect: str = ""
+    note: str = ""
+    flag: str | None = None
+    short: str | None = None
+    plan_key: str | None = None
+    cli: bool = True
+    plan: bool = True
+    name: str = ""
+    default: Any = None  # the field's plain default (the CLI's): "127.0.0.1" for host
+    required: bool = False  # the field has no default (model)
+
+    def __post_init__(self) -> None:
+        if self.kind not in OPTION_KINDS:
+            raise ValueError(f"serve option {self.name or self.help!r}: unknown kind {self.kind!r}")
+        if not self.expect:
+            object.__setattr__(self, "expect", OPTION_KINDS[self.kind][1])
+        if not self.name:
+            return
+        if not self.cli:
+            object.__setattr__(self, "flag", None)
+        elif self.flag is None:
+            object.__setattr__(self, "flag", "--" + self.name.replace("_", "-"))
+        object.__setattr__(self, "plan_key", (self.plan_key or self.name) if self.plan else None)
+
+    @property
+    def doc_type(self) -> str:
+        """The value's type as docs/plan-reference.md names it."""
+        return OPTION_KINDS[self.kind][0]
+
+
+def _opt(kind: OptionKind, help: str, **more: Any) -> dict[str, ServeOption]:
+    """Field metadata declaring a serving option (see :class:`ServeOption`)."""
+    return {"perflab": ServeOption(kind, help, **more)}
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """The engine-neutral serving options of one configuration.
@@ -110,30 +181,61 @@ class ServeConfig:
     baseline command stays as short as the seeds' (``vllm serve Qwen/Qwen3-32B``).
     A plugin maps each set field to its engine's flag or config key, or reports it as
     :class:`Unsupported`; nothing is silently dropped.
+
+    Each field declares its option once (:class:`ServeOption` metadata): adding a serving
+    option is one field here plus each plugin's mapping (docs/adding-a-serving-option.md).
     """
 
-    model: str
-    served_model_name: str | None = None
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    ep: int | None = None  # expert-parallel size; vLLM only knows "on" (= tp * dp)
-    max_model_len: int | None = None
-    max_batched_tokens: int | None = None
-    max_num_seqs: int | None = None
-    quantization: str | None = None
-    kv_cache_dtype: str | None = None
-    prefix_caching: bool | None = None
-    chunked_prefill: bool | None = None
-    speculative_config: Mapping[str, Any] | None = None
-    mem_fraction: float | None = None
-    reasoning_parser: str | None = None
-    host: str = "127.0.0.1"
-    port: int | None = None  # None: the runner picks a free port
-    devices: tuple[int, ...] | None = None
-    extra_args: tuple[str, ...] = ()
-    extra_env: Mapping[str, str] = field(default_factory=dict)
-    options: Mapping[str, Any] = field(default_factory=dict)  # engine-specific
+    model: str = field(metadata=_opt(
+        "str", "Model id (Hugging Face) or local path.", short="-m", expect="a model id or local path",
+        note="In a delta: another checkpoint (`Qwen/Qwen3-32B-FP8`); in `serve`, use the top-level `model` key."))
+    served_model_name: str | None = field(default=None, metadata=_opt(
+        "str", "Name clients use in requests (default: the model).", expect="a name"))
+    tp: int | None = field(default=None, metadata=_opt("pos_int", "Tensor-parallel size."))
+    pp: int | None = field(default=None, metadata=_opt("pos_int", "Pipeline-parallel size."))
+    dp: int | None = field(default=None, metadata=_opt("pos_int", "Data-parallel size."))
+    ep: int | None = field(default=None, metadata=_opt(  # vLLM only knows "on" (= tp * dp)
+        "pos_int", "Expert-parallel size (vLLM: must equal tp×dp; it maps to --enable-expert-parallel)."))
+    max_model_len: int | None = field(default=None, metadata=_opt(
+        "pos_int", "Maximum context length (prompt + output)."))
+    max_batched_tokens: int | None = field(default=None, metadata=_opt(
+        "pos_int", "Token budget of one scheduler step."))
+    max_num_seqs: int | None = field(default=None, metadata=_opt(
+        "pos_int", "Maximum concurrent sequences (batch size)."))
+    quantization: str | None = field(default=None, metadata=_opt(
+        "str", "Quantization method as the engine names it (fp8, awq, ascend, ...).", short="-q",
+        expect="a quantization method name such as fp8 or awq"))
+    kv_cache_dtype: str | None = field(default=None, metadata=_opt(
+        "str", "KV cache data type (auto, fp8, ...).", expect="a KV cache dtype such as fp8"))
+    prefix_caching: bool | None = field(default=None, metadata=_opt(
+        "bool", "Turn automatic prefix caching on or off (default: engine's)."))
+    chunked_prefill: bool | None = field(default=None, metadata=_opt(
+        "bool", "Turn chunked prefill on or off (default: engine's)."))
+    speculative_config: Mapping[str, Any] | None = field(default=None, metadata=_opt(
+        "json", 'Speculative decoding as JSON, e.g. \'{"method":"mtp","num_speculative_tokens":4}\'.',
+        expect="a mapping such as {method: mtp, num_speculative_tokens: 4}",
+        note="In a plan: a mapping such as `{method: mtp, num_speculative_tokens: 4}`."))
+    mem_fraction: float | None = field(default=None, metadata=_opt(
+        "fraction", "Fraction of accelerator memory the engine may use."))
+    reasoning_parser: str | None = field(default=None, metadata=_opt(
+        "str", "Reasoning parser (e.g. qwen3).", expect="a parser name such as qwen3"))
+    host: str = field(default="127.0.0.1", metadata=_opt(
+        "str", "Address the engine binds.", plan=False))
+    port: int | None = field(default=None, metadata=_opt(  # None: the runner picks a free port
+        "port", "Port the engine serves on (default: engine's usual port for a dry run, a free one for launch).",
+        plan=False))
+    devices: tuple[int, ...] | None = field(default=None, metadata=_opt(
+        "devices", "Accelerator indexes to use, e.g. 0,1,2,3 (sets CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES).",
+        note="Default: all; replicas split them."))
+    extra_args: tuple[str, ...] = field(default=(), metadata=_opt(
+        "args", "Argument passed to the engine verbatim (repeatable), e.g. --extra-arg=--performance-mode=throughput.",
+        flag="--extra-arg", expect="a list of arguments such as ['--performance-mode=throughput']",
+        note="In a plan: `[\"--performance-mode=throughput\"]`."))
+    extra_env: Mapping[str, str] = field(default_factory=dict, metadata=_opt(
+        "env", "Environment variable for the engine (repeatable).", flag="--env", plan_key="env"))
+    options: Mapping[str, Any] = field(default_factory=dict, metadata=_opt(  # engine-specific
+        "options", "Engine-specific option understood by the plugin (repeatable).", flag="--engine-option",
+        plan_key="engine_options", expect="a mapping of engine-specific options"))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "extra_env", _frozen_map(self.extra_env))
@@ -155,6 +257,24 @@ class ServeConfig:
 
     def replace(self, **changes: Any) -> ServeConfig:
         return dataclasses.replace(self, **changes)
+
+
+def serve_options() -> tuple[ServeOption, ...]:
+    """Every serving option of :class:`ServeConfig`, in field order, with ``name``, ``flag``
+    and ``plan_key`` filled in. A plugin's ``serve_options`` table maps or refuses each
+    ``name``; a scaffold lists them all."""
+    return _SERVE_OPTIONS
+
+
+_SERVE_OPTIONS = tuple(
+    dataclasses.replace(
+        f.metadata["perflab"],
+        name=f.name,
+        default=None if f.default is dataclasses.MISSING else f.default,
+        required=f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+    )
+    for f in dataclasses.fields(ServeConfig)
+)
 
 
 @dataclass(frozen=True)

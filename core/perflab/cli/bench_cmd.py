@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from perflab.cli.options import parse_json_object
 from perflab.errors import PerflabError, UsageError
 
 # Options whose tokens may follow them without repeating the flag, as argparse's nargs="+"
@@ -130,7 +131,7 @@ def bench(**kw: Any) -> None:
     if kw["headers"]:
         values["headers"] = tuple(_pair(h, "--header") for h in kw["headers"])
     if kw["extra_body"]:
-        values["extra_body"] = frozen_pairs(_json_object(kw["extra_body"], "--extra-body"))
+        values["extra_body"] = frozen_pairs(parse_json_object(kw["extra_body"], "--extra-body", example='{"top_p": 0.9}'))
     for flag in ("continuous_usage_stats", "save_result", "save_detailed"):
         if kw[flag]:
             values[flag] = True
@@ -179,16 +180,6 @@ def _pair(item: str, what: str) -> tuple[str, str]:
     if not sep or not key.strip():
         raise UsageError(f"{what} {item!r}: expected KEY=VALUE")
     return key.strip(), value.strip()
-
-
-def _json_object(text: str, what: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{what}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(obj, dict):
-        raise UsageError(f"{what}: expected a JSON object such as '{{\"top_p\": 0.9}}'")
-    return obj
 
 
 def _progress_printer():  # type: ignore[no-untyped-def]

@@ -1,7 +1,9 @@
 """The engine-neutral serving options shared by `engines command`, `launch` and plan files.
 
-Each option maps to one field of :class:`perflab.types.ServeConfig`; the plugins map those
-fields to their engine's real flags or config keys.
+Each option is one field of :class:`perflab.types.ServeConfig`, declared there once
+(:func:`perflab.types.serve_options`); this module derives the click options and turns their
+values back into a ServeConfig. The plugins map those fields to their engine's real flags or
+config keys.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import click
 
 from perflab.engines import parse_env_pairs
 from perflab.errors import UsageError
-from perflab.types import ServeConfig
+from perflab.types import ServeConfig, ServeOption
+from perflab.types import serve_options as declared_options
 
 
 def parse_devices(value: str | None) -> tuple[int, ...] | None:
@@ -29,7 +32,10 @@ def parse_devices(value: str | None) -> tuple[int, ...] | None:
     return devs
 
 
-def parse_json_object(value: str | None, what: str) -> dict[str, Any] | None:
+def parse_json_object(
+    value: str | None, what: str, example: str = '{"method": "mtp", "num_speculative_tokens": 4}'
+) -> dict[str, Any] | None:
+    """A JSON object given on the command line (``--speculative-config``, ``--extra-body``)."""
     if value is None:
         return None
     try:
@@ -37,14 +43,14 @@ def parse_json_object(value: str | None, what: str) -> dict[str, Any] | None:
     except json.JSONDecodeError as exc:
         raise UsageError(f"{what}: invalid JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(obj, dict):
-        raise UsageError(f"{what}: expected a JSON object such as '{{\"method\": \"mtp\", \"num_speculative_tokens\": 4}}'")
+        raise UsageError(f"{what}: expected a JSON object such as '{example}'")
     return obj
 
 
-def parse_engine_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+def parse_engine_options(pairs: tuple[str, ...], what: str = "--engine-option") -> dict[str, Any]:
     """``--engine-option key=value``; values are JSON when they parse as JSON, else strings."""
     out: dict[str, Any] = {}
-    for key, value in parse_env_pairs(pairs, "--engine-option").items():
+    for key, value in parse_env_pairs(pairs, what).items():
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -52,74 +58,53 @@ def parse_engine_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
-    click.option("--model", "-m", required=True, help="Model id (Hugging Face) or local path."),
-    click.option("--served-model-name", help="Name clients use in requests (default: the model)."),
-    click.option("--tp", type=click.IntRange(min=1), help="Tensor-parallel size."),
-    click.option("--pp", type=click.IntRange(min=1), help="Pipeline-parallel size."),
-    click.option("--dp", type=click.IntRange(min=1), help="Data-parallel size."),
-    click.option("--ep", type=click.IntRange(min=1), help="Expert-parallel size (vLLM: must equal tp×dp; it maps to --enable-expert-parallel)."),
-    click.option("--max-model-len", type=click.IntRange(min=1), help="Maximum context length (prompt + output)."),
-    click.option("--max-batched-tokens", type=click.IntRange(min=1), help="Token budget of one scheduler step."),
-    click.option("--max-num-seqs", type=click.IntRange(min=1), help="Maximum concurrent sequences (batch size)."),
-    click.option("--quantization", "-q", help="Quantization method as the engine names it (fp8, awq, ascend, ...)."),
-    click.option("--kv-cache-dtype", help="KV cache data type (auto, fp8, ...)."),
-    click.option("--prefix-caching/--no-prefix-caching", default=None, help="Turn automatic prefix caching on or off (default: engine's)."),
-    click.option("--chunked-prefill/--no-chunked-prefill", default=None, help="Turn chunked prefill on or off (default: engine's)."),
-    click.option("--speculative-config", metavar="JSON", help='Speculative decoding as JSON, e.g. \'{"method":"mtp","num_speculative_tokens":4}\'.'),
-    click.option("--mem-fraction", type=click.FloatRange(0.0, 1.0, min_open=True), help="Fraction of accelerator memory the engine may use."),
-    click.option("--reasoning-parser", help="Reasoning parser (e.g. qwen3)."),
-    click.option("--host", default="127.0.0.1", show_default=True, help="Address the engine binds."),
-    click.option("--port", type=click.IntRange(1, 65535), help="Port the engine serves on (default: engine's usual port for a dry run, a free one for launch)."),
-    click.option("--devices", help="Accelerator indexes to use, e.g. 0,1,2,3 (sets CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES)."),
-    click.option("--extra-arg", "extra_args", multiple=True, metavar="ARG", help="Argument passed to the engine verbatim (repeatable), e.g. --extra-arg=--performance-mode=throughput."),
-    click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Environment variable for the engine (repeatable)."),
-    click.option("--engine-option", "engine_options", multiple=True, metavar="KEY=VALUE", help="Engine-specific option understood by the plugin (repeatable)."),
-]
+# kind -> (click.option keyword arguments, the ServeConfig value from the option's CLI value and flag)
+_CLI_KINDS: dict[str, tuple[dict[str, Any], Callable[[Any, str], Any]]] = {
+    "str": ({}, lambda v, flag: v),
+    "pos_int": ({"type": click.IntRange(min=1)}, lambda v, flag: v),
+    "bool": ({"default": None}, lambda v, flag: v),
+    "fraction": ({"type": click.FloatRange(0.0, 1.0, min_open=True)}, lambda v, flag: v),
+    "port": ({"type": click.IntRange(1, 65535)}, lambda v, flag: v),
+    "json": ({"metavar": "JSON"}, parse_json_object),
+    "devices": ({}, lambda v, flag: parse_devices(v)),
+    "args": ({"multiple": True, "metavar": "ARG"}, lambda v, flag: tuple(v)),
+    "env": ({"multiple": True, "metavar": "KEY=VALUE"}, parse_env_pairs),
+    "options": ({"multiple": True, "metavar": "KEY=VALUE"}, parse_engine_options),
+}
+
+
+def _cli_options() -> tuple[ServeOption, ...]:
+    return tuple(o for o in declared_options() if o.flag is not None)
+
+
+def _click_option(opt: ServeOption) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    assert opt.flag is not None
+    decls = [f"{opt.flag}/--no-{opt.flag[2:]}" if opt.kind == "bool" else opt.flag]
+    if opt.short:
+        decls.append(opt.short)
+    kw: dict[str, Any] = {"help": opt.help, **_CLI_KINDS[opt.kind][0]}
+    if opt.required:
+        kw["required"] = True
+    elif opt.default is not None and not kw.get("multiple"):
+        kw.update(default=opt.default, show_default=True)
+    return click.option(*decls, opt.name, **kw)
 
 
 def serve_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a click command with every serving option."""
-    for opt in reversed(_OPTIONS):
-        fn = opt(fn)
+    """Decorate a click command with every serving option (keyword arguments named like the
+    ServeConfig fields; :func:`pop_serve_config` takes them back)."""
+    for opt in reversed(_cli_options()):
+        fn = _click_option(opt)(fn)
     return fn
-
-
-SERVE_OPTION_NAMES = (
-    "model", "served_model_name", "tp", "pp", "dp", "ep", "max_model_len", "max_batched_tokens",
-    "max_num_seqs", "quantization", "kv_cache_dtype", "prefix_caching", "chunked_prefill",
-    "speculative_config", "mem_fraction", "reasoning_parser", "host", "port", "devices",
-    "extra_args", "env_pairs", "engine_options",
-)
 
 
 def pop_serve_config(kwargs: dict[str, Any]) -> ServeConfig:
     """Remove the serving options from a command's kwargs and build the ServeConfig."""
-    v = {k: kwargs.pop(k) for k in SERVE_OPTION_NAMES}
-    return ServeConfig(
-        model=v["model"],
-        served_model_name=v["served_model_name"],
-        tp=v["tp"],
-        pp=v["pp"],
-        dp=v["dp"],
-        ep=v["ep"],
-        max_model_len=v["max_model_len"],
-        max_batched_tokens=v["max_batched_tokens"],
-        max_num_seqs=v["max_num_seqs"],
-        quantization=v["quantization"],
-        kv_cache_dtype=v["kv_cache_dtype"],
-        prefix_caching=v["prefix_caching"],
-        chunked_prefill=v["chunked_prefill"],
-        speculative_config=parse_json_object(v["speculative_config"], "--speculative-config"),
-        mem_fraction=v["mem_fraction"],
-        reasoning_parser=v["reasoning_parser"],
-        host=v["host"],
-        port=v["port"],
-        devices=parse_devices(v["devices"]),
-        extra_args=tuple(v["extra_args"]),
-        extra_env=parse_env_pairs(v["env_pairs"]),
-        options=parse_engine_options(v["engine_options"]),
-    )
+    values: dict[str, Any] = {}
+    for opt in _cli_options():
+        assert opt.flag is not None
+        values[opt.name] = _CLI_KINDS[opt.kind][1](kwargs.pop(opt.name), opt.flag)
+    return ServeConfig(**values)
 
 
 hardware_option = click.option(

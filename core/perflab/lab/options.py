@@ -1,53 +1,47 @@
 """Serving options as plan files write them, and the configurations built from them.
 
-A plan speaks in the engine-neutral field names of :class:`perflab.types.ServeConfig`
-(``tp``, ``max_batched_tokens``, ``prefix_caching`` ...) plus ``replicas``, a lab-level
-option: N identical instances on disjoint device sets. Options are plain dictionaries while a
-study composes them (plan defaults, engine defaults, a candidate's delta, a combination), and
-become a :class:`Configuration` — hashable, with a stable key — at the end.
+A plan speaks in the engine-neutral option names declared on :class:`perflab.types.ServeConfig`
+(``tp``, ``max_batched_tokens``, ``prefix_caching`` ...; their ``plan_key``: ``env`` for
+``extra_env``, ``engine_options`` for ``options``) plus ``replicas``, a lab-level option: N
+identical instances on disjoint device sets. Options are plain dictionaries while a study
+composes them (plan defaults, engine defaults, a candidate's delta, a combination), and become
+a :class:`Configuration` — hashable, with a stable key — at the end.
+
+``python -m perflab.lab.options --write docs/plan-reference.md`` regenerates the option table
+of the plan reference from these declarations.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from perflab import redact
-from perflab.types import ServeConfig
+from perflab.types import ServeConfig, ServeOption, serve_options
 
-# name -> (kind, what the plan must give); the kinds are checked in perflab.lab.plan
-OPTION_KINDS: dict[str, tuple[str, str]] = {
-    "model": ("str", "a model id or local path"),
-    "served_model_name": ("str", "a name"),
-    "tp": ("pos_int", "a positive integer"),
-    "pp": ("pos_int", "a positive integer"),
-    "dp": ("pos_int", "a positive integer"),
-    "ep": ("pos_int", "a positive integer"),
-    "max_model_len": ("pos_int", "a positive integer"),
-    "max_batched_tokens": ("pos_int", "a positive integer"),
-    "max_num_seqs": ("pos_int", "a positive integer"),
-    "quantization": ("str", "a quantization method name such as fp8 or awq"),
-    "kv_cache_dtype": ("str", "a KV cache dtype such as fp8"),
-    "prefix_caching": ("bool", "true or false"),
-    "chunked_prefill": ("bool", "true or false"),
-    "speculative_config": ("mapping", 'a mapping such as {method: mtp, num_speculative_tokens: 4}'),
-    "mem_fraction": ("fraction", "a number in (0, 1]"),
-    "reasoning_parser": ("str", "a parser name such as qwen3"),
-    "devices": ("devices", "a list of distinct non-negative device indexes"),
-    "extra_args": ("args", "a list of arguments such as ['--performance-mode=throughput']"),
-    "env": ("env", "a mapping of environment variables"),
-    "engine_options": ("mapping", "a mapping of engine-specific options"),
-    "replicas": ("pos_int", "a positive integer (instances on disjoint device sets)"),
-}
+#: the lab-level options, declared like ServeConfig's but on no ServeConfig field
+LAB_OPTIONS: tuple[ServeOption, ...] = (
+    ServeOption(
+        "pos_int", "N identical instances on disjoint device sets; the benchmark spreads requests over all of "
+        "them and reports their aggregate (not one instance multiplied).",
+        expect="a positive integer (instances on disjoint device sets)", cli=False, name="replicas",
+    ),
+)
 
-# options copied onto ServeConfig under another name
-_SERVE_FIELD = {"env": "extra_env", "engine_options": "options"}
-LAB_ONLY = frozenset({"replicas"})
+#: plan key -> its option, in declaration order: what a plan's ``serve`` (or a delta) may hold
+PLAN_OPTIONS: Mapping[str, ServeOption] = MappingProxyType(
+    {o.plan_key: o for o in (*serve_options(), *LAB_OPTIONS) if o.plan_key is not None}
+)
+# plan key -> ServeConfig field, for the options that are one (not replicas)
+_SERVE_FIELD = {o.plan_key: o.name for o in serve_options() if o.plan_key is not None}
 
 
 def _flag_groups(args: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
@@ -77,35 +71,39 @@ def apply_delta(base: Mapping[str, Any], delta: Mapping[str, Any]) -> dict[str, 
     ``extra_args`` merge by flag name, ``env`` and ``engine_options`` merge by key."""
     out = dict(base)
     for key, value in delta.items():
+        kind = PLAN_OPTIONS[key].kind if key in PLAN_OPTIONS else None
         if value is None:
             out.pop(key, None)
-        elif key == "extra_args":
+        elif kind == "args":
             out[key] = merge_extra_args(tuple(out.get(key, ())), tuple(value))
-        elif key in ("env", "engine_options"):
+        elif kind in ("env", "options"):
             out[key] = {**dict(out.get(key, {})), **dict(value)}
         else:
             out[key] = value
     return out
 
 
+def _env_value(value: Any) -> str:
+    return "" if value is None else (str(value).lower() if isinstance(value, bool) else str(value))
+
+
+# kind -> the canonical, JSON-friendly form of a checked plan value (kinds not named: as given)
+_NORMALISE = {
+    "args": lambda v: tuple(shlex.split(v)) if isinstance(v, str) else tuple(str(x) for x in v),
+    "env": lambda v: {str(k): _env_value(x) for k, x in v.items()},
+    "json": lambda v: json.loads(json.dumps(dict(v))),
+    "options": lambda v: json.loads(json.dumps(dict(v))),
+    "devices": lambda v: tuple(int(x) for x in v),
+    "fraction": float,
+}
+
+
 def normalise(key: str, value: Any) -> Any:
     """The canonical, JSON-friendly form of one (already validated) option value."""
     if value is None:
         return None
-    kind = OPTION_KINDS[key][0]
-    if kind == "args":
-        if isinstance(value, str):
-            return tuple(shlex.split(value))
-        return tuple(str(v) for v in value)
-    if kind == "env":
-        return {str(k): "" if v is None else (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in value.items()}
-    if kind == "mapping":
-        return json.loads(json.dumps(dict(value)))
-    if kind == "devices":
-        return tuple(int(v) for v in value)
-    if kind == "fraction":
-        return float(value)
-    return value
+    convert = _NORMALISE.get(PLAN_OPTIONS[key].kind)
+    return value if convert is None else convert(value)
 
 
 def _canonical(value: Any) -> Any:
@@ -150,11 +148,7 @@ class Configuration:
 
     def serve_config(self, devices: tuple[int, ...] | None = None, port: int | None = None) -> ServeConfig:
         """The ServeConfig of one instance (one replica)."""
-        kw: dict[str, Any] = {}
-        for key, value in self.options.items():
-            if key in LAB_ONLY:
-                continue
-            kw[_SERVE_FIELD.get(key, key)] = value
+        kw = {_SERVE_FIELD[key]: value for key, value in self.options.items() if key in _SERVE_FIELD}
         if devices is not None:
             kw["devices"] = devices
         return ServeConfig(port=port, **kw)
@@ -195,3 +189,54 @@ def replica_devices(
             f"{replicas} replicas × {per_replica} device(s) need {need} devices, {len(pool)} available"
         )
     return [pool[i * per_replica : (i + 1) * per_replica] for i in range(replicas)]
+
+
+# --------------------------------------------------------------------------- the docs table
+
+_TABLE_START = "<!-- serving options: generated by `python -m perflab.lab.options --write docs/plan-reference.md` -->"
+_TABLE_END = "<!-- end of serving options -->"
+
+
+def options_table() -> str:
+    """The Markdown table of every serving option (plan key, CLI flag, type, meaning), as
+    docs/plan-reference.md shows it between its two markers."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    rows = ["| plan key | CLI flag | type | meaning |", "| --- | --- | --- | --- |"]
+    for o in (*serve_options(), *LAB_OPTIONS):
+        key = f"`{o.plan_key}`" if o.plan_key else "— (CLI only)"
+        flag = "— (plans only)" if o.flag is None else (
+            f"`{o.flag}` / `--no-{o.flag[2:]}`" if o.kind == "bool" else f"`{o.flag}`")
+        if o.short:
+            flag += f", `{o.short}`"
+        meaning = o.help + (f" {o.note}" if o.note else "") + (
+            f" Default: `{o.default}`." if o.default not in (None, ()) else "")
+        rows.append(f"| {key} | {flag} | {cell(o.doc_type)} | {cell(meaning)} |")
+    return "\n".join(rows) + "\n"
+
+
+def with_options_table(doc: str) -> str:
+    """``doc`` (docs/plan-reference.md's text) with the table between its markers regenerated."""
+    pattern = re.compile(re.escape(_TABLE_START) + r"\n.*?" + re.escape(_TABLE_END), re.S)
+    if not pattern.search(doc):
+        raise ValueError(f"no serving options table: expected the markers {_TABLE_START} and {_TABLE_END}")
+    return pattern.sub(lambda _: f"{_TABLE_START}\n{options_table()}{_TABLE_END}", doc, count=1)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m perflab.lab.options``: print the table; ``--write FILE``: regenerate it in FILE."""
+    if argv[:1] == ["--write"] and len(argv) == 2:
+        path = Path(argv[1])
+        path.write_text(with_options_table(path.read_text(encoding="utf-8")), encoding="utf-8")
+        return 0
+    if argv:
+        print("usage: python -m perflab.lab.options [--write docs/plan-reference.md]", file=sys.stderr)
+        return 2
+    sys.stdout.write(options_table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

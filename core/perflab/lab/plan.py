@@ -27,7 +27,7 @@ import yaml
 
 from perflab import redact
 from perflab.errors import UsageError
-from perflab.lab.options import OPTION_KINDS, Configuration, apply_delta, normalise
+from perflab.lab.options import PLAN_OPTIONS, Configuration, apply_delta, normalise
 
 DEFAULT_OBJECTIVE = "Achieve high throughput under high-concurrency request scenarios."
 WINNER = "winner"  # in an `engines:` list: the engine of the current best configuration
@@ -315,58 +315,82 @@ def _number(p: _Problems, key: str, value: Any, what: str, lo: float | None = No
     return _BAD
 
 
+def _expected(p: _Problems, key: str, value: Any, what: str) -> Any:
+    p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
+    return _BAD
+
+
+def _bool(p: _Problems, key: str, value: Any, what: str) -> Any:
+    return value if isinstance(value, bool) else _expected(p, key, value, what)
+
+
+def _fraction(p: _Problems, key: str, value: Any, what: str) -> Any:
+    return _number(p, key, value, what, 0.0, 1.0, lo_open=True)
+
+
+def _port(p: _Problems, key: str, value: Any, what: str) -> Any:
+    ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
+    return value if ok else _expected(p, key, value, what)
+
+
+def _plain_mapping(p: _Problems, key: str, value: Any, what: str) -> Any:
+    if not isinstance(value, Mapping):
+        return _expected(p, key, value, what)
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        p.add(key, f"expected {what} of plain values")
+        return _BAD
+    return value
+
+
+def _env(p: _Problems, key: str, value: Any, what: str) -> Any:
+    if not isinstance(value, Mapping) or not all(
+        isinstance(v, (str, int, float, bool)) or v is None for v in value.values()
+    ):
+        p.add(key, f"expected {what} (NAME: value), got {_typename(value)} {_show(value)}")
+        return _BAD
+    return value
+
+
+def _args(p: _Problems, key: str, value: Any, what: str) -> Any:
+    if isinstance(value, str):
+        try:
+            shlex.split(value)
+        except ValueError as exc:
+            p.add(key, f"cannot split {value!r} into arguments ({exc})")
+            return _BAD
+        return value
+    if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+        return _expected(p, key, value, what)
+    return value
+
+
+def _devices(p: _Problems, key: str, value: Any, what: str) -> Any:
+    if (
+        not isinstance(value, list)
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        or len(set(value)) != len(value)
+        or not value
+    ):
+        return _expected(p, key, value, what)
+    return value
+
+
+# an option's kind (perflab.types.OPTION_KINDS) -> its check: the value, or _BAD with the problem added
+_KIND_CHECKS = {
+    "str": _str, "pos_int": _pos_int, "bool": _bool, "fraction": _fraction, "port": _port,
+    "json": _plain_mapping, "options": _plain_mapping, "env": _env, "args": _args, "devices": _devices,
+}
+
+
 def _option_value(p: _Problems, key: str, name: str, value: Any) -> Any:
     """Check one serving option; returns the normalised value or _BAD."""
-    kind, what = OPTION_KINDS[name]
     if value is None:
         return None  # null: back to the engine's default
-    if kind == "str":
-        if _str(p, key, value, what) is _BAD:
-            return _BAD
-    elif kind == "pos_int":
-        if _pos_int(p, key, value, what) is _BAD:
-            return _BAD
-    elif kind == "bool":
-        if not isinstance(value, bool):
-            p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
-            return _BAD
-    elif kind == "fraction":
-        if _number(p, key, value, what, 0.0, 1.0, lo_open=True) is _BAD:
-            return _BAD
-    elif kind == "mapping":
-        if not isinstance(value, Mapping):
-            p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
-            return _BAD
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            p.add(key, f"expected {what} of plain values")
-            return _BAD
-    elif kind == "env":
-        if not isinstance(value, Mapping) or not all(
-            isinstance(v, (str, int, float, bool)) or v is None for v in value.values()
-        ):
-            p.add(key, f"expected {what} (NAME: value), got {_typename(value)} {_show(value)}")
-            return _BAD
-    elif kind == "args":
-        if isinstance(value, str):
-            try:
-                shlex.split(value)
-            except ValueError as exc:
-                p.add(key, f"cannot split {value!r} into arguments ({exc})")
-                return _BAD
-        elif not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
-            p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
-            return _BAD
-    elif kind == "devices":
-        if (
-            not isinstance(value, list)
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
-            or len(set(value)) != len(value)
-            or not value
-        ):
-            p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
-            return _BAD
+    opt = PLAN_OPTIONS[name]
+    if _KIND_CHECKS[opt.kind](p, key, value, opt.expect) is _BAD:
+        return _BAD
     return normalise(name, value)
 
 
@@ -375,9 +399,9 @@ def _options(p: _Problems, key: str, value: Any) -> dict[str, Any]:
     if data is None:
         return {}
     out: dict[str, Any] = {}
-    _unknown_keys(p, key, data, OPTION_KINDS)
+    _unknown_keys(p, key, data, PLAN_OPTIONS)
     for name, v in data.items():
-        if name not in OPTION_KINDS:
+        if name not in PLAN_OPTIONS:
             continue
         checked = _option_value(p, f"{key}.{name}", name, v)
         if checked is not _BAD:
