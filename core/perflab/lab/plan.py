@@ -288,18 +288,21 @@ def _mapping(p: _Problems, key: str, value: Any, what: str = "a mapping") -> Map
     return value
 
 
+def _expected(p: _Problems, key: str, value: Any, what: str) -> Any:
+    p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
+    return _BAD
+
+
 def _str(p: _Problems, key: str, value: Any, what: str = "a string") -> Any:
     if isinstance(value, str) and value.strip():
         return value
-    p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
-    return _BAD
+    return _expected(p, key, value, what)
 
 
 def _pos_int(p: _Problems, key: str, value: Any, what: str = "a positive integer") -> Any:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
-    return _BAD
+    return _expected(p, key, value, what)
 
 
 def _number(p: _Problems, key: str, value: Any, what: str, lo: float | None = None, hi: float | None = None,
@@ -309,15 +312,7 @@ def _number(p: _Problems, key: str, value: Any, what: str, lo: float | None = No
         ok = value > lo if lo_open else value >= lo
     if ok and hi is not None:
         ok = value <= hi
-    if ok:
-        return float(value)
-    p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
-    return _BAD
-
-
-def _expected(p: _Problems, key: str, value: Any, what: str) -> Any:
-    p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
-    return _BAD
+    return float(value) if ok else _expected(p, key, value, what)
 
 
 def _bool(p: _Problems, key: str, value: Any, what: str) -> Any:
