@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import click
 import pytest
@@ -18,7 +18,7 @@ from perflab.lab import options as lab_options
 from perflab.lab import plan as lab_plan
 from perflab.lab.options import LAB_OPTIONS, PLAN_OPTIONS, Configuration, apply_delta, options_table, with_options_table
 from perflab.lab.plan import load_plan_text
-from perflab.types import OPTION_KINDS, ServeConfig, ServeOption, serve_options
+from perflab.types import OPTION_KINDS, OptionKind, ServeConfig, ServeOption, serve_options
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -68,6 +68,7 @@ def test_every_field_declares_its_option_in_field_order() -> None:
 
 
 def test_every_kind_is_handled_by_the_cli_the_plan_checks_and_the_deltas() -> None:
+    assert set(get_args(OptionKind)) == set(OPTION_KINDS)
     assert set(cli_options._CLI_KINDS) == set(OPTION_KINDS)
     assert set(lab_plan._KIND_CHECKS) == set(OPTION_KINDS)
     assert set(PLAN_VALUE) == set(OPTION_KINDS)
