@@ -238,13 +238,13 @@ class ServeConfig:
         plan_key="engine_options", expect="a mapping of engine-specific options"))
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "extra_env", _frozen_map(self.extra_env))
-        object.__setattr__(self, "options", _frozen_map(self.options))
-        if self.speculative_config is not None:
-            object.__setattr__(self, "speculative_config", _frozen_map(self.speculative_config))
-        object.__setattr__(self, "extra_args", tuple(self.extra_args))
-        if self.devices is not None:
-            object.__setattr__(self, "devices", tuple(self.devices))
+        # the immutable form of every collection-valued option, by its declared kind
+        for opt in _SERVE_OPTIONS:
+            value = getattr(self, opt.name)
+            if opt.kind in ("env", "options") or (opt.kind == "json" and value is not None):
+                object.__setattr__(self, opt.name, _frozen_map(value))
+            elif opt.kind == "args" or (opt.kind == "devices" and value is not None):
+                object.__setattr__(self, opt.name, tuple(value))
 
     @property
     def name(self) -> str:
