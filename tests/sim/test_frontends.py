@@ -132,10 +132,10 @@ def test_vllm_config_file_and_dotted_json(tmp_path: Path, free_port: int) -> Non
     path.write_text(f"tensor-parallel-size: 2\nport: {free_port}\nenable-expert-parallel: true\n")
     cfg = vllm.parse(["serve", "Qwen/Qwen3-30B-A3B", "--config", str(path), "-O3"], A100X8)
     assert (cfg.tp, cfg.ep, cfg.port) == (2, 2, free_port)
-    assert cfg.extra["compilation_config"] == {"level": 3}
+    assert cfg.behaviour.settings["compilation_config"] == {"level": 3}
     dotted = ["--compilation-config.cudagraph_mode", "FULL", "--compilation_config.cudagraph_capture_sizes+", "1,8"]
     cfg = vllm.parse(["serve", "Qwen/Qwen3-8B", "--port", str(free_port), *dotted], A100)
-    assert cfg.extra["compilation_config"] == {"cudagraph_mode": "FULL", "cudagraph_capture_sizes": ["1", "8"]}
+    assert cfg.behaviour.settings["compilation_config"] == {"cudagraph_mode": "FULL", "cudagraph_capture_sizes": ["1", "8"]}
 
 
 def test_vllm_version_tables_differ(free_port: int) -> None:
@@ -188,8 +188,8 @@ def test_vllm_ascend_seed_003_command(monkeypatch: pytest.MonkeyPatch, free_port
             "--port", str(free_port), "--block-size", "128", "--gpu-memory-utilization", "0.9"]  # fmt: skip
     cfg = vllm.parse(argv, ASCEND)
     assert cfg.engine == "vllm-ascend" and cfg.quantization == "w8a8" and cfg.block_size == 128
-    assert cfg.extra["additional_config"] == {"pa_shape_list": [48, 64, 72, 80], "weight_prefetch_config": {"enabled": True}}
-    assert cfg.extra["async_scheduling"] is True
+    assert cfg.behaviour.settings["additional_config"] == {"pa_shape_list": [48, 64, 72, 80], "weight_prefetch_config": {"enabled": True}}
+    assert cfg.behaviour.settings["async_scheduling"] is True
 
 
 def test_vllm_ascend_refuses_cuda_quantization() -> None:
@@ -362,7 +362,7 @@ def test_trtllm_extra_llm_api_options_yaml(tmp_path: Path) -> None:
     assert cfg.prefix_caching is False and cfg.kv_cache_dtype == "fp8" and cfg.max_num_seqs == 64
     assert (cfg.tp, cfg.dp, cfg.ep) == (2, 2, 2)
     assert (cfg.spec_method, cfg.spec_tokens) == ("ngram", 4)
-    assert cfg.extra["llm_api_unmodelled_keys"] == ["cuda_graph_config"]
+    assert cfg.behaviour.settings["llm_api_unmodelled_keys"] == ["cuda_graph_config"]
     missing = usage_error(trtllm.parse, ["Qwen/Qwen3-32B", "--extra_llm_api_options", str(tmp_path / "none.yaml")], A100)
     assert missing.code == 1 and "FileNotFoundError: [Errno 2] No such file or directory:" in missing.stderr
     path.write_text("speculative_config:\n  decoding_type: Lookahead\n")
@@ -413,10 +413,10 @@ def test_mindie_maps_the_config(tmp_path: Path) -> None:
     assert (cfg.max_model_len, cfg.max_batched_tokens, cfg.max_num_seqs, cfg.block_size) == (2560, 8192, 200, 128)
     assert cfg.ready_lines == ("Daemon start success!",)
     assert cfg.health_paths == ()  # /v1/models on the business port is the OpenAI route
-    assert "/v2/health/ready" in cfg.extra["health_paths_by_port"][1026]
-    assert cfg.extra["health_paths_by_port"][1027] == ("/metrics",)
-    assert cfg.extra["port_hosts"] == {1026: "127.0.0.2", 1027: "127.0.0.2"}  # managementIpAddress
-    assert "listen port is occupied" in cfg.extra["bind_error_lines"][0] and cfg.extra["bind_error_signal"] == 9
+    assert "/v2/health/ready" in cfg.behaviour.health_paths_by_port[1026]
+    assert cfg.behaviour.health_paths_by_port[1027] == ("/metrics",)
+    assert cfg.behaviour.port_hosts == {1026: "127.0.0.2", 1027: "127.0.0.2"}  # managementIpAddress
+    assert "listen port is occupied" in cfg.behaviour.bind_error_lines[0] and cfg.behaviour.bind_error_signal == 9
 
 
 def test_mindie_one_port_serves_everything(tmp_path: Path) -> None:
@@ -520,7 +520,7 @@ def workload() -> list[tuple[float, int, int]]:
 
 
 def throughput(cfg, env: dict[str, str], workload, concurrency: int | None = None) -> float:  # type: ignore[no-untyped-def]
-    p = runtime.plan(cfg, env)
+    p = runtime.deployment(cfg, env)
     cost = perfmodel.build_cost_model(p.model, p.machine.chip, p.knobs)
     result = scheduler.simulate(workload, cost, p.knobs, p.memory.kv_capacity_tokens, max_concurrency=concurrency)
     return result.total_token_throughput

@@ -295,7 +295,7 @@ def test_sigterm_ends_a_loaded_engine_and_its_workers_within_a_second(sim_env: d
     """Under load, with its stdout pipe full and no longer drained (a supervisor tearing a
     study down), the engine and its workers are gone about a second after SIGTERM."""
     access = 'INFO:     {client} - "{method} {path} HTTP/1.1" {status} {reason}'
-    with engine({**sim_env, "PERFLAB_SIM_TIME_SCALE": "1000"}, tp=2, workers=2, extra={"access_log": access}) as e:
+    with engine({**sim_env, "PERFLAB_SIM_TIME_SCALE": "1000"}, tp=2, workers=2, behaviour={"access_log": access}) as e:
         assert e.proc.stdout is not None
         fcntl.fcntl(e.proc.stdout.fileno(), F_SETPIPE_SZ, 4096)  # a small pipe fills fast
         assert e.read_until(READY)
@@ -347,7 +347,7 @@ def test_second_engine_on_busy_device_fails_like_vllm(sim_env: dict[str, str]) -
 
 def test_fail_signal_takes_the_engine_and_its_workers_down_by_that_signal(sim_env: dict[str, str]) -> None:
     lines = ["[2025-01-01 00:00:00] Scheduler hit an exception: ValueError: boom", "Received sigquit from a child process."]
-    with engine(sim_env, tp=2, workers=2, fail_lines=lines, fail_after_s=0.5, extra={"fail_signal": 9}) as e:
+    with engine(sim_env, tp=2, workers=2, fail_lines=lines, fail_after_s=0.5, behaviour={"fail_signal": 9}) as e:
         workers = workers_of(e, 2)
         assert e.finish(timeout=10) == -signal.SIGKILL
         assert e.err[-2:] == lines
@@ -357,7 +357,7 @@ def test_fail_signal_takes_the_engine_and_its_workers_down_by_that_signal(sim_en
 
 
 def test_crash_after_with_fail_signal_dies_by_the_signal(sim_env: dict[str, str]) -> None:
-    with engine(sim_env, fault="crash-after:1", extra={"fail_signal": 6}) as e:
+    with engine(sim_env, fault="crash-after:1", behaviour={"fail_signal": 6}) as e:
         assert e.read_until(READY)
         stream_chat(e.url, words=3, max_tokens=2, ignore_eos=True)
         assert e.finish(timeout=10) == -signal.SIGABRT
@@ -370,7 +370,7 @@ def test_bind_error_lines_and_signal_replace_uvicorns_message(sim_env: dict[str,
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         mgmt = taken.getsockname()[1]
-        with engine(sim_env, extra_ports=[mgmt], extra=extra) as e:  # the management port is the busy one
+        with engine(sim_env, extra_ports=[mgmt], behaviour=extra) as e:  # the management port is the busy one
             assert e.finish(timeout=10) == -signal.SIGKILL
             assert occupied in e.err
             assert not any("error while attempting to bind" in line for line in e.err)
@@ -378,7 +378,7 @@ def test_bind_error_lines_and_signal_replace_uvicorns_message(sim_env: dict[str,
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         templ = "bind {host}:{port} failed: [Errno {errno}] {reason}"
-        with engine(sim_env, port=taken.getsockname()[1], extra={"bind_error_lines": [templ]}) as e:
+        with engine(sim_env, port=taken.getsockname()[1], behaviour={"bind_error_lines": [templ]}) as e:
             assert e.finish(timeout=10) == 1
             assert f"bind 127.0.0.1:{taken.getsockname()[1]} failed: [Errno 98] address already in use" in e.err
 
@@ -386,7 +386,7 @@ def test_bind_error_lines_and_signal_replace_uvicorns_message(sim_env: dict[str,
 def test_port_hosts_bind_extra_ports_on_their_own_address(sim_env: dict[str, str]) -> None:
     mgmt = free_port()
     extra = {"port_hosts": {str(mgmt): "127.0.0.2"}, "health_paths_by_port": {str(mgmt): ["/health"]}}
-    with engine(sim_env, extra_ports=[mgmt], health_paths=[], extra=extra) as e:
+    with engine(sim_env, extra_ports=[mgmt], health_paths=[], behaviour=extra) as e:
         assert e.read_until(READY)
         assert httpx.get(f"http://127.0.0.2:{mgmt}/health").status_code == 200
         with pytest.raises(httpx.ConnectError):
@@ -417,7 +417,7 @@ def test_front_end_failure_lines(sim_env: dict[str, str]) -> None:
 def test_bind_before_load_answers_503_until_loaded_and_extra_port_health(sim_env: dict[str, str]) -> None:
     mgmt = free_port()
     extra = {"bind_before_load": True, "health_paths_by_port": {str(mgmt): ["/v2/health/ready"]}}
-    with engine(sim_env, load_time_s=30.0, extra_ports=[mgmt], health_paths=["/health"], extra=extra) as e:
+    with engine(sim_env, load_time_s=30.0, extra_ports=[mgmt], health_paths=["/health"], behaviour=extra) as e:
         assert e.read_until(STARTUP)
         status = None
         deadline = time.monotonic() + 10
@@ -530,7 +530,7 @@ def test_unknown_fault_is_an_error(sim_env: dict[str, str]) -> None:
 
 def test_visible_devices_data_parallel_and_stats_lines(sim_env: dict[str, str]) -> None:
     stats = "INFO [loggers.py] Avg prompt throughput: {prompt_tps:.1f} tokens/s, Running: {running} reqs"
-    with engine(sim_env, devices=[4, 5], dp=2, extra={"stats_line": stats, "stats_interval_s": 0.2}) as e:
+    with engine(sim_env, devices=[4, 5], dp=2, behaviour={"stats_line": stats, "stats_interval_s": 0.2}) as e:
         assert e.read_until(READY)
         assert [used_mib(e.env, d) > 60000 for d in (0, 4, 5)] == [False, True, True]
         stream_chat(e.url, words=50, max_tokens=40, ignore_eos=True)

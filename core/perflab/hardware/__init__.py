@@ -13,9 +13,9 @@ import os
 import socket
 from collections.abc import Mapping
 
+from perflab.simenv import HARDWARE_ENV as SIM_ENV
 from perflab.types import Accelerator, HardwareSnapshot
 
-SIM_ENV = "PERFLAB_SIM_HARDWARE"
 CPU_KIND = "cpu"  # perflab.hardware.cpu.KIND (not imported: that module imports this one)
 
 

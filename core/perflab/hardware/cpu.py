@@ -209,7 +209,7 @@ def probe_cpu(root: Path = Path("/"), allowed: Iterable[int] | None = None) -> l
 
 @hookimpl
 def perflab_probe_hardware(env: Mapping[str, str]) -> list[Accelerator] | None:
-    from perflab.hardware import SIM_ENV
+    from perflab.simenv import HARDWARE_ENV as SIM_ENV
 
     if env.get(SIM_ENV):
         return None  # a simulated machine has exactly the catalog's accelerators

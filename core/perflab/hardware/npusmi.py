@@ -16,9 +16,9 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 from perflab.hookspecs import hookimpl
+from perflab.simenv import HARDWARE_ENV as SIM_ENV
 from perflab.types import Accelerator
 
-SIM_ENV = "PERFLAB_SIM_HARDWARE"
 INFO_TIMEOUT_S = 30.0  # npu-smi takes seconds on an 8-card server under load
 DETAIL_TIMEOUT_S = 15.0
 

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from perflab.hookspecs import hookimpl
+from perflab.simenv import HARDWARE_ENV as SIM_ENV
 from perflab.types import Accelerator
 
-SIM_ENV = "PERFLAB_SIM_HARDWARE"
 _MIB = 1024 * 1024
 
 

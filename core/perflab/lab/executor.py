@@ -32,11 +32,11 @@ from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
 from perflab.lab.study import CRASHED, FAILED, INTERRUPTED, OK, STALLED, TIMEOUT, UNSUPPORTED
+from perflab.simenv import TIME_SCALE_ENV as SIM_TIME_SCALE_ENV
 from perflab.types import HardwareSnapshot, LaunchSpec, to_jsonable
 
 log = structlog.get_logger("perflab.lab")
 
-SIM_TIME_SCALE_ENV = "PERFLAB_SIM_TIME_SCALE"
 # A benchmark with failed requests ends before the engine's process does when the engine is
 # going down (streams cut, connections refused while it shuts down): before calling such a
 # result a measurement, wait this long for the engine to exit.

@@ -30,9 +30,8 @@ from perflab.lab.plan import WINNER, Plan, Profile, load_plan_text
 from perflab.lab.report import ReportContext, write_report
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store, write_json
 from perflab.lab.study import FAILED, INTERRUPTED, PENDING, Result, StudyOutcome, conduct
+from perflab.simenv import STATE_ENV as SIM_STATE_ENV
 from perflab.types import to_jsonable
-
-SIM_STATE_ENV = "PERFLAB_SIM_STATE_DIR"  # perflab.sim.STATE_ENV, not imported: sim loads lazily
 
 
 @dataclass

@@ -38,12 +38,8 @@ from pathlib import Path
 
 from perflab.errors import PerflabError
 from perflab.sim import catalog, versions
-from perflab.sim.versions import ENGINE_VERSIONS_ENV
+from perflab.simenv import ENGINE_VERSIONS_ENV, FAULT_ENV, HARDWARE_ENV, STATE_ENV, TIME_SCALE_ENV
 
-HARDWARE_ENV = "PERFLAB_SIM_HARDWARE"
-STATE_ENV = "PERFLAB_SIM_STATE_DIR"
-TIME_SCALE_ENV = "PERFLAB_SIM_TIME_SCALE"
-FAULT_ENV = "PERFLAB_SIM_FAULT"
 MIES_ENV = "MIES_INSTALL_PATH"
 
 _LAYOUT_VERSION = "2"  # bump when the generated tree changes shape

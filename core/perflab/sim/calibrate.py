@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from perflab.sim import catalog, models, perfmodel
 from perflab.sim.scheduler import OfflineResult, simulate
+from perflab.simenv import HARDWARE_ENV
 
 
 def sharegpt_like(n: int = 1000, seed: int = 0, mean_in: float = 217.0, mean_out: float = 201.0) -> list[tuple[float, int, int]]:
@@ -184,7 +185,7 @@ def engine_config(case: EngineCase, env: dict[str, str] | None = None):  # type:
     """The SimEngineConfig the simulated engine builds from the seed's command."""
     from perflab.sim.frontends import sglang, trtllm, vllm
 
-    env = env if env is not None else {"PERFLAB_SIM_HARDWARE": case.machine}
+    env = env if env is not None else {HARDWARE_ENV: case.machine}
     if case.engine == "vllm":
         return vllm.parse([*case.argv, "--port", "0"], env)  # port 0: vLLM's busy-port check always passes
     if case.engine == "sglang":
@@ -199,7 +200,7 @@ def run_engine(cfg, machine: str, workload: list[tuple[float, int, int]],  # typ
     """``workload`` through the scheduler and cost model of the engine configuration ``cfg``."""
     from perflab.sim import runtime
 
-    p = runtime.plan(cfg, {"PERFLAB_SIM_HARDWARE": machine})
+    p = runtime.deployment(cfg, {HARDWARE_ENV: machine})
     cost = perfmodel.build_cost_model(p.model, p.machine.chip, p.knobs)
     return simulate(workload, cost, p.knobs, p.memory.kv_capacity_tokens, max_concurrency=max_concurrency)
 

@@ -10,7 +10,70 @@ fault injection. Neither imports a perflab plugin.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineBehaviour:
+    """Engine-specific runtime behaviour a front end sets, all optional (the defaults are
+    vLLM's). Lines marked "format" are templates the runtime fills with the named values."""
+
+    # bind first and answer health 503 until loaded (SGLang, MindIE)
+    bind_before_load: bool = False
+    # health paths on the extra ports (MindIE's management port); those ports answer nothing else
+    health_paths_by_port: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    # extra ports bound on an address of their own (MindIE's management and metrics ports on
+    # ``managementIpAddress``)
+    port_hosts: Mapping[int, str] = field(default_factory=dict)
+    # format (client, method, path, status, reason): one line per request
+    access_log: str | None = None
+    # format (prompt_tps, gen_tps, running, waiting, kv_pct, prefix_hit_pct): printed every
+    # ``stats_interval_s`` real seconds while busy
+    stats_line: str | None = None
+    stats_interval_s: float = 10.0
+    # stderr lines for the crash faults; empty: a vLLM-like traceback
+    crash_lines: tuple[str, ...] = ()
+    crash_at_start_lines: tuple[str, ...] = ()
+    # format (need_gib, total_gib, budget_gib): the weights do not fit
+    oom_lines: tuple[str, ...] = ()
+    # format (free_gib, total_gib, fraction, requested_gib, device): another engine holds memory
+    insufficient_memory_lines: tuple[str, ...] = ()
+    # format (host, port, errno, reason): a port in use; empty: uvicorn's line
+    bind_error_lines: tuple[str, ...] = ()
+    # that failure ends by this signal instead of an exit status
+    bind_error_signal: int | None = None
+    # every other failure (front-end ``fail_lines``, memory, crash faults) ends by this signal,
+    # the workers killed first (MindIE's killpg(SIGKILL) / abort(), SGLang's kill_process_tree)
+    fail_signal: int | None = None
+    # mean length at which a request without ``ignore_eos`` stops by itself (exponential,
+    # seeded by the prompt)
+    eos_mean_tokens: float = 16384.0
+    owned_by: str | None = None  # ``/v1/models`` owner; None: the engine name
+    process_name: str | None = None  # the server's name in ``npu-smi``'s process table; None: argv[0]
+    api_keys: tuple[str, ...] = ()  # bearer tokens the guarded paths need (vLLM's --api-key)
+    # the engine's settings the front end parsed but the simulator does not model (recorded
+    # for inspection: vLLM's compilation_config, TensorRT-LLM's backend, ...)
+    settings: Mapping[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> EngineBehaviour:
+        """From JSON (``python -m perflab.sim.runtime``): port keys become ints, lists tuples."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"unknown engine behaviour {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        out: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key == "health_paths_by_port":
+                value = {int(p): tuple(v) for p, v in dict(value).items()}
+            elif key == "port_hosts":
+                value = {int(p): str(h) for p, h in dict(value).items()}
+            elif isinstance(value, list):
+                value = tuple(value)
+            out[key] = value
+        return cls(**out)
 
 
 @dataclass(frozen=True)
@@ -62,8 +125,5 @@ class SimEngineConfig:
     # computed and preempts the newest request when they run out (vLLM, SGLang, MindIE);
     # "guaranteed_no_evict" admits a request only when its whole length fits (TensorRT-LLM)
     capacity_policy: str = "max_utilization"
-    # Engine-specific runtime behaviour, all optional (see perflab.sim.runtime for the list):
-    # bind_before_load, health_paths_by_port, access_log, stats_line, stats_interval_s,
-    # crash_lines, crash_at_start_lines, oom_lines, insufficient_memory_lines, eos_mean_tokens,
-    # owned_by, process_name, fail_signal, bind_error_lines, bind_error_signal, port_hosts.
-    extra: dict[str, object] = field(default_factory=dict)
+    # Engine-specific runtime behaviour, all optional
+    behaviour: EngineBehaviour = field(default_factory=EngineBehaviour)

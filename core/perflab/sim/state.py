@@ -22,8 +22,7 @@ from pathlib import Path
 
 import psutil
 
-STATE_ENV = "PERFLAB_SIM_STATE_DIR"
-HARDWARE_ENV = "PERFLAB_SIM_HARDWARE"
+from perflab.simenv import HARDWARE_ENV, STATE_ENV
 
 
 @dataclass(frozen=True)

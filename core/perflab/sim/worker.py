@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-ARGS_ENV = "PERFLAB_SIM_WORKER"
+from perflab.simenv import WORKER_ENV as ARGS_ENV
 
 
 def set_process_name(name: str) -> None:

@@ -35,6 +35,7 @@ import pytest
 from perflab import hookspecs
 from perflab.errors import UnsupportedOption
 from perflab.plugins import PluginManager, check_compatibility
+from perflab.simenv import STATE_ENV
 from perflab.types import (
     Accelerator,
     CrashCause,
@@ -260,7 +261,7 @@ class EngineConformance:
             from perflab.hardware import resolve
 
             # a private memory registry, so parallel simulations cannot disturb this one
-            env["PERFLAB_SIM_STATE_DIR"] = str(tmp_path / "sim-state")
+            env[STATE_ENV] = str(tmp_path / "sim-state")
             cycle_hardware, env = resolve(pm, f"sim:{self.sim_hardware}", env)
             config = config.replace(max_model_len=4096)
         else:

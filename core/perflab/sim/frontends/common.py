@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from perflab.sim.config import SimEngineConfig
-
-HARDWARE_ENV = "PERFLAB_SIM_HARDWARE"
+from perflab.simenv import HARDWARE_ENV
 
 
 class EngineExit(Exception):
@@ -412,7 +411,7 @@ def run_main(parse: Any, argv: Sequence[str] | None, env: Mapping[str, str] | No
     except EngineExit as exc:
         code = emit(exc)
         if exc.signal is not None and hasattr(os, "kill"):
-            from perflab.sim.runtime import die_by_signal
+            from perflab.sim.lifecycle import die_by_signal
 
             die_by_signal(exc.signal)
         return code

@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from perflab.sim.config import SimEngineConfig
+from perflab.sim.config import EngineBehaviour, SimEngineConfig
 from perflab.sim.frontends import common
 from perflab.sim.frontends.common import EngineExit, SimMachine
 
@@ -489,21 +489,20 @@ def _configure(s: dict[str, Any], machine: SimMachine, version: str, log: Mindie
         fail_exit_code=fail_code,
         fail_after_s=fail_after,
         block_size=int(schedule["cacheBlockSize"]),
-        extra={
-            "bind_before_load": False,
-            "fail_signal": fail_signal,
-            "health_paths_by_port": by_port,
+        behaviour=EngineBehaviour(
+            bind_before_load=False,
+            fail_signal=fail_signal,
+            health_paths_by_port=by_port,
             # management and metrics listen on managementIpAddress (the business port on ipAddress)
-            "port_hosts": {p: mgmt_host for p in extra_ports},
-            "plugin_types": types,
-            "max_input_token_len": int(deploy["maxInputTokenLen"]),
-            "max_prefill_batch_size": int(schedule["maxPrefillBatchSize"]),
-            "bind_error_lines": [
+            port_hosts={p: mgmt_host for p in extra_ports},
+            bind_error_lines=(
                 log.line("[ERROR] Management or Business or Metrics Http server listen port is occupied"),
                 log.line("[ERROR] Failed to init endpoint! Please check the service log or console output."),
-            ],
-            "bind_error_signal": 9,  # a failed endpoint ends in killpg(getpgrp(), SIGKILL)
-        },
+            ),
+            bind_error_signal=9,  # a failed endpoint ends in killpg(getpgrp(), SIGKILL)
+            settings={"plugin_types": types, "max_input_token_len": int(deploy["maxInputTokenLen"]),
+                      "max_prefill_batch_size": int(schedule["maxPrefillBatchSize"])},
+        ),
     )
     return SimEngineConfig(**common.apply_factors(fields, factors))
 

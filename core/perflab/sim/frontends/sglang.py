@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from perflab.sim.config import SimEngineConfig
+from perflab.sim.config import EngineBehaviour, SimEngineConfig
 from perflab.sim.frontends import common
 from perflab.sim.frontends.common import EngineArgumentParser, EngineExit, SimMachine
 from perflab.sim.frontends.sglang_args import V0_5_5
@@ -342,19 +342,18 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str) -> SimEngin
         fail_exit_code=137,  # kill_process_tree(os.getpid()) sends SIGKILL to itself
         fail_after_s=fail_after,
         block_size=int(a.get("page_size") or 1),
-        extra={
-            "bind_before_load": False,
-            "fail_signal": 9,
-            "oom_lines": [
+        behaviour=EngineBehaviour(
+            bind_before_load=False,
+            fail_signal=9,
+            oom_lines=(
                 "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
-                f"Current value: self.server_args.mem_fraction_static={float(mem_fraction)}"
-            ],
-            "reasoning_parser": a.get("reasoning_parser"),
-            "mixed_chunk": bool(a.get("enable_mixed_chunk", False)),
-            "bind_error_lines": [
-                log.uvicorn("ERROR", f"[Errno 98] error while attempting to bind on address ('{host}', {port}): address already in use")
-            ],
-        },
+                f"Current value: self.server_args.mem_fraction_static={float(mem_fraction)}",
+            ),
+            bind_error_lines=(
+                log.uvicorn("ERROR", f"[Errno 98] error while attempting to bind on address ('{host}', {port}): address already in use"),
+            ),
+            settings={"reasoning_parser": a.get("reasoning_parser"), "mixed_chunk": bool(a.get("enable_mixed_chunk", False))},
+        ),
     )
     return SimEngineConfig(**common.apply_factors(fields, factors))
 

@@ -40,7 +40,7 @@ from typing import Any
 import click
 import yaml
 
-from perflab.sim.config import SimEngineConfig
+from perflab.sim.config import EngineBehaviour, SimEngineConfig
 from perflab.sim.frontends import common
 from perflab.sim.frontends.common import EngineExit, SimMachine
 
@@ -403,14 +403,12 @@ def _configure(o: dict[str, Any], api: dict[str, Any], machine: SimMachine, vers
         fail_after_s=fail_after,
         block_size=int(kv_cfg.get("tokens_per_block", 32)),
         capacity_policy=CAPACITY_POLICIES[policy_name],
-        extra={
-            "bind_before_load": False,
-            "backend": o["backend"],
-            "overlap_scheduler": overlap,
-            "llm_api_unmodelled_keys": unmodelled,
-            "reasoning_parser": o.get("reasoning_parser"),
-            "bind_error_lines": [TrtLog.uvicorn("ERROR", f"[Errno 98] error while attempting to bind on address ('{host}', {port}): address already in use")],
-        },
+        behaviour=EngineBehaviour(
+            bind_before_load=False,
+            bind_error_lines=(TrtLog.uvicorn("ERROR", f"[Errno 98] error while attempting to bind on address ('{host}', {port}): address already in use"),),
+            settings={"backend": o["backend"], "overlap_scheduler": overlap, "llm_api_unmodelled_keys": unmodelled,
+                      "reasoning_parser": o.get("reasoning_parser")},
+        ),
     )
     return SimEngineConfig(**common.apply_factors(fields, factors))
 

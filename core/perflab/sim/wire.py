@@ -1,0 +1,298 @@
+"""The OpenAI wire format of the simulated engines, vLLM 0.32.0's field for field: request
+parsing (:func:`parse_request`), error bodies, the streamed SSE chunks and the usage blocks
+(:class:`Generation`), the ``system_fingerprint`` and the ``/tokenize`` vocabulary.
+
+Captured from a real server: tests/fixtures/real/vllm-0.32.0-cpu/; vllm/entrypoints/openai/
+chat_completion/serving.py, completion/serving.py and protocol.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from perflab.sim import tokenizer
+from perflab.sim.config import SimEngineConfig
+from perflab.sim.scheduler import SimRequest
+
+if TYPE_CHECKING:
+    from perflab.sim.runtime import Engine
+
+VLLM_ENGINES = ("vllm", "vllm-ascend")  # the stand-ins with vLLM's API server
+
+
+def error_body(message: str, type_: str, status: int) -> dict[str, Any]:
+    """vLLM's ErrorResponse (vllm/entrypoints/openai/protocol.py)."""
+    return {"error": {"message": message, "type": type_, "param": None, "code": status}}
+
+
+def context_error(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> str | None:
+    """vLLM's input validation (serving_engine.py ``_validate_input``), its exact wording."""
+    if prompt_tokens >= max_model_len:
+        return (
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{prompt_tokens} input tokens. Please reduce the length of the input messages."
+        )
+    if max_tokens is not None and prompt_tokens + max_tokens > max_model_len:
+        return (
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context "
+            f"length is {max_model_len} tokens and your request has {prompt_tokens} input tokens "
+            f"({max_tokens} > {max_model_len} - {prompt_tokens})."
+        )
+    return None
+
+
+def natural_length(seed_text: str, mean: float) -> int:
+    """Where a request stops by itself (EOS) when it may: exponential with ``mean``, a pure
+    function of the prompt so runs repeat."""
+    digest = hashlib.blake2b(seed_text.encode(), digest_size=8).digest()
+    u = (int.from_bytes(digest, "big") + 1) / 2**64
+    return 1 + int(-mean * math.log(u))
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A valid ``/v1/chat/completions`` or ``/v1/completions`` body, as the engine runs it."""
+
+    chat: bool
+    model: str | None
+    text: str | None  # the prompt text (None: token ids), what prefix caching hashes
+    prompt_tokens: int
+    max_tokens: int  # the cap: the request's max_tokens or what the context leaves
+    stop_at: int  # where the generation stops (EOS or the cap)
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+
+
+def parse_request(body: Mapping[str, Any], chat: bool, max_model_len: int, eos_mean: float) -> CompletionRequest | str:
+    """The request in ``body``, or vLLM's message for a 400 BadRequestError."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return "'messages' is required"
+        text, prompt_tokens = tokenizer.chat_prompt(messages)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    else:
+        if "prompt" not in body:
+            return "'prompt' is required"
+        text, prompt_tokens = tokenizer.completion_prompt(body.get("prompt"))
+        max_tokens = body.get("max_tokens", 16)  # vLLM's CompletionRequest default
+    message = context_error(prompt_tokens, max_tokens, max_model_len)
+    if message:
+        return message
+    cap = int(max_tokens) if max_tokens is not None else max_model_len - prompt_tokens
+    if cap < 1:
+        return "max_tokens must be at least 1, got %d." % cap
+    min_tokens = min(int(body.get("min_tokens") or 0), cap)
+    if body.get("ignore_eos"):
+        stop_at = cap
+    else:
+        seed_text = text if text is not None else json.dumps(body.get("prompt"))
+        stop_at = max(min_tokens, min(cap, natural_length(seed_text, eos_mean)), 1)
+    opts = body.get("stream_options") or {}
+    model = body.get("model")
+    return CompletionRequest(chat, None if model is None else str(model), text, prompt_tokens, cap, stop_at,
+                             bool(body.get("stream")), bool(opts.get("include_usage")),
+                             bool(opts.get("continuous_usage_stats")))
+
+
+class Generation:
+    """One request in flight: turns scheduler emissions into the OpenAI response.
+
+    The wire format is vLLM 0.32.0's, field for field and in its order (captured from a real
+    server: tests/fixtures/real/vllm-0.32.0-cpu/; vllm/entrypoints/openai/chat_completion/
+    serving.py and completion/serving.py): chat streams open with a role-only chunk carrying
+    ``prompt_token_ids``/``prompt_text`` nulls, token chunks carry ``token_ids: null``, the
+    finishing chunk adds ``stop_reason``; ``include_usage`` adds a final ``choices: []`` chunk
+    with ``usage`` and the ``system_fingerprint`` (without it the fingerprint rides on the
+    finishing chunk); ``continuous_usage_stats`` (only with ``include_usage``, as
+    ``should_include_usage`` decides) puts ``usage`` on every chunk.
+    """
+
+    def __init__(self, engine: Engine, request: CompletionRequest, model: str) -> None:
+        self.engine = engine
+        self.chat = chat = request.chat
+        self.prompt_tokens = request.prompt_tokens
+        self.max_tokens = request.max_tokens
+        self.stop_at = request.stop_at
+        self.stream = request.stream
+        self.include_usage = request.include_usage
+        self.continuous_usage = request.include_usage and request.continuous_usage
+        self.generated = 0
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.send: Callable[[bytes], bool] | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.sim: SimRequest | None = None
+        self.rank = 0  # data-parallel scheduler serving it
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        self.id = prefix + uuid.uuid4().hex[:16]  # vLLM: random_uuid()[:16] after the prefix
+        self.created = int(time.time())
+        self.model_json = json.dumps(model)
+        self.fingerprint = engine.fingerprint
+        self.arrived = time.monotonic()
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        self._head = (
+            f'{{"id":"{self.id}","object":"{obj}","created":{self.created},"model":{self.model_json},"choices":['
+        ).encode()
+
+    def usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + self.generated,
+            "completion_tokens": self.generated,
+        }
+
+    def _usage_json(self, details: bool) -> str:
+        usage: dict[str, Any] = self.usage()
+        if details:
+            usage["completion_tokens_details"] = None
+        return json.dumps(usage, separators=(",", ":"))
+
+    def _chunk(self, text: str, finish: str | None, role: bool = False) -> bytes:
+        fin = "null" if finish is None else f'"{finish}"'
+        stop = ',"stop_reason":null' if finish is not None else ""
+        content = json.dumps(text)
+        if self.chat:
+            if role:
+                choice = '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}'
+            else:
+                choice = f'{{"index":0,"delta":{{"content":{content}}},"logprobs":null,"finish_reason":{fin}{stop},"token_ids":null}}'
+        else:
+            choice = (f'{{"index":0,"text":{content},"logprobs":null,"finish_reason":{fin},"stop_reason":null,'
+                      '"prompt_token_ids":null,"token_ids":null}')
+        tail = "]"
+        if self.continuous_usage:
+            tail += ',"usage":' + self._usage_json(details=self.chat)
+        if role:
+            tail += ',"prompt_token_ids":null,"prompt_text":null'
+        if finish is not None and not self.include_usage:
+            tail += ',"system_fingerprint":' + json.dumps(self.fingerprint)
+        return b"data: " + self._head + choice.encode() + tail.encode() + b"}\n\n"
+
+    def _final_usage(self) -> bytes:
+        return (b"data: " + self._head + b'],"usage":' + self._usage_json(details=False).encode()
+                + b',"system_fingerprint":' + json.dumps(self.fingerprint).encode() + b"}\n\n")
+
+    def sink(self, n: int, finished: bool) -> None:
+        """Called by the scheduler driver with the tokens of one step."""
+        if self.done.done():
+            return
+        sim = self.sim
+        if finished and sim is not None and sim.aborted and self.generated == 0:
+            self.error = "The request does not fit in the KV cache."
+            if self.send:
+                body = json.dumps(error_body(self.error, "BadRequestError", 400), separators=(",", ":"))
+                self.send(f"data: {body}\n\n".encode() + b"data: [DONE]\n\n")
+            self.engine.record(self, "abort")
+            self.done.set_result(None)
+            return
+        first = self.generated == 0 and n > 0
+        now = time.monotonic()
+        if n > 0:
+            if first:
+                self.first_at = now
+            elif self.last_at is not None:
+                self.engine.metrics.token_interval(self.rank, (now - self.last_at) * self.engine.scale)
+            self.last_at = now
+        self.generated += n
+        if finished:
+            self.finish_reason = "length" if self.generated >= self.max_tokens else "stop"
+        if self.send is not None:
+            out = []
+            if first and self.chat:
+                out.append(self._chunk("", None, role=True))
+            if n > 0 or finished:
+                out.append(self._chunk(tokenizer.output_text(n), self.finish_reason))
+            if finished:
+                if self.include_usage:
+                    out.append(self._final_usage())
+                out.append(b"data: [DONE]\n\n")
+            if not self.send(b"".join(out)):
+                self.engine.abort(self)
+        if finished:
+            self.engine.record(self, self.finish_reason or "stop")
+            self.done.set_result(None)
+
+    def full_response(self) -> dict[str, Any]:
+        """The non-streamed body, vLLM 0.32.0's fields in its order."""
+        text = tokenizer.output_text(self.generated)
+        usage = {**self.usage(), "prompt_tokens_details": None, "completion_tokens_details": None}
+        if self.chat:
+            message = {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
+                       "function_call": None, "reasoning": None}
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish_reason,
+                                      "stop_reason": None, "token_ids": None, "routed_experts": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": None,
+                      "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None, "routed_experts": None}
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": json.loads(self.model_json),
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": self.fingerprint,
+            "usage": usage,
+        }
+        if self.chat:
+            body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+        body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
+        return body
+
+# HTTP surface ------------------------------------------------------------------------------
+
+# Paths that serve Prometheus text: vLLM/SGLang/MindIE ``/metrics``, trtllm-serve
+
+def fingerprint(cfg: SimEngineConfig) -> str:
+    """The ``system_fingerprint`` of the responses.
+
+    vLLM 0.32.0 (vllm/entrypoints/serve/utils/fingerprint.py, mode ``full``):
+    ``vllm-<version>[-tpN][-ppN][-dpN][-ep]-<hash8>``, hash8 from the engine configuration; the
+    simulator hashes its own configuration. Other engines: ``perflab-sim``.
+    """
+    if cfg.engine not in VLLM_ENGINES:
+        return "perflab-sim"
+    parts = [f"vllm-{cfg.engine_version}"]
+    for flag, value in (("tp", cfg.tp), ("pp", cfg.pp), ("dp", cfg.dp)):
+        if value > 1:
+            parts.append(f"{flag}{value}")
+    if cfg.ep > 1:
+        parts.append("ep")
+    digest = hashlib.sha256(repr((cfg.model, cfg.engine_version, cfg.max_model_len, cfg.quantization, cfg.tp, cfg.pp,
+                                  cfg.dp, cfg.kv_cache_dtype)).encode()).hexdigest()
+    parts.append(digest[:8])
+    return "-".join(parts)
+
+
+class Vocabulary:
+    """Token ids for the simulator's one-token-per-word tokenizer (``/tokenize``,
+    ``/detokenize``): a word's id is a stable hash of it; ids of words seen turn back into
+    them, other ids into a placeholder word (still one token)."""
+
+    SIZE = 151_669  # ids below Qwen3's tokenizer size (its config.json vocab_size, 151936, is padded)
+
+    def __init__(self) -> None:
+        self._words: dict[int, str] = {}
+
+    def id(self, word: str) -> int:
+        token = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "big") % self.SIZE
+        self._words.setdefault(token, word)
+        return token
+
+    def word(self, token: int) -> str:
+        return self._words.get(token, f"<tok{token}>")
+
+
+# the engine -------------------------------------------------------------------------------
