@@ -57,7 +57,7 @@ class _Pci:  # used only without nvidia-ml-py
 
 
 class NvmlShim:
-    """pynvml's API for the catalog machine named by ``env["PERFLAB_SIM_HARDWARE"]``."""
+    """pynvml's API for the catalog machine named by ``PERFLAB_SIM_HARDWARE`` in ``env``."""
 
     NVMLError = NVMLError
 
