@@ -22,12 +22,17 @@ Sources:
   labels ``model_name``, ``engine_type``; trtllm-serve serves them on ``/prometheus/metrics``.
 - MindIE: no public list of metric names; the stand-in exports ``mindie_sim_*`` names, clearly
   its own.
+
+The families (names, help texts, kinds, buckets) are data: perflab/sim/data/metrics.json.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -55,6 +60,45 @@ def buckets_1_2_5(maximum: int) -> tuple[float, ...]:
             out.append(float(value))
         exponent += 1
 
+
+@dataclass(frozen=True)
+class Family:
+    """One metric family an engine exports: the attribute :class:`EngineMetrics` updates it
+    through, its type, name and help text; a histogram's buckets (``TOKEN_BUCKETS``: 1-2-5 up
+    to the model's length); ``by_reason``: labelled with ``finished_reason`` too."""
+
+    attr: str
+    kind: type[Gauge] | type[Counter] | type[Histogram]
+    name: str
+    help: str
+    buckets: tuple[float, ...] | None = None
+    by_reason: bool = False
+
+
+TOKEN_BUCKETS: tuple[float, ...] = ()  # a histogram of token counts: buckets_1_2_5(max_model_len)
+_KINDS: dict[str, type[Gauge] | type[Counter] | type[Histogram]] = {"gauge": Gauge, "counter": Counter, "histogram": Histogram}
+_BUCKETS = {"ttft": TTFT_BUCKETS, "itl": ITL_BUCKETS, "latency": LATENCY_BUCKETS, "preemption": PREEMPTION_BUCKETS,
+            "n": N_BUCKETS, "tokens": TOKEN_BUCKETS}
+
+
+def _families() -> dict[str, tuple[tuple[str, ...], tuple[Family, ...]]]:
+    """perflab/sim/data/metrics.json: per flavour, its labels and its families as rows
+    ``[attribute, kind, name, help]``; kind ``gauge``, ``counter`` or ``histogram:BUCKETS``,
+    ``+reason`` where it is labelled with ``finished_reason`` too."""
+    data = json.loads(resources.files("perflab.sim").joinpath("data/metrics.json").read_text())
+    out = {}
+    for flavour, entry in data.items():
+        families = []
+        for attr, spec, name, help_ in entry["families"]:
+            kind, _, buckets = spec.partition(":")
+            kind, plus, _ = kind.partition("+reason")
+            families.append(Family(attr, _KINDS[kind], name, help_, _BUCKETS[buckets] if buckets else None, bool(plus)))
+        out[flavour] = (tuple(entry["labels"]), tuple(families))
+    return out
+
+
+# flavour -> (labels, families), in the order the engine registers them (the exposition's order)
+FAMILIES = _families()
 
 @dataclass(frozen=True)
 class Finished:
@@ -102,67 +146,15 @@ class EngineMetrics:
 
     # ---------------------------------------------------------------------------- families
     def _build(self, max_model_len: int) -> None:
-        r = self.registry
+        """Register the flavour's families (:data:`FAMILIES`) as attributes."""
+        labels, families = FAMILIES[self.flavour]
         tokens = buckets_1_2_5(max_model_len)
-        if self.flavour == "vllm":
-            labels = ["engine", "model_name"]
-            self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", labels, registry=r)
-            self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels, registry=r)
-            self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels, registry=r)
-            self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", labels, registry=r)
-            self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", labels, registry=r)
-            self.preemptions = Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels, registry=r)
-            self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=r)
-            self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=r)
-            self.success = Counter("vllm:request_success", "Count of successfully processed requests.", [*labels, "finished_reason"], registry=r)
-            self.h_prompt = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", labels, buckets=tokens, registry=r)
-            self.h_generation = Histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", labels, buckets=tokens, registry=r)
-            self.h_max_tokens = Histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", labels, buckets=tokens, registry=r)
-            self.h_n = Histogram("vllm:request_params_n", "Histogram of the n request parameter.", labels, buckets=N_BUCKETS, registry=r)
-            self.h_ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, buckets=TTFT_BUCKETS, registry=r)
-            self.h_itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels, buckets=ITL_BUCKETS, registry=r)
-            self.h_tpot = Histogram("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", labels, buckets=ITL_BUCKETS, registry=r)
-            self.h_e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", labels, buckets=LATENCY_BUCKETS, registry=r)
-            self.h_queue = Histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", labels, buckets=LATENCY_BUCKETS, registry=r)
-            self.h_inference = Histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", labels, buckets=LATENCY_BUCKETS, registry=r)
-            self.h_prefill = Histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", labels, buckets=LATENCY_BUCKETS, registry=r)
-            self.h_decode = Histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", labels, buckets=LATENCY_BUCKETS, registry=r)
-            self.h_preemptions = Histogram("vllm:request_num_preemptions", "Histogram of the number of times a request was preempted.", labels, buckets=PREEMPTION_BUCKETS, registry=r)
-        elif self.flavour == "sglang":
-            labels = ["model_name"]
-            self.running = Gauge("sglang:num_running_reqs", "The number of running requests.", labels, registry=r)
-            self.waiting = Gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", labels, registry=r)
-            self.kv_usage = Gauge("sglang:token_usage", "The token usage.", labels, registry=r)
-            self.used_tokens = Gauge("sglang:num_used_tokens", "The number of used tokens.", labels, registry=r)
-            self.hit_rate = Gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", labels, registry=r)
-            self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", labels, registry=r)
-            self.generation_tokens = Counter("sglang:generation_tokens", "Number of generation tokens processed.", labels, registry=r)
-            self.cached_tokens = Counter("sglang:cached_tokens", "Number of cached prompt tokens.", labels, registry=r)
-            self.requests = Counter("sglang:num_requests", "Number of requests processed.", labels, registry=r)
-            self.h_ttft = Histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, buckets=TTFT_BUCKETS, registry=r)
-            self.h_itl = Histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels, buckets=ITL_BUCKETS, registry=r)
-            self.h_e2e = Histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", labels, buckets=LATENCY_BUCKETS, registry=r)
-        elif self.flavour == "trtllm":
-            labels = ["model_name", "engine_type"]
-            self.running = Gauge("trtllm_num_requests_running", "Number of requests currently being processed.", labels, registry=r)
-            self.waiting = Gauge("trtllm_num_requests_waiting", "Number of requests waiting to be processed.", labels, registry=r)
-            self.kv_usage = Gauge("trtllm_kv_cache_utilization", "KV cache utilization", labels, registry=r)
-            self.hit_rate = Gauge("trtllm_kv_cache_hit_rate", "KV cache hit rate", labels, registry=r)
-            self.success = Counter("trtllm_request_success", "Count of successfully processed requests.", [*labels, "finished_reason"], registry=r)
-            self.h_e2e = Histogram("trtllm_e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", labels, buckets=LATENCY_BUCKETS, registry=r)
-            self.h_ttft = Histogram("trtllm_time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, buckets=TTFT_BUCKETS, registry=r)
-            self.h_tpot = Histogram("trtllm_time_per_output_token_seconds", "Histogram of time per output token in seconds.", labels, buckets=ITL_BUCKETS, registry=r)
-            self.h_queue = Histogram("trtllm_request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", labels, buckets=LATENCY_BUCKETS, registry=r)
-        else:  # MindIE: no public metric names, so clearly the simulator's own
-            labels = ["model_name"]
-            self.running = Gauge("mindie_sim_num_requests_running", "Requests running (perflab simulator).", labels, registry=r)
-            self.waiting = Gauge("mindie_sim_num_requests_waiting", "Requests waiting (perflab simulator).", labels, registry=r)
-            self.kv_usage = Gauge("mindie_sim_kv_cache_usage_perc", "KV-cache usage, 1 = 100% (perflab simulator).", labels, registry=r)
-            self.prompt_tokens = Counter("mindie_sim_prompt_tokens", "Prompt tokens processed (perflab simulator).", labels, registry=r)
-            self.generation_tokens = Counter("mindie_sim_generation_tokens", "Tokens generated (perflab simulator).", labels, registry=r)
-            self.success = Counter("mindie_sim_request_success", "Requests finished (perflab simulator).", [*labels, "finished_reason"], registry=r)
-            self.h_ttft = Histogram("mindie_sim_time_to_first_token_seconds", "Time to first token (perflab simulator).", labels, buckets=TTFT_BUCKETS, registry=r)
-            self.h_e2e = Histogram("mindie_sim_e2e_request_latency_seconds", "End-to-end latency (perflab simulator).", labels, buckets=LATENCY_BUCKETS, registry=r)
+        for f in families:
+            names = [*labels, "finished_reason"] if f.by_reason else list(labels)
+            kw: dict[str, Any] = {"registry": self.registry}
+            if f.kind is Histogram:
+                kw["buckets"] = tokens if f.buckets == TOKEN_BUCKETS else f.buckets
+            setattr(self, f.attr, f.kind(f.name, f.help, names, **kw))
         self._init_children()
 
     def _labels(self, rank: int) -> dict[str, str]:
