@@ -23,7 +23,7 @@ import argparse
 import math
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from perflab.sim import catalog, models, perfmodel
@@ -31,21 +31,27 @@ from perflab.sim.scheduler import OfflineResult, simulate
 from perflab.simenv import HARDWARE_ENV
 
 
+def _lognormal_lengths(n: int, seed: int, means: tuple[float, float], sigmas: tuple[float, float],
+                       to_int: Callable[[float], int]) -> list[tuple[float, int, int]]:
+    """``n`` requests arriving at once, (0.0, prompt tokens, output tokens): log-normal lengths
+    with ``means`` and ``sigmas`` (prompt, output), made whole by ``to_int``, kept as vLLM's
+    ShareGPT sample filter keeps them (both >= 4, prompt <= 1024, prompt + output <= 2048)."""
+    rng = random.Random(seed)
+    mu_in, mu_out = (math.log(m) - s * s / 2 for m, s in zip(means, sigmas, strict=True))
+    out: list[tuple[float, int, int]] = []
+    while len(out) < n:
+        a, b = to_int(rng.lognormvariate(mu_in, sigmas[0])), to_int(rng.lognormvariate(mu_out, sigmas[1]))
+        if 4 <= a <= 1024 and b >= 4 and a + b <= 2048:
+            out.append((0.0, a, b))
+    return out
+
+
 def sharegpt_like(n: int = 1000, seed: int = 0, mean_in: float = 217.0, mean_out: float = 201.0) -> list[tuple[float, int, int]]:
     """(arrival, prompt tokens, output tokens) shaped like ``vllm bench serve``'s ShareGPT
     sample: log-normal lengths with the seeds' means (217 in / 201 out per request), prompts
     and outputs of at least 4 tokens, prompt <= 1024, prompt + output <= 2048, all arriving
     at once (request rate inf)."""
-    rng = random.Random(seed)
-    sigma = 1.0
-    out: list[tuple[float, int, int]] = []
-    while len(out) < n:
-        p = int(rng.lognormvariate(math.log(mean_in) - sigma * sigma / 2, sigma))
-        o = int(rng.lognormvariate(math.log(mean_out) - sigma * sigma / 2, sigma))
-        if p < 4 or o < 4 or p > 1024 or p + o > 2048:
-            continue
-        out.append((0.0, p, o))
-    return out
+    return _lognormal_lengths(n, seed, (mean_in, mean_out), (1.0, 1.0), int)
 
 
 @dataclass(frozen=True)
@@ -100,15 +106,7 @@ def roofline_rows() -> list[tuple[str, str, OfflineResult, float | None, float |
 def synthetic_sharegpt(n: int = 1000, seed: int = 0) -> list[tuple[float, int, int]]:
     """ShareGPT-like lengths as perflab.bench's ``synthetic-sharegpt`` draws them (means 217 /
     202 tokens, log-normal sigmas 0.9 / 0.8, vLLM's filter), all arriving at once."""
-    rng = random.Random(seed)
-    (m_in, m_out), (s_in, s_out) = (217.0, 202.0), (0.9, 0.8)
-    mu_in, mu_out = math.log(m_in) - s_in**2 / 2, math.log(m_out) - s_out**2 / 2
-    out: list[tuple[float, int, int]] = []
-    while len(out) < n:
-        a, b = round(rng.lognormvariate(mu_in, s_in)), round(rng.lognormvariate(mu_out, s_out))
-        if 4 <= a <= 1024 and b >= 4 and a + b <= 2048:
-            out.append((0.0, a, b))
-    return out
+    return _lognormal_lengths(n, seed, (217.0, 202.0), (0.9, 0.8), round)
 
 
 @dataclass(frozen=True)

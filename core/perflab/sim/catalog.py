@@ -105,20 +105,13 @@ class Machine:
         return self.bus_ids[index % len(self.bus_ids)]
 
 
+# Each chip: what the vendor tools print; memory; datasheet peaks (module docstring); the
+# sustained fractions of them (calibrated); npu-smi details.
 A100_SXM4_80GB = ChipSpec(
-    vendor="nvidia",
-    kind="cuda",
-    name="NVIDIA A100-SXM4-80GB",
-    memory_mib=81920,
-    baseline_used_mib=4,
-    bf16_tflops=312.0,
-    fp8_tflops=None,
-    int8_tops=624.0,
-    hbm_gbps=2039.0,
-    interconnect_gbps=600.0,
-    compute_capability=(8, 0),
-    hbm_efficiency=0.75,
-    mfu=0.5,
+    vendor="nvidia", kind="cuda", name="NVIDIA A100-SXM4-80GB", compute_capability=(8, 0),
+    memory_mib=81920, baseline_used_mib=4,
+    bf16_tflops=312.0, fp8_tflops=None, int8_tops=624.0, hbm_gbps=2039.0, interconnect_gbps=600.0,
+    hbm_efficiency=0.75, mfu=0.5,
     # FlashAttention-2 forward, causal, head dim 128, long sequences: ~70% of the A100's BF16
     # peak (Dao 2023, "FlashAttention-2", Fig. 5), above what a whole serving forward pass
     # sustains; seed 002's 32000-token prompts (1798 tok/s, vLLM) need it.
@@ -126,39 +119,18 @@ A100_SXM4_80GB = ChipSpec(
 )
 
 H100_SXM5_80GB = ChipSpec(
-    vendor="nvidia",
-    kind="cuda",
-    name="NVIDIA H100 80GB HBM3",
-    memory_mib=81559,
-    baseline_used_mib=1,
-    bf16_tflops=989.4,
-    fp8_tflops=1978.9,
-    int8_tops=1978.9,
-    hbm_gbps=3350.0,
-    interconnect_gbps=900.0,
-    compute_capability=(9, 0),
-    hbm_efficiency=0.7,
-    mfu=0.45,
+    vendor="nvidia", kind="cuda", name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0),
+    memory_mib=81559, baseline_used_mib=1,
+    bf16_tflops=989.4, fp8_tflops=1978.9, int8_tops=1978.9, hbm_gbps=3350.0, interconnect_gbps=900.0,
+    hbm_efficiency=0.7, mfu=0.45,
 )
 
 ASCEND_910B3 = ChipSpec(
-    vendor="huawei",
-    kind="ascend",
-    name="910B3",
-    memory_mib=65536,
-    baseline_used_mib=3161,  # tests/fixtures/npu-smi/910B3_info.txt, idle chip
-    bf16_tflops=313.0,
-    fp8_tflops=None,
-    int8_tops=626.0,
-    hbm_gbps=1600.0,
-    interconnect_gbps=392.0,
-    hbm_efficiency=0.55,
-    mfu=0.4,
-    link_efficiency=0.5,
-    collective_latency_us=20.0,
-    aicore_count=20,
-    power_w=93.6,
-    temperature_c=40,
+    vendor="huawei", kind="ascend", name="910B3",
+    memory_mib=65536, baseline_used_mib=3161,  # tests/fixtures/npu-smi/910B3_info.txt, idle chip
+    bf16_tflops=313.0, fp8_tflops=None, int8_tops=626.0, hbm_gbps=1600.0, interconnect_gbps=392.0,
+    hbm_efficiency=0.55, mfu=0.4, link_efficiency=0.5, collective_latency_us=20.0,
+    aicore_count=20, power_w=93.6, temperature_c=40,
 )
 
 # PCI bus ids as on the vendors' 8-device servers (DGX A100, DGX H100, Atlas 800 A2).

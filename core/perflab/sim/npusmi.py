@@ -18,6 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from perflab.hardware.npusmi_parse import ProcessRow  # what the probe parses back is what this renders
 from perflab.sim import catalog, state
 
 WIDTH = 96  # characters between the outer "|" of the `npu-smi info` table
@@ -48,15 +49,6 @@ class ChipRow:
     memory_total_mb: int
     hbm_used_mb: int
     hbm_total_mb: int
-
-
-@dataclass(frozen=True)
-class ProcessRow:
-    npu_id: int
-    chip_id: int
-    pid: int
-    name: str
-    memory_mb: int
 
 
 def render_info(version: str, chips: Sequence[ChipRow], processes: Sequence[ProcessRow]) -> str:
@@ -112,6 +104,11 @@ def render_info(version: str, chips: Sequence[ChipRow], processes: Sequence[Proc
             )
         lines.append(_ROW_RULE)
     return "\n".join(lines) + "\n"
+
+
+def _chip_header(npu: int) -> list[tuple[str, object] | None]:
+    """What ``npu-smi info -t usages|common -i N`` print first (one chip per NPU on Atlas A2)."""
+    return [("NPU ID", npu), ("Chip Count", 1), None]
 
 
 def _kv(pairs: Sequence[tuple[str, object] | None]) -> str:
@@ -187,9 +184,7 @@ class _Machine:
     def usages(self, npu: int) -> str:
         return _kv(
             [
-                ("NPU ID", npu),
-                ("Chip Count", 1),
-                None,
+                *_chip_header(npu),
                 ("DDR Capacity(MB)", 15171),
                 ("DDR Usage Rate(%)", 3),
                 ("DDR Hugepages Total(page)", 0),
@@ -208,9 +203,7 @@ class _Machine:
     def common(self, npu: int) -> str:
         return _kv(
             [
-                ("NPU ID", npu),
-                ("Chip Count", 1),
-                None,
+                *_chip_header(npu),
                 ("Chip ID", 0),
                 ("Memory Usage Rate(%)", 6),
                 ("HBM Usage Rate(%)", self.hbm_rate(npu)),
