@@ -137,6 +137,11 @@ class SimMachine:
     def is_ascend(self) -> bool:
         return self.kind == "ascend"
 
+    def devices_for(self, need: int) -> tuple[int, ...]:
+        """The devices an engine that needs ``need`` of them uses: the first visible ones (all
+        of them where fewer are visible; the engine then fails by itself)."""
+        return tuple(self.visible[:need])
+
     @property
     def family(self) -> str:
         """The key of the efficiency table: a100, h100, 910b."""

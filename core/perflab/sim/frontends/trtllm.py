@@ -372,35 +372,21 @@ def _configure(o: dict[str, Any], api: dict[str, Any], machine: SimMachine, vers
         factors = common.Factors(factors.efficiency, factors.prefill, factors.decode, factors.overhead_ms * 3)
     unmodelled = sorted(set(api) - _MODELLED_KEYS)
     fields: dict[str, Any] = dict(
-        engine="trtllm",
-        engine_version=version,
-        model=model,
+        engine="trtllm", engine_version=version, model=model,
         served_model_names=(model,),  # OpenAIServer reports the MODEL argument
-        host=host,
-        port=port,
-        tp=tp,
-        pp=pp,
-        dp=dp,
-        ep=int(ep),
-        max_model_len=context,
-        max_num_seqs=max_batch,
-        max_batched_tokens=max_tokens,
-        quantization=quant,
-        kv_cache_dtype=kv_dtype,
-        prefix_caching=block_reuse,
-        chunked_prefill=chunked,
-        spec_method=spec_method,
-        spec_tokens=spec_tokens,
+        host=host, port=port,
+        tp=tp, pp=pp, dp=dp, ep=int(ep), devices=machine.devices_for(need),
+        max_model_len=context, max_num_seqs=max_batch, max_batched_tokens=max_tokens,
+        quantization=quant, kv_cache_dtype=kv_dtype,
+        prefix_caching=block_reuse, chunked_prefill=chunked,
+        spec_method=spec_method, spec_tokens=spec_tokens,
         mem_fraction=round(mem_fraction, 4),
-        devices=tuple(visible[:need]) if need <= len(visible) else tuple(visible),
         health_paths=("/health",),
         ready_lines=tuple(ready),
         startup_lines=tuple(startup),
         workers=need if need > 1 else 0,  # MPI ranks spawned by the executor (mpi4py)
         worker_title="trtllm-serve rank {rank}",  # MPI ranks run the same program
-        fail_lines=tuple(fail),
-        fail_exit_code=1,
-        fail_after_s=fail_after,
+        fail_lines=tuple(fail), fail_exit_code=1, fail_after_s=fail_after,
         block_size=int(kv_cfg.get("tokens_per_block", 32)),
         capacity_policy=CAPACITY_POLICIES[policy_name],
         behaviour=EngineBehaviour(
