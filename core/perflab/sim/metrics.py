@@ -187,36 +187,29 @@ class EngineMetrics:
 
     def finished(self, f: Finished) -> None:
         lab = self._rank(f.rank)
-        if hasattr(self, "prompt_tokens"):
-            self.prompt_tokens.labels(**lab).inc(f.prompt_tokens)
-        if hasattr(self, "generation_tokens"):
-            self.generation_tokens.labels(**lab).inc(f.generated)
-        if hasattr(self, "cached_tokens"):
-            self.cached_tokens.labels(**lab).inc(f.cached_tokens)
-        if hasattr(self, "requests"):
-            self.requests.labels(**lab).inc()
+        # the flavour's counters and histograms (an attribute it lacks is skipped)
+        counted = (("prompt_tokens", f.prompt_tokens), ("generation_tokens", f.generated),
+                   ("cached_tokens", f.cached_tokens), ("requests", 1))
+        for attr, amount in counted:
+            counter = getattr(self, attr, None)
+            if counter is not None:
+                counter.labels(**lab).inc(amount)
         if hasattr(self, "success"):
             self.success.labels(**lab, finished_reason=f.reason).inc()
         if f.reason == "abort" and self.flavour == "vllm":
             return  # vLLM observes the request histograms for finished requests only
         decode_s = max(0.0, f.e2e_s - (f.ttft_s or f.e2e_s))
-        if f.ttft_s is not None and hasattr(self, "h_ttft"):
-            self.h_ttft.labels(**lab).observe(f.ttft_s)
-        if hasattr(self, "h_e2e"):
-            self.h_e2e.labels(**lab).observe(f.e2e_s)
-        if hasattr(self, "h_queue"):
-            self.h_queue.labels(**lab).observe(f.queue_s)
-        if hasattr(self, "h_tpot"):
-            self.h_tpot.labels(**lab).observe(decode_s / (f.generated - 1) if f.generated > 1 else 0.0)
-        if self.flavour == "vllm":
-            self.h_prompt.labels(**lab).observe(f.prompt_tokens)
-            self.h_generation.labels(**lab).observe(f.generated)
-            self.h_max_tokens.labels(**lab).observe(f.max_tokens)
-            self.h_n.labels(**lab).observe(1)
-            self.h_inference.labels(**lab).observe(max(0.0, f.e2e_s - f.queue_s))
-            self.h_prefill.labels(**lab).observe(f.prefill_s)
-            self.h_decode.labels(**lab).observe(decode_s)
-            self.h_preemptions.labels(**lab).observe(f.preemptions)
+        observed = (
+            ("h_ttft", f.ttft_s), ("h_e2e", f.e2e_s), ("h_queue", f.queue_s),
+            ("h_tpot", decode_s / (f.generated - 1) if f.generated > 1 else 0.0),
+            ("h_prompt", f.prompt_tokens), ("h_generation", f.generated), ("h_max_tokens", f.max_tokens), ("h_n", 1),
+            ("h_inference", max(0.0, f.e2e_s - f.queue_s)), ("h_prefill", f.prefill_s), ("h_decode", decode_s),
+            ("h_preemptions", f.preemptions),
+        )
+        for attr, value in observed:
+            histogram = getattr(self, attr, None)
+            if histogram is not None and value is not None:
+                histogram.labels(**lab).observe(value)
 
     # ---------------------------------------------------------------------------- scrape
     def render(self, snapshots: Sequence[Snapshot]) -> bytes:

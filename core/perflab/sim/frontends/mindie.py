@@ -18,8 +18,8 @@ the repository tests/fixtures/mindie/config.json comes from):
   json format! ``), ``CheckJsonParamType`` (``[ParamChecker::CheckJsonParamType] X: missing
   compulsory field``, ``The type of param X should be T, but got U``) with the key tables of
   server_config.cpp, backend_config.cpp, schedule_config.cpp and model_deploy_config.cpp
-  reproduced below; config_manager_impl.cpp wraps them in ``ConfigManager init exception:
-  Failed to initialize ServerConfig from JSON.`` (etc.).
+  reproduced in perflab/sim/data/mindie_params.json; config_manager_impl.cpp wraps them in
+  ``ConfigManager init exception: Failed to initialize ServerConfig from JSON.`` (etc.).
 - src/server/endpoint/http_wrapper/http_handler.cpp: business port (``ipAddress:port``):
   ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``, ``/generate``, ...;
   management port: ``/health``, ``/v2/health/live``, ``/v2/health/ready``,
@@ -39,6 +39,7 @@ import json
 import os
 import stat
 from collections.abc import Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -50,57 +51,17 @@ DEFAULT_VERSION = "2.1.RC1"  # seed 000
 COMMAND_ARGS = {"--config-file": "configFilePath", "--expert-parallel": "expertParallel"}
 FILE_MODE_640 = 0o640
 
-# { name: (type, compulsory) } — the ParamSpec tables of src/config_manager/*.cpp
-SERVER_PARAMS: dict[str, tuple[str, bool]] = {
-    "ipAddress": ("string", True), "managementIpAddress": ("string", False), "port": ("int32_t", True),
-    "managementPort": ("int32_t", False), "maxLinkNum": ("uint32_t", True), "httpsEnabled": ("bool", True),
-    "tlsCert": ("string", False), "tlsCrlPath": ("string", False), "tlsCrlFiles": ("array", False),
-    "tlsCaPath": ("string", False), "tlsCaFile": ("array", False), "tlsPk": ("string", False),
-    "managementTlsCert": ("string", False), "managementTlsCrlPath": ("string", False),
-    "managementTlsCrlFiles": ("array", False), "managementTlsCaFile": ("array", False),
-    "managementTlsPk": ("string", False), "metricsTlsCert": ("string", False), "metricsTlsCrlPath": ("string", False),
-    "metricsTlsCrlFiles": ("array", False), "metricsTlsCaFile": ("array", False), "metricsTlsPk": ("string", False),
-    "fullTextEnabled": ("bool", False), "npuUsageThreshold": ("uint32_t", False), "inferMode": ("string", True),
-    "allowAllZeroIpListening": ("bool", True), "openAiSupport": ("string", False), "metricsPort": ("int32_t", True),
-    "tokenTimeout": ("int32_t", True), "e2eTimeout": ("int32_t", True), "maxRequestLength": ("uint32_t", False),
-    "distDPServerEnabled": ("bool", False), "maxJsonDepth": ("uint32_t", False),
-    "layerwiseDisaggregated": ("bool", False), "layerwiseDisaggregatedRoleType": ("string", False),
-    "layerwiseDisaggregatedMasterIpAddress": ("string", False), "layerwiseDisaggregatedSlaveIpAddress": ("array", False),
-    "layerwiseDisaggregatedDataPort": ("int32_t", False), "layerwiseDisaggregatedCrtlPort": ("array", False),
-}  # fmt: skip
-BACKEND_PARAMS: dict[str, tuple[str, bool]] = {
-    "backendName": ("string", True), "tokenizerProcessNumber": ("uint32_t", True),
-    "multiNodesInferEnabled": ("bool", False), "multiNodesInferPort": ("int32_t", False),
-    "interNodeTLSEnabled": ("bool", False), "interNodeTlsCaPath": ("string", False),
-    "interNodeTlsCert": ("string", False), "interNodeTlsPk": ("string", False),
-    "modelInstanceNumber": ("uint32_t", True), "npuDeviceIds": ("array", True),
-    "ScheduleConfig": ("object", True), "interNodeTlsCaFiles": ("array", False),
-    "interNodeTlsCrlFiles": ("array", False), "interNodeTlsCrlPath": ("string", False),
-    "kvPoolConfig": ("object", False), "layerwiseDisaggregated": ("object", False),
-}  # fmt: skip
-SCHEDULE_PARAMS: dict[str, tuple[str, bool]] = {
-    "templateName": ("string", True), "templateType": ("string", True), "cacheBlockSize": ("uint32_t", True),
-    "decodePolicyType": ("uint32_t", True), "decodeTimeMsPerReq": ("uint32_t", True), "maxBatchSize": ("uint32_t", True),
-    "maxPreemptCount": ("uint32_t", True), "maxPrefillTokens": ("uint32_t", True), "maxIterTimes": ("uint32_t", True),
-    "maxPrefillBatchSize": ("uint32_t", True), "maxQueueDelayMicroseconds": ("uint32_t", True),
-    "prefillPolicyType": ("uint32_t", True), "prefillTimeMsPerReq": ("uint32_t", True),
-    "supportSelectBatch": ("bool", True), "stageSelectPolicy": ("uint32_t", False),
-    "dynamicBatchSizeEnable": ("bool", False), "enablePrefixCache": ("bool", False), "enableSplit": ("bool", False),
-    "enablChunkedPrefill": ("bool", False), "policyType": ("uint32_t", False), "splitType": ("bool", False),
-    "splitStartType": ("bool", False), "splitChunkTokens": ("uint32_t", False), "splitStartBatchSize": ("uint32_t", False),
-    "prefillExpectedTime": ("uint32_t", False), "decodeExpectedTime": ("uint32_t", False),
-    "bufferResponseEnabled": ("bool", False), "distributedEnable": ("bool", False),
-    "maxFirstTokenWaitTime": ("uint32_t", False), "maxN": ("uint32_t", False), "layerwiseDisaggregated": ("object", False),
-}  # fmt: skip
-MODEL_PARENT_PARAMS: dict[str, tuple[str, bool]] = {
-    "maxSeqLen": ("uint32_t", True), "maxInputTokenLen": ("uint32_t", True),
-    "maxLoras": ("uint32_t", False), "maxLoraRank": ("uint32_t", False),
-}  # fmt: skip
-MODEL_PARAMS: dict[str, tuple[str, bool]] = {
-    "cpuMemSize": ("uint32_t", True), "modelWeightPath": ("string", True), "modelName": ("string", True),
-    "npuMemSize": ("int32_t", True), "worldSize": ("uint32_t", True), "backendType": ("string", True),
-    "modelInstanceType": ("string", False), "pluginParams": ("string", False), "trustRemoteCode": ("bool", True),
-}  # fmt: skip
+# { name: (type, compulsory) } — the ParamSpec tables of src/config_manager/*.cpp, as data in
+# perflab/sim/data/mindie_params.json
+_PARAMS: dict[str, dict[str, tuple[str, bool]]] = {
+    table: {name: (kind, bool(compulsory)) for name, (kind, compulsory) in rows.items()}
+    for table, rows in json.loads(resources.files("perflab.sim").joinpath("data/mindie_params.json").read_text()).items()
+}
+SERVER_PARAMS = _PARAMS["SERVER_PARAMS"]
+BACKEND_PARAMS = _PARAMS["BACKEND_PARAMS"]
+SCHEDULE_PARAMS = _PARAMS["SCHEDULE_PARAMS"]
+MODEL_PARENT_PARAMS = _PARAMS["MODEL_PARENT_PARAMS"]
+MODEL_PARAMS = _PARAMS["MODEL_PARAMS"]
 MODEL_INSTANCE_TYPES = ("AssistantModel", "Standard", "StandardMock", "TargetModel")
 PLUGIN_TYPES = ("la", "memory_decoding", "prefix_cache", "mtp", "splitfuse")  # plugin_utils.py rules
 

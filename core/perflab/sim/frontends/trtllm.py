@@ -232,6 +232,15 @@ def _validation_error(model: str, loc: str, message: str, value: Any, kind: str)
     )
 
 
+def _executor_failed(log: TrtLog, rank: int, error: str, frames: list[tuple[str, int, str, str]], exc_type: str) -> list[str]:
+    """The executor failing to start on ``rank``: TensorRT-LLM's error line, then the
+    traceback of ``frames`` ending in ``exc_type: error``."""
+    return [
+        log.line("E", f"Failed to initialize executor on rank {rank}: {error}"),
+        common.traceback_text(frames, f"{exc_type}: {error}"),
+    ]
+
+
 def _configure(o: dict[str, Any], api: dict[str, Any], machine: SimMachine, version: str) -> SimEngineConfig:
     log = TrtLog()
     head = [banner(version)]
@@ -326,38 +335,24 @@ def _configure(o: dict[str, Any], api: dict[str, Any], machine: SimMachine, vers
     need = tp * pp
     visible = machine.visible
     if need > len(visible):
-        lines = [
-            log.line("E", f"Failed to initialize executor on rank {len(visible)}: CUDA error: invalid device ordinal"),
-            common.traceback_text(
-                [("/usr/local/lib/python3.12/dist-packages/tensorrt_llm/executor/worker.py", 838, "worker_main", "worker: GenerationExecutorWorker = worker_cls(")],
-                "torch.AcceleratorError: CUDA error: invalid device ordinal",
-            ),
-        ]
+        lines = _executor_failed(
+            log, len(visible), "CUDA error: invalid device ordinal",
+            [("/usr/local/lib/python3.12/dist-packages/tensorrt_llm/executor/worker.py", 838, "worker_main", "worker: GenerationExecutorWorker = worker_cls(")],
+            "torch.AcceleratorError",
+        )
         raise EngineExit(1, stdout="\n".join(startup) + "\n", stderr="\n".join(lines) + "\n", delay_s=1.0)
     if spec.quant == "awq":
-        fail = [
-            log.line("E", "Failed to initialize executor on rank 0: 'weight'"),
-            common.traceback_text(
-                [
-                    ("/usr/local/lib/python3.12/dist-packages/tensorrt_llm/_torch/pyexecutor/model_loader.py", 359, "load", "self._call_load_weights(model.load_weights, weights,"),
-                    ("/usr/local/lib/python3.12/dist-packages/tensorrt_llm/_torch/models/modeling_utils.py", 917, "_load_weights_impl", "module.load_weights(weights=[module_weights])"),
-                    ("/usr/local/lib/python3.12/dist-packages/tensorrt_llm/_torch/modules/linear.py", 283, "load_weights_vanilla_helper", "weight = load_weight_shard(weights[0]['weight'], module.tp_size,"),
-                ],
-                "KeyError: 'weight'",
-            ),
-        ]
+        fail = _executor_failed(log, 0, "'weight'", [
+            ("/usr/local/lib/python3.12/dist-packages/tensorrt_llm/_torch/pyexecutor/model_loader.py", 359, "load", "self._call_load_weights(model.load_weights, weights,"),
+            ("/usr/local/lib/python3.12/dist-packages/tensorrt_llm/_torch/models/modeling_utils.py", 917, "_load_weights_impl", "module.load_weights(weights=[module_weights])"),
+            ("/usr/local/lib/python3.12/dist-packages/tensorrt_llm/_torch/modules/linear.py", 283, "load_weights_vanilla_helper", "weight = load_weight_shard(weights[0]['weight'], module.tp_size,"),
+        ], "KeyError")
     elif quant == "fp8" and spec.quant == "fp8" and (machine.sm or 0) not in FP8_BLOCK_SMS:
-        fail = [
-            log.line("E", "Failed to initialize executor on rank 0: Unsupported SM version for FP8 block scaling GEMM"),
-            common.traceback_text(
-                [
-                    ("/usr/local/lib/python3.12/dist-packages/tensorrt_llm/_torch/pyexecutor/py_executor_creator.py", 436, "create_py_executor", "kv_cache_creator.estimate_max_tokens(py_executor)"),
-                    ("/usr/local/lib/python3.12/dist-packages/tensorrt_llm/_torch/modules/linear.py", 646, "apply", "output = torch.ops.trtllm.fp8_block_scaling_gemm("),
-                    ("/usr/local/lib/python3.12/dist-packages/torch/_ops.py", 1243, "__call__", "return self._op(*args, **kwargs)"),
-                ],
-                "RuntimeError: Unsupported SM version for FP8 block scaling GEMM",
-            ),
-        ]
+        fail = _executor_failed(log, 0, "Unsupported SM version for FP8 block scaling GEMM", [
+            ("/usr/local/lib/python3.12/dist-packages/tensorrt_llm/_torch/pyexecutor/py_executor_creator.py", 436, "create_py_executor", "kv_cache_creator.estimate_max_tokens(py_executor)"),
+            ("/usr/local/lib/python3.12/dist-packages/tensorrt_llm/_torch/modules/linear.py", 646, "apply", "output = torch.ops.trtllm.fp8_block_scaling_gemm("),
+            ("/usr/local/lib/python3.12/dist-packages/torch/_ops.py", 1243, "__call__", "return self._op(*args, **kwargs)"),
+        ], "RuntimeError")
         fail_after = 4.0  # the first GEMM runs during KV-cache estimation, after loading
 
     host, port = str(o["host"]), int(o["port"])

@@ -790,18 +790,16 @@ def _too_few_devices(machine: SimMachine, log: VllmLog, need: int, have: int, en
         # config/parallel.py: fewer GPUs than the world size -> Ray; executor/ray_utils.py
         # waits PG_WAIT_TIMEOUT (1800 s) for a placement group that cannot be created.
         specs = [{"GPU": 1.0, "node:10.0.0.2": 0.001}] + [{"GPU": 1.0} for _ in range(need - 1)]
+        waiting = (
+            f"Waiting for creating a placement group of specs for 10 seconds. specs={specs}. Check `ray status` and "
+            "`ray list nodes` to see if you have enough resources, and make sure the IP addresses used by ray "
+            "cluster are the same as VLLM_HOST_IP environment variable specified in each node if you are running on "
+            "a multi-node."
+        )
         lines = [
             log.line("INFO", "ray_utils.py:345", "No current placement group found. Creating a new placement group.", proc=eng),
             log.line("WARNING", "ray_utils.py:352", "The number of required GPUs exceeds the total number of available GPUs in the placement group.", proc=eng),
-            log.line(
-                "INFO",
-                "ray_utils.py:239",
-                f"Waiting for creating a placement group of specs for 10 seconds. specs={specs}. Check `ray status` and "
-                "`ray list nodes` to see if you have enough resources, and make sure the IP addresses used by ray "
-                "cluster are the same as VLLM_HOST_IP environment variable specified in each node if you are running on "
-                "a multi-node.",
-                proc=eng,
-            ),
+            log.line("INFO", "ray_utils.py:239", waiting, proc=eng),
             common.traceback_text(
                 [("/usr/local/lib/python3.12/dist-packages/vllm/executor/ray_utils.py", 252, "_wait_until_pg_ready", "raise ValueError(")],
                 f"ValueError: Cannot provide a placement group of placement_group_specs={specs} within 1800 seconds. "
