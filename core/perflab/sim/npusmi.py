@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from perflab.hardware.npusmi_parse import ProcessRow  # what the probe parses back is what this renders
 from perflab.sim import catalog, state
+from perflab.simenv import HARDWARE_ENV
 
 WIDTH = 96  # characters between the outer "|" of the `npu-smi info` table
 _RULE = "+" + "-" * WIDTH + "+"
@@ -129,7 +130,7 @@ class _Machine:
     """The catalog machine plus live memory, as the tool sees it."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
-        name = env.get(state.HARDWARE_ENV)
+        name = env.get(HARDWARE_ENV)
         if not name:
             raise _Fail("npu-smi: no Ascend device driver is loaded (PERFLAB_SIM_HARDWARE is not set)")
         self.machine = catalog.get(name)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perflab.sim import catalog, state
+from perflab.simenv import HARDWARE_ENV
 
 _MIB = 1024 * 1024
 
@@ -62,9 +63,9 @@ class NvmlShim:
     NVMLError = NVMLError
 
     def __init__(self, env: Mapping[str, str]) -> None:
-        name = env.get(state.HARDWARE_ENV)
+        name = env.get(HARDWARE_ENV)
         if not name:
-            raise ValueError(f"{state.HARDWARE_ENV} is not set: not in simulation")
+            raise ValueError(f"{HARDWARE_ENV} is not set: not in simulation")
         self.machine = catalog.get(name)
         self.state_dir = state.state_dir(env)
         self._initialised = 0

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from perflab.simenv import HARDWARE_ENV, STATE_ENV
+from perflab.simenv import STATE_ENV
 
 
 @dataclass(frozen=True)
