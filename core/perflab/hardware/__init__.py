@@ -13,7 +13,7 @@ import os
 import socket
 from collections.abc import Mapping
 
-from perflab.simenv import HARDWARE_ENV as SIM_ENV
+from perflab.simenv import HARDWARE_ENV
 from perflab.types import Accelerator, HardwareSnapshot
 
 CPU_KIND = "cpu"  # perflab.hardware.cpu.KIND (not imported: that module imports this one)
@@ -33,7 +33,7 @@ def probe(pm, env: Mapping[str, str] | None = None) -> HardwareSnapshot:  # type
         accelerators.extend(found or [])
     if any(a.kind != CPU_KIND for a in accelerators):
         accelerators = [a for a in accelerators if a.kind != CPU_KIND]
-    sim = env.get(SIM_ENV) or None
+    sim = env.get(HARDWARE_ENV) or None
     return HardwareSnapshot(
         accelerators=tuple(accelerators),
         simulated=sim is not None,

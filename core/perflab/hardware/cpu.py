@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perflab.hookspecs import hookimpl
+from perflab.simenv import HARDWARE_ENV
 from perflab.types import Accelerator
 
 KIND = "cpu"
@@ -209,8 +210,6 @@ def probe_cpu(root: Path = Path("/"), allowed: Iterable[int] | None = None) -> l
 
 @hookimpl
 def perflab_probe_hardware(env: Mapping[str, str]) -> list[Accelerator] | None:
-    from perflab.simenv import HARDWARE_ENV as SIM_ENV
-
-    if env.get(SIM_ENV):
+    if env.get(HARDWARE_ENV):
         return None  # a simulated machine has exactly the catalog's accelerators
     return probe_cpu()

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from perflab.hookspecs import hookimpl
-from perflab.simenv import HARDWARE_ENV as SIM_ENV
+from perflab.simenv import HARDWARE_ENV
 from perflab.types import Accelerator
 
 _MIB = 1024 * 1024
@@ -36,7 +36,7 @@ def cuda_version_string(version: int) -> str:
 
 
 def _load_nvml(env: Mapping[str, str]) -> Any | None:
-    if env.get(SIM_ENV):
+    if env.get(HARDWARE_ENV):
         from perflab.sim.nvml import NvmlShim
 
         return NvmlShim(env)
@@ -111,4 +111,4 @@ def perflab_probe_hardware(env: Mapping[str, str]) -> list[Accelerator] | None:
     nvml = _load_nvml(env)
     if nvml is None:
         return None
-    return read_gpus(nvml, source="sim" if env.get(SIM_ENV) else "nvml")
+    return read_gpus(nvml, source="sim" if env.get(HARDWARE_ENV) else "nvml")
