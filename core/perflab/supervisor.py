@@ -6,13 +6,13 @@ port behind (the whole process group, session and marked descendants are killed,
 ports and accelerator memory are checked afterwards)::
 
     async with supervise(pm, "vllm", config, hardware=hw, env=env, workdir=run_dir) as engine:
-        if engine.outcome.state != "ready":
+        if engine.outcome.state is not Status.READY:
             print(engine.outcome.to_json())   # unsupported / crashed / timeout, already torn down
         else:
             ...  # benchmark engine.base_url; engine.died is set the moment it exits
     # here it is torn down: engine.outcome.state is "done" (or "crashed"), teardown_s is set
 
-States (``Outcome.transitions`` records each with its time)::
+States (:class:`perflab.status.Status`; ``LaunchOutcome.transitions`` records each with its time)::
 
     preflight -> launching -> waiting-ready -> ready -> tearing-down -> done
         |            |              |            |
@@ -53,13 +53,13 @@ from perflab.lifecycle.ports import (
 )
 from perflab.lifecycle.readiness_probe import Kick, ProbeRefused, ProbeState, http_probes_pass, poll_until_ready
 from perflab.lifecycle.registry import install_signal_handlers, signal_guard, teardown_all
+from perflab.status import Status
 from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig, Unsupported, to_jsonable
 
 __all__ = [
     "STATES",
-    "TERMINAL_STATES",
     "EngineInstance",
-    "Outcome",
+    "LaunchOutcome",
     "install_signal_handlers",
     "pick_free_port",
     "signal_guard",
@@ -69,9 +69,7 @@ __all__ = [
 
 log = structlog.get_logger("perflab.supervisor")
 
-STATES = ("preflight", "launching", "waiting-ready", "ready", "tearing-down", "done", "unsupported", "crashed", "timeout")
-FAILED_STATES = ("unsupported", "crashed", "timeout")
-TERMINAL_STATES = ("done", *FAILED_STATES)
+STATES = Status.supervisor_states()  # a launch's states (the facts of each: perflab.status)
 
 DEFAULT_GRACE_S = 10.0
 PORT_RELEASE_WAIT_S = 3.0  # after every process is gone the kernel frees listeners at once
@@ -92,17 +90,18 @@ HEALTH_TIMEOUT_FAIL_S = 60.0
 
 
 @dataclass
-class Outcome:
-    """Everything that happened to one launch; ``to_json()`` is what ``--json`` prints."""
+class LaunchOutcome:
+    """Everything that happened to one launch, kept up to date by its :class:`EngineInstance`;
+    ``to_json()`` is what ``perflab launch --json`` prints."""
 
-    state: str = "preflight"
+    state: Status = Status.PREFLIGHT
     cause: CrashCause | None = None
     reasons: tuple[Unsupported, ...] = ()  # errors that refused it
     warnings: tuple[Unsupported, ...] = ()
     log: Path | None = None
     ready_s: float | None = None  # launch -> ready (generation answered)
     teardown_s: float | None = None
-    transitions: list[tuple[str, float]] = field(default_factory=list)  # (state, time.time())
+    transitions: list[tuple[Status, float]] = field(default_factory=list)  # (state, time.time())
     launch: LaunchSpec | None = None
     version: str | None = None
     leftovers: list[str] = field(default_factory=list)  # teardown problems
@@ -121,14 +120,14 @@ class Outcome:
     @property
     def ok(self) -> bool:
         """It served: it got ready and did not crash."""
-        return self.ready_s is not None and self.state in ("ready", "tearing-down", "done")
+        return self.ready_s is not None and self.state in (Status.READY, Status.TEARING_DOWN, Status.DONE)
 
     @property
     def reason(self) -> str | None:
         """One line saying why it did not serve (None when it did)."""
-        if self.state == "unsupported" and self.reasons:
+        if self.state is Status.UNSUPPORTED and self.reasons:
             return "; ".join(f"{u.what}: {u.why}" for u in self.reasons)
-        if self.cause is not None and self.state in ("crashed", "timeout"):
+        if self.cause is not None and self.state in (Status.CRASHED, Status.TIMEOUT):
             text = self.cause.explanation
             if self.cause.line and self.cause.line not in text:
                 text += f": {self.cause.line.strip()}"
@@ -137,7 +136,7 @@ class Outcome:
 
     def started_at(self) -> float | None:
         for state, t in self.transitions:
-            if state == "launching":
+            if state is Status.LAUNCHING:
                 return t
         return None
 
@@ -204,6 +203,21 @@ class EngineInstance:
     ``__aenter__`` never raises for an unsupported configuration, a crash or a timeout: it
     sets :attr:`outcome` (and has already torn down). It raises only for usage errors
     (unknown engine) and plugin bugs, after cleaning up.
+
+    :param pm: the plugin manager.
+    :param engine: registered engine name.
+    :param config: serving options; ``config.port=None`` picks a free port.
+    :param hardware: the snapshot preflight checks against.
+    :param env: the environment to launch with (from :func:`perflab.hardware.resolve`).
+    :param workdir: the run directory (engine.log, launch.json, config files).
+    :param force: launch even if preflight found errors.
+    :param startup_timeout: seconds to become ready (default: the plugin's Readiness).
+    :param version: engine version (default: asked through the plugin).
+    :param grace: seconds between SIGTERM and SIGKILL at teardown.
+    :param check_memory: compare accelerator memory with the pre-launch baseline.
+    :param on_started: called with the leader's pid right after it started.
+    :param scope: (study directory, run id) put in the engine's ``PERFLAB_INSTANCE`` marker,
+        which ``perflab ps``/``perflab kill`` match (default: the workdir and the log's name).
     """
 
     def __init__(
@@ -240,7 +254,7 @@ class EngineInstance:
         self.check_memory = check_memory
         self.memory_settle_s = memory_settle_s
         self.on_started = on_started
-        self.outcome = Outcome(engine=engine, version=version, workdir=self.workdir)
+        self.outcome = LaunchOutcome(engine=engine, version=version, workdir=self.workdir)
         self.launch: LaunchSpec | None = None
         self.base_url: str | None = None
         self.readiness: Readiness | None = None
@@ -303,11 +317,11 @@ class EngineInstance:
 
     # ================================================================ states
 
-    def _transition(self, state: str, **kw: Any) -> None:
+    def _transition(self, state: Status, **kw: Any) -> None:
         assert state in STATES, state
         self.outcome.state = state
         self.outcome.transitions.append((state, time.time()))
-        log.info("engine.state", engine=self.engine, state=state, **kw)
+        log.info("engine.state", engine=self.engine, state=str(state), **kw)
 
     def _since_launch(self) -> float | None:
         return None if self._launched_mono is None else time.monotonic() - self._launched_mono
@@ -316,7 +330,7 @@ class EngineInstance:
 
     async def _start(self) -> None:
         o = self.outcome
-        self._transition("preflight", workdir=str(self.workdir))
+        self._transition(Status.PREFLIGHT, workdir=str(self.workdir))
         self.pm.engine(self.engine)  # UnknownEngine: a usage error, raised
         if o.version is None:
             o.version = await _in_thread(engine_hooks.engine_version, self.pm, self.engine, self.env)
@@ -326,7 +340,7 @@ class EngineInstance:
         for w in o.warnings:
             log.warning("engine.preflight-warning", engine=self.engine, what=w.what, why=w.why)
         if o.reasons and not self.force:
-            self._transition("unsupported", reasons=[f"{u.what}: {u.why}" for u in o.reasons])
+            self._transition(Status.UNSUPPORTED, reasons=[f"{u.what}: {u.why}" for u in o.reasons])
             return
         if o.reasons:
             log.warning("engine.forced", engine=self.engine, reasons=[f"{u.what}: {u.why}" for u in o.reasons])
@@ -344,13 +358,13 @@ class EngineInstance:
         if self.check_memory and self.hardware.accelerators:
             self._baseline = await _in_thread(self._probe_hardware)
 
-        self._transition("launching", argv=redact.redact_argv(spec.argv), port=spec.port)
+        self._transition(Status.LAUNCHING, argv=redact.redact_argv(spec.argv), port=spec.port)
         if not await self._spawn(spec):
             return
-        self._transition("waiting-ready", pid=self._proc.pid if self._proc else None, base_url=self.base_url)
+        self._transition(Status.WAITING_READY, pid=self._proc.pid if self._proc else None, base_url=self.base_url)
         if await self._wait_ready(self.readiness):
             o.ready_s = self._since_launch()
-            self._transition("ready", ready_s=_round(o.ready_s), base_url=self.base_url)
+            self._transition(Status.READY, ready_s=_round(o.ready_s), base_url=self.base_url)
             self._background(self._watch_health)
             await self._check_served_version()
         else:
@@ -388,7 +402,7 @@ class EngineInstance:
             except UnsupportedOption as exc:
                 rec = self.pm.engine(self.engine)
                 o.reasons = (*o.reasons, Unsupported(exc.option, exc.why, source=rec.distribution or rec.plugin))
-                self._transition("unsupported", reasons=[str(exc)])
+                self._transition(Status.UNSUPPORTED, reasons=[str(exc)])
                 return None
             taken = taken_ports(spec.host, spec.ports)
             if not taken:
@@ -409,7 +423,7 @@ class EngineInstance:
             hint="choose another --port, or stop what holds it",
             source="perflab",
         )
-        self._transition("crashed", cause="port-in-use", ports=ports)
+        self._transition(Status.CRASHED, cause="port-in-use", ports=ports)
 
     def _write_files(self, spec: LaunchSpec) -> None:
         for f in spec.files:
@@ -470,7 +484,7 @@ class EngineInstance:
                 hint="is the engine installed and on PATH?" if isinstance(exc, FileNotFoundError) else "",
                 source="perflab",
             )
-            self._transition("crashed", cause="spawn-failed")
+            self._transition(Status.CRASHED, cause="spawn-failed")
             return False
         self._launched_mono = time.monotonic()
         self._proc = proc
@@ -551,7 +565,7 @@ class EngineInstance:
         o.cause = cause
         if self._pump is not None:
             self._pump.note(f"engine exited with code {rc}: {o.cause.name}: {o.cause.explanation}")
-        self._transition("crashed", exit_code=rc, cause=o.cause.name, explanation=o.cause.explanation, line=o.cause.line)
+        self._transition(Status.CRASHED, exit_code=rc, cause=o.cause.name, explanation=o.cause.explanation, line=o.cause.line)
         self.died.set()
         self._exited.set()
 
@@ -623,7 +637,7 @@ class EngineInstance:
         self._unhealthy = True
         if self._pump is not None:
             self._pump.note(f"health check failing for {failing_s:.1f} s ({last_error}): {found.name}: {found.explanation}")
-        self._transition("crashed", cause=found.name, explanation=found.explanation, line=found.line, health=last_error)
+        self._transition(Status.CRASHED, cause=found.name, explanation=found.explanation, line=found.line, health=last_error)
         self.died.set()
 
     async def _track_descendants(self) -> None:
@@ -672,12 +686,12 @@ class EngineInstance:
             self.outcome.cause = self._probe_refused_cause(refused)
             if self._pump is not None:
                 self._pump.note(f"generation probe failed: {refused.error}")
-            self._transition("timeout", cause=self.outcome.cause.name, last_error=refused.error)
+            self._transition(Status.TIMEOUT, cause=self.outcome.cause.name, last_error=refused.error)
             return False
         self.outcome.cause = self._timeout_cause(timeout, state)
         if self._pump is not None:
             self._pump.note(f"not ready within {timeout:g} s: {self.outcome.cause.explanation}")
-        self._transition("timeout", after_s=timeout, cause=self.outcome.cause.name, last_error=state.last_error)
+        self._transition(Status.TIMEOUT, after_s=timeout, cause=self.outcome.cause.name, last_error=state.last_error)
         return False
 
     def _probe_refused_cause(self, refused: ProbeRefused) -> CrashCause:
@@ -746,14 +760,14 @@ class EngineInstance:
         prior = o.state
         if self._proc is None or self._tracker is None:
             # Nothing started (unsupported, port in use, spawn failed, or cancelled in preflight).
-            if prior not in TERMINAL_STATES:
-                self._transition("done", started=False)
+            if not prior.terminal:
+                self._transition(Status.DONE, started=False)
             if self.launch is not None:
                 self._call_teardown_hooks(self.launch)
             return
         t0 = time.monotonic()
         self._stopping = True
-        self._transition("tearing-down", pid=self._proc.pid, grace_s=self.grace)
+        self._transition(Status.TEARING_DOWN, pid=self._proc.pid, grace_s=self.grace)
         stopped = await procs.terminate(self._tracker, self.grace)
         o.leftovers.extend(stopped.leftovers)
         if stopped.killed:
@@ -771,8 +785,8 @@ class EngineInstance:
             await self._check_memory(self._baseline)
         self._call_teardown_hooks(self.launch)
         o.teardown_s = time.monotonic() - t0
-        if prior not in FAILED_STATES:
-            self._transition("done", teardown_s=_round(o.teardown_s), leftovers=o.leftovers)
+        if not prior.is_failure:
+            self._transition(Status.DONE, teardown_s=_round(o.teardown_s), leftovers=o.leftovers)
         else:
             o.state = prior  # a failed run stays failed; its transitions show the teardown
             log.info("engine.torn-down", engine=self.engine, state=prior, teardown_s=_round(o.teardown_s), leftovers=o.leftovers)
@@ -875,55 +889,7 @@ class EngineInstance:
             self._proc.close_lifeline()
 
 
-def supervise(
-    pm: Any,
-    engine: str,
-    config: ServeConfig,
-    *,
-    hardware: HardwareSnapshot,
-    env: Mapping[str, str],
-    workdir: Path,
-    force: bool = False,
-    startup_timeout: float | None = None,
-    version: str | None = None,
-    log_name: str = "engine.log",
-    grace: float = DEFAULT_GRACE_S,
-    check_memory: bool = True,
-    memory_settle_s: float = MEMORY_SETTLE_S,
-    on_started: Callable[[int], None] | None = None,
-    scope: tuple[str | Path, str] | None = None,
-) -> EngineInstance:
-    """Prepare the supervision of one engine; ``async with`` it to run it.
 
-    :param pm: the plugin manager.
-    :param engine: registered engine name.
-    :param config: serving options; ``config.port=None`` picks a free port.
-    :param hardware: the snapshot preflight checks against.
-    :param env: the environment to launch with (from :func:`perflab.hardware.resolve`).
-    :param workdir: the run directory (engine.log, launch.json, config files).
-    :param force: launch even if preflight found errors.
-    :param startup_timeout: seconds to become ready (default: the plugin's Readiness).
-    :param version: engine version (default: asked through the plugin).
-    :param grace: seconds between SIGTERM and SIGKILL at teardown.
-    :param check_memory: compare accelerator memory with the pre-launch baseline.
-    :param on_started: called with the leader's pid right after it started.
-    :param scope: (study directory, run id) put in the engine's ``PERFLAB_INSTANCE`` marker,
-        which ``perflab ps``/``perflab kill`` match (default: the workdir and the log's name).
-    """
-    return EngineInstance(
-        pm,
-        engine,
-        config,
-        hardware=hardware,
-        env=env,
-        workdir=workdir,
-        force=force,
-        startup_timeout=startup_timeout,
-        version=version,
-        log_name=log_name,
-        grace=grace,
-        check_memory=check_memory,
-        memory_settle_s=memory_settle_s,
-        on_started=on_started,
-        scope=scope,
-    )
+supervise = EngineInstance
+"""The documented way to supervise an engine (``async with supervise(pm, ...) as engine``):
+the :class:`EngineInstance` constructor itself, under the name the docs and plugins use."""

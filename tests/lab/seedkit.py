@@ -15,7 +15,8 @@ from typing import Any
 
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile
-from perflab.lab.study import CRASHED, OK, PENDING, Result
+from perflab.lab.study import ConfigResult
+from perflab.status import Status
 
 SEEDS = Path(__file__).resolve().parents[1] / "fixtures" / "seeds"
 
@@ -44,10 +45,10 @@ def vllm_metrics(record: dict[str, Any], num_prompts: int | None = None) -> dict
     return m
 
 
-def seed_result(record: dict[str, Any], num_prompts: int, replicas: int = 1) -> Result:
-    """A Result as the store would return it for one seed record."""
+def seed_result(record: dict[str, Any], num_prompts: int, replicas: int = 1) -> ConfigResult:
+    """A ConfigResult as the store would return it for one seed record."""
     if record["outcome"] == "crash":
-        return Result(CRASHED, cause={"name": "seed", "explanation": "crashed in the seed", "line": record["error"]},
+        return ConfigResult(Status.CRASHED, cause={"name": "seed", "explanation": "crashed in the seed", "line": record["error"]},
                       script=record["command"], log="runs/x/engine.log", num_prompts=num_prompts)
     metrics = vllm_metrics(record, num_prompts)
     if replicas > 1:  # the seeds report one instance's numbers "x2"; perflab aggregates
@@ -56,7 +57,7 @@ def seed_result(record: dict[str, Any], num_prompts: int, replicas: int = 1) -> 
             metrics[k] = metrics[k] * replicas
         metrics["failed"] = 0
         num_prompts *= replicas
-    return Result(OK, metrics=metrics, num_prompts=num_prompts, script=record["command"], replicas=replicas)
+    return ConfigResult(Status.OK, metrics=metrics, num_prompts=num_prompts, script=record["command"], replicas=replicas)
 
 
 Key = Callable[[Configuration, Profile], str | None]
@@ -70,12 +71,12 @@ class SeedMeasure:
         self.records = seed_records()
         self.calls: list[tuple[Configuration, tuple[str, ...], str, str]] = []
 
-    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str) -> dict[str, Result]:
+    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str) -> dict[str, ConfigResult]:
         self.calls.append((config, tuple(p.name for p in profiles), step, label))
         out = {}
         for p in profiles:
             rid = self.key(config, p)
-            out[p.name] = seed_result(self.records[rid], p.num_prompts, config.replicas) if rid else Result(PENDING)
+            out[p.name] = seed_result(self.records[rid], p.num_prompts, config.replicas) if rid else ConfigResult(Status.PENDING)
         return out
 
 

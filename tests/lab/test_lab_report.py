@@ -9,7 +9,8 @@ import anyio
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile, load_plan_text
 from perflab.lab.report import ReportContext, build_json, render_markdown, write_report
-from perflab.lab.study import UNSUPPORTED, Result, conduct
+from perflab.lab.study import ConfigResult, conduct
+from perflab.status import Status
 
 DISPLAY = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 A100 = {"accelerators": [{"name": "NVIDIA A100-SXM4-80GB", "memory_total_mib": 81920, "compute_capability": [8, 0],
@@ -121,7 +122,7 @@ profiles: {sharegpt: {label: ShareGPT, dataset: synthetic-sharegpt, num_prompts:
     async def measure(config: Configuration, profiles: list[Profile], *, step, label):
         o = config.options
         if config.engine == "sglang" and o["model"].endswith("FP8"):
-            return {p.name: Result(UNSUPPORTED, reasons=[{"what": "model=...-FP8 (FP8 checkpoint)",
+            return {p.name: ConfigResult(Status.UNSUPPORTED, reasons=[{"what": "model=...-FP8 (FP8 checkpoint)",
                                                            "why": "NVIDIA A100-SXM4-80GB is SM80; SGLang's FP8 kernels need SM89+",
                                                            "source": "https://github.com/sgl-project/sglang/issues/5871",
                                                            "severity": "error"}],
@@ -137,7 +138,7 @@ profiles: {sharegpt: {label: ShareGPT, dataset: synthetic-sharegpt, num_prompts:
     o = _outcome(text, measure)
     md = render_markdown(o, CTX)
     quant, par, spec = o.steps[1:]
-    assert quant.entries[0].result.status == UNSUPPORTED
+    assert quant.entries[0].result.status == Status.UNSUPPORTED
     assert "# Not launched: preflight found this configuration unsupported" in md
     assert "SGLang's FP8 kernels need SM89+ (source: https://github.com/sgl-project/sglang/issues/5871)" in md
     assert par.adopted and o.optimized.config.replicas == 2

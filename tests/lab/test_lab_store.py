@@ -11,13 +11,15 @@ from perflab.lab.options import Configuration
 from perflab.lab.plan import load_plan_text
 from perflab.lab.runner import LiveMeasure, StoreMeasure
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store
-from perflab.lab.study import CRASHED, OK, PENDING, UNSUPPORTED, conduct
+from perflab.lab.study import conduct
+from perflab.status import Status
+from perflab.types import CrashCause, Unsupported
 
 CFG = Configuration("vllm", {"model": "m"})
 
 
 def _ok(tps: float = 100.0) -> ProfileMeasurement:
-    return ProfileMeasurement(OK, metrics={"total_token_throughput": tps, "completed": 10, "failed": 0}, num_prompts=10)
+    return ProfileMeasurement(Status.OK, metrics={"total_token_throughput": tps, "completed": 10, "failed": 0}, num_prompts=10)
 
 
 def test_measurement_roundtrip_and_reuse_across_sessions(tmp_path):
@@ -26,9 +28,9 @@ def test_measurement_roundtrip_and_reuse_across_sessions(tmp_path):
     run_id, run_dir = store.begin_run(CFG.key(), "vllm", CFG.canonical(), "1. x", "vLLM", ["a", "b"])
     assert run_dir.is_dir() and run_dir.parent == tmp_path / "runs"
     store.add_measurement(run_id, CFG.key(), "ka", "a", _ok(123.0))
-    store.finish_run(run_id, RunRecord("done", script="vllm serve m", version="0.11.0", log=str(run_dir / "engine.log")))
+    store.finish_run(run_id, RunRecord(Status.DONE, script="vllm serve m", version="0.11.0", log=str(run_dir / "engine.log")))
     res = store.lookup(CFG.key(), "ka")
-    assert res.status == OK and res.tps == 123.0 and res.script == "vllm serve m" and not res.reused
+    assert res.status == Status.OK and res.tps == 123.0 and res.script == "vllm serve m" and not res.reused
     assert res.log == f"{run_dir.relative_to(tmp_path)}/engine.log"
     assert store.lookup(CFG.key(), "kb") is None
     store.end_session("done")
@@ -46,22 +48,22 @@ def test_refusal_decides_every_profile_crash_can_be_retried(tmp_path):
     store.begin_session()
     refused = Configuration("sglang", {"model": "m-FP8"})
     rid, _ = store.begin_run(refused.key(), "sglang", refused.canonical(), "s", "SGLang FP8", ["a"])
-    store.finish_run(rid, RunRecord(UNSUPPORTED, reasons=[{"what": "quantization", "why": "needs SM89", "severity": "error"}]))
+    store.finish_run(rid, RunRecord(Status.UNSUPPORTED, reasons=(Unsupported("quantization", "needs SM89"),)))
     crashed = Configuration("trtllm", {"model": "m-AWQ"})
     cid, _ = store.begin_run(crashed.key(), "trtllm", crashed.canonical(), "s", "TRT AWQ", ["a"])
-    store.finish_run(cid, RunRecord(CRASHED, cause={"name": "x", "explanation": "boom", "line": "KeyError: 'weight'"}))
-    assert store.lookup(refused.key(), "any-profile").status == UNSUPPORTED
+    store.finish_run(cid, RunRecord(Status.CRASHED, cause=CrashCause('x', 'boom', line="KeyError: 'weight'")))
+    assert store.lookup(refused.key(), "any-profile").status == Status.UNSUPPORTED
     assert store.lookup(crashed.key(), "any-profile").cause["line"] == "KeyError: 'weight'"
     store.close()
 
     again = Store(tmp_path)
     again.begin_session()
-    assert again.lookup(crashed.key(), "p").status == CRASHED
+    assert again.lookup(crashed.key(), "p").status == Status.CRASHED
     assert again.lookup(crashed.key(), "p", retry_failed=True) is None  # an earlier session's crash: retried
-    assert again.lookup(refused.key(), "p", retry_failed=True).status == UNSUPPORTED
+    assert again.lookup(refused.key(), "p", retry_failed=True).status == Status.UNSUPPORTED
     # a crash in this session counts even with --retry-failed (retried once, not per step)
     cid2, _ = again.begin_run(crashed.key(), "trtllm", crashed.canonical(), "s", "TRT AWQ", ["p"])
-    again.finish_run(cid2, RunRecord(CRASHED, cause={"name": "x", "explanation": "boom again"}))
+    again.finish_run(cid2, RunRecord(Status.CRASHED, cause=CrashCause('x', 'boom again')))
     assert again.lookup(crashed.key(), "p", retry_failed=True).cause["explanation"] == "boom again"
     again.close()
 
@@ -71,10 +73,10 @@ def test_mid_benchmark_crash_is_per_profile_and_runs_left_running_become_interru
     store.begin_session()
     rid, _ = store.begin_run(CFG.key(), "vllm", CFG.canonical(), "s", "vLLM", ["a", "b", "c"])
     store.add_measurement(rid, CFG.key(), "ka", "a", _ok())
-    store.add_measurement(rid, CFG.key(), "kb", "b", ProfileMeasurement(CRASHED, cause={"name": "oom", "explanation": "OOM"}))
-    store.finish_run(rid, RunRecord(CRASHED, cause={"name": "oom", "explanation": "OOM"}))
-    assert store.lookup(CFG.key(), "ka").status == OK
-    assert store.lookup(CFG.key(), "kb").status == CRASHED
+    store.add_measurement(rid, CFG.key(), "kb", "b", ProfileMeasurement(Status.CRASHED, cause=CrashCause('oom', 'OOM')))
+    store.finish_run(rid, RunRecord(Status.CRASHED, cause=CrashCause('oom', 'OOM')))
+    assert store.lookup(CFG.key(), "ka").status == Status.OK
+    assert store.lookup(CFG.key(), "kb").status == Status.CRASHED
     assert store.lookup(CFG.key(), "kc") is None  # never benchmarked: measured on the next launch
     other = Configuration("vllm", {"model": "n"})
     store.begin_run(other.key(), "vllm", other.canonical(), "s", "killed", ["a"])
@@ -82,7 +84,7 @@ def test_mid_benchmark_crash_is_per_profile_and_runs_left_running_become_interru
     again = Store(tmp_path)
     again.begin_session()
     states = [r["state"] for r in again.runs()]
-    assert states == [CRASHED, "interrupted"]
+    assert states == [Status.CRASHED, "interrupted"]
     again.close()
 
 
@@ -113,8 +115,8 @@ class FakeExecutor:
             raise RuntimeError("plugin bug")
         self.calls.append((config.engine, dict(config.options), tuple(p.name for p in profiles)))
         tps = {"vllm": 100.0, "sglang": 90.0}[config.engine] + config.options.get("max_num_seqs", 0) / 100
-        return RunRecord("done", measurements={
-            p.name: ProfileMeasurement(OK, metrics={"total_token_throughput": tps, "completed": 10}, num_prompts=10)
+        return RunRecord(Status.DONE, measurements={
+            p.name: ProfileMeasurement(Status.OK, metrics={"total_token_throughput": tps, "completed": 10}, num_prompts=10)
             for p in profiles})
 
 
@@ -174,7 +176,7 @@ def test_store_measure_reports_pending_for_missing(tmp_path):
     o = anyio.run(lambda: conduct(load_plan_text(PLAN), StoreMeasure(store, {})))
     store.close()
     assert not o.complete and o.optimized is None
-    assert all(e.result.status == PENDING for e in o.steps[0].entries)
+    assert all(e.result.status == Status.PENDING for e in o.steps[0].entries)
 
 
 def test_a_perflab_bug_is_recorded_interrupted_with_its_reason_and_never_reused(tmp_path):
@@ -191,7 +193,7 @@ def test_a_perflab_bug_is_recorded_interrupted_with_its_reason_and_never_reused(
     again = FakeExecutor()
     outcome, measure = _study(tmp_path, again)
     assert ("sglang", {}, ("main",)) in [(e, {k: v for k, v in o.items() if k != "model"}, p) for e, o, p in again.calls]
-    assert outcome.complete and outcome.steps[0].entries[1].result.status == OK
+    assert outcome.complete and outcome.steps[0].entries[1].result.status == Status.OK
 
 
 class LeakyExecutor(FakeExecutor):
@@ -211,5 +213,5 @@ def test_a_teardown_leftover_stops_the_study_keeping_the_measurement(tmp_path):
     assert exc.value.exit_code == 3 and exc.value.leftovers
     store = Store(tmp_path)
     assert [(r["engine"], r["state"]) for r in store.runs()] == [("vllm", "done")]  # one launch, then stop
-    assert [m["status"] for m in store.measurements()] == [OK]  # what it measured is kept
+    assert [m["status"] for m in store.measurements()] == [Status.OK]  # what it measured is kept
     store.close()

@@ -7,7 +7,8 @@ import pytest
 
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile, load_plan_text
-from perflab.lab.study import CRASHED, OK, PENDING, Result, conduct
+from perflab.lab.study import ConfigResult, conduct
+from perflab.status import Status
 
 DISPLAY = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}.get
 
@@ -29,7 +30,7 @@ def test_seed_002_decisions(seed_002, seed_measure):
 
     assert quant.title == "2. Quantization in TensorRT-LLM/vLLM"
     assert [e.label for e in quant.entries] == ["TensorRT-LLM FP8", "TensorRT-LLM AWQ", "vLLM FP8", "vLLM AWQ"]
-    assert [e.result.status for e in quant.entries] == [CRASHED, CRASHED, OK, OK]
+    assert [e.result.status for e in quant.entries] == [Status.CRASHED, Status.CRASHED, Status.OK, Status.OK]
     assert quant.entries[1].result.cause["line"] == "KeyError: 'weight'"
     assert not quant.adopted and quant.chosen.label == "vLLM AWQ"
 
@@ -93,7 +94,7 @@ profiles: {sharegpt: {dataset: synthetic-sharegpt, num_prompts: 1000}}
     # FP8 was not adopted, so TP4 is applied on the engine winner (bf16), which the seed did not
     # measure: no result, and the step keeps the current best
     assert par.entries[0].config.options["model"] == "Qwen/Qwen3-235B-A22B-Instruct-2507"
-    assert par.entries[0].result.status == PENDING and not o.complete
+    assert par.entries[0].result.status == Status.PENDING and not o.complete
 
 
 def test_low_success_rate_is_recorded_not_chosen(seed_measure):
@@ -133,7 +134,7 @@ min_success_rate: 0.9
     assert round(engine.vs_baseline_pct, 2) == 0.0
     assert not prefix.adopted
     entry = spec.entries[0]
-    assert entry.result.status == OK and entry.result.tps == pytest.approx(15059.89)
+    assert entry.result.status == Status.OK and entry.result.tps == pytest.approx(15059.89)
     assert not entry.eligible and entry.note == "Success rate: 51.4%, optimization skipped"
     assert not spec.adopted and spec.chosen is None
     assert not perf.adopted
@@ -166,7 +167,7 @@ profiles: {p: {input_len: 10, output_len: 10, num_prompts: 10}}
         o = config.options
         both = "extra_args" in o and "max_num_seqs" in o
         tps = 100.0 + o["max_num_seqs"] / 100 if both else (99.0 if "extra_args" in o or "max_num_seqs" in o else 100.0)
-        return {p.name: Result(OK, metrics={"total_token_throughput": tps, "completed": 10}, num_prompts=10) for p in profiles}
+        return {p.name: ConfigResult(Status.OK, metrics={"total_token_throughput": tps, "completed": 10}, num_prompts=10) for p in profiles}
 
     o = _run(plan, measure)
     comb = o.steps[-1]
@@ -188,7 +189,7 @@ profiles: {p: {input_len: 10, output_len: 10, num_prompts: 10}}
 """)
 
     async def measure(config, profiles, *, step, label):
-        return {p.name: Result(CRASHED, cause={"name": "x", "explanation": "boom"}) for p in profiles}
+        return {p.name: ConfigResult(Status.CRASHED, cause={"name": "x", "explanation": "boom"}) for p in profiles}
 
     o = _run(plan, measure)
     assert o.optimized is None

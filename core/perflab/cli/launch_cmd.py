@@ -20,6 +20,7 @@ import structlog
 
 from perflab import redact
 from perflab.cli.options import hardware_option, json_option, pop_serve_config, serve_options
+from perflab.status import Status
 
 # Exit statuses (also in --help and docs/lifecycle.md).
 EXIT_OK = 0
@@ -30,7 +31,7 @@ EXIT_CRASHED = 4
 EXIT_TIMEOUT = 5
 EXIT_CHECK_FAILED = 6  # ready, but the --check generation failed
 EXIT_LEFTOVERS = 7  # served fine, but teardown left a process, a port or memory behind
-EXIT_BY_STATE = {"unsupported": EXIT_UNSUPPORTED, "crashed": EXIT_CRASHED, "timeout": EXIT_TIMEOUT}
+EXIT_BY_STATE = {Status.UNSUPPORTED: EXIT_UNSUPPORTED, Status.CRASHED: EXIT_CRASHED, Status.TIMEOUT: EXIT_TIMEOUT}
 
 EPILOG = """\b
 Exit status:
@@ -135,15 +136,15 @@ def launch(ctx: click.Context, engine: str, hardware: str, check: bool, force: b
 
 async def _launch(pm: Any, engine: str, config: Any, snapshot: Any, env: dict[str, str], workdir: Path, force: bool,
                   startup_timeout: float | None, grace: float, check: bool, as_json: bool) -> int:
-    from perflab.supervisor import signal_guard, supervise
+    from perflab.supervisor import EngineInstance, signal_guard
 
     check_result: dict[str, Any] | None = None
-    inst = supervise(pm, engine, config, hardware=snapshot, env=env, workdir=workdir, force=force,
-                     startup_timeout=startup_timeout, grace=grace)
+    inst = EngineInstance(pm, engine, config, hardware=snapshot, env=env, workdir=workdir, force=force,
+                          startup_timeout=startup_timeout, grace=grace)
     async with signal_guard() as guard:
         async with inst:
             o = inst.outcome
-            if o.state == "ready":
+            if o.state is Status.READY:
                 if check:
                     check_result = await _check(inst)
                 else:

@@ -1,7 +1,7 @@
 """Measuring one configuration for real: launch its replicas, benchmark, tear down.
 
 One :meth:`Executor.run` is one run directory: every replica is started under
-:func:`perflab.supervisor.supervise` (preflight, launch, readiness, teardown), the benchmark
+:class:`perflab.supervisor.EngineInstance` (preflight, launch, readiness, teardown), the benchmark
 client spreads each profile's requests over the replicas, and whatever happens — a refusal,
 a crash at startup or mid-benchmark, a benchmark error, Ctrl-C — every engine is torn down
 before it returns (or re-raises the cancellation).
@@ -31,9 +31,9 @@ from perflab import redact
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
-from perflab.lab.study import CRASHED, FAILED, INTERRUPTED, OK, STALLED, TIMEOUT, UNSUPPORTED
 from perflab.simenv import TIME_SCALE_ENV as SIM_TIME_SCALE_ENV
-from perflab.types import HardwareSnapshot, LaunchSpec, to_jsonable
+from perflab.status import Status
+from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Unsupported, to_jsonable
 
 log = structlog.get_logger("perflab.lab")
 
@@ -137,10 +137,6 @@ def plugin_file_describer(pm: Any, engine: str) -> Callable[[str, str], list[str
     return fn if callable(fn) else None
 
 
-def _unsupported_dicts(items: Sequence[Any]) -> list[dict[str, Any]]:
-    return [to_jsonable(u) for u in items]
-
-
 def _has_failures(result: Any) -> bool:
     return result is not None and bool(result.metrics.get("failed"))
 
@@ -202,13 +198,20 @@ async def _health(inst: Any) -> str:
         return f"GET {probes[0].path}: no answer ({type(exc).__name__})"
 
 
-async def _stall_cause(instances: Sequence[Any], stall: Any) -> dict[str, Any]:
-    """A stalled benchmark's cause, shaped as a CrashCause: the engine's last log line and its
-    health when the watchdog fired (the engines were alive: a dead one is "crashed")."""
+@dataclass(frozen=True)
+class StallCause(CrashCause):
+    """A stalled benchmark's cause: a CrashCause with the engines' health when it fired."""
+
+    health: str = ""
+
+
+async def _stall_cause(instances: Sequence[Any], stall: Any) -> StallCause:
+    """The engine's last log line and its health when the watchdog fired (the engines were
+    alive: a dead one is "crashed")."""
     inst = instances[0]
     health = "; ".join([await _health(i) for i in instances])
-    return {"name": "benchmark-stalled", "explanation": stall.message(), "line": _last_log_line(inst.outcome.log),
-            "hint": f"the engine is alive; health: {health}", "health": health}
+    return StallCause("benchmark-stalled", stall.message(), line=_last_log_line(inst.outcome.log),
+                      hint=f"the engine is alive; health: {health}", health=health)
 
 
 class Executor:
@@ -260,7 +263,7 @@ class Executor:
     async def run(self, config: Configuration, profiles: Sequence[Profile], run_dir: Path, *, label: str = "") -> RunRecord:
         """Launch ``config``, benchmark ``profiles`` in order, tear down; the returned record
         holds each profile's measurement (each also goes to :attr:`on_measured` at once)."""
-        from perflab.supervisor import supervise
+        from perflab.supervisor import EngineInstance
 
         plan = self.ctx.plan
         engine = config.engine
@@ -272,18 +275,17 @@ class Executor:
         try:
             device_sets = self._device_sets(config)
         except ValueError as exc:
-            rec = RunRecord(UNSUPPORTED, version=version,
-                            reasons=[{"what": f"replicas={config.replicas}", "why": str(exc), "source": "perflab", "severity": "error"}])
+            rec = RunRecord(Status.UNSUPPORTED, version=version,
+                            reasons=(Unsupported(f"replicas={config.replicas}", str(exc), source="perflab"),))
             rec.script = self._script_without_launch(config, None, run_dir)
             self._write_outcome(run_dir, rec, [])
             return rec
 
-        rec = RunRecord("done", version=version)
+        rec = RunRecord(Status.DONE, version=version)
         profiles = self._refuse_too_long(rec, config, profiles)
         if not profiles:  # no workload fits the context: nothing to launch
-            rec.state = UNSUPPORTED
-            rec.reasons = [{"what": "context", "why": m.error, "source": "perflab", "severity": "error"}
-                           for m in rec.measurements.values()]
+            rec.state = Status.UNSUPPORTED
+            rec.reasons = tuple(Unsupported("context", m.error or "", source="perflab") for m in rec.measurements.values())
             rec.script = self._script_without_launch(config, device_sets, run_dir)
             self._write_outcome(run_dir, rec, [])
             return rec
@@ -293,7 +295,7 @@ class Executor:
             for i, devices in enumerate(device_sets or [None]):
                 workdir = run_dir if not device_sets or len(device_sets) == 1 else run_dir / f"replica-{i + 1}"
                 self.on_event("launch", label=label, engine=engine, replica=i + 1, replicas=config.replicas)
-                inst = supervise(
+                inst = EngineInstance(
                     self.ctx.pm, engine, config.serve_config(devices=devices), hardware=self.ctx.hardware,
                     env=self._env(), workdir=workdir, startup_timeout=plan.timeouts.startup_s, version=version,
                     # the engine's PERFLAB_INSTANCE marker names its study and run (perflab ps / kill);
@@ -316,10 +318,10 @@ class Executor:
             self.on_event("teardown", label=label, engine=engine)
         rec.leftovers = [f"{engine} replica {i + 1}: {msg}" if len(instances) > 1 else msg
                          for i, inst in enumerate(instances) for msg in inst.outcome.leftovers]
-        if rec.cause is not None and rec.cause.get("name") == "port-in-use":
+        if rec.cause is not None and rec.cause.name == "port-in-use":
             # the supervisor found the port taken by someone else: the machine, not the
             # configuration, is at fault — nothing was started, nothing is a result
-            rec.state, rec.error = INTERRUPTED, f"the machine is not ready: {rec.cause.get('explanation')}"
+            rec.state, rec.error = Status.INTERRUPTED, f"the machine is not ready: {rec.cause.explanation}"
         self._write_outcome(run_dir, rec, instances)
         return rec
 
@@ -350,7 +352,7 @@ class Executor:
         refused = too_long(config, list(profiles), ctx_len)
         for p in profiles:
             if p.name in refused:
-                m = ProfileMeasurement(UNSUPPORTED, num_prompts=p.num_prompts, error=refused[p.name])
+                m = ProfileMeasurement(Status.UNSUPPORTED, num_prompts=p.num_prompts, error=refused[p.name])
                 rec.measurements[p.name] = m
                 log.warning("lab.profile-refused", profile=p.name, engine=config.engine, why=refused[p.name])
                 if self.on_measured is not None:
@@ -396,15 +398,15 @@ class Executor:
 
     def _record_startup_failure(self, rec: RunRecord, o: Any, config: Configuration,
                                 device_sets: list[tuple[int, ...]] | None, run_dir: Path) -> None:
-        state = o.state if o.state in (UNSUPPORTED, CRASHED, TIMEOUT) else CRASHED
+        state = o.state if o.state.is_failure else Status.CRASHED
         rec.state = state
-        rec.reasons = _unsupported_dicts(o.reasons)
-        rec.cause = to_jsonable(o.cause) if o.cause is not None else None
+        rec.reasons = tuple(o.reasons)
+        rec.cause = o.cause
         if o.launch is not None:
             rec.script = serving_script([o.launch], self._describer(config.engine), run_dir)
         else:
             rec.script = self._script_without_launch(config, device_sets, run_dir)
-        if state == CRASHED and rec.cause is None:
+        if state is Status.CRASHED and rec.cause is None:
             rec.error = "the engine stopped before it served"
 
     async def _benchmark_all(self, rec: RunRecord, instances: list[Any], config: Configuration,
@@ -414,7 +416,7 @@ class Executor:
             rec.measurements[profile.name] = m
             if self.on_measured is not None:
                 self.on_measured(profile.name, m)
-            if m.status in (CRASHED, STALLED):
+            if m.status in (Status.CRASHED, Status.STALLED):  # the engine is dead or stuck
                 rec.state = m.status
                 rec.cause = m.cause
                 break  # the rest of the profiles need a fresh launch
@@ -518,11 +520,11 @@ class Executor:
 
         measured = result if result is not None else partial
         m = self._judge(profile, result, partial, error, dead, timed_out, budget)
-        if m.status == STALLED:
+        if m.status is Status.STALLED:
             m.cause = await _stall_cause(instances, result.stall)
         if measured is not None:
             data: dict[str, Any] = {"profile": profile.name, "label": profile.label, "definition": profile.definition()}
-            if m.status != OK:  # what a failed or stopped benchmark had measured, for diagnosis only
+            if m.status is not Status.OK:  # what a failed or stopped benchmark had measured, for diagnosis only
                 data.update(status=m.status, cancelled=measured is partial, error=m.error)
             data["metrics"] = dict(measured.metrics)
             write_json(run_dir / f"bench-{profile.name}.json", data)
@@ -538,29 +540,29 @@ class Executor:
         if result is not None and not _has_failures(result):
             dead = []  # complete before the engine went down: a measurement; the next profile sees the death
         if dead:
-            cause = dead[0].outcome.cause
-            return ProfileMeasurement(CRASHED, num_prompts=n, cause=to_jsonable(cause) if cause is not None else None,
+            return ProfileMeasurement(Status.CRASHED, num_prompts=n, cause=dead[0].outcome.cause,
                                       error=f"the engine died during the {profile.label} benchmark{of}")
         if result is not None and result.stall is not None:  # the engine alive, its streams silent
-            return ProfileMeasurement(STALLED, metrics=dict(result.metrics), num_prompts=n,
+            return ProfileMeasurement(Status.STALLED, metrics=dict(result.metrics), num_prompts=n,
                                       error=f"{result.stall.message()} (the {profile.label} benchmark)")
         if result is None and timed_out:
-            return ProfileMeasurement(FAILED, num_prompts=n, error=f"the benchmark did not finish within {budget:g} s{of}")
+            return ProfileMeasurement(Status.FAILED, num_prompts=n, error=f"the benchmark did not finish within {budget:g} s{of}")
         if result is None:
-            return ProfileMeasurement(FAILED, num_prompts=n, error=error or f"the benchmark was cancelled{of}")
-        return ProfileMeasurement(OK, metrics=dict(result.metrics), num_prompts=n, error=failure_summary(result))
+            return ProfileMeasurement(Status.FAILED, num_prompts=n, error=error or f"the benchmark was cancelled{of}")
+        return ProfileMeasurement(Status.OK, metrics=dict(result.metrics), num_prompts=n, error=failure_summary(result))
 
     def _write_outcome(self, run_dir: Path, rec: RunRecord, instances: list[Any]) -> None:
         outcome = {
             "state": rec.state,
             "version": rec.version,
             "script": rec.script,
-            "reasons": rec.reasons,
-            "cause": rec.cause,
+            "reasons": to_jsonable(rec.reasons),
+            "cause": to_jsonable(rec.cause),
             "error": rec.error,
             "log": rec.log,
             "leftovers": rec.leftovers,
-            "measurements": {k: {"status": m.status, "error": m.error, "cause": m.cause} for k, m in rec.measurements.items()},
+            "measurements": {k: {"status": m.status, "error": m.error, "cause": to_jsonable(m.cause)}
+                             for k, m in rec.measurements.items()},
             "instances": [inst.outcome.to_json() for inst in instances],
         }
         write_json(run_dir / "outcome.json", json.loads(json.dumps(outcome, default=str)))

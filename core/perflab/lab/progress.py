@@ -20,9 +20,13 @@ from rich.table import Table
 from rich.text import Text
 
 from perflab import redact
+from perflab.status import Status
 
-_MARK = {"ok": ("✓", "green"), "reused": ("↺", "cyan"), "unsupported": ("⊘", "yellow"), "crashed": ("✗", "red"),
-         "timeout": ("✗", "red"), "failed": ("✗", "red"), "skipped": ("–", "yellow")}
+_MARK = {Status.OK: ("✓", "green"), "reused": ("↺", "cyan"), Status.UNSUPPORTED: ("⊘", "yellow"),
+         Status.CRASHED: ("✗", "red"), Status.TIMEOUT: ("✗", "red"), Status.FAILED: ("✗", "red"),
+         "skipped": ("–", "yellow")}
+# the engine states worth a line of their own: ready, or how a launch failed
+_SHOWN_STATES = frozenset({Status.READY, *(s for s in Status.supervisor_states() if s.is_failure)})
 
 
 @dataclass
@@ -79,7 +83,7 @@ class StudyProgress:
             self._line(f"   {s.label}: launching {f.get('engine', '')}")
         elif kind == "engine.state":
             s.state = str(f.get("state", s.state))
-            if s.state in ("ready", "crashed", "timeout", "unsupported"):
+            if s.state in _SHOWN_STATES:
                 self._line(f"   {s.label}: {s.state}")
         elif kind == "benchmark":
             s.state, s.profile, s.done, s.total = "benchmarking", f.get("profile", ""), 0, int(f.get("total") or 0)
@@ -93,7 +97,7 @@ class StudyProgress:
             self._line(f"   {s.label}: waiting for the machine: {'; '.join(f.get('holders') or [])}")
         elif kind == "result":
             status = f.get("status", "")
-            key = "reused" if f.get("reused") and status == "ok" else status
+            key = "reused" if f.get("reused") and status == Status.OK else status
             s.counts[key] = s.counts.get(key, 0) + 1
             s.finished.append((key, f.get("label", ""), f.get("summary", "")))
             mark = _MARK.get(key, ("·", "white"))[0]

@@ -19,20 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from perflab import __version__, redact
-from perflab.lab.study import (
-    CRASHED,
-    FAILED,
-    INTERRUPTED,
-    OK,
-    PENDING,
-    STALLED,
-    TIMEOUT,
-    UNSUPPORTED,
-    Entry,
-    Result,
-    Step,
-    StudyOutcome,
-)
+from perflab.lab.study import ConfigResult, Entry, Step, StudyOutcome
+from perflab.status import Status
 
 GREEN = "lightgreen"
 RED = "#fbcaca"
@@ -92,7 +80,7 @@ def _num(metrics: Mapping[str, Any] | None, key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) else None
 
 
-def _tps_text(res: Result) -> str:
+def _tps_text(res: ConfigResult) -> str:
     tps = res.tps
     text = f"{tps:.2f}" if tps is not None else "n/a"
     if res.replicas > 1 and tps is not None:
@@ -100,11 +88,11 @@ def _tps_text(res: Result) -> str:
     return text
 
 
-def cell(res: Result | None, change: float | None = None) -> str:
+def cell(res: ConfigResult | None, change: float | None = None) -> str:
     """A conclusion-table cell: ``Total TPS: X (+p%)<br>Mean TPOT(ms): Y``, or why there is none."""
     if res is None:
         return "-"
-    if res.status != OK:
+    if res.status is not Status.OK:
         return short_status(res)
     tpot = _num(res.metrics, "mean_tpot_ms")
     span = f" {pct_span(change)}" if change is not None else ""
@@ -116,16 +104,16 @@ def cell(res: Result | None, change: float | None = None) -> str:
     return text
 
 
-def short_status(res: Result) -> str:
-    if res.status == UNSUPPORTED:
+def short_status(res: ConfigResult) -> str:
+    if res.status is Status.UNSUPPORTED:
         whys = [r.get("why", "") for r in res.reasons if r.get("severity", "error") == "error" and r.get("why")]
         return f"Not launched: {_md_escape(whys[0]) if whys else 'unsupported'}"
-    if res.status in (CRASHED, TIMEOUT):
+    if res.status in (Status.CRASHED, Status.TIMEOUT):
         c = res.cause or {}
         return f"Crash: {_md_escape(c.get('line') or c.get('explanation') or res.status)}"
-    if res.status == FAILED:
+    if res.status is Status.FAILED:
         return f"Benchmark failed: {_md_escape(res.error or '')}"
-    if res.status in (PENDING, INTERRUPTED):
+    if not res.status.is_result:  # pending, interrupted
         return "Not measured (study incomplete)"
     return res.status
 
@@ -142,12 +130,12 @@ def _fence(body: str, lang: str = "") -> str:
     return f"```{lang}\n{body}\n```"
 
 
-def result_block(res: Result) -> str:
+def result_block(res: ConfigResult) -> str:
     """What goes in a "Benchmark result" box: the vllm-bench-serve block, or the failure."""
     from perflab.bench.result import format_result_block
 
     lines: list[str] = []
-    if res.status == OK and res.metrics:
+    if res.status is Status.OK and res.metrics:
         lines.append(format_result_block(res.metrics).rstrip("\n"))
         rate = res.success_rate
         if rate is not None and rate < 1.0:
@@ -155,7 +143,7 @@ def result_block(res: Result) -> str:
             if res.error:
                 lines.append(f"# Failed requests: {res.error}")
         return "\n".join(lines)
-    if res.status == UNSUPPORTED:
+    if res.status is Status.UNSUPPORTED:
         lines.append("# Not launched: preflight found this configuration unsupported")
         for r in res.reasons:
             if r.get("severity", "error") != "error":
@@ -163,11 +151,11 @@ def result_block(res: Result) -> str:
             src = f" (source: {r['source']})" if r.get("source") else ""
             lines.append(f"# {r.get('what', '')}: {r.get('why', '')}{src}")
         return "\n".join(lines)
-    if res.status in (CRASHED, TIMEOUT, STALLED):
+    if res.status in (Status.CRASHED, Status.TIMEOUT, Status.STALLED):
         c = res.cause or {}
         if c.get("line"):
             lines.append(f"# {c['line'].strip()}")
-        what = {CRASHED: "Crash", TIMEOUT: "Timeout", STALLED: "Stalled"}[res.status]
+        what = {Status.CRASHED: "Crash", Status.TIMEOUT: "Timeout", Status.STALLED: "Stalled"}[res.status]
         name = f" [{c['name']}]" if c.get("name") else ""
         lines.append(f"# {what}{name}: {c.get('explanation') or res.error or 'see the engine log'}")
         if c.get("hint"):
@@ -175,7 +163,7 @@ def result_block(res: Result) -> str:
         if res.log:
             lines.append(f"# Engine log: {res.log}")
         return "\n".join(lines)
-    if res.status == FAILED:
+    if res.status is Status.FAILED:
         lines.append(f"# Benchmark failed: {res.error or 'see the run directory'}")
         if res.run_dir:
             lines.append(f"# Run directory: {res.run_dir}")
@@ -337,8 +325,8 @@ def summary_rows(o: StudyOutcome, ctx: ReportContext) -> list[dict[str, Any]]:
             detail = f"best: {s.chosen.label} ({s.chosen.result.tps:.2f} tok/s, {fmt_pct(s.vs_base_pct)} vs {s.base.label if s.base else 'current best'}); {verdict}"
         else:
             detail = "no usable result"
-        failures = [f"{e.label}: {short_status(e.result) if e.result.status != OK else e.note}"
-                    + (f" ({e.result.error})" if e.result.status == OK and e.result.error else "")
+        failures = [f"{e.label}: {short_status(e.result) if e.result.status is not Status.OK else e.note}"
+                    + (f" ({e.result.error})" if e.result.status is Status.OK and e.result.error else "")
                     for e in s.entries if not e.eligible]
         if failures:
             detail += "; " + "; ".join(failures)
@@ -449,9 +437,9 @@ def build_json(o: StudyOutcome, ctx: ReportContext) -> dict[str, Any]:
     }
 
 
-def _failures(res: Result) -> str | None:
+def _failures(res: ConfigResult) -> str | None:
     """Why a result has no number, or why its requests failed (None when all went well)."""
-    if res.status == OK:
+    if res.status is Status.OK:
         rate = res.success_rate
         return res.error if rate is not None and rate < 1.0 else None
     return res.summary()

@@ -29,8 +29,9 @@ from perflab.lab.options import Configuration
 from perflab.lab.plan import WINNER, Plan, Profile, load_plan_text
 from perflab.lab.report import ReportContext, write_report
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store, write_json
-from perflab.lab.study import FAILED, INTERRUPTED, PENDING, Result, StudyOutcome, conduct
+from perflab.lab.study import ConfigResult, StudyOutcome, conduct
 from perflab.simenv import STATE_ENV as SIM_STATE_ENV
+from perflab.status import Status
 from perflab.types import to_jsonable
 
 
@@ -98,13 +99,13 @@ class StoreMeasure:
         self.salt = dict(salt)
         self.retry_failed = retry_failed
 
-    def lookup(self, config: Configuration, profile: Profile) -> Result | None:
+    def lookup(self, config: Configuration, profile: Profile) -> ConfigResult | None:
         return self.store.lookup(config.key(self.salt), profile.key(), retry_failed=self.retry_failed)
 
-    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str) -> dict[str, Result]:
-        out: dict[str, Result] = {}
+    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str) -> dict[str, ConfigResult]:
+        out: dict[str, ConfigResult] = {}
         for p in profiles:
-            out[p.name] = self.lookup(config, p) or Result(PENDING)
+            out[p.name] = self.lookup(config, p) or ConfigResult(Status.PENDING)
         return out
 
 
@@ -121,7 +122,7 @@ class LiveMeasure(StoreMeasure):
         self.reused = 0
         self._step = ""
 
-    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str) -> dict[str, Result]:
+    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str) -> dict[str, ConfigResult]:
         if step != self._step:
             self._step = step
             self.on_event("step", title=step)
@@ -163,7 +164,7 @@ class LiveMeasure(StoreMeasure):
             finally:
                 self.executor.on_measured = None
             self._save(run_id, ckey, rec, todo, saved)
-            if rec.state == INTERRUPTED:  # the supervisor found the machine not ready
+            if rec.state is Status.INTERRUPTED:  # the supervisor found the machine not ready
                 raise MachineNotReady(f"{label}: {rec.error}; nothing was launched — stop it and re-run the same "
                                       f"command to resume")
             if rec.leftovers:
@@ -172,13 +173,13 @@ class LiveMeasure(StoreMeasure):
                     f"so the next configuration is not measured on a dirty machine; clean up and re-run to resume",
                     leftovers=rec.leftovers)
             self.log.info("lab.run-finished", run_id=run_id, label=label, state=rec.state,
-                          measured=sorted(rec.measurements), cause=(rec.cause or {}).get("name"))
+                          measured=sorted(rec.measurements), cause=rec.cause.name if rec.cause else None)
             if not rec.measurements:
                 break  # refused or died before serving: that decides every profile
             todo = [p for p in todo if p.name not in rec.measurements]
-        out: dict[str, Result] = {}
+        out: dict[str, ConfigResult] = {}
         for p in profiles:
-            res = self.lookup(config, p) or Result(PENDING)
+            res = self.lookup(config, p) or ConfigResult(Status.PENDING)
             out[p.name] = res
             if res.reused:
                 self.reused += 1
@@ -191,7 +192,7 @@ class LiveMeasure(StoreMeasure):
         """Best effort: the disk may be the fault."""
         try:
             self.store.mark_interrupted(run_id, reason)
-            write_json(run_dir / "outcome.json", {"state": INTERRUPTED, "error": reason})
+            write_json(run_dir / "outcome.json", {"state": Status.INTERRUPTED, "error": reason})
         except (OSError, sqlite3.Error) as exc:
             self.log.warning("lab.record-interrupted-failed", run_id=run_id, error=str(exc))
 

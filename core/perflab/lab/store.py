@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from perflab import redact
-from perflab.lab.study import CRASHED, FAILED, OK, TIMEOUT, UNSUPPORTED, Result
+from perflab.lab.study import ConfigResult
+from perflab.status import Status
+from perflab.types import CrashCause, Unsupported, to_jsonable
 
 SCHEMA_VERSION = 1
 DB_NAME = "study.db"
@@ -91,31 +93,30 @@ CREATE TABLE IF NOT EXISTS measurements (
 CREATE INDEX IF NOT EXISTS measurements_by_key ON measurements(config_key, profile_key);
 """
 
-# run states that end a configuration whatever the profile (nothing was measured)
-_STARTUP_STATES = (UNSUPPORTED, CRASHED, TIMEOUT, FAILED)
-
 
 @dataclass
 class ProfileMeasurement:
-    """One profile's outcome inside a run, as the executor reports it."""
+    """One profile's benchmark inside a run: made by the executor, stored as a
+    ``measurements`` row and ``measurement-<profile>.json`` (typed until then)."""
 
-    status: str  # ok | crashed | failed | unsupported (refused before launch: the workload does not fit)
+    status: Status  # ok | crashed | failed | stalled | unsupported (the workload does not fit)
     metrics: dict[str, Any] | None = None
     num_prompts: int | None = None
     error: str | None = None
-    cause: dict[str, Any] | None = None
+    cause: CrashCause | None = None
 
 
 @dataclass
 class RunRecord:
-    """How a run ended, as the executor reports it."""
+    """How one launch of a configuration ended, with its measurements: made by the executor,
+    stored as a ``runs`` row and ``run.json`` by :meth:`Store.finish_run` (typed until then)."""
 
-    state: str  # done | unsupported | crashed | timeout | failed | interrupted
+    state: Status  # done | unsupported | crashed | timeout | failed | stalled | interrupted
     measurements: dict[str, ProfileMeasurement] = field(default_factory=dict)  # by profile name
     version: str | None = None
     script: str | None = None
-    reasons: list[dict[str, Any]] = field(default_factory=list)
-    cause: dict[str, Any] | None = None
+    reasons: tuple[Unsupported, ...] = ()
+    cause: CrashCause | None = None
     error: str | None = None
     log: str | None = None  # path of the (first) engine log
     leftovers: list[str] = field(default_factory=list)  # what teardown left behind (stops the study)
@@ -211,7 +212,7 @@ class Store:
         )
         self.session_id = int(cur.lastrowid or 0)
         # runs left "running" by a session that was killed outright did not finish
-        self.db.execute("UPDATE runs SET state = 'interrupted' WHERE state = 'running'")
+        self.db.execute("UPDATE runs SET state = ? WHERE state = ?", (Status.INTERRUPTED, Status.RUNNING))
         return self.session_id
 
     def end_session(self, state: str) -> None:
@@ -225,9 +226,9 @@ class Store:
         assert self.session_id is not None, "begin_session() first"
         cur = self.db.execute(
             "INSERT INTO runs(session_id, config_key, engine, config, step, label, profiles, state, dir, started)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, 'running', '', ?)",
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, '', ?)",
             (self.session_id, config_key, engine, json.dumps(redact.redact_obj(config)), redact.scrub(step), redact.scrub(label),
-             json.dumps(profiles), time.time()),
+             json.dumps(profiles), Status.RUNNING, time.time()),
         )
         run_id = int(cur.lastrowid or 0)
         rel = Path("runs") / f"{run_id:03d}-{slug(label)}"
@@ -269,14 +270,13 @@ class Store:
             self.db.execute(
                 "INSERT INTO measurements(run_id, config_key, profile_key, profile, status, metrics, num_prompts, error, cause, created)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, config_key, profile_key, profile, m.status, json.dumps(m.metrics) if m.metrics is not None else None,
-                 m.num_prompts, redact.scrub(m.error or "") or None, json.dumps(redact.redact_obj(m.cause)) if m.cause else None,
-                 created),
+                (run_id, config_key, profile_key, profile, str(m.status), json.dumps(m.metrics) if m.metrics is not None else None,
+                 m.num_prompts, redact.scrub(m.error or "") or None, _cause_json(m.cause), created),
             )
             write_json(self.dir / run_dir / _measurement_file(profile), {
                 "run_id": run_id, "config_key": config_key, "profile_key": profile_key, "profile": profile,
-                "status": m.status, "metrics": m.metrics, "num_prompts": m.num_prompts, "error": m.error,
-                "cause": m.cause, "created": created,
+                "status": str(m.status), "metrics": m.metrics, "num_prompts": m.num_prompts, "error": m.error,
+                "cause": to_jsonable(m.cause), "created": created,
             })
 
     def finish_run(self, run_id: int, rec: RunRecord) -> None:
@@ -290,8 +290,8 @@ class Store:
             self.db.execute(
                 "UPDATE runs SET state = ?, finished = ?, version = ?, script = ?, reasons = ?, cause = ?, error = ?, log = ?"
                 " WHERE id = ?",
-                (rec.state, time.time(), rec.version, redact.scrub(rec.script or "") or None,
-                 json.dumps(redact.redact_obj(rec.reasons)), json.dumps(redact.redact_obj(rec.cause)) if rec.cause else None,
+                (str(rec.state), time.time(), rec.version, redact.scrub(rec.script or "") or None,
+                 json.dumps(redact.redact_obj(to_jsonable(rec.reasons))), _cause_json(rec.cause),
                  redact.scrub(rec.error or "") or None, log, run_id),
             )
             self._write_run_file(run_id)
@@ -299,8 +299,8 @@ class Store:
     def mark_interrupted(self, run_id: int, reason: str | None = None) -> None:
         """The run did not produce a result (Ctrl-C, the environment, perflab itself): it is
         never reused; ``reason`` says why."""
-        self.db.execute("UPDATE runs SET state = 'interrupted', finished = ?, error = COALESCE(?, error)"
-                        " WHERE id = ? AND state = 'running'", (time.time(), reason, run_id))
+        self.db.execute("UPDATE runs SET state = ?, finished = ?, error = COALESCE(?, error) WHERE id = ? AND state = ?",
+                        (Status.INTERRUPTED, time.time(), reason, run_id, Status.RUNNING))
         self._write_run_file(run_id)
 
     def runs(self) -> list[sqlite3.Row]:
@@ -311,8 +311,8 @@ class Store:
 
     # ------------------------------------------------------------------ lookups
 
-    def _result_from_run(self, run: sqlite3.Row, status: str) -> Result:
-        return Result(
+    def _result_from_run(self, run: sqlite3.Row, status: str) -> ConfigResult:
+        return ConfigResult(
             status=status,
             reasons=_loads(run["reasons"]) or [],
             cause=_loads(run["cause"]),
@@ -325,18 +325,18 @@ class Store:
             replicas=int((_loads(run["config"]) or {}).get("options", {}).get("replicas", 1)),
         )
 
-    def lookup(self, config_key: str, profile_key: str, *, retry_failed: bool = False) -> Result | None:
+    def lookup(self, config_key: str, profile_key: str, *, retry_failed: bool = False) -> ConfigResult | None:
         """The stored result of one (configuration, profile), or None if it must be measured.
 
-        A successful measurement always counts. Failures (crashes, timeouts, failed
-        benchmarks) count unless ``retry_failed`` — then only those of the current session do,
-        so a configuration is retried once per invocation, not once per step. A preflight
-        refusal counts for every profile.
+        A successful measurement and a refusal always count. The failures that
+        :attr:`Status.retried` names (crashes, timeouts, stalls, failed benchmarks) count
+        unless ``retry_failed`` — then only those of the current session do, so a
+        configuration is retried once per invocation, not once per step. A preflight refusal
+        counts for every profile.
         """
-        this_session = self.session_id if retry_failed else None
 
-        def failure_counts(session_id: int) -> bool:
-            return not retry_failed or session_id == this_session
+        def counts(status: str, session_id: int) -> bool:
+            return not (retry_failed and Status(status).retried) or session_id == self.session_id
 
         row = self.db.execute(
             "SELECT m.*, r.session_id AS session_id FROM measurements m JOIN runs r ON r.id = m.run_id"
@@ -344,16 +344,16 @@ class Store:
             (config_key, profile_key),
         ).fetchall()
         for m in row:
-            if m["status"] != OK and not failure_counts(m["session_id"]):
+            if not counts(m["status"], m["session_id"]):
                 continue
             run = self.db.execute("SELECT * FROM runs WHERE id = ?", (m["run_id"],)).fetchone()
             res = self._result_from_run(run, m["status"])
             res.reused = m["session_id"] != self.session_id
             res.metrics = _loads(m["metrics"])
             res.num_prompts = m["num_prompts"]
-            if m["status"] == OK:
+            if res.status is Status.OK:
                 res.error = m["error"]  # the failed requests' reasons, when some failed
-            elif m["status"] == UNSUPPORTED:  # refused for this profile only (its workload does not fit)
+            elif res.status is Status.UNSUPPORTED:  # refused for this profile only (its workload does not fit)
                 res.error = m["error"]
                 res.reasons = [{"what": m["profile"], "why": m["error"], "source": "perflab", "severity": "error"}]
             else:
@@ -361,14 +361,15 @@ class Store:
                 res.cause = _loads(m["cause"]) or res.cause
             return res
         # a run that ended before measuring anything decides every profile
+        startup = Status.startup_failures()
         for run in self.db.execute(
-            "SELECT * FROM runs WHERE config_key = ? AND state IN (?, ?, ?, ?) ORDER BY id DESC",
-            (config_key, *_STARTUP_STATES),
+            f"SELECT * FROM runs WHERE config_key = ? AND state IN ({', '.join('?' * len(startup))}) ORDER BY id DESC",
+            (config_key, *startup),
         ):
             measured = self.db.execute("SELECT COUNT(*) FROM measurements WHERE run_id = ?", (run["id"],)).fetchone()[0]
             if measured:
                 continue  # it died mid-benchmark: the measurements above say which profile
-            if run["state"] != UNSUPPORTED and not failure_counts(run["session_id"]):
+            if not counts(run["state"], run["session_id"]):
                 continue
             res = self._result_from_run(run, run["state"])
             res.reused = run["session_id"] != self.session_id
@@ -376,7 +377,13 @@ class Store:
         return None
 
     def finished_count(self) -> int:
-        return int(self.db.execute("SELECT COUNT(*) FROM runs WHERE state NOT IN ('running', 'interrupted')").fetchone()[0])
+        return int(self.db.execute("SELECT COUNT(*) FROM runs WHERE state NOT IN (?, ?)",
+                                   (Status.RUNNING, Status.INTERRUPTED)).fetchone()[0])
+
+
+def _cause_json(cause: CrashCause | None) -> str | None:
+    """A CrashCause as the database keeps it (secrets as ***)."""
+    return json.dumps(redact.redact_obj(to_jsonable(cause))) if cause is not None else None
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -458,8 +465,8 @@ def rebuild(directory: Path) -> dict[str, int]:
                 run = json.loads((d / RUN_FILE).read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue  # a run directory from before run.json, or a half-created one
-            state = run.get("state") or "interrupted"
-            state = "interrupted" if state == "running" else state
+            state = Status(run.get("state") or Status.INTERRUPTED)
+            state = Status.INTERRUPTED if state is Status.RUNNING else state
             sid = int(run.get("session_id") or 0)
             if sid not in sessions:
                 sessions.add(sid)

@@ -22,23 +22,15 @@ from typing import Any
 
 from perflab.lab.options import Configuration
 from perflab.lab.plan import WINNER, Candidate, Plan, Profile
-
-# Outcome of one (configuration, profile) measurement
-OK = "ok"
-UNSUPPORTED = "unsupported"  # preflight refused: never launched
-CRASHED = "crashed"  # the engine died (at startup or while serving)
-TIMEOUT = "timeout"  # never became ready in time
-FAILED = "failed"  # the engine served but the benchmark could not run
-STALLED = "stalled"  # the engine, alive, stopped streaming: no token on any open stream for stall_s
-PENDING = "pending"  # not measured (yet)
-INTERRUPTED = "interrupted"
+from perflab.status import Status
 
 
 @dataclass
-class Result:
-    """What one configuration did on one profile."""
+class ConfigResult:
+    """What one configuration did on one profile, as the study decides with it: made by the
+    store's lookup (:meth:`perflab.lab.store.Store.lookup`) from a run and its measurement."""
 
-    status: str
+    status: Status
     metrics: dict[str, Any] | None = None
     num_prompts: int | None = None
     reasons: list[dict[str, Any]] = field(default_factory=list)  # Unsupported, as dicts
@@ -52,16 +44,19 @@ class Result:
     replicas: int = 1
     reused: bool = False  # taken from an earlier run of this study
 
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)  # a stored string ("crashed") becomes its member
+
     @property
     def tps(self) -> float | None:
-        if self.status != OK or not self.metrics:
+        if self.status is not Status.OK or not self.metrics:
             return None
         v = self.metrics.get("total_token_throughput")
         return float(v) if v is not None else None
 
     @property
     def success_rate(self) -> float | None:
-        if self.status != OK or not self.metrics:
+        if self.status is not Status.OK or not self.metrics:
             return None
         done = self.metrics.get("completed")
         if done is None:
@@ -71,15 +66,15 @@ class Result:
 
     def summary(self) -> str:
         """One line: the number, or why there is none."""
-        if self.status == OK:
+        if self.status is Status.OK:
             return f"{self.tps:.2f} tok/s" if self.tps is not None else "measured"
-        if self.status == UNSUPPORTED:
+        if self.status is Status.UNSUPPORTED:
             whys = "; ".join(r.get("why", "") for r in self.reasons if r.get("severity", "error") == "error")
             return f"not launched: {whys or 'unsupported'}"
-        if self.status in (CRASHED, TIMEOUT, STALLED):
+        if self.status in (Status.CRASHED, Status.TIMEOUT, Status.STALLED):
             c = self.cause or {}
             return f"{self.status}: {c.get('line') or c.get('explanation') or self.error or 'see log'}"
-        if self.status == FAILED:
+        if self.status is Status.FAILED:
             return f"benchmark failed: {self.error or 'see log'}"
         return self.status
 
@@ -92,8 +87,8 @@ class Result:
         }
 
 
-Measure = Callable[..., Awaitable[Mapping[str, Result]]]
-"""``await measure(config, profiles, step=..., label=...) -> {profile name: Result}``"""
+Measure = Callable[..., Awaitable[Mapping[str, ConfigResult]]]
+"""``await measure(config, profiles, step=..., label=...) -> {profile name: ConfigResult}``"""
 
 
 @dataclass
@@ -102,7 +97,7 @@ class Entry:
 
     label: str
     config: Configuration
-    result: Result
+    result: ConfigResult
     eligible: bool = False
     note: str = ""
     variant: str | None = None
@@ -144,8 +139,8 @@ class Case:
     """One profile, baseline against optimized (the conclusion table's row)."""
 
     profile: Profile
-    baseline: Result
-    optimized: Result | None
+    baseline: ConfigResult
+    optimized: ConfigResult | None
 
     @property
     def change_pct(self) -> float | None:
@@ -195,19 +190,19 @@ class _Study:
         self.display = display
         self.complete = True
 
-    async def one(self, config: Configuration, step: str, label: str) -> Result:
+    async def one(self, config: Configuration, step: str, label: str) -> ConfigResult:
         results = await self.measure(config, (self.plan.main,), step=step, label=label)
-        res = results.get(self.plan.main_profile) or Result(PENDING)
+        res = results.get(self.plan.main_profile) or ConfigResult(Status.PENDING)
         self._note_pending(res)
         return res
 
-    def _note_pending(self, res: Result) -> None:
-        if res.status in (PENDING, INTERRUPTED):
+    def _note_pending(self, res: ConfigResult) -> None:
+        if not res.status.is_result:  # pending, or interrupted by the machine
             self.complete = False
 
-    def entry(self, label: str, config: Configuration, res: Result, variant: str | None = None) -> Entry:
+    def entry(self, label: str, config: Configuration, res: ConfigResult, variant: str | None = None) -> Entry:
         e = Entry(label, config, res, variant=variant)
-        if res.status == OK:
+        if res.status is Status.OK:
             rate = res.success_rate
             if rate is not None and rate < self.plan.min_success_rate:
                 e.note = f"Success rate: {rate * 100:.1f}%, optimization skipped"
@@ -296,9 +291,9 @@ class _Study:
             step.statement = f"Result: no variant produced a usable result; keeping {best.label}."
         return step, best
 
-    async def profiles_of(self, config: Configuration, step: str, label: str) -> dict[str, Result]:
+    async def profiles_of(self, config: Configuration, step: str, label: str) -> dict[str, ConfigResult]:
         results = await self.measure(config, self.plan.profiles, step=step, label=label)
-        out = {p.name: results.get(p.name) or Result(PENDING) for p in self.plan.profiles}
+        out = {p.name: results.get(p.name) or ConfigResult(Status.PENDING) for p in self.plan.profiles}
         for r in out.values():
             self._note_pending(r)
         return out
@@ -324,7 +319,7 @@ class _Study:
         base_results = await self.profiles_of(base_cfg, other, "Baseline")
         baseline = self.entry(base_label, base_cfg, base_results[plan.main_profile])
         optimized: Entry | None = None
-        opt_results: dict[str, Result] = {}
+        opt_results: dict[str, ConfigResult] = {}
         if best is not None:
             opt_results = await self.profiles_of(best.config, other, "Optimized")
             optimized = Entry(best.label, best.config, opt_results[plan.main_profile], eligible=best.eligible)
