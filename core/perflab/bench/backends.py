@@ -20,7 +20,6 @@ Plugins add more through the hook ``perflab_register_bench_backends(register)``:
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
 import shutil
@@ -30,19 +29,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from perflab.bench.client import make_target
 from perflab.bench.profiles import apply_profile
 from perflab.bench.request import BenchRequest
 from perflab.bench.result import BenchResult
+from perflab.bench.vllm_cli import RESULT_FILENAME, vllm_bench_argv, vllm_tokenizer_dir
 from perflab.errors import PerflabError, UsageError
+
+__all__ = ["BUILTIN_BACKENDS", "available_backends", "get_backend", "run_vllm_bench_serve", "vllm_bench_argv",
+           "vllm_tokenizer_dir"]
 
 Driver = Callable[[BenchRequest], BenchResult]
 
 VLLM_BENCH_ENV = "PERFLAB_VLLM_BENCH"
-RESULT_FILENAME = "perflab-vllm-bench.json"
 # vLLM's --save-detailed per-request lists: not metrics.
 _DETAILED_FIELDS = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors", "start_times")
-_VLLM_DATASET = {"random": "random", "sharegpt": "sharegpt", "prefix-repetition": "prefix_repetition"}
 
 
 def _perflab(req: BenchRequest) -> BenchResult:
@@ -52,90 +52,6 @@ def _perflab(req: BenchRequest) -> BenchResult:
 
 
 # --------------------------------------------------------------------------- vllm bench serve
-
-
-def vllm_tokenizer_dir(spec: str | None) -> str | None:
-    """``--tokenizer`` for vLLM: a directory or hub id, never a ``tokenizer.json`` file.
-
-    vLLM loads it with ``AutoTokenizer.from_pretrained`` (vllm/benchmarks/serve.py ->
-    ``get_tokenizer``), which takes a directory (or a hub id); perflab accepts the
-    ``tokenizer.json`` file itself, so the file's directory is passed. perflab's own
-    ``whitespace``/``approx`` have no vLLM counterpart: nothing is passed (vLLM then uses
-    ``--model``)."""
-    if spec in (None, "", "auto", "whitespace", "approx", "none"):
-        return None
-    path = Path(spec).expanduser()
-    if path.is_file():
-        return str(path.resolve().parent)
-    return str(spec)
-
-
-def vllm_bench_argv(req: BenchRequest, result_dir: str, executable: list[str] | None = None) -> list[str]:
-    """The ``vllm bench serve`` command for ``req`` (vLLM's own option names)."""
-    if len(req.base_urls) != 1:
-        raise UsageError("--bench-backend vllm-bench drives one endpoint; use the built-in client (perflab) for replicas")
-    if req.dataset not in _VLLM_DATASET:
-        raise UsageError(f"--bench-backend vllm-bench: vLLM has no dataset {req.dataset!r} (use random, sharegpt or prefix-repetition)")
-    target = make_target(req.base_urls[0], req.api_endpoint)
-    host = f"[{target.host}]" if ":" in target.host else target.host
-    rate = req.request_rate * req.time_scale
-    argv = list(executable or ["vllm"]) + [
-        "bench", "serve",
-        "--backend", req.backend,
-        "--base-url", f"{target.scheme}://{host}:{target.port}",
-        "--endpoint", target.path,
-        "--model", req.model,
-        "--dataset-name", _VLLM_DATASET[req.dataset],
-        "--num-prompts", str(req.num_prompts),
-        "--request-rate", "inf" if math.isinf(rate) else repr(rate),
-        "--burstiness", repr(req.burstiness),
-        "--seed", str(req.seed),
-        "--percentile-metrics", "ttft,tpot,itl,e2el",
-        "--metric-percentiles", ",".join(f"{p:g}" for p in req.percentiles),
-        "--save-result",
-        "--result-dir", result_dir,
-        "--result-filename", RESULT_FILENAME,
-        "--disable-tqdm",
-    ]  # fmt: skip
-    if req.served_model_name:
-        argv += ["--served-model-name", req.served_model_name]
-    if req.max_concurrency is not None:
-        argv += ["--max-concurrency", str(req.max_concurrency)]
-    if req.dataset == "random":
-        argv += [
-            "--random-input-len", str(req.random_input_len),
-            "--random-output-len", str(req.random_output_len),
-            "--random-range-ratio", repr(req.random_range_ratio),
-            "--random-prefix-len", str(req.random_prefix_len),
-        ]  # fmt: skip
-    elif req.dataset == "sharegpt":
-        argv += ["--dataset-path", str(req.dataset_path)]
-        if req.sharegpt_output_len is not None:
-            argv += ["--sharegpt-output-len", str(req.sharegpt_output_len)]
-    else:
-        argv += [
-            "--prefix-repetition-prefix-len", str(req.prefix_repetition_prefix_len),
-            "--prefix-repetition-suffix-len", str(req.prefix_repetition_suffix_len),
-            "--prefix-repetition-num-prefixes", str(req.prefix_repetition_num_prefixes),
-            "--prefix-repetition-output-len", str(req.prefix_repetition_output_len),
-        ]  # fmt: skip
-    tok_dir = vllm_tokenizer_dir(req.tokenizer)
-    if tok_dir is not None:
-        argv += ["--tokenizer", tok_dir]
-    if req.goodput:
-        argv += ["--goodput", *(f"{k}:{v:g}" for k, v in req.goodput)]
-    if req.send_ignore_eos:  # vLLM 0.33 turns it on for random by itself; said for older ones
-        argv.append("--ignore-eos")
-    if req.temperature is not None:
-        argv += ["--temperature", repr(req.temperature)]
-    if req.warmup:
-        argv += ["--num-warmups", str(req.warmup)]
-    if req.headers:
-        argv += ["--header", *(f"{k}={v}" for k, v in req.headers)]
-    if req.save_detailed:
-        argv.append("--save-detailed")
-    return argv
-
 
 def _scale_metrics(data: Mapping[str, Any], factor: float) -> dict[str, Any]:
     """Durations × factor, rates ÷ factor: a run against a simulator ``factor`` times fast."""

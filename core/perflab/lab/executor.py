@@ -423,37 +423,19 @@ class Executor:
 
     async def _benchmark(self, instances: list[Any], config: Configuration, profile: Profile, run_dir: Path,
                          label: str) -> ProfileMeasurement:
-        from perflab.bench import BenchCancelled, BenchRequest, run_benchmark_sync
+        from perflab.bench import BenchCancelled, run_benchmark_sync
         from perflab.bench.cancel import wait_set
 
         plan = self.ctx.plan
-        workload: dict[str, Any] = {}
-        if profile.dataset == "random":
-            workload = {"random_input_len": profile.input_len, "random_output_len": profile.output_len,
-                        "random_range_ratio": profile.range_ratio}
-        elif profile.output_len:
-            workload = {"sharegpt_output_len": profile.output_len}
-        if profile.dataset_path:
-            workload["dataset_path"] = profile.dataset_path
-        if profile.endpoint:
-            workload["endpoint"] = profile.endpoint
-        req = BenchRequest(
-            base_urls=tuple(inst.base_url for inst in instances),
+        launch = instances[0].launch
+        req = profile.bench_request(
             # the model itself (a local directory gives the client its exact tokenizer) and
             # the name it is served under (sent in every request)
-            model=config.serve_config().model,
-            served_model_name=instances[0].launch.served_model_name,
-            headers=tuple(redact.auth_headers(instances[0].launch.argv, {**self._env(), **instances[0].launch.env}).items()),
-            backend=profile.backend,
-            dataset=profile.dataset,
-            num_prompts=profile.num_prompts,
-            request_rate=profile.request_rate,
-            burstiness=profile.burstiness,
-            max_concurrency=profile.max_concurrency,
-            seed=profile.seed,
+            config.serve_config().model, launch.served_model_name,
+            base_urls=tuple(inst.base_url for inst in instances),
+            headers=tuple(redact.auth_headers(launch.argv, {**self._env(), **launch.env}).items()),
             time_scale=self.ctx.time_scale if self.ctx.simulated else 1.0,
             label=label,
-            **workload,
         )
         if plan.timeouts.stall_s is not None:  # engine seconds; default: the bench's (60)
             req = req.replace(stall_s=plan.timeouts.stall_s)

@@ -21,13 +21,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from perflab import redact
 from perflab.errors import UsageError
 from perflab.lab.options import PLAN_OPTIONS, Configuration, apply_delta, normalise
+
+if TYPE_CHECKING:
+    from perflab.bench.request import BenchRequest
 
 DEFAULT_OBJECTIVE = "Achieve high throughput under high-concurrency request scenarios."
 WINNER = "winner"  # in an `engines:` list: the engine of the current best configuration
@@ -107,35 +110,32 @@ class Profile:
             extra.append(f"max concurrency {self.max_concurrency}")
         return f"{what}, {', '.join(extra)}"
 
+    def bench_request(self, model: str, served_model_name: str | None = None, **launch: Any) -> BenchRequest:
+        """This workload as a benchmark request (what the lab's client runs and what the
+        report's ``vllm bench serve`` command says); ``launch``: the fields a launch adds
+        (``base_urls``, ``headers``, ``time_scale``, ``label`` ...)."""
+        from perflab.bench.request import BenchRequest
+
+        workload: dict[str, Any] = {}
+        if self.dataset == "random":
+            workload = {"random_input_len": self.input_len, "random_output_len": self.output_len,
+                        "random_range_ratio": self.range_ratio}
+        elif self.output_len:
+            workload = {"sharegpt_output_len": self.output_len}
+        return BenchRequest(
+            base_urls=launch.pop("base_urls", ()), model=model, served_model_name=served_model_name,
+            backend=self.backend, endpoint=self.endpoint, dataset=self.dataset, dataset_path=self.dataset_path,
+            num_prompts=self.num_prompts, request_rate=self.request_rate, burstiness=self.burstiness,
+            max_concurrency=self.max_concurrency, seed=self.seed, **workload, **launch,
+        )
+
     def bench_command(self, model: str, served_model_name: str | None = None) -> str:
-        """The equivalent ``vllm bench serve`` command line (flags from vLLM's
-        vllm/benchmarks/serve.py and datasets.py: --dataset-name, --random-input-len ...).
+        """The equivalent ``vllm bench serve`` command line (:func:`perflab.bench.vllm_cli.vllm_bench_argv`).
         ``--served-model-name`` is the name the engines were asked for: without it vLLM sends
         ``--model`` (a local path, say) as the request's model and the server answers 404."""
-        endpoint = self.endpoint or ("/v1/chat/completions" if self.backend == "openai-chat" else "/v1/completions")
-        # vLLM has no synthetic ShareGPT: the closest command reads the real file
-        dataset = "sharegpt" if self.dataset == "synthetic-sharegpt" else self.dataset
-        argv = ["vllm", "bench", "serve", "--model", model]
-        if served_model_name:
-            argv += ["--served-model-name", served_model_name]
-        argv += ["--backend", self.backend, "--endpoint", endpoint, "--dataset-name", dataset]
-        if self.dataset_path or dataset == "sharegpt":
-            argv += ["--dataset-path", self.dataset_path or "ShareGPT_V3_unfiltered_cleaned_split.json"]
-        if self.dataset == "random":
-            argv += ["--random-input-len", str(self.input_len), "--random-output-len", str(self.output_len)]
-            if self.range_ratio:
-                argv += ["--random-range-ratio", f"{self.range_ratio:g}"]
-        elif self.output_len:
-            argv += ["--sharegpt-output-len", str(self.output_len)]
-        argv += ["--num-prompts", str(self.num_prompts)]
-        if not math.isinf(self.request_rate):
-            argv += ["--request-rate", f"{self.request_rate:g}"]
-            if self.burstiness != 1.0:
-                argv += ["--burstiness", f"{self.burstiness:g}"]
-        if self.max_concurrency:
-            argv += ["--max-concurrency", str(self.max_concurrency)]
-        argv += ["--seed", str(self.seed)]
-        return shlex.join(argv)
+        from perflab.bench.vllm_cli import vllm_bench_argv
+
+        return shlex.join(vllm_bench_argv(self.bench_request(model, served_model_name)))
 
 
 @dataclass(frozen=True)
