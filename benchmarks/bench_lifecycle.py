@@ -4,7 +4,7 @@
   state (cause classified, ``died`` set). The exit time is taken independently of the
   supervisor, by a thread blocked in ``select()`` on its own pidfd of the engine (readable at
   the exit; the engine is the keeper's child, not ours, so ``waitid`` cannot be used). The issue's bound is 1 s; the expected value is milliseconds.
-* teardown: ``Outcome.teardown_s`` of an engine that exits on SIGTERM, and of one that
+* teardown: ``LaunchOutcome.teardown_s`` of an engine that exits on SIGTERM, and of one that
   ignores SIGTERM (it must take about ``--grace`` and then be SIGKILLed).
 
 Engines: ``fake`` (default) is the stdlib fake engine of tests/test_supervisor.py, so the

@@ -134,12 +134,6 @@ class LaunchOutcome:
             return text
         return None
 
-    def started_at(self) -> float | None:
-        for state, t in self.transitions:
-            if state is Status.LAUNCHING:
-                return t
-        return None
-
     def to_json(self) -> dict[str, Any]:
         return redact.redact_obj({  # type: ignore[no-any-return]
             "state": self.state,
@@ -197,6 +191,19 @@ async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
 
 
+@dataclass(frozen=True)
+class SupervisionSettings:
+    """How an :class:`EngineInstance` supervises its launch (its keyword options, kept as given)."""
+
+    force: bool
+    startup_timeout: float | None
+    log_name: str
+    grace: float
+    check_memory: bool
+    memory_settle_s: float
+    on_started: Callable[[int], None] | None
+
+
 class EngineInstance:
     """One supervised engine. Use as ``async with``; see the module docstring.
 
@@ -247,13 +254,11 @@ class EngineInstance:
         redact.register_config(config)  # its secrets are written as *** from here on
         redact.register_env(self.env)
         self.workdir = Path(workdir)
-        self.force = force
-        self.startup_timeout = startup_timeout
-        self.log_name = log_name
-        self.grace = grace
-        self.check_memory = check_memory
-        self.memory_settle_s = memory_settle_s
-        self.on_started = on_started
+        self.settings = SupervisionSettings(force, startup_timeout, log_name, grace, check_memory, memory_settle_s,
+                                            on_started)
+        # beside a non-default log name (replicas sharing a run directory), its own record
+        self.launch_record = self.workdir / (
+            "launch.json" if log_name == "engine.log" else f"{Path(log_name).stem}.launch.json")
         self.outcome = LaunchOutcome(engine=engine, version=version, workdir=self.workdir)
         self.launch: LaunchSpec | None = None
         self.base_url: str | None = None
@@ -339,7 +344,7 @@ class EngineInstance:
         o.warnings = tuple(u for u in problems if u.severity == "warning")
         for w in o.warnings:
             log.warning("engine.preflight-warning", engine=self.engine, what=w.what, why=w.why)
-        if o.reasons and not self.force:
+        if o.reasons and not self.settings.force:
             self._transition(Status.UNSUPPORTED, reasons=[f"{u.what}: {u.why}" for u in o.reasons])
             return
         if o.reasons:
@@ -355,7 +360,7 @@ class EngineInstance:
         self.readiness = engine_hooks.readiness(self.pm, self.engine, spec)
         self._write_files(spec)
 
-        if self.check_memory and self.hardware.accelerators:
+        if self.settings.check_memory and self.hardware.accelerators:
             self._baseline = await _in_thread(self._probe_hardware)
 
         self._transition(Status.LAUNCHING, argv=redact.redact_argv(spec.argv), port=spec.port)
@@ -446,9 +451,7 @@ class EngineInstance:
             "version": self.outcome.version,
             "warnings": list(spec.warnings),
         }
-        # Beside a non-default log name (replicas sharing a run directory), its own record.
-        name = "launch.json" if self.log_name == "engine.log" else f"{Path(self.log_name).stem}.launch.json"
-        redact.write_text(self.workdir / name, json.dumps(redact.redact_obj(record), indent=2) + "\n")
+        redact.write_text(self.launch_record, json.dumps(redact.redact_obj(record), indent=2) + "\n")
 
     def _env_additions(self, spec: LaunchSpec) -> dict[str, str]:
         # extra_env is merged too, so an option is never lost if a plugin forgets it; the
@@ -468,14 +471,14 @@ class EngineInstance:
 
     async def _spawn(self, spec: LaunchSpec) -> bool:
         o = self.outcome
-        log_path = self.workdir / self.log_name
+        log_path = self.workdir / self.settings.log_name
         o.log = log_path
         env = {**self.env, **self._env_additions(spec), procs.MARKER_ENV: self.marker}
         try:
             # Through the keeper (perflab.lifecycle.keeper): if perflab dies, it stops the engine.
             # Not abandoned on cancellation: the handle (and its lifeline) must not be lost.
             proc, fd = await anyio.to_thread.run_sync(
-                lambda: procs.spawn(spec.argv, env, self._cwd(spec), grace=self.grace))
+                lambda: procs.spawn(spec.argv, env, self._cwd(spec), grace=self.settings.grace))
         except OSError as exc:
             log_path.write_text(f"[perflab] could not start {spec.argv[0]}: {exc}\n", encoding="utf-8")
             o.cause = CrashCause(
@@ -495,8 +498,8 @@ class EngineInstance:
         self._record_pids(proc)
         patterns = self.readiness.ready_log_patterns if self.readiness else ()
         self._pump = OutputPump(fd, log_path, patterns=patterns, on_pattern=self._on_ready_line)
-        if self.on_started is not None:
-            self.on_started(proc.pid)
+        if self.settings.on_started is not None:
+            self.settings.on_started(proc.pid)
         self._background(self._pump.run)
         self._background(self._watch_exit)
         self._background(self._track_descendants)
@@ -504,7 +507,7 @@ class EngineInstance:
 
     def _record_pids(self, proc: procs.KeptProcess) -> None:
         """Add the engine's pid, its keeper and its marker to launch.json (``perflab ps``/``kill``)."""
-        path = self.workdir / ("launch.json" if self.log_name == "engine.log" else f"{Path(self.log_name).stem}.launch.json")
+        path = self.launch_record
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -651,7 +654,7 @@ class EngineInstance:
 
     async def _wait_ready(self, readiness: Readiness) -> bool:
         assert self.launch is not None
-        timeout = self.startup_timeout if self.startup_timeout is not None else readiness.startup_timeout_s
+        timeout = self.settings.startup_timeout if self.settings.startup_timeout is not None else readiness.startup_timeout_s
         state = ProbeState()
         ready = False
         refused: ProbeRefused | None = None
@@ -767,8 +770,8 @@ class EngineInstance:
             return
         t0 = time.monotonic()
         self._stopping = True
-        self._transition(Status.TEARING_DOWN, pid=self._proc.pid, grace_s=self.grace)
-        stopped = await procs.terminate(self._tracker, self.grace)
+        self._transition(Status.TEARING_DOWN, pid=self._proc.pid, grace_s=self.settings.grace)
+        stopped = await procs.terminate(self._tracker, self.settings.grace)
         o.leftovers.extend(stopped.leftovers)
         if stopped.killed:
             o.killed.extend(stopped.killed)
@@ -847,7 +850,7 @@ class EngineInstance:
     async def _check_memory(self, baseline: HardwareSnapshot) -> None:
         kinds = self.pm.engine(self.engine).info.accelerators
         before = _memory_by_device(baseline, kinds, self.config.devices)
-        deadline = time.monotonic() + self.memory_settle_s
+        deadline = time.monotonic() + self.settings.memory_settle_s
         while True:
             after_snap = await anyio.to_thread.run_sync(self._probe_hardware)
             after = _memory_by_device(after_snap, kinds, self.config.devices)

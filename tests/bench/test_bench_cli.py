@@ -323,7 +323,7 @@ def test_request_validation_defaults() -> None:
 
 def test_captures_outgrowing_their_budget_are_parsed_early(fake_server: FakeOpenAIServer) -> None:
     from perflab.bench.client import make_target, prepare
-    from perflab.bench.drive import Plan, compact_with, drive, run_in_new_loop
+    from perflab.bench.drive import LoadPlan, compact_with, drive, run_in_new_loop
     from perflab.bench.tokenizer import WhitespaceTokenizer
     from perflab.bench.trace import parse_capture
 
@@ -334,7 +334,7 @@ def test_captures_outgrowing_their_budget_are_parsed_early(fake_server: FakeOpen
     def parse(cap):  # type: ignore[no-untyped-def]
         return parse_capture(cap, prompt_len=3, tokenizer=WhitespaceTokenizer())
 
-    plan = Plan(prepared, [0.0] * 6, 2, "raw", 10.0, capture_budget=0)
+    plan = LoadPlan(prepared, [0.0] * 6, 2, "raw", 10.0, capture_budget=0)
     outcome = run_in_new_loop(drive(plan, compact=compact_with(parse)))
     early = [c for c in outcome.captures if c.trace is not None]
     assert len(early) == 5 and all(c.reads == [] for c in early)  # the first fills the budget

@@ -82,18 +82,12 @@ async def run_benchmark(
         driver = get_backend(backend, pm)
         return await anyio.to_thread.run_sync(driver, req)
 
-    from perflab.bench.cancel import JOIN_S, wait_set
+    from perflab.bench.cancel import JOIN_S, signalling_end, wait_set
     from perflab.bench.runner import run_benchmark_sync as run
 
     stop = cancel if cancel is not None else threading.Event()
     finished = threading.Event()
-
-    def work() -> BenchResult:
-        try:
-            return run(req, progress, stop)
-        finally:
-            finished.set()
-
+    work = signalling_end(finished, lambda: run(req, progress, stop))
     try:
         return await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
     except anyio.get_cancelled_exc_class():

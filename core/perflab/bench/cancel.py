@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from perflab.errors import PerflabError
 
 if TYPE_CHECKING:
     from perflab.bench.result import BenchResult
+
+T = TypeVar("T")
 
 POLL_S = 0.05  # how often a running event loop looks at the cancel event
 CANCELLED = "cancelled"  # the error of a request cut short by a cancellation
@@ -68,4 +71,17 @@ async def wait_set(event: threading.Event, timeout: float) -> bool:
     return True
 
 
-__all__ = ["CANCELLED", "POLL_S", "STALLED", "BenchCancelled", "check", "wait_set"]
+def signalling_end(finished: threading.Event, work: Callable[[], T]) -> Callable[[], T]:
+    """``work``, setting ``finished`` when it returns or raises: the benchmark thread's end,
+    which a cancelling caller waits for (:func:`wait_set`) before it goes on."""
+
+    def run() -> T:
+        try:
+            return work()
+        finally:
+            finished.set()
+
+    return run
+
+
+__all__ = ["CANCELLED", "POLL_S", "STALLED", "BenchCancelled", "check", "signalling_end", "wait_set"]

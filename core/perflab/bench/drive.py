@@ -4,7 +4,7 @@ Runs in one event loop (uvloop when installed) — in the caller's process, or i
 ``--workers`` process with its share of the requests. Nothing here parses or tokenizes.
 A run given a ``cancel`` event stops when it is set (see :mod:`perflab.bench.cancel`).
 
-Stall watchdog (``Plan.stall_s``): when requests are open and none of them has received a
+Stall watchdog (``LoadPlan.stall_s``): when requests are open and none of them has received a
 byte for ``stall_s`` real seconds, the run stops as a cancelled one does and the outcome says
 ``stalled``. One task looks at the open requests' last receive times a few times a second
 (never per chunk): the receive time of every read is already recorded in the captures.
@@ -29,8 +29,9 @@ T = TypeVar("T")
 
 
 @dataclass
-class Plan:
-    """One process' share of a run (picklable, sent to worker processes)."""
+class LoadPlan:
+    """The requests one process sends and when (its share of a run): made by the bench
+    runner, split over worker processes (picklable), executed by :func:`drive`."""
 
     prepared: list[Prepared]
     offsets: list[float]  # real seconds after the common start
@@ -42,7 +43,10 @@ class Plan:
 
 
 @dataclass
-class Outcome:
+class DriveOutcome:
+    """What :func:`drive` returns: one process' raw captures and timing, parsed into a
+    :class:`~perflab.bench.result.BenchResult` by the bench runner."""
+
     captures: list[Capture]
     start: float  # perf_counter of the common start
     end: float  # perf_counter when the last response ended (or the run was cancelled)
@@ -60,13 +64,13 @@ class StallSeen:
 
 
 async def drive(
-    plan: Plan,
+    plan: LoadPlan,
     *,
     start_at: float | None = None,
     on_done: Callable[[], None] | None = None,
     compact: Callable[[Capture], None] | None = None,
     cancel: threading.Event | None = None,
-) -> Outcome:
+) -> DriveOutcome:
     """Send every request of ``plan``; return the raw captures.
 
     :param start_at: ``perf_counter()`` time to start at (worker processes share one);
@@ -155,7 +159,7 @@ async def drive(
             if cap.start and (not cap.end or cap.error == CANCELLED):  # in flight, or aborted by the stop
                 cap.error = why
                 cap.end = end
-    return Outcome(captures, start, end, cpu, cancelled, stall[0] if stall else None)
+    return DriveOutcome(captures, start, end, cpu, cancelled, stall[0] if stall else None)
 
 
 async def _cancellable(work: Coroutine[Any, Any, None], watchers: list[Coroutine[Any, Any, None]],
@@ -258,7 +262,7 @@ def frozen_gc():
         gc.unfreeze()
 
 
-def split_plan(plan: Plan, workers: int) -> list[Plan]:
+def split_plan(plan: LoadPlan, workers: int) -> list[LoadPlan]:
     """Round-robin the requests over ``workers`` plans; the concurrency limit is shared out."""
     out = []
     for w in range(workers):
@@ -266,7 +270,7 @@ def split_plan(plan: Plan, workers: int) -> list[Plan]:
         if plan.max_concurrency is not None:
             conc = plan.max_concurrency // workers + (1 if w < plan.max_concurrency % workers else 0)
         out.append(
-            Plan(
+            LoadPlan(
                 prepared=plan.prepared[w::workers],
                 offsets=plan.offsets[w::workers],
                 max_concurrency=conc,

@@ -261,7 +261,9 @@ class Stall:
 
 @dataclass
 class BenchResult:
-    """One benchmark run.
+    """What one benchmark run measured against one endpoint set: made by a bench backend
+    (the built-in client, ``vllm bench serve``, a plugin's), judged by the lab executor into
+    a :class:`~perflab.lab.store.ProfileMeasurement`.
 
     ``metrics`` holds the ``vllm bench serve --save-result`` fields (without the per-request
     lists): ``completed``, ``failed``, ``total_input_tokens``, ``total_output_tokens``,

@@ -38,7 +38,7 @@ from perflab.bench.client import (
 )
 from perflab.bench.datasets import Sample, check_memory, iter_samples
 from perflab.bench.drive import (
-    Plan,
+    LoadPlan,
     StallSeen,
     compact_with,
     drive,
@@ -76,7 +76,7 @@ def _probe_requests(req: BenchRequest, targets: list[Target]) -> list[Prepared]:
 def _probe(req: BenchRequest, targets: list[Target], cancel: threading.Event | None = None) -> tuple[bool, float | None]:
     """Send one tiny request to every endpoint; (is perflab's simulator, its time scale)."""
     probes = _probe_requests(req, targets)
-    plan = Plan(probes, [0.0] * len(probes), None, req.http_stack, min(req.timeout or PROBE_TIMEOUT_S, PROBE_TIMEOUT_S))
+    plan = LoadPlan(probes, [0.0] * len(probes), None, req.http_stack, min(req.timeout or PROBE_TIMEOUT_S, PROBE_TIMEOUT_S))
     outcome = run_in_new_loop(drive(plan, cancel=cancel))
     if outcome.cancelled:
         raise BenchCancelled(None, "test request")
@@ -124,7 +124,7 @@ def _warmup(req: BenchRequest, first: Prepared, targets: list[Target], cancel: t
     body = json.loads(first.body)
     headers = request_headers(req)
     prepared = [prepare(-1000 - i, targets[i % len(targets)], body, headers, None) for i in range(req.warmup)]
-    plan = Plan(prepared, [0.0] * len(prepared), req.max_concurrency, req.http_stack, req.timeout, stall_s=stall_s)
+    plan = LoadPlan(prepared, [0.0] * len(prepared), req.max_concurrency, req.http_stack, req.timeout, stall_s=stall_s)
     outcome = run_in_new_loop(drive(plan, cancel=cancel))
     if outcome.stall is not None:
         return outcome.stall
@@ -148,7 +148,7 @@ class _Timed:
     stall: StallSeen | None = None
 
 
-def _run_single(plan: Plan, prompt_lens: list[int], tok: Tokenizer, keep_text: bool, progress: Progress | None,
+def _run_single(plan: LoadPlan, prompt_lens: list[int], tok: Tokenizer, keep_text: bool, progress: Progress | None,
                 cancel: threading.Event | None) -> _Timed:
     total = len(plan.prepared)
     done = 0
@@ -175,7 +175,7 @@ def _run_single(plan: Plan, prompt_lens: list[int], tok: Tokenizer, keep_text: b
     return _Timed(traces, outcome.start, outcome.end, outcome.cpu_s, outcome.cancelled, outcome.stall)
 
 
-def _run_workers(req: BenchRequest, plan: Plan, prompt_lens: list[int], tok: Tokenizer, progress: Progress | None,
+def _run_workers(req: BenchRequest, plan: LoadPlan, prompt_lens: list[int], tok: Tokenizer, progress: Progress | None,
                  cancel: threading.Event | None) -> _Timed:
     from perflab.bench.workers import run_workers
 
@@ -214,7 +214,7 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     rate = req.request_rate * time_scale  # real requests per second
     offsets = arrival_offsets(len(prepared), rate, req.burstiness, req.seed)
     stall_real = req.stall_s / time_scale if req.stall_s else None  # stall_s is engine time
-    plan = Plan(prepared, offsets, req.max_concurrency, req.http_stack, req.timeout, stall_s=stall_real)
+    plan = LoadPlan(prepared, offsets, req.max_concurrency, req.http_stack, req.timeout, stall_s=stall_real)
     check(cancel, "preparation")
     warm_stall = _warmup(req, prepared[0], targets, cancel, stall_real)
     if warm_stall is not None:

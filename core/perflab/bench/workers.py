@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection, wait
 from time import perf_counter
 
 from perflab.bench.cancel import POLL_S, BenchCancelled
-from perflab.bench.drive import Plan, StallSeen, compact_with, drive, frozen_gc, run_in_new_loop
+from perflab.bench.drive import LoadPlan, StallSeen, compact_with, drive, frozen_gc, run_in_new_loop
 from perflab.bench.trace import Capture, RequestTrace, parse_capture, sent_traces
 from perflab.errors import PerflabError
 
@@ -45,7 +45,7 @@ def _worker_main(conn: Connection) -> None:
     """A worker process: receive its plan, wait for "go", run, parse, send traces back."""
     try:
         msg = conn.recv()
-        plan: Plan = msg[1]
+        plan: LoadPlan = msg[1]
         prompt_lens: list[int] = msg[2]
         keep_text: bool = msg[4]
         from perflab.bench.tokenizer import load_tokenizer
@@ -105,7 +105,7 @@ def _listen(conn: Connection, cancel: threading.Event) -> None:
     cancel.set()
 
 
-def _spawn(plan: Plan, lens: list[int], tokenizer: str, keep_text: bool) -> tuple[subprocess.Popen, Connection]:
+def _spawn(plan: LoadPlan, lens: list[int], tokenizer: str, keep_text: bool) -> tuple[subprocess.Popen, Connection]:
     ours, theirs = socket.socketpair()
     try:
         proc = subprocess.Popen(
@@ -121,7 +121,7 @@ def _spawn(plan: Plan, lens: list[int], tokenizer: str, keep_text: bool) -> tupl
 
 
 def run_workers(
-    plans: list[Plan],
+    plans: list[LoadPlan],
     prompt_lens: list[list[int]],
     tokenizer: str,
     *,

@@ -16,18 +16,20 @@ from perflab.cli import get_pm
 
 def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, retry_failed: bool,
          as_json: bool, live: bool | None) -> None:
+    import dataclasses
+
     import anyio
 
     from perflab.lab.progress import StudyProgress
     from perflab.lab.runner import default_out, print_summary, run_study
 
+    if hardware:  # --hardware: the plan's hardware, from here on (the study stores it as hardware_spec)
+        plan = dataclasses.replace(plan, hardware=hardware)
     out = out or default_out(plan)
-    spec = hardware or plan.hardware
-    header = f"{plan.name} · {plan.display_model} · {spec}"
+    header = f"{plan.name} · {plan.display_model} · {plan.hardware}"
     progress = StudyProgress(header, live=False if as_json else live)
     summary = anyio.run(
-        lambda: run_study(get_pm(ctx), plan, out, hardware=hardware, retry_failed=retry_failed, progress=progress,
-                          argv=sys.argv[1:])
+        lambda: run_study(get_pm(ctx), plan, out, retry_failed=retry_failed, progress=progress, argv=sys.argv[1:])
     )
     if as_json:
         o = summary.outcome

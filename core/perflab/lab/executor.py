@@ -424,7 +424,7 @@ class Executor:
     async def _benchmark(self, instances: list[Any], config: Configuration, profile: Profile, run_dir: Path,
                          label: str) -> ProfileMeasurement:
         from perflab.bench import BenchCancelled, run_benchmark_sync
-        from perflab.bench.cancel import wait_set
+        from perflab.bench.cancel import signalling_end, wait_set
 
         plan = self.ctx.plan
         launch = instances[0].launch
@@ -453,13 +453,7 @@ class Executor:
         finished = threading.Event()
         any_died = anyio.Event()
         budget = plan.timeouts.benchmark_s
-
-        def work() -> Any:
-            try:
-                return run_benchmark_sync(req, progress, cancel)
-            finally:
-                finished.set()
-
+        work = signalling_end(finished, lambda: run_benchmark_sync(req, progress, cancel))
         try:
             async with anyio.create_task_group() as tg:
 

@@ -278,16 +278,14 @@ async def run_study(
     plan: Plan,
     out_dir: Path,
     *,
-    hardware: str | None = None,
     retry_failed: bool = False,
     progress: Any = None,
     argv: list[str] | None = None,
 ) -> RunSummary:
     """Run (or resume) a study; write its report unless interrupted. Holds the study lock
     for its whole life; an environment or storage fault raises its one-line PerflabError
-    after recording what happened (never as a configuration's result)."""
-    if hardware:
-        plan = dataclasses.replace(plan, hardware=hardware)
+    after recording what happened (never as a configuration's result). ``plan.hardware`` is
+    the machine (``perflab run --hardware`` has replaced the plan's own)."""
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

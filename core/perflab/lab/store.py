@@ -148,7 +148,6 @@ class Store:
         self.dir = Path(directory)
         self.session_id: int | None = None
         self.readonly = readonly
-        self._meta_cache: dict[str, Any] = {}
         try:
             if not readonly:
                 self.dir.mkdir(parents=True, exist_ok=True)
@@ -375,10 +374,6 @@ class Store:
             res.reused = run["session_id"] != self.session_id
             return res
         return None
-
-    def finished_count(self) -> int:
-        return int(self.db.execute("SELECT COUNT(*) FROM runs WHERE state NOT IN (?, ?)",
-                                   (Status.RUNNING, Status.INTERRUPTED)).fetchone()[0])
 
 
 def _cause_json(cause: CrashCause | None) -> str | None:

@@ -56,7 +56,6 @@ class OutputPump:
         self._on_pattern = on_pattern
         self.pattern_seen: dict[str, float] = {}  # pattern -> time.time() of its first match
         self.eof = False
-        self.last_data = time.monotonic()
 
     # ---------------------------------------------------------------- reading
 
@@ -75,7 +74,6 @@ class OutputPump:
             if not chunk:
                 self.eof = True
                 break
-            self.last_data = time.monotonic()
             self._feed(chunk)
         if self.eof:
             self._flush_partial()
