@@ -115,7 +115,7 @@ def vllm_bench_argv(req: BenchRequest, result_dir: str | None = None, executable
         ("--max-concurrency", req.max_concurrency or None),
         ("--seed", req.seed),
     )
-    if not run:
+    if result_dir is None:
         return argv
     argv += [
         "--percentile-metrics", "ttft,tpot,itl,e2el",

@@ -312,7 +312,7 @@ class Store:
 
     def _result_from_run(self, run: sqlite3.Row, status: str) -> ConfigResult:
         return ConfigResult(
-            status=status,
+            status=Status(status),
             reasons=_loads(run["reasons"]) or [],
             cause=_loads(run["cause"]),
             error=run["error"],
