@@ -398,7 +398,7 @@ class Executor:
 
     def _record_startup_failure(self, rec: RunRecord, o: Any, config: Configuration,
                                 device_sets: list[tuple[int, ...]] | None, run_dir: Path) -> None:
-        state = o.state if o.state.is_failure else Status.CRASHED
+        state = Status(o.state) if Status(o.state).is_failure else Status.CRASHED
         rec.state = state
         rec.reasons = tuple(o.reasons)
         rec.cause = o.cause
