@@ -21,6 +21,8 @@ somewhere else):
 ``startup``
     the supervisor can end a launch in it before anything was served (preflight refusal,
     crash, readiness timeout); such a run decides every profile of the configuration.
+``measured``
+    the measurement has figures (it served the workload, perhaps stopped early).
 ``supervised``
     a state of :class:`perflab.supervisor.LaunchOutcome` (the lifecycle of one launch).
 """
@@ -47,18 +49,20 @@ class Status(StrEnum):
     retried: bool
     startup: bool
     supervised: bool
+    measured: bool
 
     def __new__(cls, value: str, blame: Blame | None = None, facts: dict[str, bool] | None = None) -> Status:
         member = str.__new__(cls, value)
         member._value_ = value
         member.blame = blame
         flags = facts or {}
-        unknown = set(flags) - {"terminal", "retried", "startup", "supervised"}
+        unknown = set(flags) - {"terminal", "retried", "startup", "supervised", "measured"}
         assert not unknown, unknown
         member.terminal = flags.get("terminal", False)
         member.retried = flags.get("retried", False)
         member.startup = flags.get("startup", False)
         member.supervised = flags.get("supervised", False)
+        member.measured = flags.get("measured", False)
         return member
 
     # -- the supervisor's lifecycle of one launch (preflight -> ... -> done)
@@ -71,7 +75,10 @@ class Status(StrEnum):
     # -- a run in the study store, before it ends
     RUNNING = "running"
     # -- results: facts about the configuration
-    OK = "ok", Blame.CONFIGURATION, {"terminal": True}  # measured
+    OK = "ok", Blame.CONFIGURATION, {"terminal": True, "measured": True}  # measured
+    # measured, but stopped before the end: it had clearly lost, or was over-saturated
+    # (perflab.lab.decide: early_stop); the figures that decided are kept — never a failure
+    STOPPED_EARLY = "stopped-early", Blame.CONFIGURATION, {"terminal": True, "measured": True}
     UNSUPPORTED = "unsupported", Blame.CONFIGURATION, {"terminal": True, "startup": True, "supervised": True}  # refused: never launched
     CRASHED = "crashed", Blame.CONFIGURATION, {"terminal": True, "retried": True, "startup": True, "supervised": True}  # the engine died
     TIMEOUT = "timeout", Blame.CONFIGURATION, {"terminal": True, "retried": True, "startup": True, "supervised": True}  # never ready in time
@@ -92,7 +99,7 @@ class Status(StrEnum):
     @property
     def is_failure(self) -> bool:
         """A result that is not a measurement: the configuration did not serve or measure."""
-        return self.is_result and self is not Status.OK
+        return self.is_result and not self.measured
 
     @classmethod
     def startup_failures(cls) -> tuple[Status, ...]:

@@ -27,6 +27,7 @@ import yaml
 
 from perflab import redact
 from perflab.errors import UsageError
+from perflab.lab.decide import SLO_KEYS, DecideBy, Decision, LoadKind, Slo
 from perflab.lab.options import PLAN_OPTIONS, Configuration, apply_delta, normalise
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ TOP_KEYS = (
     "version", "name", "title", "objective", "model", "hardware", "engines", "serve", "engine_serve",
     "baseline", "candidates", "combinations", "profiles", "main_profile", "min_success_rate",
     "min_improvement_pct", "timeouts", "simulation", "notes",
+    # how the study decides (perflab.lab.decide)
+    "decide_by", "slo", "search", "repeats", "warmup", "early_stop",
 )
 MODEL_KEYS = ("id", "path", "name", "metadata")
 BASELINE_KEYS = ("engine", "serve", "label")
@@ -47,7 +50,7 @@ COMBINATION_KEYS = ("name", "engines", "variants", "of", "set", "engine_set", "b
 VARIANT_KEYS = ("name", "set", "engine_set", "engines", "of")
 PROFILE_KEYS = (
     "label", "dataset", "dataset_path", "input_len", "output_len", "num_prompts", "request_rate",
-    "max_concurrency", "seed", "backend", "endpoint", "burstiness", "range_ratio",
+    "max_concurrency", "seed", "backend", "endpoint", "burstiness", "range_ratio", "sweep",
 )
 TIMEOUT_KEYS = ("startup_s", "benchmark_s", "teardown_s", "stall_s", "device_wait_s")
 SIMULATION_KEYS = ("time_scale", "engine_versions")
@@ -59,6 +62,17 @@ COMBINATION_BASES = ("best", "engine-defaults")
 
 
 # --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A load curve measured in one launch: the profile at each ``kind`` value, in order."""
+
+    kind: LoadKind
+    values: tuple[float, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {str(self.kind): [int(v) if self.kind is LoadKind.MAX_CONCURRENCY else v for v in self.values]}
 
 
 @dataclass(frozen=True)
@@ -79,11 +93,14 @@ class Profile:
     endpoint: str | None = None
     burstiness: float = 1.0
     range_ratio: float = 0.0
+    sweep: Sweep | None = None  # a load curve instead of one load point
 
     def definition(self) -> dict[str, Any]:
         """What is measured (not the display label): two profiles with the same definition
-        measure the same thing."""
-        return {
+        measure the same thing. Keys added since the first version appear only when set, so
+        the profiles of earlier plans keep their keys."""
+        extra: dict[str, Any] = {"sweep": self.sweep.to_json()} if self.sweep is not None else {}
+        return {**extra,
             "dataset": self.dataset, "dataset_path": self.dataset_path, "input_len": self.input_len,
             "output_len": self.output_len, "num_prompts": self.num_prompts,
             "request_rate": "inf" if math.isinf(self.request_rate) else self.request_rate,
@@ -209,6 +226,7 @@ class Plan:
     # simulation.engine_versions: engine -> version the simulated engines report (empty: the
     # simulated machine's defaults, the seeds' versions)
     sim_engine_versions: Mapping[str, str] = field(default_factory=dict)
+    decision: Decision = Decision()  # decide_by, slo, search, repeats, warmup, early_stop
 
     @property
     def display_model(self) -> str:
@@ -527,6 +545,10 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
             else:
                 ok = False
             kw["dataset_path"] = v
+        if "sweep" in spec:
+            v = _sweep(p, f"{key}.sweep", spec["sweep"])
+            ok &= v is not _BAD
+            kw["sweep"] = v
         if dataset == "sharegpt" and "dataset_path" not in spec:
             p.add(f"{key}.dataset_path", "missing; dataset sharegpt needs a local ShareGPT JSON file "
                   "(or use dataset: synthetic-sharegpt)")
@@ -760,6 +782,73 @@ def _sim_engine_versions(p: _Problems, raw: Any) -> dict[str, str]:
     return out
 
 
+def _sweep(p: _Problems, key: str, value: Any) -> Any:
+    """``sweep: {max_concurrency: [1, 4, 16]}`` or ``{request_rate: [1, 2, 4]}``: ascending."""
+    kinds = ", ".join(str(k) for k in LoadKind)
+    if not isinstance(value, Mapping) or len(value) != 1 or next(iter(value)) not in set(LoadKind):
+        return _expected(p, key, value, f"a mapping with one of {kinds} and a list of loads, e.g. {{max_concurrency: [1, 4, 16]}}")
+    name, loads = next(iter(value.items()))
+    kind = LoadKind(name)
+    integer = kind is LoadKind.MAX_CONCURRENCY
+    what = "positive integers" if integer else "positive numbers"
+    ok = isinstance(loads, list) and bool(loads) and all(
+        isinstance(v, int if integer else (int, float)) and not isinstance(v, bool) and v > 0 for v in loads)
+    if not ok:
+        return _expected(p, f"{key}.{name}", loads, f"a non-empty list of {what}")
+    if any(b <= a for a, b in zip(loads, loads[1:])):
+        return _expected(p, f"{key}.{name}", loads, f"{what} in ascending order, each once")
+    return Sweep(kind, tuple(int(v) if integer else float(v) for v in loads))
+
+
+def _decision(p: _Problems, data: Mapping[str, Any]) -> Decision:
+    """The decision keys (perflab.lab.decide), each checked; defaults are the seeds' method."""
+    kw: dict[str, Any] = {}
+    raw = data.get("decide_by", str(DecideBy.THROUGHPUT))
+    if raw not in set(DecideBy):
+        p.add("decide_by", f"expected one of: {', '.join(DecideBy)}, got {_show(raw)}")
+    else:
+        kw["decide_by"] = DecideBy(raw)
+    slo = _mapping(p, "slo", data.get("slo"), "a mapping such as {tpot_ms: 50, percentile: 99}")
+    if slo is not None:
+        _unknown_keys(p, "slo", slo, SLO_KEYS)
+        limits: dict[str, Any] = {}
+        for name in SLO_KEYS:
+            if name not in slo:
+                continue
+            if name == "percentile":
+                v = _number(p, "slo.percentile", slo[name], "a percentile in (0, 100]", 0.0, 100.0, lo_open=True)
+            else:
+                v = _number(p, f"slo.{name}", slo[name], "a positive number of milliseconds", 0.0, lo_open=True)
+            if v is not _BAD:
+                limits[name] = float(v)
+        kw["slo"] = Slo(**limits)
+        if not kw["slo"] and not any(k in slo for k in SLO_KEYS if k != "percentile"):
+            p.add("slo", "expected at least one limit: ttft_ms, tpot_ms or e2el_ms")
+    decide_by = kw.get("decide_by")
+    if decide_by is not None and decide_by.needs_slo and slo is None:
+        p.add("slo", f"missing; decide_by: {decide_by} needs latency limits, e.g. slo: {{tpot_ms: 50, percentile: 99}}")
+    if "search" in data:
+        if data["search"] not in set(LoadKind):
+            p.add("search", f"expected one of: {', '.join(LoadKind)}, got {_show(data['search'])}")
+        else:
+            kw["search"] = LoadKind(data["search"])
+    if "repeats" in data:
+        v = _pos_int(p, "repeats", data["repeats"])
+        if v is not _BAD:
+            kw["repeats"] = v
+    if "warmup" in data:
+        v = data["warmup"]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            p.add("warmup", f"expected a number of requests (0 or more), got {_typename(v)} {_show(v)}")
+        else:
+            kw["warmup"] = v
+    if "early_stop" in data:
+        v = _bool(p, "early_stop", data["early_stop"], "true or false")
+        if v is not _BAD:
+            kw["early_stop"] = v
+    return Decision(**kw)
+
+
 def _fraction_or_percent(value: Any) -> Any:
     """``0.9`` or ``"90%"`` -> 0.9 (anything else unchanged, for the checker to report)."""
     if isinstance(value, str) and value.strip().endswith("%"):
@@ -820,6 +909,7 @@ def parse_plan(
                           "a fraction in [0, 1] such as 0.9 (or '90%')", 0.0, 1.0)
     min_improvement = _number(p, "min_improvement_pct", data.get("min_improvement_pct", 0.0), "a non-negative percentage", 0.0)
     timeouts = _timeouts(p, data.get("timeouts"))
+    decision = _decision(p, data)
     time_scale = _time_scale(p, data.get("simulation"))
     sim_engine_versions = _sim_engine_versions(p, data.get("simulation"))
     title = _optional_str(p, data, "title", None)
@@ -861,6 +951,7 @@ def parse_plan(
         time_scale=time_scale,
         notes=tuple(notes),
         sim_engine_versions=MappingProxyType(sim_engine_versions),
+        decision=decision,
     )
 
 
