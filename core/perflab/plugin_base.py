@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -282,3 +282,18 @@ def min_sm_refusal(config: ServeConfig, hardware: HardwareSnapshot, min_sm: int,
     if not old:
         return []
     return [Unsupported(weights_what(config, checkpoint), f"{old[0].name} is SM{old[0].sm}; {why}", source=source)]
+
+
+def positive(engine: str, name: str, value: int) -> str:
+    """``value`` as an argv token, or :class:`UnsupportedOption` when it is below 1."""
+    if value < 1:
+        raise UnsupportedOption(engine, f"{name}={value}", "must be at least 1")
+    return str(value)
+
+
+def refuse_unknown(engine: str, given: Iterable[str], known: Iterable[str], what: str, why: str) -> None:
+    """Raise :class:`UnsupportedOption` naming the keys of ``given`` not in ``known``:
+    ``what`` prefixes the key list ("option(s)"), ``why`` says what is understood."""
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise UnsupportedOption(engine, f"{what} {', '.join(unknown)}", why)

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from perflab.errors import UnsupportedOption
+from perflab.plugin_base import refuse_unknown
 from perflab.types import FileSpec, HardwareSnapshot, LaunchSpec, ServeConfig
 from perflab_mindie.config_json import build_config
 from perflab_mindie.models import default_model_name, valid_model_name
@@ -65,11 +66,7 @@ def _model_context(model: str, hardware: HardwareSnapshot) -> int | None:
 
 
 def build(config: ServeConfig, hardware: HardwareSnapshot, workdir: Path) -> LaunchSpec:
-    unknown = sorted(set(config.options) - OPTIONS)
-    if unknown:
-        raise UnsupportedOption(
-            "mindie", f"option(s) {', '.join(unknown)}", f"the MindIE plugin knows only {', '.join(sorted(OPTIONS))}"
-        )
+    refuse_unknown("mindie", config.options, OPTIONS, "option(s)", f"the MindIE plugin knows only {', '.join(sorted(OPTIONS))}")
     port = _port("port", config.port)
     management = _port("management_port", config.options.get("management_port", port + 1))
     metrics = _port("metrics_port", config.options.get("metrics_port", port + 2))

@@ -236,20 +236,3 @@ def serve_argv(
     warnings = check_extra_args(engine, config.extra_args, generated)
     argv = ["vllm", "serve", config.model, "--host", config.host, "--port", str(config.port)]
     return argv + generated + list(config.extra_args), warnings
-
-
-def device_env(config: ServeConfig, variable: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The engine's environment: visible devices, then the user's extra env.
-
-    An explicit ``--env`` for the device variable that disagrees with ``--devices`` is a user
-    error rather than a silent override.
-    """
-    env: dict[str, str] = dict(extra or {})
-    if config.devices is not None:
-        wanted = ",".join(str(d) for d in config.devices)
-        given = config.extra_env.get(variable)
-        if given is not None and given != wanted:
-            raise UsageError(f"--env {variable}={given} contradicts --devices {wanted}; give only one of them")
-        env[variable] = wanted
-    env.update(config.extra_env)
-    return env
