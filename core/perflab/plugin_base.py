@@ -236,6 +236,12 @@ class EnginePlugin:
             if isinstance(how, Refuses) and is_set(config, name)
         ]
 
+    def raise_refused(self, config: ServeConfig) -> None:
+        """Raise :class:`~perflab.errors.UnsupportedOption` for the first set option this plugin
+        :class:`Refuses` (for ``build_launch``: a forced launch must not drop it silently)."""
+        for problem in self.refused(config):
+            raise UnsupportedOption(self.info.name, problem.what, problem.why)
+
     def device_env(self, config: ServeConfig, variable: str | None = None) -> dict[str, str]:
         """The engine's environment: the visible devices (``variable``, default
         ``visible_devices_env``; CUDA also gets ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), then the

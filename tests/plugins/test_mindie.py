@@ -391,6 +391,14 @@ class TestMindieConformance(EngineConformance):
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"prefix_caching": True}, {"dp": 2}]
     unsupported_configs = [{"kv_cache_dtype": "fp8"}, {"prefix_caching": True, "dp": 2}, {"served_model_name": "a/b"}]
     crash_samples = CRASHES
+    serve_option_samples = {
+        "ep": {"tp": 2, "ep": 2},  # moe_ep divides worldSize
+        "prefix_caching": {"prefix_caching": True},  # off in the template
+        "chunked_prefill": {"chunked_prefill": True},
+        "speculative_config": {"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}},  # MTP only
+        "extra_args": {"extra_args": ("BackendConfig.ScheduleConfig.maxQueueDelayMicroseconds=2000",)},
+        "options": {"options": {"daemon": "/opt/mindie/bin/mindieservice_daemon"}},
+    }
 
 
 # --------------------------------------------------------------------------- context (seed 000)

@@ -376,3 +376,4 @@ class TestSglangConformance(EngineConformance):
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"prefix_caching": False, "chunked_prefill": False}]
     unsupported_configs = [{"quantization": "ascend"}, {"speculative_config": {"method": "medusa"}}]
     crash_samples = CRASHES
+    serve_option_samples = {"options": {"options": {"python": "/usr/bin/python3"}}}

@@ -368,3 +368,8 @@ class TestTrtllmConformance(EngineConformance):
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"dp": 2}, {"prefix_caching": False, "chunked_prefill": True}]
     unsupported_configs = [{"served_model_name": "qwen"}, {"tp": 2, "dp": 2}, {"quantization": "fp8"}]
     crash_samples = CRASHES
+    serve_option_samples = {
+        "quantization": {"options": {"backend": "tensorrt"}, "quantization": "fp8"},  # built-in quantization: TRT engines
+        "chunked_prefill": {"chunked_prefill": True},  # off by default
+        "options": {"options": {"backend": "tensorrt"}},
+    }

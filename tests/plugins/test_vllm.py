@@ -677,4 +677,6 @@ class TestVllmConformance(EngineConformance):
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"tp": 2, "ep": 2}, {"prefix_caching": False}]
     unsupported_configs = [{"tp": 4, "ep": 2}, {"quantization": "int3"}, {"options": {"additional_config": {}}}]
     crash_samples = {"kv-cache-too-small": KV_CACHE_LOG, "cuda-out-of-memory": OOM_THEN_NCCL_LOG}
+    # vLLM's EP size is tp×dp, so ep needs tp; options: an engine option of perflab_vllm.flags
+    serve_option_samples = {"ep": {"tp": 2, "ep": 2}, "options": {"options": {"enforce_eager": True}}}
 

@@ -268,3 +268,4 @@ class TestVllmAscendConformance(EngineConformance):
                {"options": {"additional_config": {"pa_shape_list": [48]}}}]
     unsupported_configs = [{"tp": 4, "ep": 2}, {"quantization": "awq"}, {"quantization": "fp8"}]
     crash_samples = {"npu-out-of-memory": NPU_OOM_LOG, "hccl-error": HCCL_LOG, "kv-cache-too-small": KV_CACHE_LOG}
+    serve_option_samples = {"ep": {"tp": 2, "ep": 2}, "options": {"options": {"additional_config": {"pa_shape_list": [48]}}}}
