@@ -52,7 +52,8 @@ from perflab.types import (
 
 #: A sample value of each ServeConfig field, for the ``serve_options`` checks: the changes made
 #: to the baseline configuration (the field, plus companions it needs). ``options`` has no
-#: engine-neutral sample: a plugin that Maps it gives one in ``serve_option_samples``.
+#: engine-neutral sample that an engine could express (this one must be refused): a plugin that
+#: Maps it gives one of its own in ``serve_option_samples``.
 SERVE_OPTION_SAMPLES: dict[str, dict[str, Any]] = {
     "model": {"model": "conformance-org/other-model"},
     "served_model_name": {"served_model_name": "conformance-name"},
@@ -75,6 +76,7 @@ SERVE_OPTION_SAMPLES: dict[str, dict[str, Any]] = {
     "devices": {"devices": (1,)},
     "extra_args": {"extra_args": ("--conformance-flag",)},
     "extra_env": {"extra_env": {"PERFLAB_CONFORMANCE": "1"}},
+    "options": {"options": {"perflab_conformance_no_such_option": 1}},
 }
 
 
