@@ -35,6 +35,7 @@ Module-style plugins (hook contract v1, functions with an ``engine`` argument) k
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,15 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from perflab.errors import UnsupportedOption, UsageError
 from perflab.hookspecs import hookimpl
-from perflab.types import (
-    CrashCause,
-    EngineInfo,
-    HardwareSnapshot,
-    LaunchSpec,
-    Readiness,
-    ServeConfig,
-    Unsupported,
-)
+from perflab.types import CrashCause, EngineInfo, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig, Unsupported
 
 if TYPE_CHECKING:
     from perflab.crashes import Signature
@@ -141,8 +134,9 @@ class EnginePlugin:
     #: the flags of the launch argv that carry only the address perflab chose (``--host``,
     #: ``--port``): the serving script leaves them out, as the seeds' commands do
     address_flags: ClassVar[tuple[str, ...]] = ()
-    #: the engine's own crash signatures, most specific first (the core's shared ones follow)
-    crash_signatures: ClassVar[tuple[Signature, ...]] = ()
+    #: the engine's own crash signatures, most specific first (the core's shared ones follow);
+    #: or "module:NAME" of a tuple, imported on the first crash (keeps the plugin import-light)
+    crash_signatures: ClassVar[tuple[Signature, ...] | str] = ()
     #: every ServeConfig field: how the engine expresses it, or why it cannot
     serve_options: ClassVar[Mapping[str, ServeOption]] = {}
     #: patterns reading the version from ``EXECUTABLE --version`` when no distribution
@@ -217,7 +211,11 @@ class EnginePlugin:
         """The first of ``crash_signatures`` + the core's shared ones found in the log."""
         from perflab.crashes import SHARED_SIGNATURES, first_signature
 
-        return first_signature(log_tail, (*self.crash_signatures, *SHARED_SIGNATURES))
+        own = self.crash_signatures
+        if isinstance(own, str):
+            module, _, name = own.partition(":")
+            own = getattr(importlib.import_module(module), name)
+        return first_signature(log_tail, (*own, *SHARED_SIGNATURES))
 
     def teardown(self, launch: LaunchSpec, workdir: Path) -> None:
         """Clean up what the engine leaves behind (default: nothing)."""
@@ -260,9 +258,6 @@ class EnginePlugin:
         env.update(config.extra_env)
         return env
 
-    def unsupported(self, option: str, why: str) -> UnsupportedOption:
-        """An :class:`~perflab.errors.UnsupportedOption` of this engine (to raise)."""
-        return UnsupportedOption(self.info.name, option, why)
 
 
 def older_devices(config: ServeConfig, hardware: HardwareSnapshot, min_sm: int) -> list[Any]:
@@ -303,3 +298,10 @@ def refuse_unknown(engine: str, given: Iterable[str], known: Iterable[str], what
     unknown = sorted(set(given) - set(known))
     if unknown:
         raise UnsupportedOption(engine, f"{what} {', '.join(unknown)}", why)
+
+
+def fraction(engine: str, name: str, value: float, why: str = "must be in (0, 1]") -> str:
+    """``value`` as an argv token, or :class:`UnsupportedOption` when it is not in (0, 1]."""
+    if not 0 < value <= 1:
+        raise UnsupportedOption(engine, f"{name}={value}", why)
+    return str(value)

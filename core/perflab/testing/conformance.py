@@ -253,17 +253,23 @@ class EngineConformance:
             assert isinstance(how, (Maps, Refuses)), f"{name}: {how!r} is neither Maps nor Refuses"
             assert (how.how if isinstance(how, Maps) else how.why), f"{name}: say how (Maps) or why (Refuses)"
 
+    def _samples(self, pm: PluginManager, kind: type, problems: list[str]) -> list[tuple[str, Any, dict[str, Any]]]:
+        """(field, declaration, sample changes) of each field declared as ``kind``; a field
+        without a sample is a problem."""
+        out = []
+        for name, how in self._serve_options(pm).items():
+            changes = self._sample(name) if isinstance(how, kind) else {}
+            if changes is None:
+                problems.append(f"{name}: no sample value (set serve_option_samples[{name!r}])")
+            elif changes:
+                out.append((name, how, changes))
+        return out
+
     def test_mapped_serve_options_change_the_launch(
         self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path
     ) -> None:
         problems: list[str] = []
-        for name, how in self._serve_options(pm).items():
-            if not isinstance(how, Maps):
-                continue
-            changes = self._sample(name)
-            if changes is None:
-                problems.append(f"{name}: no sample value (set serve_option_samples[{name!r}])")
-                continue
+        for name, how, changes in self._samples(pm, Maps, problems):
             baseline = self._build(pm, hardware, tmp_path, **{k: v for k, v in changes.items() if k != name})
             try:
                 spec = self._build(pm, hardware, tmp_path, **changes)
@@ -281,24 +287,15 @@ class EngineConformance:
         from perflab.engines import check_support
 
         problems: list[str] = []
-        for name, how in self._serve_options(pm).items():
-            if not isinstance(how, Refuses):
-                continue
-            changes = self._sample(name)
-            if changes is None:
-                problems.append(f"{name}: no sample value (set serve_option_samples[{name!r}])")
-                continue
+        for name, how, changes in self._samples(pm, Refuses, problems):
             config = ServeConfig(**{"model": self.model, "port": 18123, **changes})
-            errors = [u for u in check_support(pm, self.engine, config, hardware, None)
-                      if u.severity == "error" and name in u.what]
-            if errors:
+            if any(u.severity == "error" and name in u.what for u in check_support(pm, self.engine, config, hardware, None)):
                 continue
             try:
                 self._build(pm, hardware, tmp_path, **changes)
             except UnsupportedOption as exc:
-                if name in exc.option:
-                    continue
-                problems.append(f"{name}: refused as {exc.option!r}, which does not name it")
+                if name not in exc.option:
+                    problems.append(f"{name}: refused as {exc.option!r}, which does not name it")
                 continue
             problems.append(f"{name}: Refuses({how.why!r}) but {changes} passes preflight and builds")
         assert not problems, "\n".join(problems)

@@ -14,19 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from perflab import (
-    CrashCause,
-    EngineInfo,
-    EnginePlugin,
-    HardwareSnapshot,
-    HttpProbe,
-    LaunchSpec,
-    Maps,
-    Readiness,
-    Refuses,
-    ServeConfig,
-    Unsupported,
-)
+from perflab import (CrashCause, EngineInfo, EnginePlugin, HardwareSnapshot, HttpProbe,
+                     LaunchSpec, Maps, Readiness, Refuses, ServeConfig, Unsupported)
 
 ENGINE = "mindie"
 GUIDE = "https://github.com/Ascend/MindIE-LLM/tree/master/docs/zh/user_guide"
@@ -40,16 +29,11 @@ _ADDRESS_KEYS = frozenset({"ServerConfig.ipAddress", "ServerConfig.managementIpA
 
 
 class MindIE(EnginePlugin):
-    info = EngineInfo(
-        name=ENGINE,
-        display_name="MindIE",
-        accelerators=("ascend",),
-        description="Huawei MindIE service on Ascend NPUs (mindieservice_daemon, OpenAI-compatible)",
-        executable="mindieservice_daemon",  # $MIES_INSTALL_PATH/bin/mindieservice_daemon
-        distributions=(),  # versioned by $MIES_INSTALL_PATH/../version.info, not by a Python package
-        homepage="https://github.com/Ascend/MindIE-LLM",
-        default_port=1025,  # ServerConfig.port in MindIE's default config.json
-    )
+    # executable: $MIES_INSTALL_PATH/bin/mindieservice_daemon; no distributions: versioned by
+    # $MIES_INSTALL_PATH/../version.info (version()); default_port: ServerConfig.port of the template
+    info = EngineInfo(name=ENGINE, display_name="MindIE", accelerators=("ascend",), executable="mindieservice_daemon",
+                      description="Huawei MindIE service on Ascend NPUs (mindieservice_daemon, OpenAI-compatible)",
+                      distributions=(), homepage="https://github.com/Ascend/MindIE-LLM", default_port=1025)
     # devices become BackendConfig.npuDeviceIds (chip logic IDs), not a visible-devices variable
     visible_devices_env = None
     serve_options = {

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from perflab.errors import UnsupportedOption
-from perflab.plugin_base import refuse_unknown
+from perflab.plugin_base import fraction, refuse_unknown
 from perflab.types import FileSpec, HardwareSnapshot, LaunchSpec, ServeConfig
 from perflab_mindie.config_json import build_config
 from perflab_mindie.models import default_model_name, valid_model_name
@@ -100,11 +100,7 @@ def build(config: ServeConfig, hardware: HardwareSnapshot, workdir: Path) -> Lau
     env["MIES_CONFIG_JSON_PATH"] = path
     env.setdefault("MINDIE_LOG_TO_STDOUT", "1")
     if config.mem_fraction is not None:
-        if not 0 < config.mem_fraction <= 1:
-            raise UnsupportedOption(
-                "mindie", f"mem_fraction={config.mem_fraction}", "NPU_MEMORY_FRACTION must be in (0, 1]"
-            )
-        env["NPU_MEMORY_FRACTION"] = str(config.mem_fraction)
+        env["NPU_MEMORY_FRACTION"] = fraction("mindie", "mem_fraction", config.mem_fraction, "NPU_MEMORY_FRACTION must be in (0, 1]")
     return LaunchSpec(
         engine="mindie",
         argv=(str(config.options.get("daemon") or DAEMON),),

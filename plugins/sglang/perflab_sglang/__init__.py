@@ -21,18 +21,14 @@ HTTP_SERVER = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sg
 
 
 class SGLang(EnginePlugin):
-    info = EngineInfo(
-        name=ENGINE,
-        display_name="SGLang",
-        accelerators=("cuda",),
-        description="SGLang runtime, OpenAI-compatible server (python -m sglang.launch_server)",
-        executable=None,  # launched through a Python interpreter; installed == distribution present
-        distributions=("sglang",),
-        homepage="https://github.com/sgl-project/sglang",
-        default_port=30000,  # ServerArgs.port default
-    )
+    # no executable: launched through a Python interpreter, installed == distribution present;
+    # default_port: ServerArgs.port's default
+    info = EngineInfo(name=ENGINE, display_name="SGLang", accelerators=("cuda",), executable=None,
+                      description="SGLang runtime, OpenAI-compatible server (python -m sglang.launch_server)",
+                      distributions=("sglang",), homepage="https://github.com/sgl-project/sglang", default_port=30000)
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     address_flags = ("--host", "--port")
+    crash_signatures = "perflab_sglang.crashes:SIGNATURES"
     # ServerArgs.add_cli_args (server_args.py, v0.5.5.post1); the choices are in perflab_sglang.launch
     serve_options = {
         "model": Maps("--model-path", SERVER_ARGS),
@@ -59,11 +55,6 @@ class SGLang(EnginePlugin):
         "options": Maps("python: the interpreter that runs sglang.launch_server", SERVER_ARGS),
     }
 
-    @property
-    def crash_signatures(self):  # type: ignore[override]
-        from perflab_sglang.crashes import SIGNATURES
-
-        return SIGNATURES
 
     def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported]:
         from perflab_sglang.support import check

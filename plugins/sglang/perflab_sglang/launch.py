@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping
 
 from perflab.errors import UnsupportedOption
-from perflab.plugin_base import positive, refuse_unknown
+from perflab.plugin_base import fraction, positive, refuse_unknown
 from perflab.types import LaunchSpec, ServeConfig
 from perflab_sglang.speculative import speculative_args
 
@@ -99,9 +99,7 @@ def build_argv(config: ServeConfig) -> list[str]:
     if config.speculative_config is not None:
         argv += speculative_args(config.speculative_config)
     if config.mem_fraction is not None:
-        if not 0 < config.mem_fraction <= 1:
-            raise UnsupportedOption("sglang", f"mem_fraction={config.mem_fraction}", "must be in (0, 1]")
-        argv += ["--mem-fraction-static", str(config.mem_fraction)]
+        argv += ["--mem-fraction-static", fraction("sglang", "mem_fraction", config.mem_fraction)]
     if config.reasoning_parser is not None:
         argv += ["--reasoning-parser", REASONING_PARSERS.get(config.reasoning_parser, config.reasoning_parser)]
     argv += list(config.extra_args)

@@ -14,18 +14,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from perflab import (
-    EngineInfo,
-    EnginePlugin,
-    HardwareSnapshot,
-    HttpProbe,
-    LaunchSpec,
-    Maps,
-    Readiness,
-    Refuses,
-    ServeConfig,
-    Unsupported,
-)
+from perflab import (EngineInfo, EnginePlugin, HardwareSnapshot, HttpProbe, LaunchSpec,
+                     Maps, Readiness, Refuses, ServeConfig, Unsupported)
 
 ENGINE = "trtllm"
 SERVE = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/commands/serve.py"
@@ -44,18 +34,13 @@ VERSION_OUTPUT: tuple[re.Pattern[str], ...] = (
 
 
 class TensorRTLLM(EnginePlugin):
-    info = EngineInfo(
-        name=ENGINE,
-        display_name="TensorRT-LLM",
-        accelerators=("cuda",),
-        description="NVIDIA TensorRT-LLM, OpenAI-compatible server (trtllm-serve)",
-        executable="trtllm-serve",
-        distributions=("tensorrt_llm", "tensorrt-llm"),
-        homepage="https://github.com/NVIDIA/TensorRT-LLM",
-        default_port=8000,  # trtllm-serve --port default
-    )
+    info = EngineInfo(name=ENGINE, display_name="TensorRT-LLM", accelerators=("cuda",), executable="trtllm-serve",
+                      description="NVIDIA TensorRT-LLM, OpenAI-compatible server (trtllm-serve)",
+                      distributions=("tensorrt_llm", "tensorrt-llm"), homepage="https://github.com/NVIDIA/TensorRT-LLM",
+                      default_port=8000)  # trtllm-serve --port default
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     address_flags = ("--host", "--port")
+    crash_signatures = "perflab_trtllm.crashes:SIGNATURES"
     version_output = VERSION_OUTPUT
     # serve.py click options and llm_args.py LLM-API keys (written to --extra_llm_api_options)
     serve_options = {
@@ -86,11 +71,6 @@ class TensorRTLLM(EnginePlugin):
         "options": Maps("backend (--backend), prequantized, extra_llm_api_options (merged into the YAML)", SERVE),
     }
 
-    @property
-    def crash_signatures(self):  # type: ignore[override]
-        from perflab_trtllm.crashes import SIGNATURES
-
-        return SIGNATURES
 
     def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported]:
         # served_model_name is refused by build_launch only when it differs from the name

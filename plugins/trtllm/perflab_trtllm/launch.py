@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from perflab.errors import UnsupportedOption
-from perflab.plugin_base import positive, refuse_unknown
+from perflab.plugin_base import fraction, positive, refuse_unknown
 from perflab.types import FileSpec, LaunchSpec, ServeConfig
 from perflab_trtllm.speculative import speculative_config
 
@@ -143,9 +143,7 @@ def build(config: ServeConfig, workdir: Path, env: Mapping[str, str]) -> LaunchS
     if config.chunked_prefill:
         argv += ["--enable_chunked_prefill"]  # off by default: chunked_prefill=False adds nothing
     if config.mem_fraction is not None:
-        if not 0 < config.mem_fraction <= 1:
-            raise UnsupportedOption("trtllm", f"mem_fraction={config.mem_fraction}", "must be in (0, 1]")
-        argv += ["--kv_cache_free_gpu_memory_fraction", str(config.mem_fraction)]
+        argv += ["--kv_cache_free_gpu_memory_fraction", fraction("trtllm", "mem_fraction", config.mem_fraction)]
     if config.reasoning_parser is not None:
         argv += ["--reasoning_parser", REASONING_PARSERS.get(config.reasoning_parser, config.reasoning_parser)]
 

@@ -11,17 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perflab import (
-    CrashCause,
-    EngineInfo,
-    EnginePlugin,
-    HardwareSnapshot,
-    LaunchSpec,
-    Maps,
-    Readiness,
-    ServeConfig,
-    Unsupported,
-)
+from perflab import (CrashCause, EngineInfo, EnginePlugin, HardwareSnapshot,
+                     LaunchSpec, Maps, Readiness, ServeConfig, Unsupported)
 
 if TYPE_CHECKING:
     from perflab_vllm.flags import EngineOption

@@ -20,19 +20,12 @@ if TYPE_CHECKING:
 ENGINE = "vllm-ascend"
 PLATFORM = "https://github.com/vllm-project/vllm-ascend/blob/v0.11.0rc2/vllm_ascend/platform.py"
 
-INFO = EngineInfo(
-    name=ENGINE,
-    display_name="vLLM-Ascend",
-    accelerators=("ascend",),
-    description="vLLM with the vLLM-Ascend platform plugin (vllm serve) on Huawei Ascend NPUs",
-    executable="vllm",
-    # Installed only when the environment that runs `vllm` has a vllm-ascend distribution:
-    # any vLLM on PATH (a CUDA or CPU build) is not vLLM-Ascend. dist-info names are
-    # normalised: vllm_ascend-X.dist-info
-    distributions=("vllm-ascend",),
-    homepage="https://docs.vllm.ai/projects/ascend",
-    default_port=8000,
-)
+# Installed only when the environment that runs `vllm` has a vllm-ascend distribution: any
+# vLLM on PATH (a CUDA or CPU build) is not vLLM-Ascend. dist-info names are normalised
+# (vllm_ascend-X.dist-info).
+INFO = EngineInfo(name=ENGINE, display_name="vLLM-Ascend", accelerators=("ascend",), executable="vllm",
+                  description="vLLM with the vLLM-Ascend platform plugin (vllm serve) on Huawei Ascend NPUs",
+                  distributions=("vllm-ascend",), homepage="https://docs.vllm.ai/projects/ascend", default_port=8000)
 
 
 class VLLMAscend(VLLM):
