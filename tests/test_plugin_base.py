@@ -48,6 +48,7 @@ def pm() -> PluginManager:
     manager = PluginManager(entrypoints=False, builtins=False)
     rec = manager.add_plugin(Toy(), name="toy")
     assert rec.status == "ok", rec.error
+    assert rec.module == Toy.__module__  # an instance is recorded by its class's module
     return manager
 
 
