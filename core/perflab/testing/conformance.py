@@ -349,6 +349,17 @@ class EngineConformance:
         if hasattr(plugin, "perflab_classify_crash"):
             kw = _only(plugin.perflab_classify_crash, engine=other, exit_code=1, log_tail="Traceback\nRuntimeError: x")
             assert plugin.perflab_classify_crash(**kw) is None
+        launch = LaunchSpec(engine=other, argv=("x",), host="127.0.0.1", port=18123, served_model_name="m")
+        others = {
+            "perflab_engine_version": {"env": dict(os.environ)},
+            "perflab_check_support": {"config": config, "hardware": hardware, "version": None},
+            "perflab_readiness": {"launch": launch},
+            "perflab_describe_file": {"path": str(tmp_path / "config.json"), "content": "{}"},
+        }
+        for hook, args in others.items():
+            if hasattr(plugin, hook):
+                impl = getattr(plugin, hook)
+                assert impl(**_only(impl, engine=other, **args)) is None, f"{hook} answered for another engine"
 
     # ------------------------------------------------------------------ the full cycle
 
