@@ -154,3 +154,15 @@ def test_serving_script_keeps_the_argv_of_a_module_style_plugin() -> None:
         f"{os.path.basename(sys.executable)} -m srv --host 127.0.0.1 --port 8123",
         "# with v1.cfg written by perflab (see launch.json in the run directory)",
     ]
+
+
+def test_replica_lines_show_what_differs_without_study_paths(pm: PluginManager, tmp_path: Path) -> None:
+    def replica(i: int) -> LaunchSpec:
+        config = ServeConfig(model="m", devices=(i,), extra_env={"CFG": str(tmp_path / f"replica-{i + 1}" / "c.json"),
+                                                               "HF_TOKEN": f"hf_secret{i}", "PERFLAB_X": str(i)})
+        return build_launch(pm, "toy", config, H100, tmp_path, None)
+
+    lines = serving_script([replica(0), replica(1)], None, tmp_path).splitlines()
+    assert lines[-1] == """# replica 2: the same command with CUDA_VISIBLE_DEVICES=1, CFG="$PWD/replica-2/c.json", HF_TOKEN='***'"""
+    assert 'export CFG="$PWD/replica-1/c.json"' in lines and "export HF_TOKEN='***'" in lines
+    assert not any(str(tmp_path) in line or "PERFLAB_X" in line for line in lines)

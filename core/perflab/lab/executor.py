@@ -83,11 +83,18 @@ def _script_argv(spec: LaunchSpec) -> list[str]:
     return out
 
 
-def _env_differences(first: LaunchSpec, other: LaunchSpec) -> list[str]:
-    """``KEY=value`` for each env entry of ``other`` that is not the same in ``first`` (the
-    devices a replica sees), in ``other``'s order."""
-    env = redact.redact_env(other.env)
-    return [f"{k}={v}" for k, v in env.items() if first.env.get(k) != other.env.get(k) and not k.startswith("PERFLAB_")]
+def _env_lines(spec: LaunchSpec, inside: set[str], first: LaunchSpec | None = None) -> list[str]:
+    """``KEY=value`` of ``spec.env`` as the script shows it: secrets as ***, no PERFLAB_*
+    variables, paths inside the run directory as ``"$PWD/<name>"``; with ``first``, only the
+    entries that differ from it (what a replica changes: its devices)."""
+    out: list[str] = []
+    for key, value in redact.redact_env(spec.env).items():
+        if key.startswith("PERFLAB_") or (first is not None and first.env.get(key) == spec.env.get(key)):
+            continue
+        text = str(value)
+        prefix = next((d for d in inside if text.startswith(d)), None)
+        out.append(f'{key}="$PWD/{text[len(prefix):]}"' if prefix is not None else f"{key}={shlex.quote(text)}")
+    return out
 
 
 def serving_script(launches: Sequence[LaunchSpec], describe_file: Callable[[str, str], list[str] | None] | None = None,
@@ -103,15 +110,7 @@ def serving_script(launches: Sequence[LaunchSpec], describe_file: Callable[[str,
     if len(launches) > 1:
         lines.append(f"# {len(launches)} replicas on disjoint devices; the benchmark spreads requests over all of them")
     inside = {str(workdir) + "/", str(workdir.resolve()) + "/"} if workdir is not None else set()
-    for key, value in redact.redact_env(first.env).items():  # secrets as ***
-        if key.startswith("PERFLAB_"):
-            continue
-        text = str(value)
-        prefix = next((d for d in inside if text.startswith(d)), None)
-        if prefix is not None:
-            lines.append(f'export {key}="$PWD/{text[len(prefix):]}"')
-            continue
-        lines.append(f"export {key}={shlex.quote(text)}")
+    lines += [f"export {line}" for line in _env_lines(first, inside)]
     lines.append(shlex.join(redact.redact_argv(_script_argv(first))))
     for f in first.files:
         described = describe_file(f.path, f.content) if describe_file is not None else None
@@ -122,7 +121,7 @@ def serving_script(launches: Sequence[LaunchSpec], describe_file: Callable[[str,
         lines.append(f"# {name}: the engine's default template with these keys set by perflab:")
         lines += [f"#   {d}" for d in described]
     for i, spec in enumerate(launches[1:], 2):
-        diff = _env_differences(first, spec)
+        diff = _env_lines(spec, inside, first)
         lines.append(f"# replica {i}: the same command{' with ' + ', '.join(diff) if diff else ''}")
     return "\n".join(lines)
 
