@@ -29,9 +29,10 @@ Conventions
 Versioning
 ----------
 :data:`HOOKSPEC_VERSION` is bumped on any change of a signature or meaning. Plugins may
-declare the contract versions they support with a module attribute
-``PERFLAB_HOOKSPEC_VERSIONS = (1,)``; a plugin declaring versions that exclude the core's is
-listed as incompatible and not used.
+declare the contract versions they support with an attribute ``PERFLAB_HOOKSPEC_VERSIONS =
+(1,)`` (module level, or on the class: :class:`perflab.EnginePlugin` declares it); a plugin
+declaring versions that exclude the core's is listed as incompatible and not used. Adding an
+optional hook (``perflab_describe_file``) changes no existing signature and keeps the version.
 """
 
 from __future__ import annotations
