@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from perflab.errors import UnsupportedOption, UsageError
 from perflab.types import ServeConfig
+from perflab_vllm import VLLM
 
 ARG_UTILS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/engine/arg_utils.py"
 MOE_CONFIG = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/model_executor/layers/fused_moe/config.py"
@@ -95,8 +96,9 @@ VLLM_OPTIONS: tuple[EngineOption, ...] = (
     ),
 )
 
-#: Where the engine's host and port go; always explicit in the argv.
-HOST_PORT_FLAGS = ("--host", "--port")
+#: Where the engine's host and port go; always explicit in the argv (declared once, as the
+#: plugin's address_flags, which the serving script leaves out).
+HOST_PORT_FLAGS = VLLM.address_flags
 
 
 def expert_parallel_enabled(engine: str, config: ServeConfig) -> bool:
