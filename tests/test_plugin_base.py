@@ -166,3 +166,12 @@ def test_replica_lines_show_what_differs_without_study_paths(pm: PluginManager, 
     assert lines[-1] == """# replica 2: the same command with CUDA_VISIBLE_DEVICES=1, CFG="$PWD/replica-2/c.json", HF_TOKEN='***'"""
     assert 'export CFG="$PWD/replica-1/c.json"' in lines and "export HF_TOKEN='***'" in lines
     assert not any(str(tmp_path) in line or "PERFLAB_X" in line for line in lines)
+
+
+def test_a_refusal_of_some_values_is_left_to_the_launch() -> None:
+    class Picky(Toy):
+        serve_options = {**Toy.serve_options, "kv_cache_dtype": Refuses("only auto", always=False)}
+
+    assert Picky().refused(ServeConfig(model="m", kv_cache_dtype="fp8", quantization="fp8")) == [
+        Toy().refused(ServeConfig(model="m", quantization="fp8"))[0]
+    ]

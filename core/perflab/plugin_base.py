@@ -68,10 +68,13 @@ class Maps:
 @dataclass(frozen=True)
 class Refuses:
     """A serving option the engine cannot express: why, and where that knowledge comes from.
-    The default :meth:`EnginePlugin.check_support` turns a set one into an error."""
+    :meth:`EnginePlugin.refused` (the default ``check_support``) turns a set one into an error;
+    with ``always=False`` the engine takes some values (MindIE: ``kv_cache_dtype=auto``) and the
+    plugin's ``build_launch`` refuses the others instead."""
 
     why: str
     source: str = ""
+    always: bool = True
 
 
 ServeOption = Maps | Refuses
@@ -227,11 +230,11 @@ class EnginePlugin:
     # ------------------------------------------------------------------ helpers
 
     def refused(self, config: ServeConfig) -> list[Unsupported]:
-        """An error for each set option this plugin declares it :class:`Refuses`."""
+        """An error for each set option this plugin :class:`Refuses` whatever its value."""
         return [
             Unsupported(set_value(config, name), how.why, source=how.source)
             for name, how in self.serve_options.items()
-            if isinstance(how, Refuses) and is_set(config, name)
+            if isinstance(how, Refuses) and how.always and is_set(config, name)
         ]
 
     def raise_refused(self, config: ServeConfig) -> None:

@@ -21,7 +21,6 @@ Every check is a plain pytest test method, so ``-k`` selects and ``--tb`` explai
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import os
 import re
@@ -47,6 +46,7 @@ from perflab.types import (
     Readiness,
     ServeConfig,
     Unsupported,
+    serve_options,
 )
 
 
@@ -77,6 +77,12 @@ SERVE_OPTION_SAMPLES: dict[str, dict[str, Any]] = {
     "extra_args": {"extra_args": ("--conformance-flag",)},
     "extra_env": {"extra_env": {"PERFLAB_CONFORMANCE": "1"}},
     "options": {"options": {"perflab_conformance_no_such_option": 1}},
+}
+#: The sample of an option the table above does not know yet (a newly declared field), by its
+#: kind (perflab.types.OPTION_KINDS); a json option has no neutral sample.
+KIND_SAMPLES: dict[str, Any] = {
+    "str": "conformance", "pos_int": 2, "bool": True, "fraction": 0.5, "port": 18124, "devices": (1,),
+    "args": ("--conformance-flag",), "env": {"PERFLAB_CONFORMANCE": "1"}, "options": {"perflab_conformance_no_such_option": 1},
 }
 
 
@@ -157,7 +163,10 @@ class EngineConformance:
         return options
 
     def _sample(self, name: str) -> dict[str, Any] | None:
-        return self.serve_option_samples.get(name, SERVE_OPTION_SAMPLES.get(name))
+        if name in self.serve_option_samples or name in SERVE_OPTION_SAMPLES:
+            return self.serve_option_samples.get(name, SERVE_OPTION_SAMPLES.get(name))
+        kind = next(o.kind for o in serve_options() if o.name == name)
+        return {name: KIND_SAMPLES[kind]} if kind in KIND_SAMPLES else None
 
     # ------------------------------------------------------------------ loading
 
@@ -244,7 +253,7 @@ class EngineConformance:
 
     def test_every_serve_option_is_mapped_or_refused(self, pm: PluginManager, info: EngineInfo) -> None:
         options = self._serve_options(pm)
-        fields = [f.name for f in dataclasses.fields(ServeConfig)]
+        fields = [o.name for o in serve_options()]
         missing = [f for f in fields if f not in options]
         assert not missing, f"serve_options says nothing about {', '.join(missing)}: Maps(how, source) or Refuses(why, source)"
         unknown = sorted(set(options) - set(fields))

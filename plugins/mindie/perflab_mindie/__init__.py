@@ -48,10 +48,11 @@ class MindIE(EnginePlugin):
         "max_num_seqs": Maps("ScheduleConfig.maxBatchSize / maxPrefillBatchSize", PARAMS),
         "quantization": Refuses(
             "MindIE serves weights quantized beforehand (msModelSlim, e.g. a ...-W8A8 checkpoint) and has no "
-            "quantization key; a checkpoint whose name says the quantization is served with a warning", PARAMS),
+            "quantization key; a checkpoint whose name says the quantization is served with a warning", PARAMS,
+            always=False),
         "kv_cache_dtype": Refuses(
             "MindIE's KV-cache int8 comes with msModelSlim-quantized weights; config.json has no key "
-            "(only auto is accepted)", f"{FEATURE}/kv_cache_int8.md"),
+            "(only auto is accepted)", f"{FEATURE}/kv_cache_int8.md", always=False),
         "prefix_caching": Maps('plugin_type "prefix_cache" (+ ScheduleConfig.enablePrefixCache)', f"{FEATURE}/prefix_cache.md"),
         "chunked_prefill": Maps('plugin_type "splitfuse" + templateType "Mix"', f"{FEATURE}/splitFuse.md"),
         "speculative_config": Maps('plugin_type "mtp" with num_speculative_tokens (MTP only)', f"{FEATURE}/mtp.md"),
@@ -71,12 +72,9 @@ class MindIE(EnginePlugin):
         return installed_version(env)
 
     def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported]:
-        # quantization and kv_cache_dtype are refused by build_launch only for values it cannot
-        # express (a named pre-quantized checkpoint, kv_cache_dtype=auto pass), so the blanket
-        # self.refused() does not apply here
         from perflab_mindie.support import check
 
-        return check(config, hardware, version)
+        return [*self.refused(config), *check(config, hardware, version)]
 
     def build_launch(self, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None) -> LaunchSpec:
         from perflab_mindie.launch import build

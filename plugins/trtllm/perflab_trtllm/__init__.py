@@ -47,7 +47,7 @@ class TensorRTLLM(EnginePlugin):
         "model": Maps("MODEL (the positional argument)", SERVE),
         "served_model_name": Refuses(
             "trtllm-serve has no served-model-name option; it serves the model as its MODEL argument "
-            "(the directory name for a local checkpoint)", OPENAI_SERVER),
+            "(the directory name for a local checkpoint); that name itself is accepted", OPENAI_SERVER, always=False),
         "tp": Maps("--tp_size", SERVE),
         "pp": Maps("--pp_size", SERVE),
         "dp": Maps("enable_attention_dp with --tp_size = dp", LLM_ARGS),
@@ -73,11 +73,9 @@ class TensorRTLLM(EnginePlugin):
 
 
     def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported]:
-        # served_model_name is refused by build_launch only when it differs from the name
-        # trtllm-serve reports, so the blanket self.refused() does not apply here
         from perflab_trtllm.support import check
 
-        return check(config, hardware)
+        return [*self.refused(config), *check(config, hardware)]
 
     def build_launch(self, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None) -> LaunchSpec:
         from perflab_trtllm.launch import build

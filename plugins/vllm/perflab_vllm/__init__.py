@@ -97,7 +97,7 @@ class VLLM(EnginePlugin):
     def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported]:
         from perflab_vllm.support import check_support
 
-        return check_support(self.info.name, config, hardware, version, self.engine_options())
+        return [*self.refused(config), *check_support(self.info.name, config, hardware, version, self.engine_options())]
 
     def build_launch(self, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None) -> LaunchSpec:
         from perflab_vllm.launch import build_launch

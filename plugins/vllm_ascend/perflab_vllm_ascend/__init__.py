@@ -50,7 +50,7 @@ class VLLMAscend(VLLM):
     def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported]:
         from perflab_vllm_ascend.support import check_support
 
-        return check_support(self.info.name, config, hardware, version)
+        return [*self.refused(config), *check_support(self.info.name, config, hardware, version)]
 
     def classify_crash(self, exit_code: int | None, log_tail: str) -> CrashCause | None:
         from perflab_vllm_ascend.crashes import classify_ascend
