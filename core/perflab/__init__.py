@@ -5,6 +5,7 @@ the hook markers and the boundary types.
 """
 
 from perflab.hookspecs import HOOKSPEC_VERSION, hookimpl
+from perflab.plugin_base import EnginePlugin, Maps, Refuses
 from perflab.types import (
     Accelerator,
     CrashCause,
@@ -25,11 +26,14 @@ __all__ = [
     "Accelerator",
     "CrashCause",
     "EngineInfo",
+    "EnginePlugin",
     "FileSpec",
     "HardwareSnapshot",
     "HttpProbe",
     "LaunchSpec",
+    "Maps",
     "Readiness",
+    "Refuses",
     "ServeConfig",
     "Unsupported",
     "__version__",

@@ -45,6 +45,22 @@ def signature(name: str, regex: str, explanation: str, hint: str, source: str) -
     return Signature(name, re.compile(regex), explanation, hint, source)
 
 
+#: Failures that read the same whatever the engine: the model is loaded through Hugging Face
+#: (huggingface_hub's RepositoryNotFoundError / GatedRepoError / HFValidationError, transformers'
+#: "is not a local folder and is not a valid model identifier" and "does not appear to have a
+#: file named config.json"), identical in SGLang's and TensorRT-LLM's logs. The default
+#: :meth:`perflab.plugin_base.EnginePlugin.classify_crash` tries them after a plugin's own.
+MODEL_NOT_FOUND = signature(
+    "model-not-found",
+    r"RepositoryNotFoundError|Repository Not Found for url|is not a local folder and is not a valid model identifier"
+    r"|GatedRepoError|does not appear to have a file named config\.json|HFValidationError",
+    "the model could not be found (not a local path, unknown or gated Hugging Face repo)",
+    "check the model id/path, HF_TOKEN for gated repos, and HF_HUB_OFFLINE",
+    "https://huggingface.co/docs/huggingface_hub/package_reference/utilities#huggingface_hub.errors.RepositoryNotFoundError",
+)
+SHARED_SIGNATURES: tuple[Signature, ...] = (MODEL_NOT_FOUND,)
+
+
 # ---------------------------------------------------------------------------- line triage
 
 #: vLLM prefixes a process tag: ``(APIServer pid=1)``, ``(EngineCore_DP0 pid=2)``,

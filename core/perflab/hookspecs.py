@@ -1,12 +1,18 @@
 """The perflab plugin contract: every hook an engine or hardware plugin may implement.
 
-This is the one file a plugin author needs to read. A plugin is a module (or object) with
-functions named like the specs below, decorated with :data:`perflab.hookimpl`, exposed through
-an entry point in the group ``perflab``::
+This is the one file a plugin author needs to read. A plugin is an object (an instance, or a
+module) with functions named like the specs below, decorated with :data:`perflab.hookimpl`,
+exposed through an entry point in the group ``perflab``::
 
     # pyproject.toml of perflab-plugin-myengine
     [project.entry-points.perflab]
-    myengine = "perflab_myengine"
+    myengine = "perflab_myengine:plugin"   # an instance of a perflab.EnginePlugin subclass
+
+An engine plugin is best written as a subclass of :class:`perflab.EnginePlugin`
+(:mod:`perflab.plugin_base`): its hook implementations do the engine-name guard and call
+plain methods without the ``engine`` argument, with defaults for version detection, device
+visibility, option refusal and crash signatures. A module with these functions
+(``myengine = "perflab_myengine"``) is contract v1 as well and keeps working.
 
 Conventions
 -----------
@@ -23,9 +29,10 @@ Conventions
 Versioning
 ----------
 :data:`HOOKSPEC_VERSION` is bumped on any change of a signature or meaning. Plugins may
-declare the contract versions they support with a module attribute
-``PERFLAB_HOOKSPEC_VERSIONS = (1,)``; a plugin declaring versions that exclude the core's is
-listed as incompatible and not used.
+declare the contract versions they support with an attribute ``PERFLAB_HOOKSPEC_VERSIONS =
+(1,)`` (module level, or on the class: :class:`perflab.EnginePlugin` declares it); a plugin
+declaring versions that exclude the core's is listed as incompatible and not used. Adding an
+optional hook (``perflab_describe_file``) changes no existing signature and keeps the version.
 """
 
 from __future__ import annotations
@@ -297,6 +304,35 @@ def perflab_teardown(engine: str, launch: LaunchSpec, workdir: Path) -> None:
             if engine == "mindie":
                 for p in Path("/dev/shm").glob("mindie_*"):
                     p.unlink(missing_ok=True)
+    """
+
+
+# --------------------------------------------------------------------------- serving script
+
+
+@hookspec(firstresult=True)
+def perflab_describe_file(engine: str, path: str, content: str) -> list[str] | None:
+    """Say what a file of ``LaunchSpec.files`` sets, for the recommended serving script.
+
+    The lab's "Serving script" box must not point into a study directory, so a config file the
+    plugin wrote (MindIE's config.json) is shown by what it sets, one line each. Optional:
+    added in contract v1 without changing any existing signature, so
+    :data:`HOOKSPEC_VERSION` stays 1; without an answer the script says the file was written
+    by perflab.
+
+    :param engine: the registered engine name.
+    :param path: the file's path as in :class:`~perflab.types.FileSpec`.
+    :param content: the file's content.
+    :returns: the lines to show (``Key.Path = value``), or ``None`` for files (or engines)
+        not yours.
+
+    Example::
+
+        @hookimpl
+        def perflab_describe_file(engine, path, content):
+            if engine != "mindie" or Path(path).name != "config.json":
+                return None
+            return [f"{k} = {json.dumps(v)}" for k, v in changed_keys(json.loads(content)).items()]
     """
 
 

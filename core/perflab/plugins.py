@@ -199,7 +199,8 @@ class PluginManager:
         builtin: bool = False,
     ) -> PluginRecord:
         """Validate and register one plugin object (module or instance); record the outcome."""
-        module_name = getattr(plugin, "__name__", type(plugin).__name__)
+        # a module's name, or for an instance (an EnginePlugin) the module its class lives in
+        module_name = getattr(plugin, "__name__", None) or type(plugin).__module__
         name = name or module_name
         hooks = _hooks_of(plugin)
         problem = check_compatibility(plugin)

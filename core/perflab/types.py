@@ -300,10 +300,15 @@ class LaunchSpec:
     cwd: str | None = None
     extra_ports: tuple[int, ...] = ()  # other ports the engine binds (MindIE management)
     warnings: tuple[str, ...] = ()
+    # the argv tokens that only carry the address perflab chose ("--host", "127.0.0.1",
+    # "--port", "8000"), in argv order: the serving script leaves them out (the seeds' commands
+    # do); () keeps the argv as is (EnginePlugin fills it from its address_flags)
+    address_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env", _frozen_map(self.env))
         object.__setattr__(self, "argv", tuple(self.argv))
+        object.__setattr__(self, "address_args", tuple(self.address_args))
 
     @property
     def base_url(self) -> str:

@@ -357,7 +357,7 @@ def test_crash_causes_are_named_with_the_matching_line(pm, name):
 
 
 def test_prefix_cache_info_lines_are_not_crashes(pm):
-    assert perflab_mindie.perflab_classify_crash(ENGINE, None, "[INFO] prefix cache hit rate 0.42\n") is None
+    assert perflab_mindie.plugin.perflab_classify_crash(ENGINE, None, "[INFO] prefix cache hit rate 0.42\n") is None
 
 
 # --------------------------------------------------------------------------- hooks
@@ -367,9 +367,9 @@ def test_registration_and_other_engines_are_not_answered(pm):
     info = pm.engine(ENGINE).info
     assert (info.accelerators, info.executable, info.default_port) == (("ascend",), "mindieservice_daemon", 1025)
     config = ServeConfig(model="m", port=1025)
-    assert perflab_mindie.perflab_build_launch("vllm-ascend", config, NPU1, WORKDIR, None) is None
-    assert perflab_mindie.perflab_check_support("vllm-ascend", config, NPU1, None) is None
-    assert perflab_mindie.perflab_engine_version("vllm-ascend", {}) is None
+    assert perflab_mindie.plugin.perflab_build_launch("vllm-ascend", config, NPU1, WORKDIR, None) is None
+    assert perflab_mindie.plugin.perflab_check_support("vllm-ascend", config, NPU1, None) is None
+    assert perflab_mindie.plugin.perflab_engine_version("vllm-ascend", {}) is None
 
 
 def test_entry_point_module_is_import_light():
@@ -391,6 +391,14 @@ class TestMindieConformance(EngineConformance):
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"prefix_caching": True}, {"dp": 2}]
     unsupported_configs = [{"kv_cache_dtype": "fp8"}, {"prefix_caching": True, "dp": 2}, {"served_model_name": "a/b"}]
     crash_samples = CRASHES
+    serve_option_samples = {
+        "ep": {"tp": 2, "ep": 2},  # moe_ep divides worldSize
+        "prefix_caching": {"prefix_caching": True},  # off in the template
+        "chunked_prefill": {"chunked_prefill": True},
+        "speculative_config": {"speculative_config": {"method": "mtp", "num_speculative_tokens": 1}},  # MTP only
+        "extra_args": {"extra_args": ("BackendConfig.ScheduleConfig.maxQueueDelayMicroseconds=2000",)},
+        "options": {"options": {"daemon": "/opt/mindie/bin/mindieservice_daemon"}},
+    }
 
 
 # --------------------------------------------------------------------------- context (seed 000)

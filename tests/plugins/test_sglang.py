@@ -141,7 +141,8 @@ def test_every_serve_config_field_maps_to_a_real_flag(pm):
         "--schedule-policy": "lpm",
     }
     assert spec.argv[-2:] == ("--enable-torch-compile", "--schedule-policy=lpm")  # verbatim, last
-    assert spec.env == {"SGLANG_LOG_LEVEL": "info", "CUDA_VISIBLE_DEVICES": "4,5,6,7,0,1,2,3"}
+    # CUDA_DEVICE_ORDER: perflab numbers GPUs as NVML does, in PCI bus order (EnginePlugin.device_env)
+    assert spec.env == {"SGLANG_LOG_LEVEL": "info", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "4,5,6,7,0,1,2,3"}
     assert (spec.host, spec.port, spec.served_model_name) == ("0.0.0.0", 31000, "qwen")
 
 
@@ -350,10 +351,10 @@ def test_registration_and_other_engines_are_not_answered(pm):
         30000,
     )
     config = ServeConfig(model="m", port=1)
-    assert perflab_sglang.perflab_build_launch("vllm", config, H100, WORKDIR, None) is None
-    assert perflab_sglang.perflab_check_support("vllm", config, H100, None) is None
-    assert perflab_sglang.perflab_classify_crash("vllm", 1, CRASHES["cuda-oom"]) is None
-    assert perflab_sglang.perflab_engine_version("vllm", {}) is None
+    assert perflab_sglang.plugin.perflab_build_launch("vllm", config, H100, WORKDIR, None) is None
+    assert perflab_sglang.plugin.perflab_check_support("vllm", config, H100, None) is None
+    assert perflab_sglang.plugin.perflab_classify_crash("vllm", 1, CRASHES["cuda-oom"]) is None
+    assert perflab_sglang.plugin.perflab_engine_version("vllm", {}) is None
 
 
 def test_entry_point_module_is_import_light():
@@ -375,3 +376,4 @@ class TestSglangConformance(EngineConformance):
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"prefix_caching": False, "chunked_prefill": False}]
     unsupported_configs = [{"quantization": "ascend"}, {"speculative_config": {"method": "medusa"}}]
     crash_samples = CRASHES
+    serve_option_samples = {"options": {"options": {"python": "/usr/bin/python3"}}}

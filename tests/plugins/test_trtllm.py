@@ -16,7 +16,8 @@ from perflab.errors import UnsupportedOption
 from perflab.types import HardwareSnapshot, HttpProbe, ServeConfig
 
 import perflab_trtllm
-from perflab_trtllm.version import parse_version_output
+from perflab.installed import parse_version_output
+from perflab_trtllm import VERSION_OUTPUT
 
 from .conftest import WORKDIR, dist_info, gpus, seed_records, split_equals, without_host_port
 
@@ -136,7 +137,8 @@ def test_every_serve_config_field_maps_to_a_flag_or_llm_api_key(pm):
             "speculative_model_dir": "/models/eagle3-head",
         },
     }
-    assert spec.env == {"TLLM_LOG_LEVEL": "INFO", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    # CUDA_DEVICE_ORDER: perflab numbers GPUs as NVML does, in PCI bus order (EnginePlugin.device_env)
+    assert spec.env == {"TLLM_LOG_LEVEL": "INFO", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
     assert spec.served_model_name == "Qwen/Qwen3-30B-A3B"
 
 
@@ -329,7 +331,7 @@ def test_version_from_metadata_then_from_the_trtllm_serve_banner(pm, tmp_path):
     ],
 )
 def test_version_output_parsing(text, version):
-    assert parse_version_output(text) == version
+    assert parse_version_output(text, VERSION_OUTPUT) == version
 
 
 def test_registration_and_other_engines_are_not_answered(pm):
@@ -341,10 +343,10 @@ def test_registration_and_other_engines_are_not_answered(pm):
         8000,
     )
     config = ServeConfig(model="m", port=1)
-    assert perflab_trtllm.perflab_build_launch("sglang", config, H100, WORKDIR, None) is None
-    assert perflab_trtllm.perflab_check_support("sglang", config, H100, None) is None
-    assert perflab_trtllm.perflab_readiness("sglang", build(pm, config)) is None
-    assert perflab_trtllm.perflab_classify_crash("sglang", 1, CRASHES["cuda-oom"]) is None
+    assert perflab_trtllm.plugin.perflab_build_launch("sglang", config, H100, WORKDIR, None) is None
+    assert perflab_trtllm.plugin.perflab_check_support("sglang", config, H100, None) is None
+    assert perflab_trtllm.plugin.perflab_readiness("sglang", build(pm, config)) is None
+    assert perflab_trtllm.plugin.perflab_classify_crash("sglang", 1, CRASHES["cuda-oom"]) is None
 
 
 def test_entry_point_module_is_import_light():
@@ -366,3 +368,8 @@ class TestTrtllmConformance(EngineConformance):
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"dp": 2}, {"prefix_caching": False, "chunked_prefill": True}]
     unsupported_configs = [{"served_model_name": "qwen"}, {"tp": 2, "dp": 2}, {"quantization": "fp8"}]
     crash_samples = CRASHES
+    serve_option_samples = {
+        "quantization": {"options": {"backend": "tensorrt"}, "quantization": "fp8"},  # built-in quantization: TRT engines
+        "chunked_prefill": {"chunked_prefill": True},  # off by default
+        "options": {"options": {"backend": "tensorrt"}},
+    }

@@ -290,11 +290,11 @@ def test_entry_module_is_import_light() -> None:
 
 
 def test_hooks_answer_only_for_vllm() -> None:
-    assert perflab_vllm.perflab_build_launch("sglang", ServeConfig(model="m", port=1), A100, Path("/tmp"), None) is None
-    assert perflab_vllm.perflab_check_support("sglang", ServeConfig(model="m"), A100, None) is None
-    assert perflab_vllm.perflab_classify_crash("sglang", 1, "CUDA out of memory") is None
-    assert perflab_vllm.perflab_engine_version("sglang", {}) is None
-    assert perflab_vllm.perflab_readiness("vllm-ascend", None) is None  # type: ignore[arg-type]
+    assert perflab_vllm.plugin.perflab_build_launch("sglang", ServeConfig(model="m", port=1), A100, Path("/tmp"), None) is None
+    assert perflab_vllm.plugin.perflab_check_support("sglang", ServeConfig(model="m"), A100, None) is None
+    assert perflab_vllm.plugin.perflab_classify_crash("sglang", 1, "CUDA out of memory") is None
+    assert perflab_vllm.plugin.perflab_engine_version("sglang", {}) is None
+    assert perflab_vllm.plugin.perflab_readiness("vllm-ascend", None) is None  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- version
@@ -384,7 +384,7 @@ def test_version_found_through_the_shebang_of_a_script_outside_the_venv(pm, tmp_
 
 
 def test_interpreter_of_pips_long_path_trampoline(tmp_path: Path) -> None:
-    from perflab_vllm.version import interpreter_of
+    from perflab.installed import interpreter_of
 
     # distlib writes this when the interpreter path is too long for a #! line.
     exe = tmp_path / "vllm"
@@ -395,7 +395,7 @@ def test_interpreter_of_pips_long_path_trampoline(tmp_path: Path) -> None:
 def test_version_is_not_taken_from_perflabs_own_environment(tmp_path: Path) -> None:
     # `vllm` on PATH belongs to a venv without vLLM metadata: perflab's sys.path is not
     # consulted (it could hold an unrelated vllm).
-    from perflab_vllm.version import search_path
+    from perflab.installed import search_path
 
     venv = tmp_path / "venv"
     _venv(venv)
@@ -640,7 +640,7 @@ def test_harmless_lines_are_not_crashes(pm) -> None:
         "(EngineCore_DP0 pid=2) INFO 10-20 [parallel_state.py:1208] world_size=4 backend=nccl, NCCL version 2.27.3\n"
         "(APIServer pid=1) INFO 10-20 [api_server.py:1912] Starting vLLM API server 0 on http://127.0.0.1:8000\n"
     )
-    assert perflab_vllm.perflab_classify_crash("vllm", None, log) is None
+    assert perflab_vllm.plugin.perflab_classify_crash("vllm", None, log) is None
     assert engines.classify_crash(pm, "vllm", 1, log).name == "unknown"
 
 
@@ -677,4 +677,6 @@ class TestVllmConformance(EngineConformance):
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"tp": 2, "ep": 2}, {"prefix_caching": False}]
     unsupported_configs = [{"tp": 4, "ep": 2}, {"quantization": "int3"}, {"options": {"additional_config": {}}}]
     crash_samples = {"kv-cache-too-small": KV_CACHE_LOG, "cuda-out-of-memory": OOM_THEN_NCCL_LOG}
+    # vLLM's EP size is tp×dp, so ep needs tp; options: an engine option of perflab_vllm.flags
+    serve_option_samples = {"ep": {"tp": 2, "ep": 2}, "options": {"options": {"enforce_eager": True}}}
 

@@ -126,12 +126,12 @@ def test_registration_readiness_and_isolation(pm) -> None:
     assert (info.accelerators, info.executable, info.distributions) == (("ascend",), "vllm", ("vllm-ascend",))
     r = engines.readiness(pm, "vllm-ascend", launch(pm, model="m"))
     assert [p.path for p in r.http] == ["/health", "/v1/models"] and r.generation_path == "/v1/completions"
-    assert perflab_vllm_ascend.perflab_build_launch("vllm", ServeConfig(model="m", port=1), A2, Path("/tmp"), None) is None
-    assert perflab_vllm_ascend.perflab_classify_crash("vllm", 1, "NPU out of memory") is None
+    assert perflab_vllm_ascend.plugin.perflab_build_launch("vllm", ServeConfig(model="m", port=1), A2, Path("/tmp"), None) is None
+    assert perflab_vllm_ascend.plugin.perflab_classify_crash("vllm", 1, "NPU out of memory") is None
     # vLLM's plugin does not answer for vllm-ascend either (firstresult hooks must fall through)
     import perflab_vllm
 
-    assert perflab_vllm.perflab_build_launch("vllm-ascend", ServeConfig(model="m", port=1), A2, Path("/tmp"), None) is None
+    assert perflab_vllm.plugin.perflab_build_launch("vllm-ascend", ServeConfig(model="m", port=1), A2, Path("/tmp"), None) is None
 
 
 def _vllm_venv(root: Path, *dists: tuple[str, str]) -> dict[str, str]:
@@ -251,7 +251,7 @@ def test_crash_causes(pm, name: str, log: str, needle: str) -> None:
 
 
 def test_unknown_log_is_left_to_the_core(pm) -> None:
-    assert perflab_vllm_ascend.perflab_classify_crash("vllm-ascend", 0, "INFO all good\n") is None
+    assert perflab_vllm_ascend.plugin.perflab_classify_crash("vllm-ascend", 0, "INFO all good\n") is None
 
 
 # --------------------------------------------------------------------------- conformance kit
@@ -268,3 +268,4 @@ class TestVllmAscendConformance(EngineConformance):
                {"options": {"additional_config": {"pa_shape_list": [48]}}}]
     unsupported_configs = [{"tp": 4, "ep": 2}, {"quantization": "awq"}, {"quantization": "fp8"}]
     crash_samples = {"npu-out-of-memory": NPU_OOM_LOG, "hccl-error": HCCL_LOG, "kv-cache-too-small": KV_CACHE_LOG}
+    serve_option_samples = {"ep": {"tp": 2, "ep": 2}, "options": {"options": {"additional_config": {"pa_shape_list": [48]}}}}

@@ -114,6 +114,7 @@ _STAGES = {
     "perflab_readiness": "readiness",
     "perflab_classify_crash": "crashes",
     "perflab_teardown": "teardown",
+    "perflab_describe_file": "script",
     "perflab_register_bench_backends": "bench",
 }
 

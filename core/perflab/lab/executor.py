@@ -44,7 +44,6 @@ DEATH_GRACE_S = 3.0
 # How long a cancelled benchmark may take to stop (it needs well under a second) before the
 # executor stops waiting for its thread; the next launch still waits for it.
 BENCH_STOP_S = 10.0
-_VISIBLE = ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES")
 
 Event = Callable[..., None]  # on_event(kind, **fields): the live display and the study log
 Measured = Callable[[str, ProfileMeasurement], None]  # on_measured(profile name, measurement)
@@ -66,22 +65,35 @@ class LabContext:
         return self.hardware.simulated
 
 
-def _strip_host_port(argv: Sequence[str]) -> list[str]:
-    """The argv without the address perflab chose (the seeds' scripts omit it)."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in ("--host", "--port"):
-            skip = True
-            continue
-        if arg.startswith(("--host=", "--port=")):
-            continue
-        out.append(arg)
+def _script_argv(spec: LaunchSpec) -> list[str]:
+    """The argv without the address perflab chose (``spec.address_args``, which the plugin
+    declares; the seeds' scripts omit it) and with a bare program name."""
+    out = list(spec.argv)
+    drop = list(spec.address_args)
+    if drop:
+        kept: list[str] = []
+        for arg in out:
+            if drop and arg == drop[0]:
+                drop.pop(0)
+                continue
+            kept.append(arg)
+        out = kept
     if out and "/" in out[0]:
         out[0] = out[0].rsplit("/", 1)[1]  # an absolute interpreter or stand-in path
+    return out
+
+
+def _env_lines(spec: LaunchSpec, inside: set[str], first: LaunchSpec | None = None) -> list[str]:
+    """``KEY=value`` of ``spec.env`` as the script shows it: secrets as ***, no PERFLAB_*
+    variables, paths inside the run directory as ``"$PWD/<name>"``; with ``first``, only the
+    entries that differ from it (what a replica changes: its devices)."""
+    out: list[str] = []
+    for key, value in redact.redact_env(spec.env).items():
+        if key.startswith("PERFLAB_") or (first is not None and first.env.get(key) == spec.env.get(key)):
+            continue
+        text = str(value)
+        prefix = next((d for d in inside if text.startswith(d)), None)
+        out.append(f'{key}="$PWD/{text[len(prefix):]}"' if prefix is not None else f"{key}={shlex.quote(text)}")
     return out
 
 
@@ -90,7 +102,7 @@ def serving_script(launches: Sequence[LaunchSpec], describe_file: Callable[[str,
     """The "Serving script" box: environment exports and the command, as the seeds print it.
 
     A file the plugin wrote (MindIE's config.json) is shown by what it sets —
-    ``describe_file(path, content)``, the plugin's optional ``perflab_describe_file`` — and
+    ``describe_file(path, content)``, the plugin's optional ``perflab_describe_file`` hook — and
     paths inside the run directory become ``$PWD/<name>``: the script must not point into a
     study directory."""
     first = launches[0]
@@ -98,16 +110,8 @@ def serving_script(launches: Sequence[LaunchSpec], describe_file: Callable[[str,
     if len(launches) > 1:
         lines.append(f"# {len(launches)} replicas on disjoint devices; the benchmark spreads requests over all of them")
     inside = {str(workdir) + "/", str(workdir.resolve()) + "/"} if workdir is not None else set()
-    for key, value in redact.redact_env(first.env).items():  # secrets as ***
-        if key.startswith("PERFLAB_"):
-            continue
-        text = str(value)
-        prefix = next((d for d in inside if text.startswith(d)), None)
-        if prefix is not None:
-            lines.append(f'export {key}="$PWD/{text[len(prefix):]}"')
-            continue
-        lines.append(f"export {key}={shlex.quote(text)}")
-    lines.append(shlex.join(redact.redact_argv(_strip_host_port(first.argv))))
+    lines += [f"export {line}" for line in _env_lines(first, inside)]
+    lines.append(shlex.join(redact.redact_argv(_script_argv(first))))
     for f in first.files:
         described = describe_file(f.path, f.content) if describe_file is not None else None
         name = Path(f.path).name
@@ -117,24 +121,18 @@ def serving_script(launches: Sequence[LaunchSpec], describe_file: Callable[[str,
         lines.append(f"# {name}: the engine's default template with these keys set by perflab:")
         lines += [f"#   {d}" for d in described]
     for i, spec in enumerate(launches[1:], 2):
-        vis = [f"{k}={spec.env[k]}" for k in _VISIBLE if k in spec.env]
-        lines.append(f"# replica {i}: the same command{' with ' + ', '.join(vis) if vis else ''}")
+        diff = _env_lines(spec, inside, first)
+        lines.append(f"# replica {i}: the same command{' with ' + ', '.join(diff) if diff else ''}")
     return "\n".join(lines)
 
 
-def plugin_file_describer(pm: Any, engine: str) -> Callable[[str, str], list[str] | None] | None:
-    """The engine plugin's optional ``perflab_describe_file(path, content)`` (module level)."""
-    import importlib
+def plugin_file_describer(pm: Any, engine: str) -> Callable[[str, str], list[str] | None]:
+    """The engine's ``perflab_describe_file`` hook as ``describe(path, content)``."""
 
-    try:
-        record = pm.engine(engine)
-        module = next((r.module for r in pm.records if r.name == record.plugin and r.status == "ok"), None)
-        if module is None:
-            return None
-        fn = getattr(importlib.import_module(module), "perflab_describe_file", None)
-    except Exception:  # an engine without plugin module info: the plain "written by perflab" line
-        return None
-    return fn if callable(fn) else None
+    def describe(path: str, content: str) -> list[str] | None:
+        return pm.hook.perflab_describe_file(engine=engine, path=path, content=content)  # type: ignore[no-any-return]
+
+    return describe
 
 
 def _has_failures(result: Any) -> bool:

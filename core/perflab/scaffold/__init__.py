@@ -52,6 +52,20 @@ def names_for(name: str, executable: str | None = None) -> PluginNames:
     return PluginNames(name, f"perflab-plugin-{name}", module, exe, display)
 
 
+#: What the generated plugin maps itself (its FLAGS and the fixed entries of the template);
+#: every other serving option starts as a refusal the author replaces with a Maps.
+TEMPLATE_MAPS = frozenset({"model", "host", "port", "devices", "extra_args", "extra_env", "options",
+                           "served_model_name", "tp", "max_model_len", "max_num_seqs"})
+
+
+def refused_options() -> str:
+    """The template's ``serve_options`` lines for the options it does not map, one per
+    ServeConfig field (:func:`perflab.types.serve_options`), so a new plugin starts complete."""
+    from perflab.types import serve_options
+
+    return "\n".join(f'        "{o.name}": Refuses(NO_FLAG, DOCS),' for o in serve_options() if o.name not in TEMPLATE_MAPS)
+
+
 def render(text: str, names: PluginNames) -> str:
     major_minor = ".".join(__version__.split(".")[:2])
     nxt = major_minor.split(".")
@@ -63,6 +77,7 @@ def render(text: str, names: PluginNames) -> str:
         .replace("__EXECUTABLE__", names.executable)
         .replace("__DISPLAY__", names.display_name)
         .replace("__PERFLAB_SPEC__", f"perflab>={major_minor},<{upper}")
+        .replace("__REFUSED_OPTIONS__", refused_options())
     )
 
 

@@ -34,6 +34,7 @@ import pytest
 
 from perflab import hookspecs
 from perflab.errors import UnsupportedOption
+from perflab.plugin_base import Maps, Refuses
 from perflab.plugins import PluginManager, check_compatibility
 from perflab.simenv import STATE_ENV
 from perflab.types import (
@@ -45,7 +46,44 @@ from perflab.types import (
     Readiness,
     ServeConfig,
     Unsupported,
+    serve_options,
 )
+
+
+#: A sample value of each ServeConfig field, for the ``serve_options`` checks: the changes made
+#: to the baseline configuration (the field, plus companions it needs). ``options`` has no
+#: engine-neutral sample that an engine could express (this one must be refused): a plugin that
+#: Maps it gives one of its own in ``serve_option_samples``.
+SERVE_OPTION_SAMPLES: dict[str, dict[str, Any]] = {
+    "model": {"model": "conformance-org/other-model"},
+    "served_model_name": {"served_model_name": "conformance-name"},
+    "tp": {"tp": 2},
+    "pp": {"pp": 2},
+    "dp": {"dp": 2},
+    "ep": {"ep": 2},
+    "max_model_len": {"max_model_len": 4096},
+    "max_batched_tokens": {"max_batched_tokens": 4096},
+    "max_num_seqs": {"max_num_seqs": 64},
+    "quantization": {"quantization": "fp8"},
+    "kv_cache_dtype": {"kv_cache_dtype": "fp8"},
+    "prefix_caching": {"prefix_caching": False},
+    "chunked_prefill": {"chunked_prefill": False},
+    "speculative_config": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}},
+    "mem_fraction": {"mem_fraction": 0.8},
+    "reasoning_parser": {"reasoning_parser": "deepseek_r1"},
+    "host": {"host": "0.0.0.0"},
+    "port": {"port": 18124},
+    "devices": {"devices": (1,)},
+    "extra_args": {"extra_args": ("--conformance-flag",)},
+    "extra_env": {"extra_env": {"PERFLAB_CONFORMANCE": "1"}},
+    "options": {"options": {"perflab_conformance_no_such_option": 1}},
+}
+#: The sample of an option the table above does not know yet (a newly declared field), by its
+#: kind (perflab.types.OPTION_KINDS); a json option has no neutral sample.
+KIND_SAMPLES: dict[str, Any] = {
+    "str": "conformance", "pos_int": 2, "bool": True, "fraction": 0.5, "port": 18124, "devices": (1,),
+    "args": ("--conformance-flag",), "env": {"PERFLAB_CONFORMANCE": "1"}, "options": {"perflab_conformance_no_such_option": 1},
+}
 
 
 def sample_hardware(kind: str = "cuda", count: int = 8) -> HardwareSnapshot:
@@ -86,6 +124,9 @@ class EngineConformance:
     executable_name: ClassVar[str | None] = None
     #: or: a perflab simulator machine (e.g. "h100-80g-x1") whose stand-in engine runs the cycle
     sim_hardware: ClassVar[str | None] = None
+    #: {ServeConfig field: changes} replacing SERVE_OPTION_SAMPLES for your engine (a value it
+    #: can express, e.g. {"chunked_prefill": {"chunked_prefill": True}} when False is the default)
+    serve_option_samples: ClassVar[dict[str, dict[str, Any]]] = {}
 
     # ------------------------------------------------------------------ fixtures
 
@@ -111,8 +152,21 @@ class EngineConformance:
     def _build(self, pm: PluginManager, hardware: HardwareSnapshot, tmp: Path, **changes: Any) -> LaunchSpec:
         from perflab.engines import build_launch
 
-        config = ServeConfig(model=self.model, port=18123, **changes)
+        config = ServeConfig(**{"model": self.model, "port": 18123, **changes})
         return build_launch(pm, self.engine, config, hardware, tmp, None)
+
+    def _serve_options(self, pm: PluginManager) -> Any:
+        plugin = pm.pm.get_plugin(pm.engines[self.engine].plugin)
+        options = getattr(plugin, "serve_options", None)
+        if not options:
+            pytest.skip("a module-style plugin (hook contract v1) declares no serve_options")
+        return options
+
+    def _sample(self, name: str) -> dict[str, Any] | None:
+        if name in self.serve_option_samples or name in SERVE_OPTION_SAMPLES:
+            return self.serve_option_samples.get(name, SERVE_OPTION_SAMPLES.get(name))
+        kind = next(o.kind for o in serve_options() if o.name == name)
+        return {name: KIND_SAMPLES[kind]} if kind in KIND_SAMPLES else None
 
     # ------------------------------------------------------------------ loading
 
@@ -195,6 +249,66 @@ class EngineConformance:
             with pytest.raises(UnsupportedOption):
                 self._build(pm, hardware, tmp_path, **changes)
 
+    # ------------------------------------------------------------------ serving options
+
+    def test_every_serve_option_is_mapped_or_refused(self, pm: PluginManager, info: EngineInfo) -> None:
+        options = self._serve_options(pm)
+        fields = [o.name for o in serve_options()]
+        missing = [f for f in fields if f not in options]
+        assert not missing, f"serve_options says nothing about {', '.join(missing)}: Maps(how, source) or Refuses(why, source)"
+        unknown = sorted(set(options) - set(fields))
+        assert not unknown, f"serve_options names no ServeConfig field: {', '.join(unknown)}"
+        for name, how in options.items():
+            assert isinstance(how, (Maps, Refuses)), f"{name}: {how!r} is neither Maps nor Refuses"
+            assert (how.how if isinstance(how, Maps) else how.why), f"{name}: say how (Maps) or why (Refuses)"
+
+    def _samples(self, pm: PluginManager, kind: type, problems: list[str]) -> list[tuple[str, Any, dict[str, Any]]]:
+        """(field, declaration, sample changes) of each field declared as ``kind``; a field
+        without a sample is a problem."""
+        out = []
+        for name, how in self._serve_options(pm).items():
+            changes = self._sample(name) if isinstance(how, kind) else {}
+            if changes is None:
+                problems.append(f"{name}: no sample value (set serve_option_samples[{name!r}])")
+            elif changes:
+                out.append((name, how, changes))
+        return out
+
+    def test_mapped_serve_options_change_the_launch(
+        self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path
+    ) -> None:
+        problems: list[str] = []
+        for name, how, changes in self._samples(pm, Maps, problems):
+            baseline = self._build(pm, hardware, tmp_path, **{k: v for k, v in changes.items() if k != name})
+            try:
+                spec = self._build(pm, hardware, tmp_path, **changes)
+            except UnsupportedOption as exc:
+                problems.append(f"{name}: Maps({how.how!r}) but the sample {changes} is refused: {exc}")
+                continue
+            seen = lambda s: (s.argv, dict(s.env), s.files)  # noqa: E731
+            if seen(spec) == seen(baseline):
+                problems.append(f"{name}: Maps({how.how!r}) but the sample {changes} leaves argv, env and files as they are")
+        assert not problems, "\n".join(problems)
+
+    def test_refused_serve_options_are_refused(
+        self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path
+    ) -> None:
+        from perflab.engines import check_support
+
+        problems: list[str] = []
+        for name, how, changes in self._samples(pm, Refuses, problems):
+            config = ServeConfig(**{"model": self.model, "port": 18123, **changes})
+            if any(u.severity == "error" and name in u.what for u in check_support(pm, self.engine, config, hardware, None)):
+                continue
+            try:
+                self._build(pm, hardware, tmp_path, **changes)
+            except UnsupportedOption as exc:
+                if name not in exc.option:
+                    problems.append(f"{name}: refused as {exc.option!r}, which does not name it")
+                continue
+            problems.append(f"{name}: Refuses({how.why!r}) but {changes} passes preflight and builds")
+        assert not problems, "\n".join(problems)
+
     # ------------------------------------------------------------------ readiness, preflight, crashes
 
     def test_readiness_probes_exist(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
@@ -244,6 +358,17 @@ class EngineConformance:
         if hasattr(plugin, "perflab_classify_crash"):
             kw = _only(plugin.perflab_classify_crash, engine=other, exit_code=1, log_tail="Traceback\nRuntimeError: x")
             assert plugin.perflab_classify_crash(**kw) is None
+        launch = LaunchSpec(engine=other, argv=("x",), host="127.0.0.1", port=18123, served_model_name="m")
+        others = {
+            "perflab_engine_version": {"env": dict(os.environ)},
+            "perflab_check_support": {"config": config, "hardware": hardware, "version": None},
+            "perflab_readiness": {"launch": launch},
+            "perflab_describe_file": {"path": str(tmp_path / "config.json"), "content": "{}"},
+        }
+        for hook, args in others.items():
+            if hasattr(plugin, hook):
+                impl = getattr(plugin, hook)
+                assert impl(**_only(impl, engine=other, **args)) is None, f"{hook} answered for another engine"
 
     # ------------------------------------------------------------------ the full cycle
 

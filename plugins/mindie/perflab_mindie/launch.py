@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from perflab.errors import UnsupportedOption
+from perflab.plugin_base import fraction, refuse_unknown
 from perflab.types import FileSpec, HardwareSnapshot, LaunchSpec, ServeConfig
 from perflab_mindie.config_json import build_config
 from perflab_mindie.models import default_model_name, valid_model_name
@@ -65,11 +66,7 @@ def _model_context(model: str, hardware: HardwareSnapshot) -> int | None:
 
 
 def build(config: ServeConfig, hardware: HardwareSnapshot, workdir: Path) -> LaunchSpec:
-    unknown = sorted(set(config.options) - OPTIONS)
-    if unknown:
-        raise UnsupportedOption(
-            "mindie", f"option(s) {', '.join(unknown)}", f"the MindIE plugin knows only {', '.join(sorted(OPTIONS))}"
-        )
+    refuse_unknown("mindie", config.options, OPTIONS, "option(s)", f"the MindIE plugin knows only {', '.join(sorted(OPTIONS))}")
     port = _port("port", config.port)
     management = _port("management_port", config.options.get("management_port", port + 1))
     metrics = _port("metrics_port", config.options.get("metrics_port", port + 2))
@@ -103,11 +100,7 @@ def build(config: ServeConfig, hardware: HardwareSnapshot, workdir: Path) -> Lau
     env["MIES_CONFIG_JSON_PATH"] = path
     env.setdefault("MINDIE_LOG_TO_STDOUT", "1")
     if config.mem_fraction is not None:
-        if not 0 < config.mem_fraction <= 1:
-            raise UnsupportedOption(
-                "mindie", f"mem_fraction={config.mem_fraction}", "NPU_MEMORY_FRACTION must be in (0, 1]"
-            )
-        env["NPU_MEMORY_FRACTION"] = str(config.mem_fraction)
+        env["NPU_MEMORY_FRACTION"] = fraction("mindie", "mem_fraction", config.mem_fraction, "NPU_MEMORY_FRACTION must be in (0, 1]")
     return LaunchSpec(
         engine="mindie",
         argv=(str(config.options.get("daemon") or DAEMON),),

@@ -35,22 +35,10 @@ def check(config: ServeConfig, hardware: HardwareSnapshot, version: str | None) 
                 severity="error" if known_bad else "warning",
             )
         )
-    if config.prefix_caching and dp > 1:
-        out.append(
-            Unsupported(
-                "prefix_caching",
-                f"MindIE does not support prefix caching with data parallel (dp={dp})",
-                source=GPUSTACK,
-            )
-        )
-    if config.chunked_prefill and dp > 1:
-        out.append(
-            Unsupported(
-                "chunked_prefill",
-                f"MindIE's chunked prefill (SplitFuse) does not support data parallel (dp={dp})",
-                source=GPUSTACK,
-            )
-        )
+    if dp > 1:  # GPUStack's refusals
+        refusals = {"prefix_caching": f"MindIE does not support prefix caching with data parallel (dp={dp})",
+                    "chunked_prefill": f"MindIE's chunked prefill (SplitFuse) does not support data parallel (dp={dp})"}
+        out += [Unsupported(option, why, source=GPUSTACK) for option, why in refusals.items() if getattr(config, option)]
     if config.chunked_prefill and config.speculative_config is not None:
         out.append(
             Unsupported(

@@ -1,8 +1,8 @@
 """perflab engine plugin for SGLang (``python -m sglang.launch_server``).
 
 Import-light on purpose: listing engines imports this module, so it pulls in only perflab's
-boundary types and this package's own small modules (stdlib only). SGLang itself is never
-imported; its version comes from package metadata.
+boundary types; the plugin's own modules are imported inside the methods. SGLang itself is
+never imported; its version comes from package metadata (perflab.installed).
 
 Every flag, ready line and error string comes from SGLang v0.5.5.post1 (the seeds' version),
 ``python/sglang/srt/server_args.py`` and ``python/sglang/srt/entrypoints/http_server.py``:
@@ -11,89 +11,69 @@ https://github.com/sgl-project/sglang/tree/v0.5.5.post1/python/sglang/srt
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from perflab import hookimpl
-from perflab.types import (
-    CrashCause,
-    EngineInfo,
-    HardwareSnapshot,
-    HttpProbe,
-    LaunchSpec,
-    Readiness,
-    ServeConfig,
-    Unsupported,
-)
+from perflab import EngineInfo, EnginePlugin, HardwareSnapshot, HttpProbe, LaunchSpec, Maps, Readiness, ServeConfig, Unsupported
 
 ENGINE = "sglang"
-PERFLAB_HOOKSPEC_VERSIONS = (1,)
-
-INFO = EngineInfo(
-    name=ENGINE,
-    display_name="SGLang",
-    accelerators=("cuda",),
-    description="SGLang runtime, OpenAI-compatible server (python -m sglang.launch_server)",
-    executable=None,  # launched through a Python interpreter; installed == distribution present
-    distributions=("sglang",),
-    homepage="https://github.com/sgl-project/sglang",
-    default_port=30000,  # ServerArgs.port default
-)
+SERVER_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/server_args.py"
+HTTP_SERVER = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/entrypoints/http_server.py"
 
 
-@hookimpl
-def perflab_register_engines(register: Callable[[EngineInfo], None]) -> None:
-    register(INFO)
+class SGLang(EnginePlugin):
+    # no executable: launched through a Python interpreter, installed == distribution present;
+    # default_port: ServerArgs.port's default
+    info = EngineInfo(name=ENGINE, display_name="SGLang", accelerators=("cuda",), executable=None,
+                      description="SGLang runtime, OpenAI-compatible server (python -m sglang.launch_server)",
+                      distributions=("sglang",), homepage="https://github.com/sgl-project/sglang", default_port=30000)
+    visible_devices_env = "CUDA_VISIBLE_DEVICES"
+    address_flags = ("--host", "--port")
+    crash_signatures = "perflab_sglang.crashes:SIGNATURES"
+    # ServerArgs.add_cli_args (server_args.py, v0.5.5.post1); the choices are in perflab_sglang.launch
+    serve_options = {
+        "model": Maps("--model-path", SERVER_ARGS),
+        "served_model_name": Maps("--served-model-name", SERVER_ARGS),
+        "tp": Maps("--tp-size", SERVER_ARGS),
+        "pp": Maps("--pp-size", SERVER_ARGS),
+        "dp": Maps("--dp-size", SERVER_ARGS),
+        "ep": Maps("--ep-size", SERVER_ARGS),
+        "max_model_len": Maps("--context-length", SERVER_ARGS),
+        "max_batched_tokens": Maps("--chunked-prefill-size N --max-prefill-tokens N", SERVER_ARGS),
+        "max_num_seqs": Maps("--max-running-requests", SERVER_ARGS),
+        "quantization": Maps("--quantization", SERVER_ARGS),
+        "kv_cache_dtype": Maps("--kv-cache-dtype (fp8 -> fp8_e4m3)", SERVER_ARGS),
+        "prefix_caching": Maps("--disable-radix-cache when false", SERVER_ARGS),
+        "chunked_prefill": Maps("--chunked-prefill-size -1 when false", SERVER_ARGS),
+        "speculative_config": Maps("--speculative-algorithm/-num-steps/-eagle-topk/-num-draft-tokens", SERVER_ARGS),
+        "mem_fraction": Maps("--mem-fraction-static", SERVER_ARGS),
+        "reasoning_parser": Maps("--reasoning-parser", SERVER_ARGS),
+        "host": Maps("--host", SERVER_ARGS),
+        "port": Maps("--port", SERVER_ARGS),
+        "devices": Maps("CUDA_VISIBLE_DEVICES", SERVER_ARGS),
+        "extra_args": Maps("appended to the argv", SERVER_ARGS),
+        "extra_env": Maps("the engine's environment", SERVER_ARGS),
+        "options": Maps("python: the interpreter that runs sglang.launch_server", SERVER_ARGS),
+    }
 
 
-@hookimpl
-def perflab_engine_version(engine: str, env: Mapping[str, str]) -> str | None:
-    if engine != ENGINE:
-        return None
-    from perflab_sglang.version import installed_version
+    def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported]:
+        from perflab_sglang.support import check
 
-    return installed_version(INFO.distributions, env)
+        return [*self.refused(config), *check(config, hardware)]
 
+    def build_launch(self, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None) -> LaunchSpec:
+        from perflab_sglang.launch import build
 
-@hookimpl
-def perflab_check_support(
-    engine: str, config: ServeConfig, hardware: HardwareSnapshot, version: str | None
-) -> list[Unsupported] | None:
-    if engine != ENGINE:
-        return None
-    from perflab_sglang.support import check
+        return build(config, self.device_env(config))
 
-    return check(config, hardware)
-
-
-@hookimpl
-def perflab_build_launch(
-    engine: str, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None
-) -> LaunchSpec | None:
-    if engine != ENGINE:
-        return None
-    from perflab_sglang.launch import build
-
-    return build(config)
+    def readiness(self, launch: LaunchSpec) -> Readiness:
+        # /health and /health_generate both run a one-token generation once the server is Up
+        # (503 while Starting), see health_generate() in http_server.py.
+        return Readiness(
+            http=(HttpProbe("/health"), HttpProbe("/health_generate")),
+            generation_path="/v1/completions",
+            ready_log_patterns=(r"The server is fired up and ready to roll!",),  # _wait_and_warmup()
+        )
 
 
-@hookimpl
-def perflab_readiness(engine: str, launch: LaunchSpec) -> Readiness | None:
-    if engine != ENGINE:
-        return None
-    # /health and /health_generate both run a one-token generation once the server is Up
-    # (503 while Starting), see health_generate() in http_server.py.
-    return Readiness(
-        http=(HttpProbe("/health"), HttpProbe("/health_generate")),
-        generation_path="/v1/completions",
-        ready_log_patterns=(r"The server is fired up and ready to roll!",),  # _wait_and_warmup()
-    )
-
-
-@hookimpl
-def perflab_classify_crash(engine: str, exit_code: int | None, log_tail: str) -> CrashCause | None:
-    if engine != ENGINE:
-        return None
-    from perflab_sglang.crashes import classify
-
-    return classify(log_tail)
+plugin = SGLang()

@@ -7,14 +7,12 @@ first matching line (the root cause, not a later wrapper error) is quoted.
 from __future__ import annotations
 
 import re
-from perflab.crashes import Signature, first_signature
-from perflab.types import CrashCause
+
+from perflab.crashes import Signature
 
 V = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt"
 
-
-
-
+#: most specific first; perflab.crashes.SHARED_SIGNATURES (model not found) are tried after these
 SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "fp8-unsupported-gpu",
@@ -61,18 +59,4 @@ SIGNATURES: tuple[Signature, ...] = (
         "stop whatever holds the port (a previous run's workers?) or choose another port",
         f"{V}/server_args.py",
     ),
-    Signature(
-        "model-not-found",
-        re.compile(
-            r"RepositoryNotFoundError|Repository Not Found for url|is not a local folder and is not a valid model identifier"
-            r"|GatedRepoError|does not appear to have a file named config\.json|HFValidationError"
-        ),
-        "the model could not be found (not a local path, unknown or gated Hugging Face repo)",
-        "check the model id/path, HF_TOKEN for gated repos, and HF_HUB_OFFLINE",
-        "https://huggingface.co/docs/huggingface_hub/package_reference/utilities#huggingface_hub.errors.RepositoryNotFoundError",
-    ),
 )
-
-
-def classify(log_tail: str, signatures: tuple[Signature, ...] = SIGNATURES) -> CrashCause | None:
-    return first_signature(log_tail, signatures)

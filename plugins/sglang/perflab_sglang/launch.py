@@ -16,8 +16,10 @@ Flag spellings are those of SGLang v0.5.5.post1 ``ServerArgs.add_cli_args``
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 from perflab.errors import UnsupportedOption
+from perflab.plugin_base import fraction, positive, refuse_unknown
 from perflab.types import LaunchSpec, ServeConfig
 from perflab_sglang.speculative import speculative_args
 
@@ -47,17 +49,12 @@ OPTIONS = frozenset({"python"})  # engine-specific ServeConfig.options this plug
 
 
 def _positive(name: str, value: int) -> str:
-    if value < 1:
-        raise UnsupportedOption("sglang", f"{name}={value}", "must be at least 1")
-    return str(value)
+    return positive("sglang", name, value)
 
 
 def build_argv(config: ServeConfig) -> list[str]:
-    unknown = sorted(set(config.options) - OPTIONS)
-    if unknown:
-        raise UnsupportedOption(
-            "sglang", f"option(s) {', '.join(unknown)}", f"the SGLang plugin knows only {', '.join(sorted(OPTIONS))}"
-        )
+    refuse_unknown("sglang", config.options, OPTIONS, "option(s)",
+                   f"the SGLang plugin knows only {', '.join(sorted(OPTIONS))}")
     python = str(config.options.get("python") or sys.executable)
     argv = [python, "-m", "sglang.launch_server", "--model-path", config.model]
     argv += ["--host", config.host, "--port", str(config.port)]
@@ -102,22 +99,15 @@ def build_argv(config: ServeConfig) -> list[str]:
     if config.speculative_config is not None:
         argv += speculative_args(config.speculative_config)
     if config.mem_fraction is not None:
-        if not 0 < config.mem_fraction <= 1:
-            raise UnsupportedOption("sglang", f"mem_fraction={config.mem_fraction}", "must be in (0, 1]")
-        argv += ["--mem-fraction-static", str(config.mem_fraction)]
+        argv += ["--mem-fraction-static", fraction("sglang", "mem_fraction", config.mem_fraction)]
     if config.reasoning_parser is not None:
         argv += ["--reasoning-parser", REASONING_PARSERS.get(config.reasoning_parser, config.reasoning_parser)]
     argv += list(config.extra_args)
     return argv
 
 
-def build(config: ServeConfig) -> LaunchSpec:
-    env = dict(config.extra_env)
-    if config.devices is not None:
-        visible = ",".join(str(d) for d in config.devices)
-        if env.get("CUDA_VISIBLE_DEVICES", visible) != visible:
-            raise UnsupportedOption("sglang", "devices", "conflicts with CUDA_VISIBLE_DEVICES in extra_env")
-        env["CUDA_VISIBLE_DEVICES"] = visible
+def build(config: ServeConfig, env: Mapping[str, str]) -> LaunchSpec:
+    """The launch, with ``env`` the device environment perflab_sglang.plugin made."""
     return LaunchSpec(
         engine="sglang",
         argv=tuple(build_argv(config)),

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from perflab.errors import UnsupportedOption
+from perflab.plugin_base import refuse_unknown
 
 SERVER_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/server_args.py"
 
@@ -57,13 +58,8 @@ def _int(spec: Mapping[str, Any], key: str) -> int | None:
 
 
 def speculative_args(spec: Mapping[str, Any]) -> list[str]:
-    unknown = sorted(set(spec) - KNOWN_KEYS)
-    if unknown:
-        raise UnsupportedOption(
-            "sglang",
-            f"speculative_config key(s) {', '.join(unknown)}",
-            f"SGLang's speculative flags cover only {', '.join(sorted(KNOWN_KEYS))} ({SERVER_ARGS})",
-        )
+    refuse_unknown("sglang", spec, KNOWN_KEYS, "speculative_config key(s)",
+                   f"SGLang's speculative flags cover only {', '.join(sorted(KNOWN_KEYS))} ({SERVER_ARGS})")
     method = spec.get("method")
     if method is None:
         if spec.get("model") is None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import re
-
+from perflab.plugin_base import checkpoint_tagged, min_sm_refusal
 from perflab.types import HardwareSnapshot, ServeConfig, Unsupported
 
 # Seed 001: "Running SGLang with FP8 quantization on A100 GPUs does not work." SGLang's FP8
@@ -12,30 +11,16 @@ from perflab.types import HardwareSnapshot, ServeConfig, Unsupported
 FP8_SOURCE = "https://github.com/sgl-project/sglang/issues/5871"
 FP8_MIN_SM = 89
 FP8_QUANTIZATIONS = frozenset({"fp8", "w8a8_fp8", "modelopt_fp8", "w4afp8"})
-_FP8_MODEL = re.compile(r"(?i)(?:^|[-_./])fp8(?:$|[-_.])")
 
 
 def is_fp8(config: ServeConfig) -> bool:
     """FP8 weights asked for, either as a quantization or by a pre-quantized checkpoint id."""
-    return config.quantization in FP8_QUANTIZATIONS or bool(_FP8_MODEL.search(config.model))
+    return config.quantization in FP8_QUANTIZATIONS or checkpoint_tagged(config.model, "fp8")
 
 
 def check(config: ServeConfig, hardware: HardwareSnapshot) -> list[Unsupported]:
-    out: list[Unsupported] = []
-    if is_fp8(config):
-        old = [a for a in hardware.select(config.devices, "cuda") if a.sm is not None and a.sm < FP8_MIN_SM]
-        if old:
-            what = (
-                f"quantization={config.quantization}"
-                if config.quantization
-                else f"model={config.model} (FP8 checkpoint)"
-            )
-            out.append(
-                Unsupported(
-                    what,
-                    f"{old[0].name} is SM{old[0].sm}; SGLang's FP8 kernels need SM{FP8_MIN_SM}+ "
-                    "(seed 001: SGLang FP8 does not work on A100)",
-                    source=FP8_SOURCE,
-                )
-            )
-    return out
+    if not is_fp8(config):
+        return []
+    return min_sm_refusal(config, hardware, FP8_MIN_SM, "FP8",
+                          f"SGLang's FP8 kernels need SM{FP8_MIN_SM}+ (seed 001: SGLang FP8 does not work on A100)",
+                          FP8_SOURCE)

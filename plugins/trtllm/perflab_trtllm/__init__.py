@@ -11,92 +11,88 @@ Flags and LLM-API keys come from NVIDIA/TensorRT-LLM ``tensorrt_llm/commands/ser
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import re
 from pathlib import Path
 
-from perflab import hookimpl
-from perflab.types import (
-    CrashCause,
-    EngineInfo,
-    HardwareSnapshot,
-    HttpProbe,
-    LaunchSpec,
-    Readiness,
-    ServeConfig,
-    Unsupported,
-)
+from perflab import (EngineInfo, EnginePlugin, HardwareSnapshot, HttpProbe, LaunchSpec,
+                     Maps, Readiness, Refuses, ServeConfig, Unsupported)
 
 ENGINE = "trtllm"
-PERFLAB_HOOKSPEC_VERSIONS = (1,)
+SERVE = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/commands/serve.py"
+LLM_ARGS = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/llmapi/llm_args.py"
+OPENAI_SERVER = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/serve/openai_server.py"
 
-INFO = EngineInfo(
-    name=ENGINE,
-    display_name="TensorRT-LLM",
-    accelerators=("cuda",),
-    description="NVIDIA TensorRT-LLM, OpenAI-compatible server (trtllm-serve)",
-    executable="trtllm-serve",
-    distributions=("tensorrt_llm", "tensorrt-llm"),
-    homepage="https://github.com/NVIDIA/TensorRT-LLM",
-    default_port=8000,  # trtllm-serve --port default
+#: trtllm-serve has no --version option of its own (its click group falls through to
+#: ``serve``), but importing tensorrt_llm prints the banner ``[TensorRT-LLM] TensorRT LLM
+#: version: 1.2.0rc1`` (older releases: ``TensorRT-LLM version:``) before click rejects the
+#: option, so the banner is parsed whatever the exit status; a plain ``trtllm-serve, version
+#: X`` line is accepted too.
+VERSION_OUTPUT: tuple[re.Pattern[str], ...] = (
+    re.compile(r"TensorRT[- ]LLM version:\s*v?(\S+)"),
+    re.compile(r"\bversion[:\s]+v?(\d+\.\d+[\w.+-]*)", re.I),
 )
 
 
-@hookimpl
-def perflab_register_engines(register: Callable[[EngineInfo], None]) -> None:
-    register(INFO)
+class TensorRTLLM(EnginePlugin):
+    info = EngineInfo(name=ENGINE, display_name="TensorRT-LLM", accelerators=("cuda",), executable="trtllm-serve",
+                      description="NVIDIA TensorRT-LLM, OpenAI-compatible server (trtllm-serve)",
+                      distributions=("tensorrt_llm", "tensorrt-llm"), homepage="https://github.com/NVIDIA/TensorRT-LLM",
+                      default_port=8000)  # trtllm-serve --port default
+    visible_devices_env = "CUDA_VISIBLE_DEVICES"
+    address_flags = ("--host", "--port")
+    crash_signatures = "perflab_trtllm.crashes:SIGNATURES"
+    version_output = VERSION_OUTPUT
+    # serve.py click options and llm_args.py LLM-API keys (written to --extra_llm_api_options)
+    serve_options = {
+        "model": Maps("MODEL (the positional argument)", SERVE),
+        "served_model_name": Refuses(
+            "trtllm-serve has no served-model-name option; it serves the model as its MODEL argument "
+            "(the directory name for a local checkpoint); that name itself is accepted", OPENAI_SERVER, always=False),
+        "tp": Maps("--tp_size", SERVE),
+        "pp": Maps("--pp_size", SERVE),
+        "dp": Maps("enable_attention_dp with --tp_size = dp", LLM_ARGS),
+        "ep": Maps("--ep_size", SERVE),
+        "max_model_len": Maps("--max_seq_len", SERVE),
+        "max_batched_tokens": Maps("--max_num_tokens", SERVE),
+        "max_num_seqs": Maps("--max_batch_size", SERVE),
+        "quantization": Maps("quant_config.quant_algo (backend=tensorrt; the PyTorch backend loads pre-quantized "
+                             "checkpoints only)", LLM_ARGS),
+        "kv_cache_dtype": Maps("kv_cache_config.dtype (PyTorch) / quant_config.kv_cache_quant_algo", LLM_ARGS),
+        "prefix_caching": Maps("kv_cache_config.enable_block_reuse", LLM_ARGS),
+        "chunked_prefill": Maps("--enable_chunked_prefill", SERVE),
+        "speculative_config": Maps("speculative_config (decoding_type MTP/Eagle/NGram/DraftTarget)", LLM_ARGS),
+        "mem_fraction": Maps("--kv_cache_free_gpu_memory_fraction", SERVE),
+        "reasoning_parser": Maps("--reasoning_parser", SERVE),
+        "host": Maps("--host", SERVE),
+        "port": Maps("--port", SERVE),
+        "devices": Maps("CUDA_VISIBLE_DEVICES", SERVE),
+        "extra_args": Maps("appended to the argv", SERVE),
+        "extra_env": Maps("the engine's environment", SERVE),
+        "options": Maps("backend (--backend), prequantized, extra_llm_api_options (merged into the YAML)", SERVE),
+    }
 
 
-@hookimpl
-def perflab_engine_version(engine: str, env: Mapping[str, str]) -> str | None:
-    if engine != ENGINE:
-        return None
-    from perflab_trtllm.version import installed_version
+    def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported]:
+        from perflab_trtllm.support import check
 
-    return installed_version(INFO.distributions, str(INFO.executable), env)
+        return [*self.refused(config), *check(config, hardware)]
 
+    def build_launch(self, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None) -> LaunchSpec:
+        from perflab_trtllm.launch import build
 
-@hookimpl
-def perflab_check_support(
-    engine: str, config: ServeConfig, hardware: HardwareSnapshot, version: str | None
-) -> list[Unsupported] | None:
-    if engine != ENGINE:
-        return None
-    from perflab_trtllm.support import check
+        return build(config, workdir, self.device_env(config))
 
-    return check(config, hardware)
-
-
-@hookimpl
-def perflab_build_launch(
-    engine: str, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None
-) -> LaunchSpec | None:
-    if engine != ENGINE:
-        return None
-    from perflab_trtllm.launch import build
-
-    return build(config, workdir)
+    def readiness(self, launch: LaunchSpec) -> Readiness:
+        # GET /health answers 200 once the executor is healthy (OpenAIServer.health); uvicorn
+        # prints its two lines once the app is serving (uvicorn/server.py, uvicorn/lifespan/on.py).
+        return Readiness(
+            http=(HttpProbe("/health"),),
+            generation_path="/v1/completions",
+            ready_log_patterns=(
+                r"Uvicorn running on \S+ \(Press CTRL\+C to quit\)",
+                r"Application startup complete\.",
+            ),
+        )
 
 
-@hookimpl
-def perflab_readiness(engine: str, launch: LaunchSpec) -> Readiness | None:
-    if engine != ENGINE:
-        return None
-    # GET /health answers 200 once the executor is healthy (OpenAIServer.health); uvicorn
-    # prints its two lines once the app is serving (uvicorn/server.py, uvicorn/lifespan/on.py).
-    return Readiness(
-        http=(HttpProbe("/health"),),
-        generation_path="/v1/completions",
-        ready_log_patterns=(
-            r"Uvicorn running on \S+ \(Press CTRL\+C to quit\)",
-            r"Application startup complete\.",
-        ),
-    )
-
-
-@hookimpl
-def perflab_classify_crash(engine: str, exit_code: int | None, log_tail: str) -> CrashCause | None:
-    if engine != ENGINE:
-        return None
-    from perflab_trtllm.crashes import classify
-
-    return classify(log_tail)
+plugin = TensorRTLLM()

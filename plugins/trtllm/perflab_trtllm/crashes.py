@@ -7,14 +7,12 @@ first matching line (the root cause, not a later MPI/wrapper error) is quoted.
 from __future__ import annotations
 
 import re
-from perflab.crashes import Signature, first_signature
-from perflab.types import CrashCause
+
+from perflab.crashes import Signature
 
 REPO = "https://github.com/NVIDIA/TensorRT-LLM/blob/main"
 
-
-
-
+#: most specific first; perflab.crashes.SHARED_SIGNATURES (model not found) are tried after these
 SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "fp8-block-scaling-unsupported-sm",
@@ -60,18 +58,4 @@ SIGNATURES: tuple[Signature, ...] = (
         "stop whatever holds the port (a previous run's MPI workers?) or choose another port",
         f"{REPO}/tensorrt_llm/commands/serve.py",
     ),
-    Signature(
-        "model-not-found",
-        re.compile(
-            r"RepositoryNotFoundError|Repository Not Found for url|is not a local folder and is not a valid model identifier"
-            r"|GatedRepoError|does not appear to have a file named config\.json|HFValidationError"
-        ),
-        "the model could not be found (not a local path, unknown or gated Hugging Face repo)",
-        "check the model id/path, HF_TOKEN for gated repos, and HF_HUB_OFFLINE",
-        "https://huggingface.co/docs/huggingface_hub/package_reference/utilities#huggingface_hub.errors.RepositoryNotFoundError",
-    ),
 )
-
-
-def classify(log_tail: str, signatures: tuple[Signature, ...] = SIGNATURES) -> CrashCause | None:
-    return first_signature(log_tail, signatures)

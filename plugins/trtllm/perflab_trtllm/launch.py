@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from perflab.errors import UnsupportedOption
+from perflab.plugin_base import fraction, positive, refuse_unknown
 from perflab.types import FileSpec, LaunchSpec, ServeConfig
 from perflab_trtllm.speculative import speculative_config
 
@@ -84,19 +85,13 @@ def _merge(into: dict[str, Any], extra: Mapping[str, Any], where: str = "") -> N
 
 
 def _positive(name: str, value: int) -> str:
-    if value < 1:
-        raise UnsupportedOption("trtllm", f"{name}={value}", "must be at least 1")
-    return str(value)
+    return positive("trtllm", name, value)
 
 
-def build(config: ServeConfig, workdir: Path) -> LaunchSpec:
-    unknown = sorted(set(config.options) - OPTIONS)
-    if unknown:
-        raise UnsupportedOption(
-            "trtllm",
-            f"option(s) {', '.join(unknown)}",
-            f"the TensorRT-LLM plugin knows only {', '.join(sorted(OPTIONS))}",
-        )
+def build(config: ServeConfig, workdir: Path, env: Mapping[str, str]) -> LaunchSpec:
+    """The launch, with ``env`` the device environment perflab_trtllm.plugin made."""
+    refuse_unknown("trtllm", config.options, OPTIONS, "option(s)",
+                   f"the TensorRT-LLM plugin knows only {', '.join(sorted(OPTIONS))}")
     backend = config.options.get("backend")
     if backend is not None and backend not in BACKENDS:
         raise UnsupportedOption(
@@ -148,9 +143,7 @@ def build(config: ServeConfig, workdir: Path) -> LaunchSpec:
     if config.chunked_prefill:
         argv += ["--enable_chunked_prefill"]  # off by default: chunked_prefill=False adds nothing
     if config.mem_fraction is not None:
-        if not 0 < config.mem_fraction <= 1:
-            raise UnsupportedOption("trtllm", f"mem_fraction={config.mem_fraction}", "must be in (0, 1]")
-        argv += ["--kv_cache_free_gpu_memory_fraction", str(config.mem_fraction)]
+        argv += ["--kv_cache_free_gpu_memory_fraction", fraction("trtllm", "mem_fraction", config.mem_fraction)]
     if config.reasoning_parser is not None:
         argv += ["--reasoning_parser", REASONING_PARSERS.get(config.reasoning_parser, config.reasoning_parser)]
 
@@ -208,12 +201,6 @@ def build(config: ServeConfig, workdir: Path) -> LaunchSpec:
         argv += ["--extra_llm_api_options", path]
     argv += list(config.extra_args)
 
-    env = dict(config.extra_env)
-    if config.devices is not None:
-        visible = ",".join(str(d) for d in config.devices)
-        if env.get("CUDA_VISIBLE_DEVICES", visible) != visible:
-            raise UnsupportedOption("trtllm", "devices", "conflicts with CUDA_VISIBLE_DEVICES in extra_env")
-        env["CUDA_VISIBLE_DEVICES"] = visible
     return LaunchSpec(
         engine="trtllm",
         argv=tuple(argv),

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from perflab.errors import UnsupportedOption
+from perflab.plugin_base import refuse_unknown
 
 LLM_ARGS = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/llmapi/llm_args.py"
 
@@ -32,13 +33,8 @@ KNOWN_KEYS = frozenset({"method", "model", "num_speculative_tokens", "prompt_loo
 
 
 def speculative_config(spec: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(spec) - KNOWN_KEYS)
-    if unknown:
-        raise UnsupportedOption(
-            "trtllm",
-            f"speculative_config key(s) {', '.join(unknown)}",
-            f"perflab maps only {', '.join(sorted(KNOWN_KEYS))} to TensorRT-LLM's speculative_config ({LLM_ARGS})",
-        )
+    refuse_unknown("trtllm", spec, KNOWN_KEYS, "speculative_config key(s)",
+                   f"perflab maps only {', '.join(sorted(KNOWN_KEYS))} to TensorRT-LLM's speculative_config ({LLM_ARGS})")
     method = spec.get("method") or ("draft_model" if spec.get("model") else None)
     decoding_type = METHODS.get(str(method).lower()) if method else None
     if decoding_type is None:

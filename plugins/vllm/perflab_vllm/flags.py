@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from perflab.errors import UnsupportedOption, UsageError
 from perflab.types import ServeConfig
+from perflab_vllm import VLLM
 
 ARG_UTILS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/engine/arg_utils.py"
 MOE_CONFIG = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/model_executor/layers/fused_moe/config.py"
@@ -95,8 +96,9 @@ VLLM_OPTIONS: tuple[EngineOption, ...] = (
     ),
 )
 
-#: Where the engine's host and port go; always explicit in the argv.
-HOST_PORT_FLAGS = ("--host", "--port")
+#: Where the engine's host and port go; always explicit in the argv (declared once, as the
+#: plugin's address_flags, which the serving script leaves out).
+HOST_PORT_FLAGS = VLLM.address_flags
 
 
 def expert_parallel_enabled(engine: str, config: ServeConfig) -> bool:
@@ -236,20 +238,3 @@ def serve_argv(
     warnings = check_extra_args(engine, config.extra_args, generated)
     argv = ["vllm", "serve", config.model, "--host", config.host, "--port", str(config.port)]
     return argv + generated + list(config.extra_args), warnings
-
-
-def device_env(config: ServeConfig, variable: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The engine's environment: visible devices, then the user's extra env.
-
-    An explicit ``--env`` for the device variable that disagrees with ``--devices`` is a user
-    error rather than a silent override.
-    """
-    env: dict[str, str] = dict(extra or {})
-    if config.devices is not None:
-        wanted = ",".join(str(d) for d in config.devices)
-        given = config.extra_env.get(variable)
-        if given is not None and given != wanted:
-            raise UsageError(f"--env {variable}={given} contradicts --devices {wanted}; give only one of them")
-        env[variable] = wanted
-    env.update(config.extra_env)
-    return env

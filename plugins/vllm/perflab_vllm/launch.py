@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from perflab.types import HardwareSnapshot, HttpProbe, LaunchSpec, Readiness, ServeConfig
 
-from perflab_vllm.flags import VLLM_OPTIONS, device_env, serve_argv
+from perflab_vllm.flags import EngineOption, serve_argv
 from perflab_vllm.version import served_version_warning
-
-ENGINE = "vllm"
-
-#: NVML (and so perflab's device indexes) numbers GPUs in PCI bus order; CUDA's default
-#: order is "fastest first". Without this, --devices 0 could be a different GPU for vLLM.
-#: https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#env-vars
-CUDA_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-CUDA_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 #: On CPU, a perflab device is a NUMA node (perflab.hardware.cpu). vLLM's CPU platform
 #: selects nodes with ``CPU_VISIBLE_MEMORY_NODES`` (its ``device_control_env_var``:
@@ -49,14 +43,12 @@ def on_cpu(hardware: HardwareSnapshot | None) -> bool:
     return hardware is not None and bool(hardware.of_kind("cpu")) and not hardware.of_kind("cuda")
 
 
-def build_launch(config: ServeConfig, hardware: HardwareSnapshot | None = None) -> LaunchSpec:
-    argv, warnings = serve_argv(ENGINE, config, VLLM_OPTIONS)
-    if on_cpu(hardware):
-        env = device_env(config, CPU_DEVICES)
-    else:
-        env = device_env(config, CUDA_DEVICES, CUDA_ORDER if config.devices is not None else None)
+def build_launch(engine: str, config: ServeConfig, env: Mapping[str, str], options: Sequence[EngineOption]) -> LaunchSpec:
+    """``vllm serve`` for ``engine`` (vllm, vllm-ascend) with its options table; ``env`` is the
+    device environment the plugin made (EnginePlugin.device_env)."""
+    argv, warnings = serve_argv(engine, config, options)
     return LaunchSpec(
-        engine=ENGINE,
+        engine=engine,
         argv=tuple(argv),
         host=config.host,
         port=int(config.port or 0),

@@ -1,92 +1,61 @@
 """perflab engine plugin for vLLM-Ascend (``vllm serve`` on Huawei Ascend NPUs).
 
-Builds on perflab_vllm: vLLM-Ascend is a vLLM platform plugin with vLLM's own command line.
-Import-light: only perflab's types at import time, the plugin's modules inside the hooks.
+Builds on perflab_vllm: vLLM-Ascend is a vLLM platform plugin with vLLM's own command line,
+so the plugin is perflab_vllm's with another name, device variable, options table, preflight
+and crash causes. Import-light: only perflab's types (and perflab_vllm's light module) at
+import time, the plugin's modules inside the methods.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from perflab import hookimpl
-from perflab.types import (
-    CrashCause,
-    EngineInfo,
-    HardwareSnapshot,
-    LaunchSpec,
-    Readiness,
-    ServeConfig,
-    Unsupported,
-)
+from perflab import CrashCause, EngineInfo, HardwareSnapshot, Maps, ServeConfig, Unsupported
+from perflab_vllm import VLLM, VLLM_SERVE_OPTIONS
 
-PERFLAB_HOOKSPEC_VERSIONS = (1,)
+if TYPE_CHECKING:
+    from perflab_vllm.flags import EngineOption
 
 ENGINE = "vllm-ascend"
+PLATFORM = "https://github.com/vllm-project/vllm-ascend/blob/v0.11.0rc2/vllm_ascend/platform.py"
 
-INFO = EngineInfo(
-    name=ENGINE,
-    display_name="vLLM-Ascend",
-    accelerators=("ascend",),
-    description="vLLM with the vLLM-Ascend platform plugin (vllm serve) on Huawei Ascend NPUs",
-    executable="vllm",
-    distributions=("vllm-ascend",),  # dist-info names are normalised: vllm_ascend-X.dist-info
-    homepage="https://docs.vllm.ai/projects/ascend",
-    default_port=8000,
-)
+# Installed only when the environment that runs `vllm` has a vllm-ascend distribution: any
+# vLLM on PATH (a CUDA or CPU build) is not vLLM-Ascend. dist-info names are normalised
+# (vllm_ascend-X.dist-info).
+INFO = EngineInfo(name=ENGINE, display_name="vLLM-Ascend", accelerators=("ascend",), executable="vllm",
+                  description="vLLM with the vLLM-Ascend platform plugin (vllm serve) on Huawei Ascend NPUs",
+                  distributions=("vllm-ascend",), homepage="https://docs.vllm.ai/projects/ascend", default_port=8000)
 
 
-@hookimpl
-def perflab_register_engines(register: Callable[[EngineInfo], None]) -> None:
-    register(INFO)
+class VLLMAscend(VLLM):
+    info = INFO
+    # NPUPlatform.device_control_env_var (vllm_ascend/platform.py)
+    visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
+    serve_options = {
+        **VLLM_SERVE_OPTIONS,
+        "devices": Maps("ASCEND_RT_VISIBLE_DEVICES", PLATFORM),
+        "options": Maps("perflab_vllm's options plus additional_config (--additional-config)",
+                        "https://github.com/vllm-project/vllm-ascend/blob/v0.11.0rc2/vllm_ascend/ascend_config.py"),
+    }
+
+    def engine_options(self) -> Sequence[EngineOption]:
+        from perflab_vllm_ascend.launch import ASCEND_OPTIONS
+
+        return ASCEND_OPTIONS
+
+    def device_variable(self, hardware: HardwareSnapshot) -> str | None:
+        return self.visible_devices_env
+
+    def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported]:
+        from perflab_vllm_ascend.support import check_support
+
+        return [*self.refused(config), *check_support(self.info.name, config, hardware, version)]
+
+    def classify_crash(self, exit_code: int | None, log_tail: str) -> CrashCause | None:
+        from perflab_vllm_ascend.crashes import classify_ascend
+
+        return classify_ascend(log_tail)
 
 
-@hookimpl
-def perflab_engine_version(engine: str, env: Mapping[str, str]) -> str | None:
-    if engine != ENGINE:
-        return None
-    from perflab_vllm.version import installed_version
-
-    # Installed only when the environment that runs `vllm` has a vllm-ascend distribution:
-    # any vLLM on PATH (a CUDA or CPU build) is not vLLM-Ascend.
-    return installed_version(INFO.distributions, env, executable=INFO.executable)
-
-
-@hookimpl
-def perflab_check_support(
-    engine: str, config: ServeConfig, hardware: HardwareSnapshot, version: str | None
-) -> list[Unsupported] | None:
-    if engine != ENGINE:
-        return None
-    from perflab_vllm_ascend.support import check_support
-
-    return check_support(engine, config, hardware, version)
-
-
-@hookimpl
-def perflab_build_launch(
-    engine: str, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None
-) -> LaunchSpec | None:
-    if engine != ENGINE:
-        return None
-    from perflab_vllm_ascend.launch import build_launch
-
-    return build_launch(config)
-
-
-@hookimpl
-def perflab_readiness(engine: str, launch: LaunchSpec) -> Readiness | None:
-    if engine != ENGINE:
-        return None
-    from perflab_vllm_ascend.launch import READINESS
-
-    return READINESS
-
-
-@hookimpl
-def perflab_classify_crash(engine: str, exit_code: int | None, log_tail: str) -> CrashCause | None:
-    if engine != ENGINE:
-        return None
-    from perflab_vllm_ascend.crashes import classify_ascend
-
-    return classify_ascend(log_tail)
+plugin = VLLMAscend()

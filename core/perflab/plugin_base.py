@@ -1,0 +1,310 @@
+"""The base class of an engine plugin: the engine-name guard, the lazy import and the defaults.
+
+pluggy registers instances as well as modules. An engine plugin subclasses
+:class:`EnginePlugin`, declares what it knows as class attributes, overrides the plain
+methods it needs (no ``engine`` argument: the base's hook implementations answer only for
+``info.name`` and return ``None`` for every other engine) and exposes one instance through
+its entry point::
+
+    # pyproject.toml
+    [project.entry-points.perflab]
+    myengine = "perflab_myengine:plugin"
+
+    # perflab_myengine/__init__.py  (imports only perflab's types: `perflab engines list` loads it)
+    class MyEngine(EnginePlugin):
+        info = EngineInfo(name="myengine", display_name="MyEngine", accelerators=("cuda",),
+                          executable="myengine-serve", distributions=("myengine",))
+        visible_devices_env = "CUDA_VISIBLE_DEVICES"
+        address_flags = ("--host", "--port")
+        serve_options = {"tp": Maps("--tp N", source="https://..."), ...}  # every ServeConfig field
+
+        def build_launch(self, config, hardware, workdir, version):
+            from perflab_myengine.launch import build  # heavy modules inside the method
+            return build(config, self.device_env(config))
+
+    plugin = MyEngine()
+
+Defaults: :meth:`EnginePlugin.version` from ``info.distributions``/``info.executable``
+(:mod:`perflab.installed`), :meth:`EnginePlugin.device_env` from ``visible_devices_env``
+(with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for CUDA), :meth:`EnginePlugin.check_support` refusing
+every set option the plugin :class:`Refuses`, :meth:`EnginePlugin.classify_crash` matching
+``crash_signatures`` then the core's shared ones, readiness ``None`` (the core's default).
+Module-style plugins (hook contract v1, functions with an ``engine`` argument) keep working.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from perflab.errors import UnsupportedOption, UsageError
+from perflab.hookspecs import hookimpl
+from perflab.types import CrashCause, EngineInfo, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig, Unsupported
+
+if TYPE_CHECKING:
+    from perflab.crashes import Signature
+
+#: NVML (and so perflab's device indexes) numbers GPUs in PCI bus order; CUDA's default order
+#: is "fastest first". Without this, --devices 0 could be another GPU for the engine.
+#: https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#env-vars
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+CUDA_ORDER: Mapping[str, str] = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+@dataclass(frozen=True)
+class Maps:
+    """A serving option the engine expresses: ``how`` (its flag or config key), and where the
+    engine documents it."""
+
+    how: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Refuses:
+    """A serving option the engine cannot express: why, and where that knowledge comes from.
+    :meth:`EnginePlugin.refused` (the default ``check_support``) turns a set one into an error;
+    with ``always=False`` the engine takes some values (MindIE: ``kv_cache_dtype=auto``) and the
+    plugin's ``build_launch`` refuses the others instead."""
+
+    why: str
+    source: str = ""
+    always: bool = True
+
+
+ServeOption = Maps | Refuses
+
+
+class DevicesConflict(UnsupportedOption, UsageError):
+    """``--env <visible devices variable>`` contradicts ``--devices``: a user mistake the
+    engine cannot express either way."""
+
+    def __init__(self, engine: str, variable: str, given: str, wanted: str) -> None:
+        super().__init__(engine, "devices", f"--env {variable}={given} contradicts --devices {wanted}; give only one of them")
+
+
+def is_set(config: ServeConfig, name: str) -> bool:
+    """Whether field ``name`` of ``config`` differs from its default (None, (), {})."""
+    fld = next(f for f in dataclasses.fields(ServeConfig) if f.name == name)
+    value = getattr(config, name)
+    if fld.default is not dataclasses.MISSING:
+        return bool(value != fld.default)
+    if fld.default_factory is not dataclasses.MISSING:
+        return bool(value != fld.default_factory())
+    return True  # a required field (model) is always set
+
+
+def set_value(config: ServeConfig, name: str) -> str:
+    """``name=value`` as Unsupported.what spells an option."""
+    value = getattr(config, name)
+    if isinstance(value, Mapping):
+        value = dict(value)
+    return f"{name}={value}"
+
+
+def address_tokens(argv: Sequence[str], flags: Sequence[str]) -> tuple[str, ...]:
+    """The tokens of ``argv`` that only carry the address: each of ``flags`` with its value
+    (``--port 8000`` or ``--port=8000``), in argv order."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in flags and i + 1 < len(argv):
+            out += [arg, argv[i + 1]]
+            i += 2
+            continue
+        if any(arg.startswith(f + "=") for f in flags):
+            out.append(arg)
+        i += 1
+    return tuple(out)
+
+
+class EnginePlugin:
+    """Subclass, set the class attributes, override the plain methods; register an instance."""
+
+    PERFLAB_HOOKSPEC_VERSIONS: ClassVar[tuple[int, ...]] = (1,)
+
+    #: the engine this plugin provides (its name guards every hook)
+    info: ClassVar[EngineInfo]
+    #: the environment variable that selects devices (``CUDA_VISIBLE_DEVICES``,
+    #: ``ASCEND_RT_VISIBLE_DEVICES``); None: the plugin selects devices itself
+    visible_devices_env: ClassVar[str | None] = None
+    #: the flags of the launch argv that carry only the address perflab chose (``--host``,
+    #: ``--port``): the serving script leaves them out, as the seeds' commands do
+    address_flags: ClassVar[tuple[str, ...]] = ()
+    #: the engine's own crash signatures, most specific first (the core's shared ones follow);
+    #: or "module:NAME" of a tuple, imported on the first crash (keeps the plugin import-light)
+    crash_signatures: ClassVar[tuple[Signature, ...] | str] = ()
+    #: every ServeConfig field: how the engine expresses it, or why it cannot
+    serve_options: ClassVar[Mapping[str, ServeOption]] = {}
+    #: patterns reading the version from ``EXECUTABLE --version`` when no distribution
+    #: metadata says it; empty: the executable is never run
+    version_output: ClassVar[tuple[re.Pattern[str], ...]] = ()
+
+    # ------------------------------------------------------------------ the hooks (guarded)
+
+    @hookimpl
+    def perflab_register_engines(self, register: Callable[[EngineInfo], None]) -> None:
+        register(self.info)
+
+    @hookimpl
+    def perflab_engine_version(self, engine: str, env: Mapping[str, str]) -> str | None:
+        return self.version(env) if engine == self.info.name else None
+
+    @hookimpl
+    def perflab_check_support(
+        self, engine: str, config: ServeConfig, hardware: HardwareSnapshot, version: str | None
+    ) -> list[Unsupported] | None:
+        return self.check_support(config, hardware, version) if engine == self.info.name else None
+
+    @hookimpl
+    def perflab_build_launch(
+        self, engine: str, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None
+    ) -> LaunchSpec | None:
+        if engine != self.info.name:
+            return None
+        spec = self.build_launch(config, hardware, workdir, version)
+        if self.address_flags and not spec.address_args:
+            spec = dataclasses.replace(spec, address_args=address_tokens(spec.argv, self.address_flags))
+        return spec
+
+    @hookimpl
+    def perflab_readiness(self, engine: str, launch: LaunchSpec) -> Readiness | None:
+        return self.readiness(launch) if engine == self.info.name else None
+
+    @hookimpl
+    def perflab_classify_crash(self, engine: str, exit_code: int | None, log_tail: str) -> CrashCause | None:
+        return self.classify_crash(exit_code, log_tail) if engine == self.info.name else None
+
+    @hookimpl
+    def perflab_teardown(self, engine: str, launch: LaunchSpec, workdir: Path) -> None:
+        if engine == self.info.name:
+            self.teardown(launch, workdir)
+
+    @hookimpl
+    def perflab_describe_file(self, engine: str, path: str, content: str) -> list[str] | None:
+        return self.describe_file(path, content) if engine == self.info.name else None
+
+    # ------------------------------------------------------------------ what a plugin overrides
+
+    def version(self, env: Mapping[str, str]) -> str | None:
+        """The installed engine version (default: :func:`perflab.installed.installed_version`
+        from ``info.distributions``, ``info.executable`` and ``version_output``)."""
+        from perflab.installed import installed_version
+
+        return installed_version(self.info.distributions, env, self.info.executable, self.version_output)
+
+    def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported]:
+        """Why ``config`` cannot work here (default: the set options this plugin refuses)."""
+        return self.refused(config)
+
+    def build_launch(self, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None) -> LaunchSpec:
+        raise NotImplementedError(f"{type(self).__name__} must implement build_launch()")
+
+    def readiness(self, launch: LaunchSpec) -> Readiness | None:
+        """How to tell the engine serves (default None: ``GET /health`` + one-token completion)."""
+        return None
+
+    def classify_crash(self, exit_code: int | None, log_tail: str) -> CrashCause | None:
+        """The first of ``crash_signatures`` + the core's shared ones found in the log."""
+        from perflab.crashes import SHARED_SIGNATURES, first_signature
+
+        own = self.crash_signatures
+        if isinstance(own, str):
+            module, _, name = own.partition(":")
+            own = getattr(importlib.import_module(module), name)
+        return first_signature(log_tail, (*own, *SHARED_SIGNATURES))
+
+    def teardown(self, launch: LaunchSpec, workdir: Path) -> None:
+        """Clean up what the engine leaves behind (default: nothing)."""
+
+    def describe_file(self, path: str, content: str) -> list[str] | None:
+        """The serving script's lines for a file this plugin wrote (default None)."""
+        return None
+
+    # ------------------------------------------------------------------ helpers
+
+    def refused(self, config: ServeConfig) -> list[Unsupported]:
+        """An error for each set option this plugin :class:`Refuses` whatever its value."""
+        return [
+            Unsupported(set_value(config, name), how.why, source=how.source)
+            for name, how in self.serve_options.items()
+            if isinstance(how, Refuses) and how.always and is_set(config, name)
+        ]
+
+    def raise_refused(self, config: ServeConfig) -> None:
+        """Raise :class:`~perflab.errors.UnsupportedOption` for the first set option this plugin
+        :class:`Refuses` (for ``build_launch``: a forced launch must not drop it silently)."""
+        for problem in self.refused(config):
+            raise UnsupportedOption(self.info.name, problem.what, problem.why)
+
+    def device_env(self, config: ServeConfig, variable: str | None = None) -> dict[str, str]:
+        """The engine's environment: the visible devices (``variable``, default
+        ``visible_devices_env``; CUDA also gets ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), then the
+        user's ``extra_env``. An ``extra_env`` entry for the device variable that disagrees
+        with ``devices`` is a user error, not a silent override."""
+        variable = variable or self.visible_devices_env
+        env: dict[str, str] = {}
+        if config.devices is not None and variable is not None:
+            wanted = ",".join(str(d) for d in config.devices)
+            given = config.extra_env.get(variable)
+            if given is not None and given != wanted:
+                raise DevicesConflict(self.info.name, variable, given, wanted)
+            if variable == CUDA_VISIBLE_DEVICES:
+                env.update(CUDA_ORDER)
+            env[variable] = wanted
+        env.update(config.extra_env)
+        return env
+
+
+
+def older_devices(config: ServeConfig, hardware: HardwareSnapshot, min_sm: int) -> list[Any]:
+    """The CUDA devices ``config`` would use whose compute capability is below ``min_sm``."""
+    return [a for a in hardware.select(config.devices, "cuda") if a.sm is not None and a.sm < min_sm]
+
+
+def checkpoint_tagged(model: str, tag: str) -> bool:
+    """Whether a model id names a pre-quantized checkpoint (``Qwen/Qwen3-32B-FP8``: tag fp8)."""
+    return re.search(rf"(?i)(?:^|[-_./]){re.escape(tag)}(?:$|[-_.])", model) is not None
+
+
+def weights_what(config: ServeConfig, checkpoint: str) -> str:
+    """How an Unsupported names the weights asked for: the quantization, or the checkpoint."""
+    return f"quantization={config.quantization}" if config.quantization else f"model={config.model} ({checkpoint} checkpoint)"
+
+
+def min_sm_refusal(config: ServeConfig, hardware: HardwareSnapshot, min_sm: int, checkpoint: str, why: str,
+                   source: str) -> list[Unsupported]:
+    """One error when a device ``config`` uses is older than SM``min_sm``: ``why`` follows
+    "<GPU> is SM<n>; "."""
+    old = older_devices(config, hardware, min_sm)
+    if not old:
+        return []
+    return [Unsupported(weights_what(config, checkpoint), f"{old[0].name} is SM{old[0].sm}; {why}", source=source)]
+
+
+def positive(engine: str, name: str, value: int) -> str:
+    """``value`` as an argv token, or :class:`UnsupportedOption` when it is below 1."""
+    if value < 1:
+        raise UnsupportedOption(engine, f"{name}={value}", "must be at least 1")
+    return str(value)
+
+
+def refuse_unknown(engine: str, given: Iterable[str], known: Iterable[str], what: str, why: str) -> None:
+    """Raise :class:`UnsupportedOption` naming the keys of ``given`` not in ``known``:
+    ``what`` prefixes the key list ("option(s)"), ``why`` says what is understood."""
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise UnsupportedOption(engine, f"{what} {', '.join(unknown)}", why)
+
+
+def fraction(engine: str, name: str, value: float, why: str = "must be in (0, 1]") -> str:
+    """``value`` as an argv token, or :class:`UnsupportedOption` when it is not in (0, 1]."""
+    if not 0 < value <= 1:
+        raise UnsupportedOption(engine, f"{name}={value}", why)
+    return str(value)
