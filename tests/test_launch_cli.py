@@ -374,7 +374,7 @@ def test_sim_fault_is_named_detected_fast_and_cleaned_up(tmp_path: Path, fault: 
     from perflab.hardware import resolve
     from perflab.lifecycle.ports import port_is_free
     from perflab.plugins import load
-    from perflab.supervisor import supervise
+    from perflab.supervisor import EngineInstance
     from perflab.types import ServeConfig
 
     expected, startup_timeout, requests = FAULTS[fault]
@@ -386,7 +386,7 @@ def test_sim_fault_is_named_detected_fast_and_cleaned_up(tmp_path: Path, fault: 
 
     async def main() -> Any:
         config = ServeConfig(model="Qwen/Qwen3-32B", tp=2)
-        async with supervise(pm, "vllm", config, hardware=hw, env=env, workdir=tmp_path / "run",
+        async with EngineInstance(pm, "vllm", config, hardware=hw, env=env, workdir=tmp_path / "run",
                              startup_timeout=startup_timeout, grace=1.0, on_started=clock.watch) as inst:
             if inst.outcome.state == "ready":
                 tree.extend(psutil.Process(inst.pid).children(recursive=True))

@@ -26,7 +26,7 @@ from perflab import hookimpl
 from perflab.crashes import is_info
 from perflab.lifecycle import readiness_probe, registry
 from perflab.plugins import PluginManager, module_plugin
-from perflab.supervisor import EngineInstance, supervise
+from perflab.supervisor import EngineInstance
 from perflab.types import CrashCause, EngineInfo, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig
 from perflab_vllm.crashes import classify
 from perflab_vllm.launch import READINESS
@@ -96,7 +96,7 @@ def pm() -> Iterator[PluginManager]:
 
 def run(pm: PluginManager, tmp_path: Path, case: str, *args: Any, timeout: float | None = None) -> EngineInstance:
     config = ServeConfig(model="/models/tiny", served_model_name="tiny", options={"case": case, "args": tuple(args)})
-    return supervise(pm, ENGINE, config, hardware=HardwareSnapshot(), env=dict(os.environ),
+    return EngineInstance(pm, ENGINE, config, hardware=HardwareSnapshot(), env=dict(os.environ),
                      workdir=tmp_path / "run", startup_timeout=timeout, grace=2.0, check_memory=False)
 
 

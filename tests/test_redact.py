@@ -206,7 +206,7 @@ def test_supervised_sim_vllm_receives_the_real_secrets_and_requires_the_key(tmp_
     only ***."""
     from perflab.hardware import resolve
     from perflab.plugins import load
-    from perflab.supervisor import supervise
+    from perflab.supervisor import EngineInstance
     from perflab.types import ServeConfig
 
     captured = json.loads((REAL / "responses.json").read_text())
@@ -220,7 +220,7 @@ def test_supervised_sim_vllm_receives_the_real_secrets_and_requires_the_key(tmp_
 
     async def main() -> None:
         config = ServeConfig(model="Qwen/Qwen3-8B", extra_args=("--api-key", key), extra_env={"HF_TOKEN": tok})
-        async with supervise(pm, "vllm", config, hardware=hw, env=env, workdir=tmp_path / "run", startup_timeout=60,
+        async with EngineInstance(pm, "vllm", config, hardware=hw, env=env, workdir=tmp_path / "run", startup_timeout=60,
                              grace=2.0) as inst:
             assert inst.outcome.state == "ready", inst.outcome.to_json()
             proc = psutil.Process(inst.pid)

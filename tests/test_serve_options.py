@@ -204,3 +204,26 @@ def test_the_table_writer_rewrites_only_between_its_markers(tmp_path: Path) -> N
     assert doc.read_text() == f"intro\n{lab_options._TABLE_START}\n{options_table()}{lab_options._TABLE_END}\noutro\n"
     with pytest.raises(ValueError, match="no serving options table"):
         with_options_table("no markers here")
+
+
+def test_a_new_field_fails_each_plugins_conformance_until_the_plugin_maps_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worked example of docs/adding-a-serving-option.md: declaring ``enforce_eager`` on
+    ServeConfig makes every engine plugin's conformance fail, naming the field, until its
+    ``serve_options`` table maps or refuses it."""
+    from perflab.plugin_base import Maps
+    from perflab.plugins import PluginManager
+    from perflab.testing import conformance
+
+    new = ServeOption("bool", "Never capture graphs (vLLM --enforce-eager).", name="enforce_eager")
+    monkeypatch.setattr(conformance, "serve_options", lambda: (*serve_options(), new))
+    pm = PluginManager()
+    for engine in ("vllm", "vllm-ascend", "sglang", "trtllm", "mindie"):
+        kit = type("Kit", (conformance.EngineConformance,), {"engine": engine})()
+        info = pm.engine(engine).info
+        with pytest.raises(AssertionError, match="serve_options says nothing about enforce_eager"):
+            kit.test_every_serve_option_is_mapped_or_refused(pm, info)
+    # the plugin's mapping is the other half: with it, the check passes
+    plugin = pm.pm.get_plugin(pm.engine("vllm").plugin)
+    monkeypatch.setattr(plugin, "serve_options", {**plugin.serve_options, "enforce_eager": Maps("--enforce-eager")})
+    kit = type("Kit", (conformance.EngineConformance,), {"engine": "vllm"})()
+    kit.test_every_serve_option_is_mapped_or_refused(pm, pm.engine("vllm").info)

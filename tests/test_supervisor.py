@@ -30,7 +30,7 @@ from perflab import hookimpl
 from perflab.errors import UnsupportedOption
 from perflab.lifecycle import registry
 from perflab.plugins import PluginManager, module_plugin
-from perflab.supervisor import STATES, EngineInstance, pick_free_port, signal_guard, supervise
+from perflab.supervisor import STATES, EngineInstance, pick_free_port, signal_guard
 from perflab.types import (
     Accelerator,
     CrashCause,
@@ -323,10 +323,10 @@ class Fake:
         self.hardware = probe(self.pm, self.env)
         self.pids: list[int] = []
 
-    def supervise(self, mode: str = "normal", *, grace: float = 2.0, startup_timeout: float | None = 15.0,
+    def EngineInstance(self, mode: str = "normal", *, grace: float = 2.0, startup_timeout: float | None = 15.0,
                   port: int | None = None, force: bool = False, **kw: Any) -> EngineInstance:
         config = ServeConfig(model="fake/model", port=port, options={"mode": mode})
-        return supervise(self.pm, "fake", config, hardware=self.hardware, env=self.env,
+        return EngineInstance(self.pm, "fake", config, hardware=self.hardware, env=self.env,
                          workdir=self.tmp / f"run-{len(self.pids)}", force=force, startup_timeout=startup_timeout,
                          grace=grace, memory_settle_s=kw.pop("memory_settle_s", 0.5),
                          on_started=self.pids.append, **kw)
@@ -391,7 +391,7 @@ def fake(tmp_path: Path) -> Iterator[Fake]:
 
 @pytest.mark.anyio
 async def test_ready_serves_then_tears_down_completely(fake: Fake) -> None:
-    async with fake.supervise() as inst:
+    async with fake.EngineInstance() as inst:
         o = inst.outcome
         assert o.state == "ready", o.to_json()
         assert inst.base_url is not None and inst.pid == o.pid
@@ -437,7 +437,7 @@ async def test_served_version_is_cross_checked_once_ready(tmp_path: Path, answer
         return None if answer is None else f"serves 9.9, detected {detected}"
 
     fake = Fake(tmp_path, version_check=check)
-    async with fake.supervise() as inst:
+    async with fake.EngineInstance() as inst:
         assert inst.outcome.state == "ready"
         assert seen == [(inst.base_url, "0.0-fake", 200)]
     warnings = [w.why for w in inst.outcome.warnings if w.what == "version"]
@@ -451,7 +451,7 @@ async def test_served_version_is_cross_checked_once_ready(tmp_path: Path, answer
 
 @pytest.mark.anyio
 async def test_slow_start_waits_for_a_real_generation(fake: Fake) -> None:
-    async with fake.supervise("slow-start:0.6") as inst:
+    async with fake.EngineInstance("slow-start:0.6") as inst:
         assert inst.outcome.state == "ready"
         assert inst.outcome.ready_s is not None and inst.outcome.ready_s >= 0.6
     assert_clean(inst)
@@ -460,7 +460,7 @@ async def test_slow_start_waits_for_a_real_generation(fake: Fake) -> None:
 @pytest.mark.anyio
 async def test_files_are_written_under_workdir(tmp_path: Path) -> None:
     fake = Fake(tmp_path, files=(FileSpec("conf/config.json", '{"a": 1}'),))
-    async with fake.supervise() as inst:
+    async with fake.EngineInstance() as inst:
         assert inst.outcome.state == "ready"
         assert json.loads((inst.workdir / "conf" / "config.json").read_text()) == {"a": 1}
     assert json.loads((inst.workdir / "launch.json").read_text())["files"] == ["conf/config.json"]
@@ -472,7 +472,7 @@ async def test_files_are_written_under_workdir(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_crash_at_start_is_named_and_noticed_at_once(fake: Fake) -> None:
-    async with fake.supervise("crash-at-start") as inst:
+    async with fake.EngineInstance("crash-at-start") as inst:
         o = inst.outcome
         assert o.state == "crashed"
         assert inst.died.is_set()
@@ -490,7 +490,7 @@ async def test_crash_at_start_is_named_and_noticed_at_once(fake: Fake) -> None:
 
 @pytest.mark.anyio
 async def test_unknown_crash_gets_generic_cause_with_exit_code(fake: Fake) -> None:
-    async with fake.supervise("exit-plain") as inst:
+    async with fake.EngineInstance("exit-plain") as inst:
         c = inst.outcome.cause
         assert inst.outcome.state == "crashed" and c is not None
         assert c.name == "unknown" and "code 7" in c.explanation
@@ -499,7 +499,7 @@ async def test_unknown_crash_gets_generic_cause_with_exit_code(fake: Fake) -> No
 
 @pytest.mark.anyio
 async def test_crash_while_serving_sets_died_within_a_second(fake: Fake) -> None:
-    async with fake.supervise("crash-after:2") as inst:  # the readiness generation is request 1
+    async with fake.EngineInstance("crash-after:2") as inst:  # the readiness generation is request 1
         assert inst.outcome.state == "ready"
         assert not inst.died.is_set()
         async with httpx.AsyncClient(trust_env=False) as c:
@@ -516,7 +516,7 @@ async def test_crash_while_serving_sets_died_within_a_second(fake: Fake) -> None
 
 @pytest.mark.anyio
 async def test_ready_line_before_bind_failure_is_not_ready(fake: Fake) -> None:
-    async with fake.supervise("bind-fail") as inst:
+    async with fake.EngineInstance("bind-fail") as inst:
         o = inst.outcome
         assert o.state == "crashed" and o.ready_s is None
         assert o.ready_log_s is not None  # the line was seen, and not trusted
@@ -527,7 +527,7 @@ async def test_ready_line_before_bind_failure_is_not_ready(fake: Fake) -> None:
 @pytest.mark.anyio
 async def test_missing_executable_is_a_named_failure(tmp_path: Path) -> None:
     fake = Fake(tmp_path, executable=str(tmp_path / "no-such-engine"))
-    async with fake.supervise() as inst:
+    async with fake.EngineInstance() as inst:
         o = inst.outcome
         assert o.state == "crashed" and o.cause is not None and o.cause.name == "spawn-failed"
         assert inst.pid is None
@@ -539,7 +539,7 @@ async def test_missing_executable_is_a_named_failure(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_never_healthy_times_out(fake: Fake) -> None:
-    async with fake.supervise("never-ready", startup_timeout=1.0) as inst:
+    async with fake.EngineInstance("never-ready", startup_timeout=1.0) as inst:
         o = inst.outcome
         assert o.state == "timeout" and o.cause is not None and o.cause.name == "startup-timeout"
         assert "HTTP 503" in o.cause.explanation
@@ -548,7 +548,7 @@ async def test_never_healthy_times_out(fake: Fake) -> None:
 
 @pytest.mark.anyio
 async def test_health_that_lies_is_caught_by_the_generation_probe(fake: Fake) -> None:
-    async with fake.supervise("health-lies", startup_timeout=1.0) as inst:
+    async with fake.EngineInstance("health-lies", startup_timeout=1.0) as inst:
         o = inst.outcome
         assert o.state == "timeout" and o.cause is not None and o.cause.name == "generation-probe-failed"
         assert "HTTP 500" in o.cause.explanation
@@ -558,7 +558,7 @@ async def test_health_that_lies_is_caught_by_the_generation_probe(fake: Fake) ->
 @pytest.mark.anyio
 async def test_hung_engine_times_out_and_is_killed(fake: Fake) -> None:
     t0 = time.monotonic()
-    async with fake.supervise("hang,ignore-sigterm", startup_timeout=1.0, grace=0.3) as inst:
+    async with fake.EngineInstance("hang,ignore-sigterm", startup_timeout=1.0, grace=0.3) as inst:
         assert inst.outcome.state == "timeout"
     assert time.monotonic() - t0 < 10
     assert_clean(inst)
@@ -569,7 +569,7 @@ async def test_hung_engine_times_out_and_is_killed(fake: Fake) -> None:
 
 @pytest.mark.anyio
 async def test_sigterm_ignored_means_sigkill_after_grace(fake: Fake) -> None:
-    async with fake.supervise("ignore-sigterm", grace=0.4) as inst:
+    async with fake.EngineInstance("ignore-sigterm", grace=0.4) as inst:
         assert inst.outcome.state == "ready"
     o = inst.outcome
     assert o.state == "done"
@@ -591,7 +591,7 @@ def signals_received(fake: Fake) -> dict[int, list[str]]:
 async def test_each_process_gets_at_most_one_sigterm_and_the_leader_stops_its_children(fake: Fake) -> None:
     # A leader that forwards SIGTERM to its workers, like vLLM's API server and llama.cpp's
     # server; a second SIGTERM is what makes llama.cpp skip its cleanup.
-    async with fake.supervise("record-signals:3", grace=5.0) as inst:
+    async with fake.EngineInstance("record-signals:3", grace=5.0) as inst:
         assert inst.outcome.state == "ready"
         await wait_log(inst.outcome.log, r"^RECORDER2 \d+$")  # type: ignore[arg-type]
     o = inst.outcome
@@ -610,7 +610,7 @@ async def test_each_process_gets_at_most_one_sigterm_and_the_leader_stops_its_ch
 async def test_a_child_outliving_its_leader_gets_a_short_grace_not_the_full_one(fake: Fake) -> None:
     from perflab.lifecycle.procs import ORPHAN_GRACE_S
 
-    async with fake.supervise("record-signals:1,orphan-ignores-sigterm", grace=8.0) as inst:
+    async with fake.EngineInstance("record-signals:1,orphan-ignores-sigterm", grace=8.0) as inst:
         assert inst.outcome.state == "ready"
         await wait_log(inst.outcome.log, r"^ORPHAN \d+$")  # type: ignore[arg-type]
     o = inst.outcome
@@ -628,7 +628,7 @@ async def test_a_child_outliving_its_leader_gets_a_short_grace_not_the_full_one(
 
 @pytest.mark.anyio
 async def test_zombies_are_reaped(fake: Fake) -> None:
-    async with fake.supervise("zombie", grace=2.0) as inst:
+    async with fake.EngineInstance("zombie", grace=2.0) as inst:
         assert inst.outcome.state == "ready"
         await wait_log(inst.outcome.log, r"^ZOMBIE \d+$")  # type: ignore[arg-type]
         zombie = log_pids(inst.outcome.log, "ZOMBIE")[0]  # type: ignore[arg-type]
@@ -646,7 +646,7 @@ async def test_zombies_are_reaped(fake: Fake) -> None:
 
 @pytest.mark.anyio
 async def test_workers_and_stubborn_children_are_killed(fake: Fake) -> None:
-    async with fake.supervise("workers:2,child-ignores-sigterm", grace=0.3) as inst:
+    async with fake.EngineInstance("workers:2,child-ignores-sigterm", grace=0.3) as inst:
         assert inst.outcome.state == "ready"
         await wait_log(inst.outcome.log, r"^CHILD \d+$")  # type: ignore[arg-type]
         await wait_log(inst.outcome.log, r"^WORKER1 \d+$")  # type: ignore[arg-type]
@@ -658,7 +658,7 @@ async def test_workers_and_stubborn_children_are_killed(fake: Fake) -> None:
 
 @pytest.mark.anyio
 async def test_child_that_escaped_into_its_own_session_is_found_after_a_crash(fake: Fake) -> None:
-    async with fake.supervise("escape,crash-at-start", grace=0.3) as inst:
+    async with fake.EngineInstance("escape,crash-at-start", grace=0.3) as inst:
         assert inst.outcome.state == "crashed"
     escaped = log_pids(inst.outcome.log, "ESCAPED")  # type: ignore[arg-type]
     assert escaped, inst.outcome.log.read_text()  # type: ignore[union-attr]
@@ -668,7 +668,7 @@ async def test_child_that_escaped_into_its_own_session_is_found_after_a_crash(fa
 
 @pytest.mark.anyio
 async def test_teardown_is_idempotent_and_callable_in_the_body(fake: Fake) -> None:
-    async with fake.supervise() as inst:
+    async with fake.EngineInstance() as inst:
         assert inst.outcome.state == "ready"
         async with anyio.create_task_group() as tg:  # concurrent calls wait for one teardown
             tg.start_soon(inst.teardown)
@@ -684,7 +684,7 @@ async def test_teardown_is_idempotent_and_callable_in_the_body(fake: Fake) -> No
 
 @pytest.mark.anyio
 async def test_cancellation_while_waiting_still_tears_down(fake: Fake) -> None:
-    inst = fake.supervise("slow-start:30")
+    inst = fake.EngineInstance("slow-start:30")
     with anyio.move_on_after(1.0):
         async with inst:
             pytest.fail("must not get ready")
@@ -697,7 +697,7 @@ async def test_cancellation_while_waiting_still_tears_down(fake: Fake) -> None:
 @pytest.mark.anyio
 async def test_cancellation_while_serving_still_tears_down(fake: Fake) -> None:
     with anyio.CancelScope() as scope:
-        async with fake.supervise("ignore-sigterm", grace=0.2) as inst:
+        async with fake.EngineInstance("ignore-sigterm", grace=0.2) as inst:
             assert inst.outcome.state == "ready"
             scope.cancel()
             await anyio.sleep(30)
@@ -708,7 +708,7 @@ async def test_cancellation_while_serving_still_tears_down(fake: Fake) -> None:
 @pytest.mark.anyio
 async def test_teardown_hook_failure_is_recorded_not_raised(tmp_path: Path) -> None:
     fake = Fake(tmp_path, teardown_raises=True)
-    async with fake.supervise() as inst:
+    async with fake.EngineInstance() as inst:
         assert inst.outcome.state == "ready"
     assert any("teardown hook" in x and "exploded" in x for x in inst.outcome.leftovers)
     assert marked_alive(inst) == []
@@ -716,7 +716,7 @@ async def test_teardown_hook_failure_is_recorded_not_raised(tmp_path: Path) -> N
 
 @pytest.mark.anyio
 async def test_memory_not_back_to_baseline_is_a_leftover(fake: Fake) -> None:
-    async with fake.supervise("leak", memory_settle_s=0.3) as inst:
+    async with fake.EngineInstance("leak", memory_settle_s=0.3) as inst:
         assert inst.outcome.state == "ready"
         used = fake.pm.hook.perflab_probe_hardware(env=fake.env)[0][0].memory_used_mib
         assert used == 8000  # the engine's and the leaked share, while it runs
@@ -726,7 +726,7 @@ async def test_memory_not_back_to_baseline_is_a_leftover(fake: Fake) -> None:
 
 @pytest.mark.anyio
 async def test_memory_released_is_not_a_leftover(fake: Fake) -> None:
-    async with fake.supervise() as inst:
+    async with fake.EngineInstance() as inst:
         assert inst.outcome.state == "ready"
         assert fake.pm.hook.perflab_probe_hardware(env=fake.env)[0][0].memory_used_mib == 4000
     assert_clean(inst)
@@ -740,20 +740,20 @@ async def test_preflight_error_refuses_unless_forced(tmp_path: Path) -> None:
     why = [Unsupported("quantization=fp8", "needs SM89+", source="test"),
            Unsupported("kv", "slow here", severity="warning")]
     fake = Fake(tmp_path, check=why)
-    async with fake.supervise() as inst:
+    async with fake.EngineInstance() as inst:
         o = inst.outcome
         assert o.state == "unsupported" and inst.pid is None
         assert [u.what for u in o.reasons] == ["quantization=fp8"] and [u.what for u in o.warnings] == ["kv"]
         assert o.to_json()["reason"] == "quantization=fp8: needs SM89+"
     assert o.state == "unsupported" and fake.pids == []
-    async with fake.supervise(force=True) as forced:
+    async with fake.EngineInstance(force=True) as forced:
         assert forced.outcome.state == "ready" and forced.outcome.reasons
     assert_clean(forced)
 
 
 @pytest.mark.anyio
 async def test_option_the_plugin_cannot_express_is_unsupported(fake: Fake) -> None:
-    async with fake.supervise("unexpressible") as inst:
+    async with fake.EngineInstance("unexpressible") as inst:
         o = inst.outcome
         assert o.state == "unsupported" and "mode=unexpressible" in (o.reason or "")
     assert fake.pids == []
@@ -765,7 +765,7 @@ async def test_taken_port_fails_fast_without_starting(fake: Fake) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        async with fake.supervise(port=port) as inst:
+        async with fake.EngineInstance(port=port) as inst:
             o = inst.outcome
             assert o.state == "crashed" and o.cause is not None and o.cause.name == "port-in-use"
             assert str(port) in o.cause.explanation
@@ -779,7 +779,7 @@ async def test_taken_extra_port_fails_fast(tmp_path: Path) -> None:
         s.listen()
         extra = s.getsockname()[1]
         fake = Fake(tmp_path, extra_ports=(extra,))
-        async with fake.supervise() as inst:
+        async with fake.EngineInstance() as inst:
             assert inst.outcome.cause is not None and inst.outcome.cause.name == "port-in-use"
             assert str(extra) in inst.outcome.cause.explanation
     assert fake.pids == []
@@ -797,7 +797,7 @@ def test_pick_free_port_is_bindable() -> None:
 @pytest.mark.anyio
 async def test_signal_guard_cancels_the_work_and_tears_everything_down(fake: Fake) -> None:
     async with signal_guard(signals=(signal.SIGUSR1,)) as guard:
-        async with fake.supervise("ignore-sigterm", grace=0.2) as inst:
+        async with fake.EngineInstance("ignore-sigterm", grace=0.2) as inst:
             assert inst.outcome.state == "ready"
             os.kill(os.getpid(), signal.SIGUSR1)
             await anyio.sleep(30)
@@ -808,7 +808,7 @@ async def test_signal_guard_cancels_the_work_and_tears_everything_down(fake: Fak
 
 @pytest.mark.anyio
 async def test_kill_all_now_is_the_synchronous_last_resort(fake: Fake) -> None:
-    async with fake.supervise("ignore-sigterm,workers:1", grace=0.2) as inst:
+    async with fake.EngineInstance("ignore-sigterm,workers:1", grace=0.2) as inst:
         assert inst.outcome.state == "ready"
         await wait_log(inst.outcome.log, r"^WORKER0 \d+$")  # type: ignore[arg-type]
         registry.kill_all_now()
@@ -828,7 +828,7 @@ from pathlib import Path
 from test_supervisor import Fake
 fake = Fake(Path({tmp!r}))
 async def main():
-    inst = fake.supervise("ignore-sigterm")
+    inst = fake.EngineInstance("ignore-sigterm")
     await inst.__aenter__()
     print("MARKER", inst.marker, inst.outcome.state, flush=True)
     # returns without __aexit__: only the atexit last resort can stop the engine now
@@ -876,12 +876,12 @@ async def test_errors_propagate_unwrapped_after_teardown(fake: Fake) -> None:
 
     with pytest.raises(KeyError, match="from the body"):  # not an ExceptionGroup
         async with signal_guard(signals=(signal.SIGUSR1,)):
-            async with fake.supervise() as inst:
+            async with fake.EngineInstance() as inst:
                 assert inst.outcome.state == "ready"
                 raise KeyError("from the body")
     assert inst.outcome.state == "done"
     assert_clean(inst)
-    bad = supervise(fake.pm, "nope", ServeConfig(model="m"), hardware=fake.hardware, env=fake.env,
+    bad = EngineInstance(fake.pm, "nope", ServeConfig(model="m"), hardware=fake.hardware, env=fake.env,
                     workdir=fake.tmp / "nope")
     with pytest.raises(UsageError, match="unknown engine 'nope'"):
         async with bad:

@@ -77,7 +77,7 @@ class Refuses:
     always: bool = True
 
 
-ServeOption = Maps | Refuses
+OptionMapping = Maps | Refuses
 
 
 class DevicesConflict(UnsupportedOption, UsageError):
@@ -141,7 +141,7 @@ class EnginePlugin:
     #: or "module:NAME" of a tuple, imported on the first crash (keeps the plugin import-light)
     crash_signatures: ClassVar[tuple[Signature, ...] | str] = ()
     #: every ServeConfig field: how the engine expresses it, or why it cannot
-    serve_options: ClassVar[Mapping[str, ServeOption]] = {}
+    serve_options: ClassVar[Mapping[str, OptionMapping]] = {}
     #: patterns reading the version from ``EXECUTABLE --version`` when no distribution
     #: metadata says it; empty: the executable is never run
     version_output: ClassVar[tuple[re.Pattern[str], ...]] = ()

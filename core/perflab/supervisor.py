@@ -5,7 +5,7 @@ process' exit is awaited, not polled at the next health check), never leave a pr
 port behind (the whole process group, session and marked descendants are killed, and the
 ports and accelerator memory are checked afterwards)::
 
-    async with supervise(pm, "vllm", config, hardware=hw, env=env, workdir=run_dir) as engine:
+    async with EngineInstance(pm, "vllm", config, hardware=hw, env=env, workdir=run_dir) as engine:
         if engine.outcome.state is not Status.READY:
             print(engine.outcome.to_json())   # unsupported / crashed / timeout, already torn down
         else:
@@ -890,9 +890,3 @@ class EngineInstance:
             self._tracker.kill_now()
         if self._proc is not None:
             self._proc.close_lifeline()
-
-
-
-supervise = EngineInstance
-"""The documented way to supervise an engine (``async with supervise(pm, ...) as engine``):
-the :class:`EngineInstance` constructor itself, under the name the docs and plugins use."""

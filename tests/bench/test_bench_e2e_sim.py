@@ -31,7 +31,7 @@ TIME_SCALE = 20.0
 async def simulated_vllm(tmp_path: Path) -> AsyncIterator[Any]:
     from perflab.hardware import resolve
     from perflab.plugins import load
-    from perflab.supervisor import supervise
+    from perflab.supervisor import EngineInstance
     from perflab.types import ServeConfig
 
     state = tmp_path / "sim-state"  # our own simulated device memory: other runs must not collide
@@ -40,7 +40,7 @@ async def simulated_vllm(tmp_path: Path) -> AsyncIterator[Any]:
     env = {**os.environ, "PERFLAB_SIM_TIME_SCALE": str(TIME_SCALE), "PERFLAB_SIM_STATE_DIR": str(state)}
     hw, env = resolve(pm, SIM_HW, env)
     config = ServeConfig(model="Qwen/Qwen3-8B")
-    async with supervise(pm, "vllm", config, hardware=hw, env=env, workdir=tmp_path / "run", grace=2.0, startup_timeout=60) as inst:
+    async with EngineInstance(pm, "vllm", config, hardware=hw, env=env, workdir=tmp_path / "run", grace=2.0, startup_timeout=60) as inst:
         assert inst.outcome.state == "ready", inst.outcome.to_json()
         yield inst
     assert inst.outcome.state == "done" and inst.outcome.leftovers == []

@@ -24,7 +24,7 @@ STALL_S = 60.0  # engine seconds: 3 real seconds at scale 20
 def test_bench_on_a_hung_simulator_ends_stalled_within_stall_s_plus_10(tmp_path: Path) -> None:
     from perflab.hardware import resolve
     from perflab.plugins import load
-    from perflab.supervisor import supervise
+    from perflab.supervisor import EngineInstance
     from perflab.types import ServeConfig
 
     state = tmp_path / "sim-state"
@@ -36,7 +36,7 @@ def test_bench_on_a_hung_simulator_ends_stalled_within_stall_s_plus_10(tmp_path:
         env = {**os.environ, "PERFLAB_SIM_TIME_SCALE": str(TIME_SCALE), "PERFLAB_SIM_STATE_DIR": str(state),
                "PERFLAB_SIM_FAULT": "hang-after:5"}
         hw, env = resolve(pm, "sim:h100-80g-x1", env)
-        async with supervise(pm, "vllm", ServeConfig(model="Qwen/Qwen3-8B"), hardware=hw, env=env,
+        async with EngineInstance(pm, "vllm", ServeConfig(model="Qwen/Qwen3-8B"), hardware=hw, env=env,
                              workdir=tmp_path / "run", grace=2.0, startup_timeout=60) as inst:
             assert inst.outcome.state == "ready", inst.outcome.to_json()
             req = BenchRequest(base_urls=(inst.base_url,), model=inst.launch.served_model_name, random_input_len=32,

@@ -95,7 +95,7 @@ class SignalGuard:
 async def signal_guard(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)) -> AsyncIterator[SignalGuard]:
     """Run the body so that SIGINT/SIGTERM cancel it and every engine is torn down.
 
-    The body is cancelled (not killed): ``async with supervise(...)`` blocks inside it run
+    The body is cancelled (not killed): ``async with EngineInstance(...)`` blocks inside it run
     their shielded teardown. On leaving, anything still registered is torn down too.
     The caller checks ``guard.interrupted`` / ``guard.exit_code`` afterwards.
     """

@@ -377,7 +377,7 @@ class EngineConformance:
             pytest.skip("no stand_in executable or sim_hardware given")
         import anyio
 
-        from perflab.supervisor import supervise
+        from perflab.supervisor import EngineInstance
 
         env = dict(os.environ)
         cycle_hardware = HardwareSnapshot()
@@ -401,7 +401,7 @@ class EngineConformance:
             assert shutil.which(exe_name, path=env["PATH"]) == str(target)
 
         async def cycle() -> dict[str, Any]:
-            inst = supervise(pm, self.engine, config, hardware=cycle_hardware, env=env,
+            inst = EngineInstance(pm, self.engine, config, hardware=cycle_hardware, env=env,
                              workdir=tmp_path / "run", startup_timeout=60)
             async with inst:
                 state = inst.outcome.state
