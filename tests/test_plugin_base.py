@@ -175,3 +175,18 @@ def test_a_refusal_of_some_values_is_left_to_the_launch() -> None:
     assert Picky().refused(ServeConfig(model="m", kv_cache_dtype="fp8", quantization="fp8")) == [
         Toy().refused(ServeConfig(model="m", quantization="fp8"))[0]
     ]
+
+
+def test_engines_list_shows_only_the_hooks_a_plugin_really_answers(pm: PluginManager) -> None:
+    """The base implements every hook; a no-op default (readiness, teardown) is not shown as the
+    plugin's, an overridden one (describe_file) is."""
+    rec = next(r for r in pm.records if r.name == "toy")
+    assert "perflab_describe_file" in rec.hooks and "perflab_build_launch" in rec.hooks
+    assert "perflab_readiness" not in rec.hooks and "perflab_teardown" not in rec.hooks
+
+    class Ready(Toy):
+        def readiness(self, launch: LaunchSpec) -> None:
+            return None
+
+    other = PluginManager(entrypoints=False, builtins=False).add_plugin(Ready(), name="ready")
+    assert "perflab_readiness" in other.hooks

@@ -190,6 +190,18 @@ class EnginePlugin:
     def perflab_describe_file(self, engine: str, path: str, content: str) -> list[str] | None:
         return self.describe_file(path, content) if engine == self.info.name else None
 
+    #: the plain methods whose base version does nothing (the core's own default applies):
+    #: a plugin that does not override one does not really implement its hook
+    _NOOP_DEFAULTS: ClassVar[dict[str, str]] = {
+        "perflab_readiness": "readiness", "perflab_teardown": "teardown", "perflab_describe_file": "describe_file",
+    }
+
+    def implemented_hooks(self, hooks: Iterable[str]) -> tuple[str, ...]:
+        """Of ``hooks`` (the guarded hookimpls), those this plugin really answers: what
+        ``perflab engines list`` shows."""
+        return tuple(h for h in hooks if h not in self._NOOP_DEFAULTS
+                     or getattr(type(self), self._NOOP_DEFAULTS[h]) is not getattr(EnginePlugin, self._NOOP_DEFAULTS[h]))
+
     # ------------------------------------------------------------------ what a plugin overrides
 
     def version(self, env: Mapping[str, str]) -> str | None:

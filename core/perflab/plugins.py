@@ -111,13 +111,15 @@ def check_compatibility(plugin: object) -> str | None:
 
 
 def _hooks_of(plugin: object) -> tuple[str, ...]:
-    return tuple(
+    hooks = tuple(
         sorted(
             a
             for a in dir(plugin)
             if a.startswith("perflab_") and hasattr(getattr(plugin, a), f"{hookspecs.PROJECT}_impl")
         )
     )
+    implemented = getattr(plugin, "implemented_hooks", None)  # an EnginePlugin: not its no-op defaults
+    return tuple(implemented(hooks)) if callable(implemented) else hooks
 
 
 class PluginManager:
