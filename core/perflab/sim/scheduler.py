@@ -212,6 +212,16 @@ class Scheduler:
             hits += 1
         return hits
 
+    def reset_prefix_cache(self, refuse_waiting: bool = False) -> bool:
+        """Forget every cached block (vLLM's ``BlockPool.reset_prefix_cache``, SGLang's radix
+        cache flush): False, and nothing changed, while a running request holds blocks (vLLM
+        refuses then) or, with ``refuse_waiting``, while any request waits (SGLang refuses)."""
+        if self.running or (refuse_waiting and self.waiting):
+            return False
+        self.free_blocks += len(self._cache)
+        self._cache.clear()
+        return True
+
     # one step -------------------------------------------------------------------------
     def step(self) -> StepResult | None:
         """Plan and run one step; None when there is nothing to do."""

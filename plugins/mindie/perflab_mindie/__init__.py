@@ -34,6 +34,9 @@ class MindIE(EnginePlugin):
     info = EngineInfo(name=ENGINE, display_name="MindIE", accelerators=("ascend",), executable="mindieservice_daemon",
                       description="Huawei MindIE service on Ascend NPUs (mindieservice_daemon, OpenAI-compatible)",
                       distributions=(), homepage="https://github.com/Ascend/MindIE-LLM", default_port=1025)
+    # no prefix-cache reset known: perflab found no cache-flush path among MindIE Service's
+    # documented HTTP APIs (inference, health/status, metrics); a new launch is the only reset
+    prefix_cache_reset = None
     # devices become BackendConfig.npuDeviceIds (chip logic IDs), not a visible-devices variable
     visible_devices_env = None
     serve_options = {

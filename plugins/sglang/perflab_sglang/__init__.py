@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perflab import EngineInfo, EnginePlugin, HardwareSnapshot, HttpProbe, LaunchSpec, Maps, Readiness, ServeConfig, Unsupported
+from perflab import CacheReset, EngineInfo, EnginePlugin, HardwareSnapshot, HttpProbe, LaunchSpec, Maps, Readiness, ServeConfig, Unsupported
 
 ENGINE = "sglang"
 SERVER_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/server_args.py"
@@ -29,6 +29,9 @@ class SGLang(EnginePlugin):
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     address_flags = ("--host", "--port")
     crash_signatures = "perflab_sglang.crashes:SIGNATURES"
+    # http_server.py (v0.5.5.post1): @app.api_route("/flush_cache", methods=["GET", "POST"]) flushes
+    # the radix cache; 400 while requests are running or waiting, 200 "Cache flushed." otherwise
+    prefix_cache_reset = CacheReset("/flush_cache", "POST", source=HTTP_SERVER)
     # ServerArgs.add_cli_args (server_args.py, v0.5.5.post1); the choices are in perflab_sglang.launch
     serve_options = {
         "model": Maps("--model-path", SERVER_ARGS),

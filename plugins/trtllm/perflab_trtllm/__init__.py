@@ -40,6 +40,9 @@ class TensorRTLLM(EnginePlugin):
                       default_port=8000)  # trtllm-serve --port default
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     address_flags = ("--host", "--port")
+    # no prefix-cache reset over HTTP: trtllm-serve serves /v1/*, /health, /metrics, /version
+    # (docs/source/commands/trtllm-serve.rst; tensorrt_llm/serve/openai_server.py register_routes)
+    prefix_cache_reset = None
     crash_signatures = "perflab_trtllm.crashes:SIGNATURES"
     version_output = VERSION_OUTPUT
     # serve.py click options and llm_args.py LLM-API keys (written to --extra_llm_api_options)

