@@ -20,6 +20,15 @@ Follows ``vllm bench serve``'s datasets (vllm/benchmarks/datasets.py):
 ``prefix-repetition``
     ``--prefix-repetition-num-prefixes`` shared prefixes, each followed by random suffixes,
     shuffled — for prefix caching.
+``multi-turn``
+    Conversations of ``--multi-turn-turns`` turns (perflab's own; vLLM's bench has none): each
+    turn's prompt is the conversation so far — the earlier user messages and answers — plus a
+    new user message of ``--multi-turn-input-len`` tokens, so prompts grow turn after turn and
+    share their conversation's prefix. The earlier answers are random text of
+    ``--multi-turn-output-len`` tokens, not what the engine generated (every request is
+    encoded before the timed run); requests go out turn by turn (every conversation's first
+    turn, then every second turn ...), so under a concurrency limit a turn usually follows
+    the end of its predecessor. ``--num-prompts`` counts requests (turns), not conversations.
 ``synthetic-sharegpt``
     No file needed: ShareGPT-like lengths (log-normal, clipped with vLLM's ShareGPT filter,
     means near the seeds' 217 input and 202 output tokens per request) of random words.
@@ -119,6 +128,28 @@ def prefix_repetition_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]
     return samples
 
 
+def multi_turn_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
+    turns = req.multi_turn_turns
+    conversations = -(-req.num_prompts // turns)
+    rng = random.Random(req.seed)
+    history: list[list[str]] = [[] for _ in range(conversations)]
+    counts = [0] * conversations
+    samples: list[Sample] = []
+    for _ in range(turns):
+        for c in range(conversations):
+            if len(samples) == req.num_prompts:
+                return samples
+            message, n = tok.random_text(rng, req.multi_turn_input_len)
+            history[c].append(message)
+            counts[c] += n
+            text = "\n".join(history[c])
+            samples.append(Sample(text, counts[c] if tok.kind != "hf" else tok.count(text), req.multi_turn_output_len))
+            answer, m = tok.random_text(rng, req.multi_turn_output_len)
+            history[c].append(answer)
+            counts[c] += m
+    return samples
+
+
 def _load_sharegpt(path: str) -> list[dict]:
     p = Path(path).expanduser()
     if not p.is_file():
@@ -197,6 +228,8 @@ def iter_samples(req: BenchRequest, tok: Tokenizer) -> Iterator[Sample]:
         return iter(prefix_repetition_samples(req, tok))  # shuffled: made whole, bounded by the checks
     if req.dataset == "synthetic-sharegpt":
         return synthetic_sharegpt_samples(req, tok)
+    if req.dataset == "multi-turn":
+        return iter(multi_turn_samples(req, tok))  # turn-major order: made whole, bounded by the checks
     raise UsageError(f"--dataset {req.dataset!r}: unknown")
 
 
@@ -217,6 +250,8 @@ def expected_prompt_tokens(req: BenchRequest) -> int:
         return req.random_prefix_len + math.ceil(req.random_input_len * (1 + req.random_range_ratio))
     if req.dataset == "prefix-repetition":
         return req.prefix_repetition_prefix_len + req.prefix_repetition_suffix_len
+    if req.dataset == "multi-turn":
+        return req.multi_turn_turns * (req.multi_turn_input_len + req.multi_turn_output_len)
     return SHAREGPT_MAX_PROMPT_LEN if req.dataset == "sharegpt" else round(SYNTHETIC_SHAREGPT_MEANS[0] * 2)
 
 

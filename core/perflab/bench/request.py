@@ -12,7 +12,7 @@ from perflab.errors import UsageError
 
 BACKENDS = ("openai-chat", "openai")
 DEFAULT_ENDPOINTS = {"openai-chat": "/v1/chat/completions", "openai": "/v1/completions"}
-DATASETS = ("random", "sharegpt", "prefix-repetition", "synthetic-sharegpt")
+DATASETS = ("random", "sharegpt", "prefix-repetition", "synthetic-sharegpt", "multi-turn")
 HTTP_STACKS = ("raw", "aiohttp")
 DEFAULT_STALL_S = 60.0
 # Prompts are generated lazily, but every request is still encoded and timed one by one and
@@ -50,6 +50,11 @@ class BenchRequest:
     prefix_repetition_suffix_len: int = 256
     prefix_repetition_num_prefixes: int = 10
     prefix_repetition_output_len: int = 128
+    # multi-turn: conversations of this many turns; each turn's prompt is the conversation so far
+    # (earlier user messages and answers) plus a new user message (perflab.bench.datasets)
+    multi_turn_turns: int = 4
+    multi_turn_input_len: int = 128  # tokens of each new user message
+    multi_turn_output_len: int = 128  # tokens asked for each answer (and of each earlier answer in the prompt)
     request_rate: float = math.inf
     burstiness: float = 1.0
     max_concurrency: int | None = None
@@ -130,6 +135,9 @@ class BenchRequest:
             "--random-output-len": self.random_output_len,
             "--prefix-repetition-num-prefixes": self.prefix_repetition_num_prefixes,
             "--prefix-repetition-output-len": self.prefix_repetition_output_len,
+            "--multi-turn-turns": self.multi_turn_turns,
+            "--multi-turn-input-len": self.multi_turn_input_len,
+            "--multi-turn-output-len": self.multi_turn_output_len,
             "--workers": self.workers,
         }
         for name, value in positive.items():

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from perflab.bench.request import DATASETS
 from perflab.cli.options import parse_json_object
 from perflab.errors import PerflabError, UsageError
 
@@ -38,7 +39,8 @@ _FIELDS = (
     "model", "backend", "endpoint", "served_model_name", "dataset", "dataset_path", "num_prompts",
     "random_input_len", "random_output_len", "random_range_ratio", "random_prefix_len",
     "sharegpt_output_len", "prefix_repetition_prefix_len", "prefix_repetition_suffix_len",
-    "prefix_repetition_num_prefixes", "prefix_repetition_output_len", "burstiness",
+    "prefix_repetition_num_prefixes", "prefix_repetition_output_len", "multi_turn_turns",
+    "multi_turn_input_len", "multi_turn_output_len", "burstiness",
     "max_concurrency", "seed", "warmup", "timeout", "tokenizer", "temperature", "label",
     "result_dir", "result_filename", "workers", "http_stack", "time_scale", "profile", "stall_s",
     "ignore_eos",
@@ -58,7 +60,7 @@ EXIT_STALLED = 4
 @click.option("--backend", type=click.Choice(["openai-chat", "openai"]), default=None, help="openai-chat: /v1/chat/completions; openai: /v1/completions  [default: openai-chat]")
 @click.option("--endpoint", help="API path (default by backend).")
 @click.option("--profile", metavar="NAME", help="A seed workload: " + "sharegpt|throughput|long-context|generation-heavy|sharegpt-inf|sharegpt-c4|random-128-4|random-2000-100|random-4000-200|random-32000-100.")
-@click.option("--dataset", type=click.Choice(["random", "sharegpt", "prefix-repetition", "synthetic-sharegpt"]), default=None, help="Prompt source  [default: random]")
+@click.option("--dataset", type=click.Choice(list(DATASETS)), default=None, help="Prompt source  [default: random]")
 @click.option("--dataset-path", type=click.Path(dir_okay=False), help="Local ShareGPT JSON (nothing is downloaded).")
 @click.option("--num-prompts", type=int, default=None, help="Requests to send  [default: 1000]")
 @click.option("--random-input-len", type=int, default=None, help="Prompt tokens (random)  [default: 1024]")
@@ -70,6 +72,9 @@ EXIT_STALLED = 4
 @click.option("--prefix-repetition-suffix-len", type=int, default=None, help="[default: 256]")
 @click.option("--prefix-repetition-num-prefixes", type=int, default=None, help="[default: 10]")
 @click.option("--prefix-repetition-output-len", type=int, default=None, help="[default: 128]")
+@click.option("--multi-turn-turns", type=int, default=None, help="Turns per conversation (multi-turn): each prompt is the conversation so far plus a new message  [default: 4]")
+@click.option("--multi-turn-input-len", type=int, default=None, help="Tokens of each new user message (multi-turn)  [default: 128]")
+@click.option("--multi-turn-output-len", type=int, default=None, help="Output tokens of each answer (multi-turn)  [default: 128]")
 @click.option("--request-rate", default=None, metavar="RATE|inf", help="Requests per second, or inf (all at once)  [default: inf]")
 @click.option("--burstiness", type=float, default=None, help="Gamma shape of the arrivals; 1 = Poisson  [default: 1]")
 @click.option("--max-concurrency", type=int, default=None, help="Most requests in flight at once.")

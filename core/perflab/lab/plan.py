@@ -51,12 +51,30 @@ VARIANT_KEYS = ("name", "set", "engine_set", "engines", "of")
 PROFILE_KEYS = (
     "label", "dataset", "dataset_path", "input_len", "output_len", "num_prompts", "request_rate",
     "max_concurrency", "seed", "backend", "endpoint", "burstiness", "range_ratio", "sweep",
+    # workloads that show caching (perflab.bench.datasets): a shared prefix, conversations
+    "prefix_len", "num_prefixes", "turns",
 )
 TIMEOUT_KEYS = ("startup_s", "benchmark_s", "teardown_s", "stall_s", "device_wait_s")
 SIMULATION_KEYS = ("time_scale", "engine_versions")
 # perflab.bench's datasets: "synthetic-sharegpt" is ShareGPT-like conversations generated
 # locally (no dataset file needed), for studies where the real ShareGPT file is not at hand
-DATASETS = ("random", "sharegpt", "synthetic-sharegpt")
+# locally; "prefix-repetition" (num_prefixes shared prefixes of prefix_len tokens, each
+# followed by input_len tokens of its own) and "multi-turn" (conversations of `turns` turns,
+# each prompt the conversation so far) show what prefix caching does
+DATASETS = ("random", "sharegpt", "synthetic-sharegpt", "prefix-repetition", "multi-turn")
+# the profile keys each dataset needs (input_len: the prompt's own tokens after a shared prefix,
+# or each new user message of a conversation)
+DATASET_NEEDS: Mapping[str, tuple[str, ...]] = {
+    "random": ("input_len", "output_len"),
+    "prefix-repetition": ("prefix_len", "input_len", "output_len"),
+    "multi-turn": ("turns", "input_len", "output_len"),
+}
+# the keys only some datasets take
+DATASET_ONLY: Mapping[str, tuple[str, ...]] = {
+    "prefix_len": ("random", "prefix-repetition"), "num_prefixes": ("prefix-repetition",), "turns": ("multi-turn",),
+}
+# defaults of the optional ones (vllm bench serve's --prefix-repetition-num-prefixes)
+DEFAULT_NUM_PREFIXES = 10
 BACKENDS = ("openai-chat", "openai")
 COMBINATION_BASES = ("best", "engine-defaults")
 
@@ -94,12 +112,16 @@ class Profile:
     burstiness: float = 1.0
     range_ratio: float = 0.0
     sweep: Sweep | None = None  # a load curve instead of one load point
+    prefix_len: int | None = None  # shared prefix tokens (random: one for all; prefix-repetition: each prefix)
+    num_prefixes: int | None = None  # prefix-repetition: distinct shared prefixes (default 10)
+    turns: int | None = None  # multi-turn: turns per conversation
 
     def definition(self) -> dict[str, Any]:
         """What is measured (not the display label): two profiles with the same definition
         measure the same thing. Keys added since the first version appear only when set, so
         the profiles of earlier plans keep their keys."""
         extra: dict[str, Any] = {"sweep": self.sweep.to_json()} if self.sweep is not None else {}
+        extra.update({k: v for k in ("prefix_len", "num_prefixes", "turns") if (v := getattr(self, k)) is not None})
         return {**extra,
             "dataset": self.dataset, "dataset_path": self.dataset_path, "input_len": self.input_len,
             "output_len": self.output_len, "num_prompts": self.num_prompts,
@@ -115,6 +137,14 @@ class Profile:
     def describe(self) -> str:
         if self.dataset == "random":
             what = f"random {self.input_len} input tokens, {self.output_len} output tokens"
+            if self.prefix_len:
+                what = f"a shared {self.prefix_len}-token prefix, then {what}"
+        elif self.dataset == "prefix-repetition":
+            what = (f"{self.num_prefixes or DEFAULT_NUM_PREFIXES} shared {self.prefix_len}-token prefixes, each prompt "
+                    f"one of them + {self.input_len} own tokens, {self.output_len} output tokens")
+        elif self.dataset == "multi-turn":
+            what = (f"{self.turns}-turn conversations, {self.input_len} tokens per new message, {self.output_len} "
+                    "output tokens per answer, each prompt the conversation so far")
         else:
             what = {"sharegpt": "ShareGPT", "synthetic-sharegpt": "synthetic ShareGPT-like conversations"}.get(
                 self.dataset, self.dataset)
@@ -136,7 +166,14 @@ class Profile:
         workload: dict[str, Any] = {}
         if self.dataset == "random":
             workload = {"random_input_len": self.input_len, "random_output_len": self.output_len,
-                        "random_range_ratio": self.range_ratio}
+                        "random_range_ratio": self.range_ratio, "random_prefix_len": self.prefix_len or 0}
+        elif self.dataset == "prefix-repetition":
+            workload = {"prefix_repetition_prefix_len": self.prefix_len, "prefix_repetition_suffix_len": self.input_len,
+                        "prefix_repetition_num_prefixes": self.num_prefixes or DEFAULT_NUM_PREFIXES,
+                        "prefix_repetition_output_len": self.output_len}
+        elif self.dataset == "multi-turn":
+            workload = {"multi_turn_turns": self.turns, "multi_turn_input_len": self.input_len,
+                        "multi_turn_output_len": self.output_len}
         elif self.output_len:
             workload = {"sharegpt_output_len": self.output_len}
         return BenchRequest(
@@ -152,6 +189,8 @@ class Profile:
         ``--model`` (a local path, say) as the request's model and the server answers 404."""
         from perflab.bench.vllm_cli import vllm_bench_argv
 
+        if self.dataset == "multi-turn":
+            return f"# vllm bench serve has no multi-turn dataset: perflab's own ({self.describe()})"
         return shlex.join(vllm_bench_argv(self.bench_request(model, served_model_name)))
 
 
@@ -491,7 +530,7 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
             p.add(f"{key}.dataset", f"expected one of: {', '.join(DATASETS)}, got {_show(dataset)}")
             ok = False
         kw["dataset"] = dataset
-        for n in ("input_len", "output_len", "max_concurrency"):
+        for n in ("input_len", "output_len", "max_concurrency", "prefix_len", "num_prefixes", "turns"):
             if spec.get(n) is not None:
                 v = _pos_int(p, f"{key}.{n}", spec[n])
                 ok &= v is not _BAD
@@ -553,10 +592,15 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
             p.add(f"{key}.dataset_path", "missing; dataset sharegpt needs a local ShareGPT JSON file "
                   "(or use dataset: synthetic-sharegpt)")
             ok = False
-        if dataset == "random" and ok:
-            for n in ("input_len", "output_len"):
+        for n, takers in DATASET_ONLY.items():
+            if n in spec and dataset in DATASETS and dataset not in takers:
+                p.add(f"{key}.{n}", f"only for dataset {' or '.join(takers)}, not {dataset}")
+                ok = False
+        if dataset in DATASET_NEEDS and ok:
+            needs = DATASET_NEEDS[dataset]
+            for n in needs:
                 if n not in kw:
-                    p.add(f"{key}.{n}", "missing; a random dataset needs input_len and output_len")
+                    p.add(f"{key}.{n}", f"missing; a {dataset} dataset needs {', '.join(needs)}")
                     ok = False
         if ok:
             out.append(Profile(**kw))

@@ -70,12 +70,19 @@ def model_context(model: str, *, simulated: bool, env: Mapping[str, str] | None 
 
 def tokens_needed(profile: Profile) -> int | None:
     """The most prompt + output tokens one request of ``profile`` can take (vLLM's random
-    dataset draws lengths in [len·(1-range_ratio), len·(1+range_ratio)]); None when the
-    workload does not fix them (ShareGPT-like datasets)."""
-    if profile.dataset != "random" or profile.input_len is None or profile.output_len is None:
+    dataset draws lengths in [len·(1-range_ratio), len·(1+range_ratio)] after the shared
+    prefix; a multi-turn prompt grows to the whole conversation); None when the workload does
+    not fix them (ShareGPT-like datasets)."""
+    if profile.input_len is None or profile.output_len is None:
+        return None
+    if profile.dataset == "multi-turn":  # the last turn: every message and answer before it, and its own
+        return (profile.turns or 1) * (profile.input_len + profile.output_len)
+    if profile.dataset == "prefix-repetition":
+        return (profile.prefix_len or 0) + profile.input_len + profile.output_len
+    if profile.dataset != "random":
         return None
     scale = 1.0 + max(0.0, profile.range_ratio)
-    return math.ceil(profile.input_len * scale) + math.ceil(profile.output_len * scale)
+    return (profile.prefix_len or 0) + math.ceil(profile.input_len * scale) + math.ceil(profile.output_len * scale)
 
 
 def context_limit(config: Configuration, model_ctx: int | None) -> tuple[int | None, str]:
