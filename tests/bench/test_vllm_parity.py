@@ -86,7 +86,10 @@ def test_the_lab_benchmarks_a_local_model_with_its_own_tokenizer(tmp_path: Path,
         raise bench.BenchCancelled(None, "test")
 
     monkeypatch.setattr(bench, "run_benchmark_sync", fake_run)
-    ctx = LabContext(pm=None, plan=SimpleNamespace(timeouts=Timeouts(benchmark_s=30.0)),  # type: ignore[arg-type]
+    from perflab.lab.decide import Decision
+
+    no_reset = SimpleNamespace(hook=SimpleNamespace(perflab_cache_reset=lambda **kw: None))  # an engine that cannot reset
+    ctx = LabContext(pm=no_reset, plan=SimpleNamespace(timeouts=Timeouts(benchmark_s=30.0), decision=Decision()),  # type: ignore[arg-type]
                      hardware=SimpleNamespace(simulated=False), env={})  # type: ignore[arg-type]
     inst = SimpleNamespace(base_url="http://127.0.0.1:9", launch=SimpleNamespace(served_model_name="tiny", argv=("vllm",), env={}),
                            died=anyio.Event(), outcome=SimpleNamespace(cause=None, log=None))
