@@ -76,6 +76,9 @@ candidates:
 profiles:
   main: {label: Main, input_len: 32, output_len: 32, num_prompts: 20, max_concurrency: 4}
 timeouts: {startup_s: 60, benchmark_s: 120, stall_s: 30}
+# no warm-up: the fault must strike in the measured run (with warm-up requests it strikes
+# there, and the stall's stage is "warm-up" with no measured request)
+warmup: 0
 """
 
 

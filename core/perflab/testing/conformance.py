@@ -324,6 +324,17 @@ class EngineConformance:
             re.compile(pattern)
         assert ready.startup_timeout_s > 0
 
+    def test_cache_reset_is_well_formed(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
+        """The optional prefix-cache reset: an HTTP method and path on the serving port, cited."""
+        from perflab.types import CacheReset
+
+        reset = pm.hook.perflab_cache_reset(engine=self.engine, launch=self._build(pm, hardware, tmp_path))
+        if reset is None:
+            pytest.skip("the engine declares no prefix-cache reset")
+        assert isinstance(reset, CacheReset)
+        assert reset.method in ("GET", "POST", "PUT", "DELETE") and reset.path.startswith("/")
+        assert reset.source, "say where the engine defines the path"
+
     def test_preflight_answers_are_well_formed(self, pm: PluginManager, hardware: HardwareSnapshot) -> None:
         from perflab.engines import check_support
 
@@ -364,6 +375,7 @@ class EngineConformance:
             "perflab_check_support": {"config": config, "hardware": hardware, "version": None},
             "perflab_readiness": {"launch": launch},
             "perflab_describe_file": {"path": str(tmp_path / "config.json"), "content": "{}"},
+            "perflab_cache_reset": {"launch": launch},
         }
         for hook, args in others.items():
             if hasattr(plugin, hook):
