@@ -26,6 +26,7 @@ from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile, Timeouts
 from perflab.sim.perfmodel import CostModel, Knobs
 from perflab.sim.scheduler import Scheduler, SimRequest
+from perflab.simenv import STATE_ENV, TIME_SCALE_ENV
 from perflab.status import Status
 from perflab.types import CacheReset, LaunchSpec
 
@@ -38,16 +39,16 @@ DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
 async def simulated(tmp_path: Path, engine: str, extra_env: Mapping[str, str] = {}) -> AsyncIterator[Any]:
     from perflab.hardware import resolve
     from perflab.plugins import load
-    from perflab.supervisor import supervise
+    from perflab.supervisor import EngineInstance
     from perflab.types import ServeConfig
 
     state = tmp_path / f"sim-state-{engine}"
     state.mkdir(exist_ok=True)
     pm = load()
-    env = {**os.environ, "PERFLAB_SIM_TIME_SCALE": str(TIME_SCALE), "PERFLAB_SIM_STATE_DIR": str(state)}
+    env = {**os.environ, TIME_SCALE_ENV: str(TIME_SCALE), STATE_ENV: str(state)}
     hw, env = resolve(pm, SIM_HW, env)
     config = ServeConfig(model="Qwen/Qwen3-8B", extra_env=dict(extra_env))
-    async with supervise(pm, engine, config, hardware=hw, env=env, workdir=tmp_path / f"run-{engine}", grace=2.0,
+    async with EngineInstance(pm, engine, config, hardware=hw, env=env, workdir=tmp_path / f"run-{engine}", grace=2.0,
                          startup_timeout=60) as inst:
         assert inst.outcome.state == "ready", inst.outcome.to_json()
         yield SimpleNamespace(inst=inst, pm=pm, hw=hw, env=env, config=config)
