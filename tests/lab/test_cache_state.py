@@ -26,7 +26,7 @@ from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile, Timeouts
 from perflab.sim.perfmodel import CostModel, Knobs
 from perflab.sim.scheduler import Scheduler, SimRequest
-from perflab.simenv import STATE_ENV, TIME_SCALE_ENV
+from perflab.simenv import ENGINE_VERSIONS_ENV, STATE_ENV, TIME_SCALE_ENV
 from perflab.status import Status
 from perflab.types import CacheReset, LaunchSpec
 
@@ -45,7 +45,8 @@ async def simulated(tmp_path: Path, engine: str, extra_env: Mapping[str, str] = 
     state = tmp_path / f"sim-state-{engine}"
     state.mkdir(exist_ok=True)
     pm = load()
-    env = {**os.environ, TIME_SCALE_ENV: str(TIME_SCALE), STATE_ENV: str(state)}
+    # vLLM as the captured real one (tests/fixtures/real/vllm-0.32.0-cpu)
+    env = {**os.environ, TIME_SCALE_ENV: str(TIME_SCALE), STATE_ENV: str(state), ENGINE_VERSIONS_ENV: "vllm=0.32.0"}
     hw, env = resolve(pm, SIM_HW, env)
     config = ServeConfig(model="Qwen/Qwen3-8B", extra_env=dict(extra_env))
     async with EngineInstance(pm, engine, config, hardware=hw, env=env, workdir=tmp_path / f"run-{engine}", grace=2.0,
@@ -93,6 +94,7 @@ def test_the_simulated_engines_answer_resets_as_the_real_ones(tmp_path: Path) ->
                 resp = await client.post(s.inst.base_url + "/reset_prefix_cache")
                 out["vllm body"] = (resp.status_code, resp.json())
                 out["vllm GET"] = (await client.get(s.inst.base_url + "/reset_prefix_cache")).status_code
+            out["vllm dev log"] = Path(s.inst.outcome.log).read_text()
         async with simulated(tmp_path, "vllm") as s:
             out["vllm"] = await reset_prefix_cache(s.pm, "vllm", s.inst.launch, s.inst.base_url)
         async with simulated(tmp_path, "sglang") as s:
@@ -106,6 +108,9 @@ def test_the_simulated_engines_answer_resets_as_the_real_ones(tmp_path: Path) ->
     assert out["vllm dev"] is None  # reset
     assert out["vllm body"] == (200, {"success": True})
     assert out["vllm GET"] == 405  # an APIRoute declared POST
+    # the real server's warning and route list (vllm/entrypoints/serve/__init__.py, launcher.py)
+    assert "SECURITY WARNING: Development endpoints are enabled!" in out["vllm dev log"]
+    assert "Route: /reset_prefix_cache, Methods: POST" in out["vllm dev log"]
     assert out["vllm"].missing and "VLLM_SERVER_DEV_MODE=1" in out["vllm"].text  # not registered without dev mode
     assert out["sglang"] is None
     assert out["sglang GET"][0] == 200 and out["sglang GET"][1].startswith("Cache flushed.")

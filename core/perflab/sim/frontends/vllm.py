@@ -515,7 +515,7 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
         spec_method=s.spec_method, spec_tokens=s.spec_tokens,
         mem_fraction=s.mem_fraction,
         health_paths=("/health",),
-        ready_lines=tuple(_ready_lines(s, host, log)),
+        ready_lines=tuple(_ready_lines(s, host, log, _dev_mode(env))),
         startup_lines=tuple(startup + warnings),
         # uvicorn's shutdown lines (0.32.0 capture; unprefixed there)
         shutdown_lines=tuple(log.uvicorn(m) for m in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.")) if s.vt >= V032 else (),
@@ -742,18 +742,24 @@ def _factors(a: dict[str, Any], engine: str, machine: SimMachine, spec: Any, qua
     return factors
 
 
-def _ready_lines(s: _Serve, host: str, log: VllmLog) -> list[str]:
+def _ready_lines(s: _Serve, host: str, log: VllmLog, dev_mode: bool = False) -> list[str]:
     url_host = f"[{host}]" if ":" in host else host
     port = s.port
     if s.vt >= V032:
         # vllm/entrypoints/launchers/api_server/entry.py:136/140 and launcher.py (0.32.0): the
-        # routes the simulator serves, as the real server lists them (serve-eager.log)
-        ready = [
-            log.line("INFO", "entry.py:136", "Supported tasks: ['generate']"),
+        # routes the simulator serves, as the real server lists them (serve-eager.log); in dev
+        # mode build_app (entry.py:137) registers the dev routes with a warning
+        # (vllm/entrypoints/serve/__init__.py:44)
+        ready = [log.line("INFO", "entry.py:136", "Supported tasks: ['generate']")]
+        if dev_mode:
+            ready.append(log.line("WARNING", "__init__.py:44", "SECURITY WARNING: Development endpoints are enabled! "
+                                                              "This should NOT be used in production!"))
+        ready += [
             log.line("INFO", "entry.py:140", f"Starting vLLM server on http://{url_host}:{port}"),
             log.line("INFO", "launcher.py:186", "Available routes are:"),
         ]
-        ready += [log.line("INFO", "launcher.py:195", f"Route: {path}, Methods: {methods}") for path, methods in ROUTES_032]
+        routes = [*ROUTES_032, *((("/reset_prefix_cache", "POST"),) if dev_mode else ())]
+        ready += [log.line("INFO", "launcher.py:195", f"Route: {path}, Methods: {methods}") for path, methods in routes]
     else:
         ready = [
             log.line("INFO", "api_server.py:1912", f"Starting vLLM API server 0 on http://{url_host}:{port}"),
