@@ -102,6 +102,8 @@ def test_plan_profiles_take_the_caching_workloads() -> None:
     ("{input_len: 8, output_len: 8, turns: 3}", "profiles.x.turns: only for dataset multi-turn"),
     ("{dataset: synthetic-sharegpt, num_prefixes: 3}", "profiles.x.num_prefixes: only for dataset prefix-repetition"),
     ("{dataset: multi-turn, turns: 0, input_len: 8, output_len: 8}", "profiles.x.turns"),
+    ("{dataset: prefix-repetition, prefix_len: 8, input_len: 8, output_len: 8, num_prompts: 5}",
+     "profiles.x.num_prompts: 5 is fewer than num_prefixes 10"),
 ])
 def test_plan_refuses_caching_keys_that_do_not_fit(profile: str, message: str) -> None:
     text = PLAN.split("profiles:")[0] + f"profiles:\n  x: {profile}\n"

@@ -73,8 +73,6 @@ DATASET_NEEDS: Mapping[str, tuple[str, ...]] = {
 DATASET_ONLY: Mapping[str, tuple[str, ...]] = {
     "prefix_len": ("random", "prefix-repetition"), "num_prefixes": ("prefix-repetition",), "turns": ("multi-turn",),
 }
-# defaults of the optional ones (vllm bench serve's --prefix-repetition-num-prefixes)
-DEFAULT_NUM_PREFIXES = 10
 BACKENDS = ("openai-chat", "openai")
 COMBINATION_BASES = ("best", "engine-defaults")
 
@@ -130,6 +128,14 @@ class Profile:
             "endpoint": self.endpoint, "burstiness": self.burstiness, "range_ratio": self.range_ratio,
         }
 
+    @property
+    def prefixes(self) -> int:
+        """prefix-repetition: the distinct shared prefixes (``num_prefixes``; default the bench's,
+        vllm bench serve's ``--prefix-repetition-num-prefixes`` 10)."""
+        from perflab.bench.request import BenchRequest
+
+        return self.num_prefixes or BenchRequest.prefix_repetition_num_prefixes
+
     def key(self) -> str:
         text = json.dumps(self.definition(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -140,7 +146,7 @@ class Profile:
             if self.prefix_len:
                 what = f"a shared {self.prefix_len}-token prefix, then {what}"
         elif self.dataset == "prefix-repetition":
-            what = (f"{self.num_prefixes or DEFAULT_NUM_PREFIXES} shared {self.prefix_len}-token prefixes, each prompt "
+            what = (f"{self.prefixes} shared {self.prefix_len}-token prefixes, each prompt "
                     f"one of them + {self.input_len} own tokens, {self.output_len} output tokens")
         elif self.dataset == "multi-turn":
             what = (f"{self.turns}-turn conversations, {self.input_len} tokens per new message, {self.output_len} "
@@ -169,7 +175,7 @@ class Profile:
                         "random_range_ratio": self.range_ratio, "random_prefix_len": self.prefix_len or 0}
         elif self.dataset == "prefix-repetition":
             workload = {"prefix_repetition_prefix_len": self.prefix_len, "prefix_repetition_suffix_len": self.input_len,
-                        "prefix_repetition_num_prefixes": self.num_prefixes or DEFAULT_NUM_PREFIXES,
+                        "prefix_repetition_num_prefixes": self.prefixes,
                         "prefix_repetition_output_len": self.output_len}
         elif self.dataset == "multi-turn":
             workload = {"multi_turn_turns": self.turns, "multi_turn_input_len": self.input_len,
@@ -602,8 +608,13 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
                 if n not in kw:
                     p.add(f"{key}.{n}", f"missing; a {dataset} dataset needs {', '.join(needs)}")
                     ok = False
-        if ok:
-            out.append(Profile(**kw))
+        profile = Profile(**kw) if ok else None
+        if profile is not None and dataset == "prefix-repetition" and profile.num_prompts < profile.prefixes:
+            p.add(f"{key}.num_prompts", f"{profile.num_prompts} is fewer than num_prefixes {profile.prefixes}: "
+                  "every prefix needs a prompt")
+            profile = None
+        if profile is not None:
+            out.append(profile)
     return out
 
 
