@@ -17,8 +17,10 @@ the common shape of today's engines:
 - with prefix caching, freed blocks stay in the cache (least recently freed evicted first,
   a request's last block before its first, like vLLM's free-block queue) until their space
   is needed: a later prompt with the same prefix, and a preempted request coming back, find
-  their full blocks there and do not compute them again. Without prefix caching a preempted
-  request recomputes everything.
+  their full blocks there and do not compute them again; a prompt admitted while another
+  request with the same prefix runs finds the blocks that request has computed (vLLM hashes a
+  block once it is full; the simulator shares the compute, each request keeps its own block).
+  Without prefix caching a preempted request recomputes everything.
 
 ``capacity_policy="guaranteed_no_evict"`` is TensorRT-LLM's default capacity scheduler
 (``CapacitySchedulerPolicy.GUARANTEED_NO_EVICT``, cpp/tensorrt_llm/batch_manager/
@@ -71,6 +73,7 @@ class SimRequest:
     preemptions: int = 0
     aborted: bool = False
     uid: int = 0  # set by the scheduler: names the request's own KV blocks in the cache
+    shared: int = 0  # leading prompt blocks it has computed that others may reuse while it runs
     _rng: random.Random | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -122,6 +125,10 @@ class Scheduler:
         self.max_len = knobs.max_model_len or 0
         # prefix cache: block key -> None, LRU order; holds only blocks not in use
         self._cache: OrderedDict[Hashable, None] = OrderedDict()
+        # the prompt blocks running requests have computed: key -> how many hold it. vLLM finds
+        # a prefix in the blocks of running requests too (hashed as soon as they are full); here
+        # their compute is shared, not their memory: each request still holds its own blocks
+        self._running: dict[Hashable, int] = {}
         self._uids = itertools.count(1)
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -185,7 +192,28 @@ class Scheduler:
             return req.block_hashes[index]
         return (req.uid, index)
 
+    def _share(self, req: SimRequest) -> None:
+        """Offer ``req``'s newly computed full prompt blocks to requests admitted after it."""
+        if not self.knobs.prefix_caching:
+            return
+        full = min(req.computed // self.block, len(req.block_hashes))
+        for index in range(req.shared, full):
+            key = req.block_hashes[index]
+            self._running[key] = self._running.get(key, 0) + 1
+        req.shared = max(req.shared, full)
+
+    def _unshare(self, req: SimRequest) -> None:
+        for index in range(req.shared):
+            key = req.block_hashes[index]
+            left = self._running[key] - 1
+            if left:
+                self._running[key] = left
+            else:
+                del self._running[key]
+        req.shared = 0
+
     def _free(self, req: SimRequest, cache: bool) -> None:
+        self._unshare(req)
         held = req.blocks
         req.blocks = 0
         kept = 0
@@ -202,13 +230,13 @@ class Scheduler:
         self.free_blocks += held - kept
 
     def _cached_prefix(self, req: SimRequest) -> int:
-        """Leading blocks of ``req``'s tokens still in the cache (never all of them: the last
-        position is recomputed to produce a token)."""
+        """Leading blocks of ``req``'s tokens still in the cache or computed by a running request
+        (never all of them: the last position is recomputed to produce a token)."""
         if not self.knobs.prefix_caching:
             return 0
         limit = (req.target - 1) // self.block
         hits = 0
-        while hits < limit and self._key(req, hits) in self._cache:
+        while hits < limit and (self._key(req, hits) in self._cache or self._key(req, hits) in self._running):
             hits += 1
         return hits
 
@@ -281,17 +309,19 @@ class Scheduler:
                 need = min(need, budget)
             elif need > budget and scheduled:
                 break  # without chunking a whole prompt must fit in one step
-            held = req.blocks + hits
+            reused = [i for i in range(hits) if self._key(req, i) in self._cache]  # the rest: running requests'
+            held = req.blocks + len(reused)
             grow = (whole if self.reserve else self._blocks_for(computed + need)) - held
-            if grow > self._available() - hits:
+            if grow > self._available() - len(reused):
                 break  # not enough free KV blocks: it waits (and so does everyone behind it)
             if req.scheduled_at is None:
                 req.scheduled_at = self.now
             if req.computed == 0:
-                for index in range(hits):  # the cached blocks are in use again
+                for index in reused:  # the cached blocks are in use again
                     del self._cache[self._key(req, index)]
-                req.blocks = hits
+                req.blocks = len(reused)
                 req.computed = computed
+                self._share(req)
                 self.prefix_queries += req.target
                 self.prefix_hits += computed
                 if req.preemptions == 0:
@@ -329,6 +359,7 @@ class Scheduler:
             emitted.append((req, n, req.generated >= req.output_tokens))
         for req, n in chunks:
             req.computed += n
+            self._share(req)
             if req.decoding:  # the last chunk samples the next token
                 req.generated += 1
                 if req.first_token_at is None:
