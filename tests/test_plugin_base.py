@@ -190,3 +190,21 @@ def test_engines_list_shows_only_the_hooks_a_plugin_really_answers(pm: PluginMan
 
     other = PluginManager(entrypoints=False, builtins=False).add_plugin(Ready(), name="ready")
     assert "perflab_readiness" in other.hooks
+
+
+def test_engines_list_shows_the_cache_reset_only_where_one_is_declared(pm: PluginManager) -> None:
+    """perflab_cache_reset is the base's no-op unless the class declares prefix_cache_reset (one
+    line) or overrides cache_reset."""
+    from perflab.types import CacheReset
+
+    rec = next(r for r in pm.records if r.name == "toy")
+    assert "perflab_cache_reset" not in rec.hooks
+
+    class Resets(Toy):
+        prefix_cache_reset = CacheReset("/flush_cache", source="test")
+
+    other = PluginManager(entrypoints=False, builtins=False).add_plugin(Resets(), name="resets")
+    assert "perflab_cache_reset" in other.hooks
+    launch = LaunchSpec(engine="toy", argv=("toy",), host="127.0.0.1", port=1, served_model_name="m")
+    assert Resets().perflab_cache_reset(engine="toy", launch=launch) == CacheReset("/flush_cache", source="test")
+    assert Resets().perflab_cache_reset(engine="other", launch=launch) is None
