@@ -46,6 +46,40 @@ def time_scale(env: Mapping[str, str]) -> float:
     return scale
 
 
+# The model clock on the wire ------------------------------------------------------------------
+
+#: SSE comment a simulated engine writes, when the request asks (SIM_CLOCK_HEADER), before the
+#: events of each scheduler step:
+#: ``: perflab-sim-clock <t> <arrival>`` — the step's end and the request's arrival in the
+#: engine's model time (seconds). Comment lines are ignored by every SSE client (WHATWG rules);
+#: perflab's bench client reads them only when the lab knows the engine is simulated
+#: (BenchRequest.sim_clock and the probe's answer, docs/simulator.md "Reproducible time").
+SIM_CLOCK_COMMENT = b"perflab-sim-clock"
+#: request header asking a simulated engine for those stamps (value ``1``); without it the
+#: stream is byte for byte the real engine's. A real engine ignores an unknown header.
+SIM_CLOCK_HEADER = "x-perflab-sim-clock"
+
+
+def format_clock(t: float, arrival: float) -> bytes:
+    """The comment line (with its newline) stamping an engine step that ended at model time
+    ``t`` for a request that arrived at ``arrival``."""
+    return b": " + SIM_CLOCK_COMMENT + f" {t:.6f} {arrival:.6f}\n".encode()
+
+
+def parse_clock(value: bytes) -> tuple[float, float] | None:
+    """``(t, arrival)`` from a comment's text after the prefix; None if malformed."""
+    parts = value.split()
+    if len(parts) != 2:
+        return None
+    try:
+        t, arrival = float(parts[0]), float(parts[1])
+    except ValueError:
+        return None
+    if not (math.isfinite(t) and math.isfinite(arrival)):
+        return None
+    return t, arrival
+
+
 # PERFLAB_SIM_ENGINE_VERSIONS ------------------------------------------------------------------
 
 #: perflab's engine names a version may be set for

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 from perflab.bench.request import BenchRequest
 from perflab.bench.trace import Capture
 from perflab.errors import UsageError
+from perflab.simenv import SIM_CLOCK_HEADER
 
 USER_AGENT = "perflab-bench"
 MAX_HEAD_BYTES = 64 * 1024
@@ -126,6 +127,8 @@ def request_headers(req: BenchRequest) -> list[tuple[str, str]]:
     if api_key and not any(k.lower() == "authorization" for k, _ in req.headers):  # an explicit one wins
         headers.append(("Authorization", f"Bearer {api_key}"))
     headers.extend(req.headers)
+    if req.sim_clock:  # the lab knows the engine is simulated: ask for its model-clock stamps
+        headers.append((SIM_CLOCK_HEADER, "1"))
     return headers
 
 

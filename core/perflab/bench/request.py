@@ -83,6 +83,10 @@ class BenchRequest:
     workers: int = 1
     http_stack: str = "raw"
     time_scale: float = 1.0  # simulated time compression: measured durations are multiplied by it
+    # the lab knows the engine is simulated (its hardware snapshot is): time requests by the
+    # engine's model-clock stamps when the server proves to be perflab's simulator (the
+    # probe), never by a real engine's; docs/simulator.md "Reproducible time"
+    sim_clock: bool = False
     profile: str | None = None
     keep_text: bool = False  # keep generated texts (for --save-detailed)
     # Stall watchdog: no byte on any open stream for this many seconds of *engine* time

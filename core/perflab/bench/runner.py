@@ -230,9 +230,14 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
         timed = _run_single(plan, prompt_lens, tok, keep_text, progress, cancel)
 
     start = timed.start
-    traces = [_relative(t, start).scaled(time_scale) for t in timed.traces]
-    duration = (timed.end - start) * time_scale
+    model = _on_model_clock(timed.traces, time_scale) if (req.sim_clock and simulated) else None
+    if model is not None:
+        traces, duration = model
+    else:
+        traces = [_relative(t, start).scaled(time_scale) for t in timed.traces]
+        duration = (timed.end - start) * time_scale
     result = _make_result(req, traces, duration, tok, simulated, time_scale, len(targets))
+    result.info["clock"] = "model" if model is not None else "host"
     # For clock comparisons (benchmarks/bench_client_capacity.py): request i was sent with
     # x-request-id {request_id_prefix}{i}; its absolute perf_counter() times are
     # origin + (start + chunk time) / time_scale.
@@ -261,6 +266,26 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
 def _stall(req: BenchRequest, seen: StallSeen, time_scale: float, completed: int, stage: str) -> Stall:
     return Stall(stall_s=float(req.stall_s or 0.0), idle_s=seen.idle_s * time_scale, in_flight=seen.in_flight,
                  completed=completed, stage=stage)
+
+
+def _on_model_clock(traces: list[RequestTrace], time_scale: float) -> tuple[list[RequestTrace], float] | None:
+    """The run timed by the simulated engine's model clock: every successful request's
+    arrival and chunks from its stamps, the duration from the first arrival to the last
+    chunk. None (time it by the host's clock) when a successful request lacks stamps."""
+    ok = [t for t in traces if t.success]
+    if not ok or any(t.model_arrival is None or not t.model_times for t in ok):
+        return None
+    origin = min(t.model_arrival for t in ok if t.model_arrival is not None)
+    end = max(t.model_times[-1] for t in ok if t.model_times)
+    out = []
+    for t in traces:
+        t.queue_time *= time_scale  # the client's own wait (--max-concurrency): host time
+        if t.success:
+            out.append(t.on_model_clock(origin))
+        else:
+            t.start = 0.0  # a failed request has no stamps; its times enter no metric
+            out.append(t)
+    return out, end - origin
 
 
 def _relative(t: RequestTrace, origin: float) -> RequestTrace:

@@ -19,14 +19,24 @@ from dataclasses import dataclass
 class SSEEvent:
     data: bytes
     event: str = "message"
+    # the text after ``clock_prefix`` of the last such comment line seen (see SSEParser)
+    clock: bytes | None = None
 
 
 class SSEParser:
-    """Feed bytes as they arrive; get back the events completed by them."""
+    """Feed bytes as they arrive; get back the events completed by them.
 
-    __slots__ = ("_buf", "_data", "_event", "_has_data", "_skip_lf")
+    ``clock_prefix``: comment lines starting with ``:`` + optional space + this prefix are kept
+    (the rest of the line, stripped) and every event from then on carries the last one as
+    ``clock`` — perflab's simulator stamps its steps this way
+    (:data:`perflab.simenv.SIM_CLOCK_COMMENT`); other comments stay ignored.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_buf", "_clock", "_clock_prefix", "_data", "_event", "_has_data", "_skip_lf")
+
+    def __init__(self, clock_prefix: bytes | None = None) -> None:
+        self._clock_prefix = clock_prefix
+        self._clock: bytes | None = None
         self._buf = b""
         self._data: list[bytes] = []
         self._event = ""
@@ -49,12 +59,17 @@ class SSEParser:
         for line in lines:
             if not line:
                 if self._has_data:
-                    events.append(SSEEvent(b"\n".join(self._data), self._event or "message"))
+                    events.append(SSEEvent(b"\n".join(self._data), self._event or "message", self._clock))
                 self._data = []
                 self._event = ""
                 self._has_data = False
                 continue
             if line[:1] == b":":
+                prefix = self._clock_prefix
+                if prefix is not None:
+                    text = line[1:].lstrip(b" ")
+                    if text.startswith(prefix):
+                        self._clock = text[len(prefix):].strip()
                 continue
             name, sep, value = line.partition(b":")
             if sep and value[:1] == b" ":

@@ -18,6 +18,7 @@ from typing import Any
 from perflab.bench.cancel import CANCELLED, STALLED
 from perflab.bench.sse import SSEParser
 from perflab.bench.tokenizer import Tokenizer
+from perflab.simenv import SIM_CLOCK_COMMENT, parse_clock
 
 MAX_ERROR_CHARS = 500
 
@@ -60,6 +61,12 @@ class RequestTrace:
     output_tokens_source: str = "usage"  # "usage" | "tokenizer" | "chunks"
     index: int = -1
     queue_time: float = 0.0  # waited for --max-concurrency (vLLM's client_queue_time)
+    # perflab's simulator only: the engine's model-clock stamps (perflab.simenv.SIM_CLOCK_COMMENT)
+    # — the request's arrival and each output chunk's step end, absolute model seconds; None
+    # when a chunk carrying output came without one. Used only when the lab knows the engine
+    # is simulated (runner: BenchRequest.sim_clock and the probe's answer).
+    model_arrival: float | None = None
+    model_times: list[float] | None = None
 
     @property
     def ttft(self) -> float:
@@ -103,7 +110,18 @@ class RequestTrace:
             output_tokens_source=self.output_tokens_source,
             index=self.index,
             queue_time=self.queue_time * factor,
+            model_arrival=self.model_arrival,
+            model_times=self.model_times,
         )
+
+    def on_model_clock(self, origin: float) -> RequestTrace:
+        """The same trace timed by the engine's model-clock stamps: ``start`` is the arrival
+        relative to ``origin``, ``chunk_times`` relative to the arrival. Requires the stamps
+        (:attr:`model_arrival`, :attr:`model_times`) of a successful trace."""
+        assert self.model_arrival is not None and self.model_times is not None
+        self.start = self.model_arrival - origin
+        self.chunk_times = [t - self.model_arrival for t in self.model_times]
+        return self
 
 
 def _clip(text: str) -> str:
@@ -205,8 +223,10 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
         trace.error = _http_error(cap)
         return trace
 
-    parser = SSEParser()
+    parser = SSEParser(clock_prefix=SIM_CLOCK_COMMENT)
     times: list[float] = []
+    stamps: list[float] | None = []  # model clock of the chunks carrying output (None: one had none)
+    arrival: float | None = None
     texts: list[str] = []
     cumulative: list[int | None] = []  # usage.completion_tokens carried by token chunks
     usage: dict[str, Any] | None = None
@@ -214,7 +234,7 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
     start = cap.start
 
     def handle(t: float, events: list) -> str | None:
-        nonlocal usage
+        nonlocal usage, stamps, arrival
         for ev in events:
             data = ev.data
             if data == b"[DONE]":
@@ -233,6 +253,13 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
             u = obj.get("usage")
             if choices and has_streamed_output(choices[0]):
                 times.append(t - start)
+                if stamps is not None:
+                    clock = parse_clock(ev.clock) if ev.clock is not None else None
+                    if clock is None:
+                        stamps = None
+                    else:
+                        stamps.append(clock[0])
+                        arrival = clock[1]
                 texts.append(_chunk_text(choices[0]))
                 cumulative.append(u.get("completion_tokens") if isinstance(u, dict) else None)
             if isinstance(u, dict):
@@ -258,6 +285,8 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
 
     trace.success = True
     trace.chunk_times = times
+    if stamps and arrival is not None:
+        trace.model_arrival, trace.model_times = arrival, stamps
     text = "".join(texts) if (keep_text or usage is None or tokenizer is not None) else ""
     completion = usage.get("completion_tokens") if usage else None
     if isinstance(completion, int) and completion > 0:

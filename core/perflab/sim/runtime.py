@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import heapq
 import itertools
 import json
 import os
@@ -38,11 +39,12 @@ from dataclasses import dataclass
 
 from perflab.sim import catalog, models, perfmodel
 from perflab.sim.config import EngineBehaviour, SimEngineConfig
-from perflab.sim.faults import MAX_LAG_S, Faults, parse_faults, time_scale
+from perflab.sim.clock import ModelClock
+from perflab.sim.faults import Faults, parse_faults, time_scale
 from perflab.sim.lifecycle import EngineLifecycle, die_by_signal, say
 from perflab.sim.metrics import EngineMetrics, Finished
 from perflab.sim.routing import HttpApi
-from perflab.sim.scheduler import Scheduler, SimRequest
+from perflab.sim.scheduler import Scheduler, SimRequest, StepResult
 from perflab.sim.wire import Generation, fingerprint
 from perflab.simenv import FAULT_ENV, HARDWARE_ENV, TIME_SCALE_ENV
 
@@ -126,8 +128,14 @@ class Engine(EngineLifecycle):
         cost = perfmodel.build_cost_model(deployment_.model, deployment_.machine.chip, deployment_.knobs)
         capacity = deployment_.memory.kv_capacity_tokens
         self.scheds = [Scheduler(cost, deployment_.knobs, capacity) for _ in range(cfg.dp)]
-        self.wakes = [asyncio.Event() for _ in self.scheds]
-        self.lost_s = 0.0
+        self.clock = ModelClock(scale)
+        for sched in self.scheds:
+            sched.now = self.clock.last
+        self._waiter: asyncio.Future[None] | None = None  # the driver's sleep, cut short by _nudge
+        self._due: list[tuple[float, int, int, StepResult]] = []  # (model end, order, rank, step) heap
+        self._order = itertools.count()
+        self._busy: set[int] = set()  # ranks with a step due
+        self.step_end = self.clock.last  # model time of the step being delivered
         self.lag_warned = False
         self._arrivals = itertools.count()
         self._prompt_done = 0
@@ -138,19 +146,30 @@ class Engine(EngineLifecycle):
         self.api = HttpApi(self)
 
     def start_serving(self) -> list[asyncio.Task[None]]:
-        tasks = [asyncio.create_task(self._drive(i)) for i in range(len(self.scheds))]
+        tasks = [asyncio.create_task(self._drive())]
         if self.behaviour.stats_line:
             tasks.append(asyncio.create_task(self._stats()))
         return tasks
 
     # scheduling -----------------------------------------------------------------------
+    def model_now(self) -> float:
+        """The engine's model time now (:class:`perflab.sim.clock.ModelClock`), kept before
+        the next step due."""
+        return self.clock.now(self._due[0][0] if self._due else None)
+
     def submit(self, gen: Generation, req: SimRequest) -> None:
         gen.sim = req
         rank = min(range(len(self.scheds)), key=lambda i: len(self.scheds[i].running) + len(self.scheds[i].waiting))
         req.seed = next(self._arrivals)  # reproducible speculative-acceptance draws
-        self.scheds[rank].add(req)
+        arrival = self.model_now()
+        gen.arrived_model = req.arrival = arrival
+        sched = self.scheds[rank]
+        if rank not in self._busy and arrival > sched.now:
+            sched.now = arrival  # an idle scheduler's next step starts when the request arrives
+        sched.add(req)
         gen.rank = rank
-        self.wakes[rank].set()
+        if rank not in self._busy:
+            self._nudge()  # a step to plan, which may end before the one the driver waits for
 
     def abort(self, gen: Generation) -> None:
         if gen.sim is not None and not gen.done.done():
@@ -159,10 +178,10 @@ class Engine(EngineLifecycle):
             gen.done.set_result(None)
 
     def record(self, gen: Generation, reason: str) -> None:
-        """Count a request that ended (finished, or aborted) in the metrics."""
-        now = time.monotonic()
+        """Count a request that ended (finished, or aborted) in the metrics (model time)."""
+        now = self.model_now()
         sim = gen.sim
-        ttft = (gen.first_at - gen.arrived) * self.scale if gen.first_at is not None else None
+        ttft = gen.first_model - gen.arrived_model if gen.first_model is not None else None
         prefill = 0.0
         if sim is not None and sim.first_token_at is not None and sim.scheduled_at is not None:
             prefill = max(0.0, sim.first_token_at - sim.scheduled_at)
@@ -173,40 +192,65 @@ class Engine(EngineLifecycle):
             generated=gen.generated,
             max_tokens=gen.max_tokens,
             ttft_s=ttft,
-            e2e_s=(now - gen.arrived) * self.scale,
+            e2e_s=max(0.0, now - gen.arrived_model),
             queue_s=max(0.0, (ttft or 0.0) - prefill),
             prefill_s=prefill,
             preemptions=sim.preemptions if sim is not None else 0,
             cached_tokens=sim.cached_tokens if sim is not None else 0,
         ))
 
-    async def _drive(self, rank: int) -> None:
-        sched, wake = self.scheds[rank], self.wakes[rank]
-        loop = asyncio.get_running_loop()
-        due = loop.time()
-        while True:
-            if self.hung:
-                await asyncio.Event().wait()  # a stuck scheduler: nothing more happens
-            if not sched.has_work:
-                wake.clear()
-                await wake.wait()
-                due = max(due, loop.time())
+    def _plan(self) -> None:
+        """Start the next step of every idle scheduler that has work (in model time: it runs
+        from the scheduler's ``now`` for the step's duration)."""
+        for rank, sched in enumerate(self.scheds):
+            if rank in self._busy or not sched.has_work:
                 continue
             result = sched.step()
             if result is None:
                 continue
+            self._busy.add(rank)
+            heapq.heappush(self._due, (sched.now, next(self._order), rank, result))
+
+    def _nudge(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self, delay: float | None) -> None:
+        """Sleep ``delay`` seconds (None: forever) or until :meth:`_nudge`."""
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        timer = loop.call_later(delay, self._nudge) if delay is not None else None
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    async def _drive(self) -> None:
+        """Deliver the schedulers' steps in model-time order, each when wall time reaches it
+        (model time / scale); a late host delays deliveries, never the model's numbers."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.hung:
+                await asyncio.Event().wait()  # a stuck scheduler: nothing more happens
+            self._plan()
+            if not self._due:
+                self.clock.idle()
+                await self._wait(None)
+                continue
+            end, _, rank, result = self._due[0]
+            delay = self.clock.wall_at(end) - time.monotonic()
+            if delay > 0:
+                await self._wait(delay)  # or until an arrival on an idle scheduler
+                continue
+            heapq.heappop(self._due)
+            self._busy.discard(rank)
+            self.clock.delivered(end)
+            self._warn_lag()
             self.preemptions[rank] += result.preempted
-            if result.duration > 0:
-                now = loop.time()
-                if due < now - MAX_LAG_S:
-                    self.lost_s += now - MAX_LAG_S - due
-                    due = now - MAX_LAG_S
-                    self._warn_lag()
-                due += result.duration / self.scale
-                delay = due - now
-                await asyncio.sleep(delay if delay > 0 else 0)
-            else:
-                await asyncio.sleep(0)
+            self.step_end = end
             for req, n, finished in result.emitted:
                 if req.sink is not None:
                     req.sink(n, finished)
@@ -221,12 +265,14 @@ class Engine(EngineLifecycle):
                 loop.call_later(0.1, self.crash)
             if self.faults.hang_after is not None and self.completed >= self.faults.hang_after:
                 self.hung = True
+            await asyncio.sleep(0)  # let the HTTP side write what was delivered
 
     def _warn_lag(self) -> None:
-        if self.lost_s > 1.0 and not self.lag_warned:
+        if self.clock.lost_s > 1.0 and not self.lag_warned:
             self.lag_warned = True
             say([f"WARNING perflab-sim: the simulation runs behind {TIME_SCALE_ENV}={self.scale:g} "
-                  "(CPU-bound); measured times are longer than the model's. Lower the time scale."], sys.stderr)
+                  "(CPU-bound); times measured by a wall clock are longer than the model's (the "
+                  "perflab-sim-clock stamps are not). Lower the time scale."], sys.stderr)
 
     async def _stats(self) -> None:
         last = time.monotonic()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from perflab.sim import tokenizer
 from perflab.sim.config import SimEngineConfig
 from perflab.sim.scheduler import SimRequest
+from perflab.simenv import format_clock
 
 if TYPE_CHECKING:
     from perflab.sim.runtime import Engine
@@ -138,9 +139,11 @@ class Generation:
         self.created = int(time.time())
         self.model_json = json.dumps(model)
         self.fingerprint = engine.fingerprint
-        self.arrived = time.monotonic()
-        self.first_at: float | None = None
-        self.last_at: float | None = None
+        # model time (perflab.sim.clock): set by Engine.submit, then the steps' ends
+        self.arrived_model = 0.0
+        self.first_model: float | None = None
+        self.last_model: float | None = None
+        self.stamp = False  # stream the model-clock stamps (the client asked: SIM_CLOCK_HEADER)
         obj = "chat.completion.chunk" if chat else "text_completion"
         self._head = (
             f'{{"id":"{self.id}","object":"{obj}","created":{self.created},"model":{self.model_json},"choices":['
@@ -193,23 +196,25 @@ class Generation:
             self.error = "The request does not fit in the KV cache."
             if self.send:
                 body = json.dumps(error_body(self.error, "BadRequestError", 400), separators=(",", ":"))
-                self.send(f"data: {body}\n\n".encode() + b"data: [DONE]\n\n")
+                clock = format_clock(self.engine.step_end, self.arrived_model) if self.stamp else b""
+                self.send(clock + f"data: {body}\n\n".encode() + b"data: [DONE]\n\n")
             self.engine.record(self, "abort")
             self.done.set_result(None)
             return
         first = self.generated == 0 and n > 0
-        now = time.monotonic()
+        now = self.engine.step_end  # the model time of the step delivering these tokens
         if n > 0:
             if first:
-                self.first_at = now
-            elif self.last_at is not None:
-                self.engine.metrics.token_interval(self.rank, (now - self.last_at) * self.engine.scale)
-            self.last_at = now
+                self.first_model = now
+            elif self.last_model is not None:
+                self.engine.metrics.token_interval(self.rank, now - self.last_model)
+            self.last_model = now
         self.generated += n
         if finished:
             self.finish_reason = "length" if self.generated >= self.max_tokens else "stop"
         if self.send is not None:
-            out = []
+            # asked for, every step's events open with its model time (an SSE comment)
+            out = [format_clock(now, self.arrived_model) if self.stamp else b""]
             if first and self.chat:
                 out.append(self._chunk("", None, role=True))
             if n > 0 or finished:
@@ -218,6 +223,8 @@ class Generation:
                 if self.include_usage:
                     out.append(self._final_usage())
                 out.append(b"data: [DONE]\n\n")
+            if len(out) == 1:
+                out.clear()  # no event in this step: no stamp either
             if not self.send(b"".join(out)):
                 self.engine.abort(self)
         if finished:
