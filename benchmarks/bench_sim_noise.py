@@ -70,12 +70,9 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 runs: dict[str, list[dict[str, float]]] = {"host": [], "model": []}
                 for _ in range(args.runs):
                     for clock in ("host", "model"):
-                        r = await anyio.to_thread.run_sync(run_benchmark_sync, req.replace(sim_clock=clock == "model")) \
-                            if hasattr(req, "sim_clock") else await anyio.to_thread.run_sync(run_benchmark_sync, req)
+                        r = await anyio.to_thread.run_sync(run_benchmark_sync, req.replace(sim_clock=clock == "model"))
+                        assert r.info["clock"] == clock, r.info
                         runs[clock].append({k: float(r.metrics[k]) for k in KEYS})
-                        if not hasattr(req, "sim_clock"):
-                            runs["model"].append(runs[clock][-1])
-                            break
                 out[load] = runs
             finally:
                 for h in hogs:
@@ -92,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hogs", type=int, default=1, help="CPU-bound processes beside the busy runs")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    import structlog
+
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout: the figures only
     with tempfile.TemporaryDirectory(prefix="perflab-noise-") as tmp:
         data = anyio.run(measure, args, Path(tmp))
     summary = {load: {clock: {k: {"rsd_pct": rsd([r[k] for r in runs]),

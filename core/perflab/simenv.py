@@ -55,9 +55,12 @@ def time_scale(env: Mapping[str, str]) -> float:
 #: perflab's bench client reads them only when the lab knows the engine is simulated
 #: (BenchRequest.sim_clock and the probe's answer, docs/simulator.md "Reproducible time").
 SIM_CLOCK_COMMENT = b"perflab-sim-clock"
-#: request header asking a simulated engine for those stamps (value ``1``); without it the
-#: stream is byte for byte the real engine's. A real engine ignores an unknown header.
+#: request header asking a simulated engine for those stamps; without it the stream is byte for
+#: byte the real engine's, and a real engine ignores an unknown header. Value ``1``, or
+#: ``burst <id>`` for the requests of one all-at-once batch (request rate inf): the engine stamps
+#: that batch's requests with one arrival time, however long the host takes to send them.
 SIM_CLOCK_HEADER = "x-perflab-sim-clock"
+SIM_CLOCK_BURST = "burst"
 
 
 def format_clock(t: float, arrival: float) -> bytes:

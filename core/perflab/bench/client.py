@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
+import secrets
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +35,7 @@ from urllib.parse import urlsplit
 from perflab.bench.request import BenchRequest
 from perflab.bench.trace import Capture
 from perflab.errors import UsageError
-from perflab.simenv import SIM_CLOCK_HEADER
+from perflab.simenv import SIM_CLOCK_BURST, SIM_CLOCK_HEADER
 
 USER_AGENT = "perflab-bench"
 MAX_HEAD_BYTES = 64 * 1024
@@ -128,7 +130,9 @@ def request_headers(req: BenchRequest) -> list[tuple[str, str]]:
         headers.append(("Authorization", f"Bearer {api_key}"))
     headers.extend(req.headers)
     if req.sim_clock:  # the lab knows the engine is simulated: ask for its model-clock stamps
-        headers.append((SIM_CLOCK_HEADER, "1"))
+        # all prompts at once: one arrival time for the batch (a new id per call: per run)
+        burst = math.isinf(req.request_rate)
+        headers.append((SIM_CLOCK_HEADER, f"{SIM_CLOCK_BURST} {secrets.token_hex(4)}" if burst else "1"))
     return headers
 
 

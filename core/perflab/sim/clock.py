@@ -67,6 +67,12 @@ class ModelClock:
         if model > self.last:
             self.last = model
 
+    def resume(self, model: float) -> None:
+        """Model time was held at ``model`` (a burst of arrivals): it runs on from there now."""
+        self._anchor_wall, self._anchor_model = self._wall(), model
+        if model > self.last:
+            self.last = model
+
     def idle(self) -> None:
         """Nothing to do: model time runs on with wall time from the last event delivered."""
         w = self._wall()

@@ -18,7 +18,7 @@ from perflab.sim.metrics import Snapshot
 from perflab.sim.scheduler import SimRequest
 from perflab.sim.server import Request, Response, Stream, json_response
 from perflab.sim.wire import VLLM_ENGINES, CompletionRequest, Generation, Vocabulary, error_body, parse_request
-from perflab.simenv import SIM_CLOCK_HEADER
+from perflab.simenv import SIM_CLOCK_BURST, SIM_CLOCK_HEADER
 
 if TYPE_CHECKING:
     from perflab.sim.runtime import Engine
@@ -234,7 +234,10 @@ class HttpApi:
         if not isinstance(request, CompletionRequest):
             return bad_request(request)
         gen = Generation(engine, request, request.model or self.cfg.served_model_names[0])
-        gen.stamp = req.headers.get(SIM_CLOCK_HEADER) == "1"  # model-clock stamps (perflab.sim.clock)
+        clock = req.headers.get(SIM_CLOCK_HEADER, "")  # model-clock stamps (perflab.sim.clock)
+        gen.stamp = bool(clock)
+        kind, _, burst = clock.partition(" ")
+        gen.burst = burst if kind == SIM_CLOCK_BURST and burst else None
         text = request.text
         hashes = tokenizer.block_hashes(text, self.cfg.block_size) if (self.cfg.prefix_caching and text) else ()
         sim = SimRequest(request.prompt_tokens, request.stop_at, block_hashes=hashes, sink=gen.sink,

@@ -109,6 +109,29 @@ def deployment(cfg: SimEngineConfig, env: Mapping[str, str] | None = None) -> De
     return Deployment(model, machine, visible[:world], knobs, memory, knobs.max_model_len or model.context_len)
 
 
+# An all-at-once batch (SIM_CLOCK_BURST) holds the model clock while its requests keep coming:
+# until none came for BURST_QUIET_S wall seconds, at most BURST_MAX_S after the first.
+BURST_QUIET_S = 0.1
+BURST_MAX_S = 5.0
+
+
+class Burst:
+    """An all-at-once batch arriving at a held model time ``at``."""
+
+    def __init__(self, id_: str, at: float) -> None:
+        self.id = id_
+        self.at = at
+        self.started = self.last = time.monotonic()
+
+    def extend(self) -> None:
+        self.last = time.monotonic()
+
+    def left(self) -> float:
+        """Wall seconds the hold has left (<= 0: over)."""
+        now = time.monotonic()
+        return min(self.last + BURST_QUIET_S, self.started + BURST_MAX_S) - now
+
+
 class Engine(EngineLifecycle):
     """One simulated engine: its schedulers (one per data-parallel rank) driven in simulated
     time, the requests in flight and the metrics; the process lifecycle is
@@ -136,6 +159,8 @@ class Engine(EngineLifecycle):
         self._order = itertools.count()
         self._busy: set[int] = set()  # ranks with a step due
         self.step_end = self.clock.last  # model time of the step being delivered
+        self._burst: Burst | None = None  # an all-at-once batch arriving: the clock is held
+        self._bursts_seen: set[str] = set()
         self.lag_warned = False
         self._arrivals = itertools.count()
         self._prompt_done = 0
@@ -154,21 +179,40 @@ class Engine(EngineLifecycle):
     # scheduling -----------------------------------------------------------------------
     def model_now(self) -> float:
         """The engine's model time now (:class:`perflab.sim.clock.ModelClock`), kept before
-        the next step due."""
+        the next step due; held during a burst."""
+        if self._burst is not None:
+            return self._burst.at
         return self.clock.now(self._due[0][0] if self._due else None)
+
+    def _arrive(self, gen: Generation) -> float:
+        """The request's arrival in model time. The first request of an all-at-once batch
+        (``gen.burst``) reaching an idle engine holds the clock: the batch's requests arrive
+        at one model time until none came for BURST_QUIET_S (at most BURST_MAX_S) — what the
+        client meant, whatever time the host takes to send them."""
+        burst = self._burst
+        if burst is not None and gen.burst == burst.id:
+            burst.extend()
+            return burst.at
+        if (gen.burst is not None and burst is None and gen.burst not in self._bursts_seen and not self._due
+                and not any(s.has_work for s in self.scheds)):
+            self._bursts_seen.add(gen.burst)
+            self._burst = Burst(gen.burst, self.model_now())
+            self._nudge()
+            return self._burst.at
+        return self.model_now()
 
     def submit(self, gen: Generation, req: SimRequest) -> None:
         gen.sim = req
         rank = min(range(len(self.scheds)), key=lambda i: len(self.scheds[i].running) + len(self.scheds[i].waiting))
         req.seed = next(self._arrivals)  # reproducible speculative-acceptance draws
-        arrival = self.model_now()
+        arrival = self._arrive(gen)
         gen.arrived_model = req.arrival = arrival
         sched = self.scheds[rank]
         if rank not in self._busy and arrival > sched.now:
             sched.now = arrival  # an idle scheduler's next step starts when the request arrives
         sched.add(req)
         gen.rank = rank
-        if rank not in self._busy:
+        if rank not in self._busy and self._burst is None:
             self._nudge()  # a step to plan, which may end before the one the driver waits for
 
     def abort(self, gen: Generation) -> None:
@@ -235,6 +279,14 @@ class Engine(EngineLifecycle):
         while True:
             if self.hung:
                 await asyncio.Event().wait()  # a stuck scheduler: nothing more happens
+            burst = self._burst
+            if burst is not None:
+                left = burst.left()
+                if left > 0:
+                    await self._wait(left)
+                    continue
+                self._burst = None
+                self.clock.resume(burst.at)
             self._plan()
             if not self._due:
                 self.clock.idle()
