@@ -18,17 +18,14 @@ import pytest
 # clock would read their throughput lower, and lower still beside a CPU hog).
 PLAN = """
 name: reproducible
-model: Qwen/Qwen3-8B
-hardware: sim:a100-80g-x8
-simulation: {time_scale: 50}
 engines: [vllm, sglang]
-candidates:
-  - name: Max Num Seqs
-    variants:
-      - {name: "32", set: {max_num_seqs: 32}}
-      - {name: "256", set: {max_num_seqs: 256}}
+model: Qwen/Qwen3-8B
+simulation: {time_scale: 50}
+hardware: sim:a100-80g-x8
 profiles:
   main: {label: Main, input_len: 512, output_len: 128, num_prompts: 128, seed: 7}
+candidates:
+  - {name: Max Num Seqs, variants: [{name: "32", set: {max_num_seqs: 32}}, {name: "256", set: {max_num_seqs: 256}}]}
 timeouts: {startup_s: 60, benchmark_s: 120}
 """
 KEYS = ("total_token_throughput", "mean_tpot_ms", "p99_ttft_ms")
