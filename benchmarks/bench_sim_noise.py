@@ -5,7 +5,7 @@ launched by perflab's supervisor and benchmarked N times with the demo's main pr
 (synthetic ShareGPT, 1000 prompts, all at once), first on an idle machine, then while
 ``--hogs`` CPU-bound processes run beside it. Each run is measured twice from the same
 captures: by the wall clock (``host``: arrival times × time scale, the simulator's numbers
-before issue #12) and by the engine's model clock (``model``: the ``: perflab-sim-clock``
+before issue #12) and by the engine's model clock (``model``: the ``: perflab-model-clock``
 stamps, what the lab uses on simulated hardware, docs/simulator.md "Reproducible time"). It
 prints the relative standard deviation (population, %) of total token throughput, mean TPOT
 and p99 TTFT over the runs, and the range of the figures::
@@ -44,7 +44,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from perflab.hardware import resolve
     from perflab.lab.demo import demo_plan
     from perflab.plugins import load
-    from perflab.supervisor import supervise
+    from perflab.supervisor import EngineInstance
     from perflab.types import ServeConfig
 
     state = workdir / "sim-state"
@@ -56,7 +56,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     profile = plan.profile(args.profile)
     config = ServeConfig(model=plan.model, max_model_len=32768)  # the demo's vLLM
     out: dict[str, Any] = {}
-    async with supervise(pm, "vllm", config, hardware=hw, env=env, workdir=workdir / "run", grace=2.0,
+    async with EngineInstance(pm, "vllm", config, hardware=hw, env=env, workdir=workdir / "run", grace=2.0,
                          startup_timeout=120) as inst:
         if inst.outcome.state != "ready":
             raise SystemExit(f"the simulated engine did not start: {inst.outcome.to_json()}")

@@ -50,11 +50,11 @@ def time_scale(env: Mapping[str, str]) -> float:
 
 #: SSE comment a simulated engine writes, when the request asks (SIM_CLOCK_HEADER), before the
 #: events of each scheduler step:
-#: ``: perflab-sim-clock <t> <arrival>`` — the step's end and the request's arrival in the
+#: ``: perflab-model-clock <t> <arrival>`` — the step's end and the request's arrival in the
 #: engine's model time (seconds). Comment lines are ignored by every SSE client (WHATWG rules);
 #: perflab's bench client reads them only when the lab knows the engine is simulated
 #: (BenchRequest.sim_clock and the probe's answer, docs/simulator.md "Reproducible time").
-SIM_CLOCK_COMMENT = b"perflab-sim-clock"
+SIM_CLOCK_COMMENT = b"perflab-model-clock"  # not "perflab-sim…": that is the fingerprint the probe looks for
 #: request header asking a simulated engine for those stamps; without it the stream is byte for
 #: byte the real engine's, and a real engine ignores an unknown header. Value ``1``, or
 #: ``burst <id>`` for the requests of one all-at-once batch (request rate inf): the engine stamps

@@ -324,7 +324,7 @@ class Engine(EngineLifecycle):
             self.lag_warned = True
             say([f"WARNING perflab-sim: the simulation runs behind {TIME_SCALE_ENV}={self.scale:g} "
                   "(CPU-bound); times measured by a wall clock are longer than the model's (the "
-                  "perflab-sim-clock stamps are not). Lower the time scale."], sys.stderr)
+                  "perflab-model-clock stamps are not). Lower the time scale."], sys.stderr)
 
     async def _stats(self) -> None:
         last = time.monotonic()
