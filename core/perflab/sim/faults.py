@@ -2,7 +2,8 @@
 simulated time runs (``PERFLAB_SIM_TIME_SCALE``; both names are :mod:`perflab.simenv`'s).
 
 Simulated time runs the time scale times faster than real time (default 1): a step the
-performance model says takes 50 ms is slept for 50 ms / scale. Faults (comma separated):
+performance model says takes 50 ms is delivered 50 ms / scale after the previous one (the
+engine's model clock, :mod:`perflab.sim.clock`, keeps the model's time whatever the host does). Faults (comma separated):
 ``crash-at-start``, ``crash-after:N``, ``hang-after:N``, ``slow-start:S``, ``bind-fail``,
 ``ready-then-bind-fail``, ``ignore-sigterm``, ``health-lies``, ``orphan-workers`` (see
 docs/simulator.md).

@@ -13,12 +13,15 @@ engine's flags into a :class:`perflab.sim.config.SimEngineConfig`.
 6. "loads" for ``cfg.load_time_s`` seconds, binds ``host:port`` and ``extra_ports``, prints
    ``cfg.ready_lines``;
 7. serves the OpenAI API from a continuous-batching scheduler in simulated time until SIGTERM
-   or SIGINT, then stops its workers and exits 0 within about a second.
+   or SIGINT, then stops its workers and exits 0 within about a second. Simulated time is the
+   engine's model clock (:mod:`perflab.sim.clock`): one driver delivers every data-parallel
+   scheduler's steps in model-time order, paced by wall time; a request that asks for it
+   (``x-perflab-sim-clock``) gets each step's model time as an SSE comment.
 
 Steps 2 to 6 and the exit are :mod:`perflab.sim.lifecycle`'s; the HTTP routes
 :mod:`perflab.sim.routing`'s; the bodies (vLLM 0.32.0's) :mod:`perflab.sim.wire`'s; the time
-scale (``PERFLAB_SIM_TIME_SCALE``: a step the performance model says takes 50 ms is slept for
-50 ms / scale; responses carry it in the ``x-perflab-sim-time-scale`` header) and the faults
+scale (``PERFLAB_SIM_TIME_SCALE``: a step the performance model says takes 50 ms is delivered
+50 ms / scale after the previous one; responses carry it in the ``x-perflab-sim-time-scale`` header) and the faults
 :mod:`perflab.sim.faults`'. This module holds what the engine runs on (:class:`Deployment`),
 the engine's schedulers and metrics (:class:`Engine`), and :func:`serve`. Optional engine
 behaviour is ``cfg.behaviour`` (:class:`perflab.sim.config.EngineBehaviour`).
