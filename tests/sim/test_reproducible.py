@@ -25,7 +25,7 @@ hardware: sim:a100-80g-x8
 profiles:
   main: {label: Main, input_len: 512, output_len: 128, num_prompts: 128, seed: 7}
 candidates:
-  - {name: Max Num Seqs, variants: [{name: "32", set: {max_num_seqs: 32}}, {name: "256", set: {max_num_seqs: 256}}]}
+  - {name: Max Num Seqs, variants: [{name: "48", set: {max_num_seqs: 48}}, {name: "96", set: {max_num_seqs: 96}}]}
 timeouts: {startup_s: 60, benchmark_s: 120}
 """
 KEYS = ("total_token_throughput", "mean_tpot_ms", "p99_ttft_ms")
