@@ -101,15 +101,18 @@ def run_benchmark_sync(
     req: BenchRequest,
     progress: Callable[[int, int], None] | None = None,
     cancel: threading.Event | None = None,
+    observe: Callable[[Any], None] | None = None,
 ) -> BenchResult:
     """:func:`run_benchmark` for callers without an event loop (the CLI, the lab's thread).
 
     :param cancel: set it (from any thread) to stop the run; :class:`BenchCancelled` is then
         raised within about half a second, carrying the partial result (``.result``).
+    :param observe: called with the timed run's counts (:class:`perflab.bench.drive.Observation`)
+        every few tenths of a second; it may stop the run by setting ``cancel``.
     """
     from perflab.bench.runner import run_benchmark_sync as run
 
-    return run(req, progress, cancel)
+    return run(req, progress, cancel, observe)
 
 
 def available_backends(pm: Any = None) -> dict[str, Callable[[BenchRequest], BenchResult]]:

@@ -4,6 +4,12 @@ Runs in one event loop (uvloop when installed) — in the caller's process, or i
 ``--workers`` process with its share of the requests. Nothing here parses or tokenizes.
 A run given a ``cancel`` event stops when it is set (see :mod:`perflab.bench.cancel`).
 
+Observation (``observe``): a caller that wants to watch a run while it goes (the lab's early
+stop, :mod:`perflab.lab.earlystop`) gets an :class:`Observation` every ``observe_s`` real
+seconds from one task — cumulative counts only (requests arrived, completed, in flight,
+streamed events, summed latency), so nothing is done per chunk. To stop the run it sets the
+``cancel`` event, and the run ends as a cancelled one does: no request or thread is left.
+
 Stall watchdog (``LoadPlan.stall_s``): when requests are open and none of them has received a
 byte for ``stall_s`` real seconds, the run stops as a cancelled one does and the outcome says
 ``stalled``. One task looks at the open requests' last receive times a few times a second
@@ -56,6 +62,23 @@ class DriveOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class Observation:
+    """A running benchmark's counts so far (cumulative; times in real seconds since the start)."""
+
+    t: float
+    arrived: int  # requests whose arrival time has come (sent, or queued for the concurrency limit)
+    completed: int  # responses ended successfully
+    failed: int  # responses ended with an error
+    in_flight: int  # requests sent and not ended
+    events: int  # server-sent events received ("data:" lines: about one per output token)
+    latency_s: float  # the sum, over completed requests, of end - arrival (queueing included)
+
+
+Observer = Callable[[Observation], None]
+OBSERVE_S = 0.1  # default period of the observation task (real seconds)
+
+
+@dataclass(frozen=True, slots=True)
 class StallSeen:
     """What the watchdog saw when it stopped the run (real seconds)."""
 
@@ -70,6 +93,8 @@ async def drive(
     on_done: Callable[[], None] | None = None,
     compact: Callable[[Capture], None] | None = None,
     cancel: threading.Event | None = None,
+    observe: Observer | None = None,
+    observe_s: float = OBSERVE_S,
 ) -> DriveOutcome:
     """Send every request of ``plan``; return the raw captures.
 
@@ -83,6 +108,8 @@ async def drive(
         are aborted (connections closed) and get the error ``"cancelled"``, and the outcome
         says ``cancelled``. Polled every :data:`~perflab.bench.cancel.POLL_S` by one task,
         never per chunk.
+    :param observe: called with an :class:`Observation` every ``observe_s`` real seconds of
+        the run, in the event loop (it must be quick; to stop the run it sets ``cancel``).
     """
     client = make_client(plan.http_stack, plan.timeout)
     sem = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
@@ -92,6 +119,9 @@ async def drive(
     start, cpu0 = 0.0, process_time()
     tasks: list[asyncio.Task[None]] = []
     open_caps: set[Capture] = set()  # requests sent and not finished (for the stall watchdog)
+    # what the observer sees: [completed, failed, events of ended requests, latency sum]
+    ended = [0, 0, 0, 0.0]
+    counted: dict[int, list[int]] = {}  # open request -> [reads counted, events in them]
 
     async def send_open(p: Prepared, cap: Capture) -> None:
         open_caps.add(cap)
@@ -108,6 +138,12 @@ async def drive(
         else:
             async with sem:
                 await send_open(p, cap)
+        if observe is not None:
+            ended[0 if cap.error is None else 1] += 1
+            seen = counted.pop(cap.index, [0, 0])
+            ended[2] += seen[1] + _events(cap.reads[seen[0]:])
+            if cap.error is None and cap.end:
+                ended[3] += cap.end - cap.queued
         if compact is not None:
             if held > plan.capture_budget:
                 compact(cap)
@@ -135,7 +171,7 @@ async def drive(
     cancelled = False
     stall: list[StallSeen] = []
     try:
-        if cancel is None and not plan.stall_s:
+        if cancel is None and not plan.stall_s and observe is None:
             await dispatch()
         else:
             watchers = []
@@ -146,6 +182,8 @@ async def drive(
                     watchers.append(_wait_event(cancel))
             if plan.stall_s:
                 watchers.append(_watch_stall(open_caps, plan.stall_s, stall))
+            if observe is not None:
+                watchers.append(_observe(observe, observe_s, lambda: start, tasks, open_caps, ended, counted))
             cancelled = await _cancellable(dispatch(), watchers, tasks)
         end = perf_counter()
         cpu = process_time() - cpu0
@@ -210,6 +248,29 @@ async def _watch_stall(open_caps: set[Capture], stall_s: float, seen: list[Stall
         if now - last >= stall_s:
             seen.append(StallSeen(now - last, len(open_caps)))
             return
+
+
+def _events(reads: list[tuple[float, bytes]]) -> int:
+    return sum(piece.count(b"data:") for _, piece in reads)
+
+
+async def _observe(observe: Observer, every: float, start: Callable[[], float], tasks: list[asyncio.Task[None]],
+                   open_caps: set[Capture], ended: list[Any], counted: dict[int, list[int]]) -> None:
+    """The observation task: never returns (it is cancelled with the run). The events of the
+    open requests are counted from their new reads at each tick (bytes.count, each read once)."""
+    while True:
+        await asyncio.sleep(every)
+        t0 = start()
+        if not t0:
+            continue
+        events = ended[2]
+        for c in list(open_caps):
+            seen = counted.setdefault(c.index, [0, 0])
+            n = len(c.reads)
+            seen[1] += _events(c.reads[seen[0]:n])
+            seen[0] = n
+            events += seen[1]
+        observe(Observation(perf_counter() - t0, len(tasks), ended[0], ended[1], len(open_caps), events, ended[3]))
 
 
 async def _noop() -> None:

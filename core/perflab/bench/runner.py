@@ -39,6 +39,7 @@ from perflab.bench.client import (
 from perflab.bench.datasets import Sample, check_memory, iter_samples
 from perflab.bench.drive import (
     LoadPlan,
+    Observer,
     StallSeen,
     compact_with,
     drive,
@@ -149,7 +150,7 @@ class _Timed:
 
 
 def _run_single(plan: LoadPlan, prompt_lens: list[int], tok: Tokenizer, keep_text: bool, progress: Progress | None,
-                cancel: threading.Event | None) -> _Timed:
+                cancel: threading.Event | None, observe: Observer | None = None) -> _Timed:
     total = len(plan.prepared)
     done = 0
     last = [0.0]
@@ -167,7 +168,8 @@ def _run_single(plan: LoadPlan, prompt_lens: list[int], tok: Tokenizer, keep_tex
         return parse_capture(cap, prompt_len=prompt_lens[cap.index], tokenizer=tok, keep_text=keep_text)
 
     with frozen_gc():
-        outcome = run_in_new_loop(drive(plan, on_done=on_done, compact=compact_with(parse), cancel=cancel))
+        outcome = run_in_new_loop(drive(plan, on_done=on_done, compact=compact_with(parse), cancel=cancel,
+                                        observe=observe))
     if outcome.cancelled:
         traces = sent_traces(outcome.captures, parse, lambda i: prompt_lens[i])
     else:
@@ -188,12 +190,16 @@ def _run_workers(req: BenchRequest, plan: LoadPlan, prompt_lens: list[int], tok:
     return _Timed(traces, start, end, cpu_s, cancelled, stall)
 
 
-def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, cancel: threading.Event | None = None) -> BenchResult:
+def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, cancel: threading.Event | None = None,
+                       observe: Observer | None = None) -> BenchResult:
     """Run the built-in benchmark in the calling thread (its own event loop).
 
     :param cancel: set it (from any thread) to stop the benchmark within about half a second;
         the call then raises :class:`~perflab.bench.cancel.BenchCancelled` carrying what the
         timed run had measured (see :mod:`perflab.bench.cancel`).
+    :param observe: called during the timed run with the counts so far
+        (:class:`~perflab.bench.drive.Observation`, real seconds); it stops the run by setting
+        ``cancel``. Single-process runs only: with ``workers > 1`` it is not called.
     """
     req = apply_profile(req).validate()
     check_memory(req)
@@ -227,7 +233,7 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     if req.workers > 1:
         timed = _run_workers(req, plan, prompt_lens, tok, progress, cancel)
     else:
-        timed = _run_single(plan, prompt_lens, tok, keep_text, progress, cancel)
+        timed = _run_single(plan, prompt_lens, tok, keep_text, progress, cancel, observe)
 
     start = timed.start
     model = _on_model_clock(timed.traces, time_scale) if (req.sim_clock and simulated) else None

@@ -15,7 +15,7 @@ from perflab.cli import get_pm
 
 
 def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, retry_failed: bool,
-         as_json: bool, live: bool | None) -> None:
+         as_json: bool, live: bool | None, early_stop: bool = True) -> None:
     import dataclasses
 
     import anyio
@@ -25,6 +25,8 @@ def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, 
 
     if hardware:  # --hardware: the plan's hardware, from here on (the study stores it as hardware_spec)
         plan = dataclasses.replace(plan, hardware=hardware)
+    if not early_stop:  # --no-early-stop: every measurement runs to its end (plan key early_stop: false)
+        plan = dataclasses.replace(plan, decision=dataclasses.replace(plan.decision, early_stop=False))
     out = out or default_out(plan)
     header = f"{plan.name} · {plan.display_model} · {plan.hardware}"
     progress = StudyProgress(header, live=False if as_json else live)
@@ -41,6 +43,7 @@ def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, 
             "complete": o.complete if o else False,
             "optimized": o.optimized.label if o and o.optimized else None,
             "report": {k: str(v) for k, v in summary.report.items()},
+            "engine_hours": summary.engine_hours,
         }), indent=2))
         if summary.interrupted:
             click.echo("perflab: interrupted; re-run the same command to resume", err=True)
@@ -54,6 +57,10 @@ def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, 
 
 _live_option = click.option("--live/--no-live", default=None,
                             help="Live progress display (default: when stderr is a terminal).")
+_early_stop_option = click.option(
+    "--early-stop/--no-early-stop", default=True, show_default=True,
+    help="Stop a measurement early once the configuration has clearly lost or is over-saturated "
+         "(--no-early-stop: every measurement runs to its end, as the plan key early_stop: false).")
 
 
 @click.command("run")
@@ -65,9 +72,10 @@ _live_option = click.option("--live/--no-live", default=None,
 @click.option("--retry-failed", is_flag=True, help="Re-run configurations that crashed or timed out before (when resuming).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
 @_live_option
+@_early_stop_option
 @click.pass_context
 def run(ctx: click.Context, plan_file: Path, out: Path | None, hardware: str | None, retry_failed: bool,
-        as_json: bool, live: bool | None) -> None:
+        as_json: bool, live: bool | None, early_stop: bool) -> None:
     """Run a whole study from a plan file (YAML or TOML; see docs/plan-reference.md).
 
     Engine selection, one optimization at a time, combinations, then baseline and optimized
@@ -78,7 +86,7 @@ def run(ctx: click.Context, plan_file: Path, out: Path | None, hardware: str | N
 
     pm = get_pm(ctx)
     plan = load_plan(plan_file, known_engines=pm.engine_names())
-    _run(ctx, plan, out, hardware, retry_failed, as_json, live)
+    _run(ctx, plan, out, hardware, retry_failed, as_json, live, early_stop and plan.decision.early_stop)
 
 
 @click.command("report")
@@ -121,8 +129,9 @@ def report(study_dir: Path, as_json: bool, rebuild: bool) -> None:
 @click.option("--fresh", is_flag=True, help="Delete the study directory first and measure everything again.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
 @_live_option
+@_early_stop_option
 @click.pass_context
-def demo(ctx: click.Context, out: Path, fresh: bool, as_json: bool, live: bool | None) -> None:
+def demo(ctx: click.Context, out: Path, fresh: bool, as_json: bool, live: bool | None, early_stop: bool) -> None:
     """Reproduce seed 002 (Qwen3-32B on 8×A100: vLLM vs SGLang vs TensorRT-LLM, FP8/AWQ,
     max batched tokens, five workloads), scaled down, on simulated engines."""
     from perflab.lab.demo import demo_plan
@@ -135,6 +144,6 @@ def demo(ctx: click.Context, out: Path, fresh: bool, as_json: bool, live: bool |
         shutil.rmtree(out)
     pm = get_pm(ctx)
     plan = demo_plan(known_engines=pm.engine_names())
-    _run(ctx, plan, out, None, False, as_json, live)
+    _run(ctx, plan, out, None, False, as_json, live, early_stop)
     if not as_json:
         click.echo(f"\nThe demo's report is in {out / 'report.md'} (chart: {out / 'chart.png'}).")

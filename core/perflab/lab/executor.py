@@ -14,10 +14,14 @@ it tears the engine down, so no benchmark outlives its configuration.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import shlex
+import statistics
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +32,8 @@ import anyio.to_thread
 import structlog
 
 from perflab import redact
+from perflab.lab.decide import DecideBy, LoadKind, Slo
+from perflab.lab.earlystop import Calibration, EarlyStop
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
@@ -265,6 +271,151 @@ async def _stall_cause(instances: Sequence[Any], stall: Any) -> StallCause:
                       hint=f"the engine is alive; health: {health}", health=health)
 
 
+# ---------------------------------------------------------------------- repeats, loads, search
+
+def mean_metrics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The repeats' metrics: numeric keys averaged, the others from the first repeat."""
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        values = [r.get(key) for r in runs]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            out[key] = statistics.fmean(float(v) for v in values)  # type: ignore[arg-type]
+    return out
+
+
+def relative_noise(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Relative sample standard deviation in % per numeric metric across repeats (empty
+    with fewer than two; a metric whose mean is 0 or not finite is left out)."""
+    if len(runs) < 2:
+        return {}
+    out: dict[str, float] = {}
+    for key, value in runs[0].items():
+        values = [r.get(key) for r in runs]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            continue
+        floats = [float(v) for v in values]  # type: ignore[arg-type]
+        mean = statistics.fmean(floats)
+        if mean == 0 or not math.isfinite(mean) or not all(math.isfinite(v) for v in floats):
+            continue
+        out[key] = round(statistics.stdev(floats) / abs(mean) * 100, 3)
+    return out
+
+
+def _load_value(kind: LoadKind, value: float) -> float | int:
+    return int(value) if kind is LoadKind.MAX_CONCURRENCY else float(value)
+
+
+def at_load(profile: Profile, kind: LoadKind, value: float) -> Profile:
+    """``profile`` with its ``max_concurrency`` or ``request_rate`` replaced (no sweep)."""
+    if kind is LoadKind.MAX_CONCURRENCY:
+        return dataclasses.replace(profile, max_concurrency=int(value), sweep=None)
+    return dataclasses.replace(profile, request_rate=float(value), sweep=None)
+
+
+def start_load(profile: Profile, kind: LoadKind) -> float:
+    """Where the max-load search starts: the profile's own load on the axis when it sets
+    one, else 1 (one concurrent request, one request per second)."""
+    if kind is LoadKind.MAX_CONCURRENCY:
+        return float(profile.max_concurrency or 1)
+    return profile.request_rate if math.isfinite(profile.request_rate) and profile.request_rate > 0 else 1.0
+
+
+def slo_margin(slo: Slo, metrics: Mapping[str, Any] | None) -> float:
+    """How far the worst limit is from being met: max(measured / limit) − 1 (<= 0: every
+    limit met; a missing figure counts as failing by 100 %)."""
+    worst = -math.inf
+    for check in slo.check(metrics):
+        worst = max(worst, check.measured / check.limit - 1 if check.measured is not None else 1.0)
+    return worst if worst > -math.inf else -1.0
+
+
+#: the max-load search's probe budget (launch included, each probe is one benchmark run at one
+#: load, times ``repeats``)
+MAX_PROBES = 8
+RATE_TOLERANCE = 0.1  # the request-rate search ends when the bracket is within 10 %
+
+
+async def search_loads(probe: Callable[[float], Awaitable[float | None]], kind: LoadKind, start: float,
+                       num_prompts: int, budget: int = MAX_PROBES) -> float | None:
+    """The highest load meeting the SLO, in at most ``budget`` probes.
+
+    ``probe(load)`` measures one load and returns the SLO margin (<= 0: met; None: the engine
+    failed — the search ends). vLLM's ``vllm bench sweep serve_sla`` (vllm/benchmarks/sweep/
+    serve_sla.py, ``solve_sla``) probes the largest then the smallest value and then the root
+    of a PCHIP interpolation of the margins until the passing and failing values are 1 apart;
+    perflab brackets instead, because a probe at the largest value (65536 requests/s) is the
+    most expensive and the least informative one:
+
+    1. bracket: from ``start``, double while the SLO is met (up to ``num_prompts`` concurrent
+       requests: more cannot be in flight), or halve while it fails (down to 1 concurrent
+       request, or ``start``/64 requests/s);
+    2. interpolate: between the highest met load and the lowest failing one, probe where the
+       straight line through their margins crosses 0 (kept inside the middle half of the
+       bracket, so it always shrinks), until the bracket is 1 concurrent request wide or
+       within :data:`RATE_TOLERANCE` for request rates, or the budget is spent.
+
+    Returns the highest load that met the SLO (None when none did)."""
+    integer = kind is LoadKind.MAX_CONCURRENCY
+    lowest = 1.0 if integer else start / 64
+    highest = float(max(1, num_prompts)) if integer else math.inf
+    margins: dict[float, float] = {}
+    used = 0
+
+    async def measure(value: float) -> float | None:
+        nonlocal used
+        used += 1
+        got = await probe(value)
+        if got is not None:
+            margins[value] = got
+        return got
+
+    def norm(v: float) -> float:
+        return float(max(1, round(v))) if integer else v
+
+    value = norm(min(max(start, lowest), highest))
+    m = await measure(value)
+    if m is None:
+        return None
+    lo: float | None = value if m <= 0 else None
+    hi: float | None = value if m > 0 else None
+    while used < budget:  # bracket
+        if lo is not None and hi is None:
+            nxt = norm(min(lo * 2, highest))
+            if nxt <= lo:
+                break
+        elif hi is not None and lo is None:
+            nxt = norm(max(hi / 2, lowest))
+            if nxt >= hi:
+                break
+        else:
+            break
+        m = await measure(nxt)
+        if m is None:
+            return max((v for v, g in margins.items() if g <= 0), default=None)
+        if m <= 0:
+            lo = nxt if lo is None else max(lo, nxt)
+        else:
+            hi = nxt if hi is None else min(hi, nxt)
+    while used < budget and lo is not None and hi is not None:  # interpolate
+        if (integer and hi - lo <= 1) or (not integer and hi <= lo * (1 + RATE_TOLERANCE)):
+            break
+        mlo, mhi = margins[lo], margins[hi]
+        guess = lo + (hi - lo) * (0 - mlo) / (mhi - mlo) if math.isfinite(mhi) and mhi != mlo else (lo + hi) / 2
+        guess = min(max(guess, lo + (hi - lo) / 4), hi - (hi - lo) / 4)
+        nxt = norm(guess)
+        if integer:
+            nxt = min(max(nxt, lo + 1), hi - 1)
+        m = await measure(nxt)
+        if m is None:
+            break
+        if m <= 0:
+            lo = nxt
+        else:
+            hi = nxt
+    return lo
+
+
 class Executor:
     """Runs configurations; ``on_event(kind, **fields)`` hears about each stage."""
 
@@ -281,6 +432,8 @@ class Executor:
         self._stale: list[threading.Event] = []
         # engines whose launches serve no prefix-cache reset, already noted in the study log
         self._reset_noted: set[str] = set()
+        # steady-rate / whole-run ratios of complete runs, per workload: what "lost" compares with
+        self.calibration = Calibration()
 
     def _describer(self, engine: str) -> Callable[[str, str], list[str] | None] | None:
         return plugin_file_describer(self.ctx.pm, engine)
@@ -313,9 +466,12 @@ class Executor:
             return None
         return serving_script([spec], self._describer(config.engine), run_dir)
 
-    async def run(self, config: Configuration, profiles: Sequence[Profile], run_dir: Path, *, label: str = "") -> RunRecord:
+    async def run(self, config: Configuration, profiles: Sequence[Profile], run_dir: Path, *, label: str = "",
+                  to_beat: float | None = None) -> RunRecord:
         """Launch ``config``, benchmark ``profiles`` in order, tear down; the returned record
-        holds each profile's measurement (each also goes to :attr:`on_measured` at once)."""
+        holds each profile's measurement (each also goes to :attr:`on_measured` at once) and
+        the engine-seconds the launch held its accelerators. ``to_beat``: the current best's
+        ranking figure on the main profile, for the early stop (None: it cannot have lost)."""
         from perflab.supervisor import EngineInstance
 
         plan = self.ctx.plan
@@ -344,6 +500,32 @@ class Executor:
             return rec
         await self._machine_ready(config, device_sets, label)
         instances: list[Any] = []
+        rec.accelerators = max(1, sum(len(v) for v in self._devices_by_kind(config, device_sets).values()))
+        launched = time.monotonic()
+        try:
+            await self._launch_and_measure(rec, instances, config, profiles, device_sets, run_dir, label, to_beat)
+        finally:
+            # engine time: wall x the simulator's time scale (1 on real engines), x accelerators
+            scale = self.ctx.time_scale if self.ctx.simulated else 1.0
+            rec.engine_seconds = (time.monotonic() - launched) * scale * rec.accelerators
+        rec.leftovers = [f"{engine} replica {i + 1}: {msg}" if len(instances) > 1 else msg
+                         for i, inst in enumerate(instances) for msg in inst.outcome.leftovers]
+        if rec.cause is not None and rec.cause.name == "port-in-use":
+            # the supervisor found the port taken by someone else: the machine, not the
+            # configuration, is at fault — nothing was started, nothing is a result
+            rec.state, rec.error = Status.INTERRUPTED, f"the machine is not ready: {rec.cause.explanation}"
+        self._write_outcome(run_dir, rec, instances)
+        return rec
+
+    async def _launch_and_measure(self, rec: RunRecord, instances: list[Any], config: Configuration,
+                                  profiles: Sequence[Profile], device_sets: list[tuple[int, ...]] | None, run_dir: Path,
+                                  label: str, to_beat: float | None) -> None:
+        """Launch every replica, benchmark, tear down (the exit stack)."""
+        from perflab.supervisor import EngineInstance
+
+        plan = self.ctx.plan
+        engine = config.engine
+        version = self.ctx.versions.get(engine)
         async with AsyncExitStack() as stack:
             for i, devices in enumerate(device_sets or [None]):
                 workdir = run_dir if not device_sets or len(device_sets) == 1 else run_dir / f"replica-{i + 1}"
@@ -367,16 +549,8 @@ class Executor:
                     break
             else:
                 rec.script = serving_script([inst.launch for inst in instances], self._describer(engine), run_dir)
-                await self._benchmark_all(rec, instances, config, profiles, run_dir, label)
+                await self._benchmark_all(rec, instances, config, profiles, run_dir, label, to_beat)
             self.on_event("teardown", label=label, engine=engine)
-        rec.leftovers = [f"{engine} replica {i + 1}: {msg}" if len(instances) > 1 else msg
-                         for i, inst in enumerate(instances) for msg in inst.outcome.leftovers]
-        if rec.cause is not None and rec.cause.name == "port-in-use":
-            # the supervisor found the port taken by someone else: the machine, not the
-            # configuration, is at fault — nothing was started, nothing is a result
-            rec.state, rec.error = Status.INTERRUPTED, f"the machine is not ready: {rec.cause.explanation}"
-        self._write_outcome(run_dir, rec, instances)
-        return rec
 
     def _invisible_holders(self, by_kind: dict[str, list[int]]) -> list[Any]:
         """Memory in use that no visible process holds (another container's, a driver-hidden
@@ -463,9 +637,10 @@ class Executor:
             rec.error = "the engine stopped before it served"
 
     async def _benchmark_all(self, rec: RunRecord, instances: list[Any], config: Configuration,
-                             profiles: Sequence[Profile], run_dir: Path, label: str) -> None:
+                             profiles: Sequence[Profile], run_dir: Path, label: str, to_beat: float | None) -> None:
         for profile in profiles:
-            m = await self._benchmark(instances, config, profile, run_dir, label)
+            m = await self._measure(instances, config, profile, run_dir, label,
+                                    to_beat if profile.name == self.ctx.plan.main_profile else None)
             rec.measurements[profile.name] = m
             if self.on_measured is not None:
                 self.on_measured(profile.name, m)
@@ -474,11 +649,107 @@ class Executor:
                 rec.cause = m.cause
                 break  # the rest of the profiles need a fresh launch
 
-    async def _benchmark(self, instances: list[Any], config: Configuration, profile: Profile, run_dir: Path,
-                         label: str) -> ProfileMeasurement:
-        from perflab.bench import BenchCancelled, run_benchmark_sync
-        from perflab.bench.cancel import signalling_end, wait_set
+    # ------------------------------------------------------------------ what one profile measures
 
+    async def _measure(self, instances: list[Any], config: Configuration, profile: Profile, run_dir: Path, label: str,
+                       to_beat: float | None) -> ProfileMeasurement:
+        """One profile's measurement: the max-load search (the main profile, ``decide_by:
+        max-load``), a sweep (``profile.sweep``), or one load point — each with its repeats."""
+        decision = self.ctx.plan.decision
+        if decision.decide_by is DecideBy.MAX_LOAD and profile.name == self.ctx.plan.main_profile:
+            return await self._search(instances, config, profile, run_dir, label)
+        if profile.sweep is not None:
+            return await self._sweep(instances, config, profile, run_dir, label)
+        # only a throughput ranking gives a figure the steady-state token rate can lose to
+        beat = to_beat if decision.decide_by is DecideBy.THROUGHPUT else None
+        return await self._repeated(instances, config, profile, run_dir, label, to_beat=beat)
+
+    async def _repeated(self, instances: list[Any], config: Configuration, profile: Profile, run_dir: Path, label: str,
+                        *, to_beat: float | None = None, tag: str = "") -> ProfileMeasurement:
+        """``plan.decision.repeats`` runs of one load point in this launch: the mean as
+        ``metrics``, each repeat's metrics and the relative noise; a repeat that fails or
+        stops early ends it (with what the repeats before it measured)."""
+        n = self.ctx.plan.decision.repeats
+        runs: list[dict[str, Any]] = []
+        for i in range(n):
+            suffix = tag + (f"-r{i + 1}" if n > 1 else "")
+            m = await self._benchmark(instances, config, profile, run_dir, label, to_beat=to_beat, suffix=suffix)
+            if m.status is not Status.OK:
+                m.repeats = [*runs, m.metrics] if m.metrics is not None and n > 1 else runs
+                return m
+            runs.append(dict(m.metrics or {}))
+        if n == 1:
+            return m
+        return ProfileMeasurement(Status.OK, metrics=mean_metrics(runs), num_prompts=profile.num_prompts,
+                                  error=m.error, repeats=runs, noise=relative_noise(runs))
+
+    def _point(self, kind: LoadKind, value: float, m: ProfileMeasurement) -> dict[str, Any]:
+        slo = self.ctx.plan.decision.slo
+        met = None
+        if slo:
+            met = m.status is Status.OK and slo.met(m.metrics)
+        return {"load": {str(kind): _load_value(kind, value)}, "metrics": m.metrics, "repeats": m.repeats,
+                "noise": m.noise, "slo_met": met, "status": str(m.status), "stopped_early": m.stopped_early,
+                "error": m.error}
+
+    async def _sweep(self, instances: list[Any], config: Configuration, profile: Profile, run_dir: Path,
+                     label: str) -> ProfileMeasurement:
+        """The profile at each load of its sweep, lowest first, in this launch. A point that
+        is over-saturated (early stop) ends the curve: higher loads only saturate more."""
+        assert profile.sweep is not None
+        kind = profile.sweep.kind
+        points: list[dict[str, Any]] = []
+        best: ProfileMeasurement | None = None
+        stopped: dict[str, Any] | None = None
+        for value in sorted(profile.sweep.values):
+            at = at_load(profile, kind, value)
+            m = await self._repeated(instances, config, at, run_dir, label, tag=f"-{kind}-{value:g}")
+            points.append(self._point(kind, value, m))
+            if m.status is Status.OK:
+                best = m
+            elif m.status is Status.STOPPED_EARLY:
+                stopped = {**(m.stopped_early or {}), "load": {str(kind): _load_value(kind, value)}}
+                break
+            else:  # the engine died or the benchmark failed: the curve ends with it
+                m.points = points
+                return m
+        top = best or m
+        return ProfileMeasurement(top.status, metrics=top.metrics, num_prompts=profile.num_prompts, error=top.error,
+                                  repeats=top.repeats, noise=top.noise, points=points, stopped_early=stopped)
+
+    async def _search(self, instances: list[Any], config: Configuration, profile: Profile, run_dir: Path,
+                      label: str) -> ProfileMeasurement:
+        """The max-load search (see :func:`search_loads`): the highest load of
+        ``plan.decision.search`` whose percentile meets the SLO, in this launch."""
+        decision = self.ctx.plan.decision
+        kind, slo = decision.search, decision.slo
+        done: dict[float, ProfileMeasurement] = {}
+        failure: list[ProfileMeasurement] = []
+
+        async def probe(value: float) -> float | None:
+            """The SLO margin at ``value`` (<= 0: met); None: the engine failed, stop."""
+            m = await self._repeated(instances, config, at_load(profile, kind, value), run_dir, label,
+                                     tag=f"-{kind}-{value:g}")
+            done[value] = m
+            if not m.status.measured:
+                failure.append(m)
+                return None
+            return slo_margin(slo, m.metrics) if m.status is Status.OK else math.inf
+
+        capacity = await search_loads(probe, kind, start_load(profile, kind), profile.num_prompts)
+        points = [self._point(kind, v, done[v]) for v in sorted(done)]
+        if failure:
+            m = failure[0]
+            m.points = points
+            return m
+        chosen = done[capacity] if capacity is not None else done[min(done)]
+        status = Status.OK if chosen.status is Status.OK else chosen.status
+        return ProfileMeasurement(status, metrics=chosen.metrics, num_prompts=profile.num_prompts, error=chosen.error,
+                                  repeats=chosen.repeats, noise=chosen.noise, points=points,
+                                  capacity=_load_value(kind, capacity) if capacity is not None else None,
+                                  stopped_early=chosen.stopped_early)
+
+    def _bench_request(self, instances: list[Any], config: Configuration, profile: Profile, label: str) -> Any:
         plan = self.ctx.plan
         launch = instances[0].launch
         req = profile.bench_request(
@@ -493,11 +764,27 @@ class Executor:
         )
         if plan.timeouts.stall_s is not None:  # engine seconds; default: the bench's (60)
             req = req.replace(stall_s=plan.timeouts.stall_s)
+        slo = plan.decision.slo
+        if slo:  # the SLO's percentile in the metrics (p99_tpot_ms ...) and vLLM's goodput
+            metrics = tuple(dict.fromkeys((*req.percentile_metrics, *(k.removesuffix("_ms").split("_")[0]
+                                                                       for k in slo.limits()))))
+            req = req.replace(percentiles=tuple(sorted({*req.percentiles, float(slo.percentile)})),
+                              percentile_metrics=metrics, goodput=slo.goodput())
+        return req
+
+    async def _benchmark(self, instances: list[Any], config: Configuration, profile: Profile, run_dir: Path,
+                         label: str, *, to_beat: float | None = None, suffix: str = "") -> ProfileMeasurement:
+        from perflab.bench import BenchCancelled, run_benchmark_sync
+        from perflab.bench.cancel import signalling_end, wait_set
+
+        plan = self.ctx.plan
+        req = self._bench_request(instances, config, profile, label)
         req = await self._prepare_measurement(instances, config.engine, profile, req, label)
-        self.on_event("benchmark", label=label, profile=profile.label, done=0, total=profile.num_prompts)
+        shown = profile.label + (f" ({suffix.strip('-').replace('-', ' ')})" if suffix else "")
+        self.on_event("benchmark", label=label, profile=shown, done=0, total=profile.num_prompts)
 
         def progress(done: int, total: int) -> None:
-            self.on_event("progress", label=label, profile=profile.label, done=done, total=total)
+            self.on_event("progress", label=label, profile=shown, done=done, total=total)
 
         result: Any = None
         partial: Any = None  # a cancelled run's BenchResult (what it had measured)
@@ -508,7 +795,8 @@ class Executor:
         finished = threading.Event()
         any_died = anyio.Event()
         budget = plan.timeouts.benchmark_s
-        work = signalling_end(finished, lambda: run_benchmark_sync(req, progress, cancel))
+        stopper = self._early_stop(profile, cancel, to_beat)
+        work = signalling_end(finished, lambda: run_benchmark_sync(req, progress, cancel, stopper))
         try:
             async with anyio.create_task_group() as tg:
 
@@ -550,15 +838,25 @@ class Executor:
                         self._stale.append(finished)
 
         measured = result if result is not None else partial
-        m = self._judge(profile, result, partial, error, dead, timed_out, budget)
+        if stopper is not None and stopper.decided is not None and result is None and not dead and not timed_out:
+            # stopped by the early stop: a measurement (what it had measured), never a failure
+            m = ProfileMeasurement(Status.STOPPED_EARLY, metrics=dict(partial.metrics) if partial is not None else None,
+                                   num_prompts=profile.num_prompts, stopped_early=dict(stopper.decided))
+            log.info("lab.stopped-early", label=label, profile=profile.name, **stopper.decided)
+        else:
+            m = self._judge(profile, result, partial, error, dead, timed_out, budget)
         if m.status is Status.STALLED:
             m.cause = await _stall_cause(instances, result.stall)
+        if m.status is Status.OK and stopper is not None and m.metrics:  # a complete run calibrates "lost"
+            self.calibration.add(profile.key(), stopper, m.metrics.get("total_token_throughput"))
         if measured is not None:
             data: dict[str, Any] = {"profile": profile.name, "label": profile.label, "definition": profile.definition()}
             if m.status is not Status.OK:  # what a failed or stopped benchmark had measured, for diagnosis only
                 data.update(status=m.status, cancelled=measured is partial, error=m.error)
+            if m.stopped_early is not None:
+                data["stopped_early"] = m.stopped_early
             data["metrics"] = dict(measured.metrics)
-            write_json(run_dir / f"bench-{profile.name}.json", data)
+            write_json(run_dir / f"bench-{profile.name}{suffix}.json", data)
         return m
 
     async def _prepare_measurement(self, instances: list[Any], engine: str, profile: Profile, req: Any,
@@ -578,6 +876,15 @@ class Executor:
                 continue
             log.warning("lab.cache-reset-failed", label=label, engine=engine, profile=profile.name, why=problem.text)
         return req.replace(warmup=self.ctx.plan.decision.warmup)
+
+    def _early_stop(self, profile: Profile, cancel: threading.Event, to_beat: float | None) -> EarlyStop | None:
+        """The benchmark's observer when early stop is on (``plan.decision.early_stop``)."""
+        plan = self.ctx.plan
+        if not plan.decision.early_stop:
+            return None
+        return EarlyStop(num_prompts=profile.num_prompts, time_scale=self.ctx.time_scale if self.ctx.simulated else 1.0,
+                         cancel=cancel, to_beat=to_beat, reference=self.calibration.get(profile.key()),
+                         margin_pct=plan.min_improvement_pct)
 
     @staticmethod
     def _judge(profile: Profile, result: Any, partial: Any, error: str | None, dead: list[Any], timed_out: bool,

@@ -10,6 +10,8 @@ engine is torn down, what was measured stays in the store, and the same command 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import sqlite3
 import sys
@@ -23,6 +25,7 @@ import anyio
 
 from perflab import redact
 from perflab.errors import PerflabError, UnknownEngine
+from perflab.lab.decide import DecideBy
 from perflab.lab.executor import Executor, LabContext
 from perflab.lab.integrity import MachineNotReady, StudyLock, as_fault
 from perflab.lab.options import Configuration
@@ -44,6 +47,8 @@ class RunSummary:
     exit_code: int
     measured: int  # runs launched in this invocation
     reused: int  # measurements taken from earlier invocations
+    # Store.engine_hours(): {"spent", "full_method_estimate", "saved_pct"} of the whole study
+    engine_hours: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def engines_of(plan: Plan) -> list[str]:
@@ -91,18 +96,46 @@ def study_environment(plan: Plan, out_dir: Path, environ: Mapping[str, str]) -> 
     return env
 
 
+def profile_key(plan: Plan | None, profile: Profile) -> str:
+    """The key a measurement of ``profile`` is stored under: the profile's own key, salted
+    with what the plan's decision keys change in the measurement (repeats, the SLO's
+    percentile and goodput, the max-load search on the main profile) when they are not the
+    defaults — so the seeds' plans keep their keys, and changing ``repeats`` re-measures."""
+    if plan is None:
+        return profile.key()
+    d = plan.decision
+    method: dict[str, Any] = {}
+    if d.repeats > 1:
+        method["repeats"] = d.repeats
+    if d.slo:
+        method["slo"] = d.slo.to_json()
+    if d.decide_by is DecideBy.MAX_LOAD and profile.name == plan.main_profile:
+        method["search"] = str(d.search)
+    if not method:
+        return profile.key()
+    text = json.dumps({"profile": profile.key(), "method": method}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class StoreMeasure:
     """``measure`` over the store only: what ``perflab report`` decides from."""
 
-    def __init__(self, store: Store, salt: Mapping[str, Any], retry_failed: bool = False) -> None:
+    def __init__(self, store: Store, salt: Mapping[str, Any], retry_failed: bool = False, *,
+                 plan: Plan | None = None) -> None:
         self.store = store
         self.salt = dict(salt)
         self.retry_failed = retry_failed
+        self.plan = plan
+        self.rerun_stopped = False  # a stopped-early measurement is measured again (--no-early-stop)
 
     def lookup(self, config: Configuration, profile: Profile) -> ConfigResult | None:
-        return self.store.lookup(config.key(self.salt), profile.key(), retry_failed=self.retry_failed)
+        res = self.store.lookup(config.key(self.salt), profile_key(self.plan, profile), retry_failed=self.retry_failed)
+        if res is not None and self.rerun_stopped and res.status is Status.STOPPED_EARLY:
+            return None
+        return res
 
-    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str) -> dict[str, ConfigResult]:
+    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str,
+                       to_beat: float | None = None) -> dict[str, ConfigResult]:
         out: dict[str, ConfigResult] = {}
         for p in profiles:
             out[p.name] = self.lookup(config, p) or ConfigResult(Status.PENDING)
@@ -113,8 +146,9 @@ class LiveMeasure(StoreMeasure):
     """``measure`` that runs what the store does not have yet."""
 
     def __init__(self, store: Store, salt: Mapping[str, Any], executor: Executor, *, retry_failed: bool,
-                 on_event: Any, log: Any) -> None:
-        super().__init__(store, salt, retry_failed)
+                 on_event: Any, log: Any, plan: Plan | None = None) -> None:
+        super().__init__(store, salt, retry_failed, plan=plan)
+        self.rerun_stopped = plan is not None and not plan.decision.early_stop
         self.executor = executor
         self.on_event = on_event
         self.log = log
@@ -122,7 +156,10 @@ class LiveMeasure(StoreMeasure):
         self.reused = 0
         self._step = ""
 
-    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str) -> dict[str, ConfigResult]:
+    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str,
+                       to_beat: float | None = None) -> dict[str, ConfigResult]:
+        """Measure what the store lacks; ``to_beat`` (the current best's ranking figure on the
+        main profile) lets the executor stop a configuration early once it has clearly lost."""
         if step != self._step:
             self._step = step
             self.on_event("step", title=step)
@@ -142,7 +179,8 @@ class LiveMeasure(StoreMeasure):
             # the same launch cannot lose it (executors without the attribute: stored below)
             self.executor.on_measured = self._storer(run_id, ckey, todo, saved)
             try:
-                rec = await self.executor.run(config, todo, run_dir, label=label)
+                rec = await self.executor.run(config, todo, run_dir, label=label,
+                                              **({"to_beat": to_beat} if to_beat is not None else {}))
             except Exception as exc:
                 # the environment (a busy device, a full disk) or perflab itself (a plugin or
                 # client bug) failed, not the configuration: recorded as interrupted with the
@@ -200,7 +238,7 @@ class LiveMeasure(StoreMeasure):
         by_name = {p.name: p for p in todo}
 
         def store(name: str, m: ProfileMeasurement) -> None:
-            self.store.add_measurement(run_id, ckey, by_name[name].key(), name, m)
+            self.store.add_measurement(run_id, ckey, profile_key(self.plan, by_name[name]), name, m)
             saved.add(name)
 
         return store
@@ -209,7 +247,7 @@ class LiveMeasure(StoreMeasure):
         for p in todo:
             m = rec.measurements.get(p.name)
             if m is not None and p.name not in saved:
-                self.store.add_measurement(run_id, ckey, p.key(), p.name, m)
+                self.store.add_measurement(run_id, ckey, profile_key(self.plan, p), p.name, m)
         self.store.finish_run(run_id, rec)
 
 
@@ -254,7 +292,7 @@ def stored_plan(store: Store) -> Plan:
 
 async def _report_outcome(store: Store) -> StudyOutcome:
     plan = stored_plan(store)
-    measure = StoreMeasure(store, store.get_meta("salt", {}))
+    measure = StoreMeasure(store, store.get_meta("salt", {}), plan=plan)
     return await conduct(plan, measure, display=lambda e: report_context(store).name(e))
 
 
@@ -354,7 +392,7 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
         log.info("lab.start", plan=str(plan.path), out=str(store.dir), hardware=plan.hardware, simulated=snapshot.simulated,
                  time_scale=time_scale, versions=versions, retry_failed=retry_failed)
         executor = Executor(ctx, on_event=ui.event)
-        measure = LiveMeasure(store, salt, executor, retry_failed=retry_failed, on_event=ui.event, log=log)
+        measure = LiveMeasure(store, salt, executor, retry_failed=retry_failed, on_event=ui.event, log=log, plan=plan)
         try:
             async with signal_guard() as guard:
                 outcome = await conduct(plan, measure, display=lambda e: display.get(e, e))
@@ -387,9 +425,10 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
     if not interrupted and outcome is not None:
         rctx = report_context(store)
         paths = write_report(outcome, rctx, store.dir)
+    hours = store.engine_hours()
     store.close()
     return RunSummary(outcome if not interrupted else None, store.dir, paths, interrupted, exit_code,
-                      measure.launched, measure.reused)
+                      measure.launched, measure.reused, hours)
 
 
 async def _write_partial_report(store: Store) -> dict[str, Path]:
@@ -411,6 +450,10 @@ def print_summary(summary: RunSummary, stream: Any = None) -> None:
     if o is not None and o.optimized is not None:
         print(f"Optimized: {o.optimized.label} (baseline: {o.baseline.label})", file=stream)
     print(f"Runs launched: {summary.measured}; measurements reused from earlier runs: {summary.reused}", file=stream)
+    h = summary.engine_hours
+    if h:
+        print(f"Engine-hours: {h['spent']:.3f} spent; the full method would have spent about "
+              f"{h['full_method_estimate']:.3f} (early stop saved {h['saved_pct']:.1f}%)", file=stream)
     for kind, path in summary.report.items():
         print(f"{kind.capitalize():9s} {path}", file=stream)
 

@@ -74,7 +74,9 @@ CREATE TABLE IF NOT EXISTS runs (
     reasons     TEXT,            -- JSON list of Unsupported
     cause       TEXT,            -- JSON CrashCause
     error       TEXT,
-    log         TEXT             -- relative path of the (first) engine log
+    log         TEXT,            -- relative path of the (first) engine log
+    engine_seconds REAL,         -- accelerators x (teardown - launch), engine time
+    accelerators INTEGER         -- devices the launch held (at least 1)
 );
 CREATE INDEX IF NOT EXISTS runs_by_config ON runs(config_key);
 CREATE TABLE IF NOT EXISTS measurements (
@@ -88,22 +90,44 @@ CREATE TABLE IF NOT EXISTS measurements (
     num_prompts INTEGER,
     error       TEXT,
     cause       TEXT,
-    created     REAL NOT NULL
+    created     REAL NOT NULL,
+    extra       TEXT             -- JSON: repeats, noise, points, capacity, stopped_early
 );
 CREATE INDEX IF NOT EXISTS measurements_by_key ON measurements(config_key, profile_key);
 """
 
 
+# columns added since schema 1: (table, column, type); added to an older study.db when opened
+_ADDED_COLUMNS = (("runs", "engine_seconds", "REAL"), ("runs", "accelerators", "INTEGER"),
+                  ("measurements", "extra", "TEXT"))
+# the measurement fields kept in the ``extra`` column / the file, beside metrics (issue #12)
+EXTRA_FIELDS = ("repeats", "noise", "points", "capacity", "stopped_early")
+
+
 @dataclass
 class ProfileMeasurement:
     """One profile's benchmark inside a run: made by the executor, stored as a
-    ``measurements`` row and ``measurement-<profile>.json`` (typed until then)."""
+    ``measurements`` row and ``measurement-<profile>.json`` (typed until then).
 
-    status: Status  # ok | crashed | failed | stalled | unsupported (the workload does not fit)
+    ``metrics`` is the mean of ``repeats`` (each repeat's metrics; one entry per repeat when
+    ``repeats`` > 1) for numeric keys, ``noise`` their relative standard deviation in % (empty
+    with one repeat); ``points`` a sweep's or a max-load search's load points in load order
+    (``{"load": {...}, "metrics", "repeats", "noise", "slo_met"}``), ``capacity`` the search's
+    highest load meeting the SLO; ``stopped_early`` the figures that stopped it early."""
+
+    status: Status  # ok | stopped-early | crashed | failed | stalled | unsupported (the workload does not fit)
     metrics: dict[str, Any] | None = None
     num_prompts: int | None = None
     error: str | None = None
     cause: CrashCause | None = None
+    repeats: list[dict[str, Any]] = field(default_factory=list)
+    noise: dict[str, float] = field(default_factory=dict)
+    points: list[dict[str, Any]] = field(default_factory=list)
+    capacity: float | None = None
+    stopped_early: dict[str, Any] | None = None
+
+    def extra(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in EXTRA_FIELDS}
 
 
 @dataclass
@@ -120,6 +144,10 @@ class RunRecord:
     error: str | None = None
     log: str | None = None  # path of the (first) engine log
     leftovers: list[str] = field(default_factory=list)  # what teardown left behind (stops the study)
+    # accelerators x (teardown - launch) in the engine's time (simulated time on the simulator:
+    # wall x time scale); 0 when nothing was launched
+    engine_seconds: float = 0.0
+    accelerators: int = 1
 
 
 def slug(text: str, limit: int = 40) -> str:
@@ -158,6 +186,7 @@ class Store:
                 self.db.execute("SELECT COUNT(*) FROM runs").fetchone()  # a corrupt file fails here
             else:
                 self.db.executescript(_SCHEMA)
+                _add_columns(self.db)
                 if self.get_meta("schema_version") is None:
                     self.set_meta("schema_version", SCHEMA_VERSION)
                 dirs = run_dirs(self.dir)
@@ -267,15 +296,16 @@ class Store:
         run_dir = self.db.execute("SELECT dir FROM runs WHERE id = ?", (run_id,)).fetchone()["dir"]
         with self._transaction():
             self.db.execute(
-                "INSERT INTO measurements(run_id, config_key, profile_key, profile, status, metrics, num_prompts, error, cause, created)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO measurements(run_id, config_key, profile_key, profile, status, metrics, num_prompts, error, cause,"
+                " created, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run_id, config_key, profile_key, profile, str(m.status), json.dumps(m.metrics) if m.metrics is not None else None,
-                 m.num_prompts, redact.scrub(m.error or "") or None, _cause_json(m.cause), created),
+                 m.num_prompts, redact.scrub(m.error or "") or None, _cause_json(m.cause), created,
+                 json.dumps(m.extra(), default=str)),
             )
             write_json(self.dir / run_dir / _measurement_file(profile), {
                 "run_id": run_id, "config_key": config_key, "profile_key": profile_key, "profile": profile,
                 "status": str(m.status), "metrics": m.metrics, "num_prompts": m.num_prompts, "error": m.error,
-                "cause": to_jsonable(m.cause), "created": created,
+                "cause": to_jsonable(m.cause), "created": created, **m.extra(),
             })
 
     def finish_run(self, run_id: int, rec: RunRecord) -> None:
@@ -287,11 +317,11 @@ class Store:
                 pass
         with self._transaction():
             self.db.execute(
-                "UPDATE runs SET state = ?, finished = ?, version = ?, script = ?, reasons = ?, cause = ?, error = ?, log = ?"
-                " WHERE id = ?",
+                "UPDATE runs SET state = ?, finished = ?, version = ?, script = ?, reasons = ?, cause = ?, error = ?, log = ?,"
+                " engine_seconds = ?, accelerators = ? WHERE id = ?",
                 (str(rec.state), time.time(), rec.version, redact.scrub(rec.script or "") or None,
                  json.dumps(redact.redact_obj(to_jsonable(rec.reasons))), _cause_json(rec.cause),
-                 redact.scrub(rec.error or "") or None, log, run_id),
+                 redact.scrub(rec.error or "") or None, log, rec.engine_seconds, rec.accelerators, run_id),
             )
             self._write_run_file(run_id)
 
@@ -350,7 +380,10 @@ class Store:
             res.reused = m["session_id"] != self.session_id
             res.metrics = _loads(m["metrics"])
             res.num_prompts = m["num_prompts"]
-            if res.status is Status.OK:
+            for k, v in (_loads(m["extra"] if "extra" in m.keys() else None) or {}).items():
+                if k in EXTRA_FIELDS and v is not None:
+                    setattr(res, k, v)
+            if res.status.measured:  # ok or stopped early
                 res.error = m["error"]  # the failed requests' reasons, when some failed
             elif res.status is Status.UNSUPPORTED:  # refused for this profile only (its workload does not fit)
                 res.error = m["error"]
@@ -374,6 +407,33 @@ class Store:
             res.reused = run["session_id"] != self.session_id
             return res
         return None
+
+
+    def engine_hours(self) -> dict[str, float]:
+        """Engine-hours of the study: ``spent`` (every run's accelerators × launch→teardown,
+        engine time), ``full_method_estimate`` (spent, plus what each stopped-early
+        measurement would have taken to its full num_prompts: its run's accelerators ×
+        (estimated full − elapsed) engine seconds) and ``saved_pct``."""
+        if "engine_seconds" not in {r[1] for r in self.db.execute("PRAGMA table_info(runs)")}:
+            return {"spent": 0.0, "full_method_estimate": 0.0, "saved_pct": 0.0}  # a study from before engine-hours
+        spent = float(self.db.execute("SELECT COALESCE(SUM(engine_seconds), 0) FROM runs").fetchone()[0])
+        more = 0.0
+        for row in self.db.execute("SELECT m.extra, r.accelerators FROM measurements m JOIN runs r ON r.id = m.run_id"
+                                   " WHERE m.status = ?", (str(Status.STOPPED_EARLY),)):
+            stopped = (_loads(row["extra"]) or {}).get("stopped_early") or {}
+            gap = float(stopped.get("estimated_full_s") or 0.0) - float(stopped.get("elapsed_s") or 0.0)
+            more += max(0.0, gap) * int(row["accelerators"] or 1)
+        full = spent + more
+        return {"spent": round(spent / 3600, 4), "full_method_estimate": round(full / 3600, 4),
+                "saved_pct": round((full - spent) / full * 100, 1) if full > 0 else 0.0}
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    """Add the columns an older study.db lacks (``_ADDED_COLUMNS``)."""
+    for table, column, kind in _ADDED_COLUMNS:
+        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
 
 def _cause_json(cause: CrashCause | None) -> str | None:
@@ -469,12 +529,13 @@ def rebuild(directory: Path) -> dict[str, int]:
                            (sid, run.get("started") or 0.0, run.get("finished")))
             db.execute(
                 "INSERT INTO runs(id, session_id, config_key, engine, config, step, label, profiles, state, dir, started,"
-                " finished, version, script, reasons, cause, error, log) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " finished, version, script, reasons, cause, error, log, engine_seconds, accelerators)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run["id"], sid, run["config_key"], run["engine"], json.dumps(run.get("config")), run.get("step"),
                  run.get("label"), json.dumps(run.get("profiles") or []), state, str(d.relative_to(directory)),
                  run.get("started") or 0.0, run.get("finished"), run.get("version"), run.get("script"),
                  json.dumps(run.get("reasons") or []), json.dumps(run["cause"]) if run.get("cause") else None,
-                 run.get("error"), run.get("log")),
+                 run.get("error"), run.get("log"), run.get("engine_seconds"), run.get("accelerators")),
             )
             runs += 1
             for f in sorted(d.glob("measurement-*.json"), key=lambda f: f.stat().st_mtime):
@@ -484,10 +545,11 @@ def rebuild(directory: Path) -> dict[str, int]:
                     continue
                 db.execute(
                     "INSERT INTO measurements(run_id, config_key, profile_key, profile, status, metrics, num_prompts,"
-                    " error, cause, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " error, cause, created, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (run["id"], m["config_key"], m["profile_key"], m["profile"], m["status"],
                      json.dumps(m["metrics"]) if m.get("metrics") is not None else None, m.get("num_prompts"),
-                     m.get("error"), json.dumps(m["cause"]) if m.get("cause") else None, m.get("created") or 0.0),
+                     m.get("error"), json.dumps(m["cause"]) if m.get("cause") else None, m.get("created") or 0.0,
+                     json.dumps({k: m.get(k) for k in EXTRA_FIELDS})),
                 )
                 measurements += 1
         if dirs:  # new runs get ids after every existing directory's, even unindexed ones
