@@ -43,6 +43,15 @@ class ConfigResult:
     log: str | None = None
     replicas: int = 1
     reused: bool = False  # taken from an earlier run of this study
+    # issue #12, measured by the executor (perflab.lab.store.ProfileMeasurement has the same):
+    # each repeat's metrics (``metrics`` is their mean), their relative stdev in % per metric,
+    # a sweep's or max-load search's load points, the search's capacity, and the figures
+    # that stopped the measurement early
+    repeats: list[dict[str, Any]] = field(default_factory=list)
+    noise: dict[str, float] = field(default_factory=dict)
+    points: list[dict[str, Any]] = field(default_factory=list)
+    capacity: float | None = None
+    stopped_early: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # a stored string ("crashed") becomes its member
@@ -190,8 +199,9 @@ class _Study:
         self.display = display
         self.complete = True
 
-    async def one(self, config: Configuration, step: str, label: str) -> ConfigResult:
-        results = await self.measure(config, (self.plan.main,), step=step, label=label)
+    async def one(self, config: Configuration, step: str, label: str, to_beat: float | None = None) -> ConfigResult:
+        kw = {"to_beat": to_beat} if to_beat is not None else {}
+        results = await self.measure(config, (self.plan.main,), step=step, label=label, **kw)
         res = results.get(self.plan.main_profile) or ConfigResult(Status.PENDING)
         self._note_pending(res)
         return res
@@ -223,7 +233,8 @@ class _Study:
         for engine in self.plan.engines:
             cfg = self.plan.engine_defaults(engine)
             label = self.display(engine)
-            res = await self.one(cfg, step.title, label)
+            best = max((e.result.tps for e in step.entries if e.eligible and e.result.tps is not None), default=None)
+            res = await self.one(cfg, step.title, label, best)
             step.entries.append(self.entry(label, cfg, res))
         ok = sorted((e for e in step.entries if e.eligible), key=lambda e: -(e.result.tps or 0.0))
         ranked = " > ".join(f"{e.label} ({e.result.tps:.2f} tok/s)" for e in ok)
@@ -270,7 +281,7 @@ class _Study:
         for vname, engine in plan_rows:
             cfg = self._config_for(cand, vname, engine, best)
             label = f"{self.display(engine)} {vname}"
-            res = await self.one(cfg, step.title, label)
+            res = await self.one(cfg, step.title, label, best.result.tps)
             step.entries.append(self.entry(label, cfg, res, variant=vname))
         ok = sorted((e for e in step.entries if e.eligible), key=lambda e: -(e.result.tps or 0.0))
         if ok:
