@@ -71,7 +71,8 @@ class SeedMeasure:
         self.records = seed_records()
         self.calls: list[tuple[Configuration, tuple[str, ...], str, str]] = []
 
-    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str) -> dict[str, ConfigResult]:
+    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str,
+                       to_beat: float | None = None) -> dict[str, ConfigResult]:  # a fake: to_beat is ignored
         self.calls.append((config, tuple(p.name for p in profiles), step, label))
         out = {}
         for p in profiles:

@@ -119,7 +119,7 @@ profiles: {sharegpt: {label: ShareGPT, dataset: synthetic-sharegpt, num_prompts:
 """
     base = seed_measure(lambda c, p: None)
 
-    async def measure(config: Configuration, profiles: list[Profile], *, step, label):
+    async def measure(config: Configuration, profiles: list[Profile], *, step, label, to_beat=None):
         o = config.options
         if config.engine == "sglang" and o["model"].endswith("FP8"):
             return {p.name: ConfigResult(Status.UNSUPPORTED, reasons=[{"what": "model=...-FP8 (FP8 checkpoint)",

@@ -108,7 +108,7 @@ class FakeExecutor:
         self.stop_after = stop_after
         self.broken = broken
 
-    async def run(self, config, profiles, run_dir, *, label=""):
+    async def run(self, config, profiles, run_dir, *, label="", to_beat=None):
         if self.stop_after is not None and len(self.calls) >= self.stop_after:
             raise KeyboardInterrupt  # what Ctrl-C looks like to the measure wrapper
         if config.engine == self.broken:
@@ -199,7 +199,7 @@ def test_a_perflab_bug_is_recorded_interrupted_with_its_reason_and_never_reused(
 class LeakyExecutor(FakeExecutor):
     """Measures, but its teardown leaves a port bound (as the supervisor reports it)."""
 
-    async def run(self, config, profiles, run_dir, *, label=""):
+    async def run(self, config, profiles, run_dir, *, label="", to_beat=None):
         rec = await super().run(config, profiles, run_dir, label=label)
         rec.leftovers = ["port 8000 is still bound by pid 4242 (python), not started by this launch"]
         return rec

@@ -161,7 +161,7 @@ profiles: {p: {input_len: 10, output_len: 10, num_prompts: 10}}
 """)
     calls = []
 
-    async def measure(config, profiles, *, step, label):
+    async def measure(config, profiles, *, step, label, to_beat=None):
         calls.append((step, label, dict(config.options)))
         # either option alone loses, together they win (and 512 beats 256)
         o = config.options
@@ -188,7 +188,7 @@ candidates: [{name: Q, set: {quantization: fp8}}]
 profiles: {p: {input_len: 10, output_len: 10, num_prompts: 10}}
 """)
 
-    async def measure(config, profiles, *, step, label):
+    async def measure(config, profiles, *, step, label, to_beat=None):
         return {p.name: ConfigResult(Status.CRASHED, cause={"name": "x", "explanation": "boom"}) for p in profiles}
 
     o = _run(plan, measure)

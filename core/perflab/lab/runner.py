@@ -179,8 +179,7 @@ class LiveMeasure(StoreMeasure):
             # the same launch cannot lose it (executors without the attribute: stored below)
             self.executor.on_measured = self._storer(run_id, ckey, todo, saved)
             try:
-                rec = await self.executor.run(config, todo, run_dir, label=label,
-                                              **({"to_beat": to_beat} if to_beat is not None else {}))
+                rec = await self.executor.run(config, todo, run_dir, label=label, to_beat=to_beat)
             except Exception as exc:
                 # the environment (a busy device, a full disk) or perflab itself (a plugin or
                 # client bug) failed, not the configuration: recorded as interrupted with the
