@@ -334,6 +334,7 @@ def slo_margin(slo: Slo, metrics: Mapping[str, Any] | None) -> float:
 #: load, times ``repeats``)
 MAX_PROBES = 8
 RATE_TOLERANCE = 0.1  # the request-rate search ends when the bracket is within 10 %
+BRACKET_FACTOR = 4  # the bracket grows (or shrinks) by this factor per probe: 1 -> 1024 in 5 probes
 
 
 async def search_loads(probe: Callable[[float], Awaitable[float | None]], kind: LoadKind, start: float,
@@ -347,12 +348,12 @@ async def search_loads(probe: Callable[[float], Awaitable[float | None]], kind: 
     perflab brackets instead, because a probe at the largest value (65536 requests/s) is the
     most expensive and the least informative one:
 
-    1. bracket: from ``start``, double while the SLO is met (up to ``num_prompts`` concurrent
-       requests: more cannot be in flight), or halve while it fails (down to 1 concurrent
-       request, or ``start``/64 requests/s);
+    1. bracket: from ``start``, multiply by :data:`BRACKET_FACTOR` while the SLO is met (up
+       to ``num_prompts`` concurrent requests: more cannot be in flight), or divide while it
+       fails (down to 1 concurrent request, or ``start``/64 requests/s);
     2. interpolate: between the highest met load and the lowest failing one, probe where the
-       straight line through their margins crosses 0 (kept inside the middle half of the
-       bracket, so it always shrinks), until the bracket is 1 concurrent request wide or
+       straight line through their margins crosses 0 (kept off the bracket's outer tenths,
+       so it always shrinks), until the bracket is 1 concurrent request wide or
        within :data:`RATE_TOLERANCE` for request rates, or the budget is spent.
 
     Returns the highest load that met the SLO (None when none did)."""
@@ -371,7 +372,7 @@ async def search_loads(probe: Callable[[float], Awaitable[float | None]], kind: 
         return got
 
     def norm(v: float) -> float:
-        return float(max(1, round(v))) if integer else v
+        return float(max(1, round(v))) if integer else float(f"{v:.3g}")  # rates to 3 significant digits
 
     value = norm(min(max(start, lowest), highest))
     m = await measure(value)
@@ -381,11 +382,11 @@ async def search_loads(probe: Callable[[float], Awaitable[float | None]], kind: 
     hi: float | None = value if m > 0 else None
     while used < budget:  # bracket
         if lo is not None and hi is None:
-            nxt = norm(min(lo * 2, highest))
+            nxt = norm(min(lo * BRACKET_FACTOR, highest))
             if nxt <= lo:
                 break
         elif hi is not None and lo is None:
-            nxt = norm(max(hi / 2, lowest))
+            nxt = norm(max(hi / BRACKET_FACTOR, lowest))
             if nxt >= hi:
                 break
         else:
@@ -402,7 +403,7 @@ async def search_loads(probe: Callable[[float], Awaitable[float | None]], kind: 
             break
         mlo, mhi = margins[lo], margins[hi]
         guess = lo + (hi - lo) * (0 - mlo) / (mhi - mlo) if math.isfinite(mhi) and mhi != mlo else (lo + hi) / 2
-        guess = min(max(guess, lo + (hi - lo) / 4), hi - (hi - lo) / 4)
+        guess = min(max(guess, lo + (hi - lo) / 10), hi - (hi - lo) / 10)
         nxt = norm(guess)
         if integer:
             nxt = min(max(nxt, lo + 1), hi - 1)

@@ -1,0 +1,69 @@
+"""Watching a running benchmark (``observe``) and stopping it from the observer (the lab's
+early stop) against the in-test server: the counts grow, the streamed events count the
+tokens, and a stop from inside the observer ends the run as a cancellation does — no
+connection or thread left behind."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+from perflab.bench import BenchCancelled, BenchRequest, run_benchmark_sync
+from perflab.bench.drive import Observation
+
+from .conftest import FakeOpenAIServer
+
+OUTPUT_LEN = 10
+
+
+@pytest.fixture
+def slow_server() -> Iterator[FakeOpenAIServer]:
+    server = FakeOpenAIServer(gap_s=0.01).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _request(server: FakeOpenAIServer, prompts: int) -> BenchRequest:
+    return BenchRequest(base_urls=(server.base_url,), model="ok", num_prompts=prompts, random_input_len=4,
+                        random_output_len=OUTPUT_LEN, max_concurrency=4)
+
+
+def test_observer_sees_counts_that_grow_and_events_per_token(slow_server: FakeOpenAIServer) -> None:
+    seen: list[Observation] = []
+    result = run_benchmark_sync(_request(slow_server, 40), observe=seen.append)
+    assert result.metrics["completed"] == 40
+    assert len(seen) >= 3  # about 1 s of streaming, one observation per 0.1 s
+    assert [o.t for o in seen] == sorted(o.t for o in seen)
+    assert [o.completed for o in seen] == sorted(o.completed for o in seen)
+    assert all(o.in_flight <= 4 for o in seen)  # the concurrency limit
+    last = seen[-1]
+    assert last.arrived == 40  # request_rate inf: every request arrives at the start
+    # every token is one "data:" event, plus the usage chunk and [DONE] of each ended request
+    assert OUTPUT_LEN * last.completed <= last.events <= (OUTPUT_LEN + 2) * 40
+    assert last.latency_s > 0
+
+
+def test_a_stop_from_the_observer_ends_the_run_cleanly(slow_server: FakeOpenAIServer) -> None:
+    cancel = threading.Event()
+    stopped_at: list[float] = []
+
+    def observe(o: Observation) -> None:
+        if o.completed >= 8 and not cancel.is_set():
+            stopped_at.append(time.perf_counter())
+            cancel.set()
+
+    threads = {t.ident for t in threading.enumerate()}
+    with pytest.raises(BenchCancelled) as err:
+        run_benchmark_sync(_request(slow_server, 400), cancel=cancel, observe=observe)
+    assert time.perf_counter() - stopped_at[0] < 1.5  # 400 requests would take ~10 s
+    partial = err.value.result
+    assert partial is not None and 8 <= partial.metrics["completed"] < 400
+    assert {t.ident for t in threading.enumerate()} <= threads  # no thread left behind
+    conns = [c for c in psutil.Process().net_connections(kind="tcp")
+             if c.raddr and c.raddr.port == slow_server.port and c.status == psutil.CONN_ESTABLISHED]
+    assert conns == []
