@@ -1,0 +1,83 @@
+"""The measurement machinery on the simulator: a launch measures the max-load search on the
+main profile, another a sweep, each point repeated — and the runs' engine-seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+from perflab.lab.executor import MAX_PROBES
+
+PLAN = """
+name: measure-sim
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x1
+simulation: {time_scale: 50}
+engines: [vllm]
+decide_by: max-load
+search: max_concurrency
+slo: {tpot_ms: 40, percentile: 90}
+repeats: 2
+profiles:
+  main: {label: Main, input_len: 256, output_len: 32, num_prompts: 48}
+  curve: {label: Curve, input_len: 256, output_len: 32, num_prompts: 32, sweep: {max_concurrency: [1, 16]}}
+timeouts: {startup_s: 60, benchmark_s: 120}
+"""
+
+
+@pytest.mark.slow
+def test_search_sweep_and_repeats_in_one_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from perflab.lab.plan import load_plan_text
+    from perflab.lab.progress import StudyProgress
+    from perflab.lab.runner import run_study
+    from perflab.lab.store import Store
+    from perflab.plugins import load
+
+    monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))
+    plan = load_plan_text(PLAN, path="measure-sim.yaml")
+    out = tmp_path / "study"
+    with open(os.devnull, "w") as sink:
+        summary = anyio.run(lambda: run_study(load(), plan, out, progress=StudyProgress("t", live=False, stream=sink)))
+    assert summary.exit_code == 0
+    run_dir = next((out / "runs").glob("001-*"))
+
+    main = json.loads((run_dir / "measurement-main.json").read_text())
+    assert main["status"] == "ok"
+    points = main["points"]
+    loads = [p["load"]["max_concurrency"] for p in points]
+    assert loads == sorted(loads) and 2 <= len(loads) <= MAX_PROBES
+    for p in points:
+        # the SLO's percentile and vLLM's goodput are in every probe's metrics
+        assert "p90_tpot_ms" in p["metrics"] and p["metrics"]["request_goodput"] is not None
+        assert p["slo_met"] == (p["metrics"]["p90_tpot_ms"] <= 40)
+        assert len(p["repeats"]) == 2 and "total_token_throughput" in p["noise"]
+    met = [p["load"]["max_concurrency"] for p in points if p["slo_met"]]
+    failed = [p["load"]["max_concurrency"] for p in points if not p["slo_met"]]
+    assert met, "one request at a time meets a 40 ms TPOT on the simulated A100"
+    assert main["capacity"] == max(met)
+    assert not failed or min(failed) > main["capacity"]  # latency grows with the load
+    top = next(p for p in points if p["load"]["max_concurrency"] == main["capacity"])
+    assert main["metrics"] == top["metrics"]  # metrics: the highest load meeting the SLO
+
+    curve_file = next((out / "runs").glob("*/measurement-curve.json"))  # the baseline's launch
+    curve = json.loads(curve_file.read_text())
+    assert [p["load"] for p in curve["points"]] == [{"max_concurrency": 1}, {"max_concurrency": 16}]
+    assert curve["metrics"] == curve["points"][-1]["metrics"]  # the highest load's
+    assert len(curve["repeats"]) == 2
+    tput = [r["total_token_throughput"] for r in curve["repeats"]]
+    assert curve["metrics"]["total_token_throughput"] == pytest.approx(sum(tput) / 2)
+    assert (curve_file.parent / "bench-curve-max_concurrency-16-r2.json").is_file()
+
+    store = Store(out)
+    rows = store.runs()
+    for row in rows:  # launch to teardown, x50 (the time scale), x1 accelerator
+        assert row["accelerators"] == 1
+        assert row["engine_seconds"] == pytest.approx((row["finished"] - row["started"]) * 50, rel=0.25)
+    assert store.engine_hours()["spent"] == pytest.approx(sum(r["engine_seconds"] for r in rows) / 3600, abs=1e-4)
+    row = rows[0]
+    res = store.lookup(row["config_key"], next(iter({m["profile_key"] for m in store.measurements() if m["profile"] == "main"})))
+    assert res is not None and res.capacity == main["capacity"] and res.points == points
+    store.close()
