@@ -23,7 +23,7 @@ from perflab import redact
 from perflab.status import Status
 
 _MARK = {Status.OK: ("✓", "green"), "reused": ("↺", "cyan"), Status.UNSUPPORTED: ("⊘", "yellow"),
-         Status.CRASHED: ("✗", "red"), Status.TIMEOUT: ("✗", "red"), Status.FAILED: ("✗", "red"),
+         Status.STOPPED_EARLY: ("⏹", "cyan"), Status.CRASHED: ("✗", "red"), Status.TIMEOUT: ("✗", "red"), Status.FAILED: ("✗", "red"),
          "skipped": ("–", "yellow")}
 # the engine states worth a line of their own: ready, or how a launch failed
 _SHOWN_STATES = frozenset({Status.READY, *(s for s in Status.supervisor_states() if s.is_failure)})
