@@ -8,11 +8,11 @@ conversations — a full measurement of each takes several times the default's."
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import anyio
 import pytest
+
+from simstudy import run_sim_study
 
 PLAN = """
 name: early-stop
@@ -33,25 +33,11 @@ timeouts: {startup_s: 120, benchmark_s: 300}
 """
 
 
-def _study(tmp_path: Path, name: str, early_stop: bool):  # type: ignore[no-untyped-def]
-    import dataclasses
-
-    from perflab.lab.plan import load_plan_text
-    from perflab.lab.progress import StudyProgress
-    from perflab.lab.runner import run_study
-    from perflab.plugins import load
-
-    plan = load_plan_text(PLAN, path="early-stop.yaml")
-    plan = dataclasses.replace(plan, decision=dataclasses.replace(plan.decision, early_stop=early_stop))
-    with open(os.devnull, "w") as sink:
-        return anyio.run(lambda: run_study(load(), plan, tmp_path / name, progress=StudyProgress("t", live=False, stream=sink)))
-
-
 @pytest.mark.slow
 def test_early_stop_keeps_the_decision_and_saves_engine_hours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))
-    on = _study(tmp_path, "on", True)
-    off = _study(tmp_path, "off", False)
+    on = run_sim_study(PLAN, tmp_path / "on")
+    off = run_sim_study(PLAN, tmp_path / "off", early_stop=False)
     assert on.exit_code == off.exit_code == 0
     assert on.outcome.optimized.label == off.outcome.optimized.label == "vLLM"
 

@@ -4,12 +4,12 @@ main profile, another a sweep, each point repeated — and the runs' engine-seco
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import anyio
 import pytest
 from perflab.lab.executor import MAX_PROBES
+
+from simstudy import run_sim_study
 
 PLAN = """
 name: measure-sim
@@ -30,17 +30,11 @@ timeouts: {startup_s: 60, benchmark_s: 120}
 
 @pytest.mark.slow
 def test_search_sweep_and_repeats_in_one_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from perflab.lab.plan import load_plan_text
-    from perflab.lab.progress import StudyProgress
-    from perflab.lab.runner import run_study
     from perflab.lab.store import Store
-    from perflab.plugins import load
 
     monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))
-    plan = load_plan_text(PLAN, path="measure-sim.yaml")
     out = tmp_path / "study"
-    with open(os.devnull, "w") as sink:
-        summary = anyio.run(lambda: run_study(load(), plan, out, progress=StudyProgress("t", live=False, stream=sink)))
+    summary = run_sim_study(PLAN, out)
     assert summary.exit_code == 0
     run_dir = next((out / "runs").glob("001-*"))
 
