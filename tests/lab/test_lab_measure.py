@@ -250,3 +250,33 @@ def test_an_older_study_db_gains_the_new_columns(tmp_path: Path) -> None:
     assert {"engine_seconds", "accelerators"} <= cols
     assert "extra" in {r[1] for r in store.db.execute("PRAGMA table_info(measurements)")}
     store.close()
+
+
+# ---------------------------------------------------------------------- the CLI
+
+
+@pytest.mark.parametrize(("argv", "plan_key", "expected"), [
+    ([], "", True), (["--no-early-stop"], "", False), ([], "early_stop: false\n", False),
+    (["--early-stop"], "early_stop: false\n", False),  # the plan's "off" is not overridden on
+])
+def test_no_early_stop_reaches_the_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                         argv: list[str], plan_key: str, expected: bool) -> None:
+    import perflab.lab.runner as runner
+    from perflab.cli import main as perflab_main
+    from perflab.lab.runner import RunSummary
+
+    seen = []
+
+    async def fake_run_study(pm, plan, out, **kw):  # type: ignore[no-untyped-def]
+        seen.append(plan.decision.early_stop)
+        return RunSummary(None, out, {}, False, 0, 0, 0, {"spent": 0.5, "full_method_estimate": 1.0, "saved_pct": 50.0})
+
+    monkeypatch.setattr(runner, "run_study", fake_run_study)
+    plan = tmp_path / "p.yaml"
+    plan.write_text(PLAN_SWEEP + plan_key)
+    try:
+        perflab_main(["run", str(plan), "--out", str(tmp_path / "s"), "--json", *argv])
+    except SystemExit as exc:
+        assert not exc.code
+    assert seen == [expected]
+    assert json.loads(capsys.readouterr().out)["engine_hours"]["saved_pct"] == 50.0
