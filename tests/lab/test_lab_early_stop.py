@@ -3,7 +3,7 @@ recommendation, and far fewer engine-hours, because the configurations that clea
 stopped early (recorded as stopped-early with the figures that decided, never as failures).
 
 The plan is the demo's first steps, small: vLLM on its defaults, then two serving options
-that cap the batch (16 and 32 sequences) and clearly lose to it on 500 ShareGPT-like
+that cap the batch (8 and 16 sequences) and clearly lose to it on 500 ShareGPT-like
 conversations — a full measurement of each takes several times the default's."""
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ engine_serve:
 candidates:
   - name: Batch cap
     variants:
+      - {name: "8 sequences", set: {max_num_seqs: 8}}
       - {name: "16 sequences", set: {max_num_seqs: 16}}
-      - {name: "32 sequences", set: {max_num_seqs: 32}}
 profiles:
   sharegpt: {label: ShareGPT, dataset: synthetic-sharegpt, num_prompts: 500}
 timeouts: {startup_s: 120, benchmark_s: 300}
