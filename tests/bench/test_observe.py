@@ -67,3 +67,15 @@ def test_a_stop_from_the_observer_ends_the_run_cleanly(slow_server: FakeOpenAISe
     conns = [c for c in psutil.Process().net_connections(kind="tcp")
              if c.raddr and c.raddr.port == slow_server.port and c.status == psutil.CONN_ESTABLISHED]
     assert conns == []
+
+
+def test_observations_carry_the_time_scale_the_client_measures_with() -> None:
+    server = FakeOpenAIServer(gap_s=0.01, time_scale=25.0).start()  # answers as perflab's simulator
+    try:
+        seen: list[Observation] = []
+        req = BenchRequest(base_urls=(server.base_url,), model="sim", num_prompts=20, random_input_len=4,
+                           random_output_len=OUTPUT_LEN, max_concurrency=4)
+        run_benchmark_sync(req, observe=seen.append)
+    finally:
+        server.stop()
+    assert seen and {o.time_scale for o in seen} == {25.0}  # the server's scale, not the request's (1)

@@ -109,7 +109,7 @@ def _all_at_once(es: EarlyStop, rate: float, n: int = 1000, duration: float = 10
 
 def _reference(rate: float = 1000.0) -> Calibration:
     cal = Calibration()
-    full = EarlyStop(num_prompts=1000, time_scale=1.0, cancel=threading.Event())
+    full = EarlyStop(num_prompts=1000, cancel=threading.Event())
     _all_at_once(full, rate)
     assert full.decided is None  # nothing to beat: it runs to the end
     cal.add("k", full, whole=500.0)  # its whole-run total_token_throughput
@@ -118,7 +118,7 @@ def _reference(rate: float = 1000.0) -> Calibration:
 
 def test_a_configuration_that_clearly_lost_stops_early() -> None:
     cancel = threading.Event()
-    es = EarlyStop(num_prompts=1000, time_scale=1.0, cancel=cancel, to_beat=500.0, reference=_reference().get("k"))
+    es = EarlyStop(num_prompts=1000, cancel=cancel, to_beat=500.0, reference=_reference().get("k"))
     _all_at_once(es, 700.0)  # 30 % slower than the reference, which made 500 tok/s
     assert cancel.is_set() and es.decided is not None
     d = es.decided
@@ -132,21 +132,21 @@ def test_a_configuration_that_clearly_lost_stops_early() -> None:
 @pytest.mark.parametrize("rate", [920.0, 1000.0, 1200.0])
 def test_a_close_or_better_configuration_runs_to_the_end(rate: float) -> None:
     cancel = threading.Event()
-    es = EarlyStop(num_prompts=1000, time_scale=1.0, cancel=cancel, to_beat=500.0, reference=_reference().get("k"))
+    es = EarlyStop(num_prompts=1000, cancel=cancel, to_beat=500.0, reference=_reference().get("k"))
     _all_at_once(es, rate)
     assert es.decided is None and not cancel.is_set()
 
 
 def test_lost_needs_a_reference_and_a_figure_to_beat() -> None:
     for kw in ({"to_beat": 500.0}, {"reference": _reference().get("k")}):
-        es = EarlyStop(num_prompts=1000, time_scale=1.0, cancel=threading.Event(), **kw)  # type: ignore[arg-type]
+        es = EarlyStop(num_prompts=1000, cancel=threading.Event(), **kw)  # type: ignore[arg-type]
         _all_at_once(es, 100.0)
         assert es.decided is None
 
 
 def test_over_saturation_stops_when_arrivals_outrun_the_engine() -> None:
     cancel = threading.Event()
-    es = EarlyStop(num_prompts=1000, time_scale=40.0, cancel=cancel)
+    es = EarlyStop(num_prompts=1000, cancel=cancel)
     t, done, lat = 0.0, 0, 0.0
     while t < 20 and es.decided is None:  # 20 requests/s arrive, 10/s end, each waiting longer
         t += 0.1
@@ -154,7 +154,7 @@ def test_over_saturation_stops_when_arrivals_outrun_the_engine() -> None:
         new = int(10 * t) - done
         lat += new * (0.5 + t)  # latency grows with the queue
         done += new
-        es(Observation(t, arrived, done, 0, arrived - done, done * 5, lat))
+        es(Observation(t, arrived, done, 0, arrived - done, done * 5, lat, time_scale=40.0))
     assert cancel.is_set() and es.decided is not None and es.decided["reason"] == "over-saturated"
     q = es.decided["queue"]
     assert q == sorted(q) and q[-1] >= 2 * q[0]
@@ -162,7 +162,7 @@ def test_over_saturation_stops_when_arrivals_outrun_the_engine() -> None:
 
 
 def test_sending_everything_at_once_is_never_over_saturation() -> None:
-    es = EarlyStop(num_prompts=1000, time_scale=1.0, cancel=threading.Event())
+    es = EarlyStop(num_prompts=1000, cancel=threading.Event())
     _all_at_once(es, 1000.0)  # latency grows for later requests, but the queue only drains
     assert es.decided is None
 

@@ -72,6 +72,7 @@ class Observation:
     in_flight: int  # requests sent and not ended
     events: int  # server-sent events received ("data:" lines: about one per output token)
     latency_s: float  # the sum, over completed requests, of end - arrival (queueing included)
+    time_scale: float = 1.0  # engine seconds per real second (the simulator's; set by the bench runner)
 
 
 Observer = Callable[[Observation], None]

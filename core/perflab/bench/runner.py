@@ -16,6 +16,7 @@ the event loop during steps 2, 4 and 5; once set, the run raises :class:`BenchCa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -39,6 +40,7 @@ from perflab.bench.client import (
 from perflab.bench.datasets import Sample, check_memory, iter_samples
 from perflab.bench.drive import (
     LoadPlan,
+    Observation,
     Observer,
     StallSeen,
     compact_with,
@@ -233,7 +235,11 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     if req.workers > 1:
         timed = _run_workers(req, plan, prompt_lens, tok, progress, cancel)
     else:
-        timed = _run_single(plan, prompt_lens, tok, keep_text, progress, cancel, observe)
+        watch: Observer | None = None
+        if observe is not None:  # the observer converts to engine time with the scale in use (the server's)
+            def watch(o: Observation) -> None:
+                observe(dataclasses.replace(o, time_scale=time_scale))
+        timed = _run_single(plan, prompt_lens, tok, keep_text, progress, cancel, watch)
 
     start = timed.start
     model = _on_model_clock(timed.traces, time_scale) if (req.sim_clock and simulated) else None

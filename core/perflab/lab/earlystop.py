@@ -98,11 +98,11 @@ class _Window:
 class EarlyStop:
     """The observer of one benchmark run (called in the benchmark's thread)."""
 
-    def __init__(self, *, num_prompts: int, time_scale: float, cancel: threading.Event,
+    def __init__(self, *, num_prompts: int, cancel: threading.Event,
                  to_beat: float | None = None, reference: list[tuple[float, list[tuple[float, float]]]] | None = None,
                  margin_pct: float = MIN_MARGIN_PCT, saturation: bool = True) -> None:
         self.n = max(1, num_prompts)
-        self.scale = time_scale
+        self.scale = 1.0  # engine seconds per real second: each observation says
         self.cancel = cancel
         self.to_beat = to_beat
         self.reference = reference or []
@@ -118,6 +118,7 @@ class EarlyStop:
         if self.decided is not None:
             return
         self._last = obs
+        self.scale = obs.time_scale  # the scale the bench client measures with (the server's own)
         if self._mark is None:
             self._mark = Observation(0.0, 0, 0, 0, 0, 0, 0.0)
         m = self._mark

@@ -883,9 +883,8 @@ class Executor:
         plan = self.ctx.plan
         if not plan.decision.early_stop:
             return None
-        return EarlyStop(num_prompts=profile.num_prompts, time_scale=self.ctx.time_scale if self.ctx.simulated else 1.0,
-                         cancel=cancel, to_beat=to_beat, reference=self.calibration.get(profile.key()),
-                         margin_pct=plan.min_improvement_pct)
+        return EarlyStop(num_prompts=profile.num_prompts, cancel=cancel, to_beat=to_beat,
+                         reference=self.calibration.get(profile.key()), margin_pct=plan.min_improvement_pct)
 
     @staticmethod
     def _judge(profile: Profile, result: Any, partial: Any, error: str | None, dead: list[Any], timed_out: bool,
