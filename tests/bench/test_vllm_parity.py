@@ -81,7 +81,7 @@ def test_the_lab_benchmarks_a_local_model_with_its_own_tokenizer(tmp_path: Path,
     d = _tokenizer_dir(tmp_path)
     seen: list[BenchRequest] = []
 
-    def fake_run(req: BenchRequest, progress: Any = None, cancel: threading.Event | None = None) -> Any:
+    def fake_run(req: BenchRequest, progress: Any = None, cancel: threading.Event | None = None, observe: Any = None) -> Any:
         seen.append(req)
         raise bench.BenchCancelled(None, "test")
 
@@ -89,7 +89,8 @@ def test_the_lab_benchmarks_a_local_model_with_its_own_tokenizer(tmp_path: Path,
     from perflab.lab.decide import Decision
 
     no_reset = SimpleNamespace(hook=SimpleNamespace(perflab_cache_reset=lambda **kw: None))  # an engine that cannot reset
-    ctx = LabContext(pm=no_reset, plan=SimpleNamespace(timeouts=Timeouts(benchmark_s=30.0), decision=Decision()),  # type: ignore[arg-type]
+    ctx = LabContext(pm=no_reset, plan=SimpleNamespace(timeouts=Timeouts(benchmark_s=30.0), decision=Decision(),
+                                                           min_improvement_pct=0.0),  # type: ignore[arg-type]
                      hardware=SimpleNamespace(simulated=False), env={})  # type: ignore[arg-type]
     inst = SimpleNamespace(base_url="http://127.0.0.1:9", launch=SimpleNamespace(served_model_name="tiny", argv=("vllm",), env={}),
                            died=anyio.Event(), outcome=SimpleNamespace(cause=None, log=None))
