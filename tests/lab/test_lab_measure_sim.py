@@ -75,3 +75,37 @@ def test_search_sweep_and_repeats_in_one_launch(tmp_path: Path, monkeypatch: pyt
     res = store.lookup(row["config_key"], next(iter({m["profile_key"] for m in store.measurements() if m["profile"] == "main"})))
     assert res is not None and res.capacity == main["capacity"] and res.points == points
     store.close()
+
+
+SATURATED = """
+name: saturated
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x1
+simulation: {time_scale: 20}
+engines: [vllm]
+engine_serve:
+  vllm: {max_num_seqs: 4}
+profiles:
+  main: {label: Main, input_len: 512, output_len: 128, num_prompts: 2000, request_rate: 20}
+timeouts: {startup_s: 60, benchmark_s: 120}
+"""
+
+
+@pytest.mark.slow
+def test_an_over_saturated_engine_stops_early_and_it_is_not_a_failure(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 requests/s against an engine that ends ~2/s with 4 sequences at a time: the queue and
+    the latency grow window after window, and the measurement stops long before its 100 s
+    of arrivals (engine time), with the figures that decided."""
+    monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))
+    out = tmp_path / "study"
+    summary = run_sim_study(SATURATED, out)
+    assert summary.exit_code == 0
+    m = json.loads(next((out / "runs").glob("001-*/measurement-main.json")).read_text())
+    assert m["status"] == "stopped-early"
+    info = m["stopped_early"]
+    assert info["reason"] == "over-saturated"
+    assert info["queue"] == sorted(info["queue"]) and info["latency_ms"] == sorted(info["latency_ms"])
+    assert info["elapsed_s"] < 60 and info["completed"] < 200
+    assert info["estimated_full_s"] > 5 * info["elapsed_s"]
+    assert summary.engine_hours["saved_pct"] > 50
