@@ -79,3 +79,28 @@ def test_observations_carry_the_time_scale_the_client_measures_with() -> None:
     finally:
         server.stop()
     assert seen and {o.time_scale for o in seen} == {25.0}  # the server's scale, not the request's (1)
+
+
+def test_observations_carry_the_engine_clock_when_the_stream_is_stamped(slow_server: FakeOpenAIServer) -> None:
+    """``clock`` reads each received piece once; the observations carry the latest stamp."""
+    from perflab.bench.client import build_payload, make_target, prepare, request_headers
+    from perflab.bench.drive import LoadPlan, drive, run_in_new_loop
+
+    req = _request(slow_server, 12)
+    target = make_target(slow_server.base_url, req.api_endpoint)
+    prepared = [prepare(i, target, build_payload(req, "hello there", OUTPUT_LEN), request_headers(req), None)
+                for i in range(12)]
+    pieces = [0]
+
+    def clock(piece: bytes) -> float | None:  # a stand-in engine clock: 1 s per token piece received
+        if b"tok" not in piece:
+            return None
+        pieces[0] += 1
+        return float(pieces[0])
+
+    seen: list[Observation] = []
+    outcome = run_in_new_loop(drive(LoadPlan(prepared, [0.0] * 12, 4, "raw", None), observe=seen.append, clock=clock,
+                                    cancel=threading.Event()))
+    assert not outcome.cancelled
+    stamps = [o.model_t for o in seen if o.model_t is not None]
+    assert stamps and stamps == sorted(stamps) and stamps[-1] <= pieces[0]

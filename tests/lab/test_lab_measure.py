@@ -161,6 +161,15 @@ def test_over_saturation_stops_when_arrivals_outrun_the_engine() -> None:
     assert es.decided["window_s"] == pytest.approx(WINDOW_S * 40)
 
 
+def test_windows_use_the_engine_clock_when_the_stream_carries_one() -> None:
+    """Host load slows the client's clock, not the engine's: with stamps, a window's rate is
+    events per engine second, whatever the wall clock did."""
+    es = EarlyStop(num_prompts=1000, cancel=threading.Event())
+    for i in range(1, 11):  # 0.3 s of wall clock per window, 2 engine seconds, 100 events
+        es(Observation(0.3 * i, 1000, 10 * i, 0, 1000 - 10 * i, 100 * i, 0.0, time_scale=40.0, model_t=2.0 * i))
+    assert [w.rate for w in es.windows[1:]] == [50.0] * 9  # not 100 / (0.3 × 40)
+
+
 def test_sending_everything_at_once_is_never_over_saturation() -> None:
     es = EarlyStop(num_prompts=1000, cancel=threading.Event())
     _all_at_once(es, 1000.0)  # latency grows for later requests, but the queue only drains

@@ -73,9 +73,13 @@ class Observation:
     events: int  # server-sent events received ("data:" lines: about one per output token)
     latency_s: float  # the sum, over completed requests, of end - arrival (queueing included)
     time_scale: float = 1.0  # engine seconds per real second (the simulator's; set by the bench runner)
+    model_t: float | None = None  # the latest engine-clock stamp received (``clock``), engine seconds
 
 
 Observer = Callable[[Observation], None]
+#: ``clock(piece)``: the latest engine-clock stamp (engine seconds) in a piece of a response, or
+#: None — for engines that stamp their stream (perflab's simulator's model clock)
+Clock = Callable[[bytes], float | None]
 OBSERVE_S = 0.1  # default period of the observation task (real seconds)
 
 
@@ -96,6 +100,7 @@ async def drive(
     cancel: threading.Event | None = None,
     observe: Observer | None = None,
     observe_s: float = OBSERVE_S,
+    clock: Clock | None = None,
 ) -> DriveOutcome:
     """Send every request of ``plan``; return the raw captures.
 
@@ -111,6 +116,8 @@ async def drive(
         never per chunk.
     :param observe: called with an :class:`Observation` every ``observe_s`` real seconds of
         the run, in the event loop (it must be quick; to stop the run it sets ``cancel``).
+    :param clock: with ``observe``, read each received piece's engine-clock stamp once, so that
+        observations carry the engine's own time (``Observation.model_t``).
     """
     client = make_client(plan.http_stack, plan.timeout)
     sem = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
@@ -123,6 +130,7 @@ async def drive(
     # what the observer sees: [completed, failed, events of ended requests, latency sum]
     ended = [0, 0, 0, 0.0]
     counted: dict[int, list[int]] = {}  # open request -> [reads counted, events in them]
+    stamp: list[float | None] = [None]  # the latest engine-clock stamp seen (clock)
 
     async def send_open(p: Prepared, cap: Capture) -> None:
         open_caps.add(cap)
@@ -143,6 +151,8 @@ async def drive(
             ended[0 if cap.error is None else 1] += 1
             seen = counted.pop(cap.index, [0, 0])
             ended[2] += seen[1] + _events(cap.reads[seen[0]:])
+            if clock is not None:
+                _stamp(clock, cap.reads[seen[0]:], stamp)
             if cap.error is None and cap.end:
                 ended[3] += cap.end - cap.queued
         if compact is not None:
@@ -184,7 +194,7 @@ async def drive(
             if plan.stall_s:
                 watchers.append(_watch_stall(open_caps, plan.stall_s, stall))
             if observe is not None:
-                watchers.append(_observe(observe, observe_s, lambda: start, tasks, open_caps, ended, counted))
+                watchers.append(_observe(observe, observe_s, lambda: start, tasks, open_caps, ended, counted, clock, stamp))
             cancelled = await _cancellable(dispatch(), watchers, tasks)
         end = perf_counter()
         cpu = process_time() - cpu0
@@ -256,7 +266,8 @@ def _events(reads: list[tuple[float, bytes]]) -> int:
 
 
 async def _observe(observe: Observer, every: float, start: Callable[[], float], tasks: list[asyncio.Task[None]],
-                   open_caps: set[Capture], ended: list[Any], counted: dict[int, list[int]]) -> None:
+                   open_caps: set[Capture], ended: list[Any], counted: dict[int, list[int]], clock: Clock | None,
+                   stamp: list[float | None]) -> None:
     """The observation task: never returns (it is cancelled with the run). The events of the
     open requests are counted from their new reads at each tick (bytes.count, each read once)."""
     while True:
@@ -269,9 +280,20 @@ async def _observe(observe: Observer, every: float, start: Callable[[], float], 
             seen = counted.setdefault(c.index, [0, 0])
             n = len(c.reads)
             seen[1] += _events(c.reads[seen[0]:n])
+            if clock is not None:
+                _stamp(clock, c.reads[seen[0]:n], stamp)
             seen[0] = n
             events += seen[1]
-        observe(Observation(perf_counter() - t0, len(tasks), ended[0], ended[1], len(open_caps), events, ended[3]))
+        observe(Observation(perf_counter() - t0, len(tasks), ended[0], ended[1], len(open_caps), events, ended[3],
+                            model_t=stamp[0]))
+
+
+def _stamp(clock: Clock, reads: list[tuple[float, bytes]], stamp: list[float | None]) -> None:
+    """Keep in ``stamp[0]`` the latest engine-clock stamp among ``reads``."""
+    for _, piece in reads:
+        t = clock(piece)
+        if t is not None and (stamp[0] is None or t > stamp[0]):
+            stamp[0] = t
 
 
 async def _noop() -> None:

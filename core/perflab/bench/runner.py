@@ -39,6 +39,7 @@ from perflab.bench.client import (
 )
 from perflab.bench.datasets import Sample, check_memory, iter_samples
 from perflab.bench.drive import (
+    Clock,
     LoadPlan,
     Observation,
     Observer,
@@ -152,7 +153,7 @@ class _Timed:
 
 
 def _run_single(plan: LoadPlan, prompt_lens: list[int], tok: Tokenizer, keep_text: bool, progress: Progress | None,
-                cancel: threading.Event | None, observe: Observer | None = None) -> _Timed:
+                cancel: threading.Event | None, observe: Observer | None = None, clock: Clock | None = None) -> _Timed:
     total = len(plan.prepared)
     done = 0
     last = [0.0]
@@ -171,7 +172,7 @@ def _run_single(plan: LoadPlan, prompt_lens: list[int], tok: Tokenizer, keep_tex
 
     with frozen_gc():
         outcome = run_in_new_loop(drive(plan, on_done=on_done, compact=compact_with(parse), cancel=cancel,
-                                        observe=observe))
+                                        observe=observe, clock=clock))
     if outcome.cancelled:
         traces = sent_traces(outcome.captures, parse, lambda i: prompt_lens[i])
     else:

@@ -29,6 +29,10 @@ of :data:`WINDOW_S` real seconds and decides from the windows, never from one ch
     A profile that sends every request at once (the seeds' ``request_rate: inf``) never has
     a growing queue, so this never fires on it.
 
+Window durations are engine seconds: the engine's own clock when the stream carries one
+(``Observation.model_t``, perflab's simulator's model clock), else real seconds × the time
+scale the client measures with.
+
 A stop sets the benchmark's cancel event: the client ends the run as a cancelled one
 (no request or thread left behind) and the measurement is ``stopped-early`` with
 :attr:`EarlyStop.decided` — the figures that decided — never a failure.
@@ -124,7 +128,12 @@ class EarlyStop:
         m = self._mark
         if obs.t - m.t < WINDOW_S:
             return
-        dt = (obs.t - m.t) * self.scale
+        if obs.model_t is not None and m.model_t is not None:  # the engine's own clock: host load does not move it
+            dt = obs.model_t - m.model_t
+            if dt <= 0:
+                return  # no step stamped in this window yet: widen it
+        else:
+            dt = (obs.t - m.t) * self.scale
         ended_new = obs.completed - m.completed
         latency = (obs.latency_s - m.latency_s) / ended_new * self.scale * 1000 if ended_new > 0 else None
         ended = obs.completed + obs.failed
