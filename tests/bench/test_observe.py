@@ -104,3 +104,13 @@ def test_observations_carry_the_engine_clock_when_the_stream_is_stamped(slow_ser
     assert not outcome.cancelled
     stamps = [o.model_t for o in seen if o.model_t is not None]
     assert stamps and stamps == sorted(stamps) and stamps[-1] <= pieces[0]
+
+
+def test_the_simulators_model_clock_stamp_is_read_from_a_piece() -> None:
+    from perflab.bench.runner import model_clock_stamp
+    from perflab.simenv import format_clock
+
+    piece = b"data: {}\n\n" + format_clock(1.5, 0.25) + b"data: {}\n\n" + format_clock(2.25, 0.25) + b"data: {}\n\n"
+    assert model_clock_stamp(piece) == 2.25  # the latest step in the piece
+    assert model_clock_stamp(b"data: {}\n\n") is None
+    assert model_clock_stamp(b": perflab-model-clock nonsense\n") is None

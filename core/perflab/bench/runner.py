@@ -58,6 +58,7 @@ from perflab.bench.schedule import arrival_offsets
 from perflab.bench.tokenizer import Tokenizer, load_tokenizer, tokenizer_spec
 from perflab.bench.trace import Capture, RequestTrace, parse_capture, sent_traces
 from perflab.errors import PerflabError
+from perflab.simenv import SIM_CLOCK_COMMENT, parse_clock
 
 SIM_TIME_SCALE_HEADER = "x-perflab-sim-time-scale"
 SIM_FINGERPRINT = b"perflab-sim"
@@ -240,7 +241,8 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
         if observe is not None:  # the observer converts to engine time with the scale in use (the server's)
             def watch(o: Observation) -> None:
                 observe(dataclasses.replace(o, time_scale=time_scale))
-        timed = _run_single(plan, prompt_lens, tok, keep_text, progress, cancel, watch)
+        clock = model_clock_stamp if (req.sim_clock and simulated) else None  # early stop in engine time
+        timed = _run_single(plan, prompt_lens, tok, keep_text, progress, cancel, watch, clock)
 
     start = timed.start
     model = _on_model_clock(timed.traces, time_scale) if (req.sim_clock and simulated) else None
@@ -279,6 +281,17 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
 def _stall(req: BenchRequest, seen: StallSeen, time_scale: float, completed: int, stage: str) -> Stall:
     return Stall(stall_s=float(req.stall_s or 0.0), idle_s=seen.idle_s * time_scale, in_flight=seen.in_flight,
                  completed=completed, stage=stage)
+
+
+def model_clock_stamp(piece: bytes) -> float | None:
+    """The latest model-clock stamp (``: perflab-model-clock <t> <arrival>``, the simulator's
+    :data:`perflab.simenv.SIM_CLOCK_COMMENT`) in a received piece: its ``t``; None if none."""
+    at = piece.rfind(SIM_CLOCK_COMMENT)
+    if at < 0:
+        return None
+    line = piece[at + len(SIM_CLOCK_COMMENT):].split(b"\n", 1)[0]
+    parsed = parse_clock(line.strip())
+    return parsed[0] if parsed is not None else None
 
 
 def _on_model_clock(traces: list[RequestTrace], time_scale: float) -> tuple[list[RequestTrace], float] | None:
