@@ -119,17 +119,17 @@ def _reference(rate: float = 1000.0) -> Calibration:
 def test_a_configuration_that_clearly_lost_stops_early() -> None:
     cancel = threading.Event()
     es = EarlyStop(num_prompts=1000, cancel=cancel, to_beat=500.0, reference=_reference().get("k"))
-    _all_at_once(es, 700.0)  # 30 % slower than the reference, which made 500 tok/s
+    _all_at_once(es, 600.0)  # 40 % slower than the reference, which made 500 tok/s
     assert cancel.is_set() and es.decided is not None
     d = es.decided
     assert d["reason"] == "lost"
-    assert d["estimated_token_throughput"] == pytest.approx(350.0, rel=0.05)
+    assert d["estimated_token_throughput"] == pytest.approx(300.0, rel=0.05)
     assert d["upper_bound"] < d["limit"] < d["to_beat"]
     assert d["completed"] < 300 and d["elapsed_s"] < 3.5  # long before its end (10 s)
     assert d["estimated_full_s"] == pytest.approx(10.0, rel=0.2)
 
 
-@pytest.mark.parametrize("rate", [920.0, 1000.0, 1200.0])
+@pytest.mark.parametrize("rate", [850.0, 1000.0, 1200.0])
 def test_a_close_or_better_configuration_runs_to_the_end(rate: float) -> None:
     cancel = threading.Event()
     es = EarlyStop(num_prompts=1000, cancel=cancel, to_beat=500.0, reference=_reference().get("k"))

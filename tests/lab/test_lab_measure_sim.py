@@ -79,14 +79,13 @@ def test_search_sweep_and_repeats_in_one_launch(tmp_path: Path, monkeypatch: pyt
 
 SATURATED = """
 name: saturated
+profiles:
+  main: {label: Main, input_len: 512, output_len: 128, num_prompts: 2000, request_rate: 20}
+engines: [vllm]
+engine_serve: {vllm: {max_num_seqs: 4}}
 model: Qwen/Qwen3-8B
 hardware: sim:a100-80g-x1
 simulation: {time_scale: 20}
-engines: [vllm]
-engine_serve:
-  vllm: {max_num_seqs: 4}
-profiles:
-  main: {label: Main, input_len: 512, output_len: 128, num_prompts: 2000, request_rate: 20}
 timeouts: {startup_s: 60, benchmark_s: 120}
 """
 
