@@ -1,14 +1,19 @@
 """The seeds' method, as a function of a ``measure`` callback.
 
-1. every engine on its defaults with the main profile; the winner by total token throughput;
+1. every engine on its defaults with the main profile; the winner by the ranking figure — the
+   plan's ``decide_by`` (:class:`Ranking`): total token throughput (the seeds' method, the
+   default), goodput, or capacity (the highest load meeting the SLO);
 2. each candidate's variants on the current best (the winner's configuration, or another
    engine's defaults when a candidate names it), one delta at a time; the best variant of a
-   step is adopted when it beats the current best;
+   step is adopted when it beats the current best by more than ``min_improvement_pct`` and,
+   with ``repeats`` > 1, by more than the measured noise (both sides' spreads in quadrature) —
+   otherwise the step says "within noise, not adopted";
 3. the listed combinations, the same way;
 4. the baseline and the optimized configuration on every profile.
 
 :func:`conduct` only decides; ``measure`` does the work. The runner passes a measure that
-launches engines (reusing what the store already holds); ``perflab report`` passes one that
+launches engines (reusing what the store already holds) and is told ``to_beat``, the current
+best's figure, so that a clearly lost configuration can stop early; ``perflab report`` passes one that
 only reads the store, so the report follows exactly the decisions the run made. Tests pass a
 fake one.
 """
@@ -20,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, _pct_name
 from perflab.lab.options import Configuration
 from perflab.lab.plan import WINNER, Candidate, Plan, Profile
 from perflab.status import Status
@@ -43,15 +49,12 @@ class ConfigResult:
     log: str | None = None
     replicas: int = 1
     reused: bool = False  # taken from an earlier run of this study
-    # issue #12, measured by the executor (perflab.lab.store.ProfileMeasurement has the same):
-    # each repeat's metrics (``metrics`` is their mean), their relative stdev in % per metric,
-    # a sweep's or max-load search's load points, the search's capacity, and the figures
-    # that stopped the measurement early
-    repeats: list[dict[str, Any]] = field(default_factory=list)
-    noise: dict[str, float] = field(default_factory=dict)
-    points: list[dict[str, Any]] = field(default_factory=list)
-    capacity: float | None = None
-    stopped_early: dict[str, Any] | None = None
+    # issue #12's measurement shape (the executor and the store fill them; perflab.lab.store):
+    repeats: list[dict[str, Any]] = field(default_factory=list)  # each repeat's metrics; ``metrics`` is their mean
+    noise: dict[str, float] = field(default_factory=dict)  # relative standard deviation in % per metric
+    points: list[dict[str, Any]] = field(default_factory=list)  # a sweep's / a max-load search's load points
+    capacity: float | None = None  # max-load: the highest load meeting the SLO (None: none did)
+    stopped_early: dict[str, Any] | None = None  # {"reason": "lost" | "over-saturated", ...figures}
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # a stored string ("crashed") becomes its member
@@ -85,6 +88,8 @@ class ConfigResult:
             return f"{self.status}: {c.get('line') or c.get('explanation') or self.error or 'see log'}"
         if self.status is Status.FAILED:
             return f"benchmark failed: {self.error or 'see log'}"
+        if self.status is Status.STOPPED_EARLY:
+            return f"stopped early: {stopped_early_text(self.stopped_early)}"
         return self.status
 
     def to_json(self) -> dict[str, Any]:
@@ -93,11 +98,122 @@ class ConfigResult:
             "success_rate": self.success_rate, "total_token_throughput": self.tps, "reasons": self.reasons,
             "cause": self.cause, "error": self.error, "script": self.script, "version": self.version,
             "run_id": self.run_id, "run_dir": self.run_dir, "log": self.log, "replicas": self.replicas,
+            "repeats": self.repeats, "noise": self.noise, "points": self.points, "capacity": self.capacity,
+            "stopped_early": self.stopped_early,
         }
 
 
 Measure = Callable[..., Awaitable[Mapping[str, ConfigResult]]]
-"""``await measure(config, profiles, step=..., label=...) -> {profile name: ConfigResult}``"""
+"""``await measure(config, profiles, step=..., label=..., to_beat=...) -> {profile name: ConfigResult}``;
+``to_beat`` is the current best's ranking figure on the main profile (None: nothing to beat
+yet, or not the main profile), for early stop — a measure that does not stop early ignores it."""
+
+
+def stopped_early_text(info: Mapping[str, Any] | None) -> str:
+    """``lost (throughput 812.4 < to_beat 1730.98)``: the reason and the figures that decided."""
+    info = dict(info or {})
+    reason = str(info.pop("reason", "") or "no reason recorded")
+    figures = ", ".join(f"{k} {_fig(v)}" for k, v in info.items())
+    return f"{reason} ({figures})" if figures else reason
+
+
+def _fig(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """What ranks configurations: the plan's ``decide_by`` (:class:`perflab.lab.decide.Decision`)
+    as the study's decisions, the summary table and the conclusion read it."""
+
+    decision: Decision = Decision()
+    min_improvement_pct: float = 0.0
+
+    @property
+    def decide_by(self) -> DecideBy:
+        return self.decision.decide_by
+
+    @property
+    def metric(self) -> str:
+        return self.decide_by.metric
+
+    @property
+    def name(self) -> str:
+        """The figure's name in the report: "Throughput", "Goodput", "Capacity"."""
+        return {DecideBy.THROUGHPUT: "Throughput", DecideBy.GOODPUT: "Goodput", DecideBy.MAX_LOAD: "Capacity"}[self.decide_by]
+
+    @property
+    def unit(self) -> str:
+        if self.decide_by is DecideBy.THROUGHPUT:
+            return "tok/s"
+        if self.decide_by is DecideBy.MAX_LOAD and self.decision.search is LoadKind.MAX_CONCURRENCY:
+            return "concurrent requests"
+        return "req/s"  # goodput, and the capacity of a request-rate search
+
+    def rule(self) -> str:
+        """The decision rule, one sentence (the report's "Service-level objective" section)."""
+        slo = self.decision.slo
+        limits = " and ".join(f"{slo_label(k, slo.percentile)} ≤ {v:g} ms" for k, v in slo.limits().items())
+        if self.decide_by is DecideBy.THROUGHPUT:
+            text = "Configurations are ranked by total token throughput on the main profile"
+            return text + (f"; the SLO ({limits}) is reported, not used to rank." if slo else ".")
+        if self.decide_by is DecideBy.GOODPUT:
+            return (f"Configurations are ranked by goodput on the main profile: requests per second that meet "
+                    f"every limit ({limits}), vLLM's definition (`vllm bench serve --goodput`).")
+        axis = "request rate" if self.decision.search is LoadKind.REQUEST_RATE else "max concurrency"
+        return (f"Configurations are ranked by capacity: the highest {axis} on the main profile at which "
+                f"{limits} (found per configuration in one launch; `vllm bench sweep serve_sla`'s method).")
+
+    def value(self, res: ConfigResult) -> float | None:
+        """The ranking figure of a measured result (None: none, e.g. no load met the SLO)."""
+        if not res.status.measured or not res.metrics:
+            return None
+        if self.decide_by is DecideBy.MAX_LOAD:
+            return res.capacity
+        v = res.metrics.get(self.metric)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) else None
+
+    def noise(self, res: ConfigResult) -> float | None:
+        """The ranking figure's measured relative spread in % (None: one repeat, not measured)."""
+        v = res.noise.get(self.metric) if res.noise else None
+        return float(v) if isinstance(v, (int, float)) and not math.isnan(v) else None
+
+    def text(self, res: ConfigResult) -> str:
+        """``2054.21 tok/s``, with the spread when repeats measured one: ``2054.21 tok/s ±1.3%``."""
+        v = self.value(res)
+        if v is None:
+            return "n/a"
+        digits = 0 if self.unit == "concurrent requests" and float(v).is_integer() else 2
+        text = f"{v:.{digits}f} {self.unit}"
+        spread = self.noise(res)
+        if spread is not None and len(res.repeats) > 1:
+            text += f" ±{spread:.1f}%"
+        return text
+
+    def combined_noise(self, new: ConfigResult, old: ConfigResult) -> float | None:
+        """The relative spread of the difference of two means (their spreads in quadrature),
+        None when neither side has one (one repeat)."""
+        a, b = self.noise(new), self.noise(old)
+        if a is None and b is None:
+            return None
+        return math.hypot(a or 0.0, b or 0.0)
+
+    def verdict(self, new: ConfigResult, best: ConfigResult) -> str:
+        """``adopted`` | ``no-gain`` (not above min_improvement_pct) | ``within-noise``."""
+        nv, bv = self.value(new), self.value(best)
+        assert nv is not None and bv is not None
+        if not nv > bv * (1.0 + self.min_improvement_pct / 100.0):
+            return "no-gain"
+        gain = pct(nv, bv)
+        spread = self.combined_noise(new, best)
+        if spread is not None and gain is not None and not gain > spread:
+            return "within-noise"
+        return "adopted"
+
+
+def slo_label(key: str, percentile: float) -> str:
+    """``p99 TPOT`` for the SLO key ``tpot_ms``."""
+    return f"p{_pct_name(percentile)} {SLO_METRICS[key][1].upper()}"
 
 
 @dataclass
@@ -131,6 +247,7 @@ class Step:
     vs_base_pct: float | None = None
     vs_baseline_pct: float | None = None
     skipped: str = ""
+    within_noise: bool = False  # the chosen variant's gain did not exceed the measured noise
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -140,6 +257,7 @@ class Step:
             "chosen": self.chosen.label if self.chosen else None, "adopted": self.adopted,
             "statement": self.statement, "improvement_vs_previous_best_pct": self.vs_base_pct,
             "improvement_vs_baseline_pct": self.vs_baseline_pct, "skipped": self.skipped or None,
+            "within_noise": self.within_noise,
         }
 
 
@@ -154,6 +272,10 @@ class Case:
     @property
     def change_pct(self) -> float | None:
         return pct(self.optimized.tps if self.optimized else None, self.baseline.tps)
+
+    def figure_change_pct(self, rank: Ranking) -> float | None:
+        """The change in the ranking figure (throughput, goodput or capacity)."""
+        return pct(rank.value(self.optimized) if self.optimized else None, rank.value(self.baseline))
 
     def to_json(self) -> dict[str, Any]:
         return {"profile": self.profile.name, "label": self.profile.label,
@@ -170,6 +292,7 @@ class StudyOutcome:
     optimized: Entry | None
     cases: list[Case]
     complete: bool  # every measurement the method asked for exists
+    rank: Ranking = Ranking()  # what decided (the plan's decide_by)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -198,10 +321,10 @@ class _Study:
         self.measure = measure
         self.display = display
         self.complete = True
+        self.rank = Ranking(plan.decision, plan.min_improvement_pct)
 
-    async def one(self, config: Configuration, step: str, label: str, to_beat: float | None = None) -> ConfigResult:
-        kw = {"to_beat": to_beat} if to_beat is not None else {}
-        results = await self.measure(config, (self.plan.main,), step=step, label=label, **kw)
+    async def one(self, config: Configuration, step: str, label: str, to_beat: float | None) -> ConfigResult:
+        results = await self.measure(config, (self.plan.main,), step=step, label=label, to_beat=to_beat)
         res = results.get(self.plan.main_profile) or ConfigResult(Status.PENDING)
         self._note_pending(res)
         return res
@@ -212,19 +335,34 @@ class _Study:
 
     def entry(self, label: str, config: Configuration, res: ConfigResult, variant: str | None = None) -> Entry:
         e = Entry(label, config, res, variant=variant)
-        if res.status is Status.OK:
+        if res.status is Status.STOPPED_EARLY:  # measured, never a failure, but not a candidate to adopt
+            e.note = f"Stopped early: {stopped_early_text(res.stopped_early)}"
+        elif res.status is Status.OK:
             rate = res.success_rate
             if rate is not None and rate < self.plan.min_success_rate:
                 e.note = f"Success rate: {rate * 100:.1f}%, optimization skipped"
-            elif res.tps is None:
+            elif res.tps is None and self.rank.decide_by is DecideBy.THROUGHPUT:
                 e.note = "no throughput in the benchmark result"
+            elif self.rank.value(res) is None:
+                e.note = ("no probed load met the SLO" if self.rank.decide_by is DecideBy.MAX_LOAD
+                          else f"no {self.rank.metric} in the benchmark result")
             else:
                 e.eligible = True
         return e
 
-    def beats(self, new: Entry, best: Entry) -> bool:
-        assert new.result.tps is not None and best.result.tps is not None
-        return new.result.tps > best.result.tps * (1.0 + self.plan.min_improvement_pct / 100.0)
+    def figure(self, e: Entry) -> float:
+        v = self.rank.value(e.result)
+        assert v is not None, e.label  # eligible entries have one
+        return v
+
+    def ranked(self, entries: list[Entry]) -> list[Entry]:
+        """The eligible entries, best first (ties keep the plan's order)."""
+        return sorted((e for e in entries if e.eligible), key=lambda e: -self.figure(e))
+
+    def to_beat(self, *entries: Entry | None) -> float | None:
+        """The best ranking figure among ``entries`` (what a new measurement must beat)."""
+        figs = [self.figure(e) for e in entries if e is not None and e.eligible]
+        return max(figs) if figs else None
 
     # ------------------------------------------------------------------ steps
 
@@ -233,15 +371,20 @@ class _Study:
         for engine in self.plan.engines:
             cfg = self.plan.engine_defaults(engine)
             label = self.display(engine)
-            best = max((e.result.tps for e in step.entries if e.eligible and e.result.tps is not None), default=None)
-            res = await self.one(cfg, step.title, label, best)
+            res = await self.one(cfg, step.title, label, self.to_beat(*step.entries))
             step.entries.append(self.entry(label, cfg, res))
-        ok = sorted((e for e in step.entries if e.eligible), key=lambda e: -(e.result.tps or 0.0))
-        ranked = " > ".join(f"{e.label} ({e.result.tps:.2f} tok/s)" for e in ok)
+        ok = self.ranked(step.entries)
+        ranked = " > ".join(f"{e.label} ({self.rank.text(e.result)})" for e in ok)
         if ok:
             step.chosen = ok[0]
             step.adopted = True
             step.statement = f"Result: {ranked}"
+            if len(ok) > 1:
+                gain = pct(self.figure(ok[0]), self.figure(ok[1]))
+                spread = self.rank.combined_noise(ok[0].result, ok[1].result)
+                if spread is not None and gain is not None and not gain > spread:
+                    step.statement += (f" ({ok[0].label} leads {ok[1].label} by {gain:+.1f}%, within the measured "
+                                       f"noise of ±{spread:.1f}%: the engines are indistinguishable here)")
         else:
             step.statement = "Result: no engine served the main profile; the study cannot go on."
         return step, step.chosen
@@ -281,29 +424,40 @@ class _Study:
         for vname, engine in plan_rows:
             cfg = self._config_for(cand, vname, engine, best)
             label = f"{self.display(engine)} {vname}"
-            res = await self.one(cfg, step.title, label, best.result.tps)
+            res = await self.one(cfg, step.title, label, self.to_beat(best, *step.entries))
             step.entries.append(self.entry(label, cfg, res, variant=vname))
-        ok = sorted((e for e in step.entries if e.eligible), key=lambda e: -(e.result.tps or 0.0))
+        ok = self.ranked(step.entries)
         if ok:
-            step.chosen = ok[0]
-            step.vs_base_pct = pct(ok[0].result.tps, best.result.tps)
-            if self.beats(ok[0], best):
+            top, r = ok[0], self.rank
+            step.chosen = top
+            step.vs_base_pct = pct(self.figure(top), self.figure(best))
+            verdict = r.verdict(top.result, best.result)
+            if verdict == "adopted":
                 step.adopted = True
                 step.statement = (
-                    f"Result: {ok[0].label} ({ok[0].result.tps:.2f} tok/s) beats the current best "
-                    f"{best.label} ({best.result.tps:.2f} tok/s) by {step.vs_base_pct:+.1f}%; adopted."
+                    f"Result: {top.label} ({r.text(top.result)}) beats the current best "
+                    f"{best.label} ({r.text(best.result)}) by {step.vs_base_pct:+.1f}%; adopted."
                 )
-                return step, ok[0]
-            step.statement = (
-                f"Result: no improvement; the best variant {ok[0].label} ({ok[0].result.tps:.2f} tok/s) "
-                f"does not beat the current best {best.label} ({best.result.tps:.2f} tok/s)."
-            )
+                return step, top
+            if verdict == "within-noise":
+                step.within_noise = True
+                spread = r.combined_noise(top.result, best.result)
+                step.statement = (
+                    f"Result: {top.label} ({r.text(top.result)}) is {step.vs_base_pct:+.1f}% over the current best "
+                    f"{best.label} ({r.text(best.result)}), within noise (±{spread:.1f}% measured over "
+                    f"{self.plan.decision.repeats} repeats), not adopted."
+                )
+            else:
+                step.statement = (
+                    f"Result: no improvement; the best variant {top.label} ({r.text(top.result)}) "
+                    f"does not beat the current best {best.label} ({r.text(best.result)})."
+                )
         else:
             step.statement = f"Result: no variant produced a usable result; keeping {best.label}."
         return step, best
 
     async def profiles_of(self, config: Configuration, step: str, label: str) -> dict[str, ConfigResult]:
-        results = await self.measure(config, self.plan.profiles, step=step, label=label)
+        results = await self.measure(config, self.plan.profiles, step=step, label=label, to_beat=None)
         out = {p.name: results.get(p.name) or ConfigResult(Status.PENDING) for p in self.plan.profiles}
         for r in out.values():
             self._note_pending(r)
@@ -336,14 +490,15 @@ class _Study:
             optimized = Entry(best.label, best.config, opt_results[plan.main_profile], eligible=best.eligible)
         cases = [Case(p, base_results[p.name], opt_results.get(p.name) if optimized else None) for p in plan.profiles]
 
-        # Improvements relative to the baseline, as the seeds' summary tables give them
-        base_tps = baseline.result.tps
+        # Improvements relative to the baseline, as the seeds' summary tables give them (in the
+        # ranking figure: throughput, goodput or capacity)
+        base_fig = self.rank.value(baseline.result)
         for step in steps:
             if step.adopted and step.chosen is not None:
-                step.vs_baseline_pct = pct(step.chosen.result.tps, base_tps)
+                step.vs_baseline_pct = pct(self.rank.value(step.chosen.result), base_fig)
                 if step.kind == "engine":
                     step.vs_base_pct = step.vs_baseline_pct
-        return StudyOutcome(plan, steps, baseline, optimized, cases, self.complete)
+        return StudyOutcome(plan, steps, baseline, optimized, cases, self.complete, self.rank)
 
 
 async def conduct(plan: Plan, measure: Measure, display: Callable[[str], str] | None = None) -> StudyOutcome:
