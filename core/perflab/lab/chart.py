@@ -1,4 +1,6 @@
-"""The study's PNG chart: baseline vs optimized total token throughput per profile.
+"""The study's PNG charts: baseline vs optimized total token throughput per profile
+(``chart.png``), and, for profiles with load curves, the Pareto chart (``pareto.png``):
+output tokens/s per accelerator vs output tokens/s per user, one line per configuration.
 
 matplotlib is imported here only, with the Agg backend (no display needed), so that the rest
 of perflab starts without it.
@@ -6,10 +8,12 @@ of perflab starts without it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from perflab.lab.decide import Slo
     from perflab.lab.report import ReportContext
     from perflab.lab.study import StudyOutcome
 
@@ -49,6 +53,53 @@ def write_chart(o: StudyOutcome, ctx: ReportContext, path: Path, *, title: str) 
         ax.legend(fontsize=8, loc="upper right")
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
+        fig.tight_layout()
+        tmp = path.with_suffix(".tmp.png")
+        fig.savefig(tmp, format="png")
+        tmp.replace(path)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def write_pareto(pareto: Sequence[dict[str, Any]], ctx: ReportContext, slo: Slo, path: Path, *, title: str) -> Path:
+    """One panel per profile of :func:`perflab.lab.report.pareto_data`: each configuration's
+    curve in load order, the frontier's points ringed and joined; with a TPOT limit, the per-user
+    speed it implies (1000 / limit; the limit is on a percentile, the axis on the mean, so the
+    line is a guide) as a dashed vertical line."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    n = len(pareto)
+    fig, axes = plt.subplots(1, n, figsize=(6.4 * n, 4.8), dpi=110, squeeze=False)
+    try:
+        for ax, prof in zip(axes[0], pareto, strict=True):
+            for cfg in prof["configurations"]:
+                xs = [p["per_user"] for p in cfg["points"]]
+                ys = [p["per_accelerator"] for p in cfg["points"]]
+                (line,) = ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.5, label=cfg["label"])
+                for p in cfg["points"]:
+                    load = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in p["load"].values())
+                    ax.annotate(load, (p["per_user"], p["per_accelerator"]), xytext=(3, 3),
+                                textcoords="offset points", fontsize=6, color=line.get_color())
+            front = sorted(prof["frontier"], key=lambda f: f["per_user"])
+            ax.plot([f["per_user"] for f in front], [f["per_accelerator"] for f in front], linestyle=":",
+                    color="black", linewidth=1, zorder=1)
+            ax.scatter([f["per_user"] for f in front], [f["per_accelerator"] for f in front], s=90,
+                       facecolors="none", edgecolors="black", linewidths=1.4, zorder=3, label="Pareto frontier")
+            if slo.tpot_ms:
+                ax.axvline(1000.0 / slo.tpot_ms, color="#c92a2a", linestyle="--", linewidth=1,
+                           label=f"TPOT limit {slo.tpot_ms:g} ms (p{slo.percentile:g}) → {1000.0 / slo.tpot_ms:.1f} tok/s/user")
+            ax.set_xlabel("Output tokens/s per user (1000 / mean TPOT)")
+            ax.set_ylabel("Output tokens/s per accelerator")
+            ax.set_title(f"{prof['label']}" + (" — simulated" if ctx.simulated else ""), fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.set_xlim(left=0)
+            ax.set_ylim(bottom=0)
+            ax.legend(fontsize=7, loc="best")
+        fig.suptitle(title, fontsize=10)
         fig.tight_layout()
         tmp = path.with_suffix(".tmp.png")
         fig.savefig(tmp, format="png")

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from perflab import __version__, redact
-from perflab.lab.study import ConfigResult, Entry, Step, StudyOutcome
+from perflab.lab.study import ConfigResult, Entry, Ranking, Step, StudyOutcome, slo_label, stopped_early_text
 from perflab.status import Status
 
 GREEN = "lightgreen"
 RED = "#fbcaca"
 CHART_NAME = "chart.png"
+PARETO_NAME = "pareto.png"
 
 NOTES = (
     "Our benchmark tests do not cover all possible optimization combinations. For example, we select the "
@@ -53,6 +54,8 @@ class ReportContext:
     interrupted: bool = False
     stop_reason: str | None = None  # the environment/storage fault that stopped the study
     leftovers: list[str] = field(default_factory=list)  # what a teardown left behind
+    # Store.engine_hours(): {spent, full_method_estimate, saved_pct} (None: not recorded)
+    engine_hours: Mapping[str, float] | None = None
 
     def name(self, engine: str) -> str:
         return self.display.get(engine, engine)
@@ -88,8 +91,10 @@ def _tps_text(res: ConfigResult) -> str:
     return text
 
 
-def cell(res: ConfigResult | None, change: float | None = None) -> str:
-    """A conclusion-table cell: ``Total TPS: X (+p%)<br>Mean TPOT(ms): Y``, or why there is none."""
+def cell(res: ConfigResult | None, change: float | None = None, rank: Ranking | None = None,
+         figure_change: float | None = None) -> str:
+    """A conclusion-table cell: ``Total TPS: X (+p%)<br>Mean TPOT(ms): Y``, or why there is none;
+    when something other than throughput decides, its figure and the SLO's percentiles first."""
     if res is None:
         return "-"
     if res.status is not Status.OK:
@@ -98,10 +103,22 @@ def cell(res: ConfigResult | None, change: float | None = None) -> str:
     span = f" {pct_span(change)}" if change is not None else ""
     tpot_s = f"{tpot:.2f}" if tpot is not None else "n/a"
     text = f"Total TPS: {_tps_text(res)}{span}<br>Mean TPOT(ms): {tpot_s}"
+    if rank is not None and rank.decision.slo:
+        checks = "<br>".join(_check_text(c) for c in rank.decision.slo.check(res.metrics))
+        text = f"{checks}<br>{text}"
+    if rank is not None and rank.decide_by.needs_slo:
+        fspan = f" {pct_span(figure_change)}" if figure_change is not None else ""
+        text = f"{rank.name}: {rank.text(res)}{fspan}<br>{text}"
     rate = res.success_rate
     if rate is not None and rate < 1.0:  # the number alone would hide why: say it
         text += f"<br>**Success rate: {rate * 100:.1f}%** — {_md_escape(res.error or 'see the run directory')}"
     return text
+
+
+def _check_text(c: Any) -> str:
+    """``p99 TPOT(ms): 41.20 (limit 50, met)`` for an :class:`perflab.lab.decide.SloCheck`."""
+    measured = f"{c.measured:.2f}" if c.measured is not None else "n/a"
+    return f"{slo_label(c.key, c.percentile)}(ms): {measured} (limit {c.limit:g}, {'met' if c.met else 'missed'})"
 
 
 def short_status(res: ConfigResult) -> str:
@@ -113,6 +130,8 @@ def short_status(res: ConfigResult) -> str:
         return f"Crash: {_md_escape(c.get('line') or c.get('explanation') or res.status)}"
     if res.status is Status.FAILED:
         return f"Benchmark failed: {_md_escape(res.error or '')}"
+    if res.status is Status.STOPPED_EARLY:
+        return f"Stopped early: {_md_escape(stopped_early_text(res.stopped_early))}"
     if not res.status.is_result:  # pending, interrupted
         return "Not measured (study incomplete)"
     return res.status
@@ -135,13 +154,14 @@ def result_block(res: ConfigResult) -> str:
     from perflab.bench.result import format_result_block
 
     lines: list[str] = []
-    if res.status is Status.OK and res.metrics:
+    if res.status.measured and res.metrics:
         lines.append(format_result_block(res.metrics).rstrip("\n"))
         rate = res.success_rate
         if rate is not None and rate < 1.0:
             lines.append(f"# Success rate: {rate * 100:.1f}%")
             if res.error:
                 lines.append(f"# Failed requests: {res.error}")
+        lines += measured_notes(res)
         return "\n".join(lines)
     if res.status is Status.UNSUPPORTED:
         lines.append("# Not launched: preflight found this configuration unsupported")
@@ -169,6 +189,41 @@ def result_block(res: ConfigResult) -> str:
             lines.append(f"# Run directory: {res.run_dir}")
         return "\n".join(lines)
     return "# Not measured: the study was interrupted before this configuration ran"
+
+
+def _load_text(load: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} {_fmt_load(v)}" for k, v in load.items()) or "the profile's load"
+
+
+def _fmt_load(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def measured_notes(res: ConfigResult) -> list[str]:
+    """What repeats, load points, a capacity and an early stop add to a result block."""
+    lines: list[str] = []
+    if res.status is Status.STOPPED_EARLY:
+        lines.append(f"# Stopped early (measured, not a failure): {stopped_early_text(res.stopped_early)}")
+    if len(res.repeats) > 1:
+        spread = ", ".join(f"{k} ±{v:.1f}%" for k, v in res.noise.items() if k in _SPREAD_KEYS)
+        lines.append(f"# Mean of {len(res.repeats)} repeats; spread (relative standard deviation): {spread or 'n/a'}")
+    for pt in res.points:
+        m = pt.get("metrics") or {}
+        met = {True: "; SLO met", False: "; SLO missed"}.get(pt.get("slo_met"), "")
+        tps, tpot = _num(m, "total_token_throughput"), _num(m, "mean_tpot_ms")
+        lines.append(f"# Load {_load_text(pt.get('load') or {})}: "
+                     f"{f'{tps:.2f}' if tps is not None else 'n/a'} tok/s, mean TPOT "
+                     f"{f'{tpot:.2f}' if tpot is not None else 'n/a'} ms{met}")
+    if res.capacity is not None:
+        lines.append(f"# Capacity (the highest load meeting the SLO): {_fmt_load(res.capacity)}")
+    elif any(pt.get("slo_met") is not None for pt in res.points):
+        lines.append("# Capacity: no probed load met the SLO")
+    return lines
+
+
+#: the figures whose spread a result block shows (the ranking figures and the latencies)
+_SPREAD_KEYS = ("total_token_throughput", "output_throughput", "request_goodput", "request_throughput",
+                "mean_ttft_ms", "mean_tpot_ms", "capacity")
 
 
 def script_of(entry: Entry, ctx: ReportContext) -> str:
@@ -232,13 +287,19 @@ def _conclusion(o: StudyOutcome, ctx: ReportContext) -> list[str]:
         out += ["No configuration served the main profile, so there is nothing to recommend; "
                 "see Experiment Results for each engine's outcome.", ""]
     else:
-        out += [f"Recommended configuration for optimizing throughput of {plan.display_model} on {hardware_short(ctx)}:", "",
+        goal = {"throughput": "throughput", "goodput": "goodput under the service-level objective",
+                "max-load": "the highest load meeting the service-level objective"}[str(o.rank.decide_by)]
+        out += [f"Recommended configuration for optimizing {goal} of {plan.display_model} on {hardware_short(ctx)}:", "",
                 '???+ tip "Serving Command"', _indent(_fence(script_of(o.optimized, ctx), "bash")), ""]
     base_head = f"baseline ({o.baseline.label})"
     out += ["Comparison of benchmark results before and after optimization:", "",
             f"| Benchmark Case | {base_head} | Optimized |", "|----------|-------------------------------------------|-----------|"]
+    rank = o.rank if o.rank.decision.slo else None
     for case in o.cases:
-        out.append(f"| **{case.profile.label}** | {cell(case.baseline)} | {cell(case.optimized, case.change_pct)} |")
+        opt = cell(case.optimized, case.change_pct, rank, case.figure_change_pct(o.rank))
+        out.append(f"| **{case.profile.label}** | {cell(case.baseline, None, rank)} | {opt} |")
+    if ctx.engine_hours:
+        out += ["", engine_hours_line(ctx.engine_hours)]
     out += ["", "!!! note"]
     notes = list(NOTES) + list(plan.notes)
     if ctx.simulated:
@@ -254,7 +315,9 @@ def _conclusion(o: StudyOutcome, ctx: ReportContext) -> list[str]:
 
 def _setup(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     plan = o.plan
-    out = ["## Optimization Objective", "", plan.objective, "", "## Experimental Setup", "", "### Model", "", plan.display_model]
+    out = ["## Optimization Objective", "", plan.objective, ""]
+    out += _slo_section(o)
+    out += ["## Experimental Setup", "", "### Model", "", plan.display_model]
     if plan.display_model != plan.model:
         out[-1] += f" (`{plan.model}`)"
     for k, v in plan.model_metadata.items():
@@ -291,6 +354,66 @@ def _setup(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     return out + [""]
 
 
+def engine_hours_line(h: Mapping[str, float]) -> str:
+    """One line: what the study spent, and what the full method would have."""
+    spent, full, saved = h.get("spent"), h.get("full_method_estimate"), h.get("saved_pct")
+    text = f"Engine-hours: {spent:.2f} spent (accelerators × launch-to-teardown time, in the engines' time)"
+    if full is not None and saved is not None and saved > 0:
+        text += f"; the full method would have spent about {full:.2f} ({saved:.0f}% saved by stopping early)."
+    else:
+        text += "."
+    return text
+
+
+def _configurations(o: StudyOutcome) -> list[Entry]:
+    """Every configuration measured on the main profile, once each, in the study's order."""
+    seen: set[str] = set()
+    out: list[Entry] = []
+    for e in [*(e for s in o.steps for e in s.entries), o.baseline]:
+        key = e.config.key()
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
+
+
+def _slo_section(o: StudyOutcome) -> list[str]:
+    """The decision rule and, per configuration, the measured percentile next to each limit."""
+    rank, slo = o.rank, o.rank.decision.slo
+    if not slo:
+        return []
+    keys = list(slo.limits())
+    out = ["## Service-level objective", "", rank.rule(), ""]
+    head = [f"{slo_label(k, slo.percentile)} (ms, limit {v:g})" for k, v in slo.limits().items()]
+    out += ["| Configuration | " + " | ".join([f"{rank.name} ({rank.unit})", *head, "SLO"]) + " |",
+            "|" + "---|" * (len(head) + 3)]
+    for e in _configurations(o):
+        res = e.result
+        if not res.status.measured:
+            out.append(f"| {_md_escape(e.label)} | {short_status(res)} |" + " |" * (len(keys) + 1))
+            continue
+        checks = slo.check(res.metrics)
+        cells = [f"{c.measured:.2f}" if c.measured is not None else "n/a" for c in checks]
+        verdict = "met" if all(c.met for c in checks) else "missed"
+        if res.capacity is not None:
+            verdict += " (at capacity)"
+        fig = rank.text(res)
+        if res.status is Status.STOPPED_EARLY:
+            fig += " (stopped early)"
+        out.append(f"| {_md_escape(e.label)} | {fig} | " + " | ".join([*cells, verdict]) + " |")
+    out += ["", f"The percentiles are those of the figures the configuration is ranked by"
+            + (" (for capacity: at the highest load meeting the SLO, or the lowest load probed when none did)."
+               if rank.decide_by.metric == "capacity" else ".")]
+    throughput = Ranking()
+    winner_tp = max((e for e in _configurations(o) if throughput.value(e.result) is not None),
+                    key=lambda e: throughput.value(e.result) or 0.0, default=None)
+    if rank.decide_by.needs_slo and o.optimized is not None and winner_tp is not None \
+            and winner_tp.config != o.optimized.config:
+        out += ["", f"Deciding by throughput alone would have chosen {winner_tp.label} "
+                f"({throughput.text(winner_tp.result)}); under the SLO, {o.optimized.label} is the choice."]
+    return out + [""]
+
+
 def _entry_lines(e: Entry, ctx: ReportContext) -> list[str]:
     block = result_block(e.result)
     if e.note:
@@ -316,16 +439,19 @@ def summary_rows(o: StudyOutcome, ctx: ReportContext) -> list[dict[str, Any]]:
     for s in o.steps:
         name = "Engine Selection" if s.kind == "engine" else s.name
         improvement = s.vs_baseline_pct if s.adopted else None
+        r = o.rank
         if s.kind == "engine" and s.chosen is not None:
-            detail = f"{s.chosen.label} ({s.chosen.result.tps:.2f} tok/s) vs baseline {o.baseline.label} ({_tps_text(o.baseline.result)} tok/s)"
+            base_text = f"{_tps_text(o.baseline.result)} tok/s" if r.decide_by.metric == "total_token_throughput" \
+                else r.text(o.baseline.result)
+            detail = f"{s.chosen.label} ({r.text(s.chosen.result)}) vs baseline {o.baseline.label} ({base_text})"
         elif s.skipped:
             detail = s.skipped
         elif s.chosen is not None:
-            verdict = "adopted" if s.adopted else "not adopted"
-            detail = f"best: {s.chosen.label} ({s.chosen.result.tps:.2f} tok/s, {fmt_pct(s.vs_base_pct)} vs {s.base.label if s.base else 'current best'}); {verdict}"
+            verdict = "adopted" if s.adopted else "within noise, not adopted" if s.within_noise else "not adopted"
+            detail = f"best: {s.chosen.label} ({r.text(s.chosen.result)}, {fmt_pct(s.vs_base_pct)} vs {s.base.label if s.base else 'current best'}); {verdict}"
         else:
             detail = "no usable result"
-        failures = [f"{e.label}: {short_status(e.result) if e.result.status is not Status.OK else e.note}"
+        failures = [f"{e.label}: {short_status(e.result) if not e.result.status.measured else e.note}"
                     + (f" ({e.result.error})" if e.result.status is Status.OK and e.result.error else "")
                     for e in s.entries if not e.eligible]
         if failures:
@@ -337,14 +463,17 @@ def summary_rows(o: StudyOutcome, ctx: ReportContext) -> list[dict[str, Any]]:
 
 def _summary(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     out = ["### Summary of Optimization Options", "",
-           "| Optimization Option | Throughput Improvement | Details |",
+           f"| Optimization Option | {o.rank.name} Improvement | Details |",
            "|-----------------------------|-------------------------------------|---------|"]
     for row in summary_rows(o, ctx):
         imp = row["improvement_vs_baseline_pct"]
         imp_s = f'<span style="background-color:{GREEN if imp >= 0 else RED};">{fmt_pct(imp)}</span>' if imp is not None else "-"
         out.append(f"| {row['option']} | {imp_s} | {_md_escape(row['detail'])} |")
-    out += ["", "Improvements are in total token throughput on the main profile, relative to the baseline; "
-            "a step's best variant is adopted only when it beats the current best."]
+    what = {"throughput": "total token throughput", "goodput": "goodput (requests/s meeting the SLO)",
+            "max-load": "capacity (the highest load meeting the SLO)"}[str(o.rank.decide_by)]
+    out += ["", f"Improvements are in {what} on the main profile, relative to the baseline; "
+            "a step's best variant is adopted only when it beats the current best"
+            + (" by more than the measured noise." if o.plan.decision.repeats > 1 else ".")]
     return out + [""]
 
 
@@ -369,6 +498,105 @@ def _other(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     return out
 
 
+# --------------------------------------------------------------------------- Pareto
+
+
+def accelerators_of(entry: Entry) -> int:
+    """Accelerators one configuration occupies: tp × pp × dp per instance, times replicas."""
+    return max(1, entry.config.serve_config().world_size) * entry.config.replicas
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the Pareto-optimal points when both coordinates are better larger: no other
+    point is at least as good in both and better in one. In order of the first coordinate."""
+    order = sorted(range(len(points)), key=lambda i: (-points[i][0], -points[i][1]))
+    front: list[int] = []
+    best_y = -math.inf
+    for i in order:
+        x, y = points[i]
+        if y > best_y:
+            if front and points[front[-1]][0] == x:  # same x, better y: it dominates the last one
+                front.pop()
+            front.append(i)
+            best_y = y
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def pareto_data(o: StudyOutcome) -> list[dict[str, Any]]:
+    """Per profile with load curves (a sweep, or a max-load search's probes): each configuration's
+    points as output tokens/s per accelerator vs output tokens/s per user (1000 / mean TPOT),
+    and the Pareto frontier over all of them (AIConfigurator's axes)."""
+    plan = o.plan
+    by_profile: dict[str, list[tuple[str, Entry, ConfigResult]]] = {p.name: [] for p in plan.profiles}
+    for e in _configurations(o):
+        by_profile[plan.main_profile].append((e.label, e, e.result))
+    for c in o.cases:
+        for who, entry, res in (("Baseline", o.baseline, c.baseline), ("Optimized", o.optimized, c.optimized)):
+            if entry is None or res is None:
+                continue
+            rows = by_profile[c.profile.name]
+            if any(x[1].config == entry.config for x in rows):
+                continue
+            rows.append((f"{entry.label}" if c.profile.name == plan.main_profile else f"{who}: {entry.label}", entry, res))
+    out: list[dict[str, Any]] = []
+    for prof in plan.profiles:
+        configs: list[dict[str, Any]] = []
+        flat: list[tuple[float, float]] = []
+        where: list[tuple[int, int]] = []
+        for label, entry, res in by_profile[prof.name]:
+            if not res.status.measured or len(res.points) < 2:
+                continue
+            accs = accelerators_of(entry)
+            pts = []
+            for pt in res.points:
+                m = pt.get("metrics") or {}
+                tpot, otps = _num(m, "mean_tpot_ms"), _num(m, "output_throughput")
+                if not tpot or otps is None:
+                    continue
+                pts.append({"load": dict(pt.get("load") or {}), "per_user": 1000.0 / tpot,
+                            "per_accelerator": otps / accs, "slo_met": pt.get("slo_met"), "pareto": False})
+                flat.append((1000.0 / tpot, otps / accs))
+                where.append((len(configs), len(pts) - 1))
+            if pts:
+                configs.append({"label": label, "engine": entry.config.engine, "accelerators": accs, "points": pts})
+        if not configs:
+            continue
+        frontier = []
+        for i in pareto_front(flat):
+            ci, pi = where[i]
+            pt = configs[ci]["points"][pi]
+            pt["pareto"] = True
+            frontier.append({"label": configs[ci]["label"], "load": pt["load"], "per_user": pt["per_user"],
+                             "per_accelerator": pt["per_accelerator"]})
+        on = []
+        for f in frontier:
+            if f["label"] not in on:
+                on.append(f["label"])
+        out.append({"profile": prof.name, "label": prof.label,
+                    "x": "output tokens/s per user (1000 / mean TPOT)", "y": "output tokens/s per accelerator",
+                    "configurations": configs, "frontier": frontier, "on_frontier": on})
+    return out
+
+
+def _pareto_section(o: StudyOutcome, pareto: list[dict[str, Any]]) -> list[str]:
+    if not pareto:
+        return []
+    out = ["### Load Curves and Pareto Frontier", "", f"![Pareto frontier]({PARETO_NAME})", "",
+           "Output tokens/s per accelerator against output tokens/s per user (1000 / mean TPOT), one curve "
+           "per configuration, measured at each load of the profile in one launch; a point is on the frontier "
+           "when no other point is faster for the user *and* yields more per accelerator.", ""]
+    for p in pareto:
+        parts = []
+        for label in p["on_frontier"]:
+            xs = [f["per_user"] for f in p["frontier"] if f["label"] == label]
+            parts.append(f"{label} ({min(xs):.1f}–{max(xs):.1f} tok/s per user)" if len(xs) > 1
+                         else f"{label} ({xs[0]:.1f} tok/s per user)")
+        out.append(f"- {p['label']}: on the frontier: {'; '.join(parts)}.")
+        if len(p["on_frontier"]) > 1:
+            out.append(f"  The curves cross: which configuration is best depends on the latency each user needs.")
+    return out + [""]
+
+
 def title_of(o: StudyOutcome, ctx: ReportContext) -> str:
     return o.plan.title or f"Optimizing {o.plan.display_model} Throughput on {hardware_short(ctx)}"
 
@@ -390,6 +618,7 @@ def render_markdown(o: StudyOutcome, ctx: ReportContext) -> str:
     out += ["## Experiment Results", ""]
     for s in o.steps:
         out += _step(s, ctx)
+    out += _pareto_section(o, pareto_data(o))
     out += _summary(o, ctx)
     out += _other(o, ctx)
     footer = f"Generated by perflab {__version__} on {ctx.generated_at}"
@@ -413,6 +642,12 @@ def build_json(o: StudyOutcome, ctx: ReportContext) -> dict[str, Any]:
         "leftovers": list(ctx.leftovers),
         "model": {"id": plan.model, "name": plan.display_model, "metadata": dict(plan.model_metadata)},
         "objective": plan.objective,
+        "decide_by": str(o.rank.decide_by),
+        "slo": plan.decision.slo.to_json() if plan.decision.slo else None,
+        "decision": plan.decision.to_json(),
+        "ranking_metric": o.rank.metric,
+        "pareto": pareto_data(o),
+        "engine_hours": dict(ctx.engine_hours) if ctx.engine_hours is not None else None,
         "hardware": dict(ctx.hardware),
         "engines": {e: {"display_name": ctx.name(e), "version": ctx.versions.get(e)} for e in ctx.versions} or None,
         "main_profile": plan.main_profile,
@@ -423,6 +658,12 @@ def build_json(o: StudyOutcome, ctx: ReportContext) -> dict[str, Any]:
             {"profile": c.profile.name, "label": c.profile.label,
              "baseline_total_token_throughput": c.baseline.tps,
              "baseline_mean_tpot_ms": _num(c.baseline.metrics, "mean_tpot_ms"),
+             "baseline_ranking_figure": o.rank.value(c.baseline),
+             "optimized_ranking_figure": o.rank.value(c.optimized) if c.optimized else None,
+             "ranking_figure_change_pct": c.figure_change_pct(o.rank),
+             "baseline_slo": [x.to_json() for x in plan.decision.slo.check(c.baseline.metrics)] or None,
+             "optimized_slo": ([x.to_json() for x in plan.decision.slo.check(c.optimized.metrics)] or None)
+             if c.optimized else None,
              "optimized_total_token_throughput": c.optimized.tps if c.optimized else None,
              "optimized_mean_tpot_ms": _num(c.optimized.metrics, "mean_tpot_ms") if c.optimized else None,
              "change_pct": c.change_pct,
@@ -446,15 +687,19 @@ def _failures(res: ConfigResult) -> str | None:
 
 
 def write_report(o: StudyOutcome, ctx: ReportContext, directory: Path) -> dict[str, Path]:
-    """Write report.md, report.json and chart.png into ``directory``; return their paths."""
+    """Write report.md, report.json, chart.png and, with load curves, pareto.png into
+    ``directory``; return their paths."""
     import json
 
-    from perflab.lab.chart import write_chart
+    from perflab.lab.chart import write_chart, write_pareto
     from perflab.lab.store import write_json
 
     directory.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": directory / "report.md", "json": directory / "report.json", "chart": directory / CHART_NAME}
     write_chart(o, ctx, paths["chart"], title=title_of(o, ctx))
+    pareto = pareto_data(o)
+    if pareto:
+        paths["pareto"] = write_pareto(pareto, ctx, o.plan.decision.slo, directory / PARETO_NAME, title=title_of(o, ctx))
     tmp = paths["markdown"].with_suffix(".md.tmp")
     tmp.write_text(redact.scrub(render_markdown(o, ctx)), encoding="utf-8")
     tmp.replace(paths["markdown"])
