@@ -395,8 +395,6 @@ def _slo_section(o: StudyOutcome) -> list[str]:
         checks = slo.check(res.metrics)
         cells = [f"{c.measured:.2f}" if c.measured is not None else "n/a" for c in checks]
         verdict = "met" if all(c.met for c in checks) else "missed"
-        if res.capacity is not None:
-            verdict += " (at capacity)"
         fig = rank.text(res)
         if res.status is Status.STOPPED_EARLY:
             fig += " (stopped early)"
@@ -409,8 +407,8 @@ def _slo_section(o: StudyOutcome) -> list[str]:
                     key=lambda e: throughput.value(e.result) or 0.0, default=None)
     if rank.decide_by.needs_slo and o.optimized is not None and winner_tp is not None \
             and winner_tp.config != o.optimized.config:
-        out += ["", f"Deciding by throughput alone would have chosen {winner_tp.label} "
-                f"({throughput.text(winner_tp.result)}); under the SLO, {o.optimized.label} is the choice."]
+        out += ["", f"The highest throughput measured is {winner_tp.label}'s ({throughput.text(winner_tp.result)}): "
+                f"deciding by throughput would have chosen it; under the SLO, {o.optimized.label} is the choice."]
     return out + [""]
 
 
@@ -598,7 +596,8 @@ def _pareto_section(o: StudyOutcome, pareto: list[dict[str, Any]]) -> list[str]:
 
 
 def title_of(o: StudyOutcome, ctx: ReportContext) -> str:
-    return o.plan.title or f"Optimizing {o.plan.display_model} Throughput on {hardware_short(ctx)}"
+    what = "Throughput" if not o.rank.decide_by.needs_slo else f"{o.rank.name} under a Latency Objective"
+    return o.plan.title or f"Optimizing {o.plan.display_model} {what} on {hardware_short(ctx)}"
 
 
 def render_markdown(o: StudyOutcome, ctx: ReportContext) -> str:
