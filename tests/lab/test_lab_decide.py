@@ -101,7 +101,7 @@ def test_throughput_and_slo_choose_differently_and_the_report_says_why():
     assert "| Configuration | Capacity (req/s) | p99 TPOT (ms, limit 50) | SLO |" in slo
     assert "| vLLM | 8.00 req/s | 80.00 | missed |" in slo
     assert "| SGLang | 24.00 req/s | 40.00 | met |" in slo
-    assert "The highest throughput measured is vLLM's (2000.00 tok/s): deciding by throughput would have chosen it; " \
+    assert "Of the figures above, vLLM has the highest total token throughput (2000.00 tok/s): deciding by throughput would favour it; " \
         "under the SLO, SGLang Seqs 512 is the choice." in slo
     assert "| Optimization Option | Capacity Improvement | Details |" in md
     assert "Recommended configuration for optimizing the highest load meeting the service-level objective" in md

@@ -407,8 +407,9 @@ def _slo_section(o: StudyOutcome) -> list[str]:
                     key=lambda e: throughput.value(e.result) or 0.0, default=None)
     if rank.decide_by.needs_slo and o.optimized is not None and winner_tp is not None \
             and winner_tp.config != o.optimized.config:
-        out += ["", f"The highest throughput measured is {winner_tp.label}'s ({throughput.text(winner_tp.result)}): "
-                f"deciding by throughput would have chosen it; under the SLO, {o.optimized.label} is the choice."]
+        out += ["", f"Of the figures above, {winner_tp.label} has the highest total token throughput "
+                f"({throughput.text(winner_tp.result)}): deciding by throughput would favour it; under the SLO, "
+                f"{o.optimized.label} is the choice."]
     return out + [""]
 
 
