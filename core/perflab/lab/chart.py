@@ -64,9 +64,8 @@ def write_chart(o: StudyOutcome, ctx: ReportContext, path: Path, *, title: str) 
 
 def write_pareto(pareto: Sequence[dict[str, Any]], ctx: ReportContext, slo: Slo, path: Path, *, title: str) -> Path:
     """One panel per profile of :func:`perflab.lab.report.pareto_data`: each configuration's
-    curve in load order, the frontier's points ringed and joined; with a TPOT limit, the per-user
-    speed it implies (1000 / limit; the limit is on a percentile, the axis on the mean, so the
-    line is a guide) as a dashed vertical line."""
+    curve in load order, each point labelled with its load, the points that missed the SLO
+    crossed, the frontier's points ringed and joined."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -80,6 +79,10 @@ def write_pareto(pareto: Sequence[dict[str, Any]], ctx: ReportContext, slo: Slo,
                 xs = [p["per_user"] for p in cfg["points"]]
                 ys = [p["per_accelerator"] for p in cfg["points"]]
                 (line,) = ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.5, label=cfg["label"])
+                missed = [p for p in cfg["points"] if p.get("slo_met") is False]
+                if missed:
+                    ax.scatter([p["per_user"] for p in missed], [p["per_accelerator"] for p in missed], marker="x",
+                               s=40, color=line.get_color(), zorder=4)
                 for p in cfg["points"]:
                     load = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in p["load"].values())
                     ax.annotate(load, (p["per_user"], p["per_accelerator"]), xytext=(3, 3),
@@ -89,15 +92,14 @@ def write_pareto(pareto: Sequence[dict[str, Any]], ctx: ReportContext, slo: Slo,
                     color="black", linewidth=1, zorder=1)
             ax.scatter([f["per_user"] for f in front], [f["per_accelerator"] for f in front], s=90,
                        facecolors="none", edgecolors="black", linewidths=1.4, zorder=3, label="Pareto frontier")
-            if slo.tpot_ms:
-                ax.axvline(1000.0 / slo.tpot_ms, color="#c92a2a", linestyle="--", linewidth=1,
-                           label=f"TPOT limit {slo.tpot_ms:g} ms (p{slo.percentile:g}) → {1000.0 / slo.tpot_ms:.1f} tok/s/user")
+            if slo and any(p.get("slo_met") is False for c in prof["configurations"] for p in c["points"]):
+                limits = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {v:g} ms" for k, v in slo.limits().items())
+                ax.scatter([], [], marker="x", color="grey", label=f"SLO missed (p{slo.percentile:g} {limits})")
             ax.set_xlabel("Output tokens/s per user (1000 / mean TPOT)")
             ax.set_ylabel("Output tokens/s per accelerator")
             ax.set_title(f"{prof['label']}" + (" — simulated" if ctx.simulated else ""), fontsize=10)
             ax.grid(alpha=0.3)
-            ax.set_xlim(left=0)
-            ax.set_ylim(bottom=0)
+            ax.margins(0.08)
             ax.legend(fontsize=7, loc="best")
         fig.suptitle(title, fontsize=10)
         fig.tight_layout()
