@@ -18,6 +18,15 @@ if TYPE_CHECKING:
     from perflab.lab.study import StudyOutcome
 
 
+def _save(fig: Any, path: Path) -> Path:
+    """Lay out and write ``fig`` as PNG atomically (a reader never sees half a file)."""
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, format="png")
+    tmp.replace(path)
+    return path
+
+
 def write_chart(o: StudyOutcome, ctx: ReportContext, path: Path, *, title: str) -> Path:
     import matplotlib
 
@@ -53,13 +62,9 @@ def write_chart(o: StudyOutcome, ctx: ReportContext, path: Path, *, title: str) 
         ax.legend(fontsize=8, loc="upper right")
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
-        fig.tight_layout()
-        tmp = path.with_suffix(".tmp.png")
-        fig.savefig(tmp, format="png")
-        tmp.replace(path)
+        return _save(fig, path)
     finally:
         plt.close(fig)
-    return path
 
 
 def write_pareto(pareto: Sequence[dict[str, Any]], ctx: ReportContext, slo: Slo, path: Path, *, title: str) -> Path:
@@ -102,10 +107,6 @@ def write_pareto(pareto: Sequence[dict[str, Any]], ctx: ReportContext, slo: Slo,
             ax.margins(0.08)
             ax.legend(fontsize=7, loc="best")
         fig.suptitle(title, fontsize=10)
-        fig.tight_layout()
-        tmp = path.with_suffix(".tmp.png")
-        fig.savefig(tmp, format="png")
-        tmp.replace(path)
+        return _save(fig, path)
     finally:
         plt.close(fig)
-    return path
