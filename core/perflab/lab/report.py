@@ -210,10 +210,11 @@ def measured_notes(res: ConfigResult) -> list[str]:
     for pt in res.points:
         m = pt.get("metrics") or {}
         met = {True: "; SLO met", False: "; SLO missed"}.get(pt.get("slo_met"), "")
-        tps, tpot = _num(m, "total_token_throughput"), _num(m, "mean_tpot_ms")
-        lines.append(f"# Load {_load_text(pt.get('load') or {})}: "
-                     f"{f'{tps:.2f}' if tps is not None else 'n/a'} tok/s, mean TPOT "
-                     f"{f'{tpot:.2f}' if tpot is not None else 'n/a'} ms{met}")
+        figs = [("", "total_token_throughput", " tok/s"), ("mean TTFT ", "mean_ttft_ms", " ms"),
+                ("mean TPOT ", "mean_tpot_ms", " ms")]
+        text = ", ".join(f"{name}{f'{v:.2f}' if (v := _num(m, key)) is not None else 'n/a'}{unit}"
+                         for name, key, unit in figs)
+        lines.append(f"# Load {_load_text(pt.get('load') or {})}: {text}{met}")
     if res.capacity is not None:
         lines.append(f"# Capacity (the highest load meeting the SLO): {_fmt_load(res.capacity)}")
     elif any(pt.get("slo_met") is not None for pt in res.points):
