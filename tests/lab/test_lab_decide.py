@@ -133,6 +133,7 @@ def test_gain_within_the_measured_noise_is_not_adopted(spread, adopted):
         assert o.optimized.config == load_plan_text(PLAN.format(decision="", sweep="")).engine_defaults("vllm")
     md = render_markdown(o, CTX)
     assert "# Mean of 3 repeats; spread (relative standard deviation): total_token_throughput ±" in md
+    assert f"Total TPS: 2000.00 ±{spread * 0.8165:.1f}%" in md  # the conclusion: mean and spread
 
 
 def test_the_minimum_improvement_still_applies_without_noise():
@@ -216,3 +217,11 @@ def test_no_pareto_without_load_curves(tmp_path):
     assert "pareto" not in paths and not (tmp_path / "pareto.png").exists()
     data = json.loads(paths["json"].read_text())
     assert data["pareto"] == [] and data["decide_by"] == "throughput" and data["slo"] is None
+
+
+def test_engines_closer_than_the_noise_are_said_to_be_indistinguishable():
+    table = {"vllm": _noisy(2000.0, 4.0), "sglang": _noisy(1960.0, 4.0), "vllm+512": _noisy(1000.0, 4.0)}
+    o, _ = _conduct("repeats: 3", table)
+    assert o.steps[0].chosen.label == "vLLM"  # still the higher mean: someone must be chosen
+    assert "(vLLM leads SGLang by +2.0%, within the measured noise of ±4.6%: the engines are indistinguishable here)" \
+        in o.steps[0].statement

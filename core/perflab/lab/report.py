@@ -86,6 +86,9 @@ def _num(metrics: Mapping[str, Any] | None, key: str) -> float | None:
 def _tps_text(res: ConfigResult) -> str:
     tps = res.tps
     text = f"{tps:.2f}" if tps is not None else "n/a"
+    spread = res.noise.get("total_token_throughput")
+    if tps is not None and len(res.repeats) > 1 and spread is not None:
+        text += f" ±{spread:.1f}%"  # the mean of the repeats, with their relative spread
     if res.replicas > 1 and tps is not None:
         text += f" ({res.replicas} replicas, {tps / res.replicas:.2f} each)"
     return text
