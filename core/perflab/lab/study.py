@@ -49,12 +49,15 @@ class ConfigResult:
     log: str | None = None
     replicas: int = 1
     reused: bool = False  # taken from an earlier run of this study
-    # issue #12's measurement shape (the executor and the store fill them; perflab.lab.store):
-    repeats: list[dict[str, Any]] = field(default_factory=list)  # each repeat's metrics; ``metrics`` is their mean
-    noise: dict[str, float] = field(default_factory=dict)  # relative standard deviation in % per metric
-    points: list[dict[str, Any]] = field(default_factory=list)  # a sweep's / a max-load search's load points
-    capacity: float | None = None  # max-load: the highest load meeting the SLO (None: none did)
-    stopped_early: dict[str, Any] | None = None  # {"reason": "lost" | "over-saturated", ...figures}
+    # issue #12, measured by the executor (perflab.lab.store.ProfileMeasurement has the same):
+    # each repeat's metrics (``metrics`` is their mean), their relative stdev in % per metric,
+    # a sweep's or max-load search's load points, the search's capacity, and the figures
+    # that stopped the measurement early
+    repeats: list[dict[str, Any]] = field(default_factory=list)
+    noise: dict[str, float] = field(default_factory=dict)
+    points: list[dict[str, Any]] = field(default_factory=list)
+    capacity: float | None = None
+    stopped_early: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # a stored string ("crashed") becomes its member
