@@ -270,6 +270,7 @@ def report_context(store: Store) -> ReportContext:
         time_scale=float(store.get_meta("time_scale", 1.0)),
         study_dir=store.dir,
         interrupted=store.get_meta("last_state") == "interrupted",
+        engine_hours=store.engine_hours(),
         stop_reason=store.get_meta("stop_reason"),
         leftovers=list(store.get_meta("leftovers") or []),
     )

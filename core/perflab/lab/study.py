@@ -327,7 +327,8 @@ class _Study:
         self.rank = Ranking(plan.decision, plan.min_improvement_pct)
 
     async def one(self, config: Configuration, step: str, label: str, to_beat: float | None) -> ConfigResult:
-        results = await self.measure(config, (self.plan.main,), step=step, label=label, to_beat=to_beat)
+        kw = {"to_beat": to_beat} if to_beat is not None else {}  # measures without early stop need not take it
+        results = await self.measure(config, (self.plan.main,), step=step, label=label, **kw)
         res = results.get(self.plan.main_profile) or ConfigResult(Status.PENDING)
         self._note_pending(res)
         return res
@@ -460,7 +461,7 @@ class _Study:
         return step, best
 
     async def profiles_of(self, config: Configuration, step: str, label: str) -> dict[str, ConfigResult]:
-        results = await self.measure(config, self.plan.profiles, step=step, label=label, to_beat=None)
+        results = await self.measure(config, self.plan.profiles, step=step, label=label)
         out = {p.name: results.get(p.name) or ConfigResult(Status.PENDING) for p in self.plan.profiles}
         for r in out.values():
             self._note_pending(r)
