@@ -34,6 +34,8 @@ import structlog
 from perflab import redact
 from perflab.lab.decide import DecideBy, LoadKind, Slo
 from perflab.lab.earlystop import Calibration, EarlyStop
+from perflab.observe import Watcher, Watching
+from perflab.observe import watch as observe_watch
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
@@ -682,7 +684,7 @@ class Executor:
         if n == 1:
             return m
         return ProfileMeasurement(Status.OK, metrics=mean_metrics(runs), num_prompts=profile.num_prompts,
-                                  error=m.error, repeats=runs, noise=relative_noise(runs))
+                                  error=m.error, repeats=runs, noise=relative_noise(runs), observed=m.observed)
 
     def _point(self, kind: LoadKind, value: float, m: ProfileMeasurement) -> dict[str, Any]:
         slo = self.ctx.plan.decision.slo
@@ -716,7 +718,8 @@ class Executor:
                 return m
         top = best or m
         return ProfileMeasurement(top.status, metrics=top.metrics, num_prompts=profile.num_prompts, error=top.error,
-                                  repeats=top.repeats, noise=top.noise, points=points, stopped_early=stopped)
+                                  repeats=top.repeats, noise=top.noise, points=points, stopped_early=stopped,
+                                  observed=top.observed)
 
     async def _search(self, instances: list[Any], config: Configuration, profile: Profile, run_dir: Path,
                       label: str) -> ProfileMeasurement:
@@ -748,7 +751,7 @@ class Executor:
         return ProfileMeasurement(status, metrics=chosen.metrics, num_prompts=profile.num_prompts, error=chosen.error,
                                   repeats=chosen.repeats, noise=chosen.noise, points=points,
                                   capacity=_load_value(kind, capacity) if capacity is not None else None,
-                                  stopped_early=chosen.stopped_early)
+                                  stopped_early=chosen.stopped_early, observed=chosen.observed)
 
     def _bench_request(self, instances: list[Any], config: Configuration, profile: Profile, label: str) -> Any:
         plan = self.ctx.plan
@@ -797,6 +800,8 @@ class Executor:
         any_died = anyio.Event()
         budget = plan.timeouts.benchmark_s
         stopper = self._early_stop(profile, cancel, to_beat)
+        watchers = self._watchers(instances, config)
+        watching = Watching()
         work = signalling_end(finished, lambda: run_benchmark_sync(req, progress, cancel, stopper))
         try:
             async with anyio.create_task_group() as tg:
@@ -817,6 +822,8 @@ class Executor:
                     tg.start_soon(watch, inst)
                 if budget is not None:
                     tg.start_soon(deadline)
+                # the engine's metrics and the accelerators' telemetry while it runs (issue #13)
+                tg.start_soon(lambda: observe_watch(watchers, watching, time_scale=req.time_scale))
                 try:
                     # abandon_on_cancel: a cancellation from outside (Ctrl-C) is not held up
                     # here; the `finally` below stops the client and waits for its thread
@@ -848,6 +855,9 @@ class Executor:
             m = self._judge(profile, result, partial, error, dead, timed_out, budget)
         if m.status is Status.STALLED:
             m.cause = await _stall_cause(instances, result.stall)
+        m.observed = self._observed(watchers, watching, m, config)
+        if watching.samples:
+            write_json(run_dir / f"observe-{profile.name}{suffix}.json", watching.series_json())
         if m.status is Status.OK and stopper is not None and m.metrics:  # a complete run calibrates "lost"
             self.calibration.add(profile.key(), stopper, m.metrics.get("total_token_throughput"))
         if measured is not None:
@@ -877,6 +887,15 @@ class Executor:
                 continue
             log.warning("lab.cache-reset-failed", label=label, engine=engine, profile=profile.name, why=problem.text)
         return req.replace(warmup=self.ctx.plan.decision.warmup)
+
+    def _watchers(self, instances: list[Any], config: Configuration) -> list[Watcher]:
+        """What is sampled while a benchmark runs (:mod:`perflab.observe`): none yet."""
+        return []
+
+    def _observed(self, watchers: Sequence[Watcher], watching: Watching, m: ProfileMeasurement,
+                  config: Configuration) -> dict[str, Any]:
+        """The measurement's ``observed``: each watcher's summary of its samples."""
+        return watching.summaries(watchers)
 
     def _early_stop(self, profile: Profile, cancel: threading.Event, to_beat: float | None) -> EarlyStop | None:
         """The benchmark's observer when early stop is on (``plan.decision.early_stop``)."""

@@ -101,7 +101,7 @@ CREATE INDEX IF NOT EXISTS measurements_by_key ON measurements(config_key, profi
 _ADDED_COLUMNS = (("runs", "engine_seconds", "REAL"), ("runs", "accelerators", "INTEGER"),
                   ("measurements", "extra", "TEXT"))
 # the measurement fields kept in the ``extra`` column / the file, beside metrics (issue #12)
-EXTRA_FIELDS = ("repeats", "noise", "points", "capacity", "stopped_early")
+EXTRA_FIELDS = ("repeats", "noise", "points", "capacity", "stopped_early", "observed")
 
 
 @dataclass
@@ -125,6 +125,9 @@ class ProfileMeasurement:
     points: list[dict[str, Any]] = field(default_factory=list)
     capacity: float | None = None
     stopped_early: dict[str, Any] | None = None
+    # what was watched while it ran (perflab.observe.OBSERVED_KEYS: server_metrics, telemetry,
+    # energy, cost), summaries only; the series are in the run directory
+    observed: dict[str, Any] = field(default_factory=dict)
 
     def extra(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in EXTRA_FIELDS}

@@ -28,6 +28,7 @@ from typing import Any
 from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, _pct_name
 from perflab.lab.options import Configuration
 from perflab.lab.plan import WINNER, Candidate, Plan, Profile
+from perflab.observe import OBSERVED_KEYS
 from perflab.status import Status
 
 
@@ -58,6 +59,8 @@ class ConfigResult:
     points: list[dict[str, Any]] = field(default_factory=list)
     capacity: float | None = None
     stopped_early: dict[str, Any] | None = None
+    # issue #13: what was watched while it ran (perflab.observe.OBSERVED_KEYS), summaries
+    observed: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # a stored string ("crashed") becomes its member
@@ -103,6 +106,7 @@ class ConfigResult:
             "run_id": self.run_id, "run_dir": self.run_dir, "log": self.log, "replicas": self.replicas,
             "repeats": self.repeats, "noise": self.noise, "points": self.points, "capacity": self.capacity,
             "stopped_early": self.stopped_early,
+            **{k: self.observed.get(k) for k in OBSERVED_KEYS},
         }
 
 
