@@ -40,6 +40,7 @@ A stop sets the benchmark's cancel event: the client ends the run as a cancelled
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from dataclasses import dataclass, field
@@ -177,6 +178,12 @@ class EarlyStop:
     def elapsed_s(self) -> float:
         """Engine seconds of the timed run so far."""
         return (self._last.t if self._last is not None else 0.0) * self.scale
+
+    def to_json(self) -> dict[str, Any]:
+        """Every window, the steady estimates and the decision (the run's ``earlystop-*.json``)."""
+        return {"num_prompts": self.n, "to_beat": self.to_beat, "margin_pct": self.margin_pct,
+                "references": len(self.reference), "decided": self.decided,
+                "windows": [dataclasses.asdict(w) for w in self.windows], "estimates": self.estimates()}
 
     def _stop(self, reason: str, **figures: Any) -> None:
         last = self._last

@@ -860,6 +860,8 @@ class Executor:
             write_json(run_dir / f"observe-{profile.name}{suffix}.json", watching.series_json())
         if m.status is Status.OK and stopper is not None and m.metrics:  # a complete run calibrates "lost"
             self.calibration.add(profile.key(), stopper, m.metrics.get("total_token_throughput"))
+        if stopper is not None and stopper.windows:  # what the early stop saw, for diagnosis
+            write_json(run_dir / f"earlystop-{profile.name}{suffix}.json", stopper.to_json())
         if measured is not None:
             data: dict[str, Any] = {"profile": profile.name, "label": profile.label, "definition": profile.definition()}
             if m.status is not Status.OK:  # what a failed or stopped benchmark had measured, for diagnosis only
