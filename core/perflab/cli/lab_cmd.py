@@ -15,7 +15,8 @@ from perflab.cli import get_pm
 
 
 def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, retry_failed: bool,
-         as_json: bool, live: bool | None, early_stop: bool = True, parallel: int | str = 1) -> None:
+         as_json: bool, live: bool | None, early_stop: bool = True, parallel: int | str = 1,
+         executor: str = "local", ray_address: str | None = None) -> None:
     import dataclasses
 
     import anyio
@@ -32,7 +33,7 @@ def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, 
     progress = StudyProgress(header, live=False if as_json else live)
     summary = anyio.run(
         lambda: run_study(get_pm(ctx), plan, out, retry_failed=retry_failed, progress=progress, argv=sys.argv[1:],
-                          parallel=parallel)
+                          parallel=parallel, executor=executor, ray_address=ray_address)
     )
     if as_json:
         o = summary.outcome
@@ -74,28 +75,47 @@ _early_stop_option = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
 @_live_option
 @_early_stop_option
-@click.option("--executor", type=click.Choice(["local"]), default="local", show_default=True,
-              help="Where runs execute: local = this machine (perflab.lab.backend.LocalBackend).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where runs execute: local = this machine (perflab.lab.backend.LocalBackend); ray = the nodes "
+                   "of a Ray cluster of the plan's machine, as many runs at once as they fit (needs perflab[ray]; "
+                   "docs/user-guide.md, 'Running on Ray').")
+@click.option("--ray-address", metavar="ADDR", default=None,
+              help="With --executor ray: the cluster to join (HOST:PORT, auto, ray://HOST:PORT); "
+                   "default: a local Ray started for the study and stopped with it.")
 @click.option("--parallel", metavar="N|auto", default="1", show_default=True,
               help="How many configurations of one study step run at once, each on its own devices "
                    "(auto: as many as fit the machine's accelerators). Decisions are those of a sequential run.")
 @click.pass_context
 def run(ctx: click.Context, plan_file: Path, out: Path | None, hardware: str | None, retry_failed: bool,
-        as_json: bool, live: bool | None, early_stop: bool, executor: str, parallel: str) -> None:
+        as_json: bool, live: bool | None, early_stop: bool, executor: str, parallel: str,
+        ray_address: str | None) -> None:
     """Run a whole study from a plan file (YAML or TOML; see docs/plan-reference.md).
 
     Engine selection, one optimization at a time, combinations, then baseline and optimized
     on every profile; report.md, report.json and chart.png land in the study directory.
     Ctrl-C stops cleanly; the same command resumes. With --parallel, the configurations of a
-    step run side by side on disjoint device sets (docs/user-guide.md, "Parallel runs").
+    step run side by side on disjoint device sets (docs/user-guide.md, "Parallel runs"). With
+    --executor ray, they run on the nodes of a Ray cluster (docs/user-guide.md, "Running on Ray").
     """
     from perflab.lab.backend import parse_parallel
     from perflab.lab.plan import load_plan
 
     n = parse_parallel(parallel)  # a mistake is one line, before anything is loaded
+    if ray_address is not None and executor != "ray":
+        from perflab.errors import UsageError
+
+        raise UsageError("--ray-address needs --executor ray")
+    if executor == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            from perflab.errors import UsageError
+
+            raise UsageError("--executor ray needs Ray: pip install 'perflab[ray]'")
     pm = get_pm(ctx)
     plan = load_plan(plan_file, known_engines=pm.engine_names())
-    _run(ctx, plan, out, hardware, retry_failed, as_json, live, early_stop and plan.decision.early_stop, n)
+    _run(ctx, plan, out, hardware, retry_failed, as_json, live, early_stop and plan.decision.early_stop, n,
+         executor, ray_address)
 
 
 @click.command("report")

@@ -15,6 +15,7 @@ it tears the engine down, so no benchmark outlives its configuration.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import math
 import shlex
@@ -55,6 +56,18 @@ BENCH_STOP_S = 10.0
 
 Event = Callable[..., None]  # on_event(kind, **fields): the live display and the study log
 Measured = Callable[[str, ProfileMeasurement], None]  # on_measured(profile name, measurement)
+
+
+# What an engine never inherits from perflab's own environment (issue #14): a Ray worker's
+# RAY_* variables (vLLM calls ray.init() and would join perflab's cluster instead of starting
+# its own) and its *_VISIBLE_DEVICES (CUDA_VISIBLE_DEVICES, ASCEND_RT_VISIBLE_DEVICES, ... set by
+# Ray for the agent): the plugin writes the devices the run was placed on. One declaration.
+INHERITED_NOT_PASSED = ("RAY_*", "*_VISIBLE_DEVICES")
+
+
+def engine_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without what an engine must not inherit (:data:`INHERITED_NOT_PASSED`)."""
+    return {k: v for k, v in env.items() if not any(fnmatch.fnmatchcase(k, pat) for pat in INHERITED_NOT_PASSED)}
 
 
 @dataclass
@@ -450,7 +463,7 @@ class Executor:
         self._stale.clear()
 
     def _env(self) -> dict[str, str]:
-        env = dict(self.ctx.env)
+        env = engine_environment(self.ctx.env)
         if self.ctx.simulated:
             env[SIM_TIME_SCALE_ENV] = f"{self.ctx.time_scale:g}"
         return env

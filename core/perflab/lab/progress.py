@@ -99,8 +99,13 @@ class StudyProgress:
         elif kind == "placed":
             r = self._run(f)
             r.devices = ",".join(str(d) for d in f.get("devices") or [])
-            if r.devices:
-                self._line(f"   {label}: on devices {r.devices}")
+            node = f.get("node")
+            where = f" node {node}" if node and node != "local" else ""  # a Ray node (perflab.lab.raybackend)
+            if r.devices or where:
+                self._line(f"   {label}: on{where}" + (f" devices {r.devices}" if r.devices else ""))
+        elif kind == "requeued":  # its Ray node or agent was lost: launched once more elsewhere
+            self._run(f).state = "re-queued"
+            self._line(f"   {label}: lost with its node; re-queued")
         elif kind == "launch":
             self._run(f).state = "launching" + (f" replica {f['replica']}/{f['replicas']}" if f.get("replicas", 1) > 1 else "")
             self._line(f"   {label}: launching {f.get('engine', '')}")

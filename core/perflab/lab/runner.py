@@ -178,7 +178,8 @@ class LiveMeasure(StoreMeasure):
             self.log.info("lab.step", step=step)
         ckey = config.key(self.salt)
         todo = [p for p in profiles if self.lookup(config, p) is None]
-        for _ in range(len(profiles) + 1):  # a mid-benchmark crash leaves the rest for a fresh launch
+        requeued = False
+        for _ in range(len(profiles) + 2):  # a mid-benchmark crash leaves the rest for a fresh launch
             if not todo:
                 break
             self.on_event("measure", label=label, engine=config.engine)
@@ -187,7 +188,12 @@ class LiveMeasure(StoreMeasure):
                           options=config.canonical()["options"], profiles=[p.name for p in todo], dir=str(run_dir))
             self.launched += 1
             rec = await self._launch(Ticket(run_id, run_dir, config, tuple(todo), label, self.backend.demand(config),
-                                            to_beat), ckey)
+                                            to_beat), ckey, may_requeue=not requeued)
+            if rec is None:  # lost with its node or agent: recorded interrupted; once more, elsewhere
+                requeued = True
+                todo = [p for p in todo if self.lookup(config, p) is None]  # what was streamed is kept
+                self.on_event("requeued", label=label)
+                continue
             if rec.state is Status.INTERRUPTED:  # the supervisor found the machine not ready
                 raise MachineNotReady(f"{label}: {rec.error}; nothing was launched — stop it and re-run the same "
                                       f"command to resume")
@@ -212,8 +218,11 @@ class LiveMeasure(StoreMeasure):
                       + (" (reused)" if main.reused else ""))
         return out
 
-    async def _launch(self, ticket: Ticket, ckey: str) -> RunRecord:
-        """Hand ``ticket`` to the backend and store what it streams; the run's final record."""
+    async def _launch(self, ticket: Ticket, ckey: str, *, may_requeue: bool = False) -> RunRecord | None:
+        """Hand ``ticket`` to the backend and store what it streams; the run's final record.
+        None: the run was lost (a remote agent or node died) and the backend re-queues lost
+        tickets (``requeue_lost``): the run is recorded ``interrupted``, the caller launches
+        the rest once more."""
         run_id, run_dir, label = ticket.run_id, ticket.run_dir, ticket.label
         by_name = {p.name: p for p in ticket.profiles}
         saved: set[str] = set()
@@ -256,6 +265,10 @@ class LiveMeasure(StoreMeasure):
         if lost or not final:
             reason = lost[0] if lost else "the backend ended the run without a record"
             self._interrupted(run_id, run_dir, reason)
+            if lost and may_requeue and getattr(self.backend, "requeue_lost", False):
+                self.log.warning("lab.run-lost", run_id=run_id, label=label, reason=reason, requeued=True,
+                                 kept=sorted(saved))
+                return None
             raise MachineNotReady(f"{label}: the run was lost ({reason}); everything measured is kept — re-run the "
                                   f"same command to resume")
         rec = final[0]
@@ -348,13 +361,17 @@ async def run_study(
     progress: Any = None,
     argv: list[str] | None = None,
     parallel: int | str = 1,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> RunSummary:
     """Run (or resume) a study; write its report unless interrupted. Holds the study lock
     for its whole life; an environment or storage fault raises its one-line PerflabError
     after recording what happened (never as a configuration's result). ``plan.hardware`` is
     the machine (``perflab run --hardware`` has replaced the plan's own). ``parallel``: how
     many configurations of one step may run at once on disjoint devices (``"auto"``: as many
-    as fit; :class:`perflab.lab.backend.LocalBackend`)."""
+    as fit; :class:`perflab.lab.backend.LocalBackend`). ``executor="ray"``: the runs go to the
+    nodes of a Ray cluster (``ray_address``; None: a local Ray for the study;
+    :mod:`perflab.lab.raybackend`)."""
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -362,20 +379,27 @@ async def run_study(
         lock.acquire()  # one writer per study: a second run exits 2 naming this pid
     except OSError as exc:
         raise as_fault(exc, out_dir) or exc from None
+    cluster = None
     try:
+        if executor == "ray":  # join Ray and check its nodes for this study (perflab.lab.raybackend)
+            from perflab.lab.raybackend import RayCluster
+
+            cluster = await anyio.to_thread.run_sync(RayCluster.connect, pm, plan, out_dir, ray_address)
         return await _run_locked(pm, plan, out_dir, retry_failed=retry_failed, progress=progress, argv=argv,
-                                 parallel=parallel)
+                                 parallel=parallel, cluster=cluster)
     except (OSError, sqlite3.Error) as exc:  # a storage fault outside a run (meta, plan copy, report)
         fault = as_fault(exc, out_dir)
         if fault is None:
             raise
         raise fault from None
     finally:
+        if cluster is not None:
+            cluster.close()
         lock.release()
 
 
 async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool, progress: Any,
-                      argv: list[str] | None, parallel: int | str = 1) -> RunSummary:
+                      argv: list[str] | None, parallel: int | str = 1, cluster: Any = None) -> RunSummary:
     from perflab.engines import engine_version
     from perflab.hardware import resolve
     from perflab.lab.progress import StudyProgress
@@ -391,6 +415,8 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
     time_scale = _time_scale(plan, snapshot.simulated)
     engines = engines_of(plan)
     versions = {e: await anyio.to_thread.run_sync(engine_version, pm, e, env) for e in engines}
+    if cluster is not None:  # the study's machine is the Ray nodes': their own snapshot and versions
+        snapshot, versions = cluster.snapshot, cluster.versions
     display = _display_names(pm, engines)
 
     store = Store(out_dir)
@@ -423,7 +449,16 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
     with ui, study_logging(store.dir, ui.log_listener) as log:
         log.info("lab.start", plan=str(plan.path), out=str(store.dir), hardware=plan.hardware, simulated=snapshot.simulated,
                  time_scale=time_scale, versions=versions, retry_failed=retry_failed)
-        backend = LocalBackend(ctx, parallel=parallel, on_event=ui.event)
+        backend: LocalBackend
+        if cluster is not None:
+            from perflab.lab.raybackend import RayBackend
+
+            backend = RayBackend(ctx, cluster, on_event=ui.event)
+            # a demand no node can meet is refused before the study starts
+            cluster.check([(display.get(e, e), backend.demand(plan.engine_defaults(e))) for e in plan.engines]
+                          + [("the baseline", backend.demand(plan.baseline_config()))])
+        else:
+            backend = LocalBackend(ctx, parallel=parallel, on_event=ui.event)
         if backend.parallel > 1:
             log.info("lab.parallel", parallel=backend.parallel, devices={k: list(v) for k, v in backend.devices.items()})
         measure = LiveMeasure(store, salt, backend, retry_failed=retry_failed, on_event=ui.event, log=log, plan=plan)

@@ -1,0 +1,409 @@
+"""The Ray backend: a study's runs on the nodes of a Ray cluster (issue #14, item 3).
+
+Imported only for ``perflab run --executor ray`` (the ``perflab[ray]`` extra); nothing else in
+perflab imports Ray.
+
+How a study runs on Ray
+-----------------------
+* :meth:`RayCluster.connect` joins the cluster (``--ray-address``; without one, a local Ray is
+  started for the study and stopped with it) and asks every alive node, with a task pinned
+  to it, for its :func:`node_report`: the hardware snapshot probed *on that node*, its machine
+  class, and its perflab, plugin and engine versions. The study uses the nodes of the plan's
+  machine: a node labelled ``perflab.io/sim=NAME`` is the simulated machine ``sim:NAME``
+  (each simulated node its own spec, so one host can stand for an A100 node and an H100
+  node); an unlabelled node is probed for real (``auto``). Refused before the study starts,
+  with one line: no node of the plan's machine; nodes of that kind in more than one machine
+  class (A100 and H100 results never mix: the store's keys are salted with the class,
+  :func:`perflab.lab.runner.key_salt`); a perflab or plugin version different from the
+  driver's, or engine versions that differ between nodes; a demand of the plan's engines that
+  the nodes' Ray resources can never meet.
+* :class:`RayBackend` gives each ticket one placement group (one bundle of the demand's
+  devices, ``STRICT_PACK``: one node; ``bundle_label_selector`` keeps it on the study's
+  machine) and starts an :class:`Agent` actor in it. The agent runs today's
+  :class:`~perflab.lab.executor.Executor` against its own node's snapshot; the device ids
+  Ray granted (``ray.get_runtime_context().get_accelerator_ids()``) are the configuration's
+  devices, so the plugins keep writing ``CUDA_VISIBLE_DEVICES`` / ``ASCEND_RT_VISIBLE_DEVICES``.
+  The engine's environment has no inherited ``RAY_*`` / ``*_VISIBLE_DEVICES``
+  (:data:`perflab.lab.executor.INHERITED_NOT_PASSED`).
+* The agent's ``run`` is a Ray streaming generator: every event (placed, running, each
+  measured profile, the final record) reaches the driver as it happens; the driver is the
+  only writer of the study store (:class:`perflab.lab.runner.LiveMeasure`).
+* A lost agent or node (``RayActorError``, ``NodeDiedError``...) is a :class:`~perflab.lab.backend.Lost`
+  event: the driver records the run ``interrupted`` (never crashed), keeps the profiles
+  already streamed and hands the ticket back once (``requeue_lost``); the next placement
+  excludes the lost node. A cancellation (Ctrl-C) asks the agent to tear its engines down
+  (``Agent.stop``), then kills it and removes the placement group; the engines run under
+  perflab's keeper (:mod:`perflab.lifecycle.keeper`), so even a killed agent leaves none behind.
+* The study directory must be at the same path on every node (a shared filesystem; on one
+  host it is): the agents write their run directories there, as the local executor does.
+* Multi-node demands (``Demand.nodes`` > 1, issue #14 item 5): :func:`bundles` already gives
+  one bundle per node and :func:`strategy` ``STRICT_SPREAD``; the group launch (one launch
+  per node rank) plugs in at :meth:`RayBackend.run`, one agent per bundle, rank 0 serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import ray
+import ray.exceptions
+import structlog
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+from perflab.errors import PerflabError, UsageError
+from perflab.lab.backend import Demand, Finished, LocalBackend, Lost, Measured, Placed, Sink, State, Ticket
+from perflab.lab.earlystop import Calibration
+from perflab.lab.executor import LabContext, engine_environment
+from perflab.lab.plan import Plan
+
+log = structlog.get_logger("perflab.lab.ray")
+
+SIM_LABEL = "perflab.io/sim"  # a node label: this node is the simulated machine sim:<value>
+NODE_ID_LABEL = "ray.io/node-id"  # Ray's own label of every node (ray/_private/ray_constants.py)
+# perflab's accelerator kinds as Ray's resources: "GPU" (ray/_private/accelerators/nvidia_gpu.py)
+# and "NPU", Ray's Ascend resource (ray/_private/accelerators/npu.py,
+# NPUAcceleratorManager.get_resource_name; Ray 2.60.0)
+RAY_RESOURCE = {"cuda": "GPU", "ascend": "NPU"}
+# what ends an agent without it saying so: the run is lost, not a result
+LOST = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError,
+        ray.exceptions.OwnerDiedError, ray.exceptions.WorkerCrashedError, ray.exceptions.LocalRayletDiedError,
+        ray.exceptions.RaySystemError)
+STOP_GRACE_S = 30.0  # a cancelled agent's engines' teardown, before the agent is killed
+
+
+class ClusterRefused(UsageError):
+    """The cluster cannot run this study (one line, before anything is launched)."""
+
+
+# --------------------------------------------------------------------------- what a node reports
+
+
+def node_spec(labels: Mapping[str, str]) -> str:
+    """The hardware spec a node stands for: ``sim:NAME`` from its label, else ``auto``."""
+    name = labels.get(SIM_LABEL)
+    return f"sim:{name}" if name else "auto"
+
+
+def _node_env(plan: Plan, study_dir: Path, node_id: str) -> dict[str, str]:
+    """The environment a node resolves its hardware with and launches engines from."""
+    from perflab.lab.runner import study_environment
+    from perflab.simenv import STATE_ENV
+
+    env = engine_environment(os.environ)  # not Ray's RAY_* / *_VISIBLE_DEVICES (the probe sees the whole node)
+    if plan.hardware.startswith("sim:"):
+        # each simulated node is its own machine: its own device-memory registry
+        env[STATE_ENV] = str(study_dir / "sim-state" / node_id[:12])
+        Path(env[STATE_ENV]).mkdir(parents=True, exist_ok=True)
+    return study_environment(plan, study_dir, env)
+
+
+def _probe(pm: Any, plan: Plan, study_dir: Path, node_id: str, spec: str) -> tuple[Any, dict[str, str], dict[str, str | None]]:
+    from perflab.engines import engine_version
+    from perflab.hardware import resolve
+    from perflab.lab.runner import engines_of
+
+    snapshot, env = resolve(pm, spec, _node_env(plan, study_dir, node_id))
+    versions = {e: engine_version(pm, e, env) for e in engines_of(plan)}
+    return snapshot, env, versions
+
+
+def software(pm: Any) -> dict[str, Any]:
+    """perflab's and its plugins' versions: every node must run the driver's."""
+    import perflab
+
+    return {"perflab": perflab.__version__,
+            "plugins": {r.name: r.version for r in sorted(pm.records, key=lambda r: r.name)}}
+
+
+def machine_class(plan: Plan, snapshot: Any) -> str:
+    """What the store's keys are salted with for this machine (``key_salt``'s hardware)."""
+    from perflab.lab.runner import _time_scale, key_salt
+
+    salt = key_salt(plan.hardware, _time_scale(plan, snapshot.simulated), snapshot.simulated, snapshot.accelerators)
+    return json.dumps(salt["hardware"])
+
+
+def node_report(plan: Plan, study_dir: str, spec: str) -> dict[str, Any]:
+    """Run on a node (a task pinned to it): what the driver checks before the study starts."""
+    from perflab.plugins import load
+    from perflab.types import to_jsonable
+
+    pm = load()
+    node_id = ray.get_runtime_context().get_node_id()
+    snapshot, _, versions = _probe(pm, plan, Path(study_dir), node_id, spec)
+    return {"node_id": node_id, "host": socket.gethostname(), "spec": spec, "snapshot": snapshot,
+            "hardware": to_jsonable(snapshot), "class": machine_class(plan, snapshot), "engines": versions,
+            **software(pm)}
+
+
+# --------------------------------------------------------------------------- the agent
+
+
+@dataclass(frozen=True)
+class Learned:
+    """The agent's last word before Finished: the early stop's curves this run added."""
+
+    curves: dict[str, list[Any]] = field(default_factory=dict)
+
+
+class Agent:
+    """A Ray actor on the run's node: today's executor against the node's own snapshot."""
+
+    def __init__(self, plan: Plan, study_dir: str, spec: str, resource: str | None) -> None:
+        from perflab.plugins import load
+
+        self.pm = load()
+        self.node_id = ray.get_runtime_context().get_node_id()
+        snapshot, env, versions = _probe(self.pm, plan, Path(study_dir), self.node_id, spec)
+        from perflab.lab.runner import _time_scale
+
+        self.ctx = LabContext(self.pm, plan, snapshot, env, versions, _time_scale(plan, snapshot.simulated))
+        self.resource = resource
+        self.node = f"{socket.gethostname()}/{self.node_id[:8]}"
+        self._task: asyncio.Task[Any] | None = None
+
+    def devices(self) -> tuple[int, ...]:
+        """The device ids Ray granted this actor (its bundle's ``GPU``/``NPU``)."""
+        if self.resource is None:
+            return ()
+        ids = ray.get_runtime_context().get_accelerator_ids().get(self.resource, [])
+        return tuple(sorted(int(x) for x in ids))
+
+    async def run(self, ticket: Ticket, calibration: Calibration) -> AsyncIterator[Any]:
+        from perflab.lab.executor import Executor
+
+        if not ticket.run_dir.is_dir():
+            raise PerflabError(f"the study directory {ticket.run_dir.parent.parent} is not on node {self.node}: "
+                               f"every Ray node must see it at the same path (a shared filesystem)")
+        devices = self.devices()
+        yield Placed(self.node, devices)
+        yield State("running")
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        ex = Executor(self.ctx)
+        ex.on_measured = lambda name, m: queue.put_nowait(Measured(name, m))
+        ex.placement = devices if devices and ticket.demand.devices is None else None
+        ex.calibration = calibration
+        self._task = asyncio.ensure_future(ex.run(ticket.config, list(ticket.profiles), ticket.run_dir,
+                                                  label=ticket.label, to_beat=ticket.to_beat))
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({self._task, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                yield getter.result()
+                continue
+            getter.cancel()
+            break
+        while not queue.empty():
+            yield queue.get_nowait()
+        rec = self._task.result()  # the executor's own error, raised to the driver as itself
+        new = {k: [e for e in v if not any(e is b for b in calibration.curves.get(k, []))]
+               for k, v in ex.calibration.curves.items()}
+        yield Learned({k: v for k, v in new.items() if v})
+        yield Finished(rec)
+        yield State("done")
+
+    async def stop(self) -> None:
+        """Cancel the run: the executor tears its engines down, as on Ctrl-C locally."""
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+def bundles(demand: Demand, resource: str | None) -> list[dict[str, float]]:
+    """One bundle per node of the demand's devices; a demand without a Ray resource (a CPU
+    engine, or one no node can hold — the executor refuses it with its reason, as locally)
+    takes a sliver of a CPU so it is still placed on a node of the study's machine."""
+    one = {resource: float(demand.per_node)} if resource else {"CPU": 0.01}
+    return [dict(one) for _ in range(max(1, demand.nodes))]
+
+
+def strategy(demand: Demand) -> str:
+    return "STRICT_SPREAD" if demand.nodes > 1 else "STRICT_PACK"
+
+
+class RayCluster:
+    """The driver's view of the cluster: the study's nodes, checked, and their snapshot."""
+
+    def __init__(self, plan: Plan, study_dir: Path, reports: list[dict[str, Any]], nodes: list[dict[str, Any]],
+                 started: bool) -> None:
+        self.plan = plan
+        self.study_dir = study_dir
+        self.reports = reports
+        self.snapshot = reports[0]["snapshot"]
+        self.versions: dict[str, str | None] = dict(reports[0]["engines"])
+        self.spec = reports[0]["spec"]
+        self.selector = {SIM_LABEL: self.spec[4:]} if self.spec.startswith("sim:") else {}
+        # Ray's resources of the study's nodes: {node id: {"GPU": 8.0, ...}}
+        self.resources = {n["NodeID"]: dict(n.get("Resources") or {}) for n in nodes
+                          if n["NodeID"] in {r["node_id"] for r in reports}}
+        self.started = started
+
+    @classmethod
+    def connect(cls, pm: Any, plan: Plan, study_dir: Path, address: str | None) -> RayCluster:
+        """Join (or start) Ray and check its nodes for this study; blocking (run it in a thread)."""
+        study_dir = study_dir.resolve()
+        if not ray.is_initialized():
+            # without an address: a local Ray for this study, stopped with it
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="warning",
+                     configure_logging=False, namespace="perflab")
+        started = address is None
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        mine = [n for n in alive if node_spec(n.get("Labels") or {}) == (plan.hardware if plan.hardware.startswith("sim:") else "auto")]
+        if not mine:
+            seen = sorted({node_spec(n.get("Labels") or {}) for n in alive})
+            raise ClusterRefused(f"no Ray node is the plan's machine {plan.hardware} (the cluster's nodes: "
+                                 f"{', '.join(seen) or 'none'}; a simulated node carries the label {SIM_LABEL}=NAME)")
+        refs = [ray.remote(node_report).options(
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+                plan, str(study_dir), node_spec(n.get("Labels") or {})) for n in mine]
+        reports = ray.get(refs)
+        classes = sorted({r["class"] for r in reports})
+        if len(classes) > 1:
+            raise ClusterRefused(f"the cluster's {plan.hardware} nodes are of {len(classes)} machine classes "
+                                 f"({'; '.join(classes)}): results of different machines never mix — run the study "
+                                 f"on nodes of one class")
+        here = software(pm)
+        for r in reports:
+            if {k: r[k] for k in here} != here:
+                raise ClusterRefused(f"node {r['host']}/{r['node_id'][:8]} runs perflab {r['perflab']} with plugins "
+                                     f"{r['plugins']}; this driver runs perflab {here['perflab']} with {here['plugins']} "
+                                     f"— install the same versions everywhere")
+            if r["engines"] != reports[0]["engines"]:
+                raise ClusterRefused(f"engine versions differ between nodes: {reports[0]['host']}/"
+                                     f"{reports[0]['node_id'][:8]} has {reports[0]['engines']}, {r['host']}/"
+                                     f"{r['node_id'][:8]} has {r['engines']}")
+        cluster = cls(plan, study_dir, reports, alive, started)
+        log.info("ray.nodes", nodes=[f"{r['host']}/{r['node_id'][:8]}" for r in reports], machine=classes[0])
+        return cluster
+
+    def capacity(self, resource: str) -> float:
+        return max([r.get(resource, 0.0) for r in self.resources.values()] or [0.0])
+
+    def total(self, resource: str) -> float:
+        return sum(r.get(resource, 0.0) for r in self.resources.values())
+
+    def check(self, demands: Sequence[tuple[str, Demand]]) -> None:
+        """Refuse a demand no node can ever meet (it would wait forever), before the study starts."""
+        for label, d in demands:
+            res = RAY_RESOURCE.get(d.kind or "")
+            if res is None:
+                continue
+            have = sum(1 for r in self.resources.values() if r.get(res, 0.0) >= d.per_node)
+            known = sum(1 for a in self.snapshot.accelerators if a.kind == d.kind)
+            if d.per_node <= known and have < max(1, d.nodes):
+                raise ClusterRefused(
+                    f"{label} needs {d.per_node} {res} on {d.nodes} node(s) of {self.plan.hardware}; the cluster's "
+                    f"nodes offer at most {self.capacity(res):g} {res} ({len(self.resources)} node(s)) — start Ray "
+                    f"with --num-gpus / --resources '{{\"NPU\": N}}' matching the machine")
+
+    def close(self) -> None:
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+# --------------------------------------------------------------------------- the backend
+
+
+class RayBackend(LocalBackend):
+    """Runs tickets on the cluster's nodes of the study's machine; as many at once as Ray
+    can place (``parallel``: the study's devices in all, so a step's configurations are all
+    submitted and Ray's placement groups queue what does not fit yet)."""
+
+    requeue_lost = True  # LiveMeasure hands a lost ticket back once
+
+    def __init__(self, ctx: LabContext, cluster: RayCluster, *, on_event: Any = None) -> None:
+        super().__init__(ctx, parallel=1, on_event=on_event)
+        self.cluster = cluster
+        n = sum(int(self.cluster.total(res)) for res in RAY_RESOURCE.values())
+        self.parallel = max(n, len(cluster.resources), 1)
+        self.lost_nodes: list[str] = []
+        self.agent = ray.remote(Agent)
+
+    def _selector(self) -> dict[str, str]:
+        sel = dict(self.cluster.selector)
+        if self.lost_nodes:  # re-queued: another node than the one lost
+            sel[NODE_ID_LABEL] = f"!{self.lost_nodes[-1]}"
+        return sel
+
+    async def run(self, ticket: Ticket, sink: Sink) -> None:
+        d = ticket.demand
+        res = RAY_RESOURCE.get(d.kind or "")
+        known = sum(1 for a in self.ctx.hardware.accelerators if a.kind == d.kind)
+        if res is not None and (d.per_node > known or d.per_node > self.cluster.capacity(res)):
+            res = None  # never fits: the executor refuses it with its reason, as a local run does
+        ticket = Ticket(ticket.run_id, ticket.run_dir.resolve(), ticket.config, ticket.profiles, ticket.label, d,
+                        ticket.to_beat)
+        pg = placement_group(bundles(d, res), strategy=strategy(d), name=f"perflab-run-{ticket.run_id}",
+                             bundle_label_selector=[self._selector() for _ in range(max(1, d.nodes))])
+        agent = None
+        node_id: str | None = None
+        try:
+            ready = pg.ready()
+            with anyio.move_on_after(1.0):
+                await ready
+                ready = None
+            if ready is not None:
+                sink(State("waiting"))
+                self.on_event("queued", label=ticket.label)
+                await ready
+            node_id = ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).get(0)
+            opts: dict[str, Any] = {
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
+                "num_cpus": 0, "max_restarts": 0, "max_task_retries": 0,
+            }
+            if res == "GPU":
+                opts["num_gpus"] = d.per_node
+            elif res is not None:
+                opts["resources"] = {res: d.per_node}
+            agent = self.agent.options(**opts).remote(self.ctx.plan, str(self.cluster.study_dir), self.cluster.spec, res)
+            gen = agent.run.remote(ticket, self._snapshot())
+            try:
+                async for ref in gen:
+                    ev = await ref
+                    if isinstance(ev, Learned):
+                        self._learned.append((ticket.run_id, ev.curves))
+                        continue
+                    sink(ev)
+            except ray.exceptions.RayTaskError as exc:  # the executor's own error: raised as itself
+                raise exc.as_instanceof_cause() from None
+            except LOST as exc:
+                if node_id:
+                    self.lost_nodes.append(node_id)
+                reason = f"the Ray agent on node {(node_id or '?')[:8]} was lost ({type(exc).__name__})"
+                log.warning("ray.lost", run_id=ticket.run_id, label=ticket.label, reason=reason)
+                sink(Lost(reason))
+        except BaseException:
+            if agent is not None:  # Ctrl-C / the study stopped: the engines come down first
+                with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_GRACE_S):
+                    try:
+                        await agent.stop.remote()
+                    except Exception:  # the agent is gone already: its keeper took the engines down
+                        pass
+            raise
+        finally:
+            if agent is not None:
+                ray.kill(agent, no_restart=True)
+            remove_placement_group(pg)
+
+
+def parse_address(value: str | None) -> str | None:
+    """``--ray-address``: ``HOST:PORT``, ``auto`` or ``ray://HOST:PORT`` (Ray checks the rest)."""
+    if value is not None and not value.strip():
+        raise UsageError("--ray-address: expected HOST:PORT, auto or ray://HOST:PORT")
+    return value
+
+
+__all__ = ["Agent", "RayBackend", "RayCluster", "SIM_LABEL", "node_report", "parse_address"]
