@@ -1,0 +1,117 @@
+"""A local multi-node Ray cluster in a loopback-only network namespace, for tests and benchmarks
+of the Ray backend (:mod:`perflab.lab.raybackend`).
+
+Ray advertises the host's interface address unless it cannot find one, so the cluster runs
+in its own network namespace with only ``lo`` up (``unshare -n``; root): every node is
+127.0.0.1 and nothing leaves the machine. Each node is a ``ray.cluster_utils.Cluster`` node
+with fake ``GPU`` resources and the ``perflab.io/sim`` label of the simulated machine it
+stands for. A driver joins it from the same namespace (:meth:`NetnsCluster.argv` wraps a
+command in ``nsenter --net``).
+
+``python -m perflab.testing.raycluster a100-80g-x8:8 h100-80g-x8:8`` (the first is the head)
+prints ``{"address", "nodes"}`` as one JSON line, then reads commands on stdin:
+``remove I`` (kill node I's raylet and workers, as a lost machine) and ``quit`` (or EOF).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+# fast failure detection: a lost node is noticed within seconds, not the default half minute
+SYSTEM_CONFIG = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,
+                 "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
+OBJECT_STORE = 80 * 2**20  # the smallest Ray accepts; events are small
+
+
+def _node_args(spec: str) -> dict[str, Any]:
+    from perflab.lab.raybackend import SIM_LABEL
+
+    name, _, gpus = spec.partition(":")
+    return {"num_cpus": 1, "num_gpus": int(gpus or 8), "labels": {SIM_LABEL: name}, "object_store_memory": OBJECT_STORE}
+
+
+def main(argv: list[str]) -> None:
+    from ray.cluster_utils import Cluster
+
+    head, *workers = argv or ["a100-80g-x8:8"]
+    cluster = Cluster(initialize_head=True, head_node_args={**_node_args(head), "include_dashboard": False,
+                                                             "_system_config": SYSTEM_CONFIG})
+    nodes = [cluster.head_node] + [cluster.add_node(**_node_args(w)) for w in workers]
+    cluster.wait_for_nodes()
+    print(json.dumps({"address": cluster.address, "nodes": [n.node_id for n in nodes]}), flush=True)
+    try:
+        for line in sys.stdin:
+            cmd, *rest = line.split()
+            if cmd == "remove":
+                cluster.remove_node(nodes[int(rest[0])], allow_graceful=False)
+                print(json.dumps({"removed": int(rest[0])}), flush=True)
+            elif cmd == "quit":
+                break
+    finally:
+        cluster.shutdown()
+
+
+class NetnsCluster:
+    """``with NetnsCluster(["a100-80g-x8:8", ...]) as c:`` a cluster for the block's life."""
+
+    def __init__(self, nodes: list[str], *, python: str = sys.executable, log: Path | None = None) -> None:
+        self.nodes = nodes
+        self.python = python
+        self.log = log
+        self.proc: subprocess.Popen[str] | None = None
+        self.address = ""
+        self.node_ids: list[str] = []
+
+    def __enter__(self) -> NetnsCluster:
+        err: IO[str] | int = open(self.log, "w") if self.log else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" -m perflab.testing.raycluster "$@"',
+             self.python, *self.nodes],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=self._env())
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            raise RuntimeError(f"the Ray cluster did not start (exit {self.proc.returncode}; log: {self.log})")
+        info = json.loads(line)
+        self.address, self.node_ids = info["address"], info["nodes"]
+        return self
+
+    @staticmethod
+    def _env() -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """``argv`` run inside the cluster's network namespace."""
+        assert self.proc is not None
+        return ["nsenter", f"--net=/proc/{self.proc.pid}/ns/net", "--", *argv]
+
+    def remove(self, index: int) -> None:
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"remove {index}\n")
+        self.proc.stdin.flush()
+        self.proc.stdout.readline()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None:
+            return
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
