@@ -106,12 +106,23 @@ def _node_env(plan: Plan, study_dir: Path, node_id: str) -> dict[str, str]:
     return study_environment(plan, study_dir, env)
 
 
+def _activate(plan: Plan, study_dir: Path, node_id: str, spec: str) -> dict[str, str]:
+    """The node's engine environment (a simulated node's stand-ins first on PATH)."""
+    env = _node_env(plan, study_dir, node_id)
+    if spec.startswith("sim:"):
+        from perflab import sim
+
+        env = sim.activate(spec[4:], env)
+    return env
+
+
 def _probe(pm: Any, plan: Plan, study_dir: Path, node_id: str, spec: str) -> tuple[Any, dict[str, str], dict[str, str | None]]:
     from perflab.engines import engine_version
-    from perflab.hardware import resolve
+    from perflab.hardware import probe
     from perflab.lab.runner import engines_of
 
-    snapshot, env = resolve(pm, spec, _node_env(plan, study_dir, node_id))
+    env = _activate(plan, study_dir, node_id, spec)  # as perflab.hardware.resolve does
+    snapshot = probe(pm, env)
     versions = {e: engine_version(pm, e, env) for e in engines_of(plan)}
     return snapshot, env, versions
 
@@ -158,14 +169,18 @@ class Learned:
 class Agent:
     """A Ray actor on the run's node: today's executor against the node's own snapshot."""
 
-    def __init__(self, plan: Plan, study_dir: str, spec: str, resource: str | None) -> None:
+    def __init__(self, plan: Plan, study_dir: str, spec: str, resource: str | None,
+                 reports: Mapping[str, Mapping[str, Any]]) -> None:
+        from perflab.lab.runner import _time_scale
         from perflab.plugins import load
 
         self.pm = load()
         self.node_id = ray.get_runtime_context().get_node_id()
-        snapshot, env, versions = _probe(self.pm, plan, Path(study_dir), self.node_id, spec)
-        from perflab.lab.runner import _time_scale
-
+        # the snapshot and versions this node reported before the study (node_report): not
+        # probed again for every run
+        report = reports[self.node_id]
+        snapshot, versions = report["snapshot"], dict(report["engines"])
+        env = _activate(plan, Path(study_dir), self.node_id, spec)
         self.ctx = LabContext(self.pm, plan, snapshot, env, versions, _time_scale(plan, snapshot.simulated))
         self.resource = resource
         self.node = f"{socket.gethostname()}/{self.node_id[:8]}"
@@ -250,6 +265,7 @@ class RayCluster:
         self.resources = {n["NodeID"]: dict(n.get("Resources") or {}) for n in nodes
                           if n["NodeID"] in {r["node_id"] for r in reports}}
         self.started = started
+        self.by_node = {r["node_id"]: {"snapshot": r["snapshot"], "engines": r["engines"]} for r in reports}
 
     @classmethod
     def connect(cls, pm: Any, plan: Plan, study_dir: Path, address: str | None) -> RayCluster:
@@ -368,7 +384,8 @@ class RayBackend(LocalBackend):
                 opts["num_gpus"] = d.per_node
             elif res is not None:
                 opts["resources"] = {res: d.per_node}
-            agent = self.agent.options(**opts).remote(self.ctx.plan, str(self.cluster.study_dir), self.cluster.spec, res)
+            agent = self.agent.options(**opts).remote(self.ctx.plan, str(self.cluster.study_dir), self.cluster.spec, res,
+                                                      self.cluster.by_node)
             gen = agent.run.remote(ticket, self._snapshot())
             try:
                 async for ref in gen:

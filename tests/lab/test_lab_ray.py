@@ -1,0 +1,230 @@
+"""The Ray backend (issue #14 items 3, 4, 6): a session-scoped local Ray cluster in a
+loopback-only network namespace (perflab.testing.raycluster) — an H100 head node and two A100
+nodes, fake GPUs, each labelled with the simulated machine it is. The seed-001 example
+(scaled down) on the two A100 nodes decides as the sequential run; a node removed
+mid-benchmark leaves its run interrupted (not crashed), re-queued on the other node, and no
+engine of the study behind; a plan no node is for, and a demand no node can meet, are
+refused before the study starts; Ctrl-C exits 130 with nothing left."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from perflab.lab.backend import Demand
+from perflab.lab.executor import INHERITED_NOT_PASSED, engine_environment
+from perflab.lab.raybackend import RAY_RESOURCE, SIM_LABEL, bundles, node_spec, strategy
+from perflab.lifecycle.procs import MARKER_ENV, Marker
+from perflab.testing.raycluster import NetnsCluster
+
+from simstudy import run_sim_study
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED_001 = ROOT / "examples" / "seed-001-qwen3-235b-a22b-a100.yaml"
+NODES = ["h100-80g-x8:8", "a100-80g-x8:8", "a100-80g-x8:8"]  # the head (index 0) is never removed
+
+
+def scaled_seed_001() -> str:
+    """The seed-001 example with fewer prompts and the three short profiles (same steps, same
+    candidates, same refusals), so the test takes about a minute per run."""
+    text = SEED_001.read_text(encoding="utf-8")
+    text = re.sub(r"num_prompts: \d+", "num_prompts: 40", text)
+    text = text.replace("sharegpt, num_prompts: 40", "sharegpt, num_prompts: 80")
+    return "\n".join(line for line in text.splitlines() if not line.strip().startswith(("long:", "very-long:")))
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+    log = tmp_path_factory.mktemp("ray") / "cluster.log"
+    with NetnsCluster(NODES, log=log) as c:
+        yield c
+
+
+def perflab_run(c: NetnsCluster, plan: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "perflab", "run", str(plan), "--out", str(out), "--executor", "ray",
+            "--ray-address", c.address, "--no-live", *extra]
+    return subprocess.Popen(c.argv(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def engines_of_study(study: Path) -> list[psutil.Process]:
+    """Processes carrying a PERFLAB_INSTANCE marker of ``study`` (perflab ps's match)."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            m = Marker.parse(p.environ().get(MARKER_ENV))
+        except (psutil.Error, OSError):
+            continue
+        if m is not None and m.study == str(study.resolve()):
+            out.append(p)
+    return out
+
+
+def decisions(report: dict) -> dict:
+    """What the study decided: each step's entries (label, status) and choice, the optimized."""
+    return {
+        "steps": [(s["title"], s["chosen"], s["adopted"], [(e["label"], e["result"]["status"]) for e in s["entries"]])
+                  for s in report["steps"]],
+        "optimized": report["optimized"]["label"] if report["optimized"] else None,
+    }
+
+
+# --------------------------------------------------------------------------- without a cluster
+
+
+def test_engine_environment_strips_ray_and_visible_devices() -> None:
+    env = {"RAY_ADDRESS": "127.0.0.1:6379", "RAY_RAYLET_PID": "1", "CUDA_VISIBLE_DEVICES": "4,5",
+           "ASCEND_RT_VISIBLE_DEVICES": "0", "PATH": "/bin", "MY_RAY_THING": "kept", "HF_HOME": "/h"}
+    assert engine_environment(env) == {"PATH": "/bin", "MY_RAY_THING": "kept", "HF_HOME": "/h"}
+    assert INHERITED_NOT_PASSED == ("RAY_*", "*_VISIBLE_DEVICES")
+
+
+def test_placement_shapes_for_one_and_several_nodes() -> None:
+    assert bundles(Demand("cuda", 4), RAY_RESOURCE["cuda"]) == [{"GPU": 4.0}]
+    assert strategy(Demand("cuda", 4)) == "STRICT_PACK"
+    # item 5's group launch: one bundle per node, never two on one node
+    assert bundles(Demand("ascend", 8, nodes=2), RAY_RESOURCE["ascend"]) == [{"NPU": 8.0}, {"NPU": 8.0}]
+    assert strategy(Demand("ascend", 8, nodes=2)) == "STRICT_SPREAD"
+    assert bundles(Demand(None, 1), None) == [{"CPU": 0.01}]
+    assert node_spec({SIM_LABEL: "a100-80g-x8"}) == "sim:a100-80g-x8" and node_spec({}) == "auto"
+
+
+# --------------------------------------------------------------------------- on the cluster
+
+
+def test_refused_before_the_study_starts(cluster: NetnsCluster, tmp_path: Path) -> None:
+    plan = tmp_path / "p.yaml"
+    plan.write_text(scaled_seed_001().replace("sim:a100-80g-x8", "sim:910b3-x8"))
+    proc = perflab_run(cluster, plan, tmp_path / "none")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    line = [x for x in err.splitlines() if x.startswith("perflab: ")]
+    assert line and "no Ray node is the plan's machine sim:910b3-x8" in line[-1], err
+    assert "sim:a100-80g-x8" in line[-1] and "sim:h100-80g-x8" in line[-1]
+    assert not (tmp_path / "none" / "runs").exists()  # nothing was launched
+
+
+@pytest.mark.slow
+def test_seed_001_on_two_nodes_decides_as_the_sequential_run(cluster: NetnsCluster, tmp_path: Path) -> None:
+    text = scaled_seed_001()
+    plan = tmp_path / "seed-001.yaml"
+    plan.write_text(text)
+    proc = perflab_run(cluster, plan, tmp_path / "ray", "--json")
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["complete"], summary
+    on_ray = json.loads((tmp_path / "ray" / "report.json").read_text())
+
+    run_sim_study(text, tmp_path / "seq")
+    sequential = json.loads((tmp_path / "seq" / "report.json").read_text())
+    assert decisions(on_ray) == decisions(sequential)
+
+    # both A100 nodes served, the H100 head never did: A100 and H100 results do not mix
+    placed = set(re.findall(r"on node (\S+) devices", err))
+    assert len(placed) == 2, err
+    assert cluster.node_ids[0][:8] not in {p.split("/")[-1] for p in placed}
+    assert on_ray["hardware_spec"] == "sim:a100-80g-x8"
+    db = sqlite3.connect(tmp_path / "ray" / "study.db")
+    salt = json.loads(db.execute("select value from meta where key='salt'").fetchone()[0])
+    assert salt["hardware"] == "sim:a100-80g-x8"
+    assert engines_of_study(tmp_path / "ray") == []
+
+
+ONE_RUN = """
+name: ray-lost-node
+model: {id: Qwen/Qwen3-8B}
+hardware: sim:a100-80g-x8
+simulation: {time_scale: 2}
+engines: [vllm]
+serve: {tp: 8}
+baseline: {engine: vllm}
+profiles:
+  main: {label: Main, input_len: 2000, output_len: 400, num_prompts: 400, seed: 1}
+  other: {label: Other, input_len: 128, output_len: 64, num_prompts: 100, seed: 2}
+"""
+
+
+def _wait_for(pattern: str, proc: subprocess.Popen[str], seen: list[str], timeout: float) -> re.Match[str]:
+    assert proc.stderr is not None
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        m = re.search(pattern, line)
+        if m:
+            return m
+    raise AssertionError(f"{pattern!r} not seen: {''.join(seen)[-3000:]}")
+
+
+def test_ctrl_c_cancels_the_runs_and_leaves_nothing(cluster: NetnsCluster, tmp_path: Path) -> None:
+    plan = tmp_path / "one.yaml"
+    plan.write_text(ONE_RUN)
+    study = tmp_path / "study"
+    proc = perflab_run(cluster, plan, study)
+    seen: list[str] = []
+    try:
+        _wait_for(r"benchmarking Main", proc, seen, 120)
+        assert engines_of_study(study), "the engine should be up, with the study's marker"
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, "".join(seen)
+    deadline = time.monotonic() + 10
+    while engines_of_study(study) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert engines_of_study(study) == []
+    db = sqlite3.connect(study / "study.db")
+    assert [r[0] for r in db.execute("select state from runs")] == ["interrupted"]
+
+
+def test_a_lost_node_interrupts_its_run_and_requeues_it(cluster: NetnsCluster, tmp_path: Path) -> None:
+    """Last in this file: it removes one of the two A100 nodes."""
+    plan = tmp_path / "one.yaml"
+    plan.write_text(ONE_RUN)
+    study = tmp_path / "study"
+    proc = perflab_run(cluster, plan, study)
+    seen: list[str] = []
+    try:
+        node = _wait_for(r"on node \S+/([0-9a-f]{8}) devices", proc, seen, 120).group(1)
+        _wait_for(r"benchmarking Main", proc, seen, 120)
+        index = next(i for i, n in enumerate(cluster.node_ids) if n.startswith(node))
+        assert index != 0
+        time.sleep(1.0)
+        cluster.remove(index)
+        removed = time.time()
+        _wait_for(r"re-queued", proc, seen, 20)
+        lost_after = time.time() - removed
+        other = _wait_for(r"on node \S+/([0-9a-f]{8}) devices", proc, seen, 60).group(1)
+        assert other != node
+        out, err = proc.communicate(timeout=300)
+        seen.append(err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, "".join(seen)[-3000:]
+    assert lost_after < 20
+    db = sqlite3.connect(study / "study.db")
+    runs = list(db.execute("select label, state, error from runs order by id"))
+    assert runs[0][1] == "interrupted" and "was lost" in runs[0][2], runs
+    assert runs[1][1] == "done", runs
+    states = {r[1] for r in runs}
+    assert "crashed" not in states
+    kept = list(db.execute("select run_id, profile from measurements order by id"))
+    assert {p for _, p in kept} == {"main", "other"}
+    assert engines_of_study(study) == []
