@@ -142,15 +142,15 @@ def test_seed_001_on_two_nodes_decides_as_the_sequential_run(cluster: NetnsClust
 
 ONE_RUN = """
 name: ray-lost-node
-model: {id: Qwen/Qwen3-8B}
+model: {id: Qwen/Qwen3-235B-A22B-Instruct-2507}
 hardware: sim:a100-80g-x8
-simulation: {time_scale: 2}
+simulation: {time_scale: 10}
 engines: [vllm]
 serve: {tp: 8}
 baseline: {engine: vllm}
 profiles:
-  main: {label: Main, input_len: 2000, output_len: 400, num_prompts: 400, seed: 1}
-  other: {label: Other, input_len: 128, output_len: 64, num_prompts: 100, seed: 2}
+  main: {label: Main, dataset: synthetic-sharegpt, num_prompts: 200}
+  other: {label: Other, input_len: 128, output_len: 16, num_prompts: 40, seed: 2}
 """
 
 

@@ -166,6 +166,15 @@ class Learned:
     curves: dict[str, list[Any]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Note:
+    """The executor's progress events (launch, benchmark, progress, teardown): for the
+    driver's progress display only, never stored."""
+
+    kind: str
+    fields: dict[str, Any]
+
+
 class Agent:
     """A Ray actor on the run's node: today's executor against the node's own snapshot."""
 
@@ -203,7 +212,7 @@ class Agent:
         yield Placed(self.node, devices)
         yield State("running")
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        ex = Executor(self.ctx)
+        ex = Executor(self.ctx, on_event=lambda kind, **kw: queue.put_nowait(Note(kind, kw)))
         ex.on_measured = lambda name, m: queue.put_nowait(Measured(name, m))
         ex.placement = devices if devices and ticket.demand.devices is None else None
         ex.calibration = calibration
@@ -392,6 +401,9 @@ class RayBackend(LocalBackend):
                     ev = await ref
                     if isinstance(ev, Learned):
                         self._learned.append((ticket.run_id, ev.curves))
+                        continue
+                    if isinstance(ev, Note):
+                        self.on_event(ev.kind, **ev.fields)
                         continue
                     sink(ev)
             except ray.exceptions.RayTaskError as exc:  # the executor's own error: raised as itself
