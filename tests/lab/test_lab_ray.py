@@ -70,9 +70,12 @@ def engines_of_study(study: Path) -> list[psutil.Process]:
 
 
 def decisions(report: dict) -> dict:
-    """What the study decided: each step's entries (label, status) and choice, the optimized."""
+    """What the study decided: each step's entries (label, status) and what it adopted (a
+    step that adopts nothing decides nothing between its variants: which of two within noise
+    of each other ranks first there is the simulator's noise under a loaded CPU), the optimized."""
     return {
-        "steps": [(s["title"], s["chosen"], s["adopted"], [(e["label"], e["result"]["status"]) for e in s["entries"]])
+        "steps": [(s["title"], s["chosen"] if s["adopted"] else None,
+                   [(e["label"], e["result"]["status"]) for e in s["entries"]])
                   for s in report["steps"]],
         "optimized": report["optimized"]["label"] if report["optimized"] else None,
     }

@@ -55,7 +55,6 @@ from typing import Any
 import anyio
 import ray
 import ray.exceptions
-import structlog
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
@@ -64,8 +63,6 @@ from perflab.lab.backend import Demand, Finished, LocalBackend, Lost, Measured, 
 from perflab.lab.earlystop import Calibration
 from perflab.lab.executor import LabContext, engine_environment
 from perflab.lab.plan import Plan
-
-log = structlog.get_logger("perflab.lab.ray")
 
 SIM_LABEL = "perflab.io/sim"  # a node label: this node is the simulated machine sim:<value>
 NODE_ID_LABEL = "ray.io/node-id"  # Ray's own label of every node (ray/_private/ray_constants.py)
@@ -274,6 +271,7 @@ class RayCluster:
         self.resources = {n["NodeID"]: dict(n.get("Resources") or {}) for n in nodes
                           if n["NodeID"] in {r["node_id"] for r in reports}}
         self.started = started
+        self.names = [f"{r['host']}/{r['node_id'][:8]}" for r in reports]  # what the study log shows
         self.by_node = {r["node_id"]: {"snapshot": r["snapshot"], "engines": r["engines"]} for r in reports}
 
     @classmethod
@@ -310,9 +308,7 @@ class RayCluster:
                 raise ClusterRefused(f"engine versions differ between nodes: {reports[0]['host']}/"
                                      f"{reports[0]['node_id'][:8]} has {reports[0]['engines']}, {r['host']}/"
                                      f"{r['node_id'][:8]} has {r['engines']}")
-        cluster = cls(plan, study_dir, reports, alive, started)
-        log.info("ray.nodes", nodes=[f"{r['host']}/{r['node_id'][:8]}" for r in reports], machine=classes[0])
-        return cluster
+        return cls(plan, study_dir, reports, alive, started)
 
     def capacity(self, resource: str) -> float:
         return max([r.get(resource, 0.0) for r in self.resources.values()] or [0.0])
@@ -412,7 +408,6 @@ class RayBackend(LocalBackend):
                 if node_id:
                     self.lost_nodes.append(node_id)
                 reason = f"the Ray agent on node {(node_id or '?')[:8]} was lost ({type(exc).__name__})"
-                log.warning("ray.lost", run_id=ticket.run_id, label=ticket.label, reason=reason)
                 sink(Lost(reason))
         except BaseException:
             if agent is not None:  # Ctrl-C / the study stopped: the engines come down first

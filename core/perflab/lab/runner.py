@@ -454,6 +454,7 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
             from perflab.lab.raybackend import RayBackend
 
             backend = RayBackend(ctx, cluster, on_event=ui.event)
+            log.info("lab.ray", nodes=cluster.names, machine=plan.hardware, parallel=backend.parallel)
             # a demand no node can meet is refused before the study starts
             cluster.check([(display.get(e, e), backend.demand(plan.engine_defaults(e))) for e in plan.engines]
                           + [("the baseline", backend.demand(plan.baseline_config()))])
