@@ -1,0 +1,82 @@
+"""Wall time of a study run sequentially on one simulated machine vs on two simulated nodes
+with ``--executor ray`` (issue #14: the seed-001 example, target ≥ 1.8×).
+
+A local Ray cluster of two ``sim:a100-80g-x8`` nodes (fake GPUs) is started in a loopback-only
+network namespace (:mod:`perflab.testing.raycluster`; root, ``unshare -n``), outside the timed
+part. Then the same plan is run twice, each into a fresh study directory, and timed from the
+command's start to its exit: ``perflab run PLAN`` (sequential, local) and ``perflab run PLAN
+--executor ray --ray-address ADDR`` (a step's configurations on both nodes at once). It prints
+both wall times, the ratio and whether both studies adopted the same configurations::
+
+    .venv/bin/python benchmarks/bench_ray.py [--plan examples/seed-001-qwen3-235b-a22b-a100.yaml]
+        [--prompts 80] [--json]
+
+``--prompts N`` scales the plan's profiles down (every ``num_prompts`` to at most N; 0: as
+written). Both runs share this machine's CPU: on a host with few cores the simulated engines
+of two nodes compete for it, which the ratio shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from perflab.testing.raycluster import NetnsCluster
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def scaled(text: str, prompts: int) -> str:
+    if prompts <= 0:
+        return text
+    return re.sub(r"num_prompts: (\d+)", lambda m: f"num_prompts: {min(int(m.group(1)), prompts)}", text)
+
+
+def timed(argv: list[str]) -> float:
+    t0 = time.monotonic()
+    r = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.monotonic() - t0
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(argv)} failed ({r.returncode}): {r.stderr[-2000:]}")
+    return wall
+
+
+def adopted(study: Path) -> list[tuple[str, str | None]]:
+    report = json.loads((study / "report.json").read_text())
+    return [(s["title"], s["chosen"] if s["adopted"] else None) for s in report["steps"]]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--plan", type=Path, default=ROOT / "examples" / "seed-001-qwen3-235b-a22b-a100.yaml")
+    ap.add_argument("--prompts", type=int, default=80, help="scale every profile to at most N prompts (0: as written)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:
+        work = Path(tmp)
+        plan = work / "plan.yaml"
+        plan.write_text(scaled(args.plan.read_text(encoding="utf-8"), args.prompts))
+        perflab = [sys.executable, "-m", "perflab", "run", str(plan), "--no-live"]
+        sequential = timed([*perflab, "--out", str(work / "seq")])
+        with NetnsCluster(["a100-80g-x8:8", "a100-80g-x8:8"], log=work / "cluster.log") as c:
+            on_ray = timed(c.argv([*perflab, "--out", str(work / "ray"), "--executor", "ray",
+                                   "--ray-address", c.address]))
+        same = adopted(work / "seq") == adopted(work / "ray")
+    result = {"plan": str(args.plan), "prompts": args.prompts, "sequential_s": round(sequential, 1),
+              "ray_2_nodes_s": round(on_ray, 1), "speedup": round(sequential / on_ray, 2), "same_decisions": same}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"sequential (1 machine): {sequential:7.1f} s")
+        print(f"ray (2 nodes):          {on_ray:7.1f} s")
+        print(f"speedup:                {sequential / on_ray:7.2f}x   same decisions: {same}")
+
+
+if __name__ == "__main__":
+    main()
