@@ -55,7 +55,7 @@ from typing import Any
 import anyio
 import ray
 import ray.exceptions
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from perflab.errors import PerflabError, UsageError
@@ -255,6 +255,22 @@ def strategy(demand: Demand) -> str:
     return "STRICT_SPREAD" if demand.nodes > 1 else "STRICT_PACK"
 
 
+def local_node(pm: Any, plan: Plan, study_dir: Path) -> dict[str, Any]:
+    """``ray.init`` arguments of the local Ray started without ``--ray-address``: for a
+    simulated plan, the simulated machine's devices as Ray resources and its label (Ray would
+    find no GPU on this host); for real hardware, Ray's own detection."""
+    if not plan.hardware.startswith("sim:"):
+        return {}
+    from perflab.hardware import resolve
+
+    snapshot, _ = resolve(pm, plan.hardware, _node_env(plan, study_dir, "local"))
+    counts: dict[str, float] = {}
+    for a in snapshot.accelerators:
+        if a.kind in RAY_RESOURCE:
+            counts[RAY_RESOURCE[a.kind]] = counts.get(RAY_RESOURCE[a.kind], 0.0) + 1
+    return {"num_gpus": int(counts.pop("GPU", 0)), "resources": counts, "labels": {SIM_LABEL: plan.hardware[4:]}}
+
+
 class RayCluster:
     """The driver's view of the cluster: the study's nodes, checked, and their snapshot."""
 
@@ -279,9 +295,10 @@ class RayCluster:
         """Join (or start) Ray and check its nodes for this study; blocking (run it in a thread)."""
         study_dir = study_dir.resolve()
         if not ray.is_initialized():
-            # without an address: a local Ray for this study, stopped with it
+            # without an address: a local Ray for this study (this machine, one node), stopped with it
             ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="warning",
-                     configure_logging=False, namespace="perflab")
+                     configure_logging=False, namespace="perflab",
+                     **(local_node(pm, plan, study_dir) if address is None else {}))
         started = address is None
         alive = [n for n in ray.nodes() if n.get("Alive")]
         mine = [n for n in alive if node_spec(n.get("Labels") or {}) == (plan.hardware if plan.hardware.startswith("sim:") else "auto")]
