@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("perflab.cli.lab_cmd:run", "Run a whole study from a plan file, resumable."),
     "report": ("perflab.cli.lab_cmd:report", "Write the Markdown report, chart and report.json of a study."),
     "demo": ("perflab.cli.lab_cmd:demo", "Reproduce a scaled-down seed study on the simulator."),
+    "compare": ("perflab.cli.compare_cmd:compare", "Compare two studies of one plan: changed metrics, regressions, decisions."),
     "plugin": ("perflab.cli.plugin_cmd:plugin", "Create a new engine plugin package."),
     "ps": ("perflab.cli.ps_cmd:ps", "List the engines perflab started that are still running."),
     "kill": ("perflab.cli.ps_cmd:kill", "Stop the engines of a study directory, or every orphaned engine."),
