@@ -152,6 +152,15 @@ class StudyView:
     display: Callable[[str], str]
     measured: Mapping[tuple[str, str], Measured]
 
+    @classmethod
+    def of(cls, path: Path, plan: Plan, outcome: StudyOutcome, *, versions: Mapping[str, str | None] | None = None,
+           hardware_spec: str = "auto", simulated: bool = False,
+           display: Callable[[str], str] = lambda e: e) -> StudyView:
+        """The view of a study's decisions (``outcome``, as :func:`perflab.lab.study.conduct`
+        made them from ``plan``)."""
+        return cls(Path(path), plan, outcome, dict(versions or {}), hardware_spec, simulated, display,
+                   _measured(plan, outcome))
+
     def header(self) -> dict[str, Any]:
         return {"path": str(self.path), "plan": self.plan.name, "hardware": self.hardware_spec,
                 "simulated": self.simulated, "versions": dict(self.versions), "complete": self.outcome.complete}
@@ -205,8 +214,8 @@ def load_study(path: Path) -> StudyView:
         outcome = anyio.run(lambda: conduct(plan, measure, display=ctx.name))
     finally:
         store.close()
-    return StudyView(directory, plan, outcome, dict(ctx.versions), ctx.hardware_spec, ctx.simulated, ctx.name,
-                     _measured(plan, outcome))
+    return StudyView.of(directory, plan, outcome, versions=ctx.versions, hardware_spec=ctx.hardware_spec,
+                        simulated=ctx.simulated, display=ctx.name)
 
 
 # --------------------------------------------------------------------------- two studies
