@@ -113,7 +113,26 @@ def test_metrics_are_the_bench_names():
 
     traces = [RequestTrace(success=True, start=0.0, chunk_times=[0.1, 0.2, 0.3], output_tokens=3, prompt_len=4)]
     written = compute_metrics(traces, 1.0, goodput={"ttft": 500.0})
-    assert {m.key for m in METRICS} - set(written) == {"capacity"}
+    from perflab.observe import OBSERVED_KEYS
+
+    assert {m.key for m in METRICS if "." not in m.key} - set(written) == {"capacity"}
+    assert {m.key.split(".")[0] for m in METRICS if "." in m.key} <= set(OBSERVED_KEYS)
+
+
+def test_observed_summaries_compare_too():
+    """Energy per token (higher is better) and cost per token (lower) from ``observed``."""
+    per_joule, cost = BY_NAME["energy.output_tokens_per_joule"], BY_NAME["cost.per_million_output_tokens"]
+
+    def res(tpj: float, usd: float) -> ConfigResult:
+        r = _ok({"completed": 1})
+        r.observed = {"energy": {"joules": 100.0, "output_tokens_per_joule": tpj},
+                      "cost": {"per_million_output_tokens": usd, "currency": "USD", "per_accelerator_hour": 2.5}}
+        return r
+
+    assert metric_delta(per_joule, res(2.0, 1.0), res(1.8, 1.1), 5.0).change is Change.REGRESSED
+    assert metric_delta(cost, res(2.0, 1.0), res(1.8, 1.1), 5.0).change is Change.REGRESSED
+    assert metric_delta(cost, res(2.0, 1.1), res(1.8, 1.0), 5.0).change is Change.IMPROVED
+    assert metric_delta(per_joule, _ok({"completed": 1}), res(1.8, 1.1), 5.0) is None  # no telemetry in A
 
 
 def test_pairs_by_configuration_and_profile_and_flags_only_the_regressed_one():

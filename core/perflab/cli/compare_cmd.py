@@ -74,9 +74,10 @@ def _print(c: Comparison, show_all: bool) -> None:
         first = True
         va, vb = p.a.result.version, p.b.result.version
         label = f"{p.a.label} ({va} → {vb})" if va != vb else p.a.label
-        if p.a.result.status != p.b.result.status:
+        if p.a.result.status != p.b.result.status or not p.a.result.status.measured:
             table.add_row(label, p.a.profile, "status", str(p.a.result.status), str(p.b.result.status), "", "",
-                          Text("regressed" if p.status_regressed else "changed", style="bold red" if p.status_regressed else ""))
+                          Text("regressed" if p.status_regressed else "changed" if p.a.result.status != p.b.result.status
+                               else "not measured", style="bold red" if p.status_regressed else ""))
             first = False
         shown = [d for d in p.deltas if show_all or d.change is not Change.WITHIN_NOISE]
         for d in shown:

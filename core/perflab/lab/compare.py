@@ -45,14 +45,22 @@ DEFAULT_THRESHOLD_PCT = 5.0
 class Metric:
     """A headline figure and which way is better."""
 
-    key: str  # the metrics key (vllm bench serve's name), or "capacity"
+    # the metrics key (vllm bench serve's name), "capacity" (the max-load search's), or
+    # "<observed key>.<field>" for a summary of what was watched (perflab.observe.OBSERVED_KEYS)
+    key: str
     label: str
     higher_is_better: bool
 
     def value(self, res: ConfigResult) -> float | None:
         if not res.status.measured:
             return None
-        raw = res.capacity if self.key == "capacity" else (res.metrics or {}).get(self.key)
+        if self.key == "capacity":
+            raw: Any = res.capacity
+        elif "." in self.key:
+            summary, name = self.key.split(".", 1)
+            raw = (res.observed.get(summary) or {}).get(name)
+        else:
+            raw = (res.metrics or {}).get(self.key)
         if not isinstance(raw, (int, float)) or isinstance(raw, bool) or not math.isfinite(raw):
             return None
         return float(raw)
@@ -63,8 +71,9 @@ class Metric:
         return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
-#: The headline metrics, each declared once with its direction. Goodput and capacity appear
-#: only where the plan measured them (an SLO; ``decide_by: max-load``).
+#: The headline metrics, each declared once with its direction. Goodput, capacity, energy and
+#: cost appear only where they were measured (an SLO; ``decide_by: max-load``; accelerator
+#: telemetry; a plan ``cost:``).
 METRICS: tuple[Metric, ...] = (
     Metric("total_token_throughput", "total tok/s", True),
     Metric("output_throughput", "output tok/s", True),
@@ -79,6 +88,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("p99_itl_ms", "p99 ITL ms", False),
     Metric("mean_e2el_ms", "mean E2EL ms", False),
     Metric("p99_e2el_ms", "p99 E2EL ms", False),
+    Metric("energy.output_tokens_per_joule", "output tok/J", True),
+    Metric("cost.per_million_output_tokens", "cost per M output tok", False),
 )
 
 
