@@ -417,6 +417,13 @@ def version_factors(engine: str, version: str, f: Factors) -> Factors:
     return dataclasses.replace(f, **{k: getattr(f, k) * m for k, m in scale.items()})
 
 
+def version_factor_note(engine: str, version: str) -> str | None:
+    """Why ``engine`` ``version`` behaves differently in the simulator (its ``why`` in
+    data/version_factors.json), for the engine's log; None when it does not."""
+    row = _version_factor_table().get(engine, {}).get(version)
+    return str(row.get("why") or "a simulated version difference") if row else None
+
+
 def apply_factors(fields: dict[str, Any], f: Factors) -> dict[str, Any]:
     """``fields`` (a SimEngineConfig's, with its ``engine`` and ``engine_version``) with the
     factors ``f``, adjusted for the simulated version (:func:`version_factors`)."""
