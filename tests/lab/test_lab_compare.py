@@ -209,3 +209,11 @@ def test_threshold_must_be_a_percentage():
     table = {"vllm": _metrics(2500.0, 11.6), "sglang": _metrics(2400.0, 12.0), "vllm 64": _metrics(2500.0, 11.6)}
     with pytest.raises(UsageError, match="--threshold"):
         compare(_study(table), _study(table), -1.0)
+
+
+def test_an_unfinished_study_compares_what_it_measured():
+    table = {"vllm": _metrics(2500.0, 11.6), "sglang": _metrics(2400.0, 12.0), "vllm 64": _metrics(2500.0, 11.6)}
+    partial = dict(table, sglang=ConfigResult(status=Status.PENDING))
+    c = compare(_study(table), _study(partial, name="b"))
+    assert not any(p.a.label == "SGLang" for p in c.pairs)
+    assert [m.label for m in c.only_a] == ["SGLang"] and not c.only_b

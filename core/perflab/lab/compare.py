@@ -30,6 +30,7 @@ from typing import Any
 from perflab.errors import UsageError
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.study import ConfigResult, Entry, StudyOutcome, pct
+from perflab.status import Status
 
 __all__ = [
     "DEFAULT_THRESHOLD_PCT", "METRICS", "Change", "Comparison", "Decision", "Measured", "Metric", "MetricDelta", "Pair",
@@ -183,6 +184,8 @@ def _measured(plan: Plan, outcome: StudyOutcome) -> dict[tuple[str, str], Measur
     out: dict[tuple[str, str], Measured] = {}
 
     def add(entry: Entry, profile: Profile, res: ConfigResult, label: str | None = None) -> None:
+        if res.status is Status.PENDING:  # an unfinished study's gap: nothing to compare
+            return
         key = (entry.config.key(), profile_key(plan, profile))
         if key not in out:  # the first place the report shows it names it
             out[key] = Measured(key[0], key[1], label or entry.label, entry.config.engine,
