@@ -25,7 +25,7 @@ def compare(study_a: Path, study_b: Path, threshold_pct: float, show_all: bool, 
     STUDY_A is the reference, STUDY_B the new one (study directories, the --out of
     `perflab run`). Measurements are paired by configuration (engine and options) and
     profile; for each pair, the change of every headline metric (throughput, TTFT, TPOT,
-    ITL, E2EL, goodput and capacity when measured) from A to B. A change for the worse is a
+    ITL, E2EL; goodput, capacity, energy and cost when measured) from A to B. A change for the worse is a
     regression when it exceeds --threshold and, where the studies ran repeats, the measured
     noise. Then the decisions that changed (each step's choice, the winner engine, the
     optimized configuration) and what only one study holds.
