@@ -217,3 +217,28 @@ def test_an_unfinished_study_compares_what_it_measured():
     c = compare(_study(table), _study(partial, name="b"))
     assert not any(p.a.label == "SGLang" for p in c.pairs)
     assert [m.label for m in c.only_a] == ["SGLang"] and not c.only_b
+
+
+def test_tails_have_their_own_threshold():
+    table_a = {"vllm": _metrics(2500.0, 10.0), "sglang": _metrics(2400.0, 12.0), "vllm 64": _metrics(2500.0, 10.0)}
+    b_vllm = dict(_metrics(2500.0, 10.0), p99_itl_ms=10.8, mean_itl_ms=10.6)  # +8 % p99, +6 % mean
+    table_b = dict(table_a, vllm=b_vllm)
+    c = compare(_study(table_a), _study(table_b, name="b"))  # defaults: 5 % and 10 % for p99s
+    vllm = next(p for p in c.pairs if p.a.label == "vLLM")
+    assert {d.metric.key for d in vllm.regressions} == {"mean_itl_ms"}
+    strict = compare(_study(table_a), _study(table_b, name="b"), 5.0, 5.0)
+    vllm = next(p for p in strict.pairs if p.a.label == "vLLM")
+    assert {d.metric.key for d in vllm.regressions} == {"mean_itl_ms", "p99_itl_ms"}
+    assert {m.key for m in METRICS if m.tail} == {"p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms"}
+    assert strict.to_json()["tail_threshold_pct"] == 5.0
+
+
+def test_a_measurement_stopped_early_is_a_status_change_not_metrics():
+    """Its figures are those of its first windows: comparing them with a full run would mislead."""
+    table = {"vllm": _metrics(2500.0, 11.6), "sglang": _metrics(2400.0, 12.0), "vllm 64": _metrics(2500.0, 11.6)}
+    stopped = ConfigResult(status=Status.STOPPED_EARLY, metrics=_metrics(1200.0, 30.0), num_prompts=16,
+                           stopped_early={"reason": "lost"})
+    c = compare(_study(table), _study(dict(table, sglang=stopped), name="b"))
+    sglang = next(p for p in c.pairs if p.a.label == "SGLang")
+    assert not sglang.deltas and not sglang.regressed
+    assert sglang.to_json()["status"] == {"a": "ok", "b": "stopped-early"}

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from perflab import redact
-from perflab.lab.compare import DEFAULT_THRESHOLD_PCT, Change, Comparison
+from perflab.lab.compare import DEFAULT_TAIL_THRESHOLD_PCT, DEFAULT_THRESHOLD_PCT, Change, Comparison
 
 
 @click.command("compare")
@@ -17,24 +17,29 @@ from perflab.lab.compare import DEFAULT_THRESHOLD_PCT, Change, Comparison
 @click.option("--threshold", "threshold_pct", type=float, default=DEFAULT_THRESHOLD_PCT, show_default=True,
               metavar="PCT", help="A change for the worse smaller than PCT % is never a regression (with repeats, "
                                   "it must also exceed the measured noise).")
+@click.option("--tail-threshold", "tail_threshold_pct", type=float, default=DEFAULT_TAIL_THRESHOLD_PCT,
+              show_default=True, metavar="PCT",
+              help="The same for p99 latencies, which vary more from run to run than means.")
 @click.option("--all", "show_all", is_flag=True, help="Show every metric of every pair, not only those that changed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON instead of tables.")
-def compare(study_a: Path, study_b: Path, threshold_pct: float, show_all: bool, as_json: bool) -> None:
+def compare(study_a: Path, study_b: Path, threshold_pct: float, tail_threshold_pct: float, show_all: bool,
+            as_json: bool) -> None:
     """Compare two studies of the same plan (two engine versions, two machines, two dates).
 
     STUDY_A is the reference, STUDY_B the new one (study directories, the --out of
     `perflab run`). Measurements are paired by configuration (engine and options) and
     profile; for each pair, the change of every headline metric (throughput, TTFT, TPOT,
-    ITL, E2EL; goodput, capacity, energy and cost when measured) from A to B. A change for the worse is a
-    regression when it exceeds --threshold and, where the studies ran repeats, the measured
-    noise. Then the decisions that changed (each step's choice, the winner engine, the
+    ITL, E2EL; goodput, capacity, energy and cost when measured) from A to B. A change for
+    the worse is a regression when it exceeds --threshold (--tail-threshold for p99s) and,
+    where the studies ran repeats, the measured noise; so is a configuration that crashed in
+    B. Then the decisions that changed (each step's choice, the winner engine, the
     optimized configuration) and what only one study holds.
 
     Exit status: 0 when nothing regressed, 1 when something did, 2 on a usage error.
     """
     from perflab.lab.compare import compare_studies
 
-    result = compare_studies(study_a, study_b, threshold_pct)
+    result = compare_studies(study_a, study_b, threshold_pct, tail_threshold_pct)
     for w in result.warnings:
         click.echo(f"perflab: warning: {w}", err=True)
     if as_json:
@@ -62,8 +67,8 @@ def _print(c: Comparison, show_all: bool) -> None:
         versions = ", ".join(f"{c.a.display(e)} {v}" for e, v in sorted(view.versions.items()) if v)
         console.print(f"[bold]{name}[/bold] {view.path} · {view.plan.name} · {view.hardware_spec}"
                       + (f" · {versions}" if versions else ""))
-    console.print(f"A change for the worse is a regression beyond {c.threshold_pct:g} % (and beyond the measured "
-                  "noise where the studies ran repeats).\n")
+    console.print(f"A change for the worse is a regression beyond {c.threshold_pct:g} % ({c.tail_threshold_pct:g} % for "
+                  "p99s), and beyond the measured noise where the studies ran repeats.\n")
 
     table = Table(title="Measurements (A → B)", box=box.SIMPLE_HEAD, title_justify="left")
     for col in ("Configuration", "Profile", "Metric", "A", "B", "Change", "Limit", ""):
