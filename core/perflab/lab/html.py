@@ -232,7 +232,8 @@ def summary_table(key: str, rows: Sequence[tuple[str, Any]]) -> list[str]:
     have = [(label, s) for label, s in rows if isinstance(s, Mapping) and s]
     if not have:
         return []
-    columns = list(dict.fromkeys(p for _, s in have for p, _ in flatten(s)))
+    # a figure every result has as null is one the engine does not export: no column
+    columns = list(dict.fromkeys(p for _, s in have for p, v in flatten(s) if v is not None))
     meta = []
     for m in _META:
         values = list(dict.fromkeys(json.dumps(s[m]) for _, s in have if s.get(m) is not None))
