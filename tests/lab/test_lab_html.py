@@ -220,6 +220,7 @@ def test_report_html_renders_in_chromium(tmp_path, chromium):
     assert pdf.startswith(b"%PDF") and len(pdf) > 50_000
 
 
+@pytest.mark.slow  # about 3 s on an idle machine: ten series charts
 def test_report_html_tables_and_absent_keys(tmp_path):
     """The summaries' figures as the agreed shape has them (a null is a dash), and nothing at all
     for what no result has: a study without watchers has neither section."""
@@ -259,3 +260,43 @@ def test_missing_chart_is_said_not_broken(tmp_path):
     (tmp_path / "chart.png").unlink()
     page = render_html(paths["markdown"].read_text(), o, CTX, tmp_path)
     assert "<img " not in page and "[seed-002: chart.png is missing]" in page
+
+
+SWEEP_PLAN = """
+name: tiny-sweep
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x8
+simulation: {time_scale: 50}
+engines: [vllm]
+profiles:
+  main: {label: Main, input_len: 64, output_len: 16, num_prompts: 12, sweep: {max_concurrency: [2, 8]}}
+timeouts: {startup_s: 60, benchmark_s: 120}
+"""
+
+
+@pytest.mark.slow  # about 8 s: a simulated study, then a browser
+def test_run_and_report_html_on_the_simulator(tmp_path, chromium, capsys):
+    """`perflab run` writes report.html; `perflab report DIR --html` rewrites it and prints its path;
+    the page of a real (simulated) study with a load sweep renders in Chromium."""
+    from perflab.cli import main
+    from simstudy import run_sim_study
+
+    out = tmp_path / "study"
+    summary = run_sim_study(SWEEP_PLAN, out)
+    assert summary.report["html"] == out / HTML_NAME and summary.report["html"].is_file()
+    (out / HTML_NAME).unlink()
+
+    capsys.readouterr()
+    main(["report", str(out), "--html"])
+    assert capsys.readouterr().out.strip() == str(out / HTML_NAME) and (out / HTML_NAME).is_file()
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(out), "--html", "--json"])
+    err = capsys.readouterr().err
+    assert exc.value.code != 0 and err.count("\n") == 1 and "choose one" in err  # one line
+
+    seen, left, errors = _open(chromium, out / HTML_NAME, lambda page: page.evaluate(CHARTS_JS))
+    assert left == [] and errors == []
+    assert [i["alt"] for i in seen["images"]] == ["tiny-sweep", "Pareto frontier", "Load curves: Main"]
+    assert all(i["complete"] and i["width"] > 0 for i in seen["images"])
+    heads = _md_headings((out / "report.md").read_text())
+    assert seen["headings"][:len(heads)] == heads and seen["headings"][len(heads)] == "Load Curves"
