@@ -161,12 +161,15 @@ CHARTS_JS = """() => ({
 })"""
 
 PRINT_JS = """() => {
+  // print CSS alone shows a collapsed box's content (::details-content); the script then opens them
+  const collapsed = [...document.querySelectorAll('details:not([open])')];
+  const shown = collapsed.filter(d => d.getBoundingClientRect().height > 1.5 * d.querySelector('summary').getBoundingClientRect().height).length;
   window.dispatchEvent(new Event('beforeprint'));
   const width = document.documentElement.clientWidth;
   const over = [...document.querySelectorAll('img, figure, table, pre')]
     .filter(e => e.getBoundingClientRect().right > width + 1)
     .map(e => e.tagName + ' ' + (e.alt || e.textContent.slice(0, 40)));
-  return {over, scroll: document.documentElement.scrollWidth, width,
+  return {over, scroll: document.documentElement.scrollWidth, width, collapsed: collapsed.length, shown,
           closed: document.querySelectorAll('details:not([open])').length,
           details: document.querySelectorAll('details').length};
 }"""
@@ -217,6 +220,7 @@ def test_report_html_renders_in_chromium(tmp_path, chromium):
 
     assert printed["over"] == [] and printed["scroll"] <= printed["width"] + 1, printed
     assert printed["details"] > 20 and printed["closed"] == 0  # printing opens every collapsed box
+    assert printed["collapsed"] > 20 and printed["shown"] == printed["collapsed"]
     assert pdf.startswith(b"%PDF") and len(pdf) > 50_000
 
 
