@@ -272,6 +272,7 @@ model: Qwen/Qwen3-8B
 hardware: sim:a100-80g-x8
 simulation: {time_scale: 50}
 engines: [vllm]
+slo: {tpot_ms: 30, percentile: 99}
 profiles:
   main: {label: Main, input_len: 64, output_len: 16, num_prompts: 12, sweep: {max_concurrency: [2, 8]}}
 timeouts: {startup_s: 60, benchmark_s: 120}
@@ -302,5 +303,6 @@ def test_run_and_report_html_on_the_simulator(tmp_path, chromium, capsys):
     assert left == [] and errors == []
     assert [i["alt"] for i in seen["images"]] == ["tiny-sweep", "Pareto frontier", "Load curves: Main"]
     assert all(i["complete"] and i["width"] > 0 for i in seen["images"])
+    assert "Mean TPOT (ms), p99 TPOT (ms) against the max concurrency" in (out / HTML_NAME).read_text()  # the SLO's panel
     heads = _md_headings((out / "report.md").read_text())
     assert seen["headings"][:len(heads)] == heads and seen["headings"][len(heads)] == "Load Curves"

@@ -146,15 +146,17 @@ def _grid(n: int, *, width: float, height: float) -> tuple[Any, list[Any]]:
 
 
 def load_curves_svg(title: str, load_name: str, curves: Sequence[tuple[str, Sequence[dict[str, Any]]]],
-                    figures: Sequence[tuple[str, str]]) -> str:
-    """One panel per figure (``(metric key, axis label)``) against the load, one line per
-    configuration (``(label, points)``, points as the executor records them: ``load``,
-    ``metrics``, ``slo_met``); the points that missed the SLO crossed."""
+                    figures: Sequence[tuple[str, str, float | None]]) -> str:
+    """One panel per figure (``(metric key, axis label, limit or None)``) against the load, one
+    line per configuration (``(label, points)``, points as the executor records them: ``load``,
+    ``metrics``, ``slo_met``); the points that missed the SLO crossed, a limit dashed."""
     import matplotlib.pyplot as plt
 
     fig, axes = _grid(len(figures), width=4.3, height=3.1)
     try:
-        for ax, (key, ylabel) in zip(axes, figures, strict=True):
+        for ax, (key, ylabel, limit) in zip(axes, figures, strict=True):
+            if limit is not None:
+                ax.axhline(limit, color="#c92a2a", linestyle="--", linewidth=1, label=f"limit {limit:g}")
             for label, points in curves:
                 xy = [(float(next(iter(p["load"].values()))), float(v), p.get("slo_met")) for p in points
                       if p.get("load") and isinstance(v := (p.get("metrics") or {}).get(key), (int, float))]

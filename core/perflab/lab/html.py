@@ -44,7 +44,7 @@ HTML_NAME = "report.html"
 #: heading ids and the table of contents (toc)
 MD_EXTENSIONS: tuple[str, ...] = ("tables", "admonition", "pymdownx.details", "pymdownx.superfences", "toc")
 
-#: the load curves' panels: (the benchmark's metric, axis label)
+#: the load curves' panels: (the benchmark's metric, axis label); with an SLO, its percentiles follow
 LOAD_FIGURES: tuple[tuple[str, str], ...] = (
     ("total_token_throughput", "Total token throughput (tok/s)"),
     ("mean_ttft_ms", "Mean TTFT (ms)"),
@@ -146,7 +146,12 @@ def load_curves_section(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     benchmark's figures against the load, one line per configuration."""
     from perflab.lab.chart import load_curves_svg
     from perflab.lab.report import results_by_profile
+    from perflab.lab.study import slo_label
 
+    slo = o.plan.decision.slo
+    figures: list[tuple[str, str, float | None]] = [(k, y, None) for k, y in LOAD_FIGURES]
+    if slo:
+        figures += [(slo.metric_key(k), f"{slo_label(k, slo.percentile)} (ms)", v) for k, v in slo.limits().items()]
     out: list[str] = []
     by_profile = results_by_profile(o)
     for prof in o.plan.profiles:
@@ -156,10 +161,11 @@ def load_curves_section(o: StudyOutcome, ctx: ReportContext) -> list[str]:
             continue
         loads = list(dict.fromkeys(k for _, pts in curves for p in pts for k in (p.get("load") or {})))
         load_name = " / ".join(k.replace("_", " ") for k in loads) or "load"
-        svg = load_curves_svg(prof.label + (" — simulated" if ctx.simulated else ""), load_name, curves, LOAD_FIGURES)
+        svg = load_curves_svg(prof.label + (" — simulated" if ctx.simulated else ""), load_name, curves, figures)
+        slo_text = "; a cross marks a load that missed the SLO, a dashed line its limit" if slo else ""
         out += [f"### {prof.label}", "",
-                figure(svg, f"{prof.label}: {', '.join(y for _, y in LOAD_FIGURES)} against the {load_name}, one "
-                       "line per configuration; a cross marks a load that missed the SLO.", f"Load curves: {prof.label}"),
+                figure(svg, f"{prof.label}: {', '.join(y for _, y, _ in figures)} against the {load_name}, one "
+                       f"line per configuration{slo_text}.", f"Load curves: {prof.label}"),
                 ""]
     return ["## Load Curves", ""] + out if out else []
 
