@@ -96,7 +96,9 @@ class Watched:
         series = {"server_metrics": [{"t": float(t), "values": {"kv_cache_usage": kv * min(1.0, t / 5), "running": running,
                                                                  "waiting": max(0, 10 - t), "preemptions_total": t * 3}}
                                      for t in range(12)],
-                  "telemetry": [{"t": float(t), "values": {"power_w": 2000.0 + 50 * t, "utilization_pct": 90.0}}
+                  # per device, as "<name>.<device index>"
+                  "telemetry": [{"t": float(t), "values": {**{f"power_w.{d}": 250.0 + 5 * t for d in range(8)},
+                                                           **{f"utilization_pct.{d}": 90.0 for d in range(8)}}}
                                 for t in range(12)]}
         (self.study / run / file).write_text(json.dumps(series))
 
@@ -306,3 +308,17 @@ def test_run_and_report_html_on_the_simulator(tmp_path, chromium, capsys):
     assert "Mean TPOT (ms), p99 TPOT (ms) against the max concurrency" in (out / HTML_NAME).read_text()  # the SLO's panel
     heads = _md_headings((out / "report.md").read_text())
     assert seen["headings"][:len(heads)] == heads and seen["headings"][len(heads)] == "Load Curves"
+
+
+def test_names_and_devices():
+    """Figures are named from the agreed keys with their units; a sample's per-device values
+    become one mean per quantity (one line per configuration, whatever the accelerators)."""
+    from perflab.lab.html import flatten, header, per_device_mean
+
+    assert header("power_w.mean") == "power (W) mean" and header("kv_cache_usage.peak") == "kv cache usage peak"
+    assert header("memory_used_mib.peak") == "memory used (MiB) peak" and header("preemptions") == "preemptions"
+    assert header("power_w per device") == "power (W) per device"
+    assert per_device_mean({"power_w.0": 100.0, "power_w.1": 300.0, "utilization_pct.0": 50.0, "running": 3.0}) == \
+        {"running": 3.0, "power_w per device": 200.0, "utilization_pct per device": 50.0}
+    summary = {"source": "nvml", "samples": 3, "devices": [0], "power_w": {"mean": 1.0, "peak": 2.0}, "sm_clock_mhz": None}
+    assert list(flatten(summary)) == [("power_w.mean", 1.0), ("power_w.peak", 2.0), ("sm_clock_mhz", None)]

@@ -181,10 +181,12 @@ def load_curves_svg(title: str, load_name: str, curves: Sequence[tuple[str, Sequ
 
 
 def series_svg(title: str, series: Sequence[tuple[str, Sequence[tuple[float, Mapping[str, float]]]]],
-               names: Sequence[str], *, boundaries: Mapping[str, Sequence[float]] | None = None) -> str:
-    """Values over time: one panel per value name, one line per configuration (``(label,
-    [(t, values)])``); ``boundaries``: per label, the times where one benchmark of a launch
-    ended and the next began (a sweep's loads, repeats), drawn as faint vertical lines."""
+               names: Sequence[str], *, boundaries: Mapping[str, Sequence[float]] | None = None,
+               titles: Mapping[str, str] | None = None) -> str:
+    """Values over time: one panel per value name (titled ``titles[name]``), one line per
+    configuration (``(label, [(t, values)])``); ``boundaries``: per label, the times where one
+    benchmark of a launch ended and the next began (a sweep's loads, repeats), drawn as faint
+    vertical lines."""
     import matplotlib.pyplot as plt
 
     fig, axes = _grid(len(names), width=4.3, height=2.6)
@@ -197,7 +199,7 @@ def series_svg(title: str, series: Sequence[tuple[str, Sequence[tuple[float, Map
                 (line,) = ax.plot([t for t, _ in pts], [y for _, y in pts], linewidth=1.1, label=label)
                 for b in (boundaries or {}).get(label, ()):
                     ax.axvline(b, color=line.get_color(), alpha=0.25, linewidth=0.8, linestyle=":")
-            ax.set_title(name, fontsize=8)
+            ax.set_title((titles or {}).get(name, name), fontsize=8)
             ax.set_xlabel("engine seconds", fontsize=7)
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)

@@ -207,13 +207,15 @@ def flatten(summary: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str,
 
 
 def header(path: str) -> str:
-    """``power_w.mean`` → ``power (W) mean``; ``kv_cache_usage.peak`` → ``kv cache usage peak``."""
-    head, *rest = path.split(".")
+    """``power_w.mean`` → ``power (W) mean``; ``kv_cache_usage.peak`` → ``kv cache usage peak``;
+    ``power_w per device`` → ``power (W) per device``."""
+    first, *rest = path.split(".")
+    head, _, tail = first.partition(" ")
     for suffix, unit in _UNITS.items():
         if head.endswith(suffix):
             head = f"{head.removesuffix(suffix)} ({unit})"
             break
-    return " ".join([head.replace("_", " "), *rest])
+    return " ".join([head.replace("_", " "), *([tail] if tail else []), *rest])
 
 
 def fmt(value: Any) -> str:
@@ -277,6 +279,26 @@ def observe_files(run_dir: Path, profile: str) -> list[Path]:
     return [p for *_, p in sorted(found)]
 
 
+_DEVICE = re.compile(r"^(?P<name>.+)\.(?P<device>\d+)$")
+
+
+def per_device_mean(values: Mapping[str, float]) -> dict[str, float]:
+    """A telemetry sample's ``<name>.<device index>`` values (``power_w.3``) as one value per
+    name, the mean over the devices (``power_w per device``): one line per configuration
+    whatever the number of accelerators; other values as they are."""
+    out: dict[str, float] = {}
+    devices: dict[str, list[float]] = {}
+    for k, v in values.items():
+        m = _DEVICE.match(k)
+        if m:
+            devices.setdefault(m["name"], []).append(v)
+        else:
+            out[k] = v
+    for name, vs in devices.items():
+        out[f"{name} per device"] = sum(vs) / len(vs)
+    return out
+
+
 def load_series(run_dir: Path, profile: str) -> tuple[dict[str, list[tuple[float, dict[str, float]]]], list[float]]:
     """A configuration's samples on one profile, by watcher key, its benchmarks laid end to end
     (the times where one ended), from the files :func:`observe_files` finds."""
@@ -292,8 +314,8 @@ def load_series(run_dir: Path, profile: str) -> tuple[dict[str, list[tuple[float
             for s in samples if isinstance(samples, list) else ():
                 if not isinstance(s, dict) or not isinstance(s.get("t"), (int, float)):
                     continue
-                values = {k: float(v) for k, v in (s.get("values") or {}).items()
-                          if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                values = per_device_mean({k: float(v) for k, v in (s.get("values") or {}).items()
+                                          if isinstance(v, (int, float)) and not isinstance(v, bool)})
                 series.setdefault(key, []).append((offset + float(s["t"]), values))
                 end = max(end, offset + float(s["t"]))
         if offset:
@@ -324,7 +346,7 @@ def series_charts(profile: str, profile_label: str, rows: Sequence[tuple[str, Co
         shown = names[:MAX_PANELS]
         title = f"{TITLES.get(key, key)} over time: {profile_label}"
         more = f" ({len(names) - len(shown)} more values are in the samples files)" if len(names) > len(shown) else ""
-        svg = series_svg(title, per_key[key], shown, boundaries=bounds)
+        svg = series_svg(title, per_key[key], shown, boundaries=bounds, titles={n: header(n) for n in shown})
         out += [figure(svg, f"{title}; one line per configuration, in engine seconds since its benchmark began; "
                        f"dotted lines: where one benchmark of the launch ended and the next began{more}.", title), ""]
     return out
