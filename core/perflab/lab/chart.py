@@ -196,7 +196,8 @@ def series_svg(title: str, series: Sequence[tuple[str, Sequence[tuple[float, Map
                 pts = [(t, float(v[name])) for t, v in samples if isinstance(v.get(name), (int, float))]
                 if not pts:
                     continue
-                (line,) = ax.plot([t for t, _ in pts], [y for _, y in pts], linewidth=1.1, label=label)
+                (line,) = ax.plot([t for t, _ in pts], [y for _, y in pts], linewidth=1.1, label=label,
+                                  marker="." if len(pts) <= 40 else None, markersize=3)  # few samples: show each
                 for b in (boundaries or {}).get(label, ()):
                     ax.axvline(b, color=line.get_color(), alpha=0.25, linewidth=0.8, linestyle=":")
             ax.set_title((titles or {}).get(name, name), fontsize=8)
