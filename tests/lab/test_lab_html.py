@@ -322,3 +322,18 @@ def test_names_and_devices():
         {"running": 3.0, "power_w per device": 200.0, "utilization_pct per device": 50.0}
     summary = {"source": "nvml", "samples": 3, "devices": [0], "power_w": {"mean": 1.0, "peak": 2.0}, "sm_clock_mhz": None}
     assert list(flatten(summary)) == [("power_w.mean", 1.0), ("power_w.peak", 2.0), ("sm_clock_mhz", None)]
+
+
+def test_text_that_looks_like_html_stays_text(tmp_path):
+    """report.md's coloured spans and <br> are HTML; a crash line's `<frozen runpy>` or an
+    engine's `<script>` is text (shown, never run: the page's CSP allows its own script only)."""
+    from perflab.lab.html import render_html
+
+    o, paths = _study(tmp_path, SeedMeasure(seed_002_key))
+    md = paths["markdown"].read_text().replace(
+        "## Optimization Objective",
+        '| a |\n|---|\n| Crash: File "<frozen runpy>", line 1 <script>alert(1)</script> |\n\n## Optimization Objective')
+    page = render_html(md, o, CTX, tmp_path)
+    assert 'File "&lt;frozen runpy&gt;", line 1 &lt;script&gt;alert(1)&lt;/script&gt;' in page
+    assert '<span style="background-color:lightgreen;">(+18.7%)</span><br>' in page
+    assert page.count("<script>") == 1 and "script-src 'sha256-" in page and not re.search(r"script-src[^;\"]*unsafe-inline", page)

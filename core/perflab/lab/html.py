@@ -14,6 +14,7 @@ drawn as paths, and the only script opens the collapsed boxes for printing.
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import json
 import mimetypes
@@ -27,6 +28,7 @@ from xml.etree import ElementTree
 
 import markdown
 from markdown.extensions import Extension
+from markdown.inlinepatterns import HTML_RE, HtmlInlineProcessor
 from markdown.treeprocessors import Treeprocessor
 
 from perflab import redact
@@ -43,6 +45,12 @@ HTML_NAME = "report.html"
 #: ``??? info "title"`` collapsible boxes (pymdownx.details) holding fenced code (pymdownx.superfences),
 #: heading ids and the table of contents (toc)
 MD_EXTENSIONS: tuple[str, ...] = ("tables", "admonition", "pymdownx.details", "pymdownx.superfences", "toc")
+
+#: the inline HTML tags report.md's text may use (its coloured changes, line breaks in table
+#: cells); any other ``<...>`` in the text (``File "<frozen runpy>"`` in a crash line, an engine's
+#: ``<script>``) is shown as text, never interpreted
+INLINE_TAGS = frozenset({"span", "br", "b", "strong", "i", "em", "code", "sub", "sup", "small", "mark", "s", "del",
+                         "ins", "kbd"})
 
 #: the load curves' panels: (the benchmark's metric, axis label); with an SLO, its percentiles follow
 LOAD_FIGURES: tuple[tuple[str, str], ...] = (
@@ -78,12 +86,17 @@ def render_html(markdown_text: str, o: StudyOutcome, ctx: ReportContext, directo
         body, footer = markdown_text, ""
     extra = [*load_curves_section(o, ctx), *observed_section(o, ctx, directory)]
     text = body.rstrip("\n") + "\n\n" + "\n".join(extra) + (f"\n---\n{footer}" if sep else "")
-    md = markdown.Markdown(extensions=[*MD_EXTENSIONS, _EmbedImages(directory)],
+    md = markdown.Markdown(extensions=[*MD_EXTENSIONS, _EmbedImages(directory), _InlineTags()],
                            extension_configs={"toc": {"toc_depth": "2-3"}})
     content = md.convert(text)
-    template = Template(resources.files("perflab.lab").joinpath("templates/report.html").read_text(encoding="utf-8"))
-    page = template.substitute(title=html.escape(title_of(o, ctx)), toc=md.toc, body=content,  # type: ignore[attr-defined]
-                               generator=html.escape(f"perflab {__version__}"))
+    source = resources.files("perflab.lab").joinpath("templates/report.html").read_text(encoding="utf-8")
+    # the page's own script is the only one allowed to run (by its hash, in the page's CSP)
+    script = re.search(r"<script>(.*?)</script>", source, re.S)
+    assert script is not None, "templates/report.html has its print script"
+    digest = base64.b64encode(hashlib.sha256(script[1].encode("utf-8")).digest()).decode("ascii")
+    page = Template(source).substitute(title=html.escape(title_of(o, ctx)), toc=md.toc,  # type: ignore[attr-defined]
+                                       body=content, generator=html.escape(f"perflab {__version__}"),
+                                       script_hash=f"sha256-{digest}")
     return redact.scrub(page)
 
 
@@ -125,6 +138,21 @@ class _EmbedImages(Extension):
 
     def extendMarkdown(self, md: markdown.Markdown) -> None:  # noqa: N802 (Python-Markdown's name)
         md.treeprocessors.register(_EmbedImagesProcessor(md, self.directory), "perflab-embed-images", 1)  # after inline
+
+
+class _InlineTagsProcessor(HtmlInlineProcessor):
+    """Python-Markdown's inline HTML, for :data:`INLINE_TAGS` only; any other tag stays text."""
+
+    def handleMatch(self, m: re.Match[str], data: str) -> tuple[Any, int, int]:  # noqa: N802 (its name)
+        tag = re.match(r"</?([A-Za-z][A-Za-z0-9]*)", m.group(1))
+        if tag is not None and tag[1].lower() in INLINE_TAGS:
+            return super().handleMatch(m, data)
+        return m.group(1), m.start(0), m.end(0)  # as text: escaped when written
+
+
+class _InlineTags(Extension):
+    def extendMarkdown(self, md: markdown.Markdown) -> None:  # noqa: N802
+        md.inlinePatterns.register(_InlineTagsProcessor(HTML_RE, md), "html", 90)  # replaces the built-in one
 
 
 def data_uri(data: bytes | str, mime: str) -> str:
