@@ -92,7 +92,8 @@ def render_html(markdown_text: str, o: StudyOutcome, ctx: ReportContext, directo
     source = resources.files("perflab.lab").joinpath("templates/report.html").read_text(encoding="utf-8")
     # the page's own script is the only one allowed to run (by its hash, in the page's CSP)
     script = re.search(r"<script>(.*?)</script>", source, re.S)
-    assert script is not None, "templates/report.html has its print script"
+    if script is None:
+        raise RuntimeError("perflab's templates/report.html lost its print script (a broken install?)")
     digest = base64.b64encode(hashlib.sha256(script[1].encode("utf-8")).digest()).decode("ascii")
     page = Template(source).substitute(title=html.escape(title_of(o, ctx)), toc=md.toc,  # type: ignore[attr-defined]
                                        body=content, generator=html.escape(f"perflab {__version__}"),
@@ -207,8 +208,9 @@ def observed_section(o: StudyOutcome, ctx: ReportContext, directory: Path) -> li
     from perflab.lab.report import results_by_profile
 
     out: list[str] = []
+    by_profile = results_by_profile(o)
     for prof in o.plan.profiles:
-        rows = [(label, res) for label, _, res in results_by_profile(o)[prof.name] if res.status.measured]
+        rows = [(label, res) for label, _, res in by_profile[prof.name] if res.status.measured]
         part: list[str] = []
         for key in OBSERVED_KEYS:
             part += summary_table(key, [(label, res.observed.get(key)) for label, res in rows])
@@ -263,6 +265,13 @@ def _cell(text: str) -> str:
     return html.escape(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _meta_text(value: Any) -> str:
+    """``[0, 1, 2]`` → ``0, 1, 2``; ``"nvml"`` → ``nvml``."""
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
 def summary_table(key: str, rows: Sequence[tuple[str, Any]]) -> list[str]:
     """A Markdown table of one watched key's summaries, a column per figure any of them has."""
     have = [(label, s) for label, s in rows if isinstance(s, Mapping) and s]
@@ -272,9 +281,11 @@ def summary_table(key: str, rows: Sequence[tuple[str, Any]]) -> list[str]:
     columns = list(dict.fromkeys(p for _, s in have for p, v in flatten(s) if v is not None))
     meta = []
     for m in _META:
-        values = list(dict.fromkeys(json.dumps(s[m]) for _, s in have if s.get(m) is not None))
-        if values and m != "samples":
-            meta.append(f"{m}: {', '.join(v.strip(chr(34)) for v in values)}")
+        if m == "samples":  # a count per result, not worth a caption
+            continue
+        values = list(dict.fromkeys(_meta_text(s[m]) for _, s in have if s.get(m) is not None))
+        if values:
+            meta.append(f"{m}: {' / '.join(values)}")
     title = TITLES.get(key, key.replace("_", " ").capitalize())
     out = [f"#### {title}" + (f" ({_cell('; '.join(meta))})" if meta else ""), ""]
     if not columns:
