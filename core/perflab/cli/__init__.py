@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("perflab.cli.launch_cmd:launch", "Launch one engine, wait until it really serves, tear it down on Ctrl-C."),
     "bench": ("perflab.cli.bench_cmd:bench", "Benchmark an OpenAI-compatible endpoint (vllm bench serve metrics)."),
     "run": ("perflab.cli.lab_cmd:run", "Run a whole study from a plan file, resumable."),
-    "report": ("perflab.cli.lab_cmd:report", "Write the Markdown report, chart and report.json of a study."),
+    "report": ("perflab.cli.lab_cmd:report", "Write the Markdown report, chart, report.json and report.html of a study."),
     "demo": ("perflab.cli.lab_cmd:demo", "Reproduce a scaled-down seed study on the simulator."),
     "compare": ("perflab.cli.compare_cmd:compare", "Compare two studies of one plan: changed metrics, regressions, decisions."),
     "plugin": ("perflab.cli.plugin_cmd:plugin", "Create a new engine plugin package."),
