@@ -20,7 +20,7 @@ from typing import Any
 from perflab.audit.rules import RULE_NAMES, RULES, ResultView, check_result, check_table_row
 from perflab.errors import UsageError
 
-__all__ = ["RULES", "RULE_NAMES", "Audit", "Finding", "audit_paths", "audit_report", "markdown_section"]
+__all__ = ["RULES", "RULE_NAMES", "Audit", "Finding", "audit_paths", "audit_report", "audit_written_report", "markdown_section"]
 
 # the per-request lists of a --save-result JSON that the rules use (min/max, exact TPOT)
 DETAIL_KEYS = ("latencies", "ttfts", "itls", "output_lens", "errors")
@@ -109,9 +109,15 @@ def _table_rows(text: str) -> Iterator[tuple[int, list[str]]]:
         yield m.start(), [c.strip() for c in cells]
 
 
+SECTION_TITLE = "### Consistency check"
+_OWN_SECTION_RE = re.compile(re.escape(SECTION_TITLE) + r".*?(?=\n#|\n---\n|\Z)", re.S)
+
+
 def audit_markdown(text: str, name: str) -> Audit:
     from perflab.bench.result import result_blocks_at
 
+    # a perflab report's own findings table quotes numbers: blank it (offsets, lines kept)
+    text = _OWN_SECTION_RE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
     findings: list[Finding] = []
     blocks = result_blocks_at(text)
     for i, (offset, metrics) in enumerate(blocks, 1):
@@ -120,9 +126,8 @@ def audit_markdown(text: str, name: str) -> Audit:
         findings += _findings(ResultView(metrics, printed=True), where)
     rows = 0
     for offset, cells in _table_rows(text):
-        issues = check_table_row(cells)
-        if any("(" in c and "%" in c for c in cells):
-            rows += 1
+        checked, issues = check_table_row(cells)
+        rows += checked
         label = re.sub(r"[*_]", "", cells[0]).strip()
         heading = _heading_before(text, offset)
         where = f"{name}:{_line_of(text, offset)} table" + (f" ({heading})" if heading else "") + f" row '{label}'"
@@ -206,9 +211,19 @@ def audit_report(report: Mapping[str, Any], markdown: str, name: str = "report")
     return audit_report_json(report, f"{name}.json") + audit_markdown(markdown, f"{name}.md")
 
 
+def audit_written_report(markdown: str, report: dict[str, Any]) -> str:
+    """Audit a report about to be written: adds ``audit`` to ``report`` (report.json) and
+    returns ``markdown`` with its "Consistency check" section before the footer."""
+    result = audit_report(report, markdown)
+    report["audit"] = result.to_json()
+    head, sep, footer = markdown.rpartition("\n---\n")
+    section = "\n".join(markdown_section(result))
+    return f"{head}\n\n{section}{sep}{footer}" if sep else f"{markdown.rstrip()}\n\n{section}"
+
+
 def markdown_section(audit: Audit) -> list[str]:
     """The report's "Consistency check" section."""
-    out = ["### Consistency check", ""]
+    out = [SECTION_TITLE, ""]
     what = f"{audit.results} benchmark results and {audit.rows} table changes"
     if audit.clean:
         out.append(f"`perflab audit` found no inconsistency in {what} ({', '.join(RULE_NAMES)}).")

@@ -372,11 +372,12 @@ def _figures(cell: str) -> dict[str, tuple[Num, tuple[float, Num] | None, str]]:
     return out
 
 
-def check_table_row(cells: Sequence[str]) -> list[Issue]:
+def check_table_row(cells: Sequence[str]) -> tuple[int, list[Issue]]:
     """A row whose cells show ``Label: X (+p%)`` in one and ``Label: Y`` in another: p must be
-    X/Y − 1 (within the printed digits of X, Y and p)."""
+    X/Y − 1 (within the printed digits of X, Y and p). Returns the changes checked and the issues."""
     figs = [_figures(c) for c in cells]
     out: list[Issue] = []
+    checked = 0
     for i, f in enumerate(figs):
         for label, (x, change, xtext) in f.items():
             if change is None:
@@ -387,6 +388,7 @@ def check_table_row(cells: Sequence[str]) -> list[Issue]:
             y, _, ytext = refs[0]
             if y.value <= 0:
                 continue
+            checked += 1
             lo = ((x.lo / y.hi) - 1) * 100
             hi = ((x.hi / y.lo) - 1) * 100
             stated = change[1]
@@ -395,4 +397,4 @@ def check_table_row(cells: Sequence[str]) -> list[Issue]:
                 digits = max(_decimals(f"{abs(stated.value)}"), 1)
                 out.append(Issue("table-change", f"{label} {xtext} vs {ytext}: stated {_pct(stated.value, digits)}, "
                                                  f"recomputed {_pct(actual, digits)}"))
-    return out
+    return checked, out
