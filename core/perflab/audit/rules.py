@@ -9,9 +9,10 @@ largest number of output tokens (vLLM: chunks) whose arrival falls into one one-
 bucket; vLLM's ``max_concurrent_requests`` is the largest number of requests touching one
 such bucket, perflab's the exact maximum of overlapping requests.
 
-Numbers read from text carry their printing precision: a value printed with two decimals
-stands for anything within ±0.005 of it, and every comparison allows for that (interval
-arithmetic) before it adds its own tolerance (see each rule). The tolerances are listed in
+Numbers carry their written precision: a value printed with two decimals stands for anything
+within ±0.005 of it (a JSON number for what its digits say: 0.49 is 0.485 to 0.495, a computed
+float is itself), and every comparison allows for that (interval arithmetic) before it adds
+its own tolerance (see each rule). The tolerances are listed in
 ``docs/user-guide.md`` ("perflab audit").
 """
 
@@ -77,6 +78,16 @@ class Num:
         return self.value + self.half
 
 
+def _written_half(v: float) -> float:
+    """Half a unit of the last digit of a JSON number as written: 0.49 stands for 0.485 to
+    0.495 (a result copied from a printed block); a computed float's 16 digits stand for itself."""
+    text = repr(v)
+    if "e" in text or "." not in text:
+        return 0.0
+    decimals = len(text.split(".")[1])
+    return 0.5 * 10.0 ** -decimals if decimals <= 6 else 0.0
+
+
 def _gt(a: Num, b: Num) -> bool:
     """``a`` is surely greater than ``b``: beyond both printing precisions and float noise
     (a simulator's identical values give mean == P99)."""
@@ -105,8 +116,10 @@ class ResultView:
         v = self.metrics.get(key)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v) or math.isinf(v):
             return None
-        if not self.printed or (isinstance(v, int) and not key.endswith("_ms")):
+        if isinstance(v, int) and not (self.printed and key.endswith("_ms")):
             return Num(v)
+        if not self.printed:
+            return Num(v, _written_half(float(v)))
         seconds = key.endswith("_e2el_ms") and "latency" in (self.metrics.get("percentile_metrics") or ())
         return Num(v, 5.0 if seconds else 0.005)
 
