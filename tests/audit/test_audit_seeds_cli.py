@@ -58,23 +58,22 @@ def test_seeds_inconsistencies_found_where_they_are() -> None:
             "(every request 2000 tokens)") in tpots
     assert any("block 1 (vLLM)" in w and "= 80.26 ms" in m for w, m in tpots)
 
-    # seed 000: MindIE's mean ITL above its own P99
-    assert [w for w, _ in _found(a, "000_", "stat-order")] == [
-        "000_66c74e108a0d1776.txt:124 block 2 (1. Choosing the Inference Engine)",
-        "000_66c74e108a0d1776.txt:220 block 4 (Other Benchmark Cases)",
-        "000_66c74e108a0d1776.txt:356 block 9 (Other Benchmark Cases)"]
+    # seed 004: a mean TPOT above its own P99 (0.12 vs 0.03 ms); seed 000's MindIE ITLs whose
+    # mean is above their P99 are a heavy tail (stalls of seconds), not an impossibility
+    assert [w for w, _ in _found(a, "004_", "stat-order")] == [
+        "004_b58ebedf0df33e6b.txt:27 block 24 (Generation Heavy Profile)"]
 
     # no false alarm on the blocks vLLM printed: seeds 000-002 hold their throughput, TPOT and
-    # duration identities; 001 is clean; 003 has nothing to check
+    # duration identities; 003 has nothing to check
     by_seed = Counter((f.where.split("/")[-1][:3], f.rule) for f in a.findings)
-    assert {k for k in by_seed if k[0] in ("000", "001", "002")} == {("000", "stat-order"), ("002", "table-change")}
+    assert {k for k in by_seed if k[0] != "004"} == {("002", "table-change")}
     assert by_seed[("004", "throughput")] == 46
 
 
 def test_cli_seeds_exit_1_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, *map(str, SEEDS))
     assert code == 1, err
-    assert "95 inconsistencies in 67 benchmark results and 27 table changes in 5 source(s)" in out
+    assert "91 inconsistencies in 67 benchmark results and 27 table changes in 5 source(s)" in out
     assert "−12.1%" in out and "table-change" in out
 
     code, out, _ = run(capsys, "--json", str(SEEDS[2]))

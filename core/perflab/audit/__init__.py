@@ -113,17 +113,22 @@ SECTION_TITLE = "### Consistency check"
 _OWN_SECTION_RE = re.compile(re.escape(SECTION_TITLE) + r".*?(?=\n#|\n---\n|\Z)", re.S)
 
 
-def audit_markdown(text: str, name: str) -> Audit:
-    from perflab.bench.result import result_blocks_at
+def audit_markdown(text: str, name: str, *, blocks: bool = True) -> Audit:
+    """A page's result blocks (``blocks``) and table changes. A perflab report's blocks are
+    rendered from its report.json, where each repeat is checked on its own (a block shows
+    their mean, for which no identity holds): its page is read for the tables only."""
+    from perflab.bench.result import LAYOUT_011, result_blocks_at
 
     # a perflab report's own findings table quotes numbers: blank it (offsets, lines kept)
     text = _OWN_SECTION_RE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
     findings: list[Finding] = []
-    blocks = result_blocks_at(text)
-    for i, (offset, metrics) in enumerate(blocks, 1):
+    found = result_blocks_at(text) if blocks else []
+    for i, (offset, metrics) in enumerate(found, 1):
         heading = _heading_before(text, offset)
         where = f"{name}:{_line_of(text, offset)} block {i}" + (f" ({heading})" if heading else "")
-        findings += _findings(ResultView(metrics, printed=True), where)
+        # vLLM 0.11's layout (the seeds): vLLM counted the peak; 0.33's is also perflab's
+        counting = "buckets" if metrics.get("block_layout") == LAYOUT_011 else "unknown"
+        findings += _findings(ResultView(metrics, printed=True, peak_counting=counting), where)
     rows = 0
     for offset, cells in _table_rows(text):
         checked, issues = check_table_row(cells)
@@ -132,7 +137,7 @@ def audit_markdown(text: str, name: str) -> Audit:
         heading = _heading_before(text, offset)
         where = f"{name}:{_line_of(text, offset)} table" + (f" ({heading})" if heading else "") + f" row '{label}'"
         findings += [Finding(i.rule, where, i.message) for i in issues]
-    return Audit((name,), len(blocks), rows, tuple(findings))
+    return Audit((name,), len(found), rows, tuple(findings))
 
 
 # --------------------------------------------------------------------------- JSON results
@@ -147,11 +152,11 @@ def audit_bench_json(data: Mapping[str, Any], name: str) -> Audit:
     ours = isinstance(data.get("perflab"), Mapping) and data["perflab"].get("client") != "vllm-bench"
     details = {k: data[k] for k in DETAIL_KEYS if isinstance(data.get(k), list) and data[k]}
     num_prompts = data.get("num_prompts") if isinstance(data.get("num_prompts"), int) else None
-    r = ResultView(data, exact_peak=ours, num_prompts=num_prompts, details=details or None)
+    r = ResultView(data, peak_counting="exact" if ours else "buckets", num_prompts=num_prompts, details=details or None)
     return Audit((name,), 1, 0, _findings(r, name))
 
 
-def _study_results(report: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any], int | None]]:
+def study_results(report: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any], int | None]]:
     """``(where, metrics, num_prompts)`` of every measurement in a report.json: each repeat on
     its own (``metrics`` is then their mean, which no identity holds for), each load point."""
 
@@ -195,20 +200,20 @@ def audit_report_json(report: Mapping[str, Any], name: str) -> Audit:
     seen: set[str] = set()
     findings: list[Finding] = []
     count = 0
-    for where, metrics, n in _study_results(report):
+    for where, metrics, n in study_results(report):
         key = json.dumps(metrics, sort_keys=True, default=str)
         if key in seen:  # the same measurement shown in a step, a case and the conclusion
             continue
         seen.add(key)
         count += 1
         # perflab's lab measures with its own client: exact peak concurrency
-        findings += _findings(ResultView(metrics, exact_peak=True, num_prompts=n), f"{name} {where}")
+        findings += _findings(ResultView(metrics, peak_counting="exact", num_prompts=n), f"{name} {where}")
     return Audit((name,), count, 0, tuple(findings))
 
 
 def audit_report(report: Mapping[str, Any], markdown: str, name: str = "report") -> Audit:
     """What a report perflab is about to write says about itself: its results and its page."""
-    return audit_report_json(report, f"{name}.json") + audit_markdown(markdown, f"{name}.md")
+    return audit_report_json(report, f"{name}.json") + audit_markdown(markdown, f"{name}.md", blocks=False)
 
 
 def audit_written_report(markdown: str, report: dict[str, Any]) -> str:
@@ -252,7 +257,7 @@ def audit_path(path: Path) -> Audit:
                              f"run `perflab report {path}` first)")
         out = audit_path(report)
         md = path / "report.md"
-        return out + (audit_markdown(_read(md), str(md)) if md.is_file() else Audit())
+        return out + (audit_markdown(_read(md), str(md), blocks=False) if md.is_file() else Audit())
     if not path.exists():
         raise UsageError(f"cannot read {path}: no such file or directory")
     text = _read(path)
