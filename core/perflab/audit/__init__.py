@@ -67,6 +67,7 @@ def _findings(r: ResultView, where: str) -> tuple[Finding, ...]:
 # after a space; one # is a comment in a script box
 _HEADING_RE = re.compile(r"(?:^|(?<=\s))#{2,6}[ \t]+([^\n#`|]+)", re.M)
 _ROW_START_RE = re.compile(r"\|")
+_ROW_RE = re.compile(r"\|((?:[^|]*\|){2,})")
 
 
 def _line_of(text: str, offset: int) -> int:
@@ -94,7 +95,7 @@ def _table_rows(text: str) -> Iterator[tuple[int, list[str]]]:
     for m in _ROW_START_RE.finditer(text):
         if m.start() < seen_end:
             continue
-        row = re.match(r"\|((?:[^|]*\|){2,})", text[m.start():])
+        row = _ROW_RE.match(text, m.start())
         if not row:
             continue
         cells = row.group(1).split("|")[:-1]
