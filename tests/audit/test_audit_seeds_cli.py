@@ -101,7 +101,8 @@ def test_cli_bad_input_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path
     code, _, err = run(capsys, str(tmp_path / "bad.json"))
     assert code == 2 and len(err.strip().splitlines()) == 1 and "not valid JSON" in err
     code, _, err = run(capsys, str(tmp_path))  # a directory that is no study
-    assert code == 2 and "no report.json" in err
+    assert code == 2 and err.strip() == f"perflab: error: {tmp_path}: not a study directory (no study.db); " \
+                                        "expected the --out of a `perflab run`"
     code, _, err = run(capsys)
     assert code == 2 and "Missing argument" in err
 

@@ -4,6 +4,7 @@ consistent; `perflab audit` of the study directory agrees; an edited report.json
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,13 @@ def test_sim_study_report_is_audited_and_clean(tmp_path: Path) -> None:
 
     again = audit_paths([out])
     assert again.clean and again.results == audit["results_checked"]
+    # without report.json (a study still running): the same results, from the Store
+    shutil.move(out / "report.json", tmp_path / "report.json")
+    shutil.move(out / "report.md", tmp_path / "report.md")
+    from_store = audit_paths([out])
+    assert from_store.clean and from_store.results == audit["results_checked"]
+    assert from_store.sources == (f"{out}/report.json", f"{out}/report.md")
+    shutil.move(tmp_path / "report.json", out / "report.json")
 
     # the same study with one number edited: named, with its numbers
     for case in report["cases"]:

@@ -1,6 +1,7 @@
 """``perflab audit``: are published benchmark results consistent with themselves?
 
-It reads perflab study directories (``report.json`` and ``report.md``), ``vllm bench serve
+It reads perflab study directories (``report.json`` and ``report.md``; without them the
+results in the study's Store), ``vllm bench serve
 --save-result`` JSON files (perflab's ``bench --save-result`` writes the same), and Markdown
 study pages in the seeds' format (their "Serving Benchmark Result" blocks, parsed by
 :func:`perflab.bench.result.result_blocks_at`, and their tables with ``(+x%)`` changes), and
@@ -250,12 +251,31 @@ def _read(path: Path) -> str:
         raise UsageError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
+def audit_store(path: Path) -> Audit:
+    """A study without a written report (still running, or never reported): its results and
+    page as `perflab report` would write them, built in memory from the Store (study.db)."""
+    import anyio
+
+    from perflab.lab.report import build_json, render_markdown
+    from perflab.lab.runner import _report_outcome, report_context
+    from perflab.lab.store import Store
+
+    store = Store.open_existing(path)  # a one-line UsageError when it is no study
+    try:
+        outcome = anyio.run(_report_outcome, store)
+        ctx = report_context(store)
+        data = json.loads(json.dumps(build_json(outcome, ctx), default=str))
+        markdown = render_markdown(outcome, ctx)
+    finally:
+        store.close()
+    return audit_report(data, markdown, name=str(path / "report"))
+
+
 def audit_path(path: Path) -> Audit:
     if path.is_dir():
         report = path / "report.json"
         if not report.is_file():
-            raise UsageError(f"{path} is not a perflab study directory with a report (no report.json; "
-                             f"run `perflab report {path}` first)")
+            return audit_store(path)
         out = audit_path(report)
         md = path / "report.md"
         return out + (audit_markdown(_read(md), str(md), blocks=False) if md.is_file() else Audit())

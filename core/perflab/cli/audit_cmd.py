@@ -19,7 +19,7 @@ _RULES_HELP = "\n".join(f"  {r.name:<17} {r.checks}" for r in RULES)
 def audit(ctx: click.Context, paths: tuple[Path, ...], as_json: bool) -> None:
     """Check benchmark results for internal consistency.
 
-    PATH is a perflab study directory (its report.json and report.md), a `vllm bench serve
+    PATH is a perflab study directory (its report.json and report.md, else its study.db), a `vllm bench serve
     --save-result` JSON file (or perflab bench's), or a Markdown study page in the seeds'
     format (its "Serving Benchmark Result" blocks and its tables with (+x%) changes).
 
