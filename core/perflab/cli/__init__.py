@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("perflab.cli.bench_cmd:bench", "Benchmark an OpenAI-compatible endpoint (vllm bench serve metrics)."),
     "run": ("perflab.cli.lab_cmd:run", "Run a whole study from a plan file, resumable."),
     "report": ("perflab.cli.lab_cmd:report", "Write the Markdown report, chart, report.json and report.html of a study."),
+    "audit": ("perflab.cli.audit_cmd:audit", "Check benchmark results, studies and study pages for internal consistency."),
     "demo": ("perflab.cli.lab_cmd:demo", "Reproduce a scaled-down seed study on the simulator."),
     "compare": ("perflab.cli.compare_cmd:compare", "Compare two studies of one plan: changed metrics, regressions, decisions."),
     "plugin": ("perflab.cli.plugin_cmd:plugin", "Create a new engine plugin package."),
