@@ -1,0 +1,181 @@
+"""The engine's own metrics during every measured benchmark (issue #13 item 1).
+
+The plugins name their Prometheus endpoint and metric names (the optional
+``perflab_metrics_endpoint`` hook); the ``server_metrics`` watcher parses them with
+prometheus_client's parser — on a real vLLM 0.32.0's /metrics, on a running simulated engine
+and through the executor into report.json — and the report explains a step with them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import pytest
+import structlog.testing
+from perflab.observe import Sample
+from perflab.observe.metrics import MetricsWatcher, Target, metrics_url, metrics_watchers, parse, summarize
+from perflab.types import METRIC_ROLES, LaunchSpec, MetricsEndpoint
+
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "vllm-0.32.0-cpu" / "metrics-idle.txt"
+ENGINES = ("vllm", "vllm-ascend", "sglang", "trtllm", "mindie")
+
+
+def _launch(engine: str = "x", argv: tuple[str, ...] = ("x",), extra_ports: tuple[int, ...] = ()) -> LaunchSpec:
+    return LaunchSpec(engine=engine, argv=argv, host="127.0.0.1", port=8000, served_model_name="m", extra_ports=extra_ports)
+
+
+# --------------------------------------------------------------------------- the hook
+
+
+def test_every_plugin_names_its_engines_metrics_with_a_source() -> None:
+    from perflab.plugins import load
+
+    pm = load()
+    got = {e: pm.hook.perflab_metrics_endpoint(engine=e, launch=_launch(e)) for e in ENGINES}
+    assert got["vllm"] == got["vllm-ascend"]  # the same API server and loggers
+    assert got["vllm"].path == "/metrics" and got["vllm"].port is None
+    assert got["vllm"].names()["preemptions"] == "vllm:num_preemptions"
+    assert got["trtllm"].path == "/prometheus/metrics" and "preemptions" not in got["trtllm"].names()
+    assert got["sglang"] is None  # no --enable-metrics in this launch: SGLang serves no /metrics
+    sglang = pm.hook.perflab_metrics_endpoint(engine="sglang", launch=_launch("sglang", ("python", "--enable-metrics")))
+    assert sglang.names()["prefix_cache_hit_rate"] == "sglang:cache_hit_rate"
+    # MindIE: on the launch's metrics port (its second extra port), the documented names
+    mindie = pm.hook.perflab_metrics_endpoint(engine="mindie", launch=_launch("mindie", extra_ports=(8001, 8002)))
+    assert (mindie.path, mindie.port, mindie.names()["kv_cache_usage"]) == ("/metrics", 8002, "npu_cache_usage_perc")
+    for endpoint in (got["vllm"], got["trtllm"], sglang, mindie):
+        assert endpoint.source and {"kv_cache_usage", "running", "waiting"} <= set(endpoint.names())
+        assert set(endpoint.names()) <= set(METRIC_ROLES)
+    assert pm.hook.perflab_metrics_endpoint(engine="no-such-engine", launch=_launch()) is None
+
+
+def test_engines_list_shows_metrics_only_where_declared() -> None:
+    from perflab import EngineInfo, EnginePlugin
+    from perflab.cli.engines_cmd import _short_hooks
+    from perflab.plugins import PluginManager, load
+
+    class Toy(EnginePlugin):
+        info = EngineInfo(name="toy-metrics", display_name="Toy", accelerators=("cpu",))
+
+    class Scraped(Toy):
+        metrics_endpoint = MetricsEndpoint(running="toy_running", source="test")
+
+    plain = PluginManager(entrypoints=False, builtins=False).add_plugin(Toy(), name="toy")
+    scraped = PluginManager(entrypoints=False, builtins=False).add_plugin(Scraped(), name="scraped")
+    assert "perflab_metrics_endpoint" not in plain.hooks and "perflab_metrics_endpoint" in scraped.hooks
+    assert Scraped().perflab_metrics_endpoint(engine="other", launch=_launch()) is None
+    vllm = next(r for r in load().records if "vllm" in r.engines)
+    assert "metrics" in _short_hooks(list(vllm.hooks)).split(", ")
+
+
+# --------------------------------------------------------------------------- parsing a real engine's /metrics
+
+
+def test_parse_a_real_vllm_metrics_page() -> None:
+    """vLLM 0.32.0 (CPU) at idle after one request: every name the plugin gives is there except
+    the speculative-decoding counters (registered only with --speculative-config)."""
+    import perflab_vllm
+
+    endpoint = perflab_vllm.METRICS_ENDPOINT
+    text = REAL.read_text()
+    values = parse([text], endpoint)
+    assert set(values) == set(endpoint.names()) - {"spec_decode_accepted", "spec_decode_draft"}
+    assert values == {"running": 0.0, "waiting": 0.0, "kv_cache_usage": 0.0, "preemptions": 0.0,
+                      "prefix_cache_queries": 3.0, "prefix_cache_hits": 0.0}
+    # two replicas: counts and counters add up, the KV usage is the fullest one's
+    busy = text.replace('vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.0',
+                        'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25')
+    assert busy != text
+    two = parse([text, busy], endpoint)
+    assert (two["prefix_cache_queries"], two["kv_cache_usage"]) == (6.0, 0.25)
+    # the same page twice in a benchmark: nothing changed, no query -> no hit rate
+    s = summarize([Sample(0.0, values), Sample(1.0, values)])
+    assert s == {"source": "/metrics", "samples": 2, "kv_cache_usage": {"peak": 0.0, "mean": 0.0},
+                 "running": {"peak": 0.0, "mean": 0.0}, "waiting": {"peak": 0.0, "mean": 0.0},
+                 "preemptions": 0, "prefix_cache_hit_rate": None}
+
+
+def test_summary_of_counters_and_gauges() -> None:
+    samples = [
+        Sample(0.0, {"kv_cache_usage": 0.1, "running": 0, "waiting": 0, "preemptions": 5, "prefix_cache_hits": 100,
+                     "prefix_cache_queries": 1000, "spec_decode_accepted": 0, "spec_decode_draft": 0}),
+        Sample(1.0, {"kv_cache_usage": 1.0, "running": 30, "waiting": 12, "preemptions": 40, "prefix_cache_hits": 700,
+                     "prefix_cache_queries": 2000, "spec_decode_accepted": 60, "spec_decode_draft": 100}),
+        Sample(2.0, {"kv_cache_usage": 0.7, "running": 20, "waiting": 0, "preemptions": 417, "prefix_cache_hits": 730,
+                     "prefix_cache_queries": 2000, "spec_decode_accepted": 150, "spec_decode_draft": 200}),
+    ]
+    s = summarize(samples)
+    assert s["kv_cache_usage"] == {"peak": 1.0, "mean": 0.6}
+    assert s["running"] == {"peak": 30, "mean": 16.6667} and s["waiting"]["peak"] == 12
+    assert s["preemptions"] == 412  # the change over the benchmark, not the engine's lifetime total
+    assert s["prefix_cache_hit_rate"] == 0.63 and s["spec_decode_acceptance"] == 0.75
+    # gauges instead of counters (SGLang, TensorRT-LLM, MindIE): their mean; an acceptance
+    # gauge that never left 0 means no speculative decoding
+    g = summarize([Sample(0, {"prefix_cache_hit_rate": 0.5, "spec_decode_acceptance": 0.0}),
+                   Sample(1, {"prefix_cache_hit_rate": 0.7, "spec_decode_acceptance": 0.0})], "/prometheus/metrics")
+    assert g == {"source": "/prometheus/metrics", "samples": 2, "prefix_cache_hit_rate": 0.6, "spec_decode_acceptance": None}
+    assert summarize([]) is None
+
+
+def test_metrics_url_on_the_replica_or_its_own_port() -> None:
+    assert metrics_url("http://127.0.0.1:8000", MetricsEndpoint()) == "http://127.0.0.1:8000/metrics"
+    assert metrics_url("http://127.0.0.1:8000/", MetricsEndpoint("/metrics", port=8002)) == "http://127.0.0.1:8002/metrics"
+
+
+def test_a_failed_scrape_is_logged_once_and_never_raises() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    watcher = MetricsWatcher(MetricsEndpoint(running="x"), [Target(f"http://127.0.0.1:{port}/metrics", {})], timeout_s=1)
+
+    async def go() -> list[Any]:
+        return [await watcher.sample() for _ in range(3)]
+
+    with structlog.testing.capture_logs() as logs:
+        assert anyio.run(go) == [None, None, None]
+    assert watcher.failures == 3
+    assert len([e for e in logs if e["event"] == "observe.metrics-scrape-failed"]) == 1
+    assert watcher.summarize([]) is None
+
+
+# --------------------------------------------------------------------------- a running simulated engine
+
+
+def test_watcher_and_executor_against_a_simulated_vllm(tmp_path: Path) -> None:
+    """The watcher scrapes a running simulated vLLM (its /metrics under vLLM's names), and the
+    executor's benchmark carries the summary in ``observed`` and the series in the run dir."""
+    from perflab.lab.executor import Executor
+    from perflab.lab.options import Configuration
+    from perflab.lab.plan import Profile
+
+    from test_cache_state import _ctx, simulated
+
+    profile = Profile(name="shared", label="Shared", dataset="prefix-repetition", input_len=64, prefix_len=512,
+                      num_prefixes=2, output_len=256, num_prompts=64, max_concurrency=16, seed=3)
+
+    async def go() -> dict[str, Any]:
+        async with simulated(tmp_path, "vllm") as s:
+            watchers = metrics_watchers(s.pm, "vllm", [s.inst], s.env)
+            idle = await watchers[0].sample()
+            ex = Executor(_ctx(s, 0))
+            m = await ex._benchmark([s.inst], Configuration("vllm", {"model": "Qwen/Qwen3-8B"}), profile, tmp_path, "run")
+            return {"watchers": watchers, "idle": idle, "m": m}
+
+    out = anyio.run(go)
+    assert [w.key for w in out["watchers"]] == ["server_metrics"]
+    assert out["idle"]["running"] == 0 and out["idle"]["kv_cache_usage"] == 0
+    sm = out["m"].observed["server_metrics"]
+    assert sm["source"] == "/metrics" and sm["samples"] >= 2
+    assert 0 < sm["kv_cache_usage"]["peak"] <= 1 and sm["kv_cache_usage"]["mean"] <= sm["kv_cache_usage"]["peak"]
+    assert 1 <= sm["running"]["peak"] <= profile.max_concurrency
+    assert sm["preemptions"] >= 0
+    assert sm["prefix_cache_hit_rate"] > 0.3  # 2 prefixes of 512 tokens shared by 64 prompts
+    series = json.loads((tmp_path / "observe-shared.json").read_text())["server_metrics"]
+    assert len(series) == sm["samples"] and {"running", "kv_cache_usage"} <= set(series[-1]["values"])
+    assert [p["t"] for p in series] == sorted(p["t"] for p in series)
