@@ -179,3 +179,76 @@ def test_watcher_and_executor_against_a_simulated_vllm(tmp_path: Path) -> None:
     series = json.loads((tmp_path / "observe-shared.json").read_text())["server_metrics"]
     assert len(series) == sm["samples"] and {"running", "kv_cache_usage"} <= set(series[-1]["values"])
     assert [p["t"] for p in series] == sorted(p["t"] for p in series)
+
+
+# --------------------------------------------------------------------------- the report's words
+
+
+def test_a_step_is_explained_by_the_metrics_that_moved() -> None:
+    from perflab.observe.explain import changes, explain_step
+
+    before = {"preemptions": 412, "prefix_cache_hit_rate": 0.0, "kv_cache_usage": {"peak": 1.0, "mean": 0.9},
+              "waiting": {"peak": 80, "mean": 37.2}, "running": {"peak": 64, "mean": 60}}
+    after = {"preemptions": 0, "prefix_cache_hit_rate": 0.63, "kv_cache_usage": {"peak": 0.71, "mean": 0.5},
+             "waiting": {"peak": 80, "mean": 36.0}, "running": {"peak": 64, "mean": 62}}
+    assert changes(before, after) == ["preemptions 412 → 0", "prefix hit rate 0 % → 63 %", "KV-cache peak 100 % → 71 %"]
+    assert changes(before, before) == [] and changes(None, after) == []
+    # small moves are not explanations: 3 preemptions more, 4 points of hit rate
+    assert changes({"preemptions": 0, "prefix_cache_hit_rate": 0.5}, {"preemptions": 3, "prefix_cache_hit_rate": 0.54}) == []
+
+    def entry(label: str, sm: dict[str, Any] | None) -> Any:
+        return SimpleNamespace(label=label, result=SimpleNamespace(observed={"server_metrics": sm} if sm else {}))
+
+    base, chosen = entry("vLLM", before), entry("max_num_seqs 128", after)
+    assert explain_step(SimpleNamespace(base=base, chosen=chosen)) == (
+        "Engine metrics, max_num_seqs 128 vs vLLM: preemptions 412 → 0; prefix hit rate 0 % → 63 %; KV-cache peak 100 % → 71 %.")
+    assert explain_step(SimpleNamespace(base=None, chosen=chosen)) == ""
+    assert explain_step(SimpleNamespace(base=base, chosen=base)) == ""
+    assert explain_step(SimpleNamespace(base=entry("old", None), chosen=chosen)) == ""
+
+
+# --------------------------------------------------------------------------- a whole simulated study
+
+STUDY = """
+name: engine-metrics
+model: Qwen/Qwen3-8B
+hardware: sim:h100-80g-x1
+simulation: {time_scale: 40}
+engines: [vllm]
+candidates:
+  - name: Prefix caching
+    variants:
+      - {name: "off", set: {prefix_caching: false}}
+profiles:
+  shared: {label: Shared prefixes, dataset: prefix-repetition, input_len: 64, prefix_len: 1024, num_prefixes: 4,
+           output_len: 128, num_prompts: 96, max_concurrency: 32}
+  random: {label: Random, input_len: 1024, output_len: 128, num_prompts: 96, max_concurrency: 32}
+timeouts: {startup_s: 60, benchmark_s: 300}
+"""
+
+
+@pytest.mark.slow
+def test_report_json_carries_server_metrics_and_report_md_explains_the_step(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from simstudy import run_sim_study
+
+    monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))
+    summary = run_sim_study(STUDY, tmp_path / "study")
+    assert summary.exit_code == 0
+    report = json.loads((tmp_path / "study" / "report.json").read_text())
+    results = [e["result"] for step in report["steps"] for e in step["entries"]]
+    results += [c[k] for c in report["cases"] for k in ("baseline", "optimized") if c.get(k)]
+    for r in results:
+        sm = r["server_metrics"]
+        assert sm["source"] == "/metrics" and sm["samples"] >= 2
+        assert 0 < sm["kv_cache_usage"]["peak"] <= 1
+        assert sm["preemptions"] >= 0 and 1 <= sm["running"]["peak"] <= 32
+    by_profile = {c["profile"]: c["baseline"]["server_metrics"] for c in report["cases"]}
+    assert by_profile["shared"]["prefix_cache_hit_rate"] > 0.5  # 4 prefixes of 1024 tokens, 96 prompts
+    assert by_profile["random"]["prefix_cache_hit_rate"] < 0.05  # only the warm-up's repeated prompt
+    off = report["steps"][1]["entries"][0]["result"]["server_metrics"]
+    assert off["prefix_cache_hit_rate"] == 0.0  # --no-enable-prefix-caching: no hit at all
+    md = (tmp_path / "study" / "report.md").read_text()
+    assert "Engine metrics, vLLM off vs vLLM: prefix hit rate" in md and "→ 0 %" in md
+    # the time series, per run and profile
+    assert list((tmp_path / "study").rglob("observe-shared*.json"))
