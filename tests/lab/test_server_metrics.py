@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -113,11 +115,13 @@ def test_summary_of_counters_and_gauges() -> None:
     assert s["running"] == {"peak": 30, "mean": 16.6667} and s["waiting"]["peak"] == 12
     assert s["preemptions"] == 412  # the change over the benchmark, not the engine's lifetime total
     assert s["prefix_cache_hit_rate"] == 0.63 and s["spec_decode_acceptance"] == 0.75
-    # gauges instead of counters (SGLang, TensorRT-LLM, MindIE): their mean; an acceptance
-    # gauge that never left 0 means no speculative decoding
-    g = summarize([Sample(0, {"prefix_cache_hit_rate": 0.5, "spec_decode_acceptance": 0.0}),
-                   Sample(1, {"prefix_cache_hit_rate": 0.7, "spec_decode_acceptance": 0.0})], "/prometheus/metrics")
-    assert g == {"source": "/prometheus/metrics", "samples": 2, "prefix_cache_hit_rate": 0.6, "spec_decode_acceptance": None}
+    # gauges instead of counters (SGLang, TensorRT-LLM, MindIE): their mean after the first sample
+    # (which still holds the previous benchmark's batches); an acceptance gauge that never left 0
+    # means no speculative decoding
+    g = summarize([Sample(0, {"prefix_cache_hit_rate": 0.95, "spec_decode_acceptance": 0.0}),
+                   Sample(1, {"prefix_cache_hit_rate": 0.5, "spec_decode_acceptance": 0.0}),
+                   Sample(2, {"prefix_cache_hit_rate": 0.7, "spec_decode_acceptance": 0.0})], "/prometheus/metrics")
+    assert g == {"source": "/prometheus/metrics", "samples": 3, "prefix_cache_hit_rate": 0.6, "spec_decode_acceptance": None}
     assert summarize([]) is None
 
 
@@ -179,6 +183,101 @@ def test_watcher_and_executor_against_a_simulated_vllm(tmp_path: Path) -> None:
     series = json.loads((tmp_path / "observe-shared.json").read_text())["server_metrics"]
     assert len(series) == sm["samples"] and {"running", "kv_cache_usage"} <= set(series[-1]["values"])
     assert [p["t"] for p in series] == sorted(p["t"] for p in series)
+
+
+# --------------------------------------------------------------------------- the simulator does what it exports
+
+SIM_SCALE = "50"
+
+
+@asynccontextmanager
+async def _engine(tmp_path: Path, engine: str, hardware: str = "sim:h100-80g-x1", **serve: Any) -> AsyncIterator[Any]:
+    """A simulated engine launched by its plugin (as the lab launches it), torn down after."""
+    from perflab.hardware import resolve
+    from perflab.plugins import load
+    from perflab.simenv import ENGINE_VERSIONS_ENV, STATE_ENV, TIME_SCALE_ENV
+    from perflab.supervisor import EngineInstance
+    from perflab.types import ServeConfig
+
+    state = tmp_path / f"sim-state-{engine}"
+    state.mkdir(exist_ok=True)
+    pm = load()
+    env = {**os.environ, TIME_SCALE_ENV: SIM_SCALE, STATE_ENV: str(state), ENGINE_VERSIONS_ENV: "vllm=0.32.0"}
+    hw, env = resolve(pm, hardware, env)
+    config = ServeConfig(**{"model": "Qwen/Qwen3-8B", **serve})
+    async with EngineInstance(pm, engine, config, hardware=hw, env=env, workdir=tmp_path / f"run-{engine}", grace=2.0,
+                              startup_timeout=60) as inst:
+        assert inst.outcome.state == "ready", inst.outcome.to_json()
+        yield SimpleNamespace(inst=inst, pm=pm, hw=hw, env=env)
+    assert inst.outcome.state == "done" and inst.outcome.leftovers == []
+
+
+def _measure(tmp_path: Path, engine: str, profile: Any, hardware: str = "sim:h100-80g-x1", **serve: Any) -> dict[str, Any]:
+    """One measured benchmark of ``profile`` on a simulated engine: its ``server_metrics``."""
+    from perflab.lab.decide import Decision
+    from perflab.lab.executor import Executor, LabContext
+    from perflab.lab.options import Configuration
+    from perflab.lab.plan import Timeouts
+
+    async def go() -> dict[str, Any]:
+        async with _engine(tmp_path, engine, hardware, **serve) as s:
+            plan = SimpleNamespace(timeouts=Timeouts(benchmark_s=120.0), decision=Decision(warmup=0), min_improvement_pct=0.0)
+            ex = Executor(LabContext(pm=s.pm, plan=plan, hardware=s.hw, env=s.env, time_scale=float(SIM_SCALE)))  # type: ignore[arg-type]
+            m = await ex._benchmark([s.inst], Configuration(engine, {"model": "Qwen/Qwen3-8B"}), profile, tmp_path, "run")
+            assert m.status == "ok", m.error
+            return {"m": m, "watchers": metrics_watchers(s.pm, engine, [s.inst], s.env)}
+
+    return anyio.run(go)
+
+
+def test_a_full_kv_cache_preempts_and_says_so(tmp_path: Path) -> None:
+    """vLLM with a KV cache a fraction of what 48 concurrent 1k-token sequences need: the KV
+    usage reaches the top and the engine preempts, as its counters say."""
+    from perflab.lab.plan import Profile
+
+    profile = Profile(name="tight", label="Tight", input_len=512, output_len=512, num_prompts=48, max_concurrency=48, seed=3)
+    sm = _measure(tmp_path, "vllm", profile, mem_fraction=0.23, max_model_len=2048)["m"].observed["server_metrics"]
+    assert sm["kv_cache_usage"]["peak"] > 0.8 and sm["preemptions"] > 0
+    assert sm["waiting"]["peak"] > 0  # preempted requests wait to be recomputed
+
+
+@pytest.mark.slow
+def test_speculative_decoding_acceptance_is_the_simulated_one(tmp_path: Path) -> None:
+    """vLLM's spec-decode counters exist only with a speculative config; accepted / drafted is
+    what the simulator draws: with k drafts each accepted with probability a given the previous
+    ones, (a + a² + ... + a^k) / k."""
+    from perflab.lab.plan import Profile
+    from perflab.sim.perfmodel import default_acceptance
+
+    profile = Profile(name="spec", label="Spec", input_len=256, output_len=256, num_prompts=32, max_concurrency=16, seed=3)
+    got = _measure(tmp_path, "vllm", profile, speculative_config={"method": "eagle", "model": "x", "num_speculative_tokens": 3})
+    a, k = default_acceptance("eagle"), 3
+    assert got["m"].observed["server_metrics"]["spec_decode_acceptance"] == pytest.approx(
+        sum(a**i for i in range(1, k + 1)) / k, abs=0.05)
+    (tmp_path / "plain").mkdir()
+    plain = _measure(tmp_path / "plain", "vllm", profile)
+    assert "spec_decode_acceptance" not in plain["m"].observed["server_metrics"]  # no counters registered
+
+
+@pytest.mark.slow
+def test_sglang_and_mindie_gauges_under_their_own_names(tmp_path: Path) -> None:
+    """SGLang (with --enable-metrics) exports a hit-rate gauge, MindIE its documented names on
+    its metrics port: both summarized as the same server_metrics."""
+    from perflab.lab.plan import Profile
+
+    profile = Profile(name="shared", label="Shared", dataset="prefix-repetition", input_len=64, prefix_len=1024,
+                      num_prefixes=2, output_len=256, num_prompts=48, max_concurrency=16, seed=3)
+    sglang = _measure(tmp_path, "sglang", profile, extra_args=("--enable-metrics",))
+    sm = sglang["m"].observed["server_metrics"]
+    assert sm["prefix_cache_hit_rate"] > 0.5 and sm["preemptions"] == 0 and sm["spec_decode_acceptance"] is None
+    assert 0 < sm["kv_cache_usage"]["peak"] <= 1 and sm["running"]["peak"] == 16
+    (tmp_path / "mindie").mkdir()
+    mindie = _measure(tmp_path / "mindie", "mindie", profile, "sim:910b3-x1", prefix_caching=True)
+    target = mindie["watchers"][0].targets[0].url
+    assert target.endswith("/metrics") and ":" + str(mindie["watchers"][0].endpoint.port) in target
+    sm = mindie["m"].observed["server_metrics"]
+    assert 0 < sm["kv_cache_usage"]["peak"] <= 1 and sm["running"]["peak"] == 16 and sm["preemptions"] == 0
+    assert sm["prefix_cache_hit_rate"] > 0.3  # cumulative since start (MindIE's gauge), prompts share prefixes
 
 
 # --------------------------------------------------------------------------- the report's words

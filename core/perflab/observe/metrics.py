@@ -110,7 +110,9 @@ def summarize(samples: Sequence[Sample], source: str = "/metrics") -> dict[str, 
         out["preemptions"] = int(round(preemptions))
     for key, (num, den), gauge in RATES:
         hits, total = _delta(samples, num), _delta(samples, den)
-        gauges = [s.values[gauge] for s in samples if gauge in s.values]
+        # a rate gauge holds the engine's latest batches: at the first sample (before this
+        # benchmark's requests) those of the previous one
+        gauges = [s.values[gauge] for s in samples[1:] or samples if gauge in s.values]
         if total is not None and hits is not None:
             out[key] = round(min(1.0, hits / total), 4) if total > 0 else None
         elif gauges:
