@@ -270,13 +270,13 @@ def test_sglang_and_mindie_gauges_under_their_own_names(tmp_path: Path) -> None:
     sglang = _measure(tmp_path, "sglang", profile, extra_args=("--enable-metrics",))
     sm = sglang["m"].observed["server_metrics"]
     assert sm["prefix_cache_hit_rate"] > 0.5 and sm["preemptions"] == 0 and sm["spec_decode_acceptance"] is None
-    assert 0 < sm["kv_cache_usage"]["peak"] <= 1 and sm["running"]["peak"] == 16
+    assert 0 < sm["kv_cache_usage"]["peak"] <= 1 and 1 <= sm["running"]["peak"] <= 16
     (tmp_path / "mindie").mkdir()
     mindie = _measure(tmp_path / "mindie", "mindie", profile, "sim:910b3-x1", prefix_caching=True)
     target = mindie["watchers"][0].targets[0].url
     assert target.endswith("/metrics") and ":" + str(mindie["watchers"][0].endpoint.port) in target
     sm = mindie["m"].observed["server_metrics"]
-    assert 0 < sm["kv_cache_usage"]["peak"] <= 1 and sm["running"]["peak"] == 16 and sm["preemptions"] == 0
+    assert 0 < sm["kv_cache_usage"]["peak"] <= 1 and 1 <= sm["running"]["peak"] <= 16 and sm["preemptions"] == 0
     assert sm["prefix_cache_hit_rate"] > 0.3  # cumulative since start (MindIE's gauge), prompts share prefixes
 
 
