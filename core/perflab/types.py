@@ -357,7 +357,8 @@ class MetricsEndpoint:
     ``prefix_cache_hit_rate`` and ``spec_decode_acceptance`` (0..1, used only when the counters
     are not given). Counters: ``preemptions``, ``prefix_cache_hits``/``prefix_cache_queries``
     (tokens), ``spec_decode_accepted``/``spec_decode_draft`` (tokens). ``source``: where the
-    names come from (file and version)."""
+    names come from (file and version); ``missing_hint``: what to do when the endpoint answers
+    404 (an engine that serves it only under a flag), logged once with the failed scrape."""
 
     path: str = "/metrics"
     port: int | None = None
@@ -372,6 +373,7 @@ class MetricsEndpoint:
     spec_decode_draft: str | None = None
     spec_decode_acceptance: str | None = None
     source: str = ""
+    missing_hint: str = ""  # why a 404 may happen (SGLang: only with --enable-metrics), logged with it
 
     def names(self) -> dict[str, str]:
         """What each named metric means -> its name (the ones the engine exports)."""

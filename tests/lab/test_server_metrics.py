@@ -43,9 +43,9 @@ def test_every_plugin_names_its_engines_metrics_with_a_source() -> None:
     assert got["vllm"].path == "/metrics" and got["vllm"].port is None
     assert got["vllm"].names()["preemptions"] == "vllm:num_preemptions"
     assert got["trtllm"].path == "/prometheus/metrics" and "preemptions" not in got["trtllm"].names()
-    assert got["sglang"] is None  # no --enable-metrics in this launch: SGLang serves no /metrics
-    sglang = pm.hook.perflab_metrics_endpoint(engine="sglang", launch=_launch("sglang", ("python", "--enable-metrics")))
+    sglang = got["sglang"]
     assert sglang.names()["prefix_cache_hit_rate"] == "sglang:cache_hit_rate"
+    assert "--enable-metrics" in sglang.missing_hint  # its /metrics exists only with the flag
     # MindIE: on the launch's metrics port (its second extra port), the documented names
     mindie = pm.hook.perflab_metrics_endpoint(engine="mindie", launch=_launch("mindie", extra_ports=(8001, 8002)))
     assert (mindie.path, mindie.port, mindie.names()["kv_cache_usage"]) == ("/metrics", 8002, "npu_cache_usage_perc")
@@ -351,3 +351,20 @@ def test_report_json_carries_server_metrics_and_report_md_explains_the_step(tmp_
     assert "Engine metrics, vLLM off vs vLLM: prefix hit rate" in md and "→ 0 %" in md
     # the time series, per run and profile
     assert list((tmp_path / "study").rglob("observe-shared*.json"))
+
+
+def test_a_404_is_logged_once_with_the_plugins_hint(tmp_path: Path) -> None:
+    """An engine that serves its metrics only under a flag (SGLang: --enable-metrics) answers
+    404: the study log says what to do, once; the measurement has no server_metrics."""
+
+    async def go() -> list[Any]:
+        async with _engine(tmp_path, "vllm") as s:
+            endpoint = MetricsEndpoint("/no-such-metrics", running="vllm:num_requests_running", source="test",
+                                       missing_hint="serve it with --enable-metrics")
+            watcher = MetricsWatcher(endpoint, [Target(metrics_url(s.inst.base_url, endpoint), {})])
+            return [await watcher.sample() for _ in range(3)]
+
+    with structlog.testing.capture_logs() as logs:
+        assert anyio.run(go) == [None, None, None]
+    (note,) = [e for e in logs if e["event"] == "observe.metrics-scrape-failed"]
+    assert note["hint"] == "serve it with --enable-metrics" and "404" in note["error"]

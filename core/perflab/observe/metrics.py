@@ -150,7 +150,9 @@ class MetricsWatcher:
             self.failures += 1
             if target.url not in _noted:
                 _noted.add(target.url)
+                missing = isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == 404
                 log.warning("observe.metrics-scrape-failed", url=target.url, error=f"{type(exc).__name__}: {exc}",
+                            hint=(self.endpoint.missing_hint if missing else "") or None,
                             note="the engine's metrics are skipped where they fail; the measurement goes on")
 
     async def sample(self) -> Mapping[str, float] | None:

@@ -35,7 +35,7 @@ class SGLang(EnginePlugin):
     # the radix cache; 400 while requests are running or waiting, 200 "Cache flushed." otherwise
     prefix_cache_reset = CacheReset("/flush_cache", "POST", source=HTTP_SERVER)
     # /metrics on the serving port, only with --enable-metrics (server_args.py; perflab does not
-    # add it: the launch reproduces the seeds' commands; give extra_args: [--enable-metrics]):
+    # add it: the launch reproduces the seeds' commands; a 404 is logged once with the hint):
     # SchedulerMetricsCollector (python/sglang/srt/metrics/collector.py). SGLang exports the
     # prefix hit rate and the speculative acceptance as gauges; a retraction (the KV cache is
     # full: a running request goes back to the queue) is its preemption
@@ -44,11 +44,9 @@ class SGLang(EnginePlugin):
         "/metrics", kv_cache_usage="sglang:token_usage", running="sglang:num_running_reqs",
         waiting="sglang:num_queue_reqs", preemptions="sglang:num_retracted_requests",
         prefix_cache_hit_rate="sglang:cache_hit_rate", spec_decode_acceptance="sglang:spec_accept_rate",
-        source=COLLECTOR)
-
-    def metrics(self, launch: LaunchSpec) -> MetricsEndpoint | None:
-        """The Prometheus endpoint when this launch enables it (``--enable-metrics``)."""
-        return self.metrics_endpoint if "--enable-metrics" in launch.argv else None
+        source=COLLECTOR,
+        missing_hint="SGLang serves /metrics only with --enable-metrics: add it with "
+                     "engine_serve: {sglang: {extra_args: [--enable-metrics]}} to see its metrics in the report")
 
     # ServerArgs.add_cli_args (server_args.py, v0.5.5.post1); the choices are in perflab_sglang.launch
     serve_options = {
