@@ -51,6 +51,7 @@ RATES = (
     ("prefix_cache_hit_rate", ("prefix_cache_hits", "prefix_cache_queries"), "prefix_cache_hit_rate"),
     ("spec_decode_acceptance", ("spec_decode_accepted", "spec_decode_draft"), "spec_decode_acceptance"),
 )
+RATE_GAUGES = tuple(gauge for _, _, gauge in RATES)
 # the endpoints whose failure was already logged (once per endpoint, whatever the profile)
 _noted: set[str] = set()
 
@@ -80,7 +81,7 @@ def parse(texts: Sequence[str], endpoint: MetricsEndpoint) -> dict[str, float]:
     for role, values in series.items():
         if role == "kv_cache_usage":
             out[role] = max(values)
-        elif role in ("prefix_cache_hit_rate", "spec_decode_acceptance"):
+        elif role in RATE_GAUGES:
             out[role] = fmean(values)
         else:
             out[role] = math.fsum(values)
