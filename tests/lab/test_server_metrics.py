@@ -368,3 +368,19 @@ def test_a_404_is_logged_once_with_the_plugins_hint(tmp_path: Path) -> None:
         assert anyio.run(go) == [None, None, None]
     (note,) = [e for e in logs if e["event"] == "observe.metrics-scrape-failed"]
     assert note["hint"] == "serve it with --enable-metrics" and "404" in note["error"]
+
+
+def test_one_watcher_for_all_replicas_with_the_benchs_auth_header() -> None:
+    """Replicas of a launch: one watcher, a target per replica (MindIE's on its metrics port),
+    each sending the Authorization header the bench sends to that engine."""
+    from perflab.plugins import load
+
+    pm = load()
+    replicas = [SimpleNamespace(launch=_launch("vllm", ("vllm", "serve", "m", "--api-key", "sk-test")),
+                                base_url=f"http://127.0.0.1:{port}") for port in (8000, 8010)]
+    (watcher,) = metrics_watchers(pm, "vllm", replicas, {})
+    assert [t.url for t in watcher.targets] == ["http://127.0.0.1:8000/metrics", "http://127.0.0.1:8010/metrics"]
+    assert all(t.headers == {"Authorization": "Bearer sk-test"} for t in watcher.targets)
+    mindie = [SimpleNamespace(launch=_launch("mindie", extra_ports=(8001, 8002)), base_url="http://127.0.0.1:8000")]
+    assert [t.url for t in metrics_watchers(pm, "mindie", mindie)[0].targets] == ["http://127.0.0.1:8002/metrics"]
+    assert metrics_watchers(pm, "no-such-engine", replicas) == []
