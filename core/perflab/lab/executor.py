@@ -891,8 +891,12 @@ class Executor:
         return req.replace(warmup=self.ctx.plan.decision.warmup)
 
     def _watchers(self, instances: list[Any], config: Configuration) -> list[Watcher]:
-        """What is sampled while a benchmark runs (:mod:`perflab.observe`): none yet."""
-        return []
+        """What is sampled while a benchmark runs (:mod:`perflab.observe`)."""
+        from perflab.observe.metrics import metrics_watchers
+
+        watchers: list[Watcher] = []
+        watchers += metrics_watchers(self.ctx.pm, config.engine, instances, self._env())  # server_metrics
+        return watchers
 
     def _observed(self, watchers: Sequence[Watcher], watching: Watching, m: ProfileMeasurement,
                   config: Configuration) -> dict[str, Any]:

@@ -434,6 +434,10 @@ def _step(step: Step, ctx: ReportContext) -> list[str]:
         out += _entry_lines(e, ctx)
     if step.statement:
         out += [step.statement, ""]
+    from perflab.observe.explain import explain_step  # why, in the engine's own metrics (issue #13)
+
+    if why := explain_step(step):
+        out += [why, ""]
     return out
 
 

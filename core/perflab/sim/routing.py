@@ -173,7 +173,8 @@ class HttpApi:
         snaps = [
             Snapshot(running=len(s.running), waiting=len(s.waiting), kv_usage=s.kv_usage,
                      kv_used_tokens=int(s.kv_usage * s.total_blocks * s.block), prefix_queries=s.prefix_queries,
-                     prefix_hits=s.prefix_hits, preemptions=engine.preemptions[i])
+                     prefix_hits=s.prefix_hits, preemptions=engine.preemptions[i], spec_drafts=s.spec_drafts,
+                     spec_draft_tokens=s.spec_draft_tokens, spec_accepted=s.spec_accepted)
             for i, s in enumerate(engine.scheds)
         ]
         # prometheus_client.CONTENT_TYPE_LATEST, what vLLM's PrometheusResponse sends

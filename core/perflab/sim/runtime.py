@@ -199,7 +199,8 @@ class Engine(EngineLifecycle):
         self._prompt_done = 0
         self._gen_done = 0
         self.fingerprint = fingerprint(cfg)
-        self.metrics = EngineMetrics(cfg.engine, cfg.served_model_names[0], cfg.dp, deployment_.max_model_len)
+        self.metrics = EngineMetrics(cfg.engine, cfg.served_model_names[0], cfg.dp, deployment_.max_model_len,
+                                     spec=bool(cfg.spec_method) and cfg.spec_tokens > 0)
         self.preemptions = [0] * cfg.dp
         self.api = HttpApi(self)
 
