@@ -16,6 +16,7 @@ from perflab.types import (
     HardwareSnapshot,
     HttpProbe,
     LaunchSpec,
+    MetricsEndpoint,
     Readiness,
     ServeConfig,
     Unsupported,
@@ -27,6 +28,15 @@ DEFAULT_READINESS = Readiness(http=(HttpProbe("/health"),), generation_path="/v1
 def engine_version(pm: PluginManager, engine: str, env: Mapping[str, str]) -> str | None:
     pm.engine(engine)
     return pm.hook.perflab_engine_version(engine=engine, env=env)
+
+
+def metrics_endpoint(pm: PluginManager, engine: str, launch: LaunchSpec) -> MetricsEndpoint | None:
+    """Where ``launch`` serves its Prometheus metrics (the optional ``perflab_metrics_endpoint``
+    hook); None when the engine's plugin names none (nothing is scraped)."""
+    answer = pm.hook.perflab_metrics_endpoint(engine=engine, launch=launch)
+    if answer is not None and not isinstance(answer, MetricsEndpoint):
+        raise PerflabError(f"the {engine} plugin's perflab_metrics_endpoint returned {type(answer).__name__}, not a MetricsEndpoint")
+    return answer
 
 
 def core_checks(pm: PluginManager, engine: str, config: ServeConfig, hardware: HardwareSnapshot) -> list[Unsupported]:

@@ -32,7 +32,8 @@ Versioning
 declare the contract versions they support with an attribute ``PERFLAB_HOOKSPEC_VERSIONS =
 (1,)`` (module level, or on the class: :class:`perflab.EnginePlugin` declares it); a plugin
 declaring versions that exclude the core's is listed as incompatible and not used. Adding an
-optional hook (``perflab_describe_file``, ``perflab_cache_reset``) changes no existing signature
+optional hook (``perflab_describe_file``, ``perflab_cache_reset``, ``perflab_metrics_endpoint``)
+changes no existing signature
 and keeps the version.
 """
 
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
         EngineInfo,
         HardwareSnapshot,
         LaunchSpec,
+        MetricsEndpoint,
         Readiness,
         ServeConfig,
         Unsupported,
@@ -366,6 +368,40 @@ def perflab_cache_reset(engine: str, launch: LaunchSpec) -> CacheReset | None:
                 return None
             # python/sglang/srt/entrypoints/http_server.py: GET/POST /flush_cache, 400 while busy
             return CacheReset("/flush_cache", source="https://github.com/sgl-project/sglang/...")
+    """
+
+
+# --------------------------------------------------------------------------- engine metrics
+
+
+@hookspec(firstresult=True)
+def perflab_metrics_endpoint(engine: str, launch: LaunchSpec) -> MetricsEndpoint | None:
+    """Say where the engine serves its Prometheus metrics and which names mean what.
+
+    The lab scrapes it about every engine second of every measured benchmark (every replica of
+    the launch), keeps the time series in the run directory and summarizes KV-cache usage,
+    running and waiting requests, preemptions, prefix-cache hit rate and speculative-decoding
+    acceptance as the measurement's ``server_metrics`` (:mod:`perflab.observe.metrics`). A
+    failed scrape is logged once, never a failure of the measurement. Optional: added in
+    contract v1 without changing any existing signature, so :data:`HOOKSPEC_VERSION` stays 1;
+    without an answer nothing is scraped. :class:`perflab.EnginePlugin` answers its class
+    attribute ``metrics_endpoint``.
+
+    :param engine: the registered engine name.
+    :param launch: the spec that was started (a metrics port of its own is read from it).
+    :returns: a :class:`~perflab.types.MetricsEndpoint` (path, port when not the serving port,
+        the engine's names for each role, the source of those names), or ``None`` when the
+        engine serves no Prometheus metrics.
+
+    Example::
+
+        @hookimpl
+        def perflab_metrics_endpoint(engine, launch):
+            if engine != "sglang":
+                return None
+            # python/sglang/srt/metrics/collector.py (SchedulerMetricsCollector)
+            return MetricsEndpoint("/metrics", running="sglang:num_running_reqs",
+                                   kv_cache_usage="sglang:token_usage", source="https://github.com/...")
     """
 
 

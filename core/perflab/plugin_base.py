@@ -29,7 +29,8 @@ Defaults: :meth:`EnginePlugin.version` from ``info.distributions``/``info.execut
 (with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for CUDA), :meth:`EnginePlugin.check_support` refusing
 every set option the plugin :class:`Refuses`, :meth:`EnginePlugin.classify_crash` matching
 ``crash_signatures`` then the core's shared ones, readiness ``None`` (the core's default), the
-prefix-cache reset from ``prefix_cache_reset`` (None: the engine is never reset).
+prefix-cache reset from ``prefix_cache_reset`` (None: the engine is never reset), the Prometheus
+endpoint from ``metrics_endpoint`` (None: nothing is scraped).
 Module-style plugins (hook contract v1, functions with an ``engine`` argument) keep working.
 """
 
@@ -45,7 +46,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from perflab.errors import UnsupportedOption, UsageError
 from perflab.hookspecs import hookimpl
-from perflab.types import CacheReset, CrashCause, EngineInfo, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig, Unsupported
+from perflab.types import (CacheReset, CrashCause, EngineInfo, HardwareSnapshot, LaunchSpec, MetricsEndpoint, Readiness,
+                           ServeConfig, Unsupported)
 
 if TYPE_CHECKING:
     from perflab.crashes import Signature
@@ -149,6 +151,9 @@ class EnginePlugin:
     #: how to empty the engine's prefix cache between measurements (the optional
     #: ``perflab_cache_reset`` hook); None: the engine cannot, the lab does not try
     prefix_cache_reset: ClassVar[CacheReset | None] = None
+    #: where the engine serves its Prometheus metrics and what its names mean (the optional
+    #: ``perflab_metrics_endpoint`` hook); None: the lab scrapes nothing
+    metrics_endpoint: ClassVar[MetricsEndpoint | None] = None
 
     # ------------------------------------------------------------------ the hooks (guarded)
 
@@ -198,12 +203,20 @@ class EnginePlugin:
     def perflab_cache_reset(self, engine: str, launch: LaunchSpec) -> CacheReset | None:
         return self.cache_reset(launch) if engine == self.info.name else None
 
+    @hookimpl
+    def perflab_metrics_endpoint(self, engine: str, launch: LaunchSpec) -> MetricsEndpoint | None:
+        return self.metrics(launch) if engine == self.info.name else None
+
     #: the plain methods whose base version does nothing (the core's own default applies):
     #: a plugin that does not override one does not really implement its hook
-    #: (cache_reset: unless the class declares prefix_cache_reset)
+    #: (cache_reset, metrics: unless the class declares prefix_cache_reset, metrics_endpoint)
     _NOOP_DEFAULTS: ClassVar[dict[str, str]] = {
         "perflab_readiness": "readiness", "perflab_teardown": "teardown", "perflab_describe_file": "describe_file",
-        "perflab_cache_reset": "cache_reset",
+        "perflab_cache_reset": "cache_reset", "perflab_metrics_endpoint": "metrics",
+    }
+    #: the hooks a class attribute answers (without overriding the plain method)
+    _DECLARED_BY: ClassVar[dict[str, str]] = {
+        "perflab_cache_reset": "prefix_cache_reset", "perflab_metrics_endpoint": "metrics_endpoint",
     }
 
     def implemented_hooks(self, hooks: Iterable[str]) -> tuple[str, ...]:
@@ -211,7 +224,8 @@ class EnginePlugin:
         ``perflab engines list`` shows."""
 
         def answers(hook: str) -> bool:
-            if hook == "perflab_cache_reset" and self.prefix_cache_reset is not None:
+            declared = self._DECLARED_BY.get(hook)
+            if declared is not None and getattr(self, declared) is not None:
                 return True
             method = self._NOOP_DEFAULTS.get(hook)
             return method is None or getattr(type(self), method) is not getattr(EnginePlugin, method)
@@ -258,6 +272,10 @@ class EnginePlugin:
     def cache_reset(self, launch: LaunchSpec) -> CacheReset | None:
         """How to empty this launch's prefix cache (default: ``prefix_cache_reset``)."""
         return self.prefix_cache_reset
+
+    def metrics(self, launch: LaunchSpec) -> MetricsEndpoint | None:
+        """Where this launch serves its Prometheus metrics (default: ``metrics_endpoint``)."""
+        return self.metrics_endpoint
 
     # ------------------------------------------------------------------ helpers
 

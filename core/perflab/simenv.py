@@ -61,6 +61,35 @@ SIM_CLOCK_COMMENT = b"perflab-model-clock"  # not "perflab-sim…": that is the 
 #: that batch's requests with one arrival time, however long the host takes to send them.
 SIM_CLOCK_HEADER = "x-perflab-sim-clock"
 SIM_CLOCK_BURST = "burst"
+#: ``loop <id> <n> <c>``: the requests of one closed loop — ``n`` requests, at most ``c`` at
+#: once, the next sent as soon as one ends (request rate inf with ``max_concurrency`` c < n, one
+#: engine). The engine holds its model clock until the first ``c`` have arrived, and, each time
+#: a request of the loop ends while fewer than ``n`` have arrived, until the next one does: the
+#: client's reaction time (host time, ×scale in model time) is not the engine's.
+SIM_CLOCK_LOOP = "loop"
+
+
+def clock_header_value(*, count: int, request_rate: float, max_concurrency: int | None, engines: int,
+                       tag: str) -> str:
+    """The :data:`SIM_CLOCK_HEADER` value for a run of ``count`` requests sent at
+    ``request_rate`` (inf: as fast as allowed) to ``engines`` endpoints; ``tag`` names the run."""
+    if math.isinf(request_rate) and max_concurrency is not None and max_concurrency < count and engines == 1:
+        return f"{SIM_CLOCK_LOOP} {tag} {count} {max_concurrency}"
+    if math.isinf(request_rate):
+        return f"{SIM_CLOCK_BURST} {tag}"
+    return "1"
+
+
+def parse_loop(value: str) -> tuple[str, int, int] | None:
+    """``(id, n, c)`` of a ``loop`` header value; None for any other value."""
+    parts = value.split()
+    if len(parts) != 4 or parts[0] != SIM_CLOCK_LOOP:
+        return None
+    try:
+        n, c = int(parts[2]), int(parts[3])
+    except ValueError:
+        return None
+    return (parts[1], n, c) if 0 < c < n else None
 
 
 def format_clock(t: float, arrival: float) -> bytes:

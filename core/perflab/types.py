@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -342,6 +342,48 @@ class CacheReset:
     success_field: str | None = None
     missing_hint: str = ""
     source: str = ""
+
+
+@dataclass(frozen=True)
+class MetricsEndpoint:
+    """Where an engine serves its Prometheus metrics and which of its metric names mean what
+    (the optional ``perflab_metrics_endpoint`` hook). The lab scrapes ``GET path`` on ``port``
+    (None: the serving port) about every engine second of every measured benchmark and
+    summarizes it as ``server_metrics`` (:mod:`perflab.observe.metrics`).
+
+    Names are metric family names as the engine registers them (a counter's ``_total`` suffix
+    may be given or not). Each is None when the engine does not export it: then the summary has
+    no such key. Gauges: ``kv_cache_usage`` (0..1), ``running``, ``waiting``,
+    ``prefix_cache_hit_rate`` and ``spec_decode_acceptance`` (0..1, used only when the counters
+    are not given). Counters: ``preemptions``, ``prefix_cache_hits``/``prefix_cache_queries``
+    (tokens), ``spec_decode_accepted``/``spec_decode_draft`` (tokens). ``source``: where the
+    names come from (file and version); ``missing_hint``: what to do when the endpoint answers
+    404 (an engine that serves it only under a flag), logged once with the failed scrape."""
+
+    path: str = "/metrics"
+    port: int | None = None
+    kv_cache_usage: str | None = None
+    running: str | None = None
+    waiting: str | None = None
+    preemptions: str | None = None
+    prefix_cache_hits: str | None = None
+    prefix_cache_queries: str | None = None
+    prefix_cache_hit_rate: str | None = None
+    spec_decode_accepted: str | None = None
+    spec_decode_draft: str | None = None
+    spec_decode_acceptance: str | None = None
+    source: str = ""
+    missing_hint: str = ""  # why a 404 may happen (SGLang: only with --enable-metrics), logged with it
+
+    def names(self) -> dict[str, str]:
+        """What each named metric means -> its name (the ones the engine exports)."""
+        return {f.name: v for f in fields(self) if f.name in METRIC_ROLES and (v := getattr(self, f.name))}
+
+
+#: the roles of a :class:`MetricsEndpoint`'s names, by kind (what the watcher does with them)
+METRIC_GAUGES = ("kv_cache_usage", "running", "waiting", "prefix_cache_hit_rate", "spec_decode_acceptance")
+METRIC_COUNTERS = ("preemptions", "prefix_cache_hits", "prefix_cache_queries", "spec_decode_accepted", "spec_decode_draft")
+METRIC_ROLES = (*METRIC_GAUGES, *METRIC_COUNTERS)
 
 
 @dataclass(frozen=True)

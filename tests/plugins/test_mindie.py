@@ -179,6 +179,7 @@ def test_every_serve_config_field_is_expressed(pm):
         "HCCL_BUFFSIZE": "120",
         "MIES_CONFIG_JSON_PATH": str(WORKDIR / "config.json"),
         "MINDIE_LOG_TO_STDOUT": "1",
+        "MIES_SERVICE_MONITOR_MODE": "1",  # the Prometheus /metrics perflab scrapes
         "NPU_MEMORY_FRACTION": "0.92",
     }
     assert spec.served_model_name == "qwen3-moe"

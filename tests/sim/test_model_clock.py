@@ -173,3 +173,51 @@ def test_a_server_that_is_not_the_simulator_is_never_timed_by_stamps() -> None:
     assert out["info"]["simulated"] is False and out["info"]["clock"] == "host"
     assert out["metrics"]["completed"] == 4 and out["metrics"]["mean_ttft_ms"] < 10_000
     assert seen_headers and all(h is not None for h in seen_headers)  # asked, since the lab said so
+
+
+
+def test_a_closed_loop_timed_by_the_model_clock_is_the_offline_simulation(
+        sim_vllm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``max_concurrency`` below the number of prompts: the next request goes out when one
+    ends. The engine holds its clock for it (perflab.simenv.SIM_CLOCK_LOOP), so the client's
+    reaction time — host milliseconds, ×20 in model time here — is not the engine's: the live
+    run steps exactly as the offline scheduler, whose client reacts in no time; and a client
+    slowed down on purpose (20 ms after each response before the next request: 0.4 s of model
+    time each) measures the same."""
+    from perflab.bench import drive
+    from perflab.sim import calibrate
+    from perflab.sim.frontends import vllm
+
+    n, c, isl, osl = 48, 6, 96, 24
+    req = BenchRequest(base_urls=(sim_vllm,), model="Qwen/Qwen3-8B", dataset="random", random_input_len=isl,
+                       random_output_len=osl, num_prompts=n, max_concurrency=c, warmup=0, sim_clock=True)
+    cfg = vllm.parse(["serve", "Qwen/Qwen3-8B", "--port", "0"], {"PERFLAB_SIM_HARDWARE": "h100-80g-x1"})
+    offline = calibrate.run_engine(cfg, "h100-80g-x1", [(0.0, isl, osl)] * n, max_concurrency=c)
+
+    def check(m: dict[str, Any]) -> None:
+        assert m["completed"] == n and m["max_concurrent_requests"] <= c
+        assert m["duration"] == pytest.approx(offline.duration, rel=1e-3)
+        assert m["mean_ttft_ms"] == pytest.approx(offline.mean_ttft * 1000, rel=1e-3)
+        assert m["mean_tpot_ms"] == pytest.approx(offline.mean_tpot * 1000, rel=1e-3)
+
+    fast = run_benchmark_sync(req)
+    assert fast.info["clock"] == "model"
+    check(fast.metrics)
+
+    real_client = drive.make_client
+
+    def slow_client(*args: Any, **kwargs: Any) -> Any:
+        client = real_client(*args, **kwargs)
+        send = client.send
+
+        async def late(p: Any, cap: Any) -> None:
+            await send(p, cap)
+            await asyncio.sleep(0.02)  # a slow client: the slot frees 20 ms after the response
+
+        client.send = late
+        return client
+
+    monkeypatch.setattr(drive, "make_client", slow_client)
+    slow = run_benchmark_sync(req.replace(seed=1))  # other prompts: none in the prefix cache
+    assert slow.info["clock"] == "model"
+    check(slow.metrics)

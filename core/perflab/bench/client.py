@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import secrets
 import ssl
@@ -35,7 +34,7 @@ from urllib.parse import urlsplit
 from perflab.bench.request import BenchRequest
 from perflab.bench.trace import Capture
 from perflab.errors import UsageError
-from perflab.simenv import SIM_CLOCK_BURST, SIM_CLOCK_HEADER
+from perflab.simenv import SIM_CLOCK_HEADER, clock_header_value
 
 USER_AGENT = "perflab-bench"
 MAX_HEAD_BYTES = 64 * 1024
@@ -123,16 +122,19 @@ class Prepared:
     raw: bytes  # the whole HTTP/1.1 request, for the raw stack
 
 
-def request_headers(req: BenchRequest) -> list[tuple[str, str]]:
+def request_headers(req: BenchRequest, count: int | None = None) -> list[tuple[str, str]]:
+    """The headers of a run of ``count`` requests (default ``req.num_prompts``)."""
     headers = [("Content-Type", "application/json"), ("Accept", "text/event-stream"), ("User-Agent", USER_AGENT)]
     api_key = os.environ.get("OPENAI_API_KEY")
     if api_key and not any(k.lower() == "authorization" for k, _ in req.headers):  # an explicit one wins
         headers.append(("Authorization", f"Bearer {api_key}"))
     headers.extend(req.headers)
     if req.sim_clock:  # the lab knows the engine is simulated: ask for its model-clock stamps
-        # all prompts at once: one arrival time for the batch (a new id per call: per run)
-        burst = math.isinf(req.request_rate)
-        headers.append((SIM_CLOCK_HEADER, f"{SIM_CLOCK_BURST} {secrets.token_hex(4)}" if burst else "1"))
+        # all prompts at once: one arrival time for the batch; a closed loop: no client reaction
+        # time in model time (perflab.simenv.clock_header_value; a new id per call: per run)
+        headers.append((SIM_CLOCK_HEADER, clock_header_value(
+            count=req.num_prompts if count is None else count, request_rate=req.request_rate,
+            max_concurrency=req.max_concurrency, engines=len(req.base_urls), tag=secrets.token_hex(4))))
     return headers
 
 

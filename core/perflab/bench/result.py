@@ -179,7 +179,12 @@ def _num(text: str) -> float | None:
 
 def parse_result_blocks(text: str) -> list[dict[str, Any]]:
     """Every "Serving Benchmark Result" block in ``text`` (a log, a seed, a Markdown page)."""
-    return [_parse_body(m.group(1)) for m in _BLOCK_RE.finditer(text)]
+    return [metrics for _, metrics in result_blocks_at(text)]
+
+
+def result_blocks_at(text: str) -> list[tuple[int, dict[str, Any]]]:
+    """Every block in ``text`` with the offset of its title line (``perflab audit`` says where)."""
+    return [(m.start(), _parse_body(m.group(1))) for m in _BLOCK_RE.finditer(text)]
 
 
 def parse_result_block(text: str) -> dict[str, Any]:

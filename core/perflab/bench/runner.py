@@ -73,7 +73,7 @@ Progress = Callable[[int, int], None]
 
 def _probe_requests(req: BenchRequest, targets: list[Target]) -> list[Prepared]:
     payload = build_payload(req, "Hello", 1)
-    headers = request_headers(req)
+    headers = request_headers(req, len(targets))
     run = secrets.token_hex(4)
     return [prepare(-1 - i, t, payload, headers, f"perflab-probe-{run}-{i}") for i, t in enumerate(targets)]
 
@@ -108,15 +108,15 @@ def _probe(req: BenchRequest, targets: list[Target], cancel: threading.Event | N
 
 def _prepare_all(req: BenchRequest, targets: list[Target], samples: Iterable[Sample], id_prefix: str
                  ) -> tuple[list[Prepared], list[int]]:
-    """Every request encoded, and each prompt's client-side token count (the prompt texts
-    themselves are not kept: ``samples`` is consumed as it is generated)."""
-    headers = request_headers(req)
-    out = []
+    """Every request encoded, and each prompt's client-side token count (the headers say how
+    many requests the run has: a simulated engine's closed-loop hold counts them)."""
+    payloads = []
     lens = []
-    for i, s in enumerate(samples):
-        payload = build_payload(req, s.prompt, s.output_len)
-        out.append(prepare(i, targets[i % len(targets)], payload, headers, f"{id_prefix}{i}"))
+    for s in samples:
+        payloads.append(build_payload(req, s.prompt, s.output_len))
         lens.append(s.prompt_len)
+    headers = request_headers(req, len(payloads))
+    out = [prepare(i, targets[i % len(targets)], payload, headers, f"{id_prefix}{i}") for i, payload in enumerate(payloads)]
     return out, lens
 
 
@@ -127,7 +127,7 @@ def _warmup(req: BenchRequest, first: Prepared, targets: list[Target], cancel: t
     if req.warmup <= 0:
         return None
     body = json.loads(first.body)
-    headers = request_headers(req)
+    headers = request_headers(req, req.warmup)
     prepared = [prepare(-1000 - i, targets[i % len(targets)], body, headers, None) for i in range(req.warmup)]
     plan = LoadPlan(prepared, [0.0] * len(prepared), req.max_concurrency, req.http_stack, req.timeout, stall_s=stall_s)
     outcome = run_in_new_loop(drive(plan, cancel=cancel))

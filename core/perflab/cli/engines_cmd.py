@@ -115,6 +115,8 @@ _STAGES = {
     "perflab_classify_crash": "crashes",
     "perflab_teardown": "teardown",
     "perflab_describe_file": "script",
+    "perflab_cache_reset": "cache",
+    "perflab_metrics_endpoint": "metrics",
     "perflab_register_bench_backends": "bench",
 }
 

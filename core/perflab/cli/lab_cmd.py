@@ -92,7 +92,7 @@ def run(ctx: click.Context, plan_file: Path, out: Path | None, hardware: str | N
     """Run a whole study from a plan file (YAML or TOML; see docs/plan-reference.md).
 
     Engine selection, one optimization at a time, combinations, then baseline and optimized
-    on every profile; report.md, report.json and chart.png land in the study directory.
+    on every profile; report.md, report.json, chart.png and report.html land in the study directory.
     Ctrl-C stops cleanly; the same command resumes. With --parallel, the configurations of a
     step run side by side on disjoint device sets (docs/user-guide.md, "Parallel runs"). With
     --executor ray, they run on the nodes of a Ray cluster (docs/user-guide.md, "Running on Ray").
@@ -121,14 +121,26 @@ def run(ctx: click.Context, plan_file: Path, out: Path | None, hardware: str | N
 @click.command("report")
 @click.argument("study_dir", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print report.json instead of the paths written.")
+@click.option("--html", "as_html", is_flag=True,
+              help="Print only the path of report.html (the self-contained page: open it in a browser, print it).")
 @click.option("--rebuild", is_flag=True,
               help="Recreate a missing or corrupt study.db from the run directories first (the old one is kept "
                    "as study.db.corrupt-<time>).")
-def report(study_dir: Path, as_json: bool, rebuild: bool) -> None:
-    """Write report.md, report.json and chart.png of a study directory (also done at the end of `run`).
+def report(study_dir: Path, as_json: bool, as_html: bool, rebuild: bool) -> None:
+    """Write report.md, report.json, chart.png (pareto.png with load curves) and report.html of a
+    study directory (also done at the end of `run`).
+
+    report.html is one self-contained page: report.md's sections with every chart embedded, the
+    load curves, and the engine metrics and accelerator telemetry sampled while each configuration
+    ran; it needs no network and prints without cutting a chart.
 
     Reads without the study lock: it works while `perflab run` is still going."""
     from perflab.lab.runner import write_study_report
+
+    if as_json and as_html:
+        from perflab.errors import UsageError
+
+        raise UsageError("--json and --html: choose one (--json prints report.json, --html report.html's path)")
 
     if rebuild:
         from perflab.lab.integrity import StudyLock
@@ -145,6 +157,9 @@ def report(study_dir: Path, as_json: bool, rebuild: bool) -> None:
     outcome, paths = write_study_report(study_dir)
     if as_json:
         click.echo(paths["json"].read_text(encoding="utf-8"))
+        return
+    if as_html:
+        click.echo(paths["html"])
         return
     if not outcome.complete:
         click.echo("note: the study is incomplete; re-run `perflab run` with the same --out to finish it", err=True)
@@ -175,4 +190,5 @@ def demo(ctx: click.Context, out: Path, fresh: bool, as_json: bool, live: bool |
     plan = demo_plan(known_engines=pm.engine_names())
     _run(ctx, plan, out, None, False, as_json, live, early_stop)
     if not as_json:
-        click.echo(f"\nThe demo's report is in {out / 'report.md'} (chart: {out / 'chart.png'}).")
+        click.echo(f"\nThe demo's report is in {out / 'report.md'} (chart: {out / 'chart.png'}; "
+                   f"as one page: {out / 'report.html'}).")

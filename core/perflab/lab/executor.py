@@ -458,9 +458,10 @@ class Executor:
         return plugin_file_describer(self.ctx.pm, engine)
 
     async def _settle(self) -> None:
-        for done in self._stale:
+        for done in list(self._stale):  # the list may be shared with concurrent runs (perflab.lab.backend)
             await anyio.to_thread.run_sync(done.wait, abandon_on_cancel=True)
-        self._stale.clear()
+            if done in self._stale:
+                self._stale.remove(done)
 
     def _env(self) -> dict[str, str]:
         env = engine_environment(self.ctx.env)
@@ -907,8 +908,12 @@ class Executor:
         return req.replace(warmup=self.ctx.plan.decision.warmup)
 
     def _watchers(self, instances: list[Any], config: Configuration) -> list[Watcher]:
-        """What is sampled while a benchmark runs (:mod:`perflab.observe`): none yet."""
-        return []
+        """What is sampled while a benchmark runs (:mod:`perflab.observe`)."""
+        from perflab.observe.metrics import metrics_watchers
+
+        watchers: list[Watcher] = []
+        watchers += metrics_watchers(self.ctx.pm, config.engine, instances, self._env())  # server_metrics
+        return watchers
 
     def _observed(self, watchers: Sequence[Watcher], watching: Watching, m: ProfileMeasurement,
                   config: Configuration) -> dict[str, Any]:

@@ -434,6 +434,10 @@ def _step(step: Step, ctx: ReportContext) -> list[str]:
         out += _entry_lines(e, ctx)
     if step.statement:
         out += [step.statement, ""]
+    from perflab.observe.explain import explain_step  # why, in the engine's own metrics (issue #13)
+
+    if why := explain_step(step):
+        out += [why, ""]
     return out
 
 
@@ -525,10 +529,10 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i][0])
 
 
-def pareto_data(o: StudyOutcome) -> list[dict[str, Any]]:
-    """Per profile with load curves (a sweep, or a max-load search's probes): each configuration's
-    points as output tokens/s per accelerator vs output tokens/s per user (1000 / mean TPOT),
-    and the Pareto frontier over all of them (AIConfigurator's axes)."""
+def results_by_profile(o: StudyOutcome) -> dict[str, list[tuple[str, Entry, ConfigResult]]]:
+    """Per profile (plan order), every configuration measured on it, once each, as
+    ``(label, entry, result)``: all configurations on the main profile, baseline and optimized
+    on the others (the load curves, the Pareto chart and report.html's metrics read them)."""
     plan = o.plan
     by_profile: dict[str, list[tuple[str, Entry, ConfigResult]]] = {p.name: [] for p in plan.profiles}
     for e in _configurations(o):
@@ -541,6 +545,15 @@ def pareto_data(o: StudyOutcome) -> list[dict[str, Any]]:
             if any(x[1].config == entry.config for x in rows):
                 continue
             rows.append((f"{entry.label}" if c.profile.name == plan.main_profile else f"{who}: {entry.label}", entry, res))
+    return by_profile
+
+
+def pareto_data(o: StudyOutcome) -> list[dict[str, Any]]:
+    """Per profile with load curves (a sweep, or a max-load search's probes): each configuration's
+    points as output tokens/s per accelerator vs output tokens/s per user (1000 / mean TPOT),
+    and the Pareto frontier over all of them (AIConfigurator's axes)."""
+    plan = o.plan
+    by_profile = results_by_profile(o)
     out: list[dict[str, Any]] = []
     for prof in plan.profiles:
         configs: list[dict[str, Any]] = []
@@ -691,11 +704,13 @@ def _failures(res: ConfigResult) -> str | None:
 
 
 def write_report(o: StudyOutcome, ctx: ReportContext, directory: Path) -> dict[str, Path]:
-    """Write report.md, report.json, chart.png and, with load curves, pareto.png into
-    ``directory``; return their paths."""
+    """Write report.md, report.json, chart.png, with load curves pareto.png, and report.html
+    into ``directory``; return their paths."""
     import json
 
+    from perflab.audit import audit_written_report
     from perflab.lab.chart import write_chart, write_pareto
+    from perflab.lab.html import write_html
     from perflab.lab.store import write_json
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -704,8 +719,12 @@ def write_report(o: StudyOutcome, ctx: ReportContext, directory: Path) -> dict[s
     pareto = pareto_data(o)
     if pareto:
         paths["pareto"] = write_pareto(pareto, ctx, o.plan.decision.slo, directory / PARETO_NAME, title=title_of(o, ctx))
+    data = json.loads(json.dumps(build_json(o, ctx), default=str))
+    markdown = audit_written_report(render_markdown(o, ctx), data)  # perflab audit: "Consistency check", "audit"
     tmp = paths["markdown"].with_suffix(".md.tmp")
-    tmp.write_text(redact.scrub(render_markdown(o, ctx)), encoding="utf-8")
+    text = redact.scrub(markdown)
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(paths["markdown"])
-    write_json(paths["json"], json.loads(json.dumps(build_json(o, ctx), default=str)))
+    write_json(paths["json"], data)
+    paths["html"] = write_html(text, o, ctx, directory)  # report.md's text with the charts, one page (perflab.lab.html)
     return paths

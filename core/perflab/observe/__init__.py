@@ -26,6 +26,7 @@ log = structlog.get_logger(__name__)
 
 PERIOD_S = 1.0  # engine seconds between samples (AIPerf scrapes every 333 ms of wall time)
 MIN_WALL_S = 0.2  # ... but never more often than this in real seconds (the simulator runs x40)
+FINAL_SAMPLE_S = 5.0  # the most the last reading, taken as the benchmark ends, may take
 
 # the keys of a measurement's ``observed`` mapping, as report.json shows them per measured profile:
 # the engine's metrics summary, the accelerators' telemetry summary, energy, and cost
@@ -93,7 +94,8 @@ async def watch(watchers: Sequence[Watcher], into: Watching, *, time_scale: floa
     start = clock()
     wait = max(period_s / max(time_scale, 1e-9), min_wall_s)
     live = list(watchers)
-    while live:
+
+    async def sample_all() -> None:
         t = (clock() - start) * time_scale
         for w in list(live):
             try:
@@ -105,5 +107,14 @@ async def watch(watchers: Sequence[Watcher], into: Watching, *, time_scale: floa
                 continue
             if values:
                 into.samples.setdefault(w.key, []).append(Sample(t, dict(values)))
-        await anyio.sleep(wait)
+
+    try:
+        while live:
+            await sample_all()
+            await anyio.sleep(wait)
+    finally:
+        # one last reading when the benchmark ends (cancelled): counters then cover all of it,
+        # not up to one period less (at the simulator's x40, a period is 8 engine seconds)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_SAMPLE_S):
+            await sample_all()
 

@@ -20,8 +20,17 @@ Sources:
   label ``model_name``.
 - TensorRT-LLM (``tensorrt_llm/metrics/collector.py``, ``MetricsCollector``): ``trtllm_*`` names,
   labels ``model_name``, ``engine_type``; trtllm-serve serves them on ``/prometheus/metrics``.
-- MindIE: no public list of metric names; the stand-in exports ``mindie_sim_*`` names, clearly
-  its own.
+- MindIE: its Prometheus interface (MindIE Service "服务监控指标查询接口(普罗格式)", GET /metrics on
+  ``metricsPort``; MindIE-LLM's PrometheusMetrics, prometheus_metrics.cpp): unprefixed names,
+  label ``model_name``; its prefix hit-rate gauge is cumulative (all radix matches so far).
+
+The engine's state metrics follow what the simulated engine does: the KV-cache usage its KV
+blocks (cached blocks no request holds count as free, as vLLM's block pool counts them), the
+preemption counter (SGLang: retractions) its preemptions, the prefix-cache counters (or hit-rate
+gauge) its prefix hits, the speculative-decoding counters (or acceptance gauge) its draws. The
+SGLang and TensorRT-LLM rate gauges are the rate since the previous scrape (the engines set them
+from their latest batches / log interval), unchanged when nothing was scheduled in between.
+vLLM registers its speculative-decoding counters only with a speculative config (``+spec``).
 
 The families (names, help texts, kinds, buckets) are data: perflab/sim/data/metrics.json.
 """
@@ -73,6 +82,7 @@ class Family:
     help: str
     buckets: tuple[float, ...] | None = None
     by_reason: bool = False
+    spec_only: bool = False  # registered only when speculative decoding is on
 
 
 TOKEN_BUCKETS: tuple[float, ...] = ()  # a histogram of token counts: buckets_1_2_5(max_model_len)
@@ -84,15 +94,17 @@ _BUCKETS = {"ttft": TTFT_BUCKETS, "itl": ITL_BUCKETS, "latency": LATENCY_BUCKETS
 def _families() -> dict[str, tuple[tuple[str, ...], tuple[Family, ...]]]:
     """perflab/sim/data/metrics.json: per flavour, its labels and its families as rows
     ``[attribute, kind, name, help]``; kind ``gauge``, ``counter`` or ``histogram:BUCKETS``,
-    ``+reason`` where it is labelled with ``finished_reason`` too."""
+    ``+reason`` where it is labelled with ``finished_reason`` too, ``+spec`` where the engine
+    registers it only with speculative decoding."""
     data = json.loads(resources.files("perflab.sim").joinpath("data/metrics.json").read_text())
     out = {}
     for flavour, entry in data.items():
         families = []
         for attr, spec, name, help_ in entry["families"]:
             kind, _, buckets = spec.partition(":")
-            kind, plus, _ = kind.partition("+reason")
-            families.append(Family(attr, _KINDS[kind], name, help_, _BUCKETS[buckets] if buckets else None, bool(plus)))
+            kind, *flags = kind.split("+")
+            families.append(Family(attr, _KINDS[kind], name, help_, _BUCKETS[buckets] if buckets else None,
+                                   "reason" in flags, "spec" in flags))
         out[flavour] = (tuple(entry["labels"]), tuple(families))
     return out
 
@@ -128,17 +140,26 @@ class Snapshot:
     prefix_queries: int
     prefix_hits: int
     preemptions: int
+    spec_drafts: int = 0  # verification steps of a sequence with drafts
+    spec_draft_tokens: int = 0  # draft tokens proposed
+    spec_accepted: int = 0  # draft tokens accepted
+
+
+#: the scheduler's running totals the counters mirror (the counter's attribute = the field)
+TOTALS = ("prefix_queries", "prefix_hits", "preemptions", "spec_drafts", "spec_draft_tokens", "spec_accepted")
 
 
 class EngineMetrics:
     """Counters and histograms an engine updates as it serves; ``render()`` is ``/metrics``."""
 
-    def __init__(self, engine: str, model_name: str, ranks: int, max_model_len: int) -> None:
+    def __init__(self, engine: str, model_name: str, ranks: int, max_model_len: int, spec: bool = False) -> None:
         self.engine = engine
         self.model_name = model_name
         self.ranks = ranks
+        self.spec = spec
         self.registry = CollectorRegistry(auto_describe=False)
         self._seen: dict[tuple[str, int], int] = {}  # scheduler totals already counted
+        self._window: dict[str, tuple[int, int]] = {}  # a rate gauge's totals at the previous scrape
         self.flavour = {"vllm": "vllm", "vllm-ascend": "vllm", "sglang": "sglang", "trtllm": "trtllm"}.get(
             engine, "mindie"
         )
@@ -150,6 +171,8 @@ class EngineMetrics:
         labels, families = FAMILIES[self.flavour]
         tokens = buckets_1_2_5(max_model_len)
         for f in families:
+            if f.spec_only and not self.spec:
+                continue
             names = [*labels, "finished_reason"] if f.by_reason else list(labels)
             kw: dict[str, Any] = {"registry": self.registry}
             if f.kind is Histogram:
@@ -212,6 +235,24 @@ class EngineMetrics:
                 histogram.labels(**lab).observe(value)
 
     # ---------------------------------------------------------------------------- scrape
+    def _mirror(self, attr: str, rank: int, lab: dict[str, str], total: int) -> None:
+        """Bring a counter up to the scheduler's running total."""
+        counter = getattr(self, attr, None)
+        seen = self._seen.get((attr, rank), 0)
+        if counter is not None and total > seen:
+            counter.labels(**lab).inc(total - seen)
+            self._seen[(attr, rank)] = total
+
+    def _rate(self, attr: str, lab: dict[str, str], part: int, whole: int) -> None:
+        """A rate gauge over what happened since the previous scrape (unchanged if nothing did)."""
+        gauge = getattr(self, attr, None)
+        if gauge is None:
+            return
+        part0, whole0 = self._window.get(attr, (0, 0))
+        if whole > whole0:
+            gauge.labels(**lab).set((part - part0) / (whole - whole0))
+        self._window[attr] = (part, whole)
+
     def render(self, snapshots: Sequence[Snapshot]) -> bytes:
         """The exposition text, gauges set from ``snapshots`` (one per data-parallel rank)."""
         if self.flavour == "vllm":
@@ -220,14 +261,8 @@ class EngineMetrics:
                 self.running.labels(**lab).set(s.running)
                 self.waiting.labels(**lab).set(s.waiting)
                 self.kv_usage.labels(**lab).set(s.kv_usage)
-                # counters mirror the scheduler's own running totals
-                for what, counter, total in (("queries", self.prefix_queries, s.prefix_queries),
-                                             ("hits", self.prefix_hits, s.prefix_hits),
-                                             ("preemptions", self.preemptions, s.preemptions)):
-                    key = (what, rank)
-                    if total > self._seen.get(key, 0):
-                        counter.labels(**lab).inc(total - self._seen.get(key, 0))
-                        self._seen[key] = total
+                for attr in TOTALS:  # counters mirror the scheduler's own running totals
+                    self._mirror(attr, rank, lab, getattr(s, attr))
         else:
             lab = self._labels(0)
             self.running.labels(**lab).set(sum(s.running for s in snapshots))
@@ -235,7 +270,13 @@ class EngineMetrics:
             self.kv_usage.labels(**lab).set(max((s.kv_usage for s in snapshots), default=0.0))
             if hasattr(self, "used_tokens"):
                 self.used_tokens.labels(**lab).set(sum(s.kv_used_tokens for s in snapshots))
-            if hasattr(self, "hit_rate"):
-                queries = sum(s.prefix_queries for s in snapshots)
-                self.hit_rate.labels(**lab).set(sum(s.prefix_hits for s in snapshots) / queries if queries else 0.0)
+            totals = {attr: sum(getattr(s, attr) for s in snapshots) for attr in TOTALS}
+            for attr, total in totals.items():
+                self._mirror(attr, 0, lab, total)
+            if self.flavour == "mindie":  # RadixMatchDataCollect: all matches so far
+                queries = totals["prefix_queries"]
+                self.hit_rate.labels(**lab).set(totals["prefix_hits"] / queries if queries else 0.0)
+            else:
+                self._rate("hit_rate", lab, totals["prefix_hits"], totals["prefix_queries"])
+                self._rate("spec_accept_rate", lab, totals["spec_accepted"], totals["spec_draft_tokens"])
         return generate_latest(self.registry)

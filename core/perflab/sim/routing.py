@@ -18,7 +18,7 @@ from perflab.sim.metrics import Snapshot
 from perflab.sim.scheduler import SimRequest
 from perflab.sim.server import Request, Response, Stream, json_response
 from perflab.sim.wire import VLLM_ENGINES, CompletionRequest, Generation, Vocabulary, error_body, parse_request
-from perflab.simenv import SIM_CLOCK_BURST, SIM_CLOCK_HEADER
+from perflab.simenv import SIM_CLOCK_BURST, SIM_CLOCK_HEADER, parse_loop
 
 if TYPE_CHECKING:
     from perflab.sim.runtime import Engine
@@ -173,7 +173,8 @@ class HttpApi:
         snaps = [
             Snapshot(running=len(s.running), waiting=len(s.waiting), kv_usage=s.kv_usage,
                      kv_used_tokens=int(s.kv_usage * s.total_blocks * s.block), prefix_queries=s.prefix_queries,
-                     prefix_hits=s.prefix_hits, preemptions=engine.preemptions[i])
+                     prefix_hits=s.prefix_hits, preemptions=engine.preemptions[i], spec_drafts=s.spec_drafts,
+                     spec_draft_tokens=s.spec_draft_tokens, spec_accepted=s.spec_accepted)
             for i, s in enumerate(engine.scheds)
         ]
         # prometheus_client.CONTENT_TYPE_LATEST, what vLLM's PrometheusResponse sends
@@ -238,6 +239,7 @@ class HttpApi:
         gen.stamp = bool(clock)
         kind, _, burst = clock.partition(" ")
         gen.burst = burst if kind == SIM_CLOCK_BURST and burst else None
+        gen.loop = parse_loop(clock)
         text = request.text
         hashes = tokenizer.block_hashes(text, self.cfg.block_size) if (self.cfg.prefix_caching and text) else ()
         sim = SimRequest(request.prompt_tokens, request.stop_at, block_hashes=hashes, sink=gen.sink,

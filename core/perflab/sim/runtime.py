@@ -135,6 +135,33 @@ class Burst:
         return min(self.last + BURST_QUIET_S, self.started + BURST_MAX_S) - now
 
 
+# A closed loop (SIM_CLOCK_LOOP) holds the model clock while a request it is owed has not come:
+# at most LOOP_HOLD_MAX_S wall seconds per hold (a client that stopped sending: the clock runs on)
+LOOP_HOLD_MAX_S = 1.0
+
+
+class Loop:
+    """A closed loop of ``n`` requests, at most ``c`` at once, the next sent as soon as one ends:
+    ``owed`` requests the client is sending now (the engine's clock waits for them)."""
+
+    def __init__(self, n: int, c: int) -> None:
+        self.n = n
+        self.c = c
+        self.arrived = 0
+        self.owed = 0
+
+
+class Hold:
+    """The model clock held at ``at`` while a closed loop's requests are on their way."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+        self.started = time.monotonic()
+
+    def left(self) -> float:
+        return self.started + LOOP_HOLD_MAX_S - time.monotonic()
+
+
 class Engine(EngineLifecycle):
     """One simulated engine: its schedulers (one per data-parallel rank) driven in simulated
     time, the requests in flight and the metrics; the process lifecycle is
@@ -164,12 +191,16 @@ class Engine(EngineLifecycle):
         self.step_end = self.clock.last  # model time of the step being delivered
         self._burst: Burst | None = None  # an all-at-once batch arriving: the clock is held
         self._bursts_seen: set[str] = set()
+        self._loops: dict[str, Loop] = {}  # closed loops by id (SIM_CLOCK_LOOP)
+        self._loop_of: dict[int, Loop] = {}  # id(SimRequest) -> its loop, while in flight
+        self._hold: Hold | None = None  # the clock held for a closed loop's next requests
         self.lag_warned = False
         self._arrivals = itertools.count()
         self._prompt_done = 0
         self._gen_done = 0
         self.fingerprint = fingerprint(cfg)
-        self.metrics = EngineMetrics(cfg.engine, cfg.served_model_names[0], cfg.dp, deployment_.max_model_len)
+        self.metrics = EngineMetrics(cfg.engine, cfg.served_model_names[0], cfg.dp, deployment_.max_model_len,
+                                     spec=bool(cfg.spec_method) and cfg.spec_tokens > 0)
         self.preemptions = [0] * cfg.dp
         self.api = HttpApi(self)
 
@@ -185,6 +216,8 @@ class Engine(EngineLifecycle):
         the next step due; held during a burst."""
         if self._burst is not None:
             return self._burst.at
+        if self._hold is not None:
+            return self._hold.at
         return self.clock.now(self._due[0][0] if self._due else None)
 
     def _arrive(self, gen: Generation) -> float:
@@ -192,6 +225,8 @@ class Engine(EngineLifecycle):
         (``gen.burst``) reaching an idle engine holds the clock: the batch's requests arrive
         at one model time until none came for BURST_QUIET_S (at most BURST_MAX_S) — what the
         client meant, whatever time the host takes to send them."""
+        if gen.loop is not None:
+            return self._arrive_in_loop(*gen.loop)
         burst = self._burst
         if burst is not None and gen.burst == burst.id:
             burst.extend()
@@ -204,6 +239,40 @@ class Engine(EngineLifecycle):
             return self._burst.at
         return self.model_now()
 
+    def _arrive_in_loop(self, loop_id: str, n: int, c: int) -> float:
+        """A closed loop's request: its first ``c`` reaching an idle engine arrive at one held
+        model time, and a request the loop owes (one ended while fewer than ``n`` had come)
+        arrives at the model time the clock was held at — the client's reaction time is the
+        host's, not the engine's."""
+        loop = self._loops.get(loop_id)
+        if loop is None:
+            loop = self._loops[loop_id] = Loop(n, c)
+            if self._hold is None and self._burst is None and not self._due and not any(s.has_work for s in self.scheds):
+                loop.owed = min(c, n)  # the first c are on their way: hold until they came
+                self._hold = Hold(self.model_now())
+        loop.arrived += 1
+        if loop.owed > 0:
+            loop.owed -= 1
+        hold = self._hold
+        if hold is None:
+            return self.model_now()
+        if not self._owed():
+            self._nudge()  # every owed request came: the driver runs on
+        return hold.at
+
+    def _owed(self) -> bool:
+        return any(loop.owed > 0 for loop in self._loops.values())
+
+    def _ended_in_loop(self, req: SimRequest, end: float) -> None:
+        """A request ended at model time ``end``: if its loop has more to send, the next one is
+        owed and the clock holds at ``end`` until it comes."""
+        loop = self._loop_of.pop(id(req), None)
+        if loop is None or loop.arrived + loop.owed >= loop.n:
+            return
+        loop.owed += 1
+        if self._hold is None:
+            self._hold = Hold(end)
+
     def submit(self, gen: Generation, req: SimRequest) -> None:
         gen.sim = req
         rank = min(range(len(self.scheds)), key=lambda i: len(self.scheds[i].running) + len(self.scheds[i].waiting))
@@ -214,12 +283,15 @@ class Engine(EngineLifecycle):
         if rank not in self._busy and arrival > sched.now:
             sched.now = arrival  # an idle scheduler's next step starts when the request arrives
         sched.add(req)
+        if gen.loop is not None:
+            self._loop_of[id(req)] = self._loops[gen.loop[0]]
         gen.rank = rank
         if rank not in self._busy and self._burst is None:
             self._nudge()  # a step to plan, which may end before the one the driver waits for
 
     def abort(self, gen: Generation) -> None:
         if gen.sim is not None and not gen.done.done():
+            self._loop_of.pop(id(gen.sim), None)  # gone: no request follows it on the engine's clock
             self.scheds[gen.rank].abort(gen.sim)
             self.record(gen, "abort")
             gen.done.set_result(None)
@@ -290,6 +362,16 @@ class Engine(EngineLifecycle):
                     continue
                 self._burst = None
                 self.clock.resume(burst.at)
+            hold = self._hold
+            if hold is not None:
+                left = hold.left()
+                if self._owed() and left > 0:
+                    await self._wait(left)
+                    continue
+                self._hold = None
+                for loop in self._loops.values():
+                    loop.owed = 0  # not come within LOOP_HOLD_MAX_S: the client stopped sending
+                self.clock.resume(hold.at)
             self._plan()
             if not self._due:
                 self.clock.idle()
@@ -310,6 +392,7 @@ class Engine(EngineLifecycle):
                 if req.sink is not None:
                     req.sink(n, finished)
                 if finished and not req.aborted:
+                    self._ended_in_loop(req, end)
                     self.completed += 1
                     self._prompt_done += req.prompt_tokens
                 self._gen_done += n

@@ -132,6 +132,11 @@ class Scheduler:
         self._uids = itertools.count(1)
         self.prefix_queries = 0
         self.prefix_hits = 0
+        # speculative decoding, as vLLM's SpecDecodingStats counts it: verification steps of a
+        # sequence, the draft tokens proposed, the draft tokens accepted (not the bonus token)
+        self.spec_drafts = 0
+        self.spec_draft_tokens = 0
+        self.spec_accepted = 0
         self.steps = 0
         self.rejected = 0
 
@@ -354,7 +359,12 @@ class Scheduler:
         self.now += duration
         self.steps += 1
         for req in decode:
-            n = min(self._accepted(req), req.remaining)
+            drawn = self._accepted(req)
+            if self.spec_tokens:
+                self.spec_drafts += 1
+                self.spec_draft_tokens += self.spec_tokens
+                self.spec_accepted += drawn - 1
+            n = min(drawn, req.remaining)
             req.generated += n
             emitted.append((req, n, req.generated >= req.output_tokens))
         for req, n in chunks:

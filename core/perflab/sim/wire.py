@@ -145,6 +145,7 @@ class Generation:
         self.last_model: float | None = None
         self.stamp = False  # stream the model-clock stamps (the client asked: SIM_CLOCK_HEADER)
         self.burst: str | None = None  # the all-at-once batch it belongs to (one arrival time)
+        self.loop: tuple[str, int, int] | None = None  # the closed loop it belongs to: (id, n, c)
         obj = "chat.completion.chunk" if chat else "text_completion"
         self._head = (
             f'{{"id":"{self.id}","object":"{obj}","created":{self.created},"model":{self.model_json},"choices":['

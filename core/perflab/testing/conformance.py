@@ -336,6 +336,21 @@ class EngineConformance:
         assert reset.method in ("GET", "POST", "PUT", "DELETE") and reset.path.startswith("/")
         assert reset.source, "say where the engine defines the path"
 
+    def test_metrics_endpoint_is_well_formed(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
+        """The optional Prometheus endpoint: None (nothing is scraped), or a path (and a port
+        when not the serving one), at least one metric name, and where the names come from."""
+        from perflab.types import MetricsEndpoint
+
+        launch = self._build(pm, hardware, tmp_path)
+        endpoint = pm.hook.perflab_metrics_endpoint(engine=self.engine, launch=launch)
+        assert endpoint is None or isinstance(endpoint, MetricsEndpoint), f"expected a MetricsEndpoint or None, got {endpoint!r}"
+        if endpoint is None:
+            return
+        assert endpoint.path.startswith("/")
+        assert endpoint.port is None or 0 < endpoint.port < 65536
+        assert endpoint.names(), "name at least one metric (kv_cache_usage, running, ...)"
+        assert endpoint.source, "say where the engine defines the names"
+
     def test_preflight_answers_are_well_formed(self, pm: PluginManager, hardware: HardwareSnapshot) -> None:
         from perflab.engines import check_support
 
@@ -377,6 +392,7 @@ class EngineConformance:
             "perflab_readiness": {"launch": launch},
             "perflab_describe_file": {"path": str(tmp_path / "config.json"), "content": "{}"},
             "perflab_cache_reset": {"launch": launch},
+            "perflab_metrics_endpoint": {"launch": launch},
         }
         for hook, args in others.items():
             if hasattr(plugin, hook):

@@ -15,12 +15,20 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from perflab import (CrashCause, EngineInfo, EnginePlugin, HardwareSnapshot, HttpProbe,
-                     LaunchSpec, Maps, Readiness, Refuses, ServeConfig, Unsupported)
+                     LaunchSpec, Maps, MetricsEndpoint, Readiness, Refuses, ServeConfig, Unsupported)
 
 ENGINE = "mindie"
 GUIDE = "https://github.com/Ascend/MindIE-LLM/tree/master/docs/zh/user_guide"
 PARAMS = f"{GUIDE}/user_manual/service_parameter_configuration.md"
 FEATURE = f"{GUIDE}/feature"
+# MindIE Service's Prometheus interface ("服务监控指标查询接口(普罗格式)"): GET /metrics on
+# ServerConfig.metricsPort (management IP), served when MIES_SERVICE_MONITOR_MODE=1; the names
+# are those of MindIE-LLM's PrometheusMetrics (src/server/endpoint, prometheus_metrics.cpp)
+METRICS_DOC = "https://www.hiascend.com/document/detail/zh/mindie/21RC1/mindieservice/servicedev/mindie_service0103.html"
+METRICS = MetricsEndpoint(
+    "/metrics", kv_cache_usage="npu_cache_usage_perc", running="num_requests_running",
+    waiting="num_requests_waiting", preemptions="num_preemptions",
+    prefix_cache_hit_rate="npu_prefix_cache_hit_rate", source=METRICS_DOC)
 
 # The address perflab picks for each launch, left out of the serving script as the seeds
 # leave out --host/--port.
@@ -94,6 +102,14 @@ class MindIE(EnginePlugin):
             generation_path="/v1/completions",
             ready_log_patterns=(r"Daemon start success!",),  # src/server/daemon/llm_daemon.cpp
         )
+
+    def metrics(self, launch: LaunchSpec) -> MetricsEndpoint:
+        """MindIE's metrics are on the metrics port (ServerConfig.metricsPort of the launch's
+        config.json; the launch's second extra port)."""
+        import dataclasses
+
+        port = launch.extra_ports[1] if len(launch.extra_ports) > 1 else None
+        return dataclasses.replace(METRICS, port=port if port != launch.port else None)
 
     def classify_crash(self, exit_code: int | None, log_tail: str) -> CrashCause | None:
         from perflab_mindie.crashes import classify

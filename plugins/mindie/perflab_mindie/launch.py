@@ -99,6 +99,9 @@ def build(config: ServeConfig, hardware: HardwareSnapshot, workdir: Path) -> Lau
     path = str(Path(workdir) / CONFIG_FILE)
     env["MIES_CONFIG_JSON_PATH"] = path
     env.setdefault("MINDIE_LOG_TO_STDOUT", "1")
+    # the Prometheus /metrics on metricsPort answers only with the service monitor on (MindIE
+    # Service's "服务监控指标查询接口(普罗格式)"); perflab scrapes it during every benchmark
+    env.setdefault("MIES_SERVICE_MONITOR_MODE", "1")
     if config.mem_fraction is not None:
         env["NPU_MEMORY_FRACTION"] = fraction("mindie", "mem_fraction", config.mem_fraction, "NPU_MEMORY_FRACTION must be in (0, 1]")
     return LaunchSpec(

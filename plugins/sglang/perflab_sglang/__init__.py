@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perflab import CacheReset, EngineInfo, EnginePlugin, HardwareSnapshot, HttpProbe, LaunchSpec, Maps, Readiness, ServeConfig, Unsupported
+from perflab import (CacheReset, EngineInfo, EnginePlugin, HardwareSnapshot, HttpProbe, LaunchSpec, Maps, MetricsEndpoint,
+                     Readiness, ServeConfig, Unsupported)
 
 ENGINE = "sglang"
 SERVER_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/server_args.py"
 HTTP_SERVER = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/entrypoints/http_server.py"
+COLLECTOR = "https://github.com/sgl-project/sglang/blob/main/python/sglang/srt/metrics/collector.py"
 
 
 class SGLang(EnginePlugin):
@@ -32,6 +34,20 @@ class SGLang(EnginePlugin):
     # http_server.py (v0.5.5.post1): @app.api_route("/flush_cache", methods=["GET", "POST"]) flushes
     # the radix cache; 400 while requests are running or waiting, 200 "Cache flushed." otherwise
     prefix_cache_reset = CacheReset("/flush_cache", "POST", source=HTTP_SERVER)
+    # /metrics on the serving port, only with --enable-metrics (server_args.py; perflab does not
+    # add it: the launch reproduces the seeds' commands; a 404 is logged once with the hint):
+    # SchedulerMetricsCollector (python/sglang/srt/metrics/collector.py). SGLang exports the
+    # prefix hit rate and the speculative acceptance as gauges; a retraction (the KV cache is
+    # full: a running request goes back to the queue) is its preemption
+    # (sglang:num_retracted_requests_total, newer than the sglang:num_retracted_reqs gauge)
+    metrics_endpoint = MetricsEndpoint(
+        "/metrics", kv_cache_usage="sglang:token_usage", running="sglang:num_running_reqs",
+        waiting="sglang:num_queue_reqs", preemptions="sglang:num_retracted_requests",
+        prefix_cache_hit_rate="sglang:cache_hit_rate", spec_decode_acceptance="sglang:spec_accept_rate",
+        source=COLLECTOR,
+        missing_hint="SGLang serves /metrics only with --enable-metrics: add it with "
+                     "engine_serve: {sglang: {extra_args: [--enable-metrics]}} to see its metrics in the report")
+
     # ServerArgs.add_cli_args (server_args.py, v0.5.5.post1); the choices are in perflab_sglang.launch
     serve_options = {
         "model": Maps("--model-path", SERVER_ARGS),

@@ -15,12 +15,13 @@ import re
 from pathlib import Path
 
 from perflab import (EngineInfo, EnginePlugin, HardwareSnapshot, HttpProbe, LaunchSpec,
-                     Maps, Readiness, Refuses, ServeConfig, Unsupported)
+                     Maps, MetricsEndpoint, Readiness, Refuses, ServeConfig, Unsupported)
 
 ENGINE = "trtllm"
 SERVE = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/commands/serve.py"
 LLM_ARGS = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/llmapi/llm_args.py"
 OPENAI_SERVER = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/serve/openai_server.py"
+COLLECTOR = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/metrics/collector.py"
 
 #: trtllm-serve has no --version option of its own (its click group falls through to
 #: ``serve``), but importing tensorrt_llm prints the banner ``[TensorRT-LLM] TensorRT LLM
@@ -43,6 +44,16 @@ class TensorRTLLM(EnginePlugin):
     # no prefix-cache reset over HTTP: trtllm-serve serves /v1/*, /health, /metrics, /version
     # (docs/source/commands/trtllm-serve.rst; tensorrt_llm/serve/openai_server.py register_routes)
     prefix_cache_reset = None
+    # trtllm-serve's Prometheus text is on /prometheus/metrics (openai_server.py mounts
+    # prometheus_client's app there; /metrics is its JSON iteration stats); names from
+    # MetricsCollector (tensorrt_llm/metrics/collector.py). No preemption counter is exported
+    # (trtllm_num_paused_requests is a gauge), the prefix reuse is a hit-rate gauge.
+    metrics_endpoint = MetricsEndpoint(
+        "/prometheus/metrics", kv_cache_usage="trtllm_kv_cache_utilization",
+        running="trtllm_num_requests_running", waiting="trtllm_num_requests_waiting",
+        prefix_cache_hit_rate="trtllm_kv_cache_hit_rate",
+        spec_decode_accepted="trtllm_spec_decode_num_accepted_tokens",
+        spec_decode_draft="trtllm_spec_decode_num_draft_tokens", source=COLLECTOR)
     crash_signatures = "perflab_trtllm.crashes:SIGNATURES"
     version_output = VERSION_OUTPUT
     # serve.py click options and llm_args.py LLM-API keys (written to --extra_llm_api_options)

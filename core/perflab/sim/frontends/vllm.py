@@ -571,6 +571,9 @@ def _startup_lines(a: dict[str, Any], s: _Serve, version: str, log: VllmLog) -> 
     note = version_note(version, log)
     if note:
         startup.append(note)
+    invented = common.version_factor_note(s.engine, version)
+    if invented:  # the simulator's own version difference (data/version_factors.json), said in the log
+        startup.append(log.line("WARNING", "perflab-sim", f"perflab simulator: vLLM {version}: {invented}"))
     return startup
 
 
