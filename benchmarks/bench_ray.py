@@ -9,7 +9,7 @@ command's start to its exit: ``perflab run PLAN`` (sequential, local) and ``perf
 both wall times, the ratio and whether both studies adopted the same configurations::
 
     .venv/bin/python benchmarks/bench_ray.py [--plan examples/seed-001-qwen3-235b-a22b-a100.yaml]
-        [--prompts 80] [--json]
+        [--prompts 80] [--time-scale X] [--json]
 
 ``--prompts N`` scales the plan's profiles down (every ``num_prompts`` to at most N; 0: as
 written). Both runs share this machine's CPU: on a host with few cores the simulated engines
@@ -32,10 +32,12 @@ from perflab.testing.raycluster import NetnsCluster
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def scaled(text: str, prompts: int) -> str:
-    if prompts <= 0:
-        return text
-    return re.sub(r"num_prompts: (\d+)", lambda m: f"num_prompts: {min(int(m.group(1)), prompts)}", text)
+def scaled(text: str, prompts: int, time_scale: float | None) -> str:
+    if prompts > 0:
+        text = re.sub(r"num_prompts: (\d+)", lambda m: f"num_prompts: {min(int(m.group(1)), prompts)}", text)
+    if time_scale is not None:
+        text = re.sub(r"time_scale: [0-9.]+", f"time_scale: {time_scale:g}", text)
+    return text
 
 
 def timed(argv: list[str]) -> float:
@@ -56,19 +58,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plan", type=Path, default=ROOT / "examples" / "seed-001-qwen3-235b-a22b-a100.yaml")
     ap.add_argument("--prompts", type=int, default=80, help="scale every profile to at most N prompts (0: as written)")
+    ap.add_argument("--time-scale", type=float, default=None,
+                    help="replace the plan's simulation.time_scale (lower: the simulated engines run closer to real "
+                         "speed, so a run is bounded by its accelerators rather than by this host's CPU)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:
         work = Path(tmp)
         plan = work / "plan.yaml"
-        plan.write_text(scaled(args.plan.read_text(encoding="utf-8"), args.prompts))
+        plan.write_text(scaled(args.plan.read_text(encoding="utf-8"), args.prompts, args.time_scale))
         perflab = [sys.executable, "-m", "perflab", "run", str(plan), "--no-live"]
         sequential = timed([*perflab, "--out", str(work / "seq")])
         with NetnsCluster(["a100-80g-x8:8", "a100-80g-x8:8"], log=work / "cluster.log") as c:
             on_ray = timed(c.argv([*perflab, "--out", str(work / "ray"), "--executor", "ray",
                                    "--ray-address", c.address]))
         same = adopted(work / "seq") == adopted(work / "ray")
-    result = {"plan": str(args.plan), "prompts": args.prompts, "sequential_s": round(sequential, 1),
+    result = {"plan": str(args.plan), "prompts": args.prompts, "time_scale": args.time_scale, "sequential_s": round(sequential, 1),
               "ray_2_nodes_s": round(on_ray, 1), "speedup": round(sequential / on_ray, 2), "same_decisions": same}
     if args.json:
         print(json.dumps(result, indent=2))

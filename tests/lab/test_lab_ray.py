@@ -23,7 +23,10 @@ import pytest
 
 from perflab.lab.backend import Demand
 from perflab.lab.executor import INHERITED_NOT_PASSED, engine_environment
-from perflab.lab.raybackend import RAY_RESOURCE, SIM_LABEL, bundles, node_spec, strategy
+from perflab.lab.plan import load_plan_text
+from perflab.lab.raybackend import (RAY_RESOURCE, SIM_LABEL, ClusterRefused, RayCluster, bundles, check_reports,
+                                    node_spec, strategy)
+from perflab.types import Accelerator, HardwareSnapshot
 from perflab.lifecycle.procs import MARKER_ENV, Marker
 from perflab.testing.raycluster import NetnsCluster
 
@@ -99,6 +102,33 @@ def test_placement_shapes_for_one_and_several_nodes() -> None:
     assert strategy(Demand("ascend", 8, nodes=2)) == "STRICT_SPREAD"
     assert bundles(Demand(None, 1), None) == [{"CPU": 0.01}]
     assert node_spec({SIM_LABEL: "a100-80g-x8"}) == "sim:a100-80g-x8" and node_spec({}) == "auto"
+
+
+def _report(node: str, cls: str = '"sim:a100-80g-x8"', perflab: str = "0.1.0", vllm: str = "0.11.0") -> dict:
+    gpus = tuple(Accelerator(vendor="nvidia", kind="cuda", index=i, name="NVIDIA A100-SXM4-80GB", memory_total_mib=81920)
+                 for i in range(8))
+    return {"node_id": node * 7, "host": "h", "spec": "sim:a100-80g-x8", "class": cls, "perflab": perflab,
+            "plugins": {"vllm": "1"}, "engines": {"vllm": vllm}, "snapshot": HardwareSnapshot(gpus, simulated=True)}
+
+
+def test_nodes_are_checked_before_the_study_starts() -> None:
+    plan = load_plan_text(scaled_seed_001(), path="p.yaml")
+    here = {"perflab": "0.1.0", "plugins": {"vllm": "1"}}
+    check_reports(plan, here, [_report("a1b2c3d4"), _report("e5f6a7b8")])  # one class, same versions
+    with pytest.raises(ClusterRefused, match="2 machine classes .*never mix"):
+        check_reports(plan, here, [_report("a1b2c3d4"), _report("e5f6a7b8", cls='"sim:h100-80g-x8"')])
+    with pytest.raises(ClusterRefused, match="runs perflab 0.2.0 .* this driver runs perflab 0.1.0"):
+        check_reports(plan, here, [_report("a1b2c3d4"), _report("e5f6a7b8", perflab="0.2.0")])
+    with pytest.raises(ClusterRefused, match="engine versions differ between nodes"):
+        check_reports(plan, here, [_report("a1b2c3d4"), _report("e5f6a7b8", vllm="0.12.0")])
+    # Ray started without --num-gpus: a TP8 demand would wait forever, refused in one line
+    reports = [_report("a1b2c3d4")]
+    nodes = [{"NodeID": reports[0]["node_id"], "Resources": {"CPU": 8.0, "GPU": 4.0}}]
+    cluster = RayCluster(plan, Path("."), reports, nodes, started=False)
+    cluster.check([("vLLM", Demand("cuda", 4))])
+    with pytest.raises(ClusterRefused, match="vLLM needs 8 GPU on 1 node.*offer at most 4 GPU"):
+        cluster.check([("vLLM", Demand("cuda", 8))])
+    cluster.check([("too big", Demand("cuda", 16))])  # more than the machine has: the executor refuses it
 
 
 # --------------------------------------------------------------------------- on the cluster

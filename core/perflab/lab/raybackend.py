@@ -271,6 +271,25 @@ def local_node(pm: Any, plan: Plan, study_dir: Path) -> dict[str, Any]:
     return {"num_gpus": int(counts.pop("GPU", 0)), "resources": counts, "labels": {SIM_LABEL: plan.hardware[4:]}}
 
 
+def check_reports(plan: Plan, here: Mapping[str, Any], reports: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse, with one line, nodes of several machine classes, a node whose perflab or plugins
+    differ from the driver's (``here``: :func:`software`), engine versions that differ between nodes."""
+    classes = sorted({r["class"] for r in reports})
+    if len(classes) > 1:
+        raise ClusterRefused(f"the cluster's {plan.hardware} nodes are of {len(classes)} machine classes "
+                             f"({'; '.join(classes)}): results of different machines never mix — run the study "
+                             f"on nodes of one class")
+    for r in reports:
+        if {k: r[k] for k in here} != here:
+            raise ClusterRefused(f"node {r['host']}/{r['node_id'][:8]} runs perflab {r['perflab']} with plugins "
+                                 f"{r['plugins']}; this driver runs perflab {here['perflab']} with {here['plugins']} "
+                                 f"— install the same versions everywhere")
+        if r["engines"] != reports[0]["engines"]:
+            raise ClusterRefused(f"engine versions differ between nodes: {reports[0]['host']}/"
+                                 f"{reports[0]['node_id'][:8]} has {reports[0]['engines']}, {r['host']}/"
+                                 f"{r['node_id'][:8]} has {r['engines']}")
+
+
 class RayCluster:
     """The driver's view of the cluster: the study's nodes, checked, and their snapshot."""
 
@@ -310,21 +329,7 @@ class RayCluster:
             num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
                 plan, str(study_dir), node_spec(n.get("Labels") or {})) for n in mine]
         reports = ray.get(refs)
-        classes = sorted({r["class"] for r in reports})
-        if len(classes) > 1:
-            raise ClusterRefused(f"the cluster's {plan.hardware} nodes are of {len(classes)} machine classes "
-                                 f"({'; '.join(classes)}): results of different machines never mix — run the study "
-                                 f"on nodes of one class")
-        here = software(pm)
-        for r in reports:
-            if {k: r[k] for k in here} != here:
-                raise ClusterRefused(f"node {r['host']}/{r['node_id'][:8]} runs perflab {r['perflab']} with plugins "
-                                     f"{r['plugins']}; this driver runs perflab {here['perflab']} with {here['plugins']} "
-                                     f"— install the same versions everywhere")
-            if r["engines"] != reports[0]["engines"]:
-                raise ClusterRefused(f"engine versions differ between nodes: {reports[0]['host']}/"
-                                     f"{reports[0]['node_id'][:8]} has {reports[0]['engines']}, {r['host']}/"
-                                     f"{r['node_id'][:8]} has {r['engines']}")
+        check_reports(plan, software(pm), reports)
         return cls(plan, study_dir, reports, alive, started)
 
     def capacity(self, resource: str) -> float:
