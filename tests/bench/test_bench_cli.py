@@ -359,3 +359,60 @@ def test_stall_in_warm_up_and_with_workers(fake_server: FakeOpenAIServer) -> Non
     # the worker that saw the stall names it; the other one is stopped by it (cancelled)
     errors = {t.error for t in spread.requests}
     assert spread.requests and "stalled" in errors and errors <= {"stalled", "cancelled"}
+
+
+def test_clock_auto_never_asks_a_real_engine_for_model_clock_stamps(
+        fake_server: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--clock auto`` (the default) asks for the simulator's model-clock stamps only once the
+    test request proved the server is perflab's simulator: a server that is not (model "ok":
+    no ``x-perflab-sim-time-scale``) never sees the header, and is timed by the host clock."""
+    code, out, err = run_cli(capsys, "--base-url", fake_server.base_url, "--model", "ok", "--num-prompts", "6",
+                             "--random-input-len", "8", "--random-output-len", "4", "--json")
+    assert code == 0, err
+    assert json.loads(out)["perflab"]["clock"] == "host"
+    assert fake_server.headers and all("x-perflab-sim-clock" not in h for h in fake_server.headers)
+
+
+def test_clock_option_against_the_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Against a real simulated engine, ``perflab bench`` times by its model clock unless told
+    ``--clock host``."""
+    import os
+    import threading
+
+    from perflab.hardware import resolve
+    from perflab.plugins import load
+    from perflab.supervisor import EngineInstance
+    from perflab.types import ServeConfig
+
+    state = tmp_path / "sim-state"
+    state.mkdir()
+    pm = load()
+    hw, env = resolve(pm, "sim:h100-80g-x1", {**os.environ, "PERFLAB_SIM_TIME_SCALE": "20",
+                                               "PERFLAB_SIM_STATE_DIR": str(state)})
+    urls: list[str] = []
+    started, stop = threading.Event(), threading.Event()
+
+    async def serve() -> None:
+        async with EngineInstance(pm, "vllm", ServeConfig(model="Qwen/Qwen3-8B"), hardware=hw, env=env,
+                                  workdir=tmp_path / "run", grace=2.0, startup_timeout=60) as inst:
+            urls.append(inst.base_url)
+            started.set()
+            await anyio.to_thread.run_sync(stop.wait)
+
+    th = threading.Thread(target=lambda: anyio.run(serve), daemon=True)
+    th.start()
+    try:
+        assert started.wait(90), "the simulated engine did not start"
+        args = ("--base-url", urls[0], "--model", "Qwen/Qwen3-8B", "--num-prompts", "8", "--random-input-len", "16",
+                "--random-output-len", "4", "--json")
+        clocks = []
+        for extra in ((), ("--clock", "host")):
+            code, out, err = run_cli(capsys, *args, *extra)
+            assert code == 0, err
+            lines = out.splitlines()  # the engine's log lines share stdout in this test
+            doc = "\n".join(lines[lines.index("{"):lines.index("}") + 1])
+            clocks.append(json.loads(doc)["perflab"]["clock"])
+        assert clocks == ["model", "host"]
+    finally:
+        stop.set()
+        th.join(30)

@@ -73,7 +73,8 @@ Progress = Callable[[int, int], None]
 
 def _probe_requests(req: BenchRequest, targets: list[Target]) -> list[Prepared]:
     payload = build_payload(req, "Hello", 1)
-    headers = request_headers(req, len(targets))
+    # no model-clock request before the server proved to be perflab's simulator
+    headers = request_headers(req.replace(sim_clock=False), len(targets))
     run = secrets.token_hex(4)
     return [prepare(-1 - i, t, payload, headers, f"perflab-probe-{run}-{i}") for i, t in enumerate(targets)]
 
@@ -214,6 +215,8 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     explicit_tok = load_tokenizer(req.tokenizer) if req.tokenizer not in (None, "", "auto") else None
     check(cancel, "tokenizer")
     simulated, server_scale = _probe(req, targets, cancel)
+    if req.sim_clock and not simulated:  # a real engine is never asked for model-clock stamps
+        req = req.replace(sim_clock=False)
     time_scale = server_scale if server_scale is not None else req.time_scale
     tok = explicit_tok or load_tokenizer(None, model=req.model, simulated=simulated)
     check(cancel, "tokenizer")

@@ -99,6 +99,7 @@ EXIT_STALLED = 4
 @click.option("--workers", type=int, default=None, help="Client processes (for loads one core cannot drive)  [default: 1]")
 @click.option("--http-stack", type=click.Choice(["raw", "aiohttp"]), default=None, help="HTTP client: raw (fastest) or aiohttp (proxies)  [default: raw]")
 @click.option("--time-scale", type=float, default=None, help="Simulated time compression (auto from perflab's simulator).")
+@click.option("--clock", type=click.Choice(["auto", "host"]), default="auto", help="How requests are timed: auto = by perflab's simulator's own model clock when the server proves to be it (reproducible whatever the host does), else by this host's clock; host = always this host's clock.")
 @click.option("--bench-backend", default="perflab", help="Benchmark driver: perflab, vllm-bench, or a plugin's.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON result instead of the block.")
 def bench(**kw: Any) -> None:
@@ -143,6 +144,7 @@ def bench(**kw: Any) -> None:
     if not values.get("model"):
         raise UsageError("--model is required (the model name the server serves)")
 
+    values["sim_clock"] = kw["clock"] == "auto"
     req = BenchRequest(base_urls=tuple(kw["base_urls"]), **values)
     req = apply_profile(req, explicit=set(values)).validate()
 
