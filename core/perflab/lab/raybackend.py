@@ -445,11 +445,4 @@ class RayBackend(LocalBackend):
             remove_placement_group(pg)
 
 
-def parse_address(value: str | None) -> str | None:
-    """``--ray-address``: ``HOST:PORT``, ``auto`` or ``ray://HOST:PORT`` (Ray checks the rest)."""
-    if value is not None and not value.strip():
-        raise UsageError("--ray-address: expected HOST:PORT, auto or ray://HOST:PORT")
-    return value
-
-
-__all__ = ["Agent", "RayBackend", "RayCluster", "SIM_LABEL", "node_report", "parse_address"]
+__all__ = ["Agent", "ClusterRefused", "RayBackend", "RayCluster", "SIM_LABEL", "check_reports", "node_report"]

@@ -2,7 +2,7 @@
 of the Ray backend (:mod:`perflab.lab.raybackend`).
 
 Ray advertises the host's interface address unless it cannot find one, so the cluster runs
-in its own network namespace with only ``lo`` up (``unshare -n``; root): every node is
+in its own network namespace with only ``lo`` up (``unshare --net``, util-linux; root): every node is
 127.0.0.1 and nothing leaves the machine. Each node is a ``ray.cluster_utils.Cluster`` node
 with fake ``GPU`` resources and the ``perflab.io/sim`` label of the simulated machine it
 stands for. A driver joins it from the same namespace (:meth:`NetnsCluster.argv` wraps a
@@ -35,8 +35,24 @@ def _node_args(spec: str) -> dict[str, Any]:
     return {"num_cpus": 1, "num_gpus": int(gpus or 8), "labels": {SIM_LABEL: name}, "object_store_memory": OBJECT_STORE}
 
 
+def loopback_up() -> None:
+    """Bring ``lo`` up in this (new, empty) network namespace: ``ip link set lo up`` without
+    needing iproute2 (SIOCGIFFLAGS / SIOCSIFFLAGS, linux/sockios.h)."""
+    import fcntl
+    import socket
+    import struct
+
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        req = struct.pack("16sh14x", b"lo", 0)
+        flags = struct.unpack("16sh14x", fcntl.ioctl(sock, siocgifflags, req))[1]
+        fcntl.ioctl(sock, siocsifflags, struct.pack("16sh14x", b"lo", flags | iff_up))
+
+
 def main(argv: list[str]) -> None:
     from ray.cluster_utils import Cluster
+
+    loopback_up()
 
     head, *workers = argv or ["a100-80g-x8:8"]
     cluster = Cluster(initialize_head=True, head_node_args={**_node_args(head), "include_dashboard": False,
@@ -70,8 +86,7 @@ class NetnsCluster:
     def __enter__(self) -> NetnsCluster:
         err: IO[str] | int = open(self.log, "w") if self.log else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
-            ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" -m perflab.testing.raycluster "$@"',
-             self.python, *self.nodes],
+            ["unshare", "--net", self.python, "-m", "perflab.testing.raycluster", *self.nodes],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=self._env())
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
