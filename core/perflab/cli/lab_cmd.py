@@ -15,7 +15,7 @@ from perflab.cli import get_pm
 
 
 def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, retry_failed: bool,
-         as_json: bool, live: bool | None, early_stop: bool = True) -> None:
+         as_json: bool, live: bool | None, early_stop: bool = True, parallel: int | str = 1) -> None:
     import dataclasses
 
     import anyio
@@ -31,7 +31,8 @@ def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, 
     header = f"{plan.name} · {plan.display_model} · {plan.hardware}"
     progress = StudyProgress(header, live=False if as_json else live)
     summary = anyio.run(
-        lambda: run_study(get_pm(ctx), plan, out, retry_failed=retry_failed, progress=progress, argv=sys.argv[1:])
+        lambda: run_study(get_pm(ctx), plan, out, retry_failed=retry_failed, progress=progress, argv=sys.argv[1:],
+                          parallel=parallel)
     )
     if as_json:
         o = summary.outcome
@@ -73,20 +74,28 @@ _early_stop_option = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
 @_live_option
 @_early_stop_option
+@click.option("--executor", type=click.Choice(["local"]), default="local", show_default=True,
+              help="Where runs execute: local = this machine (perflab.lab.backend.LocalBackend).")
+@click.option("--parallel", metavar="N|auto", default="1", show_default=True,
+              help="How many configurations of one study step run at once, each on its own devices "
+                   "(auto: as many as fit the machine's accelerators). Decisions are those of a sequential run.")
 @click.pass_context
 def run(ctx: click.Context, plan_file: Path, out: Path | None, hardware: str | None, retry_failed: bool,
-        as_json: bool, live: bool | None, early_stop: bool) -> None:
+        as_json: bool, live: bool | None, early_stop: bool, executor: str, parallel: str) -> None:
     """Run a whole study from a plan file (YAML or TOML; see docs/plan-reference.md).
 
     Engine selection, one optimization at a time, combinations, then baseline and optimized
     on every profile; report.md, report.json, chart.png and report.html land in the study directory.
-    Ctrl-C stops cleanly; the same command resumes.
+    Ctrl-C stops cleanly; the same command resumes. With --parallel, the configurations of a
+    step run side by side on disjoint device sets (docs/user-guide.md, "Parallel runs").
     """
+    from perflab.lab.backend import parse_parallel
     from perflab.lab.plan import load_plan
 
+    n = parse_parallel(parallel)  # a mistake is one line, before anything is loaded
     pm = get_pm(ctx)
     plan = load_plan(plan_file, known_engines=pm.engine_names())
-    _run(ctx, plan, out, hardware, retry_failed, as_json, live, early_stop and plan.decision.early_stop)
+    _run(ctx, plan, out, hardware, retry_failed, as_json, live, early_stop and plan.decision.early_stop, n)
 
 
 @click.command("report")

@@ -282,13 +282,21 @@ class LocalBackend:
             sink(State("waiting"))
             self.on_event("queued", label=ticket.label)
 
+        # the supervisor's events (engine.state) name the run they belong to: several run at once
+        with structlog.contextvars.bound_contextvars(run_label=ticket.label, run_id=ticket.run_id):
+            await self._run(ticket, sink, demand, waiting)
+
+    async def _run(self, ticket: Ticket, sink: Sink, demand: Demand, waiting: Callable[[], None]) -> None:
         devices = await self.ledger.acquire(demand, waiting)
         try:
             sink(Placed(self.node, devices))
             sink(State("running"))
             ex = self._factory()
             ex.on_measured = lambda name, m: sink(Measured(name, m))
-            if hasattr(ex, "placement"):
+            if hasattr(ex, "placement") and self.parallel > 1:
+                # the ledger's devices become the configuration's devices (the plugin writes
+                # CUDA_VISIBLE_DEVICES etc.); one at a time, the engine's default selection
+                # stays what it always was (the first devices: the same ones the ledger gives)
                 ex.placement = devices if devices and demand.devices is None else None
             before = self._snapshot()
             if hasattr(ex, "calibration"):

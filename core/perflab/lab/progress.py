@@ -30,15 +30,22 @@ _SHOWN_STATES = frozenset({Status.READY, *(s for s in Status.supervisor_states()
 
 
 @dataclass
-class _State:
-    header: str = ""
-    step: str = ""
-    label: str = ""
+class _Run:
+    """One configuration being measured (several at once with ``perflab run --parallel``)."""
+
     engine: str = ""
     state: str = ""
     profile: str = ""
     done: int = 0
     total: int = 0
+    devices: str = ""
+
+
+@dataclass
+class _State:
+    header: str = ""
+    step: str = ""
+    runs: dict[str, _Run] = field(default_factory=dict)  # by label, in the order they started
     started: float = field(default_factory=time.monotonic)
     finished: deque[tuple[str, str, str]] = field(default_factory=lambda: deque(maxlen=10))
     counts: dict[str, int] = field(default_factory=dict)
@@ -70,39 +77,58 @@ class StudyProgress:
 
     # ------------------------------------------------------------------ events
 
+    def _run(self, f: dict[str, Any]) -> _Run:
+        """The run an event is about: its ``label`` (the supervisor's events carry the
+        backend's ``run_label``), else the only one running."""
+        label = f.get("label") or f.get("run_label")
+        if label is None and len(self.s.runs) == 1:
+            label = next(iter(self.s.runs))
+        return self.s.runs.setdefault(str(label or ""), _Run())
+
     def event(self, kind: str, **f: Any) -> None:
         f = redact.redact_obj(f)  # labels and errors may carry a secret
         s = self.s
+        label = f.get("label") or f.get("run_label") or ""
         if kind == "step":
             s.step = f.get("title", "")
             self._line(f"== {s.step}")
         elif kind == "measure":
-            s.label, s.engine, s.state, s.profile, s.done, s.total = f.get("label", ""), f.get("engine", ""), "preflight", "", 0, 0
+            s.runs[label] = _Run(engine=f.get("engine", ""), state="preflight")
+        elif kind == "queued":  # waiting for free devices (a sibling holds them)
+            self._run(f).state = "queued for devices"
+        elif kind == "placed":
+            r = self._run(f)
+            r.devices = ",".join(str(d) for d in f.get("devices") or [])
+            if r.devices:
+                self._line(f"   {label}: on devices {r.devices}")
         elif kind == "launch":
-            s.state = "launching" + (f" replica {f['replica']}/{f['replicas']}" if f.get("replicas", 1) > 1 else "")
-            self._line(f"   {s.label}: launching {f.get('engine', '')}")
+            self._run(f).state = "launching" + (f" replica {f['replica']}/{f['replicas']}" if f.get("replicas", 1) > 1 else "")
+            self._line(f"   {label}: launching {f.get('engine', '')}")
         elif kind == "engine.state":
-            s.state = str(f.get("state", s.state))
-            if s.state in _SHOWN_STATES:
-                self._line(f"   {s.label}: {s.state}")
+            r = self._run(f)
+            r.state = str(f.get("state", r.state))
+            if r.state in _SHOWN_STATES:
+                self._line(f"   {label or f.get('engine', '')}: {r.state}")
         elif kind == "benchmark":
-            s.state, s.profile, s.done, s.total = "benchmarking", f.get("profile", ""), 0, int(f.get("total") or 0)
-            self._line(f"   {s.label}: benchmarking {s.profile} ({s.total} prompts)")
+            r = self._run(f)
+            r.state, r.profile, r.done, r.total = "benchmarking", f.get("profile", ""), 0, int(f.get("total") or 0)
+            self._line(f"   {label}: benchmarking {r.profile} ({r.total} prompts)")
         elif kind == "progress":
-            s.done, s.total = int(f.get("done") or 0), int(f.get("total") or s.total)
+            r = self._run(f)
+            r.done, r.total = int(f.get("done") or 0), int(f.get("total") or r.total)
         elif kind == "teardown":
-            s.state = "tearing down"
+            self._run(f).state = "tearing down"
         elif kind == "waiting":  # the devices it needs are held by someone else (perflab.lab.integrity)
-            s.state = "waiting for the machine"
-            self._line(f"   {s.label}: waiting for the machine: {'; '.join(f.get('holders') or [])}")
+            self._run(f).state = "waiting for the machine"
+            self._line(f"   {label}: waiting for the machine: {'; '.join(f.get('holders') or [])}")
         elif kind == "result":
             status = f.get("status", "")
             key = "reused" if f.get("reused") and status == Status.OK else status
             s.counts[key] = s.counts.get(key, 0) + 1
-            s.finished.append((key, f.get("label", ""), f.get("summary", "")))
+            s.finished.append((key, label, f.get("summary", "")))
             mark = _MARK.get(key, ("·", "white"))[0]
-            self._line(f"   {mark} {f.get('label', '')}: {f.get('summary', '')}")
-            s.state, s.profile, s.done, s.total = "", "", 0, 0
+            self._line(f"   {mark} {label}: {f.get('summary', '')}")
+            s.runs.pop(label, None)
         if self._live is not None:
             self._live.update(self._render())
 
@@ -130,12 +156,15 @@ class StudyProgress:
         grid.add_column()
         grid.add_row("Study", s.header)
         grid.add_row("Step", s.step or "-")
-        now = f"{s.label} ({s.engine})" if s.label else "-"
-        grid.add_row("Configuration", now)
-        grid.add_row("State", s.state or "-")
-        if s.total:
-            bar = ProgressBar(total=s.total, completed=s.done, width=30)
-            grid.add_row("Benchmark", Group(Text(f"{s.profile}: {s.done}/{s.total} requests"), bar))
+        if not s.runs:
+            grid.add_row("Configuration", "-")
+        for label, r in s.runs.items():  # one block per configuration running now
+            where = f" on {r.devices}" if r.devices else ""
+            grid.add_row("Configuration", f"{label} ({r.engine}){where}")
+            grid.add_row("State", r.state or "-")
+            if r.total:
+                bar = ProgressBar(total=r.total, completed=r.done, width=30)
+                grid.add_row("Benchmark", Group(Text(f"{r.profile}: {r.done}/{r.total} requests"), bar))
         elapsed = int(time.monotonic() - s.started)
         counts = ", ".join(f"{v} {k}" for k, v in sorted(s.counts.items())) or "none yet"
         grid.add_row("Finished", f"{counts}  (elapsed {elapsed // 60}:{elapsed % 60:02d})")

@@ -227,7 +227,8 @@ class LiveMeasure(StoreMeasure):
                 saved.add(ev.profile)
             elif isinstance(ev, Placed):
                 self.log.info("lab.placed", run_id=run_id, label=label, node=ev.node, devices=list(ev.devices))
-                self.on_event("placed", label=label, node=ev.node, devices=list(ev.devices))
+                if self.concurrent:  # which run is where matters once several share the machine
+                    self.on_event("placed", label=label, node=ev.node, devices=list(ev.devices))
             elif isinstance(ev, Finished):
                 final.append(ev.record)
             elif isinstance(ev, Lost):
