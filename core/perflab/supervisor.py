@@ -45,10 +45,13 @@ from perflab.lifecycle import procs, registry
 from perflab.lifecycle.output import OutputPump
 from perflab.lifecycle.ports import (
     connect_host,
+    held as ports_held,
+    hold as ports_hold,
     pick_free_port,
     port_is_free,
     port_owners,
     taken_ports,
+    unhold as ports_unhold,
     wait_ports_free,
 )
 from perflab.lifecycle.readiness_probe import Kick, ProbeRefused, ProbeState, http_probes_pass, poll_until_ready
@@ -409,8 +412,11 @@ class EngineInstance:
                 o.reasons = (*o.reasons, Unsupported(exc.option, exc.why, source=rec.distribution or rec.plugin))
                 self._transition(Status.UNSUPPORTED, reasons=[str(exc)])
                 return None
-            taken = taken_ports(spec.host, spec.ports)
+            # a port another engine of this study was given counts as taken: it may be loading
+            # and not have bound it yet (perflab run --parallel)
+            taken = taken_ports(spec.host, spec.ports) + ports_held(spec.ports)
             if not taken:
+                ports_hold(spec.ports)  # released when it is torn down
                 return spec
             if not picked:
                 self._port_in_use(taken)
@@ -759,6 +765,13 @@ class EngineInstance:
             self._teardown_done.set()
 
     async def _teardown(self) -> None:
+        try:
+            await self._stop_and_check()
+        finally:
+            if self.launch is not None:
+                ports_unhold(self.launch.ports)
+
+    async def _stop_and_check(self) -> None:
         o = self.outcome
         prior = o.state
         if self._proc is None or self._tracker is None:

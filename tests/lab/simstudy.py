@@ -10,9 +10,9 @@ from typing import Any
 import anyio
 
 
-def run_sim_study(plan_text: str, out: Path, **decision: Any) -> Any:
+def run_sim_study(plan_text: str, out: Path, parallel: int | str = 1, **decision: Any) -> Any:
     """``perflab run`` of ``plan_text`` into ``out``; ``decision``: plan.decision fields to
-    replace (``early_stop=False`` ...). Returns the RunSummary."""
+    replace (``early_stop=False`` ...); ``parallel``: ``perflab run --parallel``. Returns the RunSummary."""
     from perflab.lab.plan import load_plan_text
     from perflab.lab.progress import StudyProgress
     from perflab.lab.runner import run_study
@@ -23,4 +23,4 @@ def run_sim_study(plan_text: str, out: Path, **decision: Any) -> Any:
         plan = dataclasses.replace(plan, decision=dataclasses.replace(plan.decision, **decision))
     with open(os.devnull, "w") as sink:
         progress = StudyProgress(plan.name, live=False, stream=sink)
-        return anyio.run(lambda: run_study(load(), plan, out, progress=progress))
+        return anyio.run(lambda: run_study(load(), plan, out, progress=progress, parallel=parallel))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,11 +31,41 @@ def connect_host(host: str) -> str:
     return host
 
 
+# Ports handed to engines of this process that have not been torn down yet. An engine binds
+# its port only once it has loaded (minutes, for a large model): until then the port looks
+# free, and a second engine started meanwhile (``perflab run --parallel``) must not get it.
+_HELD: set[int] = set()
+_HELD_LOCK = threading.Lock()
+_PICK_TRIES = 64
+
+
+def hold(ports: Iterable[int]) -> None:
+    """Mark ``ports`` as given to an engine of this process (until :func:`unhold`)."""
+    with _HELD_LOCK:
+        _HELD.update(ports)
+
+
+def unhold(ports: Iterable[int]) -> None:
+    with _HELD_LOCK:
+        _HELD.difference_update(ports)
+
+
+def held(ports: Iterable[int]) -> list[int]:
+    """Those of ``ports`` another engine of this process holds (it may not have bound them yet)."""
+    with _HELD_LOCK:
+        return [p for p in ports if p in _HELD]
+
+
 def pick_free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now, chosen by the kernel (bind to port 0)."""
-    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
-        s.bind((bind_host(host), 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on right now, chosen by the kernel (bind to port 0), and not
+    held by another engine of this process (:func:`hold`)."""
+    for _ in range(_PICK_TRIES):
+        with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+            s.bind((bind_host(host), 0))
+            port = int(s.getsockname()[1])
+        if not held([port]):
+            return port
+    return port
 
 
 def port_is_free(host: str, port: int) -> bool:

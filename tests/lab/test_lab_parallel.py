@@ -1,0 +1,272 @@
+"""Parallel runs (issue #14 items 1-2): the local backend's device ledger, a step's
+configurations measured at once with the decisions of a sequential run, disjoint device
+sets on the simulator (the launches' CUDA_VISIBLE_DEVICES), and Ctrl-C with several engines up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from perflab.errors import UsageError
+from perflab.lab.backend import Demand, DeviceLedger, auto_parallel, parse_parallel
+from perflab.lab.plan import load_plan_text
+from perflab.lab.study import ConfigResult, conduct
+from perflab.status import Status
+
+from simstudy import run_sim_study
+
+EIGHT = {"cuda": tuple(range(8))}
+
+
+# --------------------------------------------------------------------------- the ledger
+
+
+def test_ledger_first_fit_disjoint_and_in_order() -> None:
+    async def main() -> list[tuple[int, ...]]:
+        ledger = DeviceLedger(EIGHT, slots=8)
+        tp4 = Demand("cuda", 4)
+        a = await ledger.acquire(tp4)
+        b = await ledger.acquire(tp4)
+        assert (a, b) == ((0, 1, 2, 3), (4, 5, 6, 7))
+        got: list[tuple[int, ...]] = []
+
+        async def third() -> None:  # waits: every device is held
+            got.append(await ledger.acquire(Demand("cuda", 2)))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(third)
+            await anyio.sleep(0.05)
+            assert got == [] and len(ledger._queue) == 1
+            ledger.release(tp4, b)  # 4-7 free: the waiter gets the first two of them
+        ledger.release(tp4, a)
+        c = await ledger.acquire(Demand("cuda", 4))
+        return [*got, c]
+
+    assert anyio.run(main) == [(4, 5), (0, 1, 2, 3)]
+
+
+def test_ledger_slots_pins_ports_and_impossible_demands() -> None:
+    async def main() -> None:
+        one = DeviceLedger(EIGHT, slots=1)  # --parallel 1: one run at a time, whatever fits
+        await one.acquire(Demand("cuda", 1))
+        with anyio.move_on_after(0.1) as scope:
+            await one.acquire(Demand("cuda", 1))
+        assert scope.cancelled_caught and one._queue == []  # a cancelled waiter leaves the queue
+
+        ledger = DeviceLedger(EIGHT, slots=8)
+        pinned = Demand("cuda", 2, devices=(2, 3))
+        assert await ledger.acquire(pinned) == (2, 3)
+        assert await ledger.acquire(Demand("cuda", 4)) == (4, 5, 6, 7)  # the first free block of four
+        with anyio.move_on_after(0.1) as scope:
+            await ledger.acquire(Demand("cuda", 1, devices=(3,)))  # pinned to a held device: waits
+        assert scope.cancelled_caught
+        assert await ledger.acquire(Demand("cuda", 16)) == ()  # never fits: the executor refuses it
+        assert await ledger.acquire(Demand(None, 1)) == ()  # no accelerator: a slot only
+        fixed = Demand("cuda", 1, port=8000)
+        assert await ledger.acquire(fixed) == (0,)
+        with anyio.move_on_after(0.1) as scope:
+            await ledger.acquire(Demand("cuda", 1, port=8000))  # the same fixed port: not at once
+        assert scope.cancelled_caught
+
+    anyio.run(main)
+
+
+def test_parallel_option() -> None:
+    assert parse_parallel("auto") == "auto" and parse_parallel("3") == 3
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(UsageError, match="--parallel"):
+            parse_parallel(bad)
+    assert auto_parallel(EIGHT) == 8 and auto_parallel({}) == 1
+
+
+# --------------------------------------------------------------------------- the study's decisions
+
+PLAN = """
+name: par
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x8
+engines: [vllm, sglang, trtllm]
+candidates:
+  - name: Max Num Seqs
+    engines: [winner, vllm]
+    variants:
+      - {name: "64", set: {max_num_seqs: 64}}
+      - {name: "128", set: {max_num_seqs: 128}}
+  - name: Chunked
+    variants:
+      - {name: "on", set: {chunked_prefill: true}}
+profiles:
+  main: {input_len: 64, output_len: 16, num_prompts: 10}
+  other: {input_len: 256, output_len: 8, num_prompts: 10}
+"""
+
+
+class TableMeasure:
+    """A measure answering from a table, slowly, counting how many calls overlap."""
+
+    def __init__(self, concurrent: bool) -> None:
+        self.concurrent = concurrent
+        self.calls: list[tuple[str, str, float | None]] = []
+        self.inflight = 0
+        self.peak = 0
+
+    @staticmethod
+    def figure(cfg) -> float:
+        o = cfg.options
+        base = {"vllm": 1000.0, "sglang": 1200.0, "trtllm": 900.0}[cfg.engine]
+        return base + {64: -50.0, 128: 80.0}.get(o.get("max_num_seqs"), 0.0) + (30.0 if o.get("chunked_prefill") else 0.0)
+
+    async def __call__(self, config, profiles, *, step, label, to_beat=None):
+        self.calls.append((step, label, to_beat))
+        self.inflight += 1
+        self.peak = max(self.peak, self.inflight)
+        # later configurations finish first: a concurrent step must still keep the plan's order
+        await anyio.sleep(0.05 / (1 + len(self.calls)))
+        self.inflight -= 1
+        tps = self.figure(config)
+        return {p.name: ConfigResult(Status.OK, {"total_token_throughput": tps, "completed": 10}, 10) for p in profiles}
+
+
+def _decisions(outcome) -> list:
+    return [(s.title, [e.label for e in s.entries], s.chosen.label if s.chosen else None, s.adopted)
+            for s in outcome.steps] + [outcome.optimized.label]
+
+
+def test_concurrent_steps_decide_as_the_sequential_run() -> None:
+    plan = load_plan_text(PLAN)
+    seq, par = TableMeasure(False), TableMeasure(True)
+    one = anyio.run(conduct, plan, seq)
+    many = anyio.run(conduct, plan, par)
+    assert _decisions(one) == _decisions(many)
+    assert _decisions(one)[-1] == "sglang on" and [s.adopted for s in one.steps] == [True, True, True]
+    assert seq.peak == 1 and par.peak == 4  # the four variants of step 2 at once
+    # every configuration of a step is compared with the best *before* the step, whatever
+    # order its siblings finish in: the same figure in both runs
+    assert sorted(seq.calls) == sorted(par.calls)
+    beat = {label: b for _, label, b in seq.calls}
+    assert beat["vllm"] is beat["sglang"] is beat["trtllm"] is None
+    assert beat["sglang 64"] == beat["vllm 128"] == 1200.0  # SGLang's defaults, the step's base
+    assert beat["sglang on"] == 1280.0  # SGLang 128, adopted by the step before
+
+
+# --------------------------------------------------------------------------- on the simulator
+
+TP4_PLAN = """
+name: tp4
+model: {id: Qwen/Qwen3-32B, name: Qwen3-32B}
+hardware: sim:a100-80g-x8
+simulation: {time_scale: 40}
+engines: [vllm, sglang]
+serve: {tp: 4}
+engine_serve:
+  vllm: {max_model_len: 32768}
+candidates:
+  - name: Quantization
+    engines: [winner, vllm]
+    variants:
+      - {name: AWQ, set: {model: Qwen/Qwen3-32B-AWQ}}
+profiles:
+  main: {label: Main, dataset: synthetic-sharegpt, num_prompts: 60}
+  other: {label: Other, input_len: 128, output_len: 16, num_prompts: 40, seed: 42}
+min_improvement_pct: 1
+timeouts: {startup_s: 120, benchmark_s: 300}
+"""
+
+
+def _intervals(study: Path) -> dict[int, tuple[float, float]]:
+    """run id -> (opened, finished) in seconds, from the study log."""
+    out: dict[int, list[float]] = {}
+    for line in (study / "study.log").read_text().splitlines():
+        ev = json.loads(line)
+        if ev["event"] in ("lab.run", "lab.run-finished"):
+            t = datetime.fromisoformat(ev["timestamp"].replace("Z", "+00:00")).timestamp()
+            out.setdefault(ev["run_id"], []).append(t)
+    return {k: (v[0], v[-1]) for k, v in out.items()}
+
+
+def _visible(study: Path) -> dict[int, set[int]]:
+    """run id -> the devices its launch was given (CUDA_VISIBLE_DEVICES in launch.json)."""
+    out = {}
+    with sqlite3.connect(study / "study.db") as con:
+        for run_id, run_dir in con.execute("SELECT id, dir FROM runs"):
+            launch = json.loads((study / run_dir / "launch.json").read_text())
+            out[run_id] = {int(d) for d in launch["env"]["CUDA_VISIBLE_DEVICES"].split(",")}
+    return out
+
+
+@pytest.mark.slow
+def test_parallel_study_on_the_simulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))
+    seq = run_sim_study(TP4_PLAN, tmp_path / "seq")
+    par = run_sim_study(TP4_PLAN, tmp_path / "par", parallel="auto")
+    assert seq.exit_code == par.exit_code == 0
+    assert _decisions(seq.outcome) == _decisions(par.outcome)
+    assert par.measured == seq.measured == 6
+
+    spans, devices = _intervals(tmp_path / "par"), _visible(tmp_path / "par")
+    assert set(spans) == set(devices)
+    overlapping = 0
+    for a in spans:
+        for b in spans:
+            if a < b and spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]:
+                overlapping += 1
+                assert not devices[a] & devices[b], f"runs {a} and {b} ran at once on {devices[a] & devices[b]}"
+    assert overlapping >= 3, "each step's two configurations ran side by side"
+    assert all(len(d) == 4 for d in devices.values())
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and p.environ().get("PERFLAB_PAR_TEST_TAG") == tag \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_every_parallel_run(tmp_path: Path) -> None:
+    plan = tmp_path / "tp4.yaml"
+    plan.write_text(TP4_PLAN.replace("time_scale: 40", "time_scale: 4"))
+    out = tmp_path / "study"
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "PERFLAB_PAR_TEST_TAG": tag, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", "from perflab.cli import main; main()", "run", str(plan),
+                             "--out", str(out), "--no-live", "--parallel", "auto"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:  # both engines of step 1 are up
+            if len([p for p in _tagged(tag) if p.pid != proc.pid]) >= 2 and (out / "study.db").exists():
+                with sqlite3.connect(out / "study.db") as con:
+                    if len(list(con.execute("SELECT id FROM runs WHERE state = 'running'"))) == 2:
+                        break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the study ended before it could be interrupted"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert _tagged(tag) == [], "engine processes survived the interrupt"
+    with sqlite3.connect(out / "study.db") as con:
+        states = [r[0] for r in con.execute("SELECT state FROM runs ORDER BY id")]
+    assert states.count("interrupted") == 2 and "running" not in states
