@@ -2,8 +2,10 @@
 
 The runner resolves the hardware, opens the study directory's store, and runs
 :func:`perflab.lab.study.conduct` with a ``measure`` that first looks in the store (a
-configuration measured by an earlier invocation is reused) and otherwise runs it through the
-:class:`~perflab.lab.executor.Executor`. Ctrl-C (SIGINT) or SIGTERM cancels the study: every
+configuration measured by an earlier invocation is reused) and otherwise hands it to a
+backend (:mod:`perflab.lab.backend`: the local one runs the
+:class:`~perflab.lab.executor.Executor` here, ``--parallel`` configurations of a step at once)
+and stores what the backend streams back. Ctrl-C (SIGINT) or SIGTERM cancels the study: every
 engine is torn down, what was measured stays in the store, and the same command resumes.
 """
 
