@@ -254,6 +254,8 @@ class LocalBackend:
         # the early stop's calibration: what runs of earlier steps learned (``begin_step``)
         self.calibration = Calibration()
         self._learned: list[tuple[int, dict[str, list[Any]]]] = []  # (run id, new curves), this step
+        self._stale: list[Any] = []
+        self._reset_noted: set[str] = set()
 
     def demand(self, config: Configuration) -> Demand:
         if self.ctx is None:
@@ -293,6 +295,11 @@ class LocalBackend:
             sink(State("running"))
             ex = self._factory()
             ex.on_measured = lambda name, m: sink(Measured(name, m))
+            if hasattr(ex, "_stale"):
+                # what the study's executors share: benchmark threads that outlived their
+                # cancellation (the next launch waits for them, whoever started them) and the
+                # engines whose missing prefix-cache reset is already noted
+                ex._stale, ex._reset_noted = self._stale, self._reset_noted
             if hasattr(ex, "placement") and self.parallel > 1:
                 # the ledger's devices become the configuration's devices (the plugin writes
                 # CUDA_VISIBLE_DEVICES etc.); one at a time, the engine's default selection

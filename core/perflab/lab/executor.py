@@ -445,9 +445,10 @@ class Executor:
         return plugin_file_describer(self.ctx.pm, engine)
 
     async def _settle(self) -> None:
-        for done in self._stale:
+        for done in list(self._stale):  # the list may be shared with concurrent runs (perflab.lab.backend)
             await anyio.to_thread.run_sync(done.wait, abandon_on_cancel=True)
-        self._stale.clear()
+            if done in self._stale:
+                self._stale.remove(done)
 
     def _env(self) -> dict[str, str]:
         env = dict(self.ctx.env)
