@@ -305,13 +305,13 @@ class LocalBackend:
                 # CUDA_VISIBLE_DEVICES etc.); one at a time, the engine's default selection
                 # stays what it always was (the first devices: the same ones the ledger gives)
                 ex.placement = devices if devices and demand.devices is None else None
-            before = self._snapshot()
+            before = {k: list(v) for k, v in self.calibration.curves.items()}  # what the step began with
             if hasattr(ex, "calibration"):
-                ex.calibration = before
+                ex.calibration = self._snapshot()
             rec = await ex.run(ticket.config, list(ticket.profiles), ticket.run_dir, label=ticket.label,
                                to_beat=ticket.to_beat)
             if hasattr(ex, "calibration"):
-                new = {k: [e for e in v if not any(e is b for b in before.curves.get(k, []))]
+                new = {k: [e for e in v if not any(e is b for b in before.get(k, []))]
                        for k, v in ex.calibration.curves.items()}
                 self._learned.append((ticket.run_id, {k: v for k, v in new.items() if v}))
             sink(Finished(rec))
