@@ -317,3 +317,33 @@ def test_ctrl_c_cancels_every_parallel_run(tmp_path: Path) -> None:
     with sqlite3.connect(out / "study.db") as con:
         states = [r[0] for r in con.execute("SELECT state FROM runs ORDER BY id")]
     assert states.count("interrupted") == 2 and "running" not in states
+
+
+def test_progress_shows_every_running_configuration() -> None:
+    import io
+
+    from rich.console import Console
+
+    from perflab.lab.progress import StudyProgress
+
+    stream = io.StringIO()
+    ui = StudyProgress("study", live=False, stream=stream)
+    with ui:
+        ui.event("step", title="1. Choosing the Inference Engine")
+        ui.event("measure", label="vLLM", engine="vllm")
+        ui.event("measure", label="SGLang", engine="sglang")
+        ui.event("placed", label="vLLM", devices=[0, 1, 2, 3])
+        ui.event("placed", label="SGLang", devices=[4, 5, 6, 7])
+        ui.log_listener("engine.state", {"engine": "sglang", "state": "ready", "run_label": "SGLang"})
+        ui.event("benchmark", label="vLLM", profile="Main", total=10)
+        ui.event("progress", label="vLLM", profile="Main", done=4, total=10)
+        screen = Console(file=io.StringIO(), width=120)
+        screen.print(ui._render())
+        shown = screen.file.getvalue()
+        ui.event("result", label="SGLang", status=Status.OK, summary="1.00 tok/s")
+    text = stream.getvalue()
+    assert "vLLM: on devices 0,1,2,3" in text and "SGLang: on devices 4,5,6,7" in text
+    assert "SGLang: ready" in text  # the supervisor's event, told apart by the backend's run_label
+    assert "vLLM (vllm) on 0,1,2,3" in shown and "SGLang (sglang) on 4,5,6,7" in shown
+    assert "Main: 4/10 requests" in shown and "ready" in shown
+    assert list(ui.s.runs) == ["vLLM"]  # SGLang finished
