@@ -437,6 +437,9 @@ class Executor:
         self._reset_noted: set[str] = set()
         # steady-rate / whole-run ratios of complete runs, per workload: what "lost" compares with
         self.calibration = Calibration()
+        # the devices a backend placed this run on (perflab.lab.backend.LocalBackend's ledger),
+        # used as the configuration's devices when it pins none; None: the engine's default
+        self.placement: tuple[int, ...] | None = None
 
     def _describer(self, engine: str) -> Callable[[str, str], list[str] | None] | None:
         return plugin_file_describer(self.ctx.pm, engine)
@@ -456,7 +459,7 @@ class Executor:
         kinds = self.ctx.pm.engine(config.engine).info.accelerators
         pool = tuple(a.index for a in self.ctx.hardware.accelerators if a.kind in kinds)
         sc = config.serve_config()
-        return replica_devices(config.replicas, sc.world_size, pool, sc.devices)
+        return replica_devices(config.replicas, sc.world_size, pool, sc.devices if sc.devices is not None else self.placement)
 
     def _script_without_launch(self, config: Configuration, device_sets: list[tuple[int, ...]] | None, run_dir: Path) -> str | None:
         """A refused configuration still shows what it would have run, when the plugin can build it."""

@@ -25,8 +25,9 @@ import anyio
 
 from perflab import redact
 from perflab.errors import PerflabError, UnknownEngine
+from perflab.lab.backend import Event, Finished, LocalBackend, Lost, Measured, Placed, Ticket
 from perflab.lab.decide import DecideBy
-from perflab.lab.executor import Executor, LabContext
+from perflab.lab.executor import LabContext
 from perflab.lab.integrity import MachineNotReady, StudyLock, as_fault
 from perflab.lab.options import Configuration
 from perflab.lab.plan import WINNER, Plan, Profile, load_plan_text
@@ -143,18 +144,28 @@ class StoreMeasure:
 
 
 class LiveMeasure(StoreMeasure):
-    """``measure`` that runs what the store does not have yet."""
+    """``measure`` that runs what the store does not have yet, through a backend
+    (:mod:`perflab.lab.backend`); it is the driver: the only writer of the store, it stores
+    each profile's measurement as the backend streams it. Several calls may run at once (a
+    study step's configurations, when the backend's ``parallel`` > 1)."""
 
-    def __init__(self, store: Store, salt: Mapping[str, Any], executor: Executor, *, retry_failed: bool,
+    def __init__(self, store: Store, salt: Mapping[str, Any], backend: Any, *, retry_failed: bool,
                  on_event: Any, log: Any, plan: Plan | None = None) -> None:
         super().__init__(store, salt, retry_failed, plan=plan)
         self.rerun_stopped = plan is not None and not plan.decision.early_stop
-        self.executor = executor
+        if not hasattr(backend, "demand"):  # an executor (or a stand-in): run it in-process, one at a time
+            backend = LocalBackend(None, executor_factory=lambda ex=backend: ex)
+        self.backend = backend
         self.on_event = on_event
         self.log = log
         self.launched = 0
         self.reused = 0
         self._step = ""
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether the study may submit a step's configurations at once."""
+        return int(getattr(self.backend, "parallel", 1)) > 1
 
     async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str,
                        to_beat: float | None = None) -> dict[str, ConfigResult]:
@@ -162,6 +173,7 @@ class LiveMeasure(StoreMeasure):
         main profile) lets the executor stop a configuration early once it has clearly lost."""
         if step != self._step:
             self._step = step
+            self.backend.begin_step()
             self.on_event("step", title=step)
             self.log.info("lab.step", step=step)
         ckey = config.key(self.salt)
@@ -174,33 +186,8 @@ class LiveMeasure(StoreMeasure):
             self.log.info("lab.run", run_id=run_id, step=step, label=label, engine=config.engine,
                           options=config.canonical()["options"], profiles=[p.name for p in todo], dir=str(run_dir))
             self.launched += 1
-            saved: set[str] = set()
-            # each profile's measurement is stored as soon as it exists: an interrupt later in
-            # the same launch cannot lose it (executors without the attribute: stored below)
-            self.executor.on_measured = self._storer(run_id, ckey, todo, saved)
-            try:
-                rec = await self.executor.run(config, todo, run_dir, label=label, to_beat=to_beat)
-            except Exception as exc:
-                # the environment (a busy device, a full disk) or perflab itself (a plugin or
-                # client bug) failed, not the configuration: recorded as interrupted with the
-                # reason — never a result, never reused — and the study stops
-                fault = as_fault(exc, self.store.dir)
-                reason = str(fault) if fault is not None else f"perflab error: {type(exc).__name__}: {exc}"
-                self.log.exception("lab.run-error", run_id=run_id, label=label, reason=reason)
-                self._interrupted(run_id, run_dir, reason)
-                self.executor.on_measured = None
-                if fault is not None:
-                    raise fault from None
-                raise PerflabError(f"perflab failed while measuring {label} ({type(exc).__name__}: {exc}); "
-                                   f"the run is recorded as interrupted (traceback in {self.store.dir / 'study.log'}); "
-                                   f"everything measured is kept — re-run the same command to resume") from exc
-            except BaseException:
-                self._interrupted(run_id, run_dir, None)
-                self.log.warning("lab.run-interrupted", run_id=run_id, label=label)
-                raise
-            finally:
-                self.executor.on_measured = None
-            self._save(run_id, ckey, rec, todo, saved)
+            rec = await self._launch(Ticket(run_id, run_dir, config, tuple(todo), label, self.backend.demand(config),
+                                            to_beat), ckey)
             if rec.state is Status.INTERRUPTED:  # the supervisor found the machine not ready
                 raise MachineNotReady(f"{label}: {rec.error}; nothing was launched — stop it and re-run the same "
                                       f"command to resume")
@@ -225,6 +212,55 @@ class LiveMeasure(StoreMeasure):
                       + (" (reused)" if main.reused else ""))
         return out
 
+    async def _launch(self, ticket: Ticket, ckey: str) -> RunRecord:
+        """Hand ``ticket`` to the backend and store what it streams; the run's final record."""
+        run_id, run_dir, label = ticket.run_id, ticket.run_dir, ticket.label
+        by_name = {p.name: p for p in ticket.profiles}
+        saved: set[str] = set()
+        final: list[RunRecord] = []
+        lost: list[str] = []
+
+        def sink(ev: Event) -> None:
+            if isinstance(ev, Measured):  # stored at once: an interrupt later in the launch cannot lose it
+                self.store.add_measurement(run_id, ckey, profile_key(self.plan, by_name[ev.profile]), ev.profile,
+                                           ev.measurement)
+                saved.add(ev.profile)
+            elif isinstance(ev, Placed):
+                self.log.info("lab.placed", run_id=run_id, label=label, node=ev.node, devices=list(ev.devices))
+                self.on_event("placed", label=label, node=ev.node, devices=list(ev.devices))
+            elif isinstance(ev, Finished):
+                final.append(ev.record)
+            elif isinstance(ev, Lost):
+                lost.append(ev.reason)
+
+        try:
+            await self.backend.run(ticket, sink)
+        except Exception as exc:
+            # the environment (a busy device, a full disk) or perflab itself (a plugin or
+            # client bug) failed, not the configuration: recorded as interrupted with the
+            # reason — never a result, never reused — and the study stops
+            fault = as_fault(exc, self.store.dir)
+            reason = str(fault) if fault is not None else f"perflab error: {type(exc).__name__}: {exc}"
+            self.log.exception("lab.run-error", run_id=run_id, label=label, reason=reason)
+            self._interrupted(run_id, run_dir, reason)
+            if fault is not None:
+                raise fault from None
+            raise PerflabError(f"perflab failed while measuring {label} ({type(exc).__name__}: {exc}); "
+                               f"the run is recorded as interrupted (traceback in {self.store.dir / 'study.log'}); "
+                               f"everything measured is kept — re-run the same command to resume") from exc
+        except BaseException:
+            self._interrupted(run_id, run_dir, None)
+            self.log.warning("lab.run-interrupted", run_id=run_id, label=label)
+            raise
+        if lost or not final:
+            reason = lost[0] if lost else "the backend ended the run without a record"
+            self._interrupted(run_id, run_dir, reason)
+            raise MachineNotReady(f"{label}: the run was lost ({reason}); everything measured is kept — re-run the "
+                                  f"same command to resume")
+        rec = final[0]
+        self._save(run_id, ckey, rec, ticket.profiles, saved)
+        return rec
+
     def _interrupted(self, run_id: int, run_dir: Path, reason: str | None) -> None:
         """Best effort: the disk may be the fault."""
         try:
@@ -232,15 +268,6 @@ class LiveMeasure(StoreMeasure):
             write_json(run_dir / "outcome.json", {"state": Status.INTERRUPTED, "error": reason})
         except (OSError, sqlite3.Error) as exc:
             self.log.warning("lab.record-interrupted-failed", run_id=run_id, error=str(exc))
-
-    def _storer(self, run_id: int, ckey: str, todo: Sequence[Profile], saved: set[str]) -> Any:
-        by_name = {p.name: p for p in todo}
-
-        def store(name: str, m: ProfileMeasurement) -> None:
-            self.store.add_measurement(run_id, ckey, profile_key(self.plan, by_name[name]), name, m)
-            saved.add(name)
-
-        return store
 
     def _save(self, run_id: int, ckey: str, rec: RunRecord, todo: Sequence[Profile], saved: set[str]) -> None:
         for p in todo:
@@ -319,11 +346,14 @@ async def run_study(
     retry_failed: bool = False,
     progress: Any = None,
     argv: list[str] | None = None,
+    parallel: int | str = 1,
 ) -> RunSummary:
     """Run (or resume) a study; write its report unless interrupted. Holds the study lock
     for its whole life; an environment or storage fault raises its one-line PerflabError
     after recording what happened (never as a configuration's result). ``plan.hardware`` is
-    the machine (``perflab run --hardware`` has replaced the plan's own)."""
+    the machine (``perflab run --hardware`` has replaced the plan's own). ``parallel``: how
+    many configurations of one step may run at once on disjoint devices (``"auto"``: as many
+    as fit; :class:`perflab.lab.backend.LocalBackend`)."""
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -332,7 +362,8 @@ async def run_study(
     except OSError as exc:
         raise as_fault(exc, out_dir) or exc from None
     try:
-        return await _run_locked(pm, plan, out_dir, retry_failed=retry_failed, progress=progress, argv=argv)
+        return await _run_locked(pm, plan, out_dir, retry_failed=retry_failed, progress=progress, argv=argv,
+                                 parallel=parallel)
     except (OSError, sqlite3.Error) as exc:  # a storage fault outside a run (meta, plan copy, report)
         fault = as_fault(exc, out_dir)
         if fault is None:
@@ -343,7 +374,7 @@ async def run_study(
 
 
 async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool, progress: Any,
-                      argv: list[str] | None) -> RunSummary:
+                      argv: list[str] | None, parallel: int | str = 1) -> RunSummary:
     from perflab.engines import engine_version
     from perflab.hardware import resolve
     from perflab.lab.progress import StudyProgress
@@ -391,8 +422,10 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
     with ui, study_logging(store.dir, ui.log_listener) as log:
         log.info("lab.start", plan=str(plan.path), out=str(store.dir), hardware=plan.hardware, simulated=snapshot.simulated,
                  time_scale=time_scale, versions=versions, retry_failed=retry_failed)
-        executor = Executor(ctx, on_event=ui.event)
-        measure = LiveMeasure(store, salt, executor, retry_failed=retry_failed, on_event=ui.event, log=log, plan=plan)
+        backend = LocalBackend(ctx, parallel=parallel, on_event=ui.event)
+        if backend.parallel > 1:
+            log.info("lab.parallel", parallel=backend.parallel, devices={k: list(v) for k, v in backend.devices.items()})
+        measure = LiveMeasure(store, salt, backend, retry_failed=retry_failed, on_event=ui.event, log=log, plan=plan)
         try:
             async with signal_guard() as guard:
                 outcome = await conduct(plan, measure, display=lambda e: display.get(e, e))

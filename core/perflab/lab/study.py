@@ -12,8 +12,9 @@
 4. the baseline and the optimized configuration on every profile.
 
 :func:`conduct` only decides; ``measure`` does the work. The runner passes a measure that
-launches engines (reusing what the store already holds) and is told ``to_beat``, the current
-best's figure, so that a clearly lost configuration can stop early; ``perflab report`` passes one that
+launches engines (reusing what the store already holds) and is told ``to_beat``, the best
+figure *before the step* (the same for every configuration of a step, so they can run at
+once with the decisions of a sequential run), so that a clearly lost configuration can stop early; ``perflab report`` passes one that
 only reads the store, so the report follows exactly the decisions the run made. Tests pass a
 fake one.
 """
@@ -24,6 +25,8 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import anyio
 
 from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, _pct_name
 from perflab.lab.options import Configuration
@@ -337,6 +340,41 @@ class _Study:
         self._note_pending(res)
         return res
 
+    async def each(self, jobs: list[tuple[Configuration, str]], step: str, to_beat: float | None) -> list[ConfigResult]:
+        """The main-profile results of a step's configurations, in ``jobs``' (the plan's) order.
+
+        Every configuration of a step is compared with the same ``to_beat`` — the best
+        *before* the step — so they are independent of one another: a concurrent measure
+        (``measure.concurrent``, ``perflab run --parallel``) runs them at once, and its
+        decisions are those of a sequential run."""
+        results: list[ConfigResult | None] = [None] * len(jobs)
+
+        async def job(i: int) -> None:
+            cfg, label = jobs[i]
+            results[i] = await self.one(cfg, step, label, to_beat)
+
+        await self._all([lambda i=i: job(i) for i in range(len(jobs))], [cfg for cfg, _ in jobs])
+        return [r if r is not None else ConfigResult(Status.PENDING) for r in results]
+
+    async def _all(self, calls: list[Callable[[], Awaitable[None]]], configs: list[Configuration]) -> None:
+        """Await ``calls`` — at once when the measure is concurrent. A configuration equal to
+        an earlier one waits for it, so it is measured once and then reused, as in sequence."""
+        if not getattr(self.measure, "concurrent", False) or len(calls) < 2:
+            for call in calls:
+                await call()
+            return
+        seen: set[str] = set()
+        first, again = [], []
+        for call, cfg in zip(calls, configs, strict=True):
+            key = repr(cfg.canonical())
+            (again if key in seen else first).append(call)
+            seen.add(key)
+        async with anyio.create_task_group() as tg:
+            for call in first:
+                tg.start_soon(call)
+        for call in again:
+            await call()
+
     def _note_pending(self, res: ConfigResult) -> None:
         if not res.status.is_result:  # pending, or interrupted by the machine
             self.complete = False
@@ -376,10 +414,9 @@ class _Study:
 
     async def engine_step(self) -> tuple[Step, Entry | None]:
         step = Step(1, "engine", "Choosing the Inference Engine", "1. Choosing the Inference Engine")
-        for engine in self.plan.engines:
-            cfg = self.plan.engine_defaults(engine)
-            label = self.display(engine)
-            res = await self.one(cfg, step.title, label, self.to_beat(*step.entries))
+        jobs = [(self.plan.engine_defaults(engine), self.display(engine)) for engine in self.plan.engines]
+        # nothing to beat before the first step: no engine stops early as lost
+        for (cfg, label), res in zip(jobs, await self.each(jobs, step.title, None), strict=True):
             step.entries.append(self.entry(label, cfg, res))
         ok = self.ranked(step.entries)
         ranked = " > ".join(f"{e.label} ({self.rank.text(e.result)})" for e in ok)
@@ -429,10 +466,10 @@ class _Study:
         where = "/".join(self.display(e) for e in engines_all)
         step = Step(index, "combination" if cand.combination else "candidate", cand.name,
                     f"{index}. {cand.name} in {where}", base=best)
-        for vname, engine in plan_rows:
-            cfg = self._config_for(cand, vname, engine, best)
-            label = f"{self.display(engine)} {vname}"
-            res = await self.one(cfg, step.title, label, self.to_beat(best, *step.entries))
+        jobs = [(self._config_for(cand, vname, engine, best), f"{self.display(engine)} {vname}")
+                for vname, engine in plan_rows]
+        results = await self.each(jobs, step.title, self.to_beat(best))  # the best before the step
+        for (cfg, label), (vname, _), res in zip(jobs, plan_rows, results, strict=True):
             step.entries.append(self.entry(label, cfg, res, variant=vname))
         ok = self.ranked(step.entries)
         if ok:
@@ -489,12 +526,19 @@ class _Study:
         other = "Other Benchmark Cases"
         base_cfg = plan.baseline_config()
         base_label = plan.baseline.label or f"{self.display(plan.baseline.engine)} without any optimizations"
-        base_results = await self.profiles_of(base_cfg, other, "Baseline")
+        cases_of: dict[str, dict[str, ConfigResult]] = {}
+
+        async def profiles(name: str, cfg: Configuration) -> None:
+            cases_of[name] = await self.profiles_of(cfg, other, name)
+
+        todo = [("Baseline", base_cfg)] + ([("Optimized", best.config)] if best is not None else [])
+        await self._all([lambda n=name, c=cfg: profiles(n, c) for name, cfg in todo], [cfg for _, cfg in todo])
+        base_results = cases_of["Baseline"]
         baseline = self.entry(base_label, base_cfg, base_results[plan.main_profile])
         optimized: Entry | None = None
         opt_results: dict[str, ConfigResult] = {}
         if best is not None:
-            opt_results = await self.profiles_of(best.config, other, "Optimized")
+            opt_results = cases_of["Optimized"]
             optimized = Entry(best.label, best.config, opt_results[plan.main_profile], eligible=best.eligible)
         cases = [Case(p, base_results[p.name], opt_results.get(p.name) if optimized else None) for p in plan.profiles]
 
