@@ -111,6 +111,7 @@ _STAGES = {
     "perflab_engine_version": "version",
     "perflab_check_support": "preflight",
     "perflab_build_launch": "launch",
+    "perflab_build_group_launch": "multi-node",
     "perflab_readiness": "readiness",
     "perflab_classify_crash": "crashes",
     "perflab_teardown": "teardown",
