@@ -528,6 +528,7 @@ class Executor:
                                   label: str, to_beat: float | None) -> None:
         """Launch every replica, benchmark, tear down (the exit stack)."""
         from perflab.supervisor import EngineInstance
+        from perflab.supervisor_group import EngineGroup
 
         plan = self.ctx.plan
         engine = config.engine
@@ -536,8 +537,11 @@ class Executor:
             for i, devices in enumerate(device_sets or [None]):
                 workdir = run_dir if not device_sets or len(device_sets) == 1 else run_dir / f"replica-{i + 1}"
                 self.on_event("launch", label=label, engine=engine, replica=i + 1, replicas=config.replicas)
-                inst = EngineInstance(
-                    self.ctx.pm, engine, config.serve_config(devices=devices), hardware=self.ctx.hardware,
+                sc = config.serve_config(devices=devices)
+                # nodes > 1: one process per node rank, supervised as one engine (perflab.supervisor_group)
+                kind = EngineGroup if sc.node_count > 1 else EngineInstance
+                inst = kind(
+                    self.ctx.pm, engine, sc, hardware=self.ctx.hardware,
                     env=self._env(), workdir=workdir, startup_timeout=plan.timeouts.startup_s, version=version,
                     # the engine's PERFLAB_INSTANCE marker names its study and run (perflab ps / kill);
                     # run_dir is <study>/runs/<NNN-label> (Store.begin_run)
