@@ -33,8 +33,8 @@ name: two-node
 model: Qwen/Qwen3-8B
 hardware: sim:a100-80g-x8
 simulation: {{time_scale: 50}}
-engines: [sglang]
-serve: {{nodes: 2, tp: 2{env}}}
+engines: [{engine}]
+serve: {{nodes: 2, {sizes}{env}}}
 profiles:
   main: {{label: Main, input_len: 32, output_len: 8, num_prompts: {prompts}{rate}}}
 timeouts: {{startup_s: 60, benchmark_s: 60}}
@@ -73,7 +73,7 @@ def _argv_after(argv: list[str], flag: str) -> str:
 
 @pytest.mark.slow
 def test_two_node_sglang_run_on_the_simulator(tmp_path: Path) -> None:
-    rc, summary, run, tag = _run(tmp_path, PLAN.format(env="", prompts=20, rate=""))
+    rc, summary, run, tag = _run(tmp_path, PLAN.format(engine="sglang", sizes="tp: 2", env="", prompts=20, rate=""))
     assert rc == 0, summary
     outcome = json.loads((run / "outcome.json").read_text())
     assert outcome["state"] == "done" and outcome["cause"] is None, outcome
@@ -102,15 +102,17 @@ def test_two_node_sglang_run_on_the_simulator(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_crash_on_rank_1_crashes_the_group_named_with_its_cause(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("engine", "sizes"), [("sglang", "tp: 2"), ("vllm", "dp: 2")])
+def test_a_crash_on_rank_1_crashes_the_group_named_with_its_cause(tmp_path: Path, engine: str, sizes: str) -> None:
     # rank 1 alone injects the fault (its scheduler dies after rank 0 finished 5 requests);
     # real time, so the benchmark is still running when it does
     env = f', env: {{{FAULT_ENV}: "crash-after:5", {FAULT_NODE_RANK_ENV}: "1", {TIME_SCALE_ENV}: "1"}}'
-    rc, summary, run, tag = _run(tmp_path, PLAN.format(env=env, prompts=60, rate=", request_rate: 4"))
+    rc, summary, run, tag = _run(tmp_path, PLAN.format(engine=engine, sizes=sizes, env=env, prompts=60,
+                                                       rate=", request_rate: 4"))
     outcome = json.loads((run / "outcome.json").read_text())
     assert outcome["state"] == "crashed", outcome
     cause = outcome["cause"]
-    # the cause is rank 1's own, from its log, named by SGLang's crash classifier
+    # the cause is rank 1's own, from its log, named by the engine's crash classifier
     assert cause["name"] == "cuda-illegal-memory-access", cause
     assert cause["explanation"].startswith("node rank 1:") and "illegal memory access" in cause["line"]
     group = outcome["instances"][0]
