@@ -135,6 +135,11 @@ class EngineGroup:
         return self.outcome.launch
 
     @property
+    def rank_launches(self) -> list[LaunchSpec]:
+        """Every rank's launch, in rank order (the serving script shows them all)."""
+        return [inst.launch for inst in self.ranks if inst.launch is not None]
+
+    @property
     def base_url(self) -> str | None:
         return self.serving.base_url if self.serving is not None else None
 

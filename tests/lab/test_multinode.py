@@ -98,6 +98,10 @@ def test_two_node_sglang_run_on_the_simulator(tmp_path: Path) -> None:
     assert measured["status"] == "ok", measured
     assert (run / "engine-node1.log").is_file() and "The server is fired up" in (run / "engine.log").read_text()
     assert "fired up" not in (run / "engine-node1.log").read_text()
+    # the serving script shows every node's command
+    script = json.loads((run.parent.parent / "report.json").read_text())
+    text = json.dumps(script)
+    assert "# node rank 0 (serves the API)" in text and "# node rank 1" in text and "--node-rank 1" in text
     assert _tagged(tag) == [], "a rank outlived the study"
 
 
