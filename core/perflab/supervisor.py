@@ -420,6 +420,12 @@ class EngineInstance:
                 return None
             return self._given
         config = self.config
+        if config.node_count > 1:  # never one node's launch for a multi-node config, silently
+            o.reasons = (*o.reasons, Unsupported(f"nodes={config.nodes}", "a multi-node launch runs as an EngineGroup "
+                                                 "(perflab.supervisor_group), one EngineInstance per node rank",
+                                                 source="perflab"))
+            self._transition(Status.UNSUPPORTED, reasons=[f"nodes={config.nodes}: needs an EngineGroup"])
+            return None
         picked = config.port is None
         for _ in range(PORT_PICK_TRIES if picked else 1):
             if picked:

@@ -230,3 +230,23 @@ def test_simulated_joining_rank_times_out_when_rank_0_is_absent(tmp_path: Path) 
             joiner.wait()
     assert f"The client socket has timed out after 1000ms while trying to connect to (127.0.0.1, {rdv})." in out, out
     assert "Uvicorn running" not in out
+
+
+def test_perflab_launch_nodes_2_checks_a_two_node_sglang_and_refuses_trtllm(tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex
+    env = {**os.environ, TAG_ENV: tag, STATE_ENV: str(tmp_path / "sim-state")}
+
+    def launch(engine: str, *extra: str) -> tuple[int, dict]:
+        proc = subprocess.run([sys.executable, "-c", "from perflab.cli import main; main()", "launch", engine,
+                               "--hardware", "sim:a100-80g-x8", "-m", "Qwen/Qwen3-8B", "--nodes", "2", *extra,
+                               "--workdir", str(tmp_path / engine), "--json"],
+                              env=env, capture_output=True, text=True, timeout=120)
+        return proc.returncode, json.loads(proc.stdout)
+
+    rc, out = launch("sglang", "--tp", "2", "--check")
+    assert rc == 0 and out["state"] == "done" and out["check"]["ok"], out
+    assert [n["state"] for n in out["nodes"]] == ["done", "done"]
+    assert (tmp_path / "sglang" / "engine-node1.log").is_file()
+    rc, out = launch("trtllm")
+    assert rc != 0 and out["state"] == "unsupported" and [r["what"] for r in out["reasons"]] == ["nodes=2"], out
+    assert _tagged(tag) == []
