@@ -232,6 +232,7 @@ def test_simulated_joining_rank_times_out_when_rank_0_is_absent(tmp_path: Path) 
     assert "Uvicorn running" not in out
 
 
+@pytest.mark.slow
 def test_perflab_launch_nodes_2_checks_a_two_node_sglang_and_refuses_trtllm(tmp_path: Path) -> None:
     tag = uuid.uuid4().hex
     env = {**os.environ, TAG_ENV: tag, STATE_ENV: str(tmp_path / "sim-state")}
@@ -247,6 +248,11 @@ def test_perflab_launch_nodes_2_checks_a_two_node_sglang_and_refuses_trtllm(tmp_
     assert rc == 0 and out["state"] == "done" and out["check"]["ok"], out
     assert [n["state"] for n in out["nodes"]] == ["done", "done"]
     assert (tmp_path / "sglang" / "engine-node1.log").is_file()
+    # a rank that loads too slowly never joins within --dist-timeout: rank 0 gives up in torch's words
+    rc, out = launch("sglang", "--tp", "2", "--env", f"{FAULT_ENV}=slow-start:30", "--env", f"{FAULT_NODE_RANK_ENV}=1",
+                     "--extra-arg=--dist-timeout", "--extra-arg=2")
+    assert rc != 0 and out["state"] == "crashed" and out["cause"] == "rendezvous-timeout" and out["failed_rank"] == 0, out
+    assert "1/2 clients joined" in out["crash"]["line"]
     rc, out = launch("trtllm")
     assert rc != 0 and out["state"] == "unsupported" and [r["what"] for r in out["reasons"]] == ["nodes=2"], out
     assert _tagged(tag) == []

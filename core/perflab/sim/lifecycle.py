@@ -261,11 +261,14 @@ class EngineLifecycle:
         self.stop.set()
 
     async def _run_joined(self) -> int:
-        """A rank >= 1: join rank 0, "load", then follow rank 0 until stopped or it is gone.
+        """A rank >= 1: "load", join rank 0, then follow rank 0 until stopped or it is gone.
         It serves no HTTP; ``crash-after:N`` counts rank 0's finished requests."""
         cfg, b = self.cfg, self.behaviour
         assert cfg.rendezvous is not None and self.stop is not None
         host, port = cfg.rendezvous
+        # it loads, then joins: a slow rank (slow-start:S) keeps rank 0 waiting at the rendezvous
+        if await self._pause(cfg.load_time_s + self.faults.slow_start_s):
+            return 0
         conn = await group.join(host, port, cfg.node_rank, cfg.rendezvous_timeout_s, self.stop)
         if conn is None:
             if self.stop.is_set():
@@ -274,9 +277,6 @@ class EngineLifecycle:
                      timeout_ms=int(cfg.rendezvous_timeout_s * 1000)), sys.stderr)
             return self._failed(1)
         reader, writer = conn
-        if await self._pause(cfg.load_time_s + self.faults.slow_start_s):
-            writer.close()
-            return 0
         self.ready = True
 
         def on_completed(n: int) -> None:
