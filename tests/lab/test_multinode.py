@@ -256,3 +256,20 @@ def test_perflab_launch_nodes_2_checks_a_two_node_sglang_and_refuses_trtllm(tmp_
     rc, out = launch("trtllm")
     assert rc != 0 and out["state"] == "unsupported" and [r["what"] for r in out["reasons"]] == ["nodes=2"], out
     assert _tagged(tag) == []
+
+
+def test_engines_command_prints_every_node_ranks_launch() -> None:
+    def command(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", "from perflab.cli import main; main()", "engines", "command", *args,
+                               "--hardware", "sim:a100-80g-x8", "-m", "Qwen/Qwen3-8B", "--nodes", "2"],
+                              capture_output=True, text=True, timeout=60)
+
+    out = command("vllm", "--dp", "4", "--json")
+    assert out.returncode == 0, out.stderr
+    nodes = json.loads(out.stdout)["nodes"]
+    assert len(nodes) == 2 and "--headless" not in nodes[0]["argv"] and "--headless" in nodes[1]["argv"]
+    assert [n["env"]["CUDA_VISIBLE_DEVICES"] for n in nodes] == ["0,1", "2,3"]
+    text = command("sglang", "--tp", "2").stdout
+    assert "# ===== node rank 0 of 2 (serves the API)" in text and "--node-rank 1" in text
+    refused = command("trtllm")
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0 and "nodes=2" in refused.stderr
