@@ -171,6 +171,8 @@ class EngineGroup:
 
     async def _exit(self, exc: BaseException | None) -> bool | None:
         assert self._stack is not None
+        if exc is not None and isinstance(exc, anyio.get_cancelled_exc_class()):
+            self.outcome.interrupted = True  # Ctrl-C: every rank is torn down, nothing is a result
         try:
             with anyio.CancelScope(shield=True):
                 await self.teardown()
@@ -306,6 +308,7 @@ class EngineGroup:
         o.nodes = [inst.outcome for inst in self.ranks]
         o.leftovers = [f"node rank {r}: {msg}" for r, inst in enumerate(self.ranks) for msg in inst.outcome.leftovers]
         o.killed = [k for inst in self.ranks for k in inst.outcome.killed]
+        o.interrupted = o.interrupted or any(inst.outcome.interrupted for inst in self.ranks)
         o.teardown_s = max((inst.outcome.teardown_s or 0.0 for inst in self.ranks), default=None)
 
     def kill_now(self) -> None:

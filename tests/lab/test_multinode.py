@@ -273,3 +273,34 @@ def test_engines_command_prints_every_node_ranks_launch() -> None:
     assert "# ===== node rank 0 of 2 (serves the API)" in text and "--node-rank 1" in text
     refused = command("trtllm")
     assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0 and "nodes=2" in refused.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_serving_two_node_launch_stops_every_rank(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    tag = uuid.uuid4().hex
+    env = {**os.environ, TAG_ENV: tag, STATE_ENV: str(tmp_path / "sim-state"), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", "from perflab.cli import main; main()", "launch", "sglang",
+                             "--hardware", "sim:a100-80g-x8", "-m", "Qwen/Qwen3-8B", "--tp", "2", "--nodes", "2",
+                             "--workdir", str(tmp_path / "run")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "ready in" in line or time.monotonic() > deadline:
+                break
+        assert len(_tagged(tag)) >= 3, "perflab and both ranks should be running"
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0  # as for one node: Ctrl-C is how a served launch ends (perflab launch exits 130 before ready)
+    assert proc.stdout is not None
+    summary = proc.stdout.read()
+    assert "(interrupted)" in summary and "clean" in summary, summary
+    assert _tagged(tag) == [], "a rank outlived Ctrl-C"
