@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from perflab.errors import PerflabError, UsageError
+from perflab.errors import PerflabError, UnsupportedOption, UsageError
 from perflab.plugins import PluginManager
 from perflab.types import (
     CrashCause,
@@ -17,6 +17,7 @@ from perflab.types import (
     HttpProbe,
     LaunchSpec,
     MetricsEndpoint,
+    NodeGroup,
     Readiness,
     ServeConfig,
     Unsupported,
@@ -71,16 +72,36 @@ def core_checks(pm: PluginManager, engine: str, config: ServeConfig, hardware: H
         available = len(config.devices)
     else:
         available = len(pool)
-    if config.world_size > available:
+    if config.devices_per_node > available:
+        per_node = f" over {config.node_count} nodes: {config.devices_per_node} per node" if config.node_count > 1 else ""
         out.append(
             Unsupported(
                 "parallel size",
                 f"tp×pp×dp = {config.tp or 1}×{config.pp or 1}×{config.dp or 1} = {config.world_size} "
-                f"needs {config.world_size} devices, {available} available",
+                f"needs {config.world_size} devices{per_node}, {available} available",
                 source="perflab",
             )
         )
     return out
+
+
+GROUP_HOOK = "perflab_build_group_launch"
+
+
+def spans_nodes(pm: PluginManager, engine: str) -> bool:
+    """Whether ``engine``'s plugin builds multi-node launches (implements :data:`GROUP_HOOK`)."""
+    rec = pm.engine(engine)
+    return any(GROUP_HOOK in r.hooks for r in pm.records if r.name == rec.plugin)
+
+
+def nodes_refusal(pm: PluginManager, engine: str, config: ServeConfig) -> list[Unsupported]:
+    """The one-line refusal of ``nodes`` above 1 for an engine whose plugin has no group launch."""
+    if config.node_count <= 1 or spans_nodes(pm, engine):
+        return []
+    info = pm.engine(engine).info
+    return [Unsupported(f"nodes={config.nodes}",
+                        f"{info.display_name} runs on one node in perflab: its plugin has no multi-node launch ({GROUP_HOOK})",
+                        source="perflab")]
 
 
 def check_support(
@@ -91,7 +112,7 @@ def check_support(
     version: str | None,
 ) -> list[Unsupported]:
     """Every objection, the core's first, then each plugin's (all implementations)."""
-    out = core_checks(pm, engine, config, hardware)
+    out = [*nodes_refusal(pm, engine, config), *core_checks(pm, engine, config, hardware)]
     for answer in pm.hook.perflab_check_support(engine=engine, config=config, hardware=hardware, version=version):
         out.extend(answer or [])
     return out
@@ -143,3 +164,27 @@ def parse_env_pairs(pairs: tuple[str, ...] | list[str], what: str = "--env") -> 
             raise UsageError(f"{what} {p!r}: expected KEY=VALUE")
         out[key] = value
     return out
+
+
+def build_group_launch(
+    pm: PluginManager,
+    engine: str,
+    config: ServeConfig,
+    hardware: HardwareSnapshot,
+    group: NodeGroup,
+    workdir: Path,
+    version: str | None,
+) -> list[LaunchSpec]:
+    """One launch per rank of ``group`` (the plugin's :data:`GROUP_HOOK`); UnsupportedOption
+    when the engine has none."""
+    rec = pm.engine(engine)
+    specs = pm.hook.perflab_build_group_launch(
+        engine=engine, config=config, hardware=hardware, group=group, workdir=workdir, version=version
+    )
+    if specs is None:
+        raise UnsupportedOption(engine, f"nodes={group.size}", f"its plugin has no multi-node launch ({GROUP_HOOK})")
+    specs = list(specs)
+    if len(specs) != group.size or not all(isinstance(s, LaunchSpec) and s.argv for s in specs):
+        raise PerflabError(f"plugin {rec.distribution or rec.plugin} returned no valid launch per rank of a "
+                           f"{group.size}-node group for {engine!r}")
+    return specs

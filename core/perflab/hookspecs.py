@@ -32,9 +32,8 @@ Versioning
 declare the contract versions they support with an attribute ``PERFLAB_HOOKSPEC_VERSIONS =
 (1,)`` (module level, or on the class: :class:`perflab.EnginePlugin` declares it); a plugin
 declaring versions that exclude the core's is listed as incompatible and not used. Adding an
-optional hook (``perflab_describe_file``, ``perflab_cache_reset``, ``perflab_metrics_endpoint``)
-changes no existing signature
-and keeps the version.
+optional hook (``perflab_describe_file``, ``perflab_cache_reset``, ``perflab_metrics_endpoint``,
+``perflab_build_group_launch``) changes no existing signature and keeps the version.
 """
 
 from __future__ import annotations
@@ -54,6 +53,7 @@ if TYPE_CHECKING:
         HardwareSnapshot,
         LaunchSpec,
         MetricsEndpoint,
+        NodeGroup,
         Readiness,
         ServeConfig,
         Unsupported,
@@ -218,6 +218,51 @@ def perflab_build_launch(
                 argv += ["-tp", str(config.tp)]
             return LaunchSpec(engine="vllm", argv=tuple(argv), host=config.host,
                               port=config.port, served_model_name=config.name)
+    """
+
+
+# --------------------------------------------------------------------------- multi-node launch
+
+
+@hookspec(firstresult=True)
+def perflab_build_group_launch(
+    engine: str,
+    config: ServeConfig,
+    hardware: HardwareSnapshot,
+    group: NodeGroup,
+    workdir: Path,
+    version: str | None,
+) -> list[LaunchSpec] | None:
+    """Build one launch per node rank for an engine that spans several nodes (``config.nodes``).
+
+    Pure, like :func:`perflab_build_launch`. Element ``r`` is what node ``group.nodes[r]``
+    runs; element 0 serves HTTP on ``config.host:config.port`` and is the only one probed for
+    readiness; the others join rank 0 at ``group.serving.address:group.rendezvous_port``. Each
+    rank's devices are ``group.nodes[r].devices`` (set the visible-devices variable from them).
+    ``config.tp``/``pp``/``dp`` are the whole group's sizes. The core runs every rank as one
+    group: any rank dying crashes the group and every rank is torn down. Optional: added in
+    contract v1 without changing any existing signature, so :data:`HOOKSPEC_VERSION` stays 1;
+    an engine without it is refused for ``nodes`` above 1.
+
+    :param engine: the registered engine name.
+    :param config: the serving options (port already chosen; ``nodes`` = ``group.size``).
+    :param hardware: the accelerators of one node.
+    :param group: the nodes (rank, address, devices) and the rendezvous port.
+    :param workdir: the run directory.
+    :param version: the engine version if known.
+    :returns: ``group.size`` :class:`~perflab.types.LaunchSpec` in rank order, or ``None``
+        for engines not yours.
+
+    Example::
+
+        @hookimpl
+        def perflab_build_group_launch(engine, config, hardware, group, workdir):
+            if engine != "sglang":
+                return None
+            head = f"{group.serving.address}:{group.rendezvous_port}"
+            return [LaunchSpec(engine="sglang", argv=(*base_argv(config), "--nnodes", str(group.size),
+                               "--node-rank", str(n.rank), "--dist-init-addr", head), ...)
+                    for n in group.nodes]
     """
 
 

@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from perflab.errors import UnsupportedOption, UsageError
 from perflab.hookspecs import hookimpl
-from perflab.types import (CacheReset, CrashCause, EngineInfo, HardwareSnapshot, LaunchSpec, MetricsEndpoint, Readiness,
-                           ServeConfig, Unsupported)
+from perflab.types import (CacheReset, CrashCause, EngineInfo, HardwareSnapshot, LaunchSpec, MetricsEndpoint,
+                           NodeGroup, Readiness, ServeConfig, Unsupported)
 
 if TYPE_CHECKING:
     from perflab.crashes import Signature
@@ -183,6 +183,19 @@ class EnginePlugin:
         return spec
 
     @hookimpl
+    def perflab_build_group_launch(
+        self, engine: str, config: ServeConfig, hardware: HardwareSnapshot, group: NodeGroup, workdir: Path,
+        version: str | None,
+    ) -> list[LaunchSpec] | None:
+        if engine != self.info.name:
+            return None
+        specs = self.build_group_launch(config, hardware, group, workdir, version)
+        if specs is None or not self.address_flags:
+            return specs
+        return [s if s.address_args else dataclasses.replace(s, address_args=address_tokens(s.argv, self.address_flags))
+                for s in specs]
+
+    @hookimpl
     def perflab_readiness(self, engine: str, launch: LaunchSpec) -> Readiness | None:
         return self.readiness(launch) if engine == self.info.name else None
 
@@ -213,6 +226,7 @@ class EnginePlugin:
     _NOOP_DEFAULTS: ClassVar[dict[str, str]] = {
         "perflab_readiness": "readiness", "perflab_teardown": "teardown", "perflab_describe_file": "describe_file",
         "perflab_cache_reset": "cache_reset", "perflab_metrics_endpoint": "metrics",
+        "perflab_build_group_launch": "build_group_launch",
     }
     #: the hooks a class attribute answers (without overriding the plain method)
     _DECLARED_BY: ClassVar[dict[str, str]] = {
@@ -247,6 +261,12 @@ class EnginePlugin:
 
     def build_launch(self, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None) -> LaunchSpec:
         raise NotImplementedError(f"{type(self).__name__} must implement build_launch()")
+
+    def build_group_launch(self, config: ServeConfig, hardware: HardwareSnapshot, group: NodeGroup, workdir: Path,
+                           version: str | None) -> list[LaunchSpec] | None:
+        """One launch per node rank of ``group`` (default None: the engine runs on one node
+        only, and the core refuses ``nodes`` above 1)."""
+        return None
 
     def readiness(self, launch: LaunchSpec) -> Readiness | None:
         """How to tell the engine serves (default None: ``GET /health`` + one-token completion)."""

@@ -21,6 +21,7 @@ HARDWARE_ENV = "PERFLAB_SIM_HARDWARE"
 STATE_ENV = "PERFLAB_SIM_STATE_DIR"
 TIME_SCALE_ENV = "PERFLAB_SIM_TIME_SCALE"
 FAULT_ENV = "PERFLAB_SIM_FAULT"
+FAULT_NODE_RANK_ENV = "PERFLAB_SIM_FAULT_NODE_RANK"
 ENGINE_VERSIONS_ENV = "PERFLAB_SIM_ENGINE_VERSIONS"
 WORKER_ENV = "PERFLAB_SIM_WORKER"
 
@@ -30,6 +31,7 @@ VARIABLES: dict[str, str] = {
     STATE_ENV: "directory of the simulated device-memory registry (one JSON file per process holding memory)",
     TIME_SCALE_ENV: "simulated seconds per real second, a positive number (default 1)",
     FAULT_ENV: "faults a stand-in engine injects, comma separated (e.g. crash-after:3,ignore-sigterm)",
+    FAULT_NODE_RANK_ENV: "in a multi-node launch, the node rank whose process injects the faults (default: every rank)",
     ENGINE_VERSIONS_ENV: "engine versions the simulated machine reports, e.g. vllm=0.17.1,sglang=0.5.9",
     WORKER_ENV: "internal: a simulated worker process's arguments (JSON), set by the engine that spawns it",
 }
@@ -156,3 +158,14 @@ def format_versions(versions: Mapping[str, str]) -> str:
     """The ``PERFLAB_SIM_ENGINE_VERSIONS`` value for ``versions`` (validated)."""
     checked = {engine_name(k): check_version(k, v) for k, v in versions.items()}
     return ",".join(f"{k}={v}" for k, v in sorted(checked.items()))
+
+
+def fault_applies(env: Mapping[str, str], node_rank: int) -> bool:
+    """Whether the process of node rank ``node_rank`` injects ``PERFLAB_SIM_FAULT``
+    (``PERFLAB_SIM_FAULT_NODE_RANK`` unset: every rank does); ValueError if it is not a rank."""
+    raw = env.get(FAULT_NODE_RANK_ENV, "").strip()
+    if not raw:
+        return True
+    if not raw.isdigit():
+        raise ValueError(f"{FAULT_NODE_RANK_ENV} must be a node rank (0, 1, ...), not {raw!r}")
+    return int(raw) == node_rank

@@ -228,6 +228,12 @@ class EngineInstance:
     :param on_started: called with the leader's pid right after it started.
     :param scope: (study directory, run id) put in the engine's ``PERFLAB_INSTANCE`` marker,
         which ``perflab ps``/``perflab kill`` match (default: the workdir and the log's name).
+    :param launch: a launch already built (one rank of a multi-node group,
+        :class:`perflab.supervisor_group.EngineGroup`, which did the preflight): it is started
+        as it is, without the plugin's preflight or ``perflab_build_launch``.
+    :param serving: False for a rank that serves no HTTP (a multi-node group's rank >= 1): it
+        is ``ready`` once started, never probed, and its launch's main port is not its own.
+    :param abort: an event that ends the wait for readiness (another rank of the group died).
     """
 
     def __init__(
@@ -248,6 +254,9 @@ class EngineInstance:
         memory_settle_s: float = MEMORY_SETTLE_S,
         on_started: Callable[[int], None] | None = None,
         scope: tuple[str | Path, str] | None = None,
+        launch: LaunchSpec | None = None,
+        serving: bool = True,
+        abort: anyio.Event | None = None,
     ) -> None:
         self.pm = pm
         self.engine = engine
@@ -283,6 +292,9 @@ class EngineInstance:
         self._teardown_done = anyio.Event()
         self._kick = Kick()  # the ready line wakes the readiness probe
         self._unhealthy = False  # the health watch ended the run (the process was alive)
+        self._given = launch
+        self.serving = serving
+        self._abort = abort
 
     # ================================================================ context manager
 
@@ -342,7 +354,8 @@ class EngineInstance:
         self.pm.engine(self.engine)  # UnknownEngine: a usage error, raised
         if o.version is None:
             o.version = await _in_thread(engine_hooks.engine_version, self.pm, self.engine, self.env)
-        problems = await _in_thread(engine_hooks.check_support, self.pm, self.engine, self.config, self.hardware, o.version)
+        problems = [] if self._given is not None else await _in_thread(
+            engine_hooks.check_support, self.pm, self.engine, self.config, self.hardware, o.version)
         o.reasons = tuple(u for u in problems if u.severity != "warning")
         o.warnings = tuple(u for u in problems if u.severity == "warning")
         for w in o.warnings:
@@ -359,8 +372,8 @@ class EngineInstance:
             return
         self.launch = o.launch = spec
         redact.register_launch(spec)
-        self.base_url = _connectable_url(spec)
-        self.readiness = engine_hooks.readiness(self.pm, self.engine, spec)
+        self.base_url = _connectable_url(spec) if self.serving else None
+        self.readiness = engine_hooks.readiness(self.pm, self.engine, spec) if self.serving else None
         self._write_files(spec)
 
         if self.settings.check_memory and self.hardware.accelerators:
@@ -369,7 +382,15 @@ class EngineInstance:
         self._transition(Status.LAUNCHING, argv=redact.redact_argv(spec.argv), port=spec.port)
         if not await self._spawn(spec):
             return
+        if not self.serving:
+            # a rank without HTTP: running is all there is to know (the serving rank's readiness
+            # says the group joined); its exit is still watched
+            if not self._exited.is_set():
+                o.ready_s = self._since_launch()
+                self._transition(Status.READY, pid=self._proc.pid if self._proc else None, serving=False)
+            return
         self._transition(Status.WAITING_READY, pid=self._proc.pid if self._proc else None, base_url=self.base_url)
+        assert self.readiness is not None
         if await self._wait_ready(self.readiness):
             o.ready_s = self._since_launch()
             self._transition(Status.READY, ready_s=_round(o.ready_s), base_url=self.base_url)
@@ -395,7 +416,19 @@ class EngineInstance:
     async def _build_spec(self) -> LaunchSpec | None:
         """Choose the port(s), build the launch; None (with the outcome set) if it cannot start."""
         o = self.outcome
+        if self._given is not None:
+            taken = taken_ports(self._given.host, self._own_ports(self._given))
+            if taken:
+                self._port_in_use(taken)
+                return None
+            return self._given
         config = self.config
+        if config.node_count > 1:  # never one node's launch for a multi-node config, silently
+            o.reasons = (*o.reasons, Unsupported(f"nodes={config.nodes}", "a multi-node launch runs as an EngineGroup "
+                                                 "(perflab.supervisor_group), one EngineInstance per node rank",
+                                                 source="perflab"))
+            self._transition(Status.UNSUPPORTED, reasons=[f"nodes={config.nodes}: needs an EngineGroup"])
+            return None
         picked = config.port is None
         for _ in range(PORT_PICK_TRIES if picked else 1):
             if picked:
@@ -423,6 +456,10 @@ class EngineInstance:
                 return None
         self._port_in_use(taken)
         return None
+
+    def _own_ports(self, spec: LaunchSpec) -> tuple[int, ...]:
+        """The ports this process binds: a rank that serves no HTTP has only the extra ones."""
+        return spec.ports if self.serving else spec.extra_ports
 
     def _port_in_use(self, ports: list[int]) -> None:
         host = self.config.host
@@ -685,10 +722,19 @@ class EngineInstance:
                         await self._exited.wait()
                         tg.cancel_scope.cancel()
 
+                    async def aborted() -> None:
+                        assert self._abort is not None
+                        await self._abort.wait()
+                        tg.cancel_scope.cancel()
+
                     tg.start_soon(probe)
                     tg.start_soon(exited)
+                    if self._abort is not None:
+                        tg.start_soon(aborted)
         if self._exited.is_set():
             return False  # _watch_exit set "crashed" and the cause
+        if self._abort is not None and self._abort.is_set() and not ready:
+            return False  # the group's cause is another rank's
         if ready:
             return True
         if refused is not None:
@@ -750,6 +796,11 @@ class EngineInstance:
         )
 
     # ================================================================ teardown
+
+    def expect_exit(self) -> None:
+        """perflab is about to stop this engine (its group is being torn down, and a rank may
+        exit before it is signalled, its peer gone): from now on its exit is no crash."""
+        self._stopping = True
 
     async def teardown(self) -> None:
         """Stop the engine and everything it spawned; check ports and memory. Idempotent;
@@ -829,7 +880,7 @@ class EngineInstance:
             self._pump.close()
 
     async def _check_ports(self, spec: LaunchSpec) -> None:
-        taken = await wait_ports_free(spec.host, spec.ports, PORT_RELEASE_WAIT_S)
+        taken = await wait_ports_free(spec.host, self._own_ports(spec), PORT_RELEASE_WAIT_S)
         if not taken:
             return
         assert self._tracker is not None

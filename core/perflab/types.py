@@ -194,6 +194,10 @@ class ServeConfig:
     tp: int | None = field(default=None, metadata=_opt("pos_int", "Tensor-parallel size."))
     pp: int | None = field(default=None, metadata=_opt("pos_int", "Pipeline-parallel size."))
     dp: int | None = field(default=None, metadata=_opt("pos_int", "Data-parallel size."))
+    nodes: int | None = field(default=None, metadata=_opt(
+        "pos_int", "Nodes (machines) the engine spans; rank 0 serves (default 1).",
+        note="Above 1 the engine's plugin must build one launch per node (`perflab_build_group_launch`: SGLang, vLLM "
+             "data parallel); tp/pp/dp are the whole group's sizes. See the user guide, Multi-node runs."))
     ep: int | None = field(default=None, metadata=_opt(  # vLLM only knows "on" (= tp * dp)
         "pos_int", "Expert-parallel size (vLLM: must equal tp×dp; it maps to --enable-expert-parallel)."))
     max_model_len: int | None = field(default=None, metadata=_opt(
@@ -253,7 +257,17 @@ class ServeConfig:
 
     @property
     def world_size(self) -> int:
+        """Devices of the whole launch (every node of a multi-node group)."""
         return (self.tp or 1) * (self.pp or 1) * (self.dp or 1)
+
+    @property
+    def node_count(self) -> int:
+        return self.nodes or 1
+
+    @property
+    def devices_per_node(self) -> int:
+        """Devices each node of the launch uses (world_size split evenly over the nodes)."""
+        return -(-self.world_size // self.node_count)
 
     def replace(self, **changes: Any) -> ServeConfig:
         return dataclasses.replace(self, **changes)
@@ -284,6 +298,41 @@ class FileSpec:
     path: str  # absolute, or relative to the launch's workdir
     content: str
     mode: int = 0o644
+
+
+@dataclass(frozen=True)
+class GroupNode:
+    """One node (machine) of a multi-node launch: its rank, the address the other ranks reach
+    it at, and the devices the engine uses there (None: the engine's default)."""
+
+    rank: int
+    address: str
+    hostname: str = ""
+    devices: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """The nodes one multi-node launch spans (``perflab_build_group_launch``): rank 0 serves
+    HTTP; ``rendezvous_port`` is the port on rank 0's address where the other ranks join
+    (SGLang's ``--dist-init-addr HOST:PORT``, vLLM's ``--data-parallel-rpc-port``)."""
+
+    nodes: tuple[GroupNode, ...]
+    rendezvous_port: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        if [n.rank for n in self.nodes] != list(range(len(self.nodes))):
+            raise ValueError("a node group's ranks must be 0..N-1 in order")
+
+    @property
+    def size(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def serving(self) -> GroupNode:
+        """Rank 0: the node that serves HTTP and hosts the rendezvous."""
+        return self.nodes[0]
 
 
 @dataclass(frozen=True)

@@ -347,3 +347,27 @@ def test_progress_shows_every_running_configuration() -> None:
     assert "vLLM (vllm) on 0,1,2,3" in shown and "SGLang (sglang) on 4,5,6,7" in shown
     assert "Main: 4/10 requests" in shown and "ready" in shown
     assert list(ui.s.runs) == ["vLLM"]  # SGLang finished
+
+
+def test_a_fault_in_one_concurrent_run_is_raised_as_itself() -> None:
+    """A sibling's busy machine stops the study with its own one-line error (exit 3), not an
+    exception group; the siblings are cancelled."""
+    from perflab.lab.integrity import MachineNotReady
+
+    cancelled: list[str] = []
+
+    class Faulty(TableMeasure):
+        async def __call__(self, config, profiles, *, step, label, to_beat=None):
+            if label == "sglang":
+                await anyio.sleep(0.01)
+                raise MachineNotReady("the machine is not ready: cuda:4 is held by pid 1")
+            try:
+                await anyio.sleep(5)
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(label)
+                raise
+            raise AssertionError("not cancelled")
+
+    with pytest.raises(MachineNotReady, match="cuda:4 is held"):
+        anyio.run(conduct, load_plan_text(PLAN), Faulty(True))
+    assert sorted(cancelled) == ["trtllm", "vllm"]

@@ -23,7 +23,7 @@ from perflab.plugins import FINE
 
 if TYPE_CHECKING:
     from perflab.plugins import PluginManager
-    from perflab.types import HardwareSnapshot, LaunchSpec, Unsupported
+    from perflab.types import HardwareSnapshot, LaunchSpec, ServeConfig, Unsupported
 
 NO_ENGINE = "-"
 
@@ -111,6 +111,7 @@ _STAGES = {
     "perflab_engine_version": "version",
     "perflab_check_support": "preflight",
     "perflab_build_launch": "launch",
+    "perflab_build_group_launch": "multi-node",
     "perflab_readiness": "readiness",
     "perflab_classify_crash": "crashes",
     "perflab_teardown": "teardown",
@@ -293,6 +294,22 @@ def render_command(
         click.secho(f"{u.severity}: {u.what}: {u.why}{src}", fg=color, err=True)
 
 
+def _group_launches(pm: Any, engine: str, config: ServeConfig, snapshot: HardwareSnapshot, workdir: Path,
+                    version: str | None) -> list[LaunchSpec]:
+    """The launches of a ``nodes`` > 1 configuration as ``perflab launch``/``run`` would start them
+    on this machine (rank addresses 127.0.0.1, a free rendezvous port; perflab.supervisor_group)."""
+    from perflab.engines import build_group_launch
+    from perflab.lifecycle.ports import pick_free_port
+    from perflab.supervisor_group import local_nodes
+    from perflab.types import NodeGroup
+
+    rec = pm.engine(engine)
+    config = config if config.port is not None else config.replace(port=rec.info.default_port)
+    nodes = local_nodes(config, snapshot, rec.info.accelerators)
+    group = NodeGroup(nodes, pick_free_port(nodes[0].address))
+    return build_group_launch(pm, engine, config, snapshot, group, workdir, version)
+
+
 @engines.command("command")
 @click.argument("engine")
 @serve_options
@@ -315,11 +332,15 @@ def engine_command(ctx: click.Context, engine: str, hardware: str, as_json: bool
     version = engine_version(pm, engine, env)
     problems = check_support(pm, engine, config, snapshot, version)
     workdir = dry_run_workdir(engine)
-    launch = build_launch(pm, engine, config, snapshot, workdir, version)
+    ranks = _group_launches(pm, engine, config, snapshot, workdir, version) if config.node_count > 1 else []
+    launch = ranks[0] if ranks else build_launch(pm, engine, config, snapshot, workdir, version)
     redact.register_config(config)  # printed as ***
-    redact.register_launch(launch)
+    for spec in ranks or [launch]:
+        redact.register_launch(spec)
     if as_json:
         out = launch_json(launch, workdir)
+        if ranks:  # every node rank's launch (rank 0's is also the top level)
+            out["nodes"] = [launch_json(spec, workdir) for spec in ranks]
         out["preflight"] = _preflight_json(problems)
         click.echo(json.dumps(redact.redact_obj(out), indent=2))
         for w in launch.warnings:  # stdout stays pure JSON
@@ -327,7 +348,10 @@ def engine_command(ctx: click.Context, engine: str, hardware: str, as_json: bool
     else:
         for err in snapshot.errors:
             click.secho(f"warning: hardware probe failed: {err}", fg="yellow", err=True)
-        render_command(engine, launch, workdir, problems, version, snapshot)
+        for rank, spec in enumerate(ranks or [launch]):
+            if ranks:
+                click.echo(f"# ===== node rank {rank} of {len(ranks)}" + (" (serves the API)" if rank == 0 else ""))
+            render_command(engine, spec, workdir, problems if spec is (ranks or [launch])[-1] else [], version, snapshot)
     errors = [u for u in problems if u.severity == "error"]
     if check and errors:
         raise PreflightFailed(

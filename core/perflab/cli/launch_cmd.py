@@ -137,10 +137,13 @@ def launch(ctx: click.Context, engine: str, hardware: str, check: bool, force: b
 async def _launch(pm: Any, engine: str, config: Any, snapshot: Any, env: dict[str, str], workdir: Path, force: bool,
                   startup_timeout: float | None, grace: float, check: bool, as_json: bool) -> int:
     from perflab.supervisor import EngineInstance, signal_guard
+    from perflab.supervisor_group import EngineGroup
 
     check_result: dict[str, Any] | None = None
-    inst = EngineInstance(pm, engine, config, hardware=snapshot, env=env, workdir=workdir, force=force,
-                          startup_timeout=startup_timeout, grace=grace)
+    # --nodes N: one process per node rank on this machine, supervised as one engine
+    kind = EngineGroup if config.node_count > 1 else EngineInstance
+    inst = kind(pm, engine, config, hardware=snapshot, env=env, workdir=workdir, force=force,
+                startup_timeout=startup_timeout, grace=grace)
     async with signal_guard() as guard:
         async with inst:
             o = inst.outcome

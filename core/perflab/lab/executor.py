@@ -147,6 +147,22 @@ def serving_script(launches: Sequence[LaunchSpec], describe_file: Callable[[str,
     return "\n".join(lines)
 
 
+def group_script(ranks: Sequence[LaunchSpec], describe_file: Callable[[str, str], list[str] | None] | None = None,
+                 workdir: Path | None = None) -> str:
+    """The serving script of a multi-node launch: each node rank's commands, rank 0 (serving) first."""
+    return "\n".join(
+        f"# node rank {r}{' (serves the API)' if r == 0 else ''}\n" + serving_script([spec], describe_file, workdir)
+        for r, spec in enumerate(ranks))
+
+
+def launches_script(instances: Sequence[Any], describe_file: Callable[[str, str], list[str] | None] | None = None,
+                    workdir: Path | None = None) -> str:
+    """The serving script of what ``instances`` launched: replicas, or one multi-node group."""
+    if len(instances) == 1 and len(getattr(instances[0], "rank_launches", ())) > 1:
+        return group_script(instances[0].rank_launches, describe_file, workdir)
+    return serving_script([inst.launch for inst in instances], describe_file, workdir)
+
+
 def plugin_file_describer(pm: Any, engine: str) -> Callable[[str, str], list[str] | None]:
     """The engine's ``perflab_describe_file`` hook as ``describe(path, content)``."""
 
@@ -542,6 +558,7 @@ class Executor:
                                   label: str, to_beat: float | None) -> None:
         """Launch every replica, benchmark, tear down (the exit stack)."""
         from perflab.supervisor import EngineInstance
+        from perflab.supervisor_group import EngineGroup
 
         plan = self.ctx.plan
         engine = config.engine
@@ -550,8 +567,11 @@ class Executor:
             for i, devices in enumerate(device_sets or [None]):
                 workdir = run_dir if not device_sets or len(device_sets) == 1 else run_dir / f"replica-{i + 1}"
                 self.on_event("launch", label=label, engine=engine, replica=i + 1, replicas=config.replicas)
-                inst = EngineInstance(
-                    self.ctx.pm, engine, config.serve_config(devices=devices), hardware=self.ctx.hardware,
+                sc = config.serve_config(devices=devices)
+                # nodes > 1: one process per node rank, supervised as one engine (perflab.supervisor_group)
+                kind = EngineGroup if sc.node_count > 1 else EngineInstance
+                inst = kind(
+                    self.ctx.pm, engine, sc, hardware=self.ctx.hardware,
                     env=self._env(), workdir=workdir, startup_timeout=plan.timeouts.startup_s, version=version,
                     # the engine's PERFLAB_INSTANCE marker names its study and run (perflab ps / kill);
                     # run_dir is <study>/runs/<NNN-label> (Store.begin_run)
@@ -568,7 +588,7 @@ class Executor:
                     self._record_startup_failure(rec, o, config, device_sets, run_dir)
                     break
             else:
-                rec.script = serving_script([inst.launch for inst in instances], self._describer(engine), run_dir)
+                rec.script = launches_script(instances, self._describer(engine), run_dir)
                 await self._benchmark_all(rec, instances, config, profiles, run_dir, label, to_beat)
             self.on_event("teardown", label=label, engine=engine)
 

@@ -369,9 +369,14 @@ class _Study:
             key = repr(cfg.canonical())
             (again if key in seen else first).append(call)
             seen.add(key)
-        async with anyio.create_task_group() as tg:
-            for call in first:
-                tg.start_soon(call)
+        try:
+            async with anyio.create_task_group() as tg:
+                for call in first:
+                    tg.start_soon(call)
+        except BaseExceptionGroup as group:
+            # one configuration's fault (a busy machine, a full disk) cancelled its siblings:
+            # raise it as a sequential run would, not wrapped with their cancellations
+            raise _first_fault(group) from None
         for call in again:
             await call()
 
@@ -551,6 +556,22 @@ class _Study:
                 if step.kind == "engine":
                     step.vs_base_pct = step.vs_baseline_pct
         return StudyOutcome(plan, steps, baseline, optimized, cases, self.complete, self.rank)
+
+
+def _first_fault(group: BaseExceptionGroup) -> BaseException:
+    """The first exception of ``group`` that is not a cancellation (else its first one)."""
+    cancelled = anyio.get_cancelled_exc_class()
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        else:
+            leaves.append(e)
+
+    walk(group)
+    return next((e for e in leaves if not isinstance(e, cancelled)), leaves[0] if leaves else group)
 
 
 async def conduct(plan: Plan, measure: Measure, display: Callable[[str], str] | None = None) -> StudyOutcome:

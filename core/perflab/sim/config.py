@@ -59,6 +59,13 @@ class EngineBehaviour:
     cache_reset_path: str | None = None
     cache_reset_methods: tuple[str, ...] = ("POST",)
     cache_reset_style: str = "vllm"
+    # multi-node (perflab.sim.group), format (host, port, timeout_s, joined, expected): rank 0
+    # saw too few ranks join; format (host, port, timeout_ms): a rank could not reach rank 0;
+    # format (host, port, rank): a joined rank's connection closed (its process died); empty:
+    # PyTorch's c10d texts (perflab.sim.group)
+    rendezvous_timeout_lines: tuple[str, ...] = ()
+    join_timeout_lines: tuple[str, ...] = ()
+    peer_lost_lines: tuple[str, ...] = ()
     # the engine's settings the front end parsed but the simulator does not model (recorded
     # for inspection: vLLM's compilation_config, TensorRT-LLM's backend, ...)
     settings: Mapping[str, object] = field(default_factory=dict)
@@ -131,5 +138,12 @@ class SimEngineConfig:
     # computed and preempts the newest request when they run out (vLLM, SGLang, MindIE);
     # "guaranteed_no_evict" admits a request only when its whole length fits (TensorRT-LLM)
     capacity_policy: str = "max_utilization"
+    # Multi-node (perflab.sim.group): this process is node rank ``node_rank`` of ``nnodes``;
+    # rank 0 serves HTTP and hosts the rendezvous at ``rendezvous`` (host, port), the others
+    # join it and serve nothing; ``rendezvous_timeout_s`` real seconds to wait for it
+    nnodes: int = 1
+    node_rank: int = 0
+    rendezvous: tuple[str, int] | None = None
+    rendezvous_timeout_s: float = 1800.0
     # Engine-specific runtime behaviour, all optional
     behaviour: EngineBehaviour = field(default_factory=EngineBehaviour)

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perflab.sim import state, worker
+from perflab.sim import group, state, worker
 from perflab.sim.config import EngineBehaviour, SimEngineConfig
 from perflab.sim.faults import EXIT_DEADLINE_S, Faults
 from perflab.sim.server import HttpServer
@@ -109,6 +109,7 @@ class EngineLifecycle:
         self.stop: asyncio.Event | None = None
         self.stopping = threading.Event()  # set by the signal handler: the exit deadline runs
         self.die_signal: int | None = None  # the engine fails by this signal, not an exit status
+        self.rendezvous: group.Rendezvous | None = None  # rank 0 of a multi-node group
 
     def start_serving(self) -> list[asyncio.Task[None]]:
         """Once ready: the tasks that serve (the engine's schedulers)."""
@@ -188,10 +189,16 @@ class EngineLifecycle:
                 return 0
             say(cfg.fail_lines, sys.stderr)
             return self._failed(cfg.fail_exit_code)
+        if cfg.nnodes > 1 and cfg.node_rank > 0:
+            return await self._run_joined()
         if behaviour.bind_before_load and not await self._bind():
             return self._failed(1, behaviour.bind_error_signal)
         if await self._pause(cfg.load_time_s + self.faults.slow_start_s):
             return 0
+        if cfg.nnodes > 1:
+            code = await self._host_rendezvous()
+            if code is not None:
+                return code
         if not behaviour.bind_before_load:
             if self.faults.ready_then_bind_fail:
                 say(cfg.ready_lines)
@@ -200,11 +207,97 @@ class EngineLifecycle:
         self.ready = True
         say(cfg.ready_lines)
         self.tasks = self.start_serving()
+        if self.rendezvous is not None:
+            self.tasks += [asyncio.create_task(self.rendezvous.report(lambda: int(getattr(self, "completed", 0)))),
+                           asyncio.create_task(self._watch_peers())]
         assert self.stop is not None
         await self.stop.wait()
         if not self.crashing:
             say(cfg.shutdown_lines)
         return self.exit_code
+
+    # ------------------------------------------------------------ multi-node (perflab.sim.group)
+
+    async def _host_rendezvous(self) -> int | None:
+        """Rank 0: open the rendezvous and wait for every other rank; an exit status if that fails."""
+        cfg, b = self.cfg, self.behaviour
+        assert cfg.rendezvous is not None and self.stop is not None
+        host, port = cfg.rendezvous
+        rdv = group.Rendezvous(host, port, cfg.nnodes - 1)
+        try:
+            await rdv.open()
+        except OSError as exc:
+            reason = (os.strerror(exc.errno) if exc.errno else str(exc)).lower()
+            say(fill(b.bind_error_lines or BIND_ERROR_LINES, errno=exc.errno, host=host, port=port, reason=reason),
+                sys.stderr)
+            return self._failed(1)
+        self.rendezvous = rdv
+        joined = asyncio.create_task(rdv.wait_joined(cfg.rendezvous_timeout_s))
+        stopped = asyncio.create_task(self.stop.wait())
+        await asyncio.wait({joined, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if self.stop.is_set():
+            joined.cancel()
+            return 0
+        if not joined.result():
+            say(fill(b.rendezvous_timeout_lines or group.RENDEZVOUS_TIMEOUT_LINES, host=host, port=port,
+                     timeout_s=cfg.rendezvous_timeout_s, joined=len(rdv.peers) + 1, expected=cfg.nnodes), sys.stderr)
+            return self._failed(1)
+        return None
+
+    async def _watch_peers(self) -> None:
+        """Rank 0 serving: a joined rank's connection ending is its death, and the group's."""
+        assert self.rendezvous is not None and self.rendezvous.lost is not None
+        rank = await self.rendezvous.lost
+        # the loss surfaces at the next collective, not at once (a real rank may hang there for
+        # NCCL's watchdog timeout): by then the group's supervisor has seen the dead rank itself
+        if await self._pause(group.PEER_LOST_DELAY_S):
+            return
+        host, port = self.cfg.rendezvous or (self.cfg.host, 0)
+        say(fill(self.behaviour.peer_lost_lines or group.PEER_LOST_LINES, host=host, port=port, rank=rank), sys.stderr)
+        self.crashing = True
+        self._failed(1)
+        assert self.stop is not None
+        self.stop.set()
+
+    async def _run_joined(self) -> int:
+        """A rank >= 1: "load", join rank 0, then follow rank 0 until stopped or it is gone.
+        It serves no HTTP; ``crash-after:N`` counts rank 0's finished requests."""
+        cfg, b = self.cfg, self.behaviour
+        assert cfg.rendezvous is not None and self.stop is not None
+        host, port = cfg.rendezvous
+        # it loads, then joins: a slow rank (slow-start:S) keeps rank 0 waiting at the rendezvous
+        if await self._pause(cfg.load_time_s + self.faults.slow_start_s):
+            return 0
+        conn = await group.join(host, port, cfg.node_rank, cfg.rendezvous_timeout_s, self.stop)
+        if conn is None:
+            if self.stop.is_set():
+                return 0
+            say(fill(b.join_timeout_lines or group.JOIN_TIMEOUT_LINES, host=host, port=port,
+                     timeout_ms=int(cfg.rendezvous_timeout_s * 1000)), sys.stderr)
+            return self._failed(1)
+        reader, writer = conn
+        self.ready = True
+
+        def on_completed(n: int) -> None:
+            crash_after = self.faults.crash_after
+            if crash_after is not None and n >= crash_after and not self.crashing:
+                self.crash()
+
+        following = asyncio.create_task(group.follow(reader, on_completed))
+        stopped = asyncio.create_task(self.stop.wait())
+        await asyncio.wait({following, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        following.cancel()
+        if self.stop.is_set():
+            # stopped, or crashed (crash-after): the connection ends with the process, as a
+            # real rank's sockets do
+            return self.exit_code
+        writer.close()
+        if await self._pause(group.PEER_LOST_DELAY_S):
+            return 0
+        say(fill(b.peer_lost_lines or group.PEER_LOST_LINES, host=host, port=port, rank=0), sys.stderr)
+        return self._failed(1)
 
     def _failed(self, code: int, die_signal: int | None | str = "fail") -> int:
         """Exit status ``code`` — or, where the engine dies by a signal when it fails
@@ -286,6 +379,8 @@ class EngineLifecycle:
     async def _cleanup(self) -> None:
         for task in self.tasks:
             task.cancel()
+        if self.rendezvous is not None:
+            self.rendezvous.close()
         for server in self.servers:
             server.close()
         if self.die_signal is not None and not self.faults.orphan_workers:

@@ -49,7 +49,7 @@ from perflab.sim.metrics import EngineMetrics, Finished
 from perflab.sim.routing import HttpApi
 from perflab.sim.scheduler import Scheduler, SimRequest, StepResult
 from perflab.sim.wire import Generation, fingerprint
-from perflab.simenv import FAULT_ENV, HARDWARE_ENV, TIME_SCALE_ENV
+from perflab.simenv import FAULT_ENV, HARDWARE_ENV, TIME_SCALE_ENV, fault_applies
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,9 @@ def deployment(cfg: SimEngineConfig, env: Mapping[str, str] | None = None) -> De
     machine = catalog.get(name)
     model = models.lookup(cfg.model)
     visible = tuple(cfg.devices) if cfg.devices is not None else tuple(range(machine.count))
-    world = cfg.tp * cfg.pp * cfg.dp
+    # a rank of a multi-node group holds its node's share of the devices (the model's numbers
+    # are the whole group's: tp, pp and dp are the group's sizes)
+    world = -(-cfg.tp * cfg.pp * cfg.dp // max(1, cfg.nnodes))
     if len(visible) < world or any(not 0 <= d < machine.count for d in visible):
         raise ValueError(
             f"the configuration needs {world} devices (tp {cfg.tp} x pp {cfg.pp} x dp {cfg.dp}) "
@@ -435,7 +437,7 @@ def serve(cfg: SimEngineConfig) -> int:
     """Run the simulated engine ``cfg`` until SIGTERM/SIGINT (exit 0) or a failure."""
     env = dict(os.environ)
     try:
-        faults = parse_faults(env.get(FAULT_ENV))
+        faults = parse_faults(env.get(FAULT_ENV)) if fault_applies(env, cfg.node_rank) else Faults()
         scale = time_scale(env)
     except ValueError as exc:
         say(cfg.startup_lines)

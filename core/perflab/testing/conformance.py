@@ -60,6 +60,7 @@ SERVE_OPTION_SAMPLES: dict[str, dict[str, Any]] = {
     "tp": {"tp": 2},
     "pp": {"pp": 2},
     "dp": {"dp": 2},
+    "nodes": {"nodes": 2, "dp": 2},  # with dp: vLLM spans nodes by data parallelism
     "ep": {"ep": 2},
     "max_model_len": {"max_model_len": 4096},
     "max_batched_tokens": {"max_batched_tokens": 4096},
@@ -153,7 +154,18 @@ class EngineConformance:
         from perflab.engines import build_launch
 
         config = ServeConfig(**{"model": self.model, "port": 18123, **changes})
+        if config.node_count > 1:  # the serving rank of a group (perflab_build_group_launch)
+            return self._build_group(pm, hardware, tmp, config)[0]
         return build_launch(pm, self.engine, config, hardware, tmp, None)
+
+    def _build_group(self, pm: PluginManager, hardware: HardwareSnapshot, tmp: Path, config: ServeConfig) -> list[LaunchSpec]:
+        from perflab.engines import build_group_launch
+        from perflab.types import GroupNode, NodeGroup
+
+        per = config.devices_per_node
+        group = NodeGroup(tuple(GroupNode(r, f"10.0.0.{r + 1}", f"node{r}", tuple(range(per))) for r in range(config.node_count)),
+                          29500)
+        return build_group_launch(pm, self.engine, config, hardware, group, tmp, None)
 
     def _serve_options(self, pm: PluginManager) -> Any:
         plugin = pm.pm.get_plugin(pm.engines[self.engine].plugin)

@@ -53,6 +53,9 @@ class MindIE(EnginePlugin):
         "tp": Maps("ModelConfig[0].tp", PARAMS),
         "pp": Maps("ModelConfig[0].pp", PARAMS),
         "dp": Maps("ModelConfig[0].dp", f"{FEATURE}/data_parallel.md"),
+        "nodes": Refuses(
+            "perflab writes a single-node config.json (BackendConfig.multiNodesInferEnabled: false, no rank table); "
+            "nodes=1 is accepted", PARAMS, always=False),
         "ep": Maps("ModelConfig[0].moe_ep (moe_tp = worldSize / ep)", f"{FEATURE}/expert_parallel.md"),
         "max_model_len": Maps("ModelDeployConfig.maxSeqLen / maxInputTokenLen, ScheduleConfig.maxIterTimes", PARAMS),
         "max_batched_tokens": Maps("ScheduleConfig.maxPrefillTokens", PARAMS),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from perflab import (CacheReset, EngineInfo, EnginePlugin, HardwareSnapshot, HttpProbe, LaunchSpec, Maps, MetricsEndpoint,
-                     Readiness, ServeConfig, Unsupported)
+                     NodeGroup, Readiness, ServeConfig, Unsupported)
 
 ENGINE = "sglang"
 SERVER_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/server_args.py"
@@ -55,6 +55,7 @@ class SGLang(EnginePlugin):
         "tp": Maps("--tp-size", SERVER_ARGS),
         "pp": Maps("--pp-size", SERVER_ARGS),
         "dp": Maps("--dp-size", SERVER_ARGS),
+        "nodes": Maps("--nnodes N --node-rank R --dist-init-addr HOST:PORT, one launch per node", SERVER_ARGS),
         "ep": Maps("--ep-size", SERVER_ARGS),
         "max_model_len": Maps("--context-length", SERVER_ARGS),
         "max_batched_tokens": Maps("--chunked-prefill-size N --max-prefill-tokens N", SERVER_ARGS),
@@ -84,6 +85,12 @@ class SGLang(EnginePlugin):
         from perflab_sglang.launch import build
 
         return build(config, self.device_env(config))
+
+    def build_group_launch(self, config: ServeConfig, hardware: HardwareSnapshot, group: NodeGroup, workdir: Path,
+                           version: str | None) -> list[LaunchSpec]:
+        from perflab_sglang.launch import build_group
+
+        return build_group(config, group, lambda node: self.device_env(config.replace(devices=node.devices)))
 
     def readiness(self, launch: LaunchSpec) -> Readiness:
         # /health and /health_generate both run a one-token generation once the server is Up

@@ -53,6 +53,29 @@ SIGNATURES: tuple[Signature, ...] = (
         "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html",
     ),
     Signature(
+        "cuda-illegal-memory-access",
+        re.compile(r"CUDA error: an illegal memory access was encountered|cudaErrorIllegalAddress"),
+        "a CUDA kernel accessed invalid memory while serving; the scheduler died and SGLang killed its "
+        "process tree (a kernel bug for this model, quantization or GPU)",
+        "rerun with CUDA_LAUNCH_BLOCKING=1 to find the kernel; try --disable-cuda-graph or another attention backend",
+        "https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html",
+    ),
+    Signature(
+        "rendezvous-timeout",
+        re.compile(r"Timed out after \d+ seconds waiting for clients|The client socket has timed out after \d+ms "
+                   r"while trying to connect to"),
+        "the node ranks never all met at --dist-init-addr (a rank did not start, or cannot reach rank 0's address)",
+        "check that every node started, reaches rank 0's --dist-init-addr HOST:PORT, and that the port is open",
+        "https://github.com/pytorch/pytorch/blob/v2.8.0/torch/csrc/distributed/c10d/TCPStore.cpp",
+    ),
+    Signature(
+        "peer-rank-lost",
+        re.compile(r"Connection closed by peer"),
+        "another node rank of the group died, so the collectives failed on this one",
+        "see the other node ranks' logs (engine-node<R>.log) for the first cause",
+        "https://github.com/facebookincubator/gloo/blob/main/gloo/transport/tcp/pair.cc",
+    ),
+    Signature(
         "address-in-use",
         re.compile(r"(?i)address already in use|EADDRINUSE|Port is already in use"),
         "the server (or one of SGLang's internal ZMQ/NCCL ports) could not bind: the port is taken",

@@ -16,11 +16,11 @@ Flag spellings are those of SGLang v0.5.5.post1 ``ServerArgs.add_cli_args``
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from perflab.errors import UnsupportedOption
 from perflab.plugin_base import fraction, positive, refuse_unknown
-from perflab.types import LaunchSpec, ServeConfig
+from perflab.types import GroupNode, LaunchSpec, NodeGroup, ServeConfig
 from perflab_sglang.speculative import speculative_args
 
 SERVER_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/server_args.py"
@@ -116,3 +116,20 @@ def build(config: ServeConfig, env: Mapping[str, str]) -> LaunchSpec:
         served_model_name=config.name,
         env=env,
     )
+
+
+def build_group(config: ServeConfig, group: NodeGroup, env_for: Callable[[GroupNode], Mapping[str, str]]) -> list[LaunchSpec]:
+    """One launch per node rank: the single-node argv plus ``--nnodes N --node-rank R
+    --dist-init-addr HOST:PORT`` (server_args.py v0.5.5.post1: ``nnodes: int = 1``, ``node_rank:
+    int = 0``, ``dist_init_addr: Optional[str]`` "The host address for initializing distributed
+    backend (e.g., `192.168.0.2:25000`)"; ``--tp-size`` is the whole group's: each node runs
+    tp/nnodes scheduler ranks). Rank 0 serves HTTP; launch_server.py on a node_rank >= 1 runs its
+    schedulers only (no tokenizer manager, no HTTP server)."""
+    single = build_argv(config)
+    head = f"{group.serving.address}:{group.rendezvous_port}"
+    out = []
+    for node in group.nodes:
+        argv = [*single, "--nnodes", str(group.size), "--node-rank", str(node.rank), "--dist-init-addr", head]
+        out.append(LaunchSpec(engine="sglang", argv=tuple(argv), host=config.host, port=int(config.port or 30000),
+                              served_model_name=config.name, env=env_for(node)))
+    return out

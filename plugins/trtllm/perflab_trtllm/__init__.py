@@ -65,6 +65,10 @@ class TensorRTLLM(EnginePlugin):
         "tp": Maps("--tp_size", SERVE),
         "pp": Maps("--pp_size", SERVE),
         "dp": Maps("enable_attention_dp with --tp_size = dp", LLM_ARGS),
+        "nodes": Refuses(
+            "perflab launches trtllm-serve on one node only: TensorRT-LLM spans nodes through MPI (mpirun/srun with "
+            "trtllm-llmapi-launch), not one command per node; nodes=1 is accepted",
+            "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/llmapi/trtllm-llmapi-launch", always=False),
         "ep": Maps("--ep_size", SERVE),
         "max_model_len": Maps("--max_seq_len", SERVE),
         "max_batched_tokens": Maps("--max_num_tokens", SERVE),

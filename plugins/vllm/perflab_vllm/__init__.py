@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from perflab import (CacheReset, CrashCause, EngineInfo, EnginePlugin, HardwareSnapshot,
-                     LaunchSpec, Maps, MetricsEndpoint, Readiness, ServeConfig, Unsupported)
+                     LaunchSpec, Maps, MetricsEndpoint, NodeGroup, Readiness, ServeConfig, Unsupported)
 from perflab.types import serve_options
 
 if TYPE_CHECKING:
@@ -55,6 +55,9 @@ VLLM_SERVE_OPTIONS: dict[str, Maps] = {
     "tp": Maps("-tp (--tensor-parallel-size)", ARG_UTILS),
     "pp": Maps("--pipeline-parallel-size", ARG_UTILS),
     "dp": Maps("--data-parallel-size", ARG_UTILS),
+    "nodes": Maps("data parallel across nodes: --data-parallel-size-local dp/nodes --data-parallel-address "
+                  "--data-parallel-rpc-port, and --headless --data-parallel-start-rank on the other nodes",
+                  "https://github.com/vllm-project/vllm/blob/v0.11.0/docs/serving/data_parallel_deployment.md"),
     "ep": Maps("--enable-expert-parallel (vLLM's EP size is always tp×dp)",
                "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/model_executor/layers/fused_moe/config.py"),
     "max_model_len": Maps("--max-model-len", ARG_UTILS),
@@ -139,6 +142,15 @@ class VLLM(EnginePlugin):
 
         env = self.device_env(config, self.device_variable(hardware))
         return build_launch(self.info.name, config, env, self.engine_options())
+
+    def build_group_launch(self, config: ServeConfig, hardware: HardwareSnapshot, group: NodeGroup, workdir: Path,
+                           version: str | None) -> list[LaunchSpec]:
+        from perflab_vllm.launch import build_group
+
+        variable = self.device_variable(hardware)
+        return build_group(self.info.name, config, group,
+                           lambda node: self.device_env(config.replace(devices=node.devices), variable),
+                           self.engine_options())
 
     def readiness(self, launch: LaunchSpec) -> Readiness:
         from perflab_vllm.launch import READINESS

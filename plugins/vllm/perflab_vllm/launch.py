@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 
-from perflab.types import HardwareSnapshot, HttpProbe, LaunchSpec, Readiness, ServeConfig
+from perflab.errors import UnsupportedOption
+from perflab.types import GroupNode, HardwareSnapshot, HttpProbe, LaunchSpec, NodeGroup, Readiness, ServeConfig
 
 from perflab_vllm.flags import EngineOption, serve_argv
 from perflab_vllm.version import served_version_warning
@@ -56,3 +58,32 @@ def build_launch(engine: str, config: ServeConfig, env: Mapping[str, str], optio
         env=env,
         warnings=tuple(warnings),
     )
+
+
+#: vLLM's multi-node data parallelism, "Data Parallel Deployment" (docs/serving/data_parallel_deployment.md,
+#: v0.11.0; the flags are in EngineArgs.add_cli_args, vllm/engine/arg_utils.py, of 0.9.1, 0.11.0 and 0.17.1):
+#: every node runs ``vllm serve`` with the whole ``--data-parallel-size``, its own
+#: ``--data-parallel-size-local`` and the head's ``--data-parallel-address``/``--data-parallel-rpc-port``;
+#: the nodes after the first add ``--headless`` (no API server) and ``--data-parallel-start-rank``.
+DP_DEPLOYMENT = "https://github.com/vllm-project/vllm/blob/v0.11.0/docs/serving/data_parallel_deployment.md"
+
+
+def build_group(engine: str, config: ServeConfig, group: NodeGroup, env_for: Callable[[GroupNode], Mapping[str, str]],
+                options: Sequence[EngineOption]) -> list[LaunchSpec]:
+    """One ``vllm serve`` per node of ``group``: the data-parallel ranks split evenly over the
+    nodes (``dp`` is the whole group's size and must be a multiple of the node count)."""
+    dp = config.dp or 1
+    if dp % group.size:
+        raise UnsupportedOption(engine, f"nodes={group.size}",
+                                f"vLLM spans nodes by data parallelism: dp={dp} must be a multiple of the nodes "
+                                f"(each node runs dp/nodes data-parallel ranks; {DP_DEPLOYMENT})")
+    local = dp // group.size
+    out = []
+    for node in group.nodes:
+        spec = build_launch(engine, config.replace(dp=dp), env_for(node), options)
+        dp_args = ["--data-parallel-size-local", str(local), "--data-parallel-address", group.serving.address,
+                   "--data-parallel-rpc-port", str(group.rendezvous_port)]
+        if node.rank:
+            dp_args += ["--headless", "--data-parallel-start-rank", str(node.rank * local)]
+        out.append(dataclasses.replace(spec, argv=(*spec.argv, *dp_args)))
+    return out

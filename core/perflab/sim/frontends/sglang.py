@@ -264,7 +264,14 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str) -> SimEngin
 
     fail: list[str] = []
     fail_after = 1.0
+    # multi-node (server_args.py: nnodes, node_rank, dist_init_addr, dist_timeout): --tp-size is
+    # the group's; each node runs tp*pp/nnodes scheduler ranks and they meet at dist_init_addr
+    # (without it, engine.py initialises at tcp://127.0.0.1:<nccl_port>)
+    nnodes, node_rank = int(a["nnodes"]), int(a["node_rank"])
+    dist = a.get("dist_init_addr") or f"127.0.0.1:{a.get('nccl_port') or int(a['port']) + 1}"
+    dist_host, _, dist_port = dist.rpartition(":")
     need = tp * pp * dp if not a.get("enable_dp_attention") else tp * pp
+    need = -(-need // nnodes)
     visible = machine.visible
     if need > len(visible):
         # torch.cuda.set_device on a rank without a GPU (scheduler subprocess)
@@ -302,7 +309,8 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str) -> SimEngin
         steps = a.get("speculative_num_steps")
         drafts = a.get("speculative_num_draft_tokens")
         spec_tokens = int(steps if steps is not None else (drafts - 1 if drafts else 3))
-    ranks = tp * pp * dp
+    ranks = -(-tp * pp * dp // nnodes)  # this node's scheduler processes
+    first_rank = node_rank * ranks
     ready = [
         log.uvicorn("INFO", f"Started server process [{log.pid}]"),
         log.uvicorn("INFO", "Waiting for application startup."),
@@ -328,6 +336,9 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str) -> SimEngin
         fail_lines=tuple(fail),
         fail_exit_code=137,  # kill_process_tree(os.getpid()) sends SIGKILL to itself
         fail_after_s=fail_after,
+        nnodes=nnodes, node_rank=node_rank, rendezvous=(dist_host.strip("[]") or "127.0.0.1", int(dist_port)),
+        # --dist-timeout (seconds) reaches torch.distributed's init; unset: its 30-minute default
+        rendezvous_timeout_s=float(a.get("dist_timeout") or 1800),
         block_size=int(a.get("page_size") or 1),
         behaviour=EngineBehaviour(
             bind_before_load=False,
@@ -336,6 +347,13 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str) -> SimEngin
                 "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
                 f"Current value: self.server_args.mem_fraction_static={float(mem_fraction)}",
             ),
+            # a scheduler that dies while serving (crash-after): SGLang's scheduler exception,
+            # then the launcher's kill_process_tree
+            crash_lines=tuple(_scheduler_crash(
+                log, first_rank,
+                "RuntimeError: CUDA error: an illegal memory access was encountered (simulated crash-after)",
+                [("/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", 1012, "event_loop_overlap",
+                  "batch_result = self.run_batch(batch)")])),
             bind_error_lines=(
                 log.uvicorn("ERROR", f"[Errno 98] error while attempting to bind on address ('{host}', {port}): address already in use"),
             ),

@@ -470,15 +470,26 @@ class _Serve:
     spec_method: str | None
     spec_tokens: int
     perf_mode: str
+    # data parallel across nodes ("Data Parallel Deployment", docs/serving/data_parallel_deployment.md):
+    # this node runs dp_local of the dp ranks, from dp_start; headless: no API server
+    dp_local: int = 1
+    dp_start: int = 0
+    headless: bool = False
+    dp_address: str = "127.0.0.1"
+    dp_rpc_port: int = 29550  # ParallelConfig.data_parallel_rpc_port's default
 
     @property
     def world(self) -> int:
         return self.tp * self.pp
 
     @property
+    def nnodes(self) -> int:
+        return max(1, self.dp // self.dp_local)
+
+    @property
     def need(self) -> int:
-        """Devices the engine uses: every rank of every data-parallel replica."""
-        return self.world * self.dp
+        """Devices the engine uses on this node: every rank of its data-parallel replicas."""
+        return self.world * self.dp_local
 
 
 @dataclass(frozen=True)
@@ -520,6 +531,12 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str, log: VllmLo
         # uvicorn's shutdown lines (0.32.0 capture; unprefixed there)
         shutdown_lines=tuple(log.uvicorn(m) for m in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.")) if s.vt >= V032 else (),
         workers=s.need if s.world > 1 else 0,
+        # multi-node DP: the headless nodes join the head's DP group at --data-parallel-address:
+        # --data-parallel-rpc-port; the head serves once all engines joined (VLLM_ENGINE_READY_TIMEOUT_S,
+        # vllm/envs.py, default 600 s)
+        nnodes=s.nnodes, node_rank=s.dp_start // s.dp_local if s.headless else 0,
+        rendezvous=(s.dp_address, s.dp_rpc_port),
+        rendezvous_timeout_s=float(env.get("VLLM_ENGINE_READY_TIMEOUT_S") or 600),
         # vllm/v1/executor/multiproc_executor.py: setproctitle VLLM::Worker[_DPn][_PPn][_TPn]
         worker_title=("VLLM::Worker_TP{tp_rank}" if s.dp == 1 else "VLLM::Worker_DP{dp_rank}_TP{tp_rank}") if s.vt >= (0, 10) else "VllmWorker rank={rank}",
         fail_lines=tuple(fail), fail_exit_code=1, fail_after_s=fail_after,
@@ -553,6 +570,11 @@ def _serve_args(a: dict[str, Any], machine: SimMachine, version: str) -> _Serve:
         spec_method=spec_method,
         spec_tokens=spec_tokens,
         perf_mode=a.get("performance_mode", "balanced"),
+        dp_local=int(a.get("data_parallel_size_local") or a.get("data_parallel_size", 1)),
+        dp_start=int(a.get("data_parallel_start_rank") or 0),
+        headless=bool(a.get("headless", False)),
+        dp_address=str(a.get("data_parallel_address") or "127.0.0.1"),
+        dp_rpc_port=int(a.get("data_parallel_rpc_port") or 29550),
     )
 
 
@@ -709,7 +731,7 @@ def _startup_failures(s: _Serve, machine: SimMachine, spec: Any, quant: str | No
     eng = log.engine_proc()
     # setup_server binds the API socket before the engine starts (vllm#8204): a busy port
     # fails at once, before any loading.
-    problem = common.port_problem(s.host or "", s.port)
+    problem = None if s.headless else common.port_problem(s.host or "", s.port)  # headless: no API server
     if problem is not None:
         raise EngineExit(1, stdout="\n".join(startup[:2]) + "\n", stderr=_bind_error(problem) + "\n")
     if s.need > len(machine.visible):
