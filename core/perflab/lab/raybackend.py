@@ -19,10 +19,13 @@ How a study runs on Ray
   the nodes' Ray resources can never meet.
 * :class:`RayBackend` gives each ticket one placement group (one bundle of the demand's
   devices, ``STRICT_PACK``: one node; ``bundle_label_selector`` keeps it on the study's
-  machine) and starts an :class:`Agent` actor in it. The agent runs today's
-  :class:`~perflab.lab.executor.Executor` against its own node's snapshot; the device ids
-  Ray granted (``ray.get_runtime_context().get_accelerator_ids()``) are the configuration's
-  devices, so the plugins keep writing ``CUDA_VISIBLE_DEVICES`` / ``ASCEND_RT_VISIBLE_DEVICES``.
+  machine). A task in that bundle (:func:`granted`) reads the device ids Ray reserved
+  (``ray.get_runtime_context().get_accelerator_ids()``); the node's :class:`Agent` actor (one
+  per node for the study's life, started at its first run: a fresh Ray worker and perflab's
+  import cost seconds per launch) runs today's :class:`~perflab.lab.executor.Executor` against
+  its node's snapshot with those ids as the configuration's devices, so the plugins keep
+  writing ``CUDA_VISIBLE_DEVICES`` / ``ASCEND_RT_VISIBLE_DEVICES``. The placement group holds
+  the devices until the run is over.
   The engine's environment has no inherited ``RAY_*`` / ``*_VISIBLE_DEVICES``
   (:data:`perflab.lab.executor.INHERITED_NOT_PASSED`).
 * The agent's ``run`` is a Ray streaming generator: every event (placed, running, each
@@ -31,14 +34,17 @@ How a study runs on Ray
 * A lost agent or node (``RayActorError``, ``NodeDiedError``...) is a :class:`~perflab.lab.backend.Lost`
   event: the driver records the run ``interrupted`` (never crashed), keeps the profiles
   already streamed and hands the ticket back once (``requeue_lost``); the next placement
-  excludes the lost node. A cancellation (Ctrl-C) asks the agent to tear its engines down
-  (``Agent.stop``), then kills it and removes the placement group; the engines run under
-  perflab's keeper (:mod:`perflab.lifecycle.keeper`), so even a killed agent leaves none behind.
+  excludes the lost node. A cancellation (Ctrl-C) asks the agent to tear the run's engines
+  down (``Agent.stop``; an agent that does not answer within ``STOP_GRACE_S`` is killed) and
+  removes the placement group; the engines run under perflab's keeper
+  (:mod:`perflab.lifecycle.keeper`), so even a killed agent leaves none behind, and the agents
+  end with the driver.
 * The study directory must be at the same path on every node (a shared filesystem; on one
   host it is): the agents write their run directories there, as the local executor does.
 * Multi-node demands (``Demand.nodes`` > 1, issue #14 item 5): :func:`bundles` already gives
   one bundle per node and :func:`strategy` ``STRICT_SPREAD``; the group launch (one launch
-  per node rank) plugs in at :meth:`RayBackend.run`, one agent per bundle, rank 0 serving.
+  per node rank) plugs in at :meth:`RayBackend.run`: each bundle's :func:`granted` gives a node
+  and its devices, that node's agent starts its rank, rank 0 serving.
 """
 
 from __future__ import annotations
@@ -172,11 +178,19 @@ class Note:
     fields: dict[str, Any]
 
 
-class Agent:
-    """A Ray actor on the run's node: today's executor against the node's own snapshot."""
+def granted(resource: str) -> tuple[str, tuple[int, ...]]:
+    """Run as a task in a run's placement group, asking for the whole bundle: the node and the
+    device ids Ray reserved for the run (``get_accelerator_ids``). The placement group keeps
+    them reserved for the run until the driver removes it."""
+    ctx = ray.get_runtime_context()
+    return ctx.get_node_id(), tuple(sorted(int(x) for x in ctx.get_accelerator_ids().get(resource, [])))
 
-    def __init__(self, plan: Plan, study_dir: str, spec: str, resource: str | None,
-                 reports: Mapping[str, Mapping[str, Any]]) -> None:
+
+class Agent:
+    """A Ray actor on one node, for the study's life: today's executor against the node's own
+    snapshot, one per run (async: several runs of a step at once on the node's devices)."""
+
+    def __init__(self, plan: Plan, study_dir: str, spec: str, reports: Mapping[str, Mapping[str, Any]]) -> None:
         from perflab.lab.runner import _time_scale
         from perflab.plugins import load
 
@@ -188,36 +202,28 @@ class Agent:
         snapshot, versions = report["snapshot"], dict(report["engines"])
         env = _activate(plan, Path(study_dir), self.node_id, spec)
         self.ctx = LabContext(self.pm, plan, snapshot, env, versions, _time_scale(plan, snapshot.simulated))
-        self.resource = resource
         self.node = f"{socket.gethostname()}/{self.node_id[:8]}"
-        self._task: asyncio.Task[Any] | None = None
+        self._tasks: dict[int, asyncio.Task[Any]] = {}  # run id -> its executor's run
 
-    def devices(self) -> tuple[int, ...]:
-        """The device ids Ray granted this actor (its bundle's ``GPU``/``NPU``)."""
-        if self.resource is None:
-            return ()
-        ids = ray.get_runtime_context().get_accelerator_ids().get(self.resource, [])
-        return tuple(sorted(int(x) for x in ids))
-
-    async def run(self, ticket: Ticket, calibration: Calibration) -> AsyncIterator[Any]:
+    async def run(self, ticket: Ticket, calibration: Calibration, devices: tuple[int, ...]) -> AsyncIterator[Any]:
         from perflab.lab.executor import Executor
 
         if not ticket.run_dir.is_dir():
             raise PerflabError(f"the study directory {ticket.run_dir.parent.parent} is not on node {self.node}: "
                                f"every Ray node must see it at the same path (a shared filesystem)")
-        devices = self.devices()
         yield Placed(self.node, devices)
         yield State("running")
         queue: asyncio.Queue[Any] = asyncio.Queue()
         ex = Executor(self.ctx, on_event=lambda kind, **kw: queue.put_nowait(Note(kind, kw)))
         ex.on_measured = lambda name, m: queue.put_nowait(Measured(name, m))
         ex.placement = devices if devices and ticket.demand.devices is None else None
+        before = {k: list(v) for k, v in calibration.curves.items()}  # what the step began with
         ex.calibration = calibration
-        self._task = asyncio.ensure_future(ex.run(ticket.config, list(ticket.profiles), ticket.run_dir,
-                                                  label=ticket.label, to_beat=ticket.to_beat))
+        task = self._tasks[ticket.run_id] = asyncio.ensure_future(
+            ex.run(ticket.config, list(ticket.profiles), ticket.run_dir, label=ticket.label, to_beat=ticket.to_beat))
         while True:
             getter = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait({self._task, getter}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
             if getter in done:
                 yield getter.result()
                 continue
@@ -225,16 +231,17 @@ class Agent:
             break
         while not queue.empty():
             yield queue.get_nowait()
-        rec = self._task.result()  # the executor's own error, raised to the driver as itself
-        new = {k: [e for e in v if not any(e is b for b in calibration.curves.get(k, []))]
+        self._tasks.pop(ticket.run_id, None)
+        rec = task.result()  # the executor's own error, raised to the driver as itself
+        new = {k: [e for e in v if not any(e is b for b in before.get(k, []))]
                for k, v in ex.calibration.curves.items()}
         yield Learned({k: v for k, v in new.items() if v})
         yield Finished(rec)
         yield State("done")
 
-    async def stop(self) -> None:
-        """Cancel the run: the executor tears its engines down, as on Ctrl-C locally."""
-        task = self._task
+    async def stop(self, run_id: int) -> None:
+        """Cancel a run: the executor tears its engines down, as on Ctrl-C locally."""
+        task = self._tasks.pop(run_id, None)
         if task is not None and not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -374,6 +381,17 @@ class RayBackend(LocalBackend):
         self.parallel = max(n, len(cluster.resources), 1)
         self.lost_nodes: list[str] = []
         self.agent = ray.remote(Agent)
+        self.granted = ray.remote(granted)
+        self._agents: dict[str, Any] = {}  # node id -> its agent (started at the node's first run)
+
+    def _agent(self, node_id: str) -> Any:
+        agent = self._agents.get(node_id)
+        if agent is None:
+            agent = self._agents[node_id] = self.agent.options(
+                num_cpus=0, max_restarts=0, max_task_retries=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote(self.ctx.plan, str(self.cluster.study_dir), self.cluster.spec, self.cluster.by_node)
+        return agent
 
     def _selector(self) -> dict[str, str]:
         sel = dict(self.cluster.selector)
@@ -402,19 +420,20 @@ class RayBackend(LocalBackend):
                 sink(State("waiting"))
                 self.on_event("queued", label=ticket.label)
                 await ready
-            node_id = ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).get(0)
             opts: dict[str, Any] = {
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
-                "num_cpus": 0, "max_restarts": 0, "max_task_retries": 0,
+                "num_cpus": 0, "max_retries": 0,
             }
             if res == "GPU":
                 opts["num_gpus"] = d.per_node
             elif res is not None:
                 opts["resources"] = {res: d.per_node}
-            agent = self.agent.options(**opts).remote(self.ctx.plan, str(self.cluster.study_dir), self.cluster.spec, res,
-                                                      self.cluster.by_node)
-            gen = agent.run.remote(ticket, self._snapshot())
+            node_id = ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).get(0)
             try:
+                # the devices Ray reserved for this run: a task holding the whole bundle says which
+                node_id, devices = await self.granted.options(**opts).remote(res or "")
+                agent = self._agent(node_id)
+                gen = agent.run.remote(ticket, self._snapshot(), devices)
                 async for ref in gen:
                     ev = await ref
                     if isinstance(ev, Learned):
@@ -429,19 +448,23 @@ class RayBackend(LocalBackend):
             except LOST as exc:
                 if node_id:
                     self.lost_nodes.append(node_id)
+                    self._agents.pop(node_id, None)
                 reason = f"the Ray agent on node {(node_id or '?')[:8]} was lost ({type(exc).__name__})"
                 sink(Lost(reason))
         except BaseException:
-            if agent is not None:  # Ctrl-C / the study stopped: the engines come down first
+            if agent is not None:  # Ctrl-C / the study stopped: this run's engines come down first
+                stopped = False
                 with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_GRACE_S):
                     try:
-                        await agent.stop.remote()
+                        await agent.stop.remote(ticket.run_id)
+                        stopped = True
                     except Exception:  # the agent is gone already: its keeper took the engines down
                         pass
+                if not stopped and node_id is not None:  # the keeper stops the engines of a killed agent
+                    ray.kill(agent, no_restart=True)
+                    self._agents.pop(node_id, None)
             raise
         finally:
-            if agent is not None:
-                ray.kill(agent, no_restart=True)
             remove_placement_group(pg)
 
 
