@@ -314,6 +314,8 @@ class LocalBackend:
                 new = {k: [e for e in v if not any(e is b for b in before.get(k, []))]
                        for k, v in ex.calibration.curves.items()}
                 self._learned.append((ticket.run_id, {k: v for k, v in new.items() if v}))
+                if self.parallel == 1:  # one at a time: the next run, sibling or not, learns from this one
+                    self.begin_step()
             sink(Finished(rec))
             sink(State("done"))
         finally:
