@@ -1,0 +1,324 @@
+"""Accelerator telemetry during a benchmark (issue #13): power, utilization, memory in use and
+the SM clock of the devices a launch holds, sampled through NVML on NVIDIA GPUs and through
+``npu-smi`` on Huawei Ascend NPUs.
+
+The sources are the ones ``perflab hardware`` probes with (:mod:`perflab.hardware.nvml`'s
+``_load_nvml``: pynvml, or the simulator's :class:`perflab.sim.nvml.NvmlShim` when
+``PERFLAB_SIM_HARDWARE`` is set; :mod:`perflab.hardware.npusmi`'s ``npu-smi`` found on the
+environment's ``PATH``, the simulator's stand-in in simulation), so telemetry runs unchanged
+against the simulator. Every call blocks, so it runs in a worker thread.
+
+NVML calls (nvidia-ml-py, the NVML API reference): ``nvmlDeviceGetPowerUsage`` (milliwatts,
+the board), ``nvmlDeviceGetUtilizationRates`` (``gpu``: percent of the last sample period a
+kernel ran), ``nvmlDeviceGetMemoryInfo`` (bytes used), ``nvmlDeviceGetClockInfo(NVML_CLOCK_SM)``
+(MHz; optional: NOT_SUPPORTED on some boards).
+
+``npu-smi`` (Huawei's tool; the formats as its sources print them — Ascend's open driver tree,
+npu-smi ``show_ascend_card_info`` and ``show_ascend_chip_power_info`` — and as the captures in
+tests/fixtures/npu-smi/ show): ``npu-smi info -t power -i <NPU ID>`` prints ``NPU ID`` and
+``Chip Count``, then per chip ``NPU Real-time Power(W) : 93.6`` (``Rated Power Dissipation(W)``
+on the 310; ``Power Dissipation(W)`` for the Mcu) followed by ``Chip ID : 0``;
+``npu-smi info -t usages -i <NPU ID>`` gives per chip ``Aicore Usage Rate(%)``,
+``HBM Capacity(MB)`` and ``HBM Usage Rate(%)`` (``DDR ...`` on chips without HBM).
+
+Telemetry that cannot be had — no NVML, no ``npu-smi``, a CPU engine, a call that fails — is
+said once per study (a structlog warning; the report notes that no telemetry was recorded)
+and never fails a measurement: the watcher then samples nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import structlog
+
+from perflab.observe import Sample
+
+log = structlog.get_logger(__name__)
+
+KEY = "telemetry"
+NVML = "nvml"
+NPU_SMI = "npu-smi"
+# npu-smi takes a while per call (seconds on a busy 8-card server): sample it at most this
+# often in real seconds, whatever the sampling loop asks
+NPU_SMI_MIN_WALL_S = 1.0
+NPU_SMI_TIMEOUT_S = 10.0
+# the per-sample values, each as "<name>.<device index>"
+POWER, UTILIZATION, MEMORY, SM_CLOCK = "power_w", "utilization_pct", "memory_used_mib", "sm_clock_mhz"
+# what npu-smi calls a chip's power, by chip type (see the module docstring)
+NPU_POWER_KEYS = ("NPU Real-time Power(W)", "Rated Power Dissipation(W)", "Power Dissipation(W)")
+_MIB = 1024 * 1024
+
+
+class TelemetryUnavailable(RuntimeError):
+    """Why no telemetry can be had (said once a study)."""
+
+
+def per_device(values: Mapping[str, float], name: str) -> dict[int, float]:
+    """``{device: value}`` of one quantity in a sample's values (``power_w.3`` -> {3: ...})."""
+    out: dict[int, float] = {}
+    for k, v in values.items():
+        head, _, index = k.rpartition(".")
+        if head == name and index.isdigit():
+            out[int(index)] = float(v)
+    return out
+
+
+def total_power_w(values: Mapping[str, float]) -> float | None:
+    """The devices' power summed, in one sample (None: no power in it)."""
+    got = per_device(values, POWER)
+    return sum(got.values()) if got else None
+
+
+def summarize(samples: Sequence[Sample], source: str, devices: Sequence[int]) -> dict[str, Any] | None:
+    """The agreed summary: ``{"source", "samples", "devices", "power_w": {"mean", "peak"} (sum
+    over the devices), "utilization_pct": {"mean", "peak"} (mean over the devices),
+    "memory_used_mib": {"peak"} (sum over the devices), "sm_clock_mhz": {"mean"} | None}``."""
+    if not samples:
+        return None
+
+    def series(name: str, combine: Any) -> list[float]:
+        out = []
+        for s in samples:
+            got = per_device(s.values, name)
+            if got:
+                out.append(combine(got.values()))
+        return out
+
+    def mean_peak(xs: list[float]) -> dict[str, float] | None:
+        return {"mean": round(statistics.fmean(xs), 2), "peak": round(max(xs), 2)} if xs else None
+
+    power = series(POWER, sum)
+    util = series(UTILIZATION, statistics.fmean)
+    memory = series(MEMORY, sum)
+    clock = series(SM_CLOCK, statistics.fmean)
+    return {
+        "source": source,
+        "samples": len(samples),
+        "devices": list(devices),
+        "power_w": mean_peak(power),
+        "utilization_pct": mean_peak(util),
+        "memory_used_mib": {"peak": round(max(memory), 1)} if memory else None,
+        "sm_clock_mhz": {"mean": round(statistics.fmean(clock), 1)} if clock else None,
+    }
+
+
+# --------------------------------------------------------------------------- NVML
+
+
+def read_nvml(nvml: Any, devices: Sequence[int]) -> dict[str, float]:
+    """One reading of ``devices`` through ``nvml`` (pynvml or the shim; initialised)."""
+    nvml_error: type[BaseException] = getattr(nvml, "NVMLError", Exception)
+    sm = getattr(nvml, "NVML_CLOCK_SM", 1)
+    values: dict[str, float] = {}
+    for d in devices:
+        handle = nvml.nvmlDeviceGetHandleByIndex(d)
+        values[f"{POWER}.{d}"] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+        values[f"{UTILIZATION}.{d}"] = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        values[f"{MEMORY}.{d}"] = int(nvml.nvmlDeviceGetMemoryInfo(handle).used) / _MIB
+        try:
+            values[f"{SM_CLOCK}.{d}"] = float(nvml.nvmlDeviceGetClockInfo(handle, sm))
+        except nvml_error:  # NOT_SUPPORTED on some boards: the clock is optional
+            pass
+    return values
+
+
+# --------------------------------------------------------------------------- npu-smi
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(str(text).strip()) if text is not None else None
+    except ValueError:  # "NA"
+        return None
+
+
+def _float_or_none(text: str | None) -> float | None:
+    try:
+        return float(str(text).strip()) if text is not None else None
+    except ValueError:
+        return None
+
+
+def parse_power(text: str) -> dict[int, float]:
+    """``npu-smi info -t power -i N``: watts per chip id (chips whose power reads ``NA`` left out)."""
+    from perflab.hardware.npusmi_parse import parse_per_chip
+
+    _, chips = parse_per_chip(text)
+    out: dict[int, float] = {}
+    for chip_id, f in chips.items():
+        watts = next((w for k in NPU_POWER_KEYS if (w := _float_or_none(f.get(k))) is not None), None)
+        if watts is not None:
+            out[chip_id] = watts
+    return out
+
+
+def parse_usage(text: str) -> dict[int, dict[str, float]]:
+    """``npu-smi info -t usages -i N``: per chip id, AI Core utilization (%) and memory in use
+    (MiB: capacity × usage rate, HBM where the chip has it, else DDR)."""
+    from perflab.hardware.npusmi_parse import parse_per_chip
+
+    _, chips = parse_per_chip(text)
+    out: dict[int, dict[str, float]] = {}
+    for chip_id, f in chips.items():
+        got: dict[str, float] = {}
+        aicore = _float_or_none(f.get("Aicore Usage Rate(%)"))
+        if aicore is not None:
+            got[UTILIZATION] = aicore
+        hbm = _int_or_none(f.get("HBM Capacity(MB)"))
+        cap, rate = (hbm, _int_or_none(f.get("HBM Usage Rate(%)"))) if hbm else \
+            (_int_or_none(f.get("DDR Capacity(MB)")), _int_or_none(f.get("DDR Usage Rate(%)")))
+        if cap and rate is not None:
+            got[MEMORY] = cap * rate / 100.0
+        out[chip_id] = got
+    return out
+
+
+@dataclass(frozen=True)
+class Chip:
+    """An Ascend device as the engines number it (``index``: the logic id) and as npu-smi asks for it."""
+
+    index: int
+    npu_id: int
+    chip_id: int
+
+
+def read_npu_smi(exe: str, env: Mapping[str, str], chips: Sequence[Chip]) -> dict[str, float]:
+    """One reading of ``chips``: ``npu-smi info -t power|usages -i <NPU ID>`` per NPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from perflab.hardware.npusmi import _run
+
+    npus = sorted({c.npu_id for c in chips})
+    with ThreadPoolExecutor(max_workers=min(16, 2 * len(npus))) as pool:  # npu-smi is slow, not busy
+        power = {n: pool.submit(_run, exe, ["info", "-t", "power", "-i", str(n)], env, NPU_SMI_TIMEOUT_S) for n in npus}
+        usage = {n: pool.submit(_run, exe, ["info", "-t", "usages", "-i", str(n)], env, NPU_SMI_TIMEOUT_S) for n in npus}
+        power_by = {n: parse_power(f.result()) for n, f in power.items()}
+        usage_by = {n: parse_usage(f.result()) for n, f in usage.items()}
+    values: dict[str, float] = {}
+    for c in chips:
+        watts = power_by[c.npu_id].get(c.chip_id)
+        if watts is not None:
+            values[f"{POWER}.{c.index}"] = watts
+        for name, v in usage_by[c.npu_id].get(c.chip_id, {}).items():
+            values[f"{name}.{c.index}"] = v
+    return values
+
+
+# --------------------------------------------------------------------------- the watcher
+
+
+@dataclass
+class TelemetryWatcher:
+    """The :class:`perflab.observe.Watcher` of one benchmark's devices."""
+
+    source: str
+    devices: tuple[int, ...]
+    telemetry: Telemetry
+    key: str = KEY
+    _last_wall: float = field(default=-1e9, repr=False)
+
+    async def sample(self) -> Mapping[str, float] | None:
+        if self.source == NPU_SMI:
+            now = time.monotonic()
+            if now - self._last_wall < NPU_SMI_MIN_WALL_S:
+                return None
+            self._last_wall = now
+        return await anyio.to_thread.run_sync(self.telemetry.read, self.source, self.devices)
+
+    def summarize(self, samples: Sequence[Sample]) -> dict[str, Any] | None:
+        return summarize(samples, self.source, self.devices)
+
+
+class Telemetry:
+    """The study's telemetry sources, opened once: NVML (initialised on first use, shut down by
+    :meth:`close`) and ``npu-smi``. :meth:`watcher` gives each benchmark its watcher; what
+    cannot be had is logged once (:attr:`problems`) and gives no watcher."""
+
+    def __init__(self, env: Mapping[str, str], accelerators: Sequence[Any]) -> None:
+        self.env = dict(env)
+        self.accelerators = list(accelerators)  # perflab.types.Accelerator of the study's machine
+        self.problems: dict[str, str] = {}  # source -> why it gives nothing (said once)
+        self._nvml: Any = None
+        self._nvml_open = False
+
+    # sources -----------------------------------------------------------------------------
+    def _say_once(self, source: str, why: str) -> None:
+        if source not in self.problems:
+            self.problems[source] = why
+            log.warning("observe.telemetry-unavailable", source=source, why=why)
+
+    def _open_nvml(self) -> Any:
+        if self._nvml_open:
+            return self._nvml
+        from perflab.hardware.nvml import _load_nvml
+
+        nvml = _load_nvml(self.env)
+        if nvml is None:
+            raise TelemetryUnavailable("nvidia-ml-py is not installed")
+        try:
+            nvml.nvmlInit()
+        except getattr(nvml, "NVMLError", Exception) as exc:
+            raise TelemetryUnavailable(f"NVML did not start ({exc})") from None
+        self._nvml, self._nvml_open = nvml, True
+        return nvml
+
+    def _chips(self, devices: Sequence[int]) -> list[Chip]:
+        by_index = {a.index: a for a in self.accelerators if a.kind == "ascend"}
+        out = []
+        for d in devices:
+            a = by_index.get(d)
+            npu = getattr(a, "npu_id", None)
+            chip = getattr(a, "chip_id", None)
+            out.append(Chip(d, int(npu) if npu is not None else d, int(chip) if chip is not None else 0))
+        return out
+
+    def read(self, source: str, devices: Sequence[int]) -> dict[str, float]:
+        """One reading (blocking: run it in a thread). A failure disables the source for the
+        rest of the study, said once."""
+        if source in self.problems:
+            return {}
+        try:
+            if source == NVML:
+                return read_nvml(self._open_nvml(), devices)
+            exe = shutil.which("npu-smi", path=self.env.get("PATH", os.defpath))
+            if exe is None:
+                raise TelemetryUnavailable("npu-smi is not on PATH")
+            return read_npu_smi(exe, self.env, self._chips(devices))
+        except Exception as exc:  # telemetry never fails a study
+            why = str(exc) if isinstance(exc, TelemetryUnavailable) else f"{type(exc).__name__}: {exc}"
+            self._say_once(source, why)
+            return {}
+
+    def watcher(self, devices_by_kind: Mapping[str, Sequence[int]]) -> TelemetryWatcher | None:
+        """The watcher of a launch's devices (``{kind: [indices]}``); None when none can be had."""
+        for kind, devices in devices_by_kind.items():
+            if not devices:
+                continue
+            if kind == "cuda":
+                source = NVML
+            elif kind == "ascend":
+                source = NPU_SMI
+            else:
+                self._say_once(kind, f"no accelerator telemetry for {kind} devices")
+                continue
+            if source in self.problems:
+                continue
+            return TelemetryWatcher(source, tuple(devices), self)
+        return None
+
+    def close(self) -> None:
+        if self._nvml_open:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001 - shutting down: nothing left to report
+                pass
+            self._nvml_open = False
