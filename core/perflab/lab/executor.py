@@ -36,6 +36,8 @@ from perflab.lab.decide import DecideBy, LoadKind, Slo
 from perflab.lab.earlystop import Calibration, EarlyStop
 from perflab.observe import Watcher, Watching
 from perflab.observe import watch as observe_watch
+from perflab.observe.energy import observed_extras
+from perflab.observe.telemetry import Telemetry
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
@@ -456,6 +458,8 @@ class Executor:
         # the devices a backend placed this run on (perflab.lab.backend.LocalBackend's ledger),
         # used as the configuration's devices when it pins none; None: the engine's default
         self.placement: tuple[int, ...] | None = None
+        # the accelerators' telemetry sources, opened once a study; what is missing is said once
+        self.telemetry = Telemetry(ctx.env, ctx.hardware.accelerators)
 
     def _describer(self, engine: str) -> Callable[[str, str], list[str] | None] | None:
         return plugin_file_describer(self.ctx.pm, engine)
@@ -920,12 +924,18 @@ class Executor:
 
         watchers: list[Watcher] = []
         watchers += metrics_watchers(self.ctx.pm, config.engine, instances, self._env())  # server_metrics
+        telemetry = self.telemetry.watcher(self._devices_by_kind(config, self._device_sets(config)))
+        if telemetry is not None:  # the launch's accelerators: power, utilization, memory, clock
+            watchers.append(telemetry)
         return watchers
 
     def _observed(self, watchers: Sequence[Watcher], watching: Watching, m: ProfileMeasurement,
                   config: Configuration) -> dict[str, Any]:
-        """The measurement's ``observed``: each watcher's summary of its samples."""
-        return watching.summaries(watchers)
+        """The measurement's ``observed``: each watcher's summary of its samples, and the energy
+        and cost they and the benchmark's figures give (:mod:`perflab.observe.energy`)."""
+        accelerators = max(1, sum(len(v) for v in self._devices_by_kind(config, self._device_sets(config)).values()))
+        return {**watching.summaries(watchers),
+                **observed_extras(watching.samples, m.metrics, self.ctx.plan.cost, accelerators)}
 
     def _early_stop(self, profile: Profile, cancel: threading.Event, to_beat: float | None) -> EarlyStop | None:
         """The benchmark's observer when early stop is on (``plan.decision.early_stop``)."""

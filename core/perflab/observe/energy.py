@@ -1,0 +1,157 @@
+"""Energy and cost of a measurement (issue #13): what the accelerators' telemetry and the plan's
+price turn a benchmark into.
+
+* **Energy** (J) = ∫ power dt over the benchmark, power summed over the launch's devices: the
+  trapezoid over the telemetry samples' engine-time ``t`` gives the time-weighted mean power,
+  times the benchmark's duration (the bench's ``duration``, engine seconds — the samples span
+  about the same time, and warm-up requests before it do not count). With one sample the mean
+  is that sample. **Output tokens per joule** = total output tokens / joules.
+* **Cost** per million output tokens = ``per_accelerator_hour`` × accelerators × duration (h)
+  / output tokens × 10⁶, from the plan's ``cost: {per_accelerator_hour: 2.50, currency: USD}``
+  (:class:`Cost`); it needs no telemetry.
+
+:func:`observed_extras` gives a measurement's ``energy`` and ``cost`` entries (the executor
+calls it once per measurement); :func:`summary_lines` and :func:`result_lines` are what the
+report shows of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from perflab.observe import Sample
+from perflab.observe.telemetry import KEY as TELEMETRY, total_power_w
+
+COST_KEYS = ("per_accelerator_hour", "currency")
+DEFAULT_CURRENCY = "USD"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The plan's ``cost:``: what one accelerator costs per hour."""
+
+    per_accelerator_hour: float
+    currency: str = DEFAULT_CURRENCY
+
+    def to_json(self) -> dict[str, Any]:
+        return {"per_accelerator_hour": self.per_accelerator_hour, "currency": self.currency}
+
+
+def mean_power_w(samples: Sequence[Sample]) -> float | None:
+    """Time-weighted mean of the devices' summed power (trapezoid over ``t``); None without power."""
+    pts = [(s.t, p) for s in samples if (p := total_power_w(s.values)) is not None]
+    if not pts:
+        return None
+    pts.sort()
+    span = pts[-1][0] - pts[0][0]
+    if len(pts) == 1 or span <= 0:
+        return sum(p for _, p in pts) / len(pts)
+    area = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(pts, pts[1:], strict=False))
+    return area / span
+
+
+def energy(samples: Sequence[Sample], duration_s: float | None, output_tokens: float | None) -> dict[str, float] | None:
+    """``{"joules", "output_tokens_per_joule"}`` of a benchmark of ``duration_s`` engine seconds
+    (None without power samples or a duration)."""
+    power = mean_power_w(samples)
+    if power is None or not duration_s or duration_s <= 0 or not math.isfinite(duration_s):
+        return None
+    joules = power * duration_s
+    if joules <= 0:
+        return None
+    return {"joules": round(joules, 1),
+            "output_tokens_per_joule": round(float(output_tokens or 0) / joules, 4)}
+
+
+def cost(price: Cost | None, accelerators: int, duration_s: float | None, output_tokens: float | None) -> dict[str, Any] | None:
+    """``{"per_million_output_tokens", "currency", "per_accelerator_hour"}`` (None without a
+    price, a duration or output tokens)."""
+    if price is None or not duration_s or duration_s <= 0 or not output_tokens:
+        return None
+    total = price.per_accelerator_hour * max(1, accelerators) * duration_s / 3600.0
+    return {"per_million_output_tokens": round(total / float(output_tokens) * 1e6, 4),
+            "currency": price.currency, "per_accelerator_hour": price.per_accelerator_hour}
+
+
+def observed_extras(samples: Mapping[str, Sequence[Sample]], metrics: Mapping[str, Any] | None, price: Cost | None,
+                    accelerators: int) -> dict[str, Any]:
+    """A measurement's ``energy`` and ``cost`` (each only when it can be computed)."""
+    m = metrics or {}
+    duration, tokens = m.get("duration"), m.get("total_output_tokens")
+    out: dict[str, Any] = {}
+    e = energy(samples.get(TELEMETRY) or [], duration, tokens)
+    if e is not None:
+        out["energy"] = e
+    c = cost(price, accelerators, duration, tokens)
+    if c is not None:
+        out["cost"] = c
+    return out
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def _result(res: Any) -> Any:
+    return getattr(res, "result", res)  # an Entry or a ConfigResult
+
+
+def efficiency_text(res: Any) -> str | None:
+    """``0.412 tok/J · 2.07 USD/M tok`` of a result (None: neither was measured)."""
+    r = _result(res)
+    if r is None:
+        return None
+    obs = getattr(r, "observed", None) or {}
+    parts = []
+    if (e := obs.get("energy")) and e.get("output_tokens_per_joule") is not None:
+        parts.append(f"{e['output_tokens_per_joule']:.3g} tok/J")
+    if (c := obs.get("cost")) and c.get("per_million_output_tokens") is not None:
+        parts.append(f"{c['per_million_output_tokens']:.3g} {c.get('currency', DEFAULT_CURRENCY)}/M tok")
+    return " · ".join(parts) or None
+
+
+def result_lines(res: Any) -> list[str]:
+    """What a result block adds: ``# Power ...``, ``# Energy ...``, ``# Cost ...`` lines."""
+    r = _result(res)
+    obs = getattr(r, "observed", None) or {}
+    lines: list[str] = []
+    t = obs.get(TELEMETRY)
+    if t and t.get("power_w"):
+        util = t.get("utilization_pct") or {}
+        lines.append(f"# Power ({t.get('source')}, {len(t.get('devices') or [])} devices): mean {t['power_w']['mean']:.0f} W, "
+                     f"peak {t['power_w']['peak']:.0f} W; utilization mean {util.get('mean', 0):.0f} %")
+    if e := obs.get("energy"):
+        lines.append(f"# Energy: {e['joules']:.0f} J, {e['output_tokens_per_joule']:.3g} output tokens/J")
+    if c := obs.get("cost"):
+        lines.append(f"# Cost: {c['per_million_output_tokens']:.3g} {c['currency']} per million output tokens "
+                     f"({c['per_accelerator_hour']:g} {c['currency']}/accelerator-hour)")
+    return lines
+
+
+def step_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Below the summary table: each step's best variant in output tokens per joule and cost
+    (the rows' ``energy_cost``); nothing when no step has either."""
+    parts = [f"{r['option']} {r['energy_cost']}" for r in rows if r.get("energy_cost")]
+    return ["", "Energy and cost of each step's best variant (main profile): " + "; ".join(parts) + "."] if parts else []
+
+
+def summary_lines(baseline: Any, optimized: Any, results: Sequence[Any], price: Cost | None) -> list[str]:
+    """The conclusion's lines on energy and cost: baseline vs optimized on the main profile, or
+    a note once when no telemetry was recorded anywhere."""
+    measured = [r for r in (_result(x) for x in results) if r is not None and getattr(r, "metrics", None)]
+    if not measured:
+        return []
+    lines: list[str] = []
+    any_energy = any((getattr(r, "observed", None) or {}).get("energy") for r in measured)
+    b, o = efficiency_text(baseline), efficiency_text(optimized) if optimized is not None else None
+    if b or o:
+        lines.append(f"Energy and cost on the main profile: baseline {b or 'n/a'} → optimized {o or 'n/a'}"
+                     " (output tokens per joule of accelerator energy; cost per million output tokens).")
+    if not any_energy:
+        lines.append("No accelerator telemetry was recorded (NVML / npu-smi did not answer on this machine), "
+                     "so there are no power or energy figures.")
+    if price is None and any_energy:
+        lines.append("Give the plan a `cost: {per_accelerator_hour: ..., currency: USD}` to see the cost per million output tokens.")
+    return lines
