@@ -2,10 +2,9 @@
 price turn a benchmark into.
 
 * **Energy** (J) = ∫ power dt over the benchmark, power summed over the launch's devices: the
-  trapezoid over the telemetry samples' engine-time ``t`` gives the time-weighted mean power,
-  times the benchmark's duration (the bench's ``duration``, engine seconds — the samples span
-  about the same time, and warm-up requests before it do not count). With one sample the mean
-  is that sample. **Output tokens per joule** = total output tokens / joules.
+  trapezoid over the telemetry samples' engine-time ``t``, over the last ``duration`` engine
+  seconds they cover (the bench's ``duration``: what comes before it — loading the tokenizer,
+  warm-up requests — does not count). **Output tokens per joule** = total output tokens / joules.
 * **Cost** per million output tokens = ``per_accelerator_hour`` × accelerators × duration (h)
   / output tokens × 10⁶, from the plan's ``cost: {per_accelerator_hour: 2.50, currency: USD}``
   (:class:`Cost`); it needs no telemetry.
@@ -40,26 +39,43 @@ class Cost:
         return {"per_accelerator_hour": self.per_accelerator_hour, "currency": self.currency}
 
 
-def mean_power_w(samples: Sequence[Sample]) -> float | None:
-    """Time-weighted mean of the devices' summed power (trapezoid over ``t``); None without power."""
-    pts = [(s.t, p) for s in samples if (p := total_power_w(s.values)) is not None]
-    if not pts:
-        return None
-    pts.sort()
-    span = pts[-1][0] - pts[0][0]
-    if len(pts) == 1 or span <= 0:
-        return sum(p for _, p in pts) / len(pts)
-    area = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(pts, pts[1:], strict=False))
-    return area / span
+def _power_series(samples: Sequence[Sample]) -> list[tuple[float, float]]:
+    return sorted((s.t, p) for s in samples if (p := total_power_w(s.values)) is not None)
+
+
+def _integral(pts: Sequence[tuple[float, float]], a: float, b: float) -> float:
+    """∫ from ``a`` to ``b`` of the piecewise-linear power through ``pts`` (held constant
+    before the first and after the last point)."""
+    if b <= a:
+        return 0.0
+
+    def at(t: float) -> float:
+        if t <= pts[0][0]:
+            return pts[0][1]
+        if t >= pts[-1][0]:
+            return pts[-1][1]
+        for (t0, p0), (t1, p1) in zip(pts, pts[1:], strict=False):
+            if t0 <= t <= t1:
+                return p0 if t1 == t0 else p0 + (p1 - p0) * (t - t0) / (t1 - t0)
+        return pts[-1][1]
+
+    knots = [a, *(t for t, _ in pts if a < t < b), b]
+    return sum((t1 - t0) * (at(t0) + at(t1)) / 2 for t0, t1 in zip(knots, knots[1:], strict=False))
 
 
 def energy(samples: Sequence[Sample], duration_s: float | None, output_tokens: float | None) -> dict[str, float] | None:
     """``{"joules", "output_tokens_per_joule"}`` of a benchmark of ``duration_s`` engine seconds
-    (None without power samples or a duration)."""
-    power = mean_power_w(samples)
-    if power is None or not duration_s or duration_s <= 0 or not math.isfinite(duration_s):
+    (None without power samples or a duration).
+
+    The samples span the whole watch, which begins before the first request (the client loads
+    its tokenizer and dataset, sends its warm-up requests) and ends with the benchmark: the
+    energy is the trapezoid over the last ``duration_s`` engine seconds of the samples (the
+    power held at the first sample's value before it)."""
+    pts = _power_series(samples)
+    if not pts or not duration_s or duration_s <= 0 or not math.isfinite(duration_s):
         return None
-    joules = power * duration_s
+    end = pts[-1][0]
+    joules = _integral(pts, end - duration_s, end)
     if joules <= 0:
         return None
     return {"joules": round(joules, 1),

@@ -49,7 +49,7 @@ NVML = "nvml"
 NPU_SMI = "npu-smi"
 # npu-smi takes a while per call (seconds on a busy 8-card server): sample it at most this
 # often in real seconds, whatever the sampling loop asks
-NPU_SMI_MIN_WALL_S = 1.0
+NPU_SMI_MIN_WALL_S = 0.5
 NPU_SMI_TIMEOUT_S = 10.0
 # the per-sample values, each as "<name>.<device index>"
 POWER, UTILIZATION, MEMORY, SM_CLOCK = "power_w", "utilization_pct", "memory_used_mib", "sm_clock_mhz"

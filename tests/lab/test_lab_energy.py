@@ -1,0 +1,63 @@
+"""Accelerator telemetry, energy and cost in a whole simulated study (issue #13, item 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simstudy import run_sim_study
+
+PLAN = """
+name: energy-sim
+model: Qwen/Qwen3-8B
+hardware: sim:{hardware}
+simulation: {{time_scale: 40}}
+engines: [{engine}]
+early_stop: false
+cost: {{per_accelerator_hour: 2.5, currency: USD}}
+profiles:
+  main: {{label: Main, input_len: 256, output_len: 64, num_prompts: 64, max_concurrency: 16}}
+timeouts: {{startup_s: 60, benchmark_s: 120}}
+"""
+
+
+def _results(report: dict) -> list[dict]:
+    out = [report["baseline"]["result"]]
+    out += [e["result"] for s in report["steps"] for e in s["entries"]]
+    return [r for r in out if r.get("status") == "ok"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hardware, engine, source", [("h100-80g-x1", "vllm", "nvml"), ("910b3-x1", "vllm-ascend", "npu-smi")])
+def test_report_json_carries_telemetry_energy_and_cost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       hardware: str, engine: str, source: str) -> None:
+    monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))
+    out = tmp_path / "study"
+    summary = run_sim_study(PLAN.format(hardware=hardware, engine=engine), out)
+    assert summary.exit_code == 0
+    report = json.loads((out / "report.json").read_text())
+    results = _results(report)
+    assert results
+    for r in results:
+        t = r["telemetry"]
+        assert t["source"] == source and t["samples"] >= 1 and t["devices"] == [0]
+        # the simulated chip is busy while the benchmark runs: above its idle power
+        assert t["power_w"]["peak"] > t["power_w"]["mean"] * 0.5 > 0
+        assert t["utilization_pct"]["peak"] > 0
+        assert t["memory_used_mib"]["peak"] > 1000  # the engine's weights and KV cache
+        e = r["energy"]
+        assert e["joules"] > 0 and e["output_tokens_per_joule"] > 0
+        tokens, duration = r["metrics"]["total_output_tokens"], r["metrics"]["duration"]
+        assert e["output_tokens_per_joule"] == pytest.approx(tokens / e["joules"], rel=1e-3)
+        # the mean power lies between the chip's idle and maximum power
+        assert 50 < e["joules"] / duration <= 700
+        c = r["cost"]
+        assert c["currency"] == "USD" and c["per_accelerator_hour"] == 2.5
+        assert c["per_million_output_tokens"] == pytest.approx(2.5 * duration / 3600 / tokens * 1e6, rel=1e-3)
+    md = (out / "report.md").read_text()
+    assert "tok/J" in md and "USD/M tok" in md and "# Energy:" in md
+    # the samples are stored with the run
+    series = json.loads(next((out / "runs").glob("*/observe-main.json")).read_text())
+    assert {"power_w.0", "utilization_pct.0", "memory_used_mib.0"} <= set(series["telemetry"][0]["values"])
