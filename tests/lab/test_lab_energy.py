@@ -61,3 +61,42 @@ def test_report_json_carries_telemetry_energy_and_cost(tmp_path: Path, monkeypat
     # the samples are stored with the run
     series = json.loads(next((out / "runs").glob("*/observe-main.json")).read_text())
     assert {"power_w.0", "utilization_pct.0", "memory_used_mib.0"} <= set(series["telemetry"][0]["values"])
+
+
+TWO_PROFILES = """
+name: no-telemetry
+model: Qwen/Qwen3-8B
+hardware: sim:h100-80g-x1
+simulation: {time_scale: 40}
+engines: [vllm]
+early_stop: false
+cost: {per_accelerator_hour: 4, currency: EUR}
+profiles:
+  main: {label: Main, input_len: 128, output_len: 32, num_prompts: 32, max_concurrency: 8}
+  other: {label: Other, input_len: 64, output_len: 32, num_prompts: 16, max_concurrency: 4}
+timeouts: {startup_s: 60, benchmark_s: 120}
+"""
+
+
+@pytest.mark.slow
+def test_a_study_without_telemetry_completes_and_says_so_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from perflab.sim.nvml import NvmlShim
+
+    def unsupported(self: NvmlShim, handle: object) -> int:
+        raise NvmlShim.NVMLError(3)  # NVML_ERROR_NOT_SUPPORTED, as on boards without power readings
+
+    monkeypatch.setattr(NvmlShim, "nvmlDeviceGetPowerUsage", unsupported)
+    monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))
+    out = tmp_path / "study"
+    summary = run_sim_study(TWO_PROFILES, out)
+    assert summary.exit_code == 0
+    report = json.loads((out / "report.json").read_text())
+    results = _results(report) + [c[k] for c in report["cases"] for k in ("baseline", "optimized") if c.get(k)]
+    assert len(results) >= 2
+    for r in results:
+        assert r["telemetry"] is None and r["energy"] is None
+        assert r["cost"]["currency"] == "EUR" and r["cost"]["per_million_output_tokens"] > 0  # needs no telemetry
+    said = [line for line in (out / "study.log").read_text().splitlines() if "observe.telemetry-unavailable" in line]
+    assert len(said) == 1 and "Not Supported" in said[0]
+    md = (out / "report.md").read_text()
+    assert md.count("No accelerator telemetry was recorded") == 1

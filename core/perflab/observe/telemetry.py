@@ -17,7 +17,8 @@ kernel ran), ``nvmlDeviceGetMemoryInfo`` (bytes used), ``nvmlDeviceGetClockInfo(
 npu-smi ``show_ascend_card_info`` and ``show_ascend_chip_power_info`` — and as the captures in
 tests/fixtures/npu-smi/ show): ``npu-smi info -t power -i <NPU ID>`` prints ``NPU ID`` and
 ``Chip Count``, then per chip ``NPU Real-time Power(W) : 93.6`` (``Rated Power Dissipation(W)``
-on the 310; ``Power Dissipation(W)`` for the Mcu) followed by ``Chip ID : 0``;
+on the 310) followed by ``Chip ID : 0``, then the Mcu's ``Power Dissipation(W)`` followed by
+``Chip Name : MCU`` (the only power a 310P card reports: its chips answer "not supported");
 ``npu-smi info -t usages -i <NPU ID>`` gives per chip ``Aicore Usage Rate(%)``,
 ``HBM Capacity(MB)`` and ``HBM Usage Rate(%)`` (``DDR ...`` on chips without HBM).
 
@@ -148,17 +149,39 @@ def _float_or_none(text: str | None) -> float | None:
         return None
 
 
-def parse_power(text: str) -> dict[int, float]:
-    """``npu-smi info -t power -i N``: watts per chip id (chips whose power reads ``NA`` left out)."""
-    from perflab.hardware.npusmi_parse import parse_per_chip
+@dataclass(frozen=True)
+class PowerReading:
+    """``npu-smi info -t power -i N``: watts per chip id, and the card's (its Mcu's) watts."""
 
-    _, chips = parse_per_chip(text)
-    out: dict[int, float] = {}
+    chips: Mapping[int, float]
+    card_w: float | None = None
+    chip_count: int | None = None
+
+    def of(self, chip_id: int) -> float | None:
+        """A chip's power; on cards whose chips report none (310P: only the Mcu answers), the
+        card's power shared evenly by its chips."""
+        if chip_id in self.chips:
+            return self.chips[chip_id]
+        if not self.chips and self.card_w is not None:
+            return self.card_w / max(1, self.chip_count or 1)
+        return None
+
+
+def parse_power(text: str) -> PowerReading:
+    """Parse ``npu-smi info -t power -i N`` (chips whose power reads ``NA`` left out)."""
+    from perflab.hardware.npusmi_parse import parse_key_values, parse_per_chip
+
+    header, chips = parse_per_chip(text)
+    per_chip: dict[int, float] = {}
     for chip_id, f in chips.items():
         watts = next((w for k in NPU_POWER_KEYS if (w := _float_or_none(f.get(k))) is not None), None)
         if watts is not None:
-            out[chip_id] = watts
-    return out
+            per_chip[chip_id] = watts
+    card = None
+    for block in parse_key_values(text):
+        if block.get("Chip Name", "").lower() == "mcu":
+            card = next((w for k in NPU_POWER_KEYS if (w := _float_or_none(block.get(k))) is not None), None)
+    return PowerReading(per_chip, card, _int_or_none(header.get("Chip Count")))
 
 
 def parse_usage(text: str) -> dict[int, dict[str, float]]:
@@ -205,7 +228,7 @@ def read_npu_smi(exe: str, env: Mapping[str, str], chips: Sequence[Chip]) -> dic
         usage_by = {n: parse_usage(f.result()) for n, f in usage.items()}
     values: dict[str, float] = {}
     for c in chips:
-        watts = power_by[c.npu_id].get(c.chip_id)
+        watts = power_by[c.npu_id].of(c.chip_id)
         if watts is not None:
             values[f"{POWER}.{c.index}"] = watts
         for name, v in usage_by[c.npu_id].get(c.chip_id, {}).items():
@@ -227,12 +250,12 @@ class TelemetryWatcher:
     _last_wall: float = field(default=-1e9, repr=False)
 
     async def sample(self) -> Mapping[str, float] | None:
-        if self.source == NPU_SMI:
-            now = time.monotonic()
-            if now - self._last_wall < NPU_SMI_MIN_WALL_S:
-                return None
-            self._last_wall = now
-        return await anyio.to_thread.run_sync(self.telemetry.read, self.source, self.devices)
+        if self.source == NPU_SMI and time.monotonic() - self._last_wall < NPU_SMI_MIN_WALL_S:
+            return None  # the last reading ended less than NPU_SMI_MIN_WALL_S ago
+        try:
+            return await anyio.to_thread.run_sync(self.telemetry.read, self.source, self.devices)
+        finally:
+            self._last_wall = time.monotonic()
 
     def summarize(self, samples: Sequence[Sample]) -> dict[str, Any] | None:
         return summarize(samples, self.source, self.devices)

@@ -232,9 +232,10 @@ class _Machine:
         """``npu-smi info -t power -i N``: the NPU header, then each AI chip's real-time power
         followed by its chip id (npu-smi's show_ascend_card_info / show_ascend_chip_power_info:
         ``NPU Real-time Power(W)`` for an NPU chip of any type but the 310, whose line is
-        ``Rated Power Dissipation(W)``; the Mcu's ``Power Dissipation(W)`` block is not printed
-        here, where the 910B's Mcu does not answer the query)."""
-        return _kv([*_chip_header(npu), ("NPU Real-time Power(W)", f"{self.power(npu):.1f}"), ("Chip ID", 0), None])
+        ``Rated Power Dissipation(W)``), then the Mcu's ``Power Dissipation(W)`` and ``Chip Name``
+        (show_ascend_card_mcu_info; the Mcu's figure as ``-t common`` prints it)."""
+        return _kv([*_chip_header(npu), ("NPU Real-time Power(W)", f"{self.power(npu):.1f}"), ("Chip ID", 0), None,
+                    ("Power Dissipation(W)", f"{45.2 + npu * 0.3:.1f}"), ("Chip Name", "MCU"), None])
 
     def board(self, npu: int) -> str:
         vdie = self.machine.uuid(npu)
