@@ -118,7 +118,9 @@ def test_nvml_watcher_samples_the_launchs_devices_through_the_sim_shim(tmp_path:
     w = telemetry.watcher({"cuda": [2, 3]})
     assert isinstance(w, Watcher) and w.source == tm.NVML and w.devices == (2, 3)
     _busy(tmp_path, [3], busy_s=1.0, compute_s=1.0, mem_s=0.3)
-    values = anyio.run(w.sample)
+    values = dict(anyio.run(w.sample))
+    # in simulation a sample carries the engines' model time: the last publication's (t=101)
+    assert 101.0 <= values.pop(tm.ENGINE_T) <= 101.0 + 2 * load.PUBLISH_S
     assert set(values) == {f"{k}.{d}" for k in (tm.POWER, tm.UTILIZATION, tm.MEMORY, tm.SM_CLOCK) for d in (2, 3)}
     assert values["power_w.2"] == 55.0 and values["power_w.3"] == 400.0
     s = w.summarize([Sample(0.0, values), Sample(1.0, {**values, "power_w.3": 200.0})])
@@ -194,6 +196,12 @@ def test_energy_is_the_trapezoid_over_the_benchmarks_window() -> None:
     assert en.energy(_samples((3.0, 250.0)), 4.0, 100)["joules"] == 1000.0
     assert en.energy([], 10.0, 1) is None and en.energy(s, None, 1) is None
     assert en.energy([Sample(0.0, {"utilization_pct.0": 5.0})], 1.0, 1) is None
+
+
+def test_energy_uses_the_simulated_engines_model_time_when_samples_carry_it() -> None:
+    # a host that fell behind: wall-based t stretched x3, the model time (engine_t) is not
+    s = [Sample(3 * m, {"power_w.0": p, tm.ENGINE_T: m}) for m, p in ((0.0, 100.0), (5.0, 100.0), (10.0, 300.0), (20.0, 500.0))]
+    assert en.energy(s, duration_s=10.0, output_tokens=8000)["joules"] == 4000.0
 
 
 def test_cost_per_million_output_tokens() -> None:

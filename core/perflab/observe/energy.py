@@ -4,7 +4,9 @@ price turn a benchmark into.
 * **Energy** (J) = ∫ power dt over the benchmark, power summed over the launch's devices: the
   trapezoid over the telemetry samples' engine-time ``t``, over the last ``duration`` engine
   seconds they cover (the bench's ``duration``: what comes before it — loading the tokenizer,
-  warm-up requests — does not count). **Output tokens per joule** = total output tokens / joules.
+  warm-up requests — does not count). In simulation the samples' time is the simulated
+  engines' model time (``engine_t``), the clock the bench measures simulated durations on.
+  **Output tokens per joule** = total output tokens / joules.
 * **Cost** per million output tokens = ``per_accelerator_hour`` × accelerators × duration (h)
   / output tokens × 10⁶, from the plan's ``cost: {per_accelerator_hour: 2.50, currency: USD}``
   (:class:`Cost`); it needs no telemetry.
@@ -22,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from perflab.observe import Sample
-from perflab.observe.telemetry import KEY as TELEMETRY, total_power_w
+from perflab.observe.telemetry import ENGINE_T, total_power_w
+from perflab.observe.telemetry import KEY as TELEMETRY
 
 COST_KEYS = ("per_accelerator_hour", "currency")
 DEFAULT_CURRENCY = "USD"
@@ -40,7 +43,9 @@ class Cost:
 
 
 def _power_series(samples: Sequence[Sample]) -> list[tuple[float, float]]:
-    return sorted((s.t, p) for s in samples if (p := total_power_w(s.values)) is not None)
+    """(engine time, watts) of the samples with power: the simulated engines' model time where
+    a sample carries it (``engine_t``), else the sample's ``t``."""
+    return sorted((float(s.values.get(ENGINE_T, s.t)), p) for s in samples if (p := total_power_w(s.values)) is not None)
 
 
 def _integral(pts: Sequence[tuple[float, float]], a: float, b: float) -> float:

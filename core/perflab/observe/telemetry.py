@@ -42,6 +42,7 @@ import anyio.to_thread
 import structlog
 
 from perflab.observe import Sample
+from perflab.simenv import HARDWARE_ENV
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +55,10 @@ NPU_SMI_MIN_WALL_S = 0.5
 NPU_SMI_TIMEOUT_S = 10.0
 # the per-sample values, each as "<name>.<device index>"
 POWER, UTILIZATION, MEMORY, SM_CLOCK = "power_w", "utilization_pct", "memory_used_mib", "sm_clock_mhz"
+# in simulation each sample also carries the simulated engines' model time (perflab.sim.load):
+# the clock the bench measures simulated durations on, which a host that falls behind the time
+# scale makes differ from the sample's wall-based ``t`` (perflab.observe.energy uses it)
+ENGINE_T = "engine_t"
 # what npu-smi calls a chip's power, by chip type (see the module docstring)
 NPU_POWER_KEYS = ("NPU Real-time Power(W)", "Rated Power Dissipation(W)", "Power Dissipation(W)")
 _MIB = 1024 * 1024
@@ -311,15 +316,23 @@ class Telemetry:
             return {}
         try:
             if source == NVML:
-                return read_nvml(self._open_nvml(), devices)
-            exe = shutil.which("npu-smi", path=self.env.get("PATH", os.defpath))
-            if exe is None:
-                raise TelemetryUnavailable("npu-smi is not on PATH")
-            return read_npu_smi(exe, self.env, self._chips(devices))
+                values = read_nvml(self._open_nvml(), devices)
+            else:
+                exe = shutil.which("npu-smi", path=self.env.get("PATH", os.defpath))
+                if exe is None:
+                    raise TelemetryUnavailable("npu-smi is not on PATH")
+                values = read_npu_smi(exe, self.env, self._chips(devices))
         except Exception as exc:  # telemetry never fails a study
             why = str(exc) if isinstance(exc, TelemetryUnavailable) else f"{type(exc).__name__}: {exc}"
             self._say_once(source, why)
             return {}
+        if values and self.env.get(HARDWARE_ENV):
+            from perflab.sim import load, state
+
+            t = load.model_time(state.state_dir(self.env))
+            if t is not None:
+                values[ENGINE_T] = t
+        return values
 
     def watcher(self, devices_by_kind: Mapping[str, Sequence[int]]) -> TelemetryWatcher | None:
         """The watcher of a launch's devices (``{kind: [indices]}``); None when none can be had."""

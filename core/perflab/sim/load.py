@@ -28,9 +28,11 @@ import contextlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from perflab.sim import state
 from perflab.sim.catalog import ChipSpec
@@ -60,8 +62,9 @@ class DeviceLoad:
 class LoadMeter:
     """The counters of one engine process: per device, busy / compute / memory model seconds."""
 
-    def __init__(self, devices: Sequence[int], ranks: int) -> None:
+    def __init__(self, devices: Sequence[int], ranks: int, scale: float = 1.0) -> None:
         self.devices = tuple(devices)
+        self.scale = scale  # model seconds per wall second (PERFLAB_SIM_TIME_SCALE)
         ranks = max(1, ranks)
         per = max(1, len(self.devices) // ranks)
         # data-parallel rank r runs on its own slice of the devices (tp x pp of them)
@@ -89,7 +92,7 @@ class LoadMeter:
         pid = os.getpid() if pid is None else pid
         now = self.snapshot(model_now)
         entry = {"pid": pid, "create_time": state.create_time(pid), "devices": list(self.devices),
-                 "prev": self._prev or now, "now": now}
+                 "wall": time.monotonic(), "scale": self.scale, "prev": self._prev or now, "now": now}
         self._prev = now
         target = directory / SUBDIR
         target.mkdir(parents=True, exist_ok=True)
@@ -107,6 +110,41 @@ def withdraw(directory: Path, pid: int | None = None) -> None:
         (directory / SUBDIR / f"{pid}.json").unlink()
 
 
+def _entries(directory: Path | None) -> list[dict[str, Any]]:
+    """The live entries (those of dead processes are deleted)."""
+    if directory is None or not (directory / SUBDIR).is_dir():
+        return []
+    out = []
+    for path in sorted((directory / SUBDIR).glob("*.json")):
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being replaced: the next reader sees it
+        if not state.alive(entry):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            continue
+        out.append(entry)
+    return out
+
+
+def model_time(directory: Path | None) -> float | None:
+    """The serving engines' model time now (:mod:`perflab.sim.clock`; engines on one host share
+    its origin): the latest publication's, run on by the wall time since at its scale. None
+    without a serving engine. The bench measures simulated durations on this clock, so
+    telemetry samples carry it in simulation (``engine_t``, :mod:`perflab.observe.telemetry`)."""
+    now = time.monotonic()
+    times = []
+    for e in _entries(directory):
+        try:
+            # at most two periods on: an engine late to publish is late to step too
+            since = min(max(0.0, now - float(e["wall"])), 2 * PUBLISH_S)
+            times.append(float(e["now"]["t"]) + since * float(e.get("scale", 1.0)))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return max(times) if times else None
+
+
 def _fraction(entry: Mapping[str, object], key: str, i: int, dt: float) -> float:
     now, prev = entry["now"], entry["prev"]
     delta = float(now[key][i]) - float(prev[key][i])  # type: ignore[index]
@@ -117,17 +155,7 @@ def device_loads(directory: Path | None, devices: Sequence[int]) -> dict[int, De
     """Each device's load over its engines' last sample period (0 without a serving engine);
     entries of dead processes are deleted."""
     out = {d: DeviceLoad() for d in devices}
-    if directory is None or not (directory / SUBDIR).is_dir():
-        return out
-    for path in sorted((directory / SUBDIR).glob("*.json")):
-        try:
-            entry = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # being replaced: the next reader sees it
-        if not state.alive(entry):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            continue
+    for entry in _entries(directory):
         try:
             dt = float(entry["now"]["t"]) - float(entry["prev"]["t"])
             for i, d in enumerate(entry["devices"]):
