@@ -171,7 +171,10 @@ def summary_lines(baseline: Any, optimized: Any, results: Sequence[Any], price: 
         lines.append(f"Energy and cost on the main profile: baseline {b or 'n/a'} → optimized {o or 'n/a'}"
                      " (output tokens per joule of accelerator energy; cost per million output tokens).")
     if not any_energy:
-        lines.append("No accelerator telemetry was recorded (NVML / npu-smi did not answer on this machine), "
+        any_telemetry = any((getattr(r, "observed", None) or {}).get(TELEMETRY) for r in measured)
+        lines.append("No accelerator power was recorded (the devices do not report it), so there are no energy figures."
+                     if any_telemetry else
+                     "No accelerator telemetry was recorded (NVML / npu-smi did not answer on this machine), "
                      "so there are no power or energy figures.")
     if price is None and any_energy:
         lines.append("Give the plan a `cost: {per_accelerator_hour: ..., currency: USD}` to see the cost per million output tokens.")

@@ -120,20 +120,30 @@ def summarize(samples: Sequence[Sample], source: str, devices: Sequence[int]) ->
 # --------------------------------------------------------------------------- NVML
 
 
-def read_nvml(nvml: Any, devices: Sequence[int]) -> dict[str, float]:
-    """One reading of ``devices`` through ``nvml`` (pynvml or the shim; initialised)."""
+def read_nvml(nvml: Any, devices: Sequence[int], missing: dict[str, str] | None = None) -> dict[str, float]:
+    """One reading of ``devices`` through ``nvml`` (pynvml or the shim; initialised). A quantity
+    the driver does not give (NOT_SUPPORTED: power and utilization of MIG instances, the clock
+    of some boards) is left out and named in ``missing`` (quantity -> why); nothing at all
+    raises."""
     nvml_error: type[BaseException] = getattr(nvml, "NVMLError", Exception)
     sm = getattr(nvml, "NVML_CLOCK_SM", 1)
+    reads: tuple[tuple[str, Any], ...] = (
+        (POWER, lambda h: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),  # milliwatts
+        (UTILIZATION, lambda h: float(nvml.nvmlDeviceGetUtilizationRates(h).gpu)),
+        (MEMORY, lambda h: int(nvml.nvmlDeviceGetMemoryInfo(h).used) / _MIB),
+        (SM_CLOCK, lambda h: float(nvml.nvmlDeviceGetClockInfo(h, sm))),
+    )
     values: dict[str, float] = {}
     for d in devices:
         handle = nvml.nvmlDeviceGetHandleByIndex(d)
-        values[f"{POWER}.{d}"] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
-        values[f"{UTILIZATION}.{d}"] = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-        values[f"{MEMORY}.{d}"] = int(nvml.nvmlDeviceGetMemoryInfo(handle).used) / _MIB
-        try:
-            values[f"{SM_CLOCK}.{d}"] = float(nvml.nvmlDeviceGetClockInfo(handle, sm))
-        except nvml_error:  # NOT_SUPPORTED on some boards: the clock is optional
-            pass
+        for name, read in reads:
+            try:
+                values[f"{name}.{d}"] = read(handle)
+            except nvml_error as exc:
+                if missing is not None:
+                    missing.setdefault(name, f"NVML: {exc}")
+    if not values:
+        raise TelemetryUnavailable(f"NVML gave no reading ({'; '.join(sorted(set((missing or {}).values()))) or 'no device'})")
     return values
 
 
@@ -316,7 +326,10 @@ class Telemetry:
             return {}
         try:
             if source == NVML:
-                values = read_nvml(self._open_nvml(), devices)
+                missing: dict[str, str] = {}
+                values = read_nvml(self._open_nvml(), devices, missing)
+                for name, why in missing.items():  # the rest still comes: said once, not fatal
+                    self._say_once(f"{source}:{name}", why)
             else:
                 exe = shutil.which("npu-smi", path=self.env.get("PATH", os.defpath))
                 if exe is None:
