@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -287,16 +288,22 @@ class Telemetry:
         self.problems: dict[str, str] = {}  # source -> why it gives nothing (said once)
         self._nvml: Any = None
         self._nvml_open = False
+        # readings run in worker threads, those of concurrent launches side by side
+        self._lock = threading.Lock()
 
     # sources -----------------------------------------------------------------------------
     def _say_once(self, source: str, why: str) -> None:
-        if source not in self.problems:
+        with self._lock:
+            if source in self.problems:
+                return
             self.problems[source] = why
-            log.warning("observe.telemetry-unavailable", source=source, why=why)
+        log.warning("observe.telemetry-unavailable", source=source, why=why)
 
     def _open_nvml(self) -> Any:
-        if self._nvml_open:
-            return self._nvml
+        with self._lock:
+            return self._nvml if self._nvml_open else self._start_nvml()
+
+    def _start_nvml(self) -> Any:
         from perflab.hardware.nvml import _load_nvml
 
         nvml = _load_nvml(self.env)
