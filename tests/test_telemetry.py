@@ -192,6 +192,12 @@ def test_energy_is_the_trapezoid_over_the_benchmarks_window() -> None:
     assert e == {"joules": 4000.0, "output_tokens_per_joule": 2.0}
     # a window longer than the samples: the first sample's power before them
     assert en.energy(s, 25.0, 1)["joules"] == pytest.approx(5 * 100 + 5 * 100 + 5 * 200 + 10 * 400)
+    # idle before (tokenizer, warm-up) and after (the client computing its metrics): the
+    # benchmark is the busiest stretch of its duration
+    s = _samples((0.0, 100.0), (4.0, 150.0), (8.0, 100.0), (10.0, 400.0), (30.0, 400.0), (32.0, 100.0), (60.0, 100.0))
+    # (22 s over a 20 s plateau with 2 s ramps either side: 1 s of each ramp)
+    assert en.benchmark_window(en._power_series(s), 22.0) == pytest.approx((9.0, 31.0), abs=0.1)
+    assert en.energy(s, 22.0, 1)["joules"] == pytest.approx(325 + 20 * 400 + 325, rel=0.005)
     # one sample: its power for the whole benchmark
     assert en.energy(_samples((3.0, 250.0)), 4.0, 100)["joules"] == 1000.0
     assert en.energy([], 10.0, 1) is None and en.energy(s, None, 1) is None

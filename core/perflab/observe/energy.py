@@ -2,9 +2,10 @@
 price turn a benchmark into.
 
 * **Energy** (J) = ∫ power dt over the benchmark, power summed over the launch's devices: the
-  trapezoid over the telemetry samples' engine-time ``t``, over the last ``duration`` engine
-  seconds they cover (the bench's ``duration``: what comes before it — loading the tokenizer,
-  warm-up requests — does not count). In simulation the samples' time is the simulated
+  trapezoid over the telemetry samples' engine-time ``t``, over the bench's ``duration``
+  placed where the devices drew the most energy (:func:`benchmark_window`: before the first
+  request the client loads its tokenizer and warms up, after the last it computes its
+  metrics, the devices idle meanwhile). In simulation the samples' time is the simulated
   engines' model time (``engine_t``), the clock the bench measures simulated durations on.
   **Output tokens per joule** = total output tokens / joules.
 * **Cost** per million output tokens = ``per_accelerator_hour`` × accelerators × duration (h)
@@ -68,19 +69,31 @@ def _integral(pts: Sequence[tuple[float, float]], a: float, b: float) -> float:
     return sum((t1 - t0) * (at(t0) + at(t1)) / 2 for t0, t1 in zip(knots, knots[1:], strict=False))
 
 
+def benchmark_window(pts: Sequence[tuple[float, float]], duration_s: float) -> tuple[float, float]:
+    """Where the benchmark's ``duration_s`` lie among the samples: the watch runs from before
+    the first request (the client loads its tokenizer and dataset, sends its warm-up requests)
+    to after the last (it computes its metrics), with the devices idle at both ends, so the
+    benchmark is the ``duration_s``-long stretch in which they drew the most energy. The
+    stretch is searched on a grid of 1/200 of the samples' span and on every sample time."""
+    t0, t1 = pts[0][0], pts[-1][0]
+    if t1 - t0 <= duration_s:
+        return t1 - duration_s, t1  # the whole span, the first power held before it
+    step = (t1 - t0 - duration_s) / 200
+    starts = {t0 + i * step for i in range(201)}
+    starts |= {t for t, _ in pts if t + duration_s <= t1} | {t - duration_s for t, _ in pts if t - duration_s >= t0}
+    best = max(sorted(starts), key=lambda a: _integral(pts, a, a + duration_s))
+    return best, best + duration_s
+
+
 def energy(samples: Sequence[Sample], duration_s: float | None, output_tokens: float | None) -> dict[str, float] | None:
     """``{"joules", "output_tokens_per_joule"}`` of a benchmark of ``duration_s`` engine seconds
-    (None without power samples or a duration).
-
-    The samples span the whole watch, which begins before the first request (the client loads
-    its tokenizer and dataset, sends its warm-up requests) and ends with the benchmark: the
-    energy is the trapezoid over the last ``duration_s`` engine seconds of the samples (the
-    power held at the first sample's value before it)."""
+    (None without power samples or a duration): the trapezoid over its window among the
+    samples (:func:`benchmark_window`)."""
     pts = _power_series(samples)
     if not pts or not duration_s or duration_s <= 0 or not math.isfinite(duration_s):
         return None
-    end = pts[-1][0]
-    joules = _integral(pts, end - duration_s, end)
+    a, b = benchmark_window(pts, duration_s)
+    joules = _integral(pts, a, b)
     if joules <= 0:
         return None
     return {"joules": round(joules, 1),
