@@ -120,8 +120,8 @@ def test_nvml_watcher_samples_the_launchs_devices_through_the_sim_shim(tmp_path:
     _busy(tmp_path, [3], busy_s=1.0, compute_s=1.0, mem_s=0.3)
     values = dict(anyio.run(w.sample))
     # in simulation a sample carries the engines' model time: the last publication's (t=101)
-    assert 101.0 <= values.pop(tm.ENGINE_T) <= 101.0 + 2 * load.PUBLISH_S
-    assert set(values) == {f"{k}.{d}" for k in (tm.POWER, tm.UTILIZATION, tm.MEMORY, tm.SM_CLOCK) for d in (2, 3)}
+    assert values.pop(tm.ENGINE_T) == 101.0
+    assert set(values) == {f"{k}.{d}" for k in (tm.POWER, tm.UTILIZATION, tm.MEMORY, tm.SM_CLOCK, tm.ENERGY) for d in (2, 3)}
     assert values["power_w.2"] == 55.0 and values["power_w.3"] == 400.0
     s = w.summarize([Sample(0.0, values), Sample(1.0, {**values, "power_w.3": 200.0})])
     assert s == {"source": "nvml", "samples": 2, "devices": [2, 3], "power_w": {"mean": 355.0, "peak": 455.0},
@@ -185,29 +185,50 @@ def _samples(*points: tuple[float, float]) -> list[Sample]:
     return [Sample(t, {"power_w.0": p / 2, "power_w.1": p / 2}) for t, p in points]
 
 
-def test_energy_is_the_trapezoid_over_the_benchmarks_window() -> None:
-    # 100 W idle before the benchmark, 300 W -> 500 W during its last 10 engine seconds
+def test_energy_is_what_the_watch_drew_less_idle_power_outside_the_benchmark() -> None:
+    # 100 W idle (the client loading), then 300 W -> 500 W: 5500 J over 20 s watched; the
+    # benchmark's 10 s: less 10 s at the idle 100 W
     s = _samples((0.0, 100.0), (5.0, 100.0), (10.0, 300.0), (20.0, 500.0))
-    e = en.energy(s, duration_s=10.0, output_tokens=8000)
-    assert e == {"joules": 4000.0, "output_tokens_per_joule": 2.0}
-    # a window longer than the samples: the first sample's power before them
-    assert en.energy(s, 25.0, 1)["joules"] == pytest.approx(5 * 100 + 5 * 100 + 5 * 200 + 10 * 400)
-    # idle before (tokenizer, warm-up) and after (the client computing its metrics): the
-    # benchmark is the busiest stretch of its duration
-    s = _samples((0.0, 100.0), (4.0, 150.0), (8.0, 100.0), (10.0, 400.0), (30.0, 400.0), (32.0, 100.0), (60.0, 100.0))
-    # (22 s over a 20 s plateau with 2 s ramps either side: 1 s of each ramp)
-    assert en.benchmark_window(en._power_series(s), 22.0) == pytest.approx((9.0, 31.0), abs=0.1)
-    assert en.energy(s, 22.0, 1)["joules"] == pytest.approx(325 + 20 * 400 + 325, rel=0.005)
+    assert en.watched_energy(s) == (5500.0, 20.0)
+    assert en.energy(s, duration_s=10.0, output_tokens=9000) == {"joules": 4500.0, "output_tokens_per_joule": 2.0}
+    # a watch shorter than the benchmark (the last sample before its end): at the watch's mean power
+    assert en.energy(s, 25.0, 1)["joules"] == pytest.approx(5500 + 5500 / 20 * 5)
     # one sample: its power for the whole benchmark
     assert en.energy(_samples((3.0, 250.0)), 4.0, 100)["joules"] == 1000.0
     assert en.energy([], 10.0, 1) is None and en.energy(s, None, 1) is None
-    assert en.energy([Sample(0.0, {"utilization_pct.0": 5.0})], 1.0, 1) is None
+    assert en.energy([Sample(0.0, {"utilization_pct.0": 5.0}), Sample(1.0, {"utilization_pct.0": 5.0})], 1.0, 1) is None
+
+
+def test_energy_counters_count_what_happened_between_samples() -> None:
+    # two samples 10 s apart read 100 W, but the counters say 3000 J were drawn (a burst between them)
+    s = [Sample(0.0, {"power_w.0": 100.0, "energy_mj.0": 5_000_000.0}),
+         Sample(10.0, {"power_w.0": 100.0, "energy_mj.0": 8_000_000.0})]
+    assert en.watched_energy(s) == (3000.0, 10.0)
+    assert en.energy(s, 4.0, 2400)["joules"] == 3000.0 - 100 * 6
+    # a counter missing from one sample: the power's trapezoid instead
+    s[1] = Sample(10.0, {"power_w.0": 100.0})
+    assert en.watched_energy(s) == (1000.0, 10.0)
 
 
 def test_energy_uses_the_simulated_engines_model_time_when_samples_carry_it() -> None:
     # a host that fell behind: wall-based t stretched x3, the model time (engine_t) is not
     s = [Sample(3 * m, {"power_w.0": p, tm.ENGINE_T: m}) for m, p in ((0.0, 100.0), (5.0, 100.0), (10.0, 300.0), (20.0, 500.0))]
-    assert en.energy(s, duration_s=10.0, output_tokens=8000)["joules"] == 4000.0
+    assert en.energy(s, duration_s=10.0, output_tokens=8000)["joules"] == 4500.0
+
+
+def test_sim_energy_counter_is_idle_power_plus_the_steps(tmp_path: Path) -> None:
+    env = _env(tmp_path, "a100-80g-x1")
+    nvml = NvmlShim(env)
+    nvml.nvmlInit()
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    meter = load.LoadMeter([0], 1)
+    meter.publish(tmp_path / "state", 1000.0)
+    before = nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+    meter.step(0, 2.0, 1.0, 2.0)  # 2 s busy, compute-bound
+    meter.publish(tmp_path / "state", 1010.0)
+    after = nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+    # 10 s at the idle 55 W, plus 2 s at (400 - 55) x (0.6 + 0.4) above it
+    assert (after - before) / 1000 == pytest.approx(10 * 55 + 2 * 345, abs=0.01)
 
 
 def test_cost_per_million_output_tokens() -> None:

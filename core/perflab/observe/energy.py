@@ -1,13 +1,14 @@
 """Energy and cost of a measurement (issue #13): what the accelerators' telemetry and the plan's
 price turn a benchmark into.
 
-* **Energy** (J) = ∫ power dt over the benchmark, power summed over the launch's devices: the
-  trapezoid over the telemetry samples' engine-time ``t``, over the bench's ``duration``
-  placed where the devices drew the most energy (:func:`benchmark_window`: before the first
-  request the client loads its tokenizer and warms up, after the last it computes its
-  metrics, the devices idle meanwhile). In simulation the samples' time is the simulated
-  engines' model time (``engine_t``), the clock the bench measures simulated durations on.
-  **Output tokens per joule** = total output tokens / joules.
+* **Energy** (J) = ∫ power dt over the benchmark, summed over the launch's devices. The
+  samples cover more than the benchmark (before its first request the client loads its
+  tokenizer and dataset, after its last it computes its metrics, the devices idle): the energy
+  drawn from the first sample to the last — the difference of NVML's energy counters where
+  the samples have them, else the trapezoid over their power — less the idle power (the
+  lowest sampled) over the time that was not the bench's ``duration``. In simulation the
+  samples' time is the simulated engines' model time (``engine_t``), the clock the bench
+  measures simulated durations on. **Output tokens per joule** = total output tokens / joules.
 * **Cost** per million output tokens = ``per_accelerator_hour`` × accelerators × duration (h)
   / output tokens × 10⁶, from the plan's ``cost: {per_accelerator_hour: 2.50, currency: USD}``
   (:class:`Cost`); it needs no telemetry.
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perflab.observe import Sample
-from perflab.observe.telemetry import ENGINE_T, total_power_w
+from perflab.observe.telemetry import ENERGY, ENGINE_T, per_device, total_power_w
 from perflab.observe.telemetry import KEY as TELEMETRY
 
 COST_KEYS = ("per_accelerator_hour", "currency")
@@ -43,57 +44,65 @@ class Cost:
         return {"per_accelerator_hour": self.per_accelerator_hour, "currency": self.currency}
 
 
+def _time(s: Sample) -> float:
+    """A sample's engine time: the simulated engines' model time where it carries it."""
+    return float(s.values.get(ENGINE_T, s.t))
+
+
 def _power_series(samples: Sequence[Sample]) -> list[tuple[float, float]]:
-    """(engine time, watts) of the samples with power: the simulated engines' model time where
-    a sample carries it (``engine_t``), else the sample's ``t``."""
-    return sorted((float(s.values.get(ENGINE_T, s.t)), p) for s in samples if (p := total_power_w(s.values)) is not None)
+    """(engine time, watts summed over the devices) of the samples with power."""
+    return sorted((_time(s), p) for s in samples if (p := total_power_w(s.values)) is not None)
 
 
-def _integral(pts: Sequence[tuple[float, float]], a: float, b: float) -> float:
-    """∫ from ``a`` to ``b`` of the piecewise-linear power through ``pts`` (held constant
-    before the first and after the last point)."""
-    if b <= a:
-        return 0.0
-
-    def at(t: float) -> float:
-        if t <= pts[0][0]:
-            return pts[0][1]
-        if t >= pts[-1][0]:
-            return pts[-1][1]
-        for (t0, p0), (t1, p1) in zip(pts, pts[1:], strict=False):
-            if t0 <= t <= t1:
-                return p0 if t1 == t0 else p0 + (p1 - p0) * (t - t0) / (t1 - t0)
-        return pts[-1][1]
-
-    knots = [a, *(t for t, _ in pts if a < t < b), b]
-    return sum((t1 - t0) * (at(t0) + at(t1)) / 2 for t0, t1 in zip(knots, knots[1:], strict=False))
+def _trapezoid(pts: Sequence[tuple[float, float]]) -> float:
+    return sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(pts, pts[1:], strict=False))
 
 
-def benchmark_window(pts: Sequence[tuple[float, float]], duration_s: float) -> tuple[float, float]:
-    """Where the benchmark's ``duration_s`` lie among the samples: the watch runs from before
-    the first request (the client loads its tokenizer and dataset, sends its warm-up requests)
-    to after the last (it computes its metrics), with the devices idle at both ends, so the
-    benchmark is the ``duration_s``-long stretch in which they drew the most energy. The
-    stretch is searched on a grid of 1/200 of the samples' span and on every sample time."""
-    t0, t1 = pts[0][0], pts[-1][0]
-    if t1 - t0 <= duration_s:
-        return t1 - duration_s, t1  # the whole span, the first power held before it
-    step = (t1 - t0 - duration_s) / 200
-    starts = {t0 + i * step for i in range(201)}
-    starts |= {t for t, _ in pts if t + duration_s <= t1} | {t - duration_s for t, _ in pts if t - duration_s >= t0}
-    best = max(sorted(starts), key=lambda a: _integral(pts, a, a + duration_s))
-    return best, best + duration_s
+def watched_energy(samples: Sequence[Sample]) -> tuple[float, float] | None:
+    """(joules, engine seconds) from the first sample to the last: the difference of the
+    devices' energy counters where every sample has them (NVML ``energy_mj``: exact, whatever
+    happened between samples), else the trapezoid over their power. None with fewer than two
+    samples."""
+    timed = sorted(samples, key=_time)
+    if len(timed) < 2:
+        return None
+    first, last = timed[0], timed[-1]
+    span = _time(last) - _time(first)
+    counters = [per_device(s.values, ENERGY) for s in (first, last)]
+    if counters[0] and counters[0].keys() == counters[1].keys() and \
+            all(per_device(s.values, ENERGY).keys() == counters[0].keys() for s in timed):
+        return sum(counters[1][d] - counters[0][d] for d in counters[0]) / 1000.0, span
+    pts = _power_series(timed)
+    if len(pts) < 2:
+        return None
+    return _trapezoid(pts), pts[-1][0] - pts[0][0]
 
 
 def energy(samples: Sequence[Sample], duration_s: float | None, output_tokens: float | None) -> dict[str, float] | None:
     """``{"joules", "output_tokens_per_joule"}`` of a benchmark of ``duration_s`` engine seconds
-    (None without power samples or a duration): the trapezoid over its window among the
-    samples (:func:`benchmark_window`)."""
-    pts = _power_series(samples)
-    if not pts or not duration_s or duration_s <= 0 or not math.isfinite(duration_s):
+    (None without power or a duration).
+
+    The samples run from before the first request (the client loads its tokenizer and dataset)
+    to after the last (it computes its metrics), the devices idle meanwhile: the benchmark's
+    energy is what was drawn over the watch less the idle power (the lowest power sampled)
+    over the time that was not the benchmark. A watch shorter than the benchmark (its last
+    sample before the end) is extended at the watch's mean power; a single sample gives its
+    power for the whole benchmark."""
+    if not duration_s or duration_s <= 0 or not math.isfinite(duration_s):
         return None
-    a, b = benchmark_window(pts, duration_s)
-    joules = _integral(pts, a, b)
+    pts = _power_series(samples)
+    watched = watched_energy(samples)
+    if watched is None or watched[1] <= 0:
+        if not pts:
+            return None
+        joules = pts[-1][1] * duration_s
+    else:
+        drawn, span = watched
+        if span >= duration_s:
+            idle_w = min((p for _, p in pts), default=0.0)
+            joules = drawn - idle_w * (span - duration_s)
+        else:
+            joules = drawn + drawn / span * (duration_s - span)
     if joules <= 0:
         return None
     return {"joules": round(joules, 1),

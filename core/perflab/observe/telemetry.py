@@ -11,7 +11,9 @@ against the simulator. Every call blocks, so it runs in a worker thread.
 NVML calls (nvidia-ml-py, the NVML API reference): ``nvmlDeviceGetPowerUsage`` (milliwatts,
 the board), ``nvmlDeviceGetUtilizationRates`` (``gpu``: percent of the last sample period a
 kernel ran), ``nvmlDeviceGetMemoryInfo`` (bytes used), ``nvmlDeviceGetClockInfo(NVML_CLOCK_SM)``
-(MHz; optional: NOT_SUPPORTED on some boards).
+(MHz; optional: NOT_SUPPORTED on some boards), ``nvmlDeviceGetTotalEnergyConsumption``
+(millijoules since the driver loaded, Volta and later: the energy between two samples exactly,
+whatever happened between them).
 
 ``npu-smi`` (Huawei's tool; the formats as its sources print them — Ascend's open driver tree,
 npu-smi ``show_ascend_card_info`` and ``show_ascend_chip_power_info`` — and as the captures in
@@ -56,6 +58,7 @@ NPU_SMI_MIN_WALL_S = 0.5
 NPU_SMI_TIMEOUT_S = 10.0
 # the per-sample values, each as "<name>.<device index>"
 POWER, UTILIZATION, MEMORY, SM_CLOCK = "power_w", "utilization_pct", "memory_used_mib", "sm_clock_mhz"
+ENERGY = "energy_mj"  # NVML's total energy counter (millijoules since the driver loaded; Volta and later)
 # in simulation each sample also carries the simulated engines' model time (perflab.sim.load):
 # the clock the bench measures simulated durations on, which a host that falls behind the time
 # scale makes differ from the sample's wall-based ``t`` (perflab.observe.energy uses it)
@@ -133,6 +136,7 @@ def read_nvml(nvml: Any, devices: Sequence[int], missing: dict[str, str] | None 
         (UTILIZATION, lambda h: float(nvml.nvmlDeviceGetUtilizationRates(h).gpu)),
         (MEMORY, lambda h: int(nvml.nvmlDeviceGetMemoryInfo(h).used) / _MIB),
         (SM_CLOCK, lambda h: float(nvml.nvmlDeviceGetClockInfo(h, sm))),
+        (ENERGY, lambda h: float(nvml.nvmlDeviceGetTotalEnergyConsumption(h))),
     )
     values: dict[str, float] = {}
     for d in devices:
@@ -331,6 +335,24 @@ class Telemetry:
         rest of the study, said once."""
         if source in self.problems:
             return {}
+        if not self.env.get(HARDWARE_ENV):
+            return self._read(source, devices)
+        # simulation: the reading and its engine_t must see one publication of the engines'
+        # clock (the NVML shim's energy counter counts idle power over it)
+        from perflab.sim import load, state
+
+        directory = state.state_dir(self.env)
+        for _ in range(3):
+            before = load.model_time(directory)
+            values = self._read(source, devices)
+            after = load.model_time(directory)
+            if before == after:
+                break
+        if values and after is not None:
+            values[ENGINE_T] = after
+        return values
+
+    def _read(self, source: str, devices: Sequence[int]) -> dict[str, float]:
         try:
             if source == NVML:
                 missing: dict[str, str] = {}
@@ -346,12 +368,6 @@ class Telemetry:
             why = str(exc) if isinstance(exc, TelemetryUnavailable) else f"{type(exc).__name__}: {exc}"
             self._say_once(source, why)
             return {}
-        if values and self.env.get(HARDWARE_ENV):
-            from perflab.sim import load, state
-
-            t = load.model_time(state.state_dir(self.env))
-            if t is not None:
-                values[ENGINE_T] = t
         return values
 
     def watcher(self, devices_by_kind: Mapping[str, Sequence[int]]) -> TelemetryWatcher | None:

@@ -62,9 +62,8 @@ class DeviceLoad:
 class LoadMeter:
     """The counters of one engine process: per device, busy / compute / memory model seconds."""
 
-    def __init__(self, devices: Sequence[int], ranks: int, scale: float = 1.0) -> None:
+    def __init__(self, devices: Sequence[int], ranks: int) -> None:
         self.devices = tuple(devices)
-        self.scale = scale  # model seconds per wall second (PERFLAB_SIM_TIME_SCALE)
         ranks = max(1, ranks)
         per = max(1, len(self.devices) // ranks)
         # data-parallel rank r runs on its own slice of the devices (tp x pp of them)
@@ -92,7 +91,7 @@ class LoadMeter:
         pid = os.getpid() if pid is None else pid
         now = self.snapshot(model_now)
         entry = {"pid": pid, "create_time": state.create_time(pid), "devices": list(self.devices),
-                 "wall": time.monotonic(), "scale": self.scale, "prev": self._prev or now, "now": now}
+                 "prev": self._prev or now, "now": now}
         self._prev = now
         target = directory / SUBDIR
         target.mkdir(parents=True, exist_ok=True)
@@ -129,20 +128,39 @@ def _entries(directory: Path | None) -> list[dict[str, Any]]:
 
 
 def model_time(directory: Path | None) -> float | None:
-    """The serving engines' model time now (:mod:`perflab.sim.clock`; engines on one host share
-    its origin): the latest publication's, run on by the wall time since at its scale. None
-    without a serving engine. The bench measures simulated durations on this clock, so
-    telemetry samples carry it in simulation (``engine_t``, :mod:`perflab.observe.telemetry`)."""
-    now = time.monotonic()
+    """The serving engines' model time (:mod:`perflab.sim.clock`; engines on one host share its
+    origin) at their latest publication — not run on by the wall clock since: the NVML shim's
+    energy counter and a telemetry sample's ``engine_t`` (:mod:`perflab.observe.telemetry`)
+    read the same value unless a publication lands between them, which the sampler checks.
+    None without a serving engine. The bench measures simulated durations on this clock."""
     times = []
     for e in _entries(directory):
         try:
-            # at most two periods on: an engine late to publish is late to step too
-            since = min(max(0.0, now - float(e["wall"])), 2 * PUBLISH_S)
-            times.append(float(e["now"]["t"]) + since * float(e.get("scale", 1.0)))
+            times.append(float(e["now"]["t"]))
         except (KeyError, TypeError, ValueError):
             continue
     return max(times) if times else None
+
+
+def energy_mj(chip: ChipSpec, directory: Path | None, devices: Sequence[int]) -> dict[int, int]:
+    """NVML's total energy counter (millijoules) per device: the idle power over the model
+    clock (:func:`model_time`) plus what the serving engines' steps drew above it, from their
+    counters (the power model of this module, integrated). Monotonic while the engines live —
+    all a measurement, which reads it twice in one engine's life, needs; an engine's share
+    goes when it exits (NVML's counts since the driver loaded)."""
+    t = model_time(directory)
+    base = chip.power_w * (t if t is not None else time.monotonic())
+    span = chip.max_power_w - chip.power_w
+    out = {d: base for d in devices}
+    for e in _entries(directory):
+        try:
+            now = e["now"]
+            for i, d in enumerate(e["devices"]):
+                if d in out:
+                    out[d] += span * (BUSY_POWER_SHARE * float(now["busy"][i]) + COMPUTE_POWER_SHARE * float(now["compute"][i]))
+        except (KeyError, TypeError, ValueError, IndexError):
+            continue
+    return {d: round(j * 1000) for d, j in out.items()}
 
 
 def _fraction(entry: Mapping[str, object], key: str, i: int, dt: float) -> float:

@@ -167,6 +167,11 @@ class NvmlShim:
         """Board power in milliwatts (NVML's unit)."""
         return round(self._load(handle).power_w(self.machine.chip) * 1000)
 
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:  # noqa: N802
+        """Energy in millijoules (NVML's counter, Volta and later), :func:`perflab.sim.load.energy_mj`."""
+        index = self._device(handle)
+        return load.energy_mj(self.machine.chip, self.state_dir, [index])[index]
+
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:  # noqa: N802
         self._device(handle)
         return round(self.machine.chip.max_power_w * 1000)

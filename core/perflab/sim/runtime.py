@@ -189,7 +189,7 @@ class Engine(EngineLifecycle):
         self.scheds = [Scheduler(cost, deployment_.knobs, capacity) for _ in range(cfg.dp)]
         self.cost = cost
         # how busy each device is, for the NVML shim's and npu-smi's power and utilization
-        self.load = LoadMeter(deployment_.devices, cfg.dp, scale)
+        self.load = LoadMeter(deployment_.devices, cfg.dp)
         self.clock = ModelClock(scale)
         for sched in self.scheds:
             sched.now = self.clock.last
