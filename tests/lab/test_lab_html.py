@@ -303,8 +303,9 @@ def test_run_and_report_html_on_the_simulator(tmp_path, chromium, capsys):
 
     seen, left, errors = _open(chromium, out / HTML_NAME, lambda page: page.evaluate(CHARTS_JS))
     assert left == [] and errors == []
-    # (the simulated accelerators' telemetry, issue #13 item 2, is sampled in every study)
+    # (the simulated engines' metrics and accelerators' telemetry, issue #13, are sampled in every study)
     assert [i["alt"] for i in seen["images"]] == ["tiny-sweep", "Pareto frontier", "Load curves: Main",
+                                                  "Engine metrics over time: Main",
                                                   "Accelerator telemetry over time: Main"]
     assert all(i["complete"] and i["width"] > 0 for i in seen["images"])
     assert "Mean TPOT (ms), p99 TPOT (ms) against the max concurrency" in (out / HTML_NAME).read_text()  # the SLO's panel
