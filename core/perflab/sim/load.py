@@ -86,13 +86,16 @@ class LoadMeter:
         return {"t": model_now, "busy": [self.busy[d] for d in self.devices],
                 "compute": [self.compute[d] for d in self.devices], "memory": [self.memory[d] for d in self.devices]}
 
-    def publish(self, directory: Path, model_now: float, pid: int | None = None) -> Path:
-        """Write now's counters and the previous publication's for the readers."""
+    def publish(self, directory: Path, model_now: float, pid: int | None = None, period: bool = True) -> Path:
+        """Write now's counters and the previous periodic publication's for the readers.
+        ``period`` False: an extra publication (the engine going idle, so that a reading right
+        after a burst of work sees all of it) that does not start a new sample period."""
         pid = os.getpid() if pid is None else pid
         now = self.snapshot(model_now)
         entry = {"pid": pid, "create_time": state.create_time(pid), "devices": list(self.devices),
                  "prev": self._prev or now, "now": now}
-        self._prev = now
+        if period or self._prev is None:
+            self._prev = now
         target = directory / SUBDIR
         target.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target, prefix=f".{pid}.", suffix=".tmp")

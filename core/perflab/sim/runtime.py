@@ -386,6 +386,11 @@ class Engine(EngineLifecycle):
             self._plan()
             if not self._due:
                 self.clock.idle()
+                if self.state_dir is not None and self.ready:
+                    # going idle: publish the busy counters now, so a telemetry reading right
+                    # after the work (a benchmark's last sample) sees all of it
+                    with contextlib.suppress(OSError):
+                        self.load.publish(self.state_dir, self.model_now(), period=False)
                 await self._wait(None)
                 continue
             end, _, rank, result = self._due[0]
