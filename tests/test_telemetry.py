@@ -199,6 +199,16 @@ def test_energy_is_what_the_watch_drew_less_idle_power_outside_the_benchmark() -
     assert en.energy([Sample(0.0, {"utilization_pct.0": 5.0}), Sample(1.0, {"utilization_pct.0": 5.0})], 1.0, 1) is None
 
 
+def test_the_warm_ups_share_of_the_excess_is_not_the_benchmarks() -> None:
+    # idle 100 W; 4000 J above idle over the watch, drawn by 8 warm-up requests and 24 measured ones
+    s = _samples((0.0, 100.0), (10.0, 500.0), (20.0, 100.0))
+    assert en.watched_energy(s) == (6000.0, 20.0)
+    assert en.energy(s, 5.0, 3000)["joules"] == 100 * 5 + 4000
+    assert en.energy(s, 5.0, 3000, requests=24, warmup_requests=8)["joules"] == 100 * 5 + 4000 * 24 / 32
+    assert en.observed_extras({tm.KEY: s}, {"duration": 5.0, "total_output_tokens": 3000, "completed": 20, "failed": 4},
+                              None, 1, warmup_requests=8)["energy"]["joules"] == 3500.0
+
+
 def test_energy_counters_count_what_happened_between_samples() -> None:
     # two samples 10 s apart read 100 W, but the counters say 3000 J were drawn (a burst between them)
     s = [Sample(0.0, {"power_w.0": 100.0, "energy_mj.0": 5_000_000.0}),

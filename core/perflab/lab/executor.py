@@ -935,7 +935,8 @@ class Executor:
         and cost they and the benchmark's figures give (:mod:`perflab.observe.energy`)."""
         accelerators = max(1, sum(len(v) for v in self._devices_by_kind(config, self._device_sets(config)).values()))
         return {**watching.summaries(watchers),
-                **observed_extras(watching.samples, m.metrics, self.ctx.plan.cost, accelerators)}
+                **observed_extras(watching.samples, m.metrics, self.ctx.plan.cost, accelerators,
+                                  self.ctx.plan.decision.warmup)}
 
     def _early_stop(self, profile: Profile, cancel: threading.Event, to_beat: float | None) -> EarlyStop | None:
         """The benchmark's observer when early stop is on (``plan.decision.early_stop``)."""

@@ -3,12 +3,13 @@ price turn a benchmark into.
 
 * **Energy** (J) = ∫ power dt over the benchmark, summed over the launch's devices. The
   samples cover more than the benchmark (before its first request the client loads its
-  tokenizer and dataset, after its last it computes its metrics, the devices idle): the energy
-  drawn from the first sample to the last — the difference of NVML's energy counters where
-  the samples have them, else the trapezoid over their power — less the idle power (the
-  lowest sampled) over the time that was not the bench's ``duration``. In simulation the
-  samples' time is the simulated engines' model time (``engine_t``), the clock the bench
-  measures simulated durations on. **Output tokens per joule** = total output tokens / joules.
+  tokenizer and sends the plan's warm-up requests, after its last it computes its metrics):
+  the idle power (the lowest sampled) over the bench's ``duration``, plus what the devices drew
+  above idle from the first sample to the last — the difference of NVML's energy counters
+  where the samples have them, else the trapezoid over their power — less the warm-up's
+  share of it (in proportion to the requests). In simulation the samples' time is the
+  simulated engines' model time (``engine_t``), the clock the bench measures simulated
+  durations on. **Output tokens per joule** = total output tokens / joules.
 * **Cost** per million output tokens = ``per_accelerator_hour`` × accelerators × duration (h)
   / output tokens × 10⁶, from the plan's ``cost: {per_accelerator_hour: 2.50, currency: USD}``
   (:class:`Cost`); it needs no telemetry.
@@ -78,16 +79,19 @@ def watched_energy(samples: Sequence[Sample]) -> tuple[float, float] | None:
     return _trapezoid(pts), pts[-1][0] - pts[0][0]
 
 
-def energy(samples: Sequence[Sample], duration_s: float | None, output_tokens: float | None) -> dict[str, float] | None:
+def energy(samples: Sequence[Sample], duration_s: float | None, output_tokens: float | None, *,
+           requests: int | None = None, warmup_requests: int = 0) -> dict[str, float] | None:
     """``{"joules", "output_tokens_per_joule"}`` of a benchmark of ``duration_s`` engine seconds
     (None without power or a duration).
 
     The samples run from before the first request (the client loads its tokenizer and dataset)
     to after the last (it computes its metrics), the devices idle meanwhile: the benchmark's
-    energy is what was drawn over the watch less the idle power (the lowest power sampled)
-    over the time that was not the benchmark. A watch shorter than the benchmark (its last
-    sample before the end) is extended at the watch's mean power; a single sample gives its
-    power for the whole benchmark."""
+    energy is the idle power (the lowest sampled) over its ``duration_s`` plus what the devices
+    drew above idle over the watch. That includes the plan's ``warmup_requests`` (the workload's
+    first prompt, sent just before the timed run, inside the watch): the excess is shared in
+    proportion, ``requests`` / (``requests`` + ``warmup_requests``) of it the benchmark's. A
+    watch shorter than the benchmark (its last sample before the end) has its excess scaled to
+    the duration; a single sample gives its power for the whole benchmark."""
     if not duration_s or duration_s <= 0 or not math.isfinite(duration_s):
         return None
     pts = _power_series(samples)
@@ -98,11 +102,12 @@ def energy(samples: Sequence[Sample], duration_s: float | None, output_tokens: f
         joules = pts[-1][1] * duration_s
     else:
         drawn, span = watched
-        if span >= duration_s:
-            idle_w = min((p for _, p in pts), default=0.0)
-            joules = drawn - idle_w * (span - duration_s)
-        else:
-            joules = drawn + drawn / span * (duration_s - span)
+        idle_w = min((p for _, p in pts), default=0.0)
+        excess = drawn - idle_w * span
+        if span < duration_s:
+            excess *= duration_s / span
+        share = requests / (requests + warmup_requests) if requests and warmup_requests > 0 else 1.0
+        joules = idle_w * duration_s + max(0.0, excess) * share
     if joules <= 0:
         return None
     return {"joules": round(joules, 1),
@@ -120,12 +125,14 @@ def cost(price: Cost | None, accelerators: int, duration_s: float | None, output
 
 
 def observed_extras(samples: Mapping[str, Sequence[Sample]], metrics: Mapping[str, Any] | None, price: Cost | None,
-                    accelerators: int) -> dict[str, Any]:
-    """A measurement's ``energy`` and ``cost`` (each only when it can be computed)."""
+                    accelerators: int, warmup_requests: int = 0) -> dict[str, Any]:
+    """A measurement's ``energy`` and ``cost`` (each only when it can be computed);
+    ``warmup_requests``: the plan's ``warmup``, sent inside the watched time (:func:`energy`)."""
     m = metrics or {}
     duration, tokens = m.get("duration"), m.get("total_output_tokens")
+    sent = int(m.get("completed") or 0) + int(m.get("failed") or 0)
     out: dict[str, Any] = {}
-    e = energy(samples.get(TELEMETRY) or [], duration, tokens)
+    e = energy(samples.get(TELEMETRY) or [], duration, tokens, requests=sent or None, warmup_requests=warmup_requests)
     if e is not None:
         out["energy"] = e
     c = cost(price, accelerators, duration, tokens)
