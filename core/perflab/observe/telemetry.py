@@ -343,9 +343,9 @@ class Telemetry:
 
         directory = state.state_dir(self.env)
         for _ in range(3):
-            before = load.model_time(directory)
+            before = load.model_time(directory, devices)
             values = self._read(source, devices)
-            after = load.model_time(directory)
+            after = load.model_time(directory, devices)
             if before == after:
                 break
         if values and after is not None:

@@ -130,15 +130,18 @@ def _entries(directory: Path | None) -> list[dict[str, Any]]:
     return out
 
 
-def model_time(directory: Path | None) -> float | None:
+def model_time(directory: Path | None, devices: Sequence[int] | None = None) -> float | None:
     """The serving engines' model time (:mod:`perflab.sim.clock`; engines on one host share its
     origin) at their latest publication — not run on by the wall clock since: the NVML shim's
     energy counter and a telemetry sample's ``engine_t`` (:mod:`perflab.observe.telemetry`)
     read the same value unless a publication lands between them, which the sampler checks.
-    None without a serving engine. The bench measures simulated durations on this clock."""
+    None without a serving engine. The bench measures simulated durations on this clock.
+    ``devices``: only the engines on them (engines' clocks part when the host falls behind)."""
     times = []
     for e in _entries(directory):
         try:
+            if devices is not None and not set(e["devices"]) & set(devices):
+                continue
             times.append(float(e["now"]["t"]))
         except (KeyError, TypeError, ValueError):
             continue
@@ -151,10 +154,11 @@ def energy_mj(chip: ChipSpec, directory: Path | None, devices: Sequence[int]) ->
     counters (the power model of this module, integrated). Monotonic while the engines live —
     all a measurement, which reads it twice in one engine's life, needs; an engine's share
     goes when it exits (NVML's counts since the driver loaded)."""
-    t = model_time(directory)
-    base = chip.power_w * (t if t is not None else time.monotonic())
     span = chip.max_power_w - chip.power_w
-    out = {d: base for d in devices}
+    out = {}
+    for d in devices:
+        t = model_time(directory, [d])
+        out[d] = chip.power_w * (t if t is not None else time.monotonic())
     for e in _entries(directory):
         try:
             now = e["now"]
