@@ -170,7 +170,8 @@ def result_lines(res: Any) -> list[str]:
     t = obs.get(TELEMETRY)
     if t and t.get("power_w"):
         util = t.get("utilization_pct") or {}
-        lines.append(f"# Power ({t.get('source')}, {len(t.get('devices') or [])} devices): mean {t['power_w']['mean']:.0f} W, "
+        n = len(t.get("devices") or [])
+        lines.append(f"# Power ({t.get('source')}, {n} device{'s' if n != 1 else ''}): mean {t['power_w']['mean']:.0f} W, "
                      f"peak {t['power_w']['peak']:.0f} W; utilization mean {util.get('mean', 0):.0f} %")
     if e := obs.get("energy"):
         lines.append(f"# Energy: {e['joules']:.0f} J, {e['output_tokens_per_joule']:.3g} output tokens/J")
