@@ -277,6 +277,7 @@ def test_every_fixture_has_expectations() -> None:
     covered = set(INFO_EXPECTED) | set(MAPPING_EXPECTED) | {
         "910B_info-t-usages.txt", "310P_info-t-usages.txt", "910B_info-t-common.txt",
         "310P_info-t-common.txt", "910B_info-t-board.txt", "310P_info-t-board.txt", "README.md",
+        "910B_info-t-power.txt", "310P_info-t-power.txt",  # tests/test_telemetry.py
     }
     assert {p.name for p in FIXTURES.iterdir()} == covered
 

@@ -170,4 +170,12 @@ def test_demo_plan_decisions(tmp_path):
     assert "# KeyError: 'weight'" in md and "SGLang's FP8" in md
     assert "trtllm-serve Qwen/Qwen3-32B" in md
     assert (tmp_path / "demo" / "chart.png").read_bytes().startswith(b"\x89PNG")
-    assert json.loads((tmp_path / "demo" / "report.json").read_text())["steps"][0]["chosen"] == "TensorRT-LLM"
+    report = json.loads((tmp_path / "demo" / "report.json").read_text())
+    assert report["steps"][0]["chosen"] == "TensorRT-LLM"
+    # issue #13: every measured profile carries its telemetry, energy and (the plan has a price) cost
+    measured = [e["result"] for s in report["steps"] for e in s["entries"] if e["result"]["status"] == "ok"]
+    assert measured
+    for r in measured:
+        assert r["telemetry"]["source"] == "nvml" and r["telemetry"]["power_w"]["peak"] > 0
+        assert r["energy"]["joules"] > 0 and r["energy"]["output_tokens_per_joule"] > 0
+        assert r["cost"]["per_million_output_tokens"] > 0 and r["cost"]["currency"] == "USD"

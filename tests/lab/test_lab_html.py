@@ -303,7 +303,10 @@ def test_run_and_report_html_on_the_simulator(tmp_path, chromium, capsys):
 
     seen, left, errors = _open(chromium, out / HTML_NAME, lambda page: page.evaluate(CHARTS_JS))
     assert left == [] and errors == []
-    assert [i["alt"] for i in seen["images"]] == ["tiny-sweep", "Pareto frontier", "Load curves: Main"]
+    # (the simulated engines' metrics and accelerators' telemetry, issue #13, are sampled in every study)
+    assert [i["alt"] for i in seen["images"]] == ["tiny-sweep", "Pareto frontier", "Load curves: Main",
+                                                  "Engine metrics over time: Main",
+                                                  "Accelerator telemetry over time: Main"]
     assert all(i["complete"] and i["width"] > 0 for i in seen["images"])
     assert "Mean TPOT (ms), p99 TPOT (ms) against the max concurrency" in (out / HTML_NAME).read_text()  # the SLO's panel
     heads = _md_headings((out / "report.md").read_text())
@@ -318,7 +321,8 @@ def test_names_and_devices():
     assert header("power_w.mean") == "power (W) mean" and header("kv_cache_usage.peak") == "kv cache usage peak"
     assert header("memory_used_mib.peak") == "memory used (MiB) peak" and header("preemptions") == "preemptions"
     assert header("power_w per device") == "power (W) per device"
-    assert per_device_mean({"power_w.0": 100.0, "power_w.1": 300.0, "utilization_pct.0": 50.0, "running": 3.0}) == \
+    assert per_device_mean({"power_w.0": 100.0, "power_w.1": 300.0, "utilization_pct.0": 50.0, "running": 3.0,
+                            "engine_t": 12.5}) == \
         {"running": 3.0, "power_w per device": 200.0, "utilization_pct per device": 50.0}
     summary = {"source": "nvml", "samples": 3, "devices": [0], "power_w": {"mean": 1.0, "peak": 2.0}, "sm_clock_mhz": None}
     assert list(flatten(summary)) == [("power_w.mean", 1.0), ("power_w.peak", 2.0), ("sm_clock_mhz", None)]

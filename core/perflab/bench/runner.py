@@ -122,9 +122,10 @@ def _prepare_all(req: BenchRequest, targets: list[Target], samples: Iterable[Sam
 
 
 def _warmup(req: BenchRequest, first: Prepared, targets: list[Target], cancel: threading.Event | None = None,
-            stall_s: float | None = None) -> StallSeen | None:
+            stall_s: float | None = None, model: list[float] | None = None) -> StallSeen | None:
     """vLLM's warm-up: the first prompt, ``--warmup`` times, under the concurrency limit;
-    what the stall watchdog saw if it stopped it."""
+    what the stall watchdog saw if it stopped it. ``model``: given, and the requests stamped
+    by the simulator's model clock, gets the warm-up's duration on that clock appended."""
     if req.warmup <= 0:
         return None
     body = json.loads(first.body)
@@ -136,6 +137,10 @@ def _warmup(req: BenchRequest, first: Prepared, targets: list[Target], cancel: t
         return outcome.stall
     if outcome.cancelled:
         raise BenchCancelled(None, "warm-up")
+    if model is not None and req.sim_clock:
+        timed = _on_model_clock([parse_capture(c, prompt_len=0, tokenizer=None) for c in outcome.captures], 1.0)
+        if timed is not None:
+            model.append(timed[1])
     return None
 
 
@@ -229,7 +234,8 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     stall_real = req.stall_s / time_scale if req.stall_s else None  # stall_s is engine time
     plan = LoadPlan(prepared, offsets, req.max_concurrency, req.http_stack, req.timeout, stall_s=stall_real)
     check(cancel, "preparation")
-    warm_stall = _warmup(req, prepared[0], targets, cancel, stall_real)
+    warm_model: list[float] = []  # the warm-up's duration on the simulator's model clock
+    warm_stall = _warmup(req, prepared[0], targets, cancel, stall_real, warm_model)
     if warm_stall is not None:
         result = _make_result(req, [], 1e-9, tok, simulated, time_scale, len(targets))
         result.stall = _stall(req, warm_stall, time_scale, 0, "warm-up")
@@ -256,6 +262,8 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
         duration = (timed.end - start) * time_scale
     result = _make_result(req, traces, duration, tok, simulated, time_scale, len(targets))
     result.info["clock"] = "model" if model is not None else "host"
+    if warm_model:  # engine seconds the warm-up took (what the engine spent, outside the results)
+        result.info["warmup_s"] = round(warm_model[0], 6)
     # For clock comparisons (benchmarks/bench_client_capacity.py): request i was sent with
     # x-request-id {request_id_prefix}{i}; its absolute perf_counter() times are
     # origin + (start + chunk time) / time_scale.

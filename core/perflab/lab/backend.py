@@ -238,6 +238,7 @@ class LocalBackend:
     def __init__(self, ctx: Any, *, parallel: int | str = 1, on_event: Any = None,
                  executor_factory: Callable[[], Any] | None = None) -> None:
         from perflab.lab.executor import Executor
+        from perflab.observe.telemetry import Telemetry
 
         self.ctx = ctx  # None: a stand-in executor without a machine (tests)
         self.on_event = on_event or (lambda kind, **kw: None)
@@ -256,6 +257,9 @@ class LocalBackend:
         self._learned: list[tuple[int, dict[str, list[Any]]]] = []  # (run id, new curves), this step
         self._stale: list[Any] = []
         self._reset_noted: set[str] = set()
+        # the study's accelerator telemetry (perflab.observe.telemetry): NVML opened once, what
+        # is missing said once, whichever run meets it
+        self.telemetry = Telemetry(ctx.env, ctx.hardware.accelerators) if ctx is not None else None
 
     def demand(self, config: Configuration) -> Demand:
         if self.ctx is None:
@@ -300,6 +304,8 @@ class LocalBackend:
                 # cancellation (the next launch waits for them, whoever started them) and the
                 # engines whose missing prefix-cache reset is already noted
                 ex._stale, ex._reset_noted = self._stale, self._reset_noted
+            if hasattr(ex, "telemetry") and self.telemetry is not None:
+                ex.telemetry = self.telemetry
             if hasattr(ex, "placement") and self.parallel > 1:
                 # the ledger's devices become the configuration's devices (the plugin writes
                 # CUDA_VISIBLE_DEVICES etc.); one at a time, the engine's default selection
@@ -314,6 +320,8 @@ class LocalBackend:
                 new = {k: [e for e in v if not any(e is b for b in before.get(k, []))]
                        for k, v in ex.calibration.curves.items()}
                 self._learned.append((ticket.run_id, {k: v for k, v in new.items() if v}))
+                if self.parallel == 1:  # one at a time: the next run, sibling or not, learns from this one
+                    self.begin_step()
             sink(Finished(rec))
             sink(State("done"))
         finally:

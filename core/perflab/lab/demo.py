@@ -54,6 +54,8 @@ profiles:
   very-long: {label: Very Long Prompt, input_len: 32000, output_len: 100, num_prompts: 3, seed: 42}
 main_profile: sharegpt
 min_success_rate: 0.9
+# an illustrative on-demand price per A100-hour: the report shows cost per million output tokens
+cost: {per_accelerator_hour: 2.50, currency: USD}
 timeouts: {startup_s: 120, benchmark_s: 300}
 notes:
   - This is a scaled-down reproduction of a published study (fewer prompts on the random workloads) on simulated engines.

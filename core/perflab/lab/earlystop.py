@@ -119,12 +119,15 @@ class EarlyStop:
         self._last: Observation | None = None
         self._mark: Observation | None = None  # the observation that began the current window
         self.decided: dict[str, Any] | None = None
+        self._model0: float | None = None  # the first model-clock stamp seen (the simulator's)
 
 
     def __call__(self, obs: Observation) -> None:
         if self.decided is not None:
             return
         self._last = obs
+        if self._model0 is None and obs.model_t is not None:
+            self._model0 = obs.model_t
         self.scale = obs.time_scale  # the scale the bench client measures with (the server's own)
         if self._mark is None:
             self._mark = Observation(0.0, 0, 0, 0, 0, 0, 0.0)
@@ -176,8 +179,12 @@ class EarlyStop:
         return out
 
     def elapsed_s(self) -> float:
-        """Engine seconds of the timed run so far."""
-        return (self._last.t if self._last is not None else 0.0) * self.scale
+        """Engine seconds of the timed run so far: on the engine's own clock when the stream
+        carries one (the simulator's: host load does not move it), else real seconds × scale."""
+        last = self._last
+        if last is not None and last.model_t is not None and self._model0 is not None:
+            return last.model_t - self._model0
+        return (last.t if last is not None else 0.0) * self.scale
 
     def to_json(self) -> dict[str, Any]:
         """Every window, the steady estimates and the decision (the run's ``earlystop-*.json``)."""

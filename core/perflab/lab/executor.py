@@ -37,6 +37,8 @@ from perflab.lab.decide import DecideBy, LoadKind, Slo
 from perflab.lab.earlystop import Calibration, EarlyStop
 from perflab.observe import Watcher, Watching
 from perflab.observe import watch as observe_watch
+from perflab.observe.energy import observed_extras
+from perflab.observe.telemetry import Telemetry
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
@@ -469,6 +471,8 @@ class Executor:
         # the devices a backend placed this run on (perflab.lab.backend.LocalBackend's ledger),
         # used as the configuration's devices when it pins none; None: the engine's default
         self.placement: tuple[int, ...] | None = None
+        # the accelerators' telemetry sources, opened once a study; what is missing is said once
+        self.telemetry = Telemetry(ctx.env, ctx.hardware.accelerators)
 
     def _describer(self, engine: str) -> Callable[[str, str], list[str] | None] | None:
         return plugin_file_describer(self.ctx.pm, engine)
@@ -538,12 +542,18 @@ class Executor:
         instances: list[Any] = []
         rec.accelerators = max(1, sum(len(v) for v in self._devices_by_kind(config, device_sets).values()))
         launched = time.monotonic()
+        self._host_s = 0.0
         try:
             await self._launch_and_measure(rec, instances, config, profiles, device_sets, run_dir, label, to_beat)
         finally:
-            # engine time: wall x the simulator's time scale (1 on real engines), x accelerators
+            # engine time, x accelerators: on a real engine the wall time from launch to
+            # teardown; on the simulator the same x its time scale, except that each benchmark
+            # counts for its duration on the engine's model clock — the client's own work
+            # (preparing prompts, the test request, warm-up) and a host slower than the model
+            # would otherwise count x the scale, and load on the host would move engine-hours
             scale = self.ctx.time_scale if self.ctx.simulated else 1.0
-            rec.engine_seconds = (time.monotonic() - launched) * scale * rec.accelerators
+            wall = max(0.0, time.monotonic() - launched - self._host_s)
+            rec.engine_seconds = wall * scale * rec.accelerators
         rec.leftovers = [f"{engine} replica {i + 1}: {msg}" if len(instances) > 1 else msg
                          for i, inst in enumerate(instances) for msg in inst.outcome.leftovers]
         if rec.cause is not None and rec.cause.name == "port-in-use":
@@ -837,6 +847,7 @@ class Executor:
         any_died = anyio.Event()
         budget = plan.timeouts.benchmark_s
         stopper = self._early_stop(profile, cancel, to_beat)
+        bench_began = time.monotonic()
         watchers = self._watchers(instances, config)
         watching = Watching()
         work = signalling_end(finished, lambda: run_benchmark_sync(req, progress, cancel, stopper))
@@ -883,6 +894,7 @@ class Executor:
                         self._stale.append(finished)
 
         measured = result if result is not None else partial
+        self._host_s += _host_seconds(measured, time.monotonic() - bench_began)
         if stopper is not None and stopper.decided is not None and result is None and not dead and not timed_out:
             # stopped by the early stop: a measurement (what it had measured), never a failure
             m = ProfileMeasurement(Status.STOPPED_EARLY, metrics=dict(partial.metrics) if partial is not None else None,
@@ -927,18 +939,27 @@ class Executor:
             log.warning("lab.cache-reset-failed", label=label, engine=engine, profile=profile.name, why=problem.text)
         return req.replace(warmup=self.ctx.plan.decision.warmup)
 
+    _host_s = 0.0  # this run's wall seconds of benchmarks not spent on the engine's model clock
+
     def _watchers(self, instances: list[Any], config: Configuration) -> list[Watcher]:
         """What is sampled while a benchmark runs (:mod:`perflab.observe`)."""
         from perflab.observe.metrics import metrics_watchers
 
         watchers: list[Watcher] = []
         watchers += metrics_watchers(self.ctx.pm, config.engine, instances, self._env())  # server_metrics
+        telemetry = self.telemetry.watcher(self._devices_by_kind(config, self._device_sets(config)))
+        if telemetry is not None:  # the launch's accelerators: power, utilization, memory, clock
+            watchers.append(telemetry)
         return watchers
 
     def _observed(self, watchers: Sequence[Watcher], watching: Watching, m: ProfileMeasurement,
                   config: Configuration) -> dict[str, Any]:
-        """The measurement's ``observed``: each watcher's summary of its samples."""
-        return watching.summaries(watchers)
+        """The measurement's ``observed``: each watcher's summary of its samples, and the energy
+        and cost they and the benchmark's figures give (:mod:`perflab.observe.energy`)."""
+        accelerators = max(1, sum(len(v) for v in self._devices_by_kind(config, self._device_sets(config)).values()))
+        return {**watching.summaries(watchers),
+                **observed_extras(watching.samples, m.metrics, self.ctx.plan.cost, accelerators,
+                                  self.ctx.plan.decision.warmup)}
 
     def _early_stop(self, profile: Profile, cancel: threading.Event, to_beat: float | None) -> EarlyStop | None:
         """The benchmark's observer when early stop is on (``plan.decision.early_stop``)."""
@@ -984,3 +1005,18 @@ class Executor:
             "instances": [inst.outcome.to_json() for inst in instances],
         }
         write_json(run_dir / "outcome.json", json.loads(json.dumps(outcome, default=str)))
+
+
+def _host_seconds(result: Any, wall_s: float) -> float:
+    """Of a benchmark that took ``wall_s`` real seconds, those not on the engine's model clock:
+    the wall time beyond the warm-up's and the measured run's durations (engine seconds / time
+    scale), when the simulator's model clock timed it (``info["clock"] == "model"``); 0
+    otherwise."""
+    if result is None or result.info.get("clock") != "model":
+        return 0.0
+    duration = result.metrics.get("duration")
+    scale = result.info.get("time_scale")
+    if not isinstance(duration, (int, float)) or not scale:
+        return 0.0
+    engine_s = float(duration) + float(result.info.get("warmup_s") or 0.0)  # the warm-up is engine time too
+    return max(0.0, wall_s - engine_s / float(scale))

@@ -34,6 +34,7 @@ from markdown.treeprocessors import Treeprocessor
 from perflab import redact
 from perflab.lab.decide import LoadKind
 from perflab.observe import OBSERVED_KEYS
+from perflab.observe.telemetry import ENGINE_T
 
 if TYPE_CHECKING:
     from perflab.lab.report import ReportContext
@@ -328,6 +329,8 @@ def per_device_mean(values: Mapping[str, float]) -> dict[str, float]:
     out: dict[str, float] = {}
     devices: dict[str, list[float]] = {}
     for k, v in values.items():
+        if k == ENGINE_T:  # the simulated engines' clock a sample carries (for energy), not a figure
+            continue
         m = _DEVICE.match(k)
         if m:
             devices.setdefault(m["name"], []).append(v)

@@ -29,6 +29,7 @@ from perflab import redact
 from perflab.errors import UsageError
 from perflab.lab.decide import SLO_KEYS, DecideBy, Decision, LoadKind, Slo
 from perflab.lab.options import PLAN_OPTIONS, Configuration, apply_delta, normalise
+from perflab.observe.energy import COST_KEYS, DEFAULT_CURRENCY, Cost
 
 if TYPE_CHECKING:
     from perflab.bench.request import BenchRequest
@@ -42,6 +43,8 @@ TOP_KEYS = (
     "min_improvement_pct", "timeouts", "simulation", "notes",
     # how the study decides (perflab.lab.decide)
     "decide_by", "slo", "search", "repeats", "warmup", "early_stop",
+    # what an accelerator-hour costs: cost per million output tokens (perflab.observe.energy)
+    "cost",
 )
 MODEL_KEYS = ("id", "path", "name", "metadata")
 BASELINE_KEYS = ("engine", "serve", "label")
@@ -272,6 +275,7 @@ class Plan:
     # simulated machine's defaults, the seeds' versions)
     sim_engine_versions: Mapping[str, str] = field(default_factory=dict)
     decision: Decision = Decision()  # decide_by, slo, search, repeats, warmup, early_stop
+    cost: Cost | None = None  # cost: {per_accelerator_hour, currency}; None: no cost figures
 
     @property
     def display_model(self) -> str:
@@ -813,6 +817,24 @@ def _time_scale(p: _Problems, raw: Any) -> float:
     return 1.0 if v is _BAD else v
 
 
+def _cost(p: _Problems, raw: Any) -> Cost | None:
+    """``cost: {per_accelerator_hour: 2.50, currency: USD}`` (currency: 3 letters, default USD)."""
+    c = _mapping(p, "cost", raw, "a mapping such as {per_accelerator_hour: 2.50, currency: USD}")
+    if c is None:
+        return None
+    _unknown_keys(p, "cost", c, COST_KEYS)
+    if "per_accelerator_hour" not in c:
+        p.add("cost.per_accelerator_hour", "missing; expected the price of one accelerator for one hour, e.g. 2.50")
+        return None
+    price = _number(p, "cost.per_accelerator_hour", c["per_accelerator_hour"], "a positive price per accelerator-hour",
+                    0.0, lo_open=True)
+    currency = c.get("currency", DEFAULT_CURRENCY)
+    if not isinstance(currency, str) or not re.fullmatch(r"[A-Za-z]{3}", currency):
+        p.add("cost.currency", f"expected a three-letter currency code such as USD or EUR, got {_show(currency)}")
+        return None
+    return None if price is _BAD else Cost(float(price), currency.upper())
+
+
 def _sim_engine_versions(p: _Problems, raw: Any) -> dict[str, str]:
     if not isinstance(raw, Mapping) or "engine_versions" not in raw:
         return {}  # a simulation key that is not a mapping is reported once, by _time_scale
@@ -967,6 +989,7 @@ def parse_plan(
     decision = _decision(p, data)
     time_scale = _time_scale(p, data.get("simulation"))
     sim_engine_versions = _sim_engine_versions(p, data.get("simulation"))
+    cost = _cost(p, data.get("cost"))
     title = _optional_str(p, data, "title", None)
     objective = _optional_str(p, data, "objective", DEFAULT_OBJECTIVE)
     name = _optional_str(p, data, "name", None, "a short study name")
@@ -1007,6 +1030,7 @@ def parse_plan(
         notes=tuple(notes),
         sim_engine_versions=MappingProxyType(sim_engine_versions),
         decision=decision,
+        cost=cost,
     )
 
 

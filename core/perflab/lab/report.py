@@ -20,6 +20,7 @@ from typing import Any
 
 from perflab import __version__, redact
 from perflab.lab.study import ConfigResult, Entry, Ranking, Step, StudyOutcome, slo_label, stopped_early_text
+from perflab.observe import energy
 from perflab.status import Status
 
 GREEN = "lightgreen"
@@ -222,7 +223,7 @@ def measured_notes(res: ConfigResult) -> list[str]:
         lines.append(f"# Capacity (the highest load meeting the SLO): {_fmt_load(res.capacity)}")
     elif any(pt.get("slo_met") is not None for pt in res.points):
         lines.append("# Capacity: no probed load met the SLO")
-    return lines
+    return lines + energy.result_lines(res)  # power, energy and cost (issue #13)
 
 
 #: the figures whose spread a result block shows (the ranking figures and the latencies)
@@ -304,6 +305,8 @@ def _conclusion(o: StudyOutcome, ctx: ReportContext) -> list[str]:
         out.append(f"| **{case.profile.label}** | {cell(case.baseline, None, rank)} | {opt} |")
     if ctx.engine_hours:
         out += ["", engine_hours_line(ctx.engine_hours)]
+    for line in energy.summary_lines(o.baseline, o.optimized, [e for st in o.steps for e in st.entries], plan.cost):
+        out += ["", line]
     out += ["", "!!! note"]
     notes = list(NOTES) + list(plan.notes)
     if ctx.simulated:
@@ -464,7 +467,8 @@ def summary_rows(o: StudyOutcome, ctx: ReportContext) -> list[dict[str, Any]]:
         if failures:
             detail += "; " + "; ".join(failures)
         rows.append({"option": name, "step": s.title, "adopted": s.adopted, "improvement_vs_baseline_pct": improvement,
-                     "improvement_vs_previous_best_pct": s.vs_base_pct, "detail": detail})
+                     "improvement_vs_previous_best_pct": s.vs_base_pct, "detail": detail,
+                     "energy_cost": energy.efficiency_text(s.chosen) if s.chosen is not None else None})
     return rows
 
 
@@ -472,10 +476,12 @@ def _summary(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     out = ["### Summary of Optimization Options", "",
            f"| Optimization Option | {o.rank.name} Improvement | Details |",
            "|-----------------------------|-------------------------------------|---------|"]
-    for row in summary_rows(o, ctx):
+    rows = summary_rows(o, ctx)
+    for row in rows:
         imp = row["improvement_vs_baseline_pct"]
         imp_s = f'<span style="background-color:{GREEN if imp >= 0 else RED};">{fmt_pct(imp)}</span>' if imp is not None else "-"
         out.append(f"| {row['option']} | {imp_s} | {_md_escape(row['detail'])} |")
+    out += energy.step_lines(rows)
     what = {"throughput": "total token throughput", "goodput": "goodput (requests/s meeting the SLO)",
             "max-load": "capacity (the highest load meeting the SLO)"}[str(o.rank.decide_by)]
     out += ["", f"Improvements are in {what} on the main profile, relative to the baseline; "

@@ -13,8 +13,8 @@
 
 :func:`conduct` only decides; ``measure`` does the work. The runner passes a measure that
 launches engines (reusing what the store already holds) and is told ``to_beat``, the best
-figure *before the step* (the same for every configuration of a step, so they can run at
-once with the decisions of a sequential run), so that a clearly lost configuration can stop early; ``perflab report`` passes one that
+figure so far (with ``--parallel``, the best *before the step*: the same for every
+configuration of a step, so they can run at once), so that a clearly lost configuration can stop early; ``perflab report`` passes one that
 only reads the store, so the report follows exactly the decisions the run made. Tests pass a
 fake one.
 """
@@ -343,15 +343,24 @@ class _Study:
     async def each(self, jobs: list[tuple[Configuration, str]], step: str, to_beat: float | None) -> list[ConfigResult]:
         """The main-profile results of a step's configurations, in ``jobs``' (the plan's) order.
 
-        Every configuration of a step is compared with the same ``to_beat`` — the best
-        *before* the step — so they are independent of one another: a concurrent measure
-        (``measure.concurrent``, ``perflab run --parallel``) runs them at once, and its
-        decisions are those of a sequential run."""
+        With a concurrent measure (``measure.concurrent``, ``perflab run --parallel``) every
+        configuration of a step is compared with the same ``to_beat`` — the best *before* the
+        step — so they are independent of one another and run at once. One at a time, each is
+        compared with the best so far, the step's earlier configurations included (more can
+        stop early: in the engine step, an engine that clearly lost to an earlier one). The
+        decisions are the same either way: early stop only ends configurations that could
+        not have been adopted."""
         results: list[ConfigResult | None] = [None] * len(jobs)
+        concurrent = getattr(self.measure, "concurrent", False) and len(jobs) > 1
 
         async def job(i: int) -> None:
             cfg, label = jobs[i]
-            results[i] = await self.one(cfg, step, label, to_beat)
+            beat = to_beat
+            if not concurrent:
+                earlier = [self.entry(lb, c, r) for (c, lb), r in zip(jobs[:i], results[:i], strict=True) if r is not None]
+                best = self.to_beat(*earlier)
+                beat = best if beat is None else (beat if best is None else max(beat, best))
+            results[i] = await self.one(cfg, step, label, beat)
 
         await self._all([lambda i=i: job(i) for i in range(len(jobs))], [cfg for cfg, _ in jobs])
         return [r if r is not None else ConfigResult(Status.PENDING) for r in results]
@@ -420,7 +429,7 @@ class _Study:
     async def engine_step(self) -> tuple[Step, Entry | None]:
         step = Step(1, "engine", "Choosing the Inference Engine", "1. Choosing the Inference Engine")
         jobs = [(self.plan.engine_defaults(engine), self.display(engine)) for engine in self.plan.engines]
-        # nothing to beat before the first step: no engine stops early as lost
+        # nothing to beat before the first step (one at a time: the engines before this one)
         for (cfg, label), res in zip(jobs, await self.each(jobs, step.title, None), strict=True):
             step.entries.append(self.entry(label, cfg, res))
         ok = self.ranked(step.entries)

@@ -56,8 +56,14 @@ class ChipSpec:
     collective_latency_us: float = 8.0  # fixed cost of one all-reduce
     # npu-smi details (Ascend only)
     aicore_count: int | None = None
-    power_w: float = 90.0
     temperature_c: int = 40
+    # Power and clocks (perflab.sim.load): an idle chip draws power_w, a fully busy,
+    # compute-bound one max_power_w (the datasheet's maximum / TDP); the SM (AI Core) clock is
+    # sm_clock_mhz while it has work, idle_sm_clock_mhz when it has none.
+    power_w: float = 90.0
+    max_power_w: float = 400.0
+    sm_clock_mhz: int = 1410
+    idle_sm_clock_mhz: int = 210
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,9 @@ A100_SXM4_80GB = ChipSpec(
     memory_mib=81920, baseline_used_mib=4,
     bf16_tflops=312.0, fp8_tflops=None, int8_tops=624.0, hbm_gbps=2039.0, interconnect_gbps=600.0,
     hbm_efficiency=0.75, mfu=0.5,
+    # datasheet: max TDP 400 W, boost clock 1410 MHz; idle: what an idle A100 SXM4 typically
+    # reports (nvidia-smi), 210 MHz its lowest supported graphics clock
+    power_w=55.0, max_power_w=400.0, sm_clock_mhz=1410, idle_sm_clock_mhz=210,
     # FlashAttention-2 forward, causal, head dim 128, long sequences: ~70% of the A100's BF16
     # peak (Dao 2023, "FlashAttention-2", Fig. 5), above what a whole serving forward pass
     # sustains; seed 002's 32000-token prompts (1798 tok/s, vLLM) need it.
@@ -123,6 +132,8 @@ H100_SXM5_80GB = ChipSpec(
     memory_mib=81559, baseline_used_mib=1,
     bf16_tflops=989.4, fp8_tflops=1978.9, int8_tops=1978.9, hbm_gbps=3350.0, interconnect_gbps=900.0,
     hbm_efficiency=0.7, mfu=0.45,
+    # datasheet: max TDP up to 700 W (configurable), max boost clock 1980 MHz; idle as above
+    power_w=70.0, max_power_w=700.0, sm_clock_mhz=1980, idle_sm_clock_mhz=210,
 )
 
 ASCEND_910B3 = ChipSpec(
@@ -131,6 +142,10 @@ ASCEND_910B3 = ChipSpec(
     bf16_tflops=313.0, fp8_tflops=None, int8_tops=626.0, hbm_gbps=1600.0, interconnect_gbps=392.0,
     hbm_efficiency=0.55, mfu=0.4, link_efficiency=0.5, collective_latency_us=20.0,
     aicore_count=20, power_w=93.6, temperature_c=40,
+    # idle power: tests/fixtures/npu-smi/910B3_info.txt; Huawei publishes no per-chip maximum
+    # for the 910B3 — 400 W is the figure public summaries give for the 910B family (an
+    # assumption, docs/simulator.md); AI Core clock 1800 MHz as `-t common` prints it
+    max_power_w=400.0, sm_clock_mhz=1800, idle_sm_clock_mhz=1800,
 )
 
 # PCI bus ids as on the vendors' 8-device servers (DGX A100, DGX H100, Atlas 800 A2).

@@ -4,9 +4,11 @@ Prints what Huawei's tool prints for the catalog machine's chips, in exactly the
 real outputs in tests/fixtures/npu-smi/ (the 910B files: column widths, the irregular
 spacing, the ``Chip ID`` line at the end of ``-t usages``). HBM in use is the idle baseline plus
 what running simulated engines registered (:mod:`perflab.sim.state`), and their processes are
-listed in the process table like the real tool's.
+listed in the process table like the real tool's. Power, AI Core usage and clock follow what the
+engines on the chip are doing (:mod:`perflab.sim.load`).
 
 Supported: ``info``, ``info -m``, ``info -t usages -i N``, ``info -t common -i N``,
+``info -t power -i N``,
 ``info -t board -i N -c C``, ``-h``. Anything else is an error on stderr with a non-zero exit
 status (the real tool's exact error wording is not reproduced; see docs/simulator.md).
 """
@@ -19,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from perflab.hardware.npusmi_parse import ProcessRow  # what the probe parses back is what this renders
-from perflab.sim import catalog, state
+from perflab.sim import catalog, load, state
 from perflab.simenv import HARDWARE_ENV
 
 WIDTH = 96  # characters between the outer "|" of the `npu-smi info` table
@@ -28,7 +30,7 @@ _HEAD_RULE = "+" + "-" * 27 + "+" + "-" * 15 + "+" + "-" * 52 + "+"
 _ROW_RULE = "+" + "=" * 27 + "+" + "=" * 15 + "+" + "=" * 52 + "+"
 _USAGE = (
     "Usage: npu-smi info [-h] [-m] [-t TYPE -i ID [-c CHIP_ID]]\n"
-    "       TYPE: usages | common | board"
+    "       TYPE: usages | common | power | board"
 )
 
 
@@ -138,6 +140,7 @@ class _Machine:
             raise _Fail("dcmi module initialize failed. ret is -8005")
         self.chip = self.machine.chip
         self.holders = state.holders(state.state_dir(env))
+        self.loads = load.device_loads(state.state_dir(env), list(range(self.machine.count)))
 
     @property
     def ids(self) -> range:
@@ -150,8 +153,12 @@ class _Machine:
         return round(self.hbm_used(npu) * 100 / self.chip.memory_mib)
 
     def power(self, npu: int) -> float:
-        busy = any(h.on(npu) for h in self.holders)
-        return round(self.chip.power_w + (npu * 1.7) % 6 + (180.0 if busy else 0.0), 1)
+        """Watts: the load model's (:mod:`perflab.sim.load`) plus a small per-chip offset, as
+        real chips of one board never read exactly alike."""
+        return round(self.loads[npu].power_w(self.chip) + (npu * 1.7) % 6, 1)
+
+    def aicore_pct(self, npu: int) -> int:
+        return round(100 * self.loads[npu].busy)
 
     def chip_rows(self) -> list[ChipRow]:
         return [
@@ -165,7 +172,7 @@ class _Machine:
                 hugepages_total=0,
                 chip_id=0,
                 bus_id=self.machine.bus_id(i),
-                aicore_pct=0,
+                aicore_pct=self.aicore_pct(i),
                 memory_used_mb=0,
                 memory_total_mb=0,
                 hbm_used_mb=self.hbm_used(i),
@@ -192,11 +199,11 @@ class _Machine:
                 ("DDR Hugepages Usage Rate(%)", 0),
                 ("HBM Capacity(MB)", self.chip.memory_mib),
                 ("HBM Usage Rate(%)", self.hbm_rate(npu)),
-                ("Aicore Usage Rate(%)", 0),
+                ("Aicore Usage Rate(%)", self.aicore_pct(npu)),
                 ("Aicpu Usage Rate(%)", 0),
                 ("Ctrlcpu Usage Rate(%)", 9),
                 ("DDR Bandwidth Usage Rate(%)", 0),
-                ("HBM Bandwidth Usage Rate(%)", 0),
+                ("HBM Bandwidth Usage Rate(%)", round(100 * self.loads[npu].memory)),
                 ("Chip ID", 0),
             ]
         )
@@ -208,9 +215,9 @@ class _Machine:
                 ("Chip ID", 0),
                 ("Memory Usage Rate(%)", 6),
                 ("HBM Usage Rate(%)", self.hbm_rate(npu)),
-                ("Aicore Usage Rate(%)", 0),
-                ("Aicore Freq(MHZ)", 1800),
-                ("Aicore curFreq(MHZ)", 1800),
+                ("Aicore Usage Rate(%)", self.aicore_pct(npu)),
+                ("Aicore Freq(MHZ)", self.chip.sm_clock_mhz),
+                ("Aicore curFreq(MHZ)", self.loads[npu].sm_clock_mhz(self.chip)),
                 ("Aicore Count", self.chip.aicore_count),
                 ("Temperature(C)", self.chip.temperature_c + 6 + npu % 3),
                 ("NPU Real-time Power(W)", f"{self.power(npu):.1f}"),
@@ -220,6 +227,15 @@ class _Machine:
                 ("NPU Real-time Power(W)", f"{45.2 + npu * 0.3:.1f}"),
             ]
         )
+
+    def power_info(self, npu: int) -> str:
+        """``npu-smi info -t power -i N``: the NPU header, then each AI chip's real-time power
+        followed by its chip id (npu-smi's show_ascend_card_info / show_ascend_chip_power_info:
+        ``NPU Real-time Power(W)`` for an NPU chip of any type but the 310, whose line is
+        ``Rated Power Dissipation(W)``), then the Mcu's ``Power Dissipation(W)`` and ``Chip Name``
+        (show_ascend_card_mcu_info; the Mcu's figure as ``-t common`` prints it)."""
+        return _kv([*_chip_header(npu), ("NPU Real-time Power(W)", f"{self.power(npu):.1f}"), ("Chip ID", 0), None,
+                    ("Power Dissipation(W)", f"{45.2 + npu * 0.3:.1f}"), ("Chip Name", "MCU"), None])
 
     def board(self, npu: int) -> str:
         vdie = self.machine.uuid(npu)
@@ -304,6 +320,8 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> str:
         return machine.usages(npu)
     if kind == "common":
         return machine.common(npu)
+    if kind == "power":
+        return machine.power_info(npu)
     if kind == "board":
         if "c" not in opts:
             raise _Fail(f'Error: option "-c" is required for "-t board" on this product.\n{_USAGE}')

@@ -4,7 +4,8 @@
 catalog machine: strings as ``str`` (nvidia-ml-py's ``convertStrBytes``), memory and PCI info
 as pynvml's own ctypes structures (field types exactly as on a real host), errors as
 ``pynvml.NVMLError`` with NVML's error codes. Memory in use is the idle baseline plus what
-running simulated engines registered (:mod:`perflab.sim.state`). Ascend machines have no
+running simulated engines registered (:mod:`perflab.sim.state`); utilization, power and the SM
+clock follow what the engines on the device are doing (:mod:`perflab.sim.load`). Ascend machines have no
 NVIDIA devices: ``nvmlDeviceGetCount()`` is 0.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from perflab.sim import catalog, state
+from perflab.sim import catalog, load, state
 from perflab.simenv import HARDWARE_ENV
 
 _MIB = 1024 * 1024
@@ -25,16 +26,19 @@ try:  # nvidia-ml-py is a perflab dependency; its structs and errors keep the sh
     NVMLError: type[Exception] = _pynvml.NVMLError
     _ERROR_UNINITIALIZED = _pynvml.NVML_ERROR_UNINITIALIZED
     _ERROR_INVALID_ARGUMENT = _pynvml.NVML_ERROR_INVALID_ARGUMENT
+    _ERROR_NOT_SUPPORTED = _pynvml.NVML_ERROR_NOT_SUPPORTED
 except ImportError:  # pragma: no cover - only without nvidia-ml-py
     _pynvml = None
 
     class NVMLError(Exception):  # type: ignore[no-redef]
         def __init__(self, value: int) -> None:
             self.value = value
-            super().__init__({1: "Uninitialized", 2: "Invalid Argument"}.get(value, f"NVML Error with code {value}"))
+            super().__init__({1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported"}.get(
+                value, f"NVML Error with code {value}"))
 
     _ERROR_UNINITIALIZED = 1
     _ERROR_INVALID_ARGUMENT = 2
+    _ERROR_NOT_SUPPORTED = 3
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,12 @@ class _Memory:  # used only without nvidia-ml-py
     total: int
     free: int
     used: int
+
+
+@dataclass
+class _Utilization:  # used only without nvidia-ml-py
+    gpu: int
+    memory: int
 
 
 @dataclass
@@ -136,6 +146,43 @@ class NvmlShim:
         memory = _pynvml.c_nvmlMemory_t()
         memory.total, memory.free, memory.used = total, total - used, used
         return memory
+
+    # telemetry (perflab.sim.load: what the simulated engines on the device are doing) -------
+    def _load(self, handle: Any) -> load.DeviceLoad:
+        index = self._device(handle)
+        return load.device_loads(self.state_dir, [index])[index]
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:  # noqa: N802
+        """Percent of the last sample period a kernel ran (``gpu``) and memory was read or
+        written (``memory``), as ``nvmlUtilization_t``."""
+        got = self._load(handle)
+        gpu, mem = round(100 * got.busy), round(100 * got.memory)
+        if _pynvml is None:
+            return _Utilization(gpu=gpu, memory=mem)
+        rates = _pynvml.c_nvmlUtilization_t()
+        rates.gpu, rates.memory = gpu, mem
+        return rates
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:  # noqa: N802
+        """Board power in milliwatts (NVML's unit)."""
+        return round(self._load(handle).power_w(self.machine.chip) * 1000)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:  # noqa: N802
+        """Energy in millijoules (NVML's counter, Volta and later), :func:`perflab.sim.load.energy_mj`."""
+        index = self._device(handle)
+        return load.energy_mj(self.machine.chip, self.state_dir, [index])[index]
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:  # noqa: N802
+        self._device(handle)
+        return round(self.machine.chip.max_power_w * 1000)
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:  # noqa: N802
+        """Current clock in MHz: NVML_CLOCK_GRAPHICS (0) and NVML_CLOCK_SM (1) follow the load;
+        NVML_CLOCK_MEM (2) is not simulated (NVMLError NOT_SUPPORTED, as on drivers that lack it)."""
+        got = self._load(handle)
+        if int(clock_type) in (0, 1):
+            return got.sm_clock_mhz(self.machine.chip)
+        raise NVMLError(_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:  # noqa: N802
         bus_id = self.machine.bus_id(self._device(handle))

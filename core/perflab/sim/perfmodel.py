@@ -254,11 +254,13 @@ class CostModel:
     def positions_per_decode_seq(self) -> int:
         return 1 + self.spec_tokens
 
-    def step_time(self, shape: StepShape) -> float:
-        """Seconds one step with ``shape`` takes (simulated time)."""
+    def split(self, shape: StepShape) -> tuple[float, float]:
+        """(memory s, compute s) of one step with ``shape``: the time its weight and KV reads
+        take at the sustained bandwidth, and its GEMMs and attention at the sustained FLOPs
+        (the step takes the longer of the two, plus collectives, drafting and overhead)."""
         tokens = shape.decode_seqs * self.positions_per_decode_seq + shape.prefill_tokens
         if tokens <= 0:
-            return 0.0
+            return 0.0, 0.0
         frac = expert_fraction(tokens, self.num_experts, self.experts_per_token) if self.num_experts else 0.0
         mem = self.dense_read_s + self.expert_read_s * frac + self.kv_read_s_per_token * shape.decode_context
         compute = (
@@ -266,6 +268,14 @@ class CostModel:
             + self.prefill_s_per_token * shape.prefill_tokens
             + self.attention_s_per_token_ctx * shape.prefill_attention
         )
+        return mem, compute
+
+    def step_time(self, shape: StepShape) -> float:
+        """Seconds one step with ``shape`` takes (simulated time)."""
+        tokens = shape.decode_seqs * self.positions_per_decode_seq + shape.prefill_tokens
+        if tokens <= 0:
+            return 0.0
+        mem, compute = self.split(shape)
         draft = self.draft_s_per_step if shape.decode_seqs else 0.0
         return max(mem, compute) + self.comm_s_per_step + self.comm_s_per_token * tokens + draft + self.overhead_s
 

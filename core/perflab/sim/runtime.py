@@ -30,6 +30,7 @@ behaviour is ``cfg.behaviour`` (:class:`perflab.sim.config.EngineBehaviour`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import heapq
 import itertools
@@ -39,12 +40,15 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from perflab.sim import catalog, models, perfmodel
 from perflab.sim.config import EngineBehaviour, SimEngineConfig
 from perflab.sim.clock import ModelClock
 from perflab.sim.faults import Faults, parse_faults, time_scale
 from perflab.sim.lifecycle import EngineLifecycle, die_by_signal, say
+from perflab.sim.load import PUBLISH_S, LoadMeter
+from perflab.sim.load import withdraw as load_withdraw
 from perflab.sim.metrics import EngineMetrics, Finished
 from perflab.sim.routing import HttpApi
 from perflab.sim.scheduler import Scheduler, SimRequest, StepResult
@@ -183,6 +187,9 @@ class Engine(EngineLifecycle):
         cost = perfmodel.build_cost_model(deployment_.model, deployment_.machine.chip, deployment_.knobs)
         capacity = deployment_.memory.kv_capacity_tokens
         self.scheds = [Scheduler(cost, deployment_.knobs, capacity) for _ in range(cfg.dp)]
+        self.cost = cost
+        # how busy each device is, for the NVML shim's and npu-smi's power and utilization
+        self.load = LoadMeter(deployment_.devices, cfg.dp)
         self.clock = ModelClock(scale)
         for sched in self.scheds:
             sched.now = self.clock.last
@@ -208,6 +215,8 @@ class Engine(EngineLifecycle):
 
     def start_serving(self) -> list[asyncio.Task[None]]:
         tasks = [asyncio.create_task(self._drive())]
+        if self.state_dir is not None:
+            tasks.append(asyncio.create_task(self._publish_load(self.state_dir)))
         if self.behaviour.stats_line:
             tasks.append(asyncio.create_task(self._stats()))
         return tasks
@@ -377,6 +386,11 @@ class Engine(EngineLifecycle):
             self._plan()
             if not self._due:
                 self.clock.idle()
+                if self.state_dir is not None and self.ready:
+                    # going idle: publish the busy counters now, so a telemetry reading right
+                    # after the work (a benchmark's last sample) sees all of it
+                    with contextlib.suppress(OSError):
+                        self.load.publish(self.state_dir, self.model_now(), period=False)
                 await self._wait(None)
                 continue
             end, _, rank, result = self._due[0]
@@ -389,6 +403,8 @@ class Engine(EngineLifecycle):
             self.clock.delivered(end)
             self._warn_lag()
             self.preemptions[rank] += result.preempted
+            mem_s, compute_s = self.cost.split(result.shape)
+            self.load.step(rank, result.duration, mem_s, compute_s)
             self.step_end = end
             for req, n, finished in result.emitted:
                 if req.sink is not None:
@@ -406,6 +422,16 @@ class Engine(EngineLifecycle):
             if self.faults.hang_after is not None and self.completed >= self.faults.hang_after:
                 self.hung = True
             await asyncio.sleep(0)  # let the HTTP side write what was delivered
+
+    async def _publish_load(self, directory: Path) -> None:
+        """Publish the devices' busy counters every PUBLISH_S wall seconds (:mod:`perflab.sim.load`)."""
+        try:
+            while True:
+                with contextlib.suppress(OSError):  # a full or vanished state dir: no telemetry, no crash
+                    self.load.publish(directory, self.model_now())
+                await asyncio.sleep(PUBLISH_S)
+        finally:
+            load_withdraw(directory)
 
     def _warn_lag(self) -> None:
         if self.clock.lost_s > 1.0 and not self.lag_warned:

@@ -44,7 +44,7 @@ def state_dir(env: Mapping[str, str] | None = None) -> Path | None:
     return Path(value) if value else None
 
 
-def _create_time(pid: int) -> float | None:
+def create_time(pid: int) -> float | None:
     try:
         return psutil.Process(pid).create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -64,7 +64,7 @@ def register(
     directory.mkdir(parents=True, exist_ok=True)
     entry = {
         "pid": pid,
-        "create_time": _create_time(pid),
+        "create_time": create_time(pid),
         "engine": engine,
         "name": name,
         "devices": [int(d) for d in devices],
@@ -84,7 +84,7 @@ def unregister(directory: Path, pid: int | None = None) -> None:
         (directory / f"{pid}.json").unlink()
 
 
-def _alive(entry: Mapping[str, object]) -> bool:
+def alive(entry: Mapping[str, object]) -> bool:
     pid = int(entry.get("pid", -1))  # type: ignore[call-overload]
     if pid <= 0 or not psutil.pid_exists(pid):
         return False
@@ -111,7 +111,7 @@ def holders(directory: Path | None) -> list[Holder]:
             entry = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # vanished or being replaced: the next reader sees it
-        if not _alive(entry):
+        if not alive(entry):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             continue
