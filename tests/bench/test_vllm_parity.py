@@ -88,10 +88,12 @@ def test_the_lab_benchmarks_a_local_model_with_its_own_tokenizer(tmp_path: Path,
     monkeypatch.setattr(bench, "run_benchmark_sync", fake_run)
     from perflab.lab.decide import Decision
 
-    no_reset = SimpleNamespace(hook=SimpleNamespace(perflab_cache_reset=lambda **kw: None))  # an engine that cannot reset
+    # an engine that cannot reset its prefix cache and serves no metrics endpoint
+    no_reset = SimpleNamespace(hook=SimpleNamespace(perflab_cache_reset=lambda **kw: None, perflab_metrics_endpoint=lambda **kw: None),
+                               engine=lambda name: SimpleNamespace(info=SimpleNamespace(accelerators=())))
     ctx = LabContext(pm=no_reset, plan=SimpleNamespace(timeouts=Timeouts(benchmark_s=30.0), decision=Decision(),
-                                                           min_improvement_pct=0.0),  # type: ignore[arg-type]
-                     hardware=SimpleNamespace(simulated=False), env={})  # type: ignore[arg-type]
+                                                           min_improvement_pct=0.0, cost=None),  # type: ignore[arg-type]
+                     hardware=SimpleNamespace(simulated=False, accelerators=()), env={})  # type: ignore[arg-type]
     inst = SimpleNamespace(base_url="http://127.0.0.1:9", launch=SimpleNamespace(served_model_name="tiny", argv=("vllm",), env={}),
                            died=anyio.Event(), outcome=SimpleNamespace(cause=None, log=None))
     config = Configuration("vllm", {"model": str(d), "served_model_name": "tiny"})

@@ -132,7 +132,8 @@ def test_a_busy_engine_refuses_the_reset_as_vllm_and_sglang_do() -> None:
 
 
 def _ctx(s: Any, warmup: int) -> LabContext:
-    plan = SimpleNamespace(timeouts=Timeouts(benchmark_s=120.0), decision=Decision(warmup=warmup), min_improvement_pct=0.0)
+    plan = SimpleNamespace(timeouts=Timeouts(benchmark_s=120.0), decision=Decision(warmup=warmup), min_improvement_pct=0.0,
+                           cost=None)
     return LabContext(pm=s.pm, plan=plan, hardware=s.hw, env=s.env, time_scale=TIME_SCALE)  # type: ignore[arg-type]
 
 

@@ -221,7 +221,8 @@ def _measure(tmp_path: Path, engine: str, profile: Any, hardware: str = "sim:h10
 
     async def go() -> dict[str, Any]:
         async with _engine(tmp_path, engine, hardware, **serve) as s:
-            plan = SimpleNamespace(timeouts=Timeouts(benchmark_s=120.0), decision=Decision(warmup=0), min_improvement_pct=0.0)
+            plan = SimpleNamespace(timeouts=Timeouts(benchmark_s=120.0), decision=Decision(warmup=0), min_improvement_pct=0.0,
+                                   cost=None)
             ex = Executor(LabContext(pm=s.pm, plan=plan, hardware=s.hw, env=s.env, time_scale=float(SIM_SCALE)))  # type: ignore[arg-type]
             m = await ex._benchmark([s.inst], Configuration(engine, {"model": "Qwen/Qwen3-8B"}), profile, tmp_path, "run")
             assert m.status == "ok", m.error

@@ -471,8 +471,19 @@ class Executor:
         # the devices a backend placed this run on (perflab.lab.backend.LocalBackend's ledger),
         # used as the configuration's devices when it pins none; None: the engine's default
         self.placement: tuple[int, ...] | None = None
-        # the accelerators' telemetry sources, opened once a study; what is missing is said once
-        self.telemetry = Telemetry(ctx.env, ctx.hardware.accelerators)
+        # the accelerators' telemetry sources, opened once a study (when first sampled); what
+        # is missing is said once; a backend shares one among its runs' executors
+        self._telemetry: Telemetry | None = None
+
+    @property
+    def telemetry(self) -> Telemetry:
+        if self._telemetry is None:
+            self._telemetry = Telemetry(self.ctx.env, self.ctx.hardware.accelerators)
+        return self._telemetry
+
+    @telemetry.setter
+    def telemetry(self, value: Telemetry) -> None:
+        self._telemetry = value
 
     def _describer(self, engine: str) -> Callable[[str, str], list[str] | None] | None:
         return plugin_file_describer(self.ctx.pm, engine)
