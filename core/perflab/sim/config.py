@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from perflab.sim.perfmodel import ACTIVATION_BYTES
+
 
 @dataclass(frozen=True)
 class EngineBehaviour:
@@ -121,6 +123,7 @@ class SimEngineConfig:
     decode_efficiency: float = 1.0
     prefill_efficiency: float = 1.0
     scheduler_overhead_ms: float = 0.5  # per step
+    activation_bytes: float = ACTIVATION_BYTES  # per token of max_batched_tokens and unit of hidden size
     workers: int = 0  # worker child processes to spawn (vLLM: one per TP rank when tp > 1)
     worker_title: str = "worker"
     # A failure the front end decided on (the seeds' crashes): raised after `fail_after_s`

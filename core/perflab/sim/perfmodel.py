@@ -100,6 +100,13 @@ def expert_fraction(tokens: int, num_experts: int, experts_per_token: int) -> fl
     return 1.0 - (1.0 - experts_per_token / num_experts) ** tokens
 
 
+# Bytes of peak activation memory per token of the token budget and per unit of hidden size,
+# reserved before the KV cache: the engines size their KV cache after a profiling forward pass
+# of ``max_batched_tokens`` tokens (vLLM ``Worker.determine_available_memory``; TensorRT-LLM's
+# KV-cache estimation run). 24 fits vLLM; engines with their own figure set ``activation_bytes``.
+ACTIVATION_BYTES = 24.0
+
+
 @dataclass(frozen=True)
 class Knobs:
     """The engine configuration the model depends on (one data-parallel rank)."""
@@ -123,6 +130,9 @@ class Knobs:
     prefill_efficiency: float = 1.0
     overhead_ms: float = 0.5
     block_size: int = 16
+    # bytes of peak activations (and runtime buffers sized by the token budget) per token of
+    # max_batched_tokens and per unit of the model's hidden size: reserved before the KV cache
+    activation_bytes: float = ACTIVATION_BYTES
     # how KV blocks are handed out (perflab.sim.scheduler): "max_utilization" (vLLM: as
     # tokens are computed, preempting when out) or "guaranteed_no_evict" (TensorRT-LLM)
     capacity_policy: str = "max_utilization"
@@ -205,7 +215,7 @@ def memory_plan(model: ModelSpec, chip: ChipSpec, knobs: Knobs) -> MemoryPlan:
         weights += model.params_b * 1e9 / model.layers * bytes_per_param(knobs.quant) / devices / GIB
     # Peak activations of a max_batched_tokens forward pass, sampler logits, CUDA graphs /
     # ACL graphs and non-torch allocations; communication buffers when sharded.
-    reserve = 1.0 + knobs.max_batched_tokens * model.hidden * 24 / GIB + (0.5 if devices > 1 else 0.0)
+    reserve = 1.0 + knobs.max_batched_tokens * model.hidden * knobs.activation_bytes / GIB + (0.5 if devices > 1 else 0.0)
     kv_gib = budget - weights - reserve
     per_token = kv_bytes_per_token(model, knobs.kv_cache_dtype, knobs.tp, knobs.pp)
     capacity = int(max(0.0, kv_gib) * GIB / per_token)

@@ -113,6 +113,7 @@ def deployment(cfg: SimEngineConfig, env: Mapping[str, str] | None = None) -> De
         overhead_ms=cfg.scheduler_overhead_ms,
         block_size=cfg.block_size,
         capacity_policy=cfg.capacity_policy,
+        activation_bytes=cfg.activation_bytes,
     )
     memory = perfmodel.memory_plan(model, machine.chip, knobs)
     return Deployment(model, machine, visible[:world], knobs, memory, knobs.max_model_len or model.context_len)

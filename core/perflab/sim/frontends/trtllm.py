@@ -48,6 +48,14 @@ DEFAULT_VERSION = "1.2.0rc1"  # seed 002
 SEVERITIES = ("internal_error", "error", "warning", "info", "verbose")  # logger.py severity_map
 REASONING_PARSERS = ("deepseek-r1", "qwen3")  # llmapi/reasoning_parser.py ReasoningParserFactory.parsers
 MAX_BATCH_SIZE = 2048  # BuildConfig.max_batch_size
+# Peak activation bytes per max_num_tokens token and hidden unit, reserved before the KV cache
+# (the PyTorch backend sizes its KV cache after a max_num_tokens forward pass). Fitted to seed
+# 002's measured trtllm-serve Qwen3-32B on A100 (ShareGPT, tests/fixtures/seeds): max_num_tokens
+# 16384 and 32768 ran 7.6 % and 20.8 % below 8192 (2054 -> 1898 -> 1628 tok/s, fewer
+# sequences fit: peak output 1741 -> 1560 -> 1266 tok/s). vLLM's 24 (perfmodel) gave -1.7 % and
+# -6.3 %; 56 gives -5.4 % and -22.0 %, and the TPOTs follow (73 / 62 ms against the seed's 80 / 66:
+# python -m perflab.sim.calibrate --suite engines --case max_num_tokens).
+ACTIVATION_BYTES = 56.0
 MAX_NUM_TOKENS = 8192  # BuildConfig.max_num_tokens
 # FP8 block-scaling GEMM kernels exist for these SMs only (fp8BlockScalingGemm.cpp).
 FP8_BLOCK_SMS = (89, 90, 100, 103)
@@ -314,7 +322,7 @@ def _configure(o: dict[str, Any], api: dict[str, Any], machine: SimMachine, vers
     from perflab.sim import perfmodel
 
     weights_gib = perfmodel.weight_bytes(spec, quant) / max(tp * pp, 1) / 2**30
-    reserve_gib = 1.0 + max_tokens * spec.hidden * 24 / 2**30
+    reserve_gib = 1.0 + max_tokens * spec.hidden * ACTIVATION_BYTES / 2**30
     mem_fraction = min(1.0, (weights_gib + reserve_gib + free_frac * max(0.0, total_gib - weights_gib - reserve_gib)) / total_gib)
 
     startup = head + [
@@ -375,7 +383,7 @@ def _configure(o: dict[str, Any], api: dict[str, Any], machine: SimMachine, vers
         quantization=quant, kv_cache_dtype=kv_dtype,
         prefix_caching=block_reuse, chunked_prefill=chunked,
         spec_method=spec_method, spec_tokens=spec_tokens,
-        mem_fraction=round(mem_fraction, 4),
+        mem_fraction=round(mem_fraction, 4), activation_bytes=ACTIVATION_BYTES,
         health_paths=("/health",),
         ready_lines=tuple(ready),
         startup_lines=tuple(startup),
