@@ -225,6 +225,111 @@ def test_ctrl_c_cancels_the_runs_and_leaves_nothing(cluster: NetnsCluster, tmp_p
     assert [r[0] for r in db.execute("select state from runs")] == ["interrupted"]
 
 
+TWO_NODE = """
+name: ray-two-node
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x8
+simulation: {{time_scale: {scale}}}
+engines: [sglang]
+serve: {{nodes: 2, tp: 2{env}}}
+profiles:
+  main: {{label: Main, input_len: 32, output_len: 8, num_prompts: {prompts}{rate}}}
+timeouts: {{startup_s: 60, benchmark_s: 60}}
+"""
+
+
+def _raylet_of(pid: int) -> int | None:
+    """The raylet (one per Ray node) ``pid`` descends from: which node's agent started it."""
+    try:
+        return next((p.pid for p in psutil.Process(pid).parents() if p.name() == "raylet"), None)
+    except psutil.Error:
+        return None
+
+
+def _ranks_running(study: Path) -> dict[str, tuple[int, int | None]]:
+    """Each engine process of ``study``: its marker's run -> (the perflab process that started
+    it, that process's raylet)."""
+    out = {}
+    for p in engines_of_study(study):
+        try:
+            m = Marker.parse(p.environ().get(MARKER_ENV))
+        except (psutil.Error, OSError):
+            continue
+        if m is not None:
+            out[m.run] = (m.owner_pid, _raylet_of(m.owner_pid))
+    return out
+
+
+def _run_two_node(c: NetnsCluster, tmp_path: Path, text: str) -> tuple[int, dict, Path, dict, str]:
+    """Run the plan, watching which node each rank's engine runs under meanwhile; (exit code,
+    the run's outcome.json, the study, {marker run: (owner pid, raylet)}, stderr)."""
+    plan = tmp_path / "two-node.yaml"
+    plan.write_text(text)
+    study = tmp_path / "study"
+    proc = perflab_run(c, plan, study)
+    seen: dict[str, tuple[int, int | None]] = {}
+    try:
+        while proc.poll() is None:
+            seen.update(_ranks_running(study))
+            time.sleep(0.1)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    runs = sorted((study / "runs").iterdir())
+    assert len(runs) == 1, err[-3000:]
+    return proc.returncode, json.loads((runs[0] / "outcome.json").read_text()), study, seen, err
+
+
+def test_a_two_node_sglang_run_starts_each_rank_on_its_own_node(cluster: NetnsCluster, tmp_path: Path) -> None:
+    started = time.monotonic()
+    rc, outcome, study, seen, err = _run_two_node(cluster, tmp_path, TWO_NODE.format(scale=50, env="", prompts=20, rate=""))
+    took = time.monotonic() - started
+    assert rc == 0, err[-3000:]
+    assert outcome["state"] == "done" and outcome["cause"] is None, outcome
+    group = outcome["instances"][0]
+    assert [n["state"] for n in group["nodes"]] == ["done", "done"] and group["leftovers"] == []
+    measured = json.loads(next((study / "runs").iterdir()).joinpath("measurement-main.json").read_text())
+    assert measured["status"] == "ok" and measured["metrics"]["output_throughput"] > 0, measured
+    # rank 0 and rank 1 were started by different perflab processes (the agents), each under a
+    # different node's raylet: rank k on the k-th node of the STRICT_SPREAD placement group
+    run = next(r for r in seen if not r.endswith(".node1"))
+    assert set(seen) == {run, f"{run}.node1"}, seen
+    (owner0, raylet0), (owner1, raylet1) = seen[run], seen[f"{run}.node1"]
+    assert owner0 != owner1 and None not in (raylet0, raylet1) and raylet0 != raylet1, seen
+    # the placement named both nodes (the H100 head never holds an A100 study's rank)
+    placed = re.findall(r"on node (\S+) devices", err)
+    assert placed and len(placed[0].split("+")) == 2, err[-2000:]
+    assert cluster.node_ids[0][:8] not in placed[0]
+    # both ranks meet at rank 0's node address, as Ray gives it (every node is 127.0.0.1 in the netns)
+    argvs = [n["launch"]["argv"] for n in group["nodes"]]
+    addr = argvs[0][argvs[0].index("--dist-init-addr") + 1]
+    assert addr == argvs[1][argvs[1].index("--dist-init-addr") + 1] and addr.startswith("127.0.0.1:")
+    assert argvs[1][argvs[1].index("--node-rank") + 1] == "1"
+    assert engines_of_study(study) == []
+    print(f"two-node sglang on ray: {took:.1f} s end to end")
+
+
+def test_a_crash_on_rank_1_on_its_node_crashes_the_group_with_its_cause(cluster: NetnsCluster, tmp_path: Path) -> None:
+    from perflab.simenv import FAULT_ENV, FAULT_NODE_RANK_ENV, TIME_SCALE_ENV
+
+    env = f', env: {{{FAULT_ENV}: "crash-after:5", {FAULT_NODE_RANK_ENV}: "1", {TIME_SCALE_ENV}: "1"}}'
+    rc, outcome, study, seen, err = _run_two_node(
+        cluster, tmp_path, TWO_NODE.format(scale=1, env=env, prompts=60, rate=", request_rate: 4"))
+    assert outcome["state"] == "crashed", outcome
+    cause = outcome["cause"]
+    # rank 1's own cause, classified on its node from its log, named with its rank
+    assert cause["name"] == "cuda-illegal-memory-access", cause
+    assert cause["explanation"].startswith("node rank 1:") and "illegal memory access" in cause["line"]
+    group = outcome["instances"][0]
+    assert group["failed_rank"] == 1 and group["nodes"][1]["state"] == "crashed"
+    assert group["nodes"][0]["state"] == "done", "rank 0 was torn down by the group, not a second crash"
+    run = next(r for r in seen if not r.endswith(".node1"))
+    assert seen[run][1] != seen[f"{run}.node1"][1], seen  # on two nodes
+    assert engines_of_study(study) == [], "a rank outlived the crash"
+
+
 def test_a_lost_node_interrupts_its_run_and_requeues_it(cluster: NetnsCluster, tmp_path: Path) -> None:
     """Last in this file: it removes one of the two A100 nodes."""
     plan = tmp_path / "one.yaml"
