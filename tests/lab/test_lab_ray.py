@@ -34,7 +34,9 @@ from simstudy import run_sim_study
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED_001 = ROOT / "examples" / "seed-001-qwen3-235b-a22b-a100.yaml"
-NODES = ["h100-80g-x8:8", "a100-80g-x8:8", "a100-80g-x8:8"]  # the head (index 0) is never removed
+# the head (index 0) is never removed; the second H100 node (index 3) is for a two-node group
+# on H100s, one of whose nodes is lost (the A100s stay two for the tests above it)
+NODES = ["h100-80g-x8:8", "a100-80g-x8:8", "a100-80g-x8:8", "h100-80g-x8:8"]
 
 
 def scaled_seed_001() -> str:
@@ -282,6 +284,7 @@ def _run_two_node(c: NetnsCluster, tmp_path: Path, text: str) -> tuple[int, dict
     return proc.returncode, json.loads((runs[0] / "outcome.json").read_text()), study, seen, err
 
 
+@pytest.mark.slow
 def test_a_two_node_sglang_run_starts_each_rank_on_its_own_node(cluster: NetnsCluster, tmp_path: Path) -> None:
     started = time.monotonic()
     rc, outcome, study, seen, err = _run_two_node(cluster, tmp_path, TWO_NODE.format(scale=50, env="", prompts=20, rate=""))
@@ -311,6 +314,7 @@ def test_a_two_node_sglang_run_starts_each_rank_on_its_own_node(cluster: NetnsCl
     print(f"two-node sglang on ray: {took:.1f} s end to end")
 
 
+@pytest.mark.slow
 def test_a_crash_on_rank_1_on_its_node_crashes_the_group_with_its_cause(cluster: NetnsCluster, tmp_path: Path) -> None:
     from perflab.simenv import FAULT_ENV, FAULT_NODE_RANK_ENV, TIME_SCALE_ENV
 
@@ -328,6 +332,93 @@ def test_a_crash_on_rank_1_on_its_node_crashes_the_group_with_its_cause(cluster:
     run = next(r for r in seen if not r.endswith(".node1"))
     assert seen[run][1] != seen[f"{run}.node1"][1], seen  # on two nodes
     assert engines_of_study(study) == [], "a rank outlived the crash"
+
+
+@pytest.mark.slow
+def test_rank_1_s_agent_lost_interrupts_the_group_run(cluster: NetnsCluster, tmp_path: Path) -> None:
+    """Rank 1's node's agent dies mid-benchmark (SIGKILL: as with its node, Ray reports the actor
+    gone): rank 0's group sees it through its RemoteRank, the run is interrupted (not crashed),
+    the failed benchmark is no result; the re-queue, without that node, is refused (one A100
+    node is left for two ranks); the keeper on rank 1's node took its engine down, rank 0's
+    went with its group."""
+    from perflab.simenv import TIME_SCALE_ENV
+
+    plan = tmp_path / "group.yaml"
+    plan.write_text(TWO_NODE.format(scale=1, env=f", env: {{{TIME_SCALE_ENV}: '1'}}", prompts=200, rate=", request_rate: 8"))
+    study = tmp_path / "study"
+    proc = perflab_run(cluster, plan, study)
+    seen: list[str] = []
+    try:
+        nodes = _wait_for(r"on node (\S+) devices", proc, seen, 120).group(1).split("+")
+        _wait_for(r"benchmarking Main", proc, seen, 60)
+        ranks = _ranks_running(study)
+        run = next(r for r in ranks if not r.endswith(".node1"))
+        agent1 = ranks[f"{run}.node1"][0]
+        assert agent1 != ranks[run][0]
+        time.sleep(1.0)
+        psutil.Process(agent1).kill()
+        killed = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        seen.append(err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = "".join(seen)
+    assert proc.returncode != 0, log[-3000:]
+    assert time.monotonic() - killed < 30, log[-3000:]
+    db = sqlite3.connect(study / "study.db")
+    runs = list(db.execute("select state, error from runs order by id"))
+    rank1 = nodes[1].split("/")[-1]
+    assert runs[0][0] == "interrupted" and "was lost" in runs[0][1] and "node rank 1" in runs[0][1], runs
+    assert rank1 in runs[0][1], (rank1, runs)
+    assert len(runs) == 2 and "2 nodes of sim:a100-80g-x8 are needed, 1 are left" in runs[1][1], runs
+    assert "crashed" not in {r[0] for r in runs}
+    assert list(db.execute("select status from measurements")) == [], "a lost group's benchmark is no result"
+    assert engines_of_study(study) == [], "a rank outlived its lost agent's group"
+
+
+@pytest.mark.slow
+def test_a_node_lost_under_a_two_node_group_interrupts_the_run(cluster: NetnsCluster, tmp_path: Path) -> None:
+    """The group spans the two H100 nodes (the head and index 3); index 3 is removed mid-benchmark
+    (the node of rank 1 when it holds rank 1, else of rank 0). The run is interrupted, never
+    crashed; its re-queue is refused in one line (one H100 node is left, the group needs two)
+    instead of waiting forever; nothing of the study is left on the surviving node."""
+    from perflab.simenv import TIME_SCALE_ENV
+
+    plan = tmp_path / "group.yaml"
+    plan.write_text(TWO_NODE.format(scale=1, env=f", env: {{{TIME_SCALE_ENV}: '1'}}", prompts=200, rate=", request_rate: 8")
+                    .replace("sim:a100-80g-x8", "sim:h100-80g-x8"))
+    study = tmp_path / "study"
+    proc = perflab_run(cluster, plan, study)
+    seen: list[str] = []
+    try:
+        nodes = _wait_for(r"on node (\S+) devices", proc, seen, 120).group(1).split("+")
+        _wait_for(r"benchmarking Main", proc, seen, 60)
+        assert len(_ranks_running(study)) == 2
+        worker = cluster.node_ids[3][:8]
+        assert [n.split("/")[-1] for n in nodes].count(worker) == 1, nodes
+        time.sleep(1.0)
+        cluster.remove(3)
+        removed = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        seen.append(err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = "".join(seen)
+    assert proc.returncode != 0, log[-3000:]
+    assert time.monotonic() - removed < 30, log[-3000:]
+    db = sqlite3.connect(study / "study.db")
+    runs = list(db.execute("select state, error from runs order by id"))
+    assert runs[0][0] == "interrupted" and "was lost" in runs[0][1] and worker in runs[0][1], runs
+    # re-queued once: refused at once, the group needs two H100 nodes and one is left
+    assert len(runs) == 2 and runs[1][0] == "interrupted" and "2 nodes of sim:h100-80g-x8 are needed, 1 are left" in runs[1][1], runs
+    assert "crashed" not in {r[0] for r in runs}
+    assert engines_of_study(study) == [], "a rank outlived its lost node's group"
+    rank = [n.split("/")[-1] for n in nodes].index(worker)
+    print(f"node of rank {rank} lost; interrupted {time.monotonic() - removed:.1f} s after; {runs}")
 
 
 def test_a_lost_node_interrupts_its_run_and_requeues_it(cluster: NetnsCluster, tmp_path: Path) -> None:
