@@ -232,12 +232,13 @@ name: ray-two-node
 model: Qwen/Qwen3-8B
 hardware: sim:a100-80g-x8
 simulation: {{time_scale: {scale}}}
-engines: [sglang]
-serve: {{nodes: 2, tp: 2{env}}}
+engines: [{engine}]
+serve: {{nodes: 2, {sizes}{env}}}
 profiles:
   main: {{label: Main, input_len: 32, output_len: 8, num_prompts: {prompts}{rate}}}
 timeouts: {{startup_s: 60, benchmark_s: 60}}
 """
+TWO_NODE_SGLANG = TWO_NODE.replace("{engine}", "sglang").replace("{sizes}", "tp: 2")
 
 
 def _raylet_of(pid: int) -> int | None:
@@ -285,9 +286,13 @@ def _run_two_node(c: NetnsCluster, tmp_path: Path, text: str) -> tuple[int, dict
 
 
 @pytest.mark.slow
-def test_a_two_node_sglang_run_starts_each_rank_on_its_own_node(cluster: NetnsCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("engine", "sizes", "address"), [("sglang", "tp: 2", "--dist-init-addr"),
+                                                        ("vllm", "dp: 2", "--data-parallel-address")])
+def test_a_two_node_run_starts_each_rank_on_its_own_node(cluster: NetnsCluster, tmp_path: Path, engine: str, sizes: str,
+                                                         address: str) -> None:
     started = time.monotonic()
-    rc, outcome, study, seen, err = _run_two_node(cluster, tmp_path, TWO_NODE.format(scale=50, env="", prompts=20, rate=""))
+    text = TWO_NODE.replace("{engine}", engine).replace("{sizes}", sizes).format(scale=50, env="", prompts=20, rate="")
+    rc, outcome, study, seen, err = _run_two_node(cluster, tmp_path, text)
     took = time.monotonic() - started
     assert rc == 0, err[-3000:]
     assert outcome["state"] == "done" and outcome["cause"] is None, outcome
@@ -305,13 +310,14 @@ def test_a_two_node_sglang_run_starts_each_rank_on_its_own_node(cluster: NetnsCl
     placed = re.findall(r"on node (\S+) devices", err)
     assert placed and len(placed[0].split("+")) == 2, err[-2000:]
     assert cluster.node_ids[0][:8] not in placed[0]
+    # each rank has its node's device, as Ray reserved it in its bundle (one per node: tp 2 / 2 nodes)
+    assert all(len(n["launch"]["env"]["CUDA_VISIBLE_DEVICES"].split(",")) == 1 for n in group["nodes"]), group["nodes"]
     # both ranks meet at rank 0's node address, as Ray gives it (every node is 127.0.0.1 in the netns)
     argvs = [n["launch"]["argv"] for n in group["nodes"]]
-    addr = argvs[0][argvs[0].index("--dist-init-addr") + 1]
-    assert addr == argvs[1][argvs[1].index("--dist-init-addr") + 1] and addr.startswith("127.0.0.1:")
-    assert argvs[1][argvs[1].index("--node-rank") + 1] == "1"
+    addr = argvs[0][argvs[0].index(address) + 1]
+    assert addr == argvs[1][argvs[1].index(address) + 1] and addr.split(":")[0] == "127.0.0.1"
     assert engines_of_study(study) == []
-    print(f"two-node sglang on ray: {took:.1f} s end to end")
+    print(f"two-node {engine} on ray: {took:.1f} s end to end")
 
 
 @pytest.mark.slow
@@ -320,7 +326,7 @@ def test_a_crash_on_rank_1_on_its_node_crashes_the_group_with_its_cause(cluster:
 
     env = f', env: {{{FAULT_ENV}: "crash-after:5", {FAULT_NODE_RANK_ENV}: "1", {TIME_SCALE_ENV}: "1"}}'
     rc, outcome, study, seen, err = _run_two_node(
-        cluster, tmp_path, TWO_NODE.format(scale=1, env=env, prompts=60, rate=", request_rate: 4"))
+        cluster, tmp_path, TWO_NODE_SGLANG.format(scale=1, env=env, prompts=60, rate=", request_rate: 4"))
     assert outcome["state"] == "crashed", outcome
     cause = outcome["cause"]
     # rank 1's own cause, classified on its node from its log, named with its rank
@@ -335,6 +341,32 @@ def test_a_crash_on_rank_1_on_its_node_crashes_the_group_with_its_cause(cluster:
 
 
 @pytest.mark.slow
+def test_ctrl_c_stops_every_rank_of_a_group_on_every_node(cluster: NetnsCluster, tmp_path: Path) -> None:
+    from perflab.simenv import TIME_SCALE_ENV
+
+    plan = tmp_path / "group.yaml"
+    plan.write_text(TWO_NODE_SGLANG.format(scale=1, env=f", env: {{{TIME_SCALE_ENV}: '1'}}", prompts=200,
+                                           rate=", request_rate: 8"))
+    study = tmp_path / "study"
+    proc = perflab_run(cluster, plan, study)
+    seen: list[str] = []
+    try:
+        _wait_for(r"benchmarking Main", proc, seen, 120)
+        ranks = _ranks_running(study)
+        assert len(ranks) == 2 and len({r[1] for r in ranks.values()}) == 2, ranks
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, "".join(seen)
+    assert engines_of_study(study) == []  # torn down before perflab exited, on both nodes
+    db = sqlite3.connect(study / "study.db")
+    assert [r[0] for r in db.execute("select state from runs")] == ["interrupted"]
+
+
+@pytest.mark.slow
 def test_rank_1_s_agent_lost_interrupts_the_group_run(cluster: NetnsCluster, tmp_path: Path) -> None:
     """Rank 1's node's agent dies mid-benchmark (SIGKILL: as with its node, Ray reports the actor
     gone): rank 0's group sees it through its RemoteRank, the run is interrupted (not crashed),
@@ -344,7 +376,7 @@ def test_rank_1_s_agent_lost_interrupts_the_group_run(cluster: NetnsCluster, tmp
     from perflab.simenv import TIME_SCALE_ENV
 
     plan = tmp_path / "group.yaml"
-    plan.write_text(TWO_NODE.format(scale=1, env=f", env: {{{TIME_SCALE_ENV}: '1'}}", prompts=200, rate=", request_rate: 8"))
+    plan.write_text(TWO_NODE_SGLANG.format(scale=1, env=f", env: {{{TIME_SCALE_ENV}: '1'}}", prompts=200, rate=", request_rate: 8"))
     study = tmp_path / "study"
     proc = perflab_run(cluster, plan, study)
     seen: list[str] = []
@@ -387,7 +419,7 @@ def test_a_node_lost_under_a_two_node_group_interrupts_the_run(cluster: NetnsClu
     from perflab.simenv import TIME_SCALE_ENV
 
     plan = tmp_path / "group.yaml"
-    plan.write_text(TWO_NODE.format(scale=1, env=f", env: {{{TIME_SCALE_ENV}: '1'}}", prompts=200, rate=", request_rate: 8")
+    plan.write_text(TWO_NODE_SGLANG.format(scale=1, env=f", env: {{{TIME_SCALE_ENV}: '1'}}", prompts=200, rate=", request_rate: 8")
                     .replace("sim:a100-80g-x8", "sim:h100-80g-x8"))
     study = tmp_path / "study"
     proc = perflab_run(cluster, plan, study)
