@@ -14,7 +14,12 @@ its exit awaited, its process tree and ports checked at teardown) and adds what 
 
 Locally the "nodes" are processes on this machine: every rank's address is ``127.0.0.1``, the
 rendezvous port is a free port, and each rank gets its own slice of the devices (the devices
-a node would have). A backend that places ranks on real nodes passes :class:`GroupNode` s.
+a node would have). A backend that places ranks on real nodes passes :class:`GroupNode` s and
+a ``start_rank`` (:class:`GroupPlacement`): the group then supervises a rank through a
+:class:`RankHandle` — start it, know when it died and why (its cause from its own log's crash
+signatures, classified where it runs), tear it down. :class:`~perflab.supervisor.EngineInstance`
+is the local handle; the Ray backend's is :class:`perflab.lab.raybackend.RemoteRank`, a rank
+started by another node's agent. Rank 0 always runs here: it serves and is probed here.
 See docs/reliability.md, "Multi-node groups".
 """
 
@@ -22,12 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import structlog
@@ -79,12 +84,78 @@ def local_nodes(config: ServeConfig, hardware: HardwareSnapshot, kinds: Sequence
     return tuple(GroupNode(r, LOCAL_ADDRESS, "localhost", tuple(devices[r * per:(r + 1) * per])) for r in range(n))
 
 
+@dataclass(frozen=True)
+class RankLaunch:
+    """What starting one rank (>= 1) of a group takes, wherever it runs: all plain data, so a
+    backend can hand it to the rank's node (the node adds its own plugins, hardware snapshot
+    and environment)."""
+
+    rank: int
+    engine: str
+    config: ServeConfig  # the group's config with this node's devices
+    launch: LaunchSpec  # the plugin's launch of this rank (perflab_build_group_launch)
+    workdir: Path  # the run directory (a shared filesystem across nodes)
+    log_name: str
+    scope: tuple[str, str]  # (study, run id) of the rank's PERFLAB_INSTANCE marker
+    version: str | None
+    startup_timeout: float | None
+    grace: float
+
+    @property
+    def serving(self) -> bool:
+        return self.rank == 0
+
+
+class RankHandle(Protocol):
+    """One rank of a group as the group supervises it (:class:`EngineInstance` is one):
+    ``async with`` starts it (``outcome.state`` ``ready`` once it runs) and tears it down;
+    ``died`` is set when it exits unasked, with ``outcome.cause`` its own cause; ``lost``
+    (a remote rank only) says its node or agent was lost rather than the rank crashing."""
+
+    outcome: LaunchOutcome
+    died: anyio.Event
+    launch: LaunchSpec | None
+
+    @property
+    def pid(self) -> int | None: ...
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None: ...
+
+    def expect_exit(self) -> None: ...
+
+    async def teardown(self) -> None: ...
+
+    def kill_now(self) -> None: ...
+
+
+# starts rank >= 1 on its node (a remote handle), or None: here, as an EngineInstance
+RankStarter = Callable[[GroupNode, RankLaunch], "RankHandle | None"]
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    """Where a backend placed a group's ranks: one node each (rank order, rank 0 here), and
+    how a rank on another node is started."""
+
+    nodes: tuple[GroupNode, ...]
+    start_rank: RankStarter | None = None
+
+
+def lost_reason(rank: RankHandle) -> str | None:
+    """Why a rank's node or agent was lost (a remote rank's ``lost``), else None."""
+    return getattr(rank, "lost", None)
+
+
 class EngineGroup:
     """The ranks of one multi-node launch, as one engine. Use as ``async with``; it answers
     what the lab asks an :class:`EngineInstance` (``outcome``, ``launch``, ``base_url``,
     ``readiness``, ``died``, ``teardown()``) for the group, with rank 0 serving.
 
     :param nodes: the nodes to run on (default: :func:`local_nodes`, processes on this machine).
+    :param start_rank: starts a rank >= 1 on its node (:data:`RankStarter`; default: here).
     The other parameters are :class:`EngineInstance`'s.
     """
 
@@ -102,6 +173,7 @@ class EngineGroup:
         grace: float = DEFAULT_GRACE_S,
         scope: tuple[str | Path, str] | None = None,
         nodes: Sequence[GroupNode] | None = None,
+        start_rank: RankStarter | None = None,
         force: bool = False,
     ) -> None:
         self.pm = pm
@@ -115,8 +187,9 @@ class EngineGroup:
         self.scope = scope
         self.force = force
         self._nodes = tuple(nodes) if nodes is not None else None
+        self._start_rank = start_rank
         self.outcome = GroupOutcome(engine=engine, version=version, workdir=self.workdir)
-        self.ranks: list[EngineInstance] = []  # rank order
+        self.ranks: list[Any] = []  # RankHandle s, rank order (rank 0: an EngineInstance here)
         self.group: NodeGroup | None = None
         self.died = anyio.Event()
         self._dead = anyio.Event()  # a rank died (set before `died`, also during startup)
@@ -129,6 +202,11 @@ class EngineGroup:
     @property
     def serving(self) -> EngineInstance | None:
         return self.ranks[0] if self.ranks else None
+
+    @property
+    def lost(self) -> str | None:
+        """Why a rank's node was lost while the group ran (its run is interrupted, not crashed)."""
+        return next((why for why in map(lost_reason, self.ranks) if why), None)
 
     @property
     def launch(self) -> LaunchSpec | None:
@@ -227,16 +305,10 @@ class EngineGroup:
         specs[0] = dataclasses.replace(specs[0], extra_ports=(*specs[0].extra_ports, rendezvous))
         o.launch = specs[0]
         study, run = self.scope if self.scope is not None else (self.workdir, "engine")
-        self.ranks = [
-            EngineInstance(
-                self.pm, self.engine, config.replace(devices=node.devices), hardware=self.hardware, env=self.env,
-                workdir=self.workdir, startup_timeout=self.startup_timeout, version=o.version,
-                log_name=rank_log(node.rank), grace=self.grace,
-                scope=(study, run if node.rank == 0 else f"{run}.node{node.rank}"),
-                launch=spec, serving=node.rank == 0, abort=self._dead if node.rank == 0 else None,
-            )
-            for node, spec in zip(self.group.nodes, specs, strict=True)
-        ]
+        self.ranks = [self._rank(node, RankLaunch(
+            node.rank, self.engine, config.replace(devices=node.devices), spec, self.workdir, rank_log(node.rank),
+            (str(study), run if node.rank == 0 else f"{run}.node{node.rank}"), o.version, self.startup_timeout,
+            self.grace)) for node, spec in zip(self.group.nodes, specs, strict=True)]
         self._transition(Status.LAUNCHING, nodes=self.group.size, rendezvous=f"{nodes[0].address}:{rendezvous}")
         assert self._stack is not None and self._tg is not None
         for inst in [*self.ranks[1:], self.ranks[0]]:  # the joining ranks first, the serving rank last
@@ -253,6 +325,18 @@ class EngineGroup:
         o.pid = self.ranks[0].pid
         o.ready_s = self.ranks[0].outcome.ready_s
         self._transition(Status.READY, base_url=self.base_url, nodes=self.group.size)
+
+    def _rank(self, node: GroupNode, r: RankLaunch) -> RankHandle:
+        """Rank ``node.rank``'s handle: started by ``start_rank`` on its node, else here."""
+        if node.rank > 0 and self._start_rank is not None:
+            remote = self._start_rank(node, r)
+            if remote is not None:
+                return remote
+        return EngineInstance(
+            self.pm, r.engine, r.config, hardware=self.hardware, env=self.env, workdir=r.workdir,
+            startup_timeout=r.startup_timeout, version=r.version, log_name=r.log_name, grace=r.grace, scope=r.scope,
+            launch=r.launch, serving=r.serving, abort=self._dead if r.serving else None,
+        )
 
     # ------------------------------------------------------------------ watching
 
@@ -283,6 +367,9 @@ class EngineGroup:
             o.launch = ro.launch
         state = ro.state if Status(ro.state).is_failure else Status.CRASHED
         where = f"node rank {rank}" + (" (serving)" if rank == 0 else "")
+        if lost_reason(inst):  # its node is gone: nothing about the configuration, the run is interrupted
+            o.interrupted = True
+            o.notes.append(f"{where}: {lost_reason(inst)}")
         o.notes.append(f"{where} {state}: " + (f"{ro.cause.name}: {ro.cause.explanation}" if ro.cause else "no cause"))
         self._transition(state, rank=rank, cause=ro.cause.name if ro.cause else None)
         self._dead.set()

@@ -34,7 +34,9 @@ from simstudy import run_sim_study
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED_001 = ROOT / "examples" / "seed-001-qwen3-235b-a22b-a100.yaml"
-NODES = ["h100-80g-x8:8", "a100-80g-x8:8", "a100-80g-x8:8"]  # the head (index 0) is never removed
+# the head (index 0) is never removed; the second H100 node (index 3) is for a two-node group
+# on H100s, one of whose nodes is lost (the A100s stay two for the tests above it)
+NODES = ["h100-80g-x8:8", "a100-80g-x8:8", "a100-80g-x8:8", "h100-80g-x8:8"]
 
 
 def scaled_seed_001() -> str:
@@ -223,6 +225,232 @@ def test_ctrl_c_cancels_the_runs_and_leaves_nothing(cluster: NetnsCluster, tmp_p
     assert engines_of_study(study) == []
     db = sqlite3.connect(study / "study.db")
     assert [r[0] for r in db.execute("select state from runs")] == ["interrupted"]
+
+
+TWO_NODE = """
+name: ray-two-node
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x8
+simulation: {{time_scale: {scale}}}
+engines: [{engine}]
+serve: {{nodes: 2, {sizes}{env}}}
+profiles:
+  main: {{label: Main, input_len: 32, output_len: 8, num_prompts: {prompts}{rate}}}
+timeouts: {{startup_s: 60, benchmark_s: 60}}
+"""
+TWO_NODE_SGLANG = TWO_NODE.replace("{engine}", "sglang").replace("{sizes}", "tp: 2")
+
+
+def _raylet_of(pid: int) -> int | None:
+    """The raylet (one per Ray node) ``pid`` descends from: which node's agent started it."""
+    try:
+        return next((p.pid for p in psutil.Process(pid).parents() if p.name() == "raylet"), None)
+    except psutil.Error:
+        return None
+
+
+def _ranks_running(study: Path) -> dict[str, tuple[int, int | None]]:
+    """Each engine process of ``study``: its marker's run -> (the perflab process that started
+    it, that process's raylet)."""
+    out = {}
+    for p in engines_of_study(study):
+        try:
+            m = Marker.parse(p.environ().get(MARKER_ENV))
+        except (psutil.Error, OSError):
+            continue
+        if m is not None:
+            out[m.run] = (m.owner_pid, _raylet_of(m.owner_pid))
+    return out
+
+
+def _run_two_node(c: NetnsCluster, tmp_path: Path, text: str) -> tuple[int, dict, Path, dict, str]:
+    """Run the plan, watching which node each rank's engine runs under meanwhile; (exit code,
+    the run's outcome.json, the study, {marker run: (owner pid, raylet)}, stderr)."""
+    plan = tmp_path / "two-node.yaml"
+    plan.write_text(text)
+    study = tmp_path / "study"
+    proc = perflab_run(c, plan, study)
+    seen: dict[str, tuple[int, int | None]] = {}
+    try:
+        while proc.poll() is None:
+            seen.update(_ranks_running(study))
+            time.sleep(0.1)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    runs = sorted((study / "runs").iterdir())
+    assert len(runs) == 1, err[-3000:]
+    return proc.returncode, json.loads((runs[0] / "outcome.json").read_text()), study, seen, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("engine", "sizes", "address"), [("sglang", "tp: 2", "--dist-init-addr"),
+                                                        ("vllm", "dp: 2", "--data-parallel-address")])
+def test_a_two_node_run_starts_each_rank_on_its_own_node(cluster: NetnsCluster, tmp_path: Path, engine: str, sizes: str,
+                                                         address: str) -> None:
+    started = time.monotonic()
+    text = TWO_NODE.replace("{engine}", engine).replace("{sizes}", sizes).format(scale=50, env="", prompts=20, rate="")
+    rc, outcome, study, seen, err = _run_two_node(cluster, tmp_path, text)
+    took = time.monotonic() - started
+    assert rc == 0, err[-3000:]
+    assert outcome["state"] == "done" and outcome["cause"] is None, outcome
+    group = outcome["instances"][0]
+    assert [n["state"] for n in group["nodes"]] == ["done", "done"] and group["leftovers"] == []
+    measured = json.loads(next((study / "runs").iterdir()).joinpath("measurement-main.json").read_text())
+    assert measured["status"] == "ok" and measured["metrics"]["output_throughput"] > 0, measured
+    # rank 0 and rank 1 were started by different perflab processes (the agents), each under a
+    # different node's raylet: rank k on the k-th node of the STRICT_SPREAD placement group
+    run = next(r for r in seen if not r.endswith(".node1"))
+    assert set(seen) == {run, f"{run}.node1"}, seen
+    (owner0, raylet0), (owner1, raylet1) = seen[run], seen[f"{run}.node1"]
+    assert owner0 != owner1 and None not in (raylet0, raylet1) and raylet0 != raylet1, seen
+    # the placement named both nodes (the H100 head never holds an A100 study's rank)
+    placed = re.findall(r"on node (\S+) devices", err)
+    assert placed and len(placed[0].split("+")) == 2, err[-2000:]
+    assert cluster.node_ids[0][:8] not in placed[0]
+    # each rank has its node's device, as Ray reserved it in its bundle (one per node: tp 2 / 2 nodes)
+    assert all(len(n["launch"]["env"]["CUDA_VISIBLE_DEVICES"].split(",")) == 1 for n in group["nodes"]), group["nodes"]
+    # both ranks meet at rank 0's node address, as Ray gives it (every node is 127.0.0.1 in the netns)
+    argvs = [n["launch"]["argv"] for n in group["nodes"]]
+    addr = argvs[0][argvs[0].index(address) + 1]
+    assert addr == argvs[1][argvs[1].index(address) + 1] and addr.split(":")[0] == "127.0.0.1"
+    assert engines_of_study(study) == []
+    print(f"two-node {engine} on ray: {took:.1f} s end to end")
+
+
+@pytest.mark.slow
+def test_a_crash_on_rank_1_on_its_node_crashes_the_group_with_its_cause(cluster: NetnsCluster, tmp_path: Path) -> None:
+    from perflab.simenv import FAULT_ENV, FAULT_NODE_RANK_ENV, TIME_SCALE_ENV
+
+    env = f', env: {{{FAULT_ENV}: "crash-after:5", {FAULT_NODE_RANK_ENV}: "1", {TIME_SCALE_ENV}: "1"}}'
+    rc, outcome, study, seen, err = _run_two_node(
+        cluster, tmp_path, TWO_NODE_SGLANG.format(scale=1, env=env, prompts=60, rate=", request_rate: 4"))
+    assert outcome["state"] == "crashed", outcome
+    cause = outcome["cause"]
+    # rank 1's own cause, classified on its node from its log, named with its rank
+    assert cause["name"] == "cuda-illegal-memory-access", cause
+    assert cause["explanation"].startswith("node rank 1:") and "illegal memory access" in cause["line"]
+    group = outcome["instances"][0]
+    assert group["failed_rank"] == 1 and group["nodes"][1]["state"] == "crashed"
+    assert group["nodes"][0]["state"] == "done", "rank 0 was torn down by the group, not a second crash"
+    run = next(r for r in seen if not r.endswith(".node1"))
+    assert seen[run][1] != seen[f"{run}.node1"][1], seen  # on two nodes
+    assert engines_of_study(study) == [], "a rank outlived the crash"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_rank_of_a_group_on_every_node(cluster: NetnsCluster, tmp_path: Path) -> None:
+    from perflab.simenv import TIME_SCALE_ENV
+
+    plan = tmp_path / "group.yaml"
+    plan.write_text(TWO_NODE_SGLANG.format(scale=1, env=f", env: {{{TIME_SCALE_ENV}: '1'}}", prompts=200,
+                                           rate=", request_rate: 8"))
+    study = tmp_path / "study"
+    proc = perflab_run(cluster, plan, study)
+    seen: list[str] = []
+    try:
+        _wait_for(r"benchmarking Main", proc, seen, 120)
+        ranks = _ranks_running(study)
+        assert len(ranks) == 2 and len({r[1] for r in ranks.values()}) == 2, ranks
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, "".join(seen)
+    assert engines_of_study(study) == []  # torn down before perflab exited, on both nodes
+    db = sqlite3.connect(study / "study.db")
+    assert [r[0] for r in db.execute("select state from runs")] == ["interrupted"]
+
+
+@pytest.mark.slow
+def test_rank_1_s_agent_lost_interrupts_the_group_run(cluster: NetnsCluster, tmp_path: Path) -> None:
+    """Rank 1's node's agent dies mid-benchmark (SIGKILL: as with its node, Ray reports the actor
+    gone): rank 0's group sees it through its RemoteRank, the run is interrupted (not crashed),
+    the failed benchmark is no result; the re-queue, without that node, is refused (one A100
+    node is left for two ranks); the keeper on rank 1's node took its engine down, rank 0's
+    went with its group."""
+    from perflab.simenv import TIME_SCALE_ENV
+
+    plan = tmp_path / "group.yaml"
+    plan.write_text(TWO_NODE_SGLANG.format(scale=1, env=f", env: {{{TIME_SCALE_ENV}: '1'}}", prompts=200, rate=", request_rate: 8"))
+    study = tmp_path / "study"
+    proc = perflab_run(cluster, plan, study)
+    seen: list[str] = []
+    try:
+        nodes = _wait_for(r"on node (\S+) devices", proc, seen, 120).group(1).split("+")
+        _wait_for(r"benchmarking Main", proc, seen, 60)
+        ranks = _ranks_running(study)
+        run = next(r for r in ranks if not r.endswith(".node1"))
+        agent1 = ranks[f"{run}.node1"][0]
+        assert agent1 != ranks[run][0]
+        time.sleep(1.0)
+        psutil.Process(agent1).kill()
+        killed = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        seen.append(err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = "".join(seen)
+    assert proc.returncode != 0, log[-3000:]
+    assert time.monotonic() - killed < 30, log[-3000:]
+    db = sqlite3.connect(study / "study.db")
+    runs = list(db.execute("select state, error from runs order by id"))
+    rank1 = nodes[1].split("/")[-1]
+    assert runs[0][0] == "interrupted" and "was lost" in runs[0][1] and "node rank 1" in runs[0][1], runs
+    assert rank1 in runs[0][1], (rank1, runs)
+    assert len(runs) == 2 and "2 nodes of sim:a100-80g-x8 are needed, 1 are left" in runs[1][1], runs
+    assert "crashed" not in {r[0] for r in runs}
+    assert list(db.execute("select status from measurements")) == [], "a lost group's benchmark is no result"
+    assert engines_of_study(study) == [], "a rank outlived its lost agent's group"
+
+
+@pytest.mark.slow
+def test_a_node_lost_under_a_two_node_group_interrupts_the_run(cluster: NetnsCluster, tmp_path: Path) -> None:
+    """The group spans the two H100 nodes (the head and index 3); index 3 is removed mid-benchmark
+    (the node of rank 1 when it holds rank 1, else of rank 0). The run is interrupted, never
+    crashed; its re-queue is refused in one line (one H100 node is left, the group needs two)
+    instead of waiting forever; nothing of the study is left on the surviving node."""
+    from perflab.simenv import TIME_SCALE_ENV
+
+    plan = tmp_path / "group.yaml"
+    plan.write_text(TWO_NODE_SGLANG.format(scale=1, env=f", env: {{{TIME_SCALE_ENV}: '1'}}", prompts=200, rate=", request_rate: 8")
+                    .replace("sim:a100-80g-x8", "sim:h100-80g-x8"))
+    study = tmp_path / "study"
+    proc = perflab_run(cluster, plan, study)
+    seen: list[str] = []
+    try:
+        nodes = _wait_for(r"on node (\S+) devices", proc, seen, 120).group(1).split("+")
+        _wait_for(r"benchmarking Main", proc, seen, 60)
+        assert len(_ranks_running(study)) == 2
+        worker = cluster.node_ids[3][:8]
+        assert [n.split("/")[-1] for n in nodes].count(worker) == 1, nodes
+        time.sleep(1.0)
+        cluster.remove(3)
+        removed = time.monotonic()
+        out, err = proc.communicate(timeout=120)
+        seen.append(err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = "".join(seen)
+    assert proc.returncode != 0, log[-3000:]
+    assert time.monotonic() - removed < 30, log[-3000:]
+    db = sqlite3.connect(study / "study.db")
+    runs = list(db.execute("select state, error from runs order by id"))
+    assert runs[0][0] == "interrupted" and "was lost" in runs[0][1] and worker in runs[0][1], runs
+    # re-queued once: refused at once, the group needs two H100 nodes and one is left
+    assert len(runs) == 2 and runs[1][0] == "interrupted" and "2 nodes of sim:h100-80g-x8 are needed, 1 are left" in runs[1][1], runs
+    assert "crashed" not in {r[0] for r in runs}
+    assert engines_of_study(study) == [], "a rank outlived its lost node's group"
+    rank = [n.split("/")[-1] for n in nodes].index(worker)
+    print(f"node of rank {rank} lost; interrupted {time.monotonic() - removed:.1f} s after; {runs}")
 
 
 def test_a_lost_node_interrupts_its_run_and_requeues_it(cluster: NetnsCluster, tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -45,6 +45,9 @@ from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
 from perflab.simenv import TIME_SCALE_ENV as SIM_TIME_SCALE_ENV
 from perflab.status import Status
 from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Unsupported, to_jsonable
+
+if TYPE_CHECKING:
+    from perflab.supervisor_group import GroupPlacement
 
 log = structlog.get_logger("perflab.lab")
 
@@ -86,6 +89,16 @@ class LabContext:
     @property
     def simulated(self) -> bool:
         return self.hardware.simulated
+
+
+def launch_environment(ctx: LabContext) -> dict[str, str]:
+    """The environment every engine process of a run starts from (each rank of a multi-node
+    group too, on its own node's context): the context's, less what an engine must not
+    inherit, with the simulator's time scale."""
+    env = engine_environment(ctx.env)
+    if ctx.simulated:
+        env[SIM_TIME_SCALE_ENV] = f"{ctx.time_scale:g}"
+    return env
 
 
 def _script_argv(spec: LaunchSpec) -> list[str]:
@@ -471,6 +484,10 @@ class Executor:
         # the devices a backend placed this run on (perflab.lab.backend.LocalBackend's ledger),
         # used as the configuration's devices when it pins none; None: the engine's default
         self.placement: tuple[int, ...] | None = None
+        # a multi-node configuration's nodes as a backend placed them (the Ray backend: one
+        # node per rank, rank 0 this one, the others started by their node's agent); None: the
+        # ranks are processes on this machine (perflab.supervisor_group.local_nodes)
+        self.group: GroupPlacement | None = None
         # the accelerators' telemetry sources, opened once a study (when first sampled); what
         # is missing is said once; a backend shares one among its runs' executors
         self._telemetry: Telemetry | None = None
@@ -495,10 +512,7 @@ class Executor:
                 self._stale.remove(done)
 
     def _env(self) -> dict[str, str]:
-        env = engine_environment(self.ctx.env)
-        if self.ctx.simulated:
-            env[SIM_TIME_SCALE_ENV] = f"{self.ctx.time_scale:g}"
-        return env
+        return launch_environment(self.ctx)
 
     def _device_sets(self, config: Configuration) -> list[tuple[int, ...]] | None:
         kinds = self.ctx.pm.engine(config.engine).info.accelerators
@@ -552,6 +566,8 @@ class Executor:
         await self._machine_ready(config, device_sets, label)
         instances: list[Any] = []
         rec.accelerators = max(1, sum(len(v) for v in self._devices_by_kind(config, device_sets).values()))
+        if self.group is not None and config.serve_config().node_count > 1:  # every node's devices
+            rec.accelerators = max(1, sum(len(n.devices or ()) for n in self.group.nodes))
         launched = time.monotonic()
         self._host_s = 0.0
         try:
@@ -590,7 +606,10 @@ class Executor:
                 self.on_event("launch", label=label, engine=engine, replica=i + 1, replicas=config.replicas)
                 sc = config.serve_config(devices=devices)
                 # nodes > 1: one process per node rank, supervised as one engine (perflab.supervisor_group)
-                kind = EngineGroup if sc.node_count > 1 else EngineInstance
+                group = sc.node_count > 1
+                kind = EngineGroup if group else EngineInstance
+                placed = ({"nodes": self.group.nodes, "start_rank": self.group.start_rank}
+                          if group and self.group is not None else {})
                 inst = kind(
                     self.ctx.pm, engine, sc, hardware=self.ctx.hardware,
                     env=self._env(), workdir=workdir, startup_timeout=plan.timeouts.startup_s, version=version,
@@ -598,6 +617,7 @@ class Executor:
                     # run_dir is <study>/runs/<NNN-label> (Store.begin_run)
                     scope=(run_dir.parent.parent, run_dir.name if workdir == run_dir else f"{run_dir.name}.{workdir.name}"),
                     **({"grace": plan.timeouts.teardown_s} if plan.timeouts.teardown_s is not None else {}),
+                    **placed,
                 )
                 await stack.enter_async_context(inst)
                 instances.append(inst)

@@ -41,15 +41,26 @@ How a study runs on Ray
   end with the driver.
 * The study directory must be at the same path on every node (a shared filesystem; on one
   host it is): the agents write their run directories there, as the local executor does.
-* Multi-node demands (``Demand.nodes`` > 1, issue #14 item 5): :func:`bundles` already gives
-  one bundle per node and :func:`strategy` ``STRICT_SPREAD``; the group launch (one launch
-  per node rank) plugs in at :meth:`RayBackend.run`: each bundle's :func:`granted` gives a node
-  and its devices, that node's agent starts its rank, rank 0 serving.
+* Multi-node engines (a configuration with ``nodes`` N > 1, issue #14 item 5): the demand is
+  N nodes of ``devices_per_node`` devices; the placement group has one bundle per node,
+  ``STRICT_SPREAD`` (never two ranks on one node). Bundle k is node rank k: a task in it
+  (:func:`granted`) says its node, the device ids Ray reserved there and the node's address
+  (Ray's node IP). Rank 0's agent runs the executor and the :class:`~perflab.supervisor_group.EngineGroup`
+  (rank 0 serves and is probed there; ``--dist-init-addr`` / ``--data-parallel-address`` is
+  rank 0's node IP); rank k >= 1 is a :class:`RemoteRank`: node k's agent starts it
+  (:meth:`Agent.rank_start`) as an :class:`~perflab.supervisor.EngineInstance` of its own,
+  under that node's keeper, marker, devices and environment, and says when it dies and why
+  (its cause classified there, from its log) and tears it down when asked. Any rank dying
+  is the group's crash ("node rank 1: ..."), every rank torn down on every node. A node lost
+  while its group runs ends the run as lost (``interrupted``, re-queued once, never
+  crashed), and the driver tears the run's ranks down on every surviving node
+  (:meth:`Agent.stop_ranks`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -60,6 +71,7 @@ from typing import Any
 
 import anyio
 import ray
+import structlog
 import ray.exceptions
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
@@ -67,8 +79,15 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from perflab.errors import PerflabError, UsageError
 from perflab.lab.backend import Demand, Finished, LocalBackend, Lost, Measured, Placed, Sink, State, Ticket
 from perflab.lab.earlystop import Calibration
-from perflab.lab.executor import LabContext, engine_environment
+from perflab.lab.executor import LabContext, engine_environment, launch_environment
+from perflab.lab.options import Configuration
 from perflab.lab.plan import Plan
+from perflab.status import Status
+from perflab.supervisor import LaunchOutcome
+from perflab.supervisor_group import GroupPlacement, RankLaunch
+from perflab.types import CrashCause, GroupNode
+
+log = structlog.get_logger("perflab.lab")
 
 SIM_LABEL = "perflab.io/sim"  # a node label: this node is the simulated machine sim:<value>
 NODE_ID_LABEL = "ray.io/node-id"  # Ray's own label of every node (ray/_private/ray_constants.py)
@@ -178,12 +197,166 @@ class Note:
     fields: dict[str, Any]
 
 
-def granted(resource: str) -> tuple[str, tuple[int, ...]]:
+@dataclass(frozen=True)
+class RankLost:
+    """From rank 0's agent: the node of another rank of its group was lost (the driver
+    records the run lost and excludes that node from the re-queued placement)."""
+
+    node_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """What one bundle of a run's placement group got: its node, the device ids Ray reserved
+    there, the node's address (Ray's node IP: where other nodes reach it) and host name."""
+
+    node_id: str
+    devices: tuple[int, ...]
+    address: str
+    host: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.host}/{self.node_id[:8]}"
+
+
+def granted(resource: str) -> Bundle:
     """Run as a task in a run's placement group, asking for the whole bundle: the node and the
     device ids Ray reserved for the run (``get_accelerator_ids``). The placement group keeps
     them reserved for the run until the driver removes it."""
     ctx = ray.get_runtime_context()
-    return ctx.get_node_id(), tuple(sorted(int(x) for x in ctx.get_accelerator_ids().get(resource, [])))
+    return Bundle(ctx.get_node_id(), tuple(sorted(int(x) for x in ctx.get_accelerator_ids().get(resource, []))),
+                  ray.util.get_node_ip_address(), socket.gethostname())
+
+
+@dataclass(frozen=True)
+class RayGroup:
+    """A multi-node run's placement, handed to rank 0's agent: rank k on ``bundles[k]``'s
+    node, started there by ``agents[k]`` (k >= 1)."""
+
+    bundles: tuple[Bundle, ...]
+    agents: tuple[Any, ...]  # Ray actor handles of the nodes' agents, rank order
+
+    @property
+    def nodes(self) -> tuple[GroupNode, ...]:
+        return tuple(GroupNode(k, b.address, b.host, b.devices or None) for k, b in enumerate(self.bundles))
+
+    @property
+    def name(self) -> str:
+        """The nodes as the study log shows them: rank 0's first."""
+        return "+".join(b.name for b in self.bundles)
+
+
+class RemoteRank:
+    """Rank k >= 1 of a group whose EngineGroup runs here (rank 0's agent), started on its own
+    node by that node's agent (:meth:`Agent.rank_start`): the group's
+    :class:`~perflab.supervisor_group.RankHandle` for a rank on another node. ``lost`` says
+    why its node or agent was lost (Ray's error): the group then ends, and the run is lost,
+    not crashed."""
+
+    def __init__(self, agent: Any, key: str, rank: RankLaunch, bundle: Bundle) -> None:
+        self.agent = agent
+        self.key = key
+        self.rank = rank
+        self.bundle = bundle
+        self.outcome = LaunchOutcome(engine=rank.engine, version=rank.version, workdir=rank.workdir)
+        self.launch: Any = rank.launch
+        self.died = anyio.Event()
+        self.lost: str | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._stopping = False
+        self._stop_started = False
+        self._stopped = anyio.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return self.outcome.pid
+
+    async def __aenter__(self) -> RemoteRank:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            self.outcome = await self.agent.rank_start.remote(self.key, self.rank)
+        except LOST as exc:
+            self._lose(exc)
+        except BaseException as exc:
+            await self._close(exc)
+            if isinstance(exc, ray.exceptions.RayTaskError):
+                raise exc.as_instanceof_cause() from None
+            raise
+        else:
+            if self.outcome.state == Status.READY:
+                self._tg.start_soon(self._watch)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool | None:
+        return await self._close(exc)
+
+    async def _close(self, exc: BaseException | None) -> bool | None:
+        with anyio.CancelScope(shield=True):
+            await self.teardown()
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(None, None, None)
+        return None
+
+    def _lose(self, exc: BaseException) -> None:
+        """The rank's node or agent is gone (its keeper stopped the rank there, if the node is up)."""
+        self.lost = f"node {self.bundle.name} (node rank {self.rank.rank}) was lost ({type(exc).__name__})"
+        self.outcome.cause = CrashCause("node-lost", self.lost, source="perflab")
+        if self.outcome.state not in (Status.DONE,) and not Status(self.outcome.state).is_failure:
+            self.outcome.state = Status.CRASHED
+        self.died.set()
+
+    async def _watch(self) -> None:
+        """Wait, on the rank's node, for it to exit: a death unasked is the group's crash."""
+        try:
+            died, outcome = await self.agent.rank_wait.remote(self.key)
+        except LOST as exc:
+            if not self._stopping:
+                self._lose(exc)
+            return
+        if outcome is not None:
+            self.outcome = outcome
+        if died and not self._stopping:
+            self.died.set()
+
+    def expect_exit(self) -> None:
+        self._stopping = True
+        try:
+            self.agent.rank_expect_exit.remote(self.key)  # not awaited: teardown follows
+        except Exception:  # the agent is gone: the teardown says so
+            pass
+
+    async def teardown(self) -> None:
+        """Stop the rank on its node (its EngineInstance's teardown there: the process tree,
+        ports, device memory checked there); idempotent. A node lost meanwhile is noted."""
+        self._stopping = True
+        if self._stop_started:
+            await self._stopped.wait()
+            return
+        self._stop_started = True
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.move_on_after(self.rank.grace + STOP_GRACE_S) as scope:
+                    outcome = await self.agent.rank_stop.remote(self.key)
+                    if outcome is not None:
+                        self.outcome = outcome
+                if scope.cancelled_caught:
+                    self.outcome.leftovers.append(f"the agent on {self.bundle.name} did not confirm the teardown "
+                                                  f"within {self.rank.grace + STOP_GRACE_S:g} s")
+            except LOST as exc:
+                if self.lost is None and Status(self.outcome.state) == Status.READY:
+                    self._lose(exc)
+            finally:
+                self._stopped.set()
+
+    def kill_now(self) -> None:
+        try:
+            self.agent.rank_kill.remote(self.key)
+        except Exception:  # best effort at exit: the node's keeper stops it with its agent
+            pass
 
 
 class Agent:
@@ -204,19 +377,32 @@ class Agent:
         self.ctx = LabContext(self.pm, plan, snapshot, env, versions, _time_scale(plan, snapshot.simulated))
         self.node = f"{socket.gethostname()}/{self.node_id[:8]}"
         self._tasks: dict[int, asyncio.Task[Any]] = {}  # run id -> its executor's run
+        self._ranks: dict[str, _HeldRank] = {}  # "<run id>:<rank>" -> a group's rank started on this node
 
-    async def run(self, ticket: Ticket, calibration: Calibration, devices: tuple[int, ...]) -> AsyncIterator[Any]:
+    async def run(self, ticket: Ticket, calibration: Calibration, devices: tuple[int, ...],
+                  group: RayGroup | None = None) -> AsyncIterator[Any]:
+        """One run; ``group``: a multi-node run's placement, this node being rank 0's."""
         from perflab.lab.executor import Executor
 
         if not ticket.run_dir.is_dir():
             raise PerflabError(f"the study directory {ticket.run_dir.parent.parent} is not on node {self.node}: "
                                f"every Ray node must see it at the same path (a shared filesystem)")
-        yield Placed(self.node, devices)
+        yield Placed(self.node if group is None else group.name, devices)
         yield State("running")
         queue: asyncio.Queue[Any] = asyncio.Queue()
         ex = Executor(self.ctx, on_event=lambda kind, **kw: queue.put_nowait(Note(kind, kw)))
         ex.on_measured = lambda name, m: queue.put_nowait(Measured(name, m))
         ex.placement = devices if devices and ticket.demand.devices is None else None
+        remotes: list[RemoteRank] = []
+        if group is not None:
+            def start_rank(node: GroupNode, rank: RankLaunch) -> RemoteRank:
+                remote = RemoteRank(group.agents[node.rank], f"{ticket.run_id}:{node.rank}", rank,
+                                    group.bundles[node.rank])
+                remotes.append(remote)
+                return remote
+
+            ex.group = GroupPlacement(group.nodes, start_rank)
+        held_back: list[Measured] = []  # a group's failed measurements: a lost node's make none
         before = {k: list(v) for k, v in calibration.curves.items()}  # what the step began with
         ex.calibration = calibration
         task = self._tasks[ticket.run_id] = asyncio.ensure_future(
@@ -225,14 +411,30 @@ class Agent:
             getter = asyncio.ensure_future(queue.get())
             done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
             if getter in done:
-                yield getter.result()
+                ev = getter.result()
+                if group is not None and isinstance(ev, Measured) and Status(ev.measurement.status).is_failure:
+                    held_back.append(ev)
+                else:
+                    yield ev
                 continue
             getter.cancel()
             break
         while not queue.empty():
-            yield queue.get_nowait()
+            ev = queue.get_nowait()
+            if group is not None and isinstance(ev, Measured) and Status(ev.measurement.status).is_failure:
+                held_back.append(ev)
+            else:
+                yield ev
         self._tasks.pop(ticket.run_id, None)
+        lost = next((r for r in remotes if r.lost), None)
+        if lost is not None:  # a rank's node was lost: nothing the group did after is a result
+            if not task.cancelled():
+                task.exception()  # retrieved: whatever the group did after, the run is lost, not failed
+            yield RankLost(lost.bundle.node_id, f"the Ray agent on node {lost.bundle.node_id[:8]} was lost: {lost.lost}")
+            return
         rec = task.result()  # the executor's own error, raised to the driver as itself
+        for ev in held_back:
+            yield ev
         new = {k: [e for e in v if not any(e is b for b in before.get(k, []))]
                for k, v in ex.calibration.curves.items()}
         yield Learned({k: v for k, v in new.items() if v})
@@ -245,6 +447,108 @@ class Agent:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+    # ----------------------------------------------------------------- a group's rank on this node
+
+    async def rank_start(self, key: str, rank: RankLaunch) -> LaunchOutcome:
+        """Start rank ``rank.rank`` of a group on this node (an EngineInstance under this node's
+        keeper, with this node's snapshot and environment and the rank's devices here); its
+        outcome once it runs (``ready``) or failed to start. It is held until
+        :meth:`rank_stop` (or this agent's end)."""
+        from perflab.supervisor import EngineInstance
+
+        if not rank.workdir.is_dir():
+            raise PerflabError(f"the study directory {rank.workdir.parent.parent} is not on node {self.node}: "
+                               f"every Ray node must see it at the same path (a shared filesystem)")
+        inst = EngineInstance(
+            self.pm, rank.engine, rank.config, hardware=self.ctx.hardware, env=launch_environment(self.ctx),
+            workdir=rank.workdir, startup_timeout=rank.startup_timeout, version=rank.version, log_name=rank.log_name,
+            grace=rank.grace, scope=rank.scope, launch=rank.launch, serving=rank.serving)
+        held = self._ranks[key] = _HeldRank(inst)
+        held.task = asyncio.ensure_future(held.hold())
+        started = asyncio.ensure_future(held.started.wait())
+        await asyncio.wait({held.task, started}, return_when=asyncio.FIRST_COMPLETED)
+        started.cancel()
+        if held.task.done():
+            held.task.result()  # its error, raised to rank 0's agent
+        return inst.outcome
+
+    async def rank_wait(self, key: str) -> tuple[bool, LaunchOutcome | None]:
+        """Until the rank dies unasked (True) or is torn down (False); its outcome then."""
+        held = self._ranks.get(key)
+        if held is None:
+            return False, None
+        died = asyncio.ensure_future(held.inst.died.wait())
+        ended = asyncio.ensure_future(held.ended.wait())
+        try:
+            await asyncio.wait({died, ended}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            died.cancel()
+            ended.cancel()
+        return held.inst.died.is_set(), held.inst.outcome
+
+    def rank_expect_exit(self, key: str) -> None:
+        held = self._ranks.get(key)
+        if held is not None:
+            held.inst.expect_exit()
+
+    async def rank_stop(self, key: str) -> LaunchOutcome | None:
+        """Tear the rank down (as EngineInstance does: the tree, its ports, device memory); its
+        final outcome."""
+        held = self._ranks.get(key)
+        if held is None:
+            return None
+        held.inst.expect_exit()
+        held.stop.set()
+        if held.task is not None:
+            await asyncio.gather(held.task, return_exceptions=True)
+        self._ranks.pop(key, None)
+        return held.inst.outcome
+
+    def rank_kill(self, key: str) -> None:
+        held = self._ranks.get(key)
+        if held is not None:
+            held.inst.kill_now()
+
+    async def stop_ranks(self, run_id: int) -> int:
+        """Tear down every rank of run ``run_id`` still on this node (the driver, when the run's
+        rank 0 or its agent is gone, or on Ctrl-C); how many there were."""
+        keys = [k for k in self._ranks if k.split(":")[0] == str(run_id)]
+        await asyncio.gather(*(self.rank_stop(k) for k in keys), return_exceptions=True)
+        return len(keys)
+
+    def ranks(self) -> list[str]:
+        """The keys of the ranks this agent holds (tests: nothing is left after a run)."""
+        return sorted(self._ranks)
+
+
+class _HeldRank:
+    """A group's rank on this node: its EngineInstance, entered and exited in one task
+    (:meth:`hold`), which lives until the rank is stopped or dies."""
+
+    def __init__(self, inst: Any) -> None:
+        self.inst = inst
+        self.started = asyncio.Event()
+        self.stop = asyncio.Event()
+        self.ended = asyncio.Event()
+        self.task: asyncio.Task[Any] | None = None
+
+    async def hold(self) -> None:
+        try:
+            async with self.inst:
+                self.started.set()
+                if self.inst.outcome.state == Status.READY:
+                    died = asyncio.ensure_future(self.inst.died.wait())
+                    stop = asyncio.ensure_future(self.stop.wait())
+                    try:
+                        await asyncio.wait({died, stop}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        died.cancel()
+                        stop.cancel()
+            # torn down here (a rank that died is cleaned up on its node at once)
+        finally:
+            self.started.set()
+            self.ended.set()
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -399,17 +703,38 @@ class RayBackend(LocalBackend):
             sel[NODE_ID_LABEL] = f"!{self.lost_nodes[-1]}"
         return sel
 
+    def demand(self, config: Configuration) -> Demand:
+        """A multi-node configuration (``nodes`` N > 1) needs N nodes of ``devices_per_node``
+        devices each (per replica), not N x that on one node."""
+        d = super().demand(config)
+        sc = config.serve_config()
+        if sc.node_count <= 1:
+            return d
+        return dataclasses.replace(d, per_node=max(1, sc.devices_per_node) * max(1, config.replicas),
+                                   nodes=sc.node_count)
+
+    def _nodes_left(self, resource: str | None, demand: Demand) -> int:
+        """How many of the study's nodes, not lost, could hold one bundle of ``demand``."""
+        return sum(1 for n, r in self.cluster.resources.items()
+                   if n not in self.lost_nodes and (resource is None or r.get(resource, 0.0) >= demand.per_node))
+
     async def run(self, ticket: Ticket, sink: Sink) -> None:
         d = ticket.demand
         res = RAY_RESOURCE.get(d.kind or "")
         known = sum(1 for a in self.ctx.hardware.accelerators if a.kind == d.kind)
         if res is not None and (d.per_node > known or d.per_node > self.cluster.capacity(res)):
             res = None  # never fits: the executor refuses it with its reason, as a local run does
+        n = max(1, d.nodes)
+        if n > 1 and self._nodes_left(res, d) < n:  # a lost node left too few for this group: it would wait forever
+            sink(Lost(f"{n} nodes of {self.ctx.plan.hardware} are needed, {self._nodes_left(res, d)} are left "
+                      f"(lost: {', '.join(x[:8] for x in self.lost_nodes)})"))
+            return
         ticket = Ticket(ticket.run_id, ticket.run_dir.resolve(), ticket.config, ticket.profiles, ticket.label, d,
                         ticket.to_beat)
         pg = placement_group(bundles(d, res), strategy=strategy(d), name=f"perflab-run-{ticket.run_id}",
-                             bundle_label_selector=[self._selector() for _ in range(max(1, d.nodes))])
+                             bundle_label_selector=[self._selector() for _ in range(n)])
         agent = None
+        rank_agents: list[Any] = []  # a group's ranks >= 1: their nodes' agents
         node_id: str | None = None
         try:
             ready = pg.ready()
@@ -420,20 +745,33 @@ class RayBackend(LocalBackend):
                 sink(State("waiting"))
                 self.on_event("queued", label=ticket.label)
                 await ready
-            opts: dict[str, Any] = {
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
-                "num_cpus": 0, "max_retries": 0,
-            }
-            if res == "GPU":
-                opts["num_gpus"] = d.per_node
-            elif res is not None:
-                opts["resources"] = {res: d.per_node}
+
+            def opts(index: int) -> dict[str, Any]:
+                o: dict[str, Any] = {
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
+                    "num_cpus": 0, "max_retries": 0,
+                }
+                if res == "GPU":
+                    o["num_gpus"] = d.per_node
+                elif res is not None:
+                    o["resources"] = {res: d.per_node}
+                return o
+
             node_id = ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).get(0)
             try:
                 # the devices Ray reserved for this run: a task holding the whole bundle says which
-                node_id, devices = await self.granted.options(**opts).remote(res or "")
+                # (one per bundle: bundle k is node rank k of a multi-node group)
+                got: list[Bundle] = list(await asyncio.gather(*(self.granted.options(**opts(k)).remote(res or "")
+                                                                for k in range(n))))
+                node_id = got[0].node_id
                 agent = self._agent(node_id)
-                gen = agent.run.remote(ticket, self._snapshot(), devices)
+                group = None
+                if n > 1:
+                    rank_agents = [self._agent(b.node_id) for b in got[1:]]
+                    group = RayGroup(tuple(got), (agent, *rank_agents))
+                    log.info("lab.ray-group", run_id=ticket.run_id, nodes=[b.name for b in got],
+                             addresses=[b.address for b in got], devices=[list(b.devices) for b in got])
+                gen = agent.run.remote(ticket, self._snapshot(), got[0].devices, group)
                 async for ref in gen:
                     ev = await ref
                     if isinstance(ev, Learned):
@@ -442,6 +780,10 @@ class RayBackend(LocalBackend):
                     if isinstance(ev, Note):
                         self.on_event(ev.kind, **ev.fields)
                         continue
+                    if isinstance(ev, RankLost):  # another rank's node: rank 0's agent is alive
+                        self.lost_nodes.append(ev.node_id)
+                        self._agents.pop(ev.node_id, None)
+                        ev = Lost(ev.reason)
                     sink(ev)
             except ray.exceptions.RayTaskError as exc:  # the executor's own error: raised as itself
                 raise exc.as_instanceof_cause() from None
@@ -465,7 +807,14 @@ class RayBackend(LocalBackend):
                     self._agents.pop(node_id, None)
             raise
         finally:
+            # a group's ranks on the other nodes: normally torn down by rank 0's group already;
+            # after a lost rank 0 or a cancelled run, here (a lost node's agent is gone, and
+            # its keeper stopped its rank)
+            if rank_agents:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_GRACE_S):
+                    await asyncio.gather(*(a.stop_ranks.remote(ticket.run_id) for a in rank_agents),
+                                         return_exceptions=True)
             remove_placement_group(pg)
 
 
-__all__ = ["Agent", "ClusterRefused", "RayBackend", "RayCluster", "SIM_LABEL", "check_reports", "node_report"]
+__all__ = ["Agent", "Bundle", "RankLost", "RayGroup", "RemoteRank", "ClusterRefused", "RayBackend", "RayCluster", "SIM_LABEL", "check_reports", "node_report"]
