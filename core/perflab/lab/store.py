@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from perflab import redact
+from perflab.lab.measured import EXTRA_FIELDS, MeasurementExtras
 from perflab.lab.study import ConfigResult
 from perflab.status import Status
 from perflab.types import CrashCause, Unsupported, to_jsonable
@@ -91,7 +92,7 @@ CREATE TABLE IF NOT EXISTS measurements (
     error       TEXT,
     cause       TEXT,
     created     REAL NOT NULL,
-    extra       TEXT             -- JSON: repeats, noise, points, capacity, stopped_early
+    extra       TEXT             -- JSON: the measurement's extras (perflab.lab.measured.EXTRA_FIELDS)
 );
 CREATE INDEX IF NOT EXISTS measurements_by_key ON measurements(config_key, profile_key);
 """
@@ -100,37 +101,22 @@ CREATE INDEX IF NOT EXISTS measurements_by_key ON measurements(config_key, profi
 # columns added since schema 1: (table, column, type); added to an older study.db when opened
 _ADDED_COLUMNS = (("runs", "engine_seconds", "REAL"), ("runs", "accelerators", "INTEGER"),
                   ("measurements", "extra", "TEXT"))
-# the measurement fields kept in the ``extra`` column / the file, beside metrics (issue #12)
-EXTRA_FIELDS = ("repeats", "noise", "points", "capacity", "stopped_early", "observed")
 
 
 @dataclass
-class ProfileMeasurement:
+class ProfileMeasurement(MeasurementExtras):
     """One profile's benchmark inside a run: made by the executor, stored as a
     ``measurements`` row and ``measurement-<profile>.json`` (typed until then).
 
-    ``metrics`` is the mean of ``repeats`` (each repeat's metrics; one entry per repeat when
-    ``repeats`` > 1) for numeric keys, ``noise`` their relative standard deviation in % (empty
-    with one repeat); ``points`` a sweep's or a max-load search's load points in load order
-    (``{"load": {...}, "metrics", "repeats", "noise", "slo_met"}``), ``capacity`` the search's
-    highest load meeting the SLO; ``stopped_early`` the figures that stopped it early."""
+    ``metrics`` is the mean of ``repeats`` for numeric keys; the extras beside it (repeats,
+    noise, load points, capacity, what stopped it early, what was observed) are
+    :class:`perflab.lab.measured.MeasurementExtras`', kept as :data:`EXTRA_FIELDS`."""
 
     status: Status  # ok | stopped-early | crashed | failed | stalled | unsupported (the workload does not fit)
     metrics: dict[str, Any] | None = None
     num_prompts: int | None = None
     error: str | None = None
     cause: CrashCause | None = None
-    repeats: list[dict[str, Any]] = field(default_factory=list)
-    noise: dict[str, float] = field(default_factory=dict)
-    points: list[dict[str, Any]] = field(default_factory=list)
-    capacity: float | None = None
-    stopped_early: dict[str, Any] | None = None
-    # what was watched while it ran (perflab.observe.OBSERVED_KEYS: server_metrics, telemetry,
-    # energy, cost), summaries only; the series are in the run directory
-    observed: dict[str, Any] = field(default_factory=dict)
-
-    def extra(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in EXTRA_FIELDS}
 
 
 @dataclass

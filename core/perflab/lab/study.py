@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 
 from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, _pct_name
+from perflab.lab.measured import MeasurementExtras
 from perflab.lab.options import Configuration
 from perflab.lab.plan import WINNER, Candidate, Plan, Profile
 from perflab.observe import OBSERVED_KEYS
@@ -36,9 +37,10 @@ from perflab.status import Status
 
 
 @dataclass
-class ConfigResult:
+class ConfigResult(MeasurementExtras):
     """What one configuration did on one profile, as the study decides with it: made by the
-    store's lookup (:meth:`perflab.lab.store.Store.lookup`) from a run and its measurement."""
+    store's lookup (:meth:`perflab.lab.store.Store.lookup`) from a run and its measurement,
+    whose extras (repeats, noise, load points, capacity, ...) it inherits with their declaration."""
 
     status: Status
     metrics: dict[str, Any] | None = None
@@ -53,17 +55,6 @@ class ConfigResult:
     log: str | None = None
     replicas: int = 1
     reused: bool = False  # taken from an earlier run of this study
-    # issue #12, measured by the executor (perflab.lab.store.ProfileMeasurement has the same):
-    # each repeat's metrics (``metrics`` is their mean), their relative stdev in % per metric,
-    # a sweep's or max-load search's load points, the search's capacity, and the figures
-    # that stopped the measurement early
-    repeats: list[dict[str, Any]] = field(default_factory=list)
-    noise: dict[str, float] = field(default_factory=dict)
-    points: list[dict[str, Any]] = field(default_factory=list)
-    capacity: float | None = None
-    stopped_early: dict[str, Any] | None = None
-    # issue #13: what was watched while it ran (perflab.observe.OBSERVED_KEYS), summaries
-    observed: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # a stored string ("crashed") becomes its member
@@ -107,8 +98,8 @@ class ConfigResult:
             "success_rate": self.success_rate, "total_token_throughput": self.tps, "reasons": self.reasons,
             "cause": self.cause, "error": self.error, "script": self.script, "version": self.version,
             "run_id": self.run_id, "run_dir": self.run_dir, "log": self.log, "replicas": self.replicas,
-            "repeats": self.repeats, "noise": self.noise, "points": self.points, "capacity": self.capacity,
-            "stopped_early": self.stopped_early,
+            # the extras as stored, but what was observed flat (one key per OBSERVED_KEYS)
+            **{k: v for k, v in self.extra().items() if k != "observed"},
             **{k: self.observed.get(k) for k in OBSERVED_KEYS},
         }
 
