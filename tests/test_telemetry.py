@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -270,3 +271,100 @@ def test_observed_extras_and_report_lines() -> None:
     note = en.summary_lines(bare, None, [bare, bare], None)
     assert note == ["No accelerator telemetry was recorded (NVML / npu-smi did not answer on this machine), "
                     "so there are no power or energy figures."]
+
+
+# ------------------------------------------------------------------ closing: NVML shut down when the launches end
+
+
+def test_nvml_is_shut_down_when_the_last_holder_lets_go(tmp_path: Path) -> None:
+    """Two launches hold one study's telemetry: the first to end leaves NVML open for the other
+    (still reading), the last one shuts it down; a later launch opens it again."""
+    telemetry = tm.Telemetry(_env(tmp_path, "a100-80g-x8"), [])
+    w = telemetry.watcher({"cuda": [0]})
+    assert w is not None
+    with telemetry.held():
+        with telemetry.held():
+            assert anyio.run(w.sample)
+            shim = telemetry._nvml
+            assert shim._initialised == 1
+        assert anyio.run(w.sample) and shim._initialised == 1  # the other launch still reads
+    assert shim._initialised == 0 and telemetry.problems == {}
+    with pytest.raises(RuntimeError), telemetry.held():  # a launch that fails still lets go
+        assert anyio.run(w.sample)
+        again = telemetry._nvml
+        raise RuntimeError("the launch crashed")
+    assert again._initialised == 0 and telemetry.problems == {}
+    telemetry.close()  # nothing open: nothing to do
+
+
+ONE_LAUNCH = """
+name: telemetry-close
+model: Qwen/Qwen3-8B
+hardware: sim:h100-80g-x1
+simulation: {time_scale: 20}
+engines: [vllm]
+early_stop: false
+profiles:
+  main: {label: Main, input_len: 64, output_len: 512, num_prompts: 16, max_concurrency: 4}
+timeouts: {startup_s: 60, benchmark_s: 120}
+"""
+
+
+def _launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cancel: bool) -> tuple[list[str], Any]:
+    """One vLLM launch on the simulated H100 through the executor, to its end or cancelled at
+    its first telemetry reading; the NVML calls its telemetry made, in order, and its record
+    (None when cancelled)."""
+    import threading
+
+    from perflab.hardware import resolve
+    from perflab.lab.executor import Executor, LabContext
+    from perflab.lab.options import Configuration
+    from perflab.lab.plan import load_plan_text
+    from perflab.plugins import load as load_plugins
+    from perflab.simenv import ENGINE_VERSIONS_ENV, TIME_SCALE_ENV
+
+    calls: list[tuple[NvmlShim, str]] = []  # the hardware probe and the machine check open their own
+    init, shutdown = NvmlShim.nvmlInit, NvmlShim.nvmlShutdown
+    monkeypatch.setattr(NvmlShim, "nvmlInit", lambda self: (calls.append((self, "init")), init(self))[1])
+    monkeypatch.setattr(NvmlShim, "nvmlShutdown", lambda self: (calls.append((self, "shutdown")), shutdown(self))[1])
+    read = threading.Event()
+    real_read = tm.Telemetry.read
+    monkeypatch.setattr(tm.Telemetry, "read", lambda self, *a: (real_read(self, *a), read.set())[0])
+
+    plan = load_plan_text(ONE_LAUNCH, path="telemetry-close.yaml")
+    pm = load_plugins()
+    env = {**os.environ, TIME_SCALE_ENV: "20", STATE_ENV: str(tmp_path / "state"), ENGINE_VERSIONS_ENV: "vllm=0.32.0"}
+    hw, env = resolve(pm, plan.hardware, env)
+    ex = Executor(LabContext(pm=pm, plan=plan, hardware=hw, env=env, time_scale=20.0))
+    run_dir = tmp_path / "runs" / "001-vllm"
+    run_dir.mkdir(parents=True)
+    config = Configuration("vllm", {"model": plan.model})
+    out: list[Any] = [None]
+
+    async def go() -> None:
+        async with anyio.create_task_group() as tg:
+            async def launch() -> None:
+                out[0] = await ex.run(config, plan.profiles, run_dir, label="vllm")
+
+            tg.start_soon(launch)
+            if cancel:
+                await anyio.to_thread.run_sync(read.wait, 60.0)
+                tg.cancel_scope.cancel()
+
+    anyio.run(go)
+    assert read.is_set()  # the launch did read its H100 through NVML
+    return [call for shim, call in calls if shim is ex.telemetry._nvml], out[0]
+
+
+@pytest.mark.slow
+def test_the_executor_shuts_nvml_down_when_its_launch_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls, rec = _launch(tmp_path, monkeypatch, cancel=False)
+    assert rec.state == "done" and rec.measurements["main"].observed["telemetry"]["samples"] >= 1
+    assert calls == ["init", "shutdown"]
+
+
+@pytest.mark.slow
+def test_a_cancelled_launch_shuts_nvml_down_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls, rec = _launch(tmp_path, monkeypatch, cancel=True)
+    assert rec is None  # cancelled during its benchmark
+    assert calls == ["init", "shutdown"]

@@ -601,6 +601,10 @@ class Executor:
         engine = config.engine
         version = self.ctx.versions.get(engine)
         async with AsyncExitStack() as stack:
+            # the accelerators' telemetry, held until every replica is torn down (the stack
+            # unwinds it last, on a crash or a cancellation too): the last launch to let it go
+            # shuts NVML down
+            stack.enter_context(self.telemetry.held())
             for i, devices in enumerate(device_sets or [None]):
                 workdir = run_dir if not device_sets or len(device_sets) == 1 else run_dir / f"replica-{i + 1}"
                 self.on_event("launch", label=label, engine=engine, replica=i + 1, replicas=config.replicas)

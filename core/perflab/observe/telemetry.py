@@ -36,7 +36,8 @@ import shutil
 import statistics
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -282,9 +283,10 @@ class TelemetryWatcher:
 
 
 class Telemetry:
-    """The study's telemetry sources, opened once: NVML (initialised on first use, shut down by
-    :meth:`close`) and ``npu-smi``. :meth:`watcher` gives each benchmark its watcher; what
-    cannot be had is logged once (:attr:`problems`) and gives no watcher."""
+    """The study's telemetry sources: NVML (initialised on first use, shut down by :meth:`close`)
+    and ``npu-smi``. :meth:`watcher` gives each benchmark its watcher; what cannot be had is
+    logged once (:attr:`problems`) and gives no watcher. Each launch :meth:`held` it while it
+    runs; the last one to let go closes it (a backend's concurrent launches share one)."""
 
     def __init__(self, env: Mapping[str, str], accelerators: Sequence[Any]) -> None:
         self.env = dict(env)
@@ -292,6 +294,7 @@ class Telemetry:
         self.problems: dict[str, str] = {}  # source -> why it gives nothing (said once)
         self._nvml: Any = None
         self._nvml_open = False
+        self._holders = 0  # launches running with it (held)
         # readings run in worker threads, those of concurrent launches side by side
         self._lock = threading.Lock()
 
@@ -387,10 +390,31 @@ class Telemetry:
             return TelemetryWatcher(source, tuple(devices), self)
         return None
 
+    @contextmanager
+    def held(self) -> Iterator[Telemetry]:
+        """Held by one launch from its start to the end of its teardown, however it ends
+        (done, crashed, cancelled): when the last holder lets go, :meth:`close` shuts NVML
+        down (``nvmlShutdown``); a later launch opens it again on its first reading. The
+        sources' problems stay said once for the study."""
+        with self._lock:
+            self._holders += 1
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if self._holders == 0:
+                    self._close()
+
     def close(self) -> None:
+        """Shut NVML down, if it was opened (``npu-smi`` is a command: nothing stays open)."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:  # under self._lock
         if self._nvml_open:
+            self._nvml_open = False
             try:
                 self._nvml.nvmlShutdown()
             except Exception:  # noqa: BLE001 - shutting down: nothing left to report
                 pass
-            self._nvml_open = False
