@@ -269,8 +269,17 @@ def test_engines_command_prints_every_node_ranks_launch() -> None:
     nodes = json.loads(out.stdout)["nodes"]
     assert len(nodes) == 2 and "--headless" not in nodes[0]["argv"] and "--headless" in nodes[1]["argv"]
     assert [n["env"]["CUDA_VISIBLE_DEVICES"] for n in nodes] == ["0,1", "2,3"]
+    # only rank 0 serves; rank 1 joins its rendezvous (vLLM's --data-parallel-rpc-port)
+    assert [(n["rank"], n["serves"]) for n in nodes] == [(0, True), (1, False)]
+    rendezvous = json.loads(out.stdout)["rendezvous"]
+    assert rendezvous == f"127.0.0.1:{_argv_after(nodes[1]['argv'], '--data-parallel-rpc-port')}"
     text = command("sglang", "--tp", "2").stdout
     assert "# ===== node rank 0 of 2 (serves the API)" in text and "--node-rank 1" in text
+    rank0, rank1 = text.split("# ===== node rank 1 of 2\n")
+    assert rank0.count("# serves 'Qwen/Qwen3-8B' on http://127.0.0.1:30000") == 1
+    assert "# serves 'Qwen" not in rank1  # rank 1 serves no HTTP
+    joined = _argv_after(rank1.split("# command:\n")[1].splitlines()[0].split(), "--dist-init-addr")
+    assert f"# serves no API: joins node rank 0's rendezvous at {joined}\n" in rank1
     refused = command("trtllm")
     assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0 and "nodes=2" in refused.stderr
 

@@ -23,7 +23,7 @@ from perflab.plugins import FINE
 
 if TYPE_CHECKING:
     from perflab.plugins import PluginManager
-    from perflab.types import HardwareSnapshot, LaunchSpec, ServeConfig, Unsupported
+    from perflab.types import GroupNode, HardwareSnapshot, LaunchSpec, NodeGroup, ServeConfig, Unsupported
 
 NO_ENGINE = "-"
 
@@ -263,7 +263,10 @@ def render_command(
     problems: list[Unsupported],
     version: str | None,
     hardware: HardwareSnapshot,
+    joins: str | None = None,
 ) -> None:
+    """``joins``: for a node rank that serves no API, where it joins its group (said instead
+    of what it serves)."""
     import shlex
 
     echo = click.echo
@@ -285,7 +288,10 @@ def render_command(
         echo(f"# working directory: {launch.cwd}")
     echo("# command:")
     echo(shlex.join(redact.redact_argv(launch.argv)))
-    echo(f"# serves {launch.served_model_name!r} on {launch.base_url}")
+    if joins is None:
+        echo(f"# serves {launch.served_model_name!r} on {launch.base_url}")
+    else:
+        echo(f"# serves no API: {joins}")
     for w in launch.warnings:
         click.secho(f"warning: {w}", fg="yellow", err=True)
     for u in problems:
@@ -295,9 +301,10 @@ def render_command(
 
 
 def _group_launches(pm: Any, engine: str, config: ServeConfig, snapshot: HardwareSnapshot, workdir: Path,
-                    version: str | None) -> list[LaunchSpec]:
-    """The launches of a ``nodes`` > 1 configuration as ``perflab launch``/``run`` would start them
-    on this machine (rank addresses 127.0.0.1, a free rendezvous port; perflab.supervisor_group)."""
+                    version: str | None) -> tuple[NodeGroup, list[LaunchSpec]]:
+    """The group and the launches of a ``nodes`` > 1 configuration (one per node, in rank order) as
+    ``perflab launch``/``run`` would start them on this machine (rank addresses 127.0.0.1, a free
+    rendezvous port; perflab.supervisor_group)."""
     from perflab.engines import build_group_launch
     from perflab.lifecycle.ports import pick_free_port
     from perflab.supervisor_group import local_nodes
@@ -307,7 +314,18 @@ def _group_launches(pm: Any, engine: str, config: ServeConfig, snapshot: Hardwar
     config = config if config.port is not None else config.replace(port=rec.info.default_port)
     nodes = local_nodes(config, snapshot, rec.info.accelerators)
     group = NodeGroup(nodes, pick_free_port(nodes[0].address))
-    return build_group_launch(pm, engine, config, snapshot, group, workdir, version)
+    return group, build_group_launch(pm, engine, config, snapshot, group, workdir, version)
+
+
+def _rendezvous(group: NodeGroup) -> str:
+    return f"{group.serving.address}:{group.rendezvous_port}"
+
+
+def _joins(group: NodeGroup, node: GroupNode) -> str | None:
+    """Where ``node`` joins ``group`` when it is not the node that serves the API (None: it serves)."""
+    if node == group.serving:
+        return None
+    return f"joins node rank {group.serving.rank}'s rendezvous at {_rendezvous(group)}"
 
 
 @engines.command("command")
@@ -332,15 +350,17 @@ def engine_command(ctx: click.Context, engine: str, hardware: str, as_json: bool
     version = engine_version(pm, engine, env)
     problems = check_support(pm, engine, config, snapshot, version)
     workdir = dry_run_workdir(engine)
-    ranks = _group_launches(pm, engine, config, snapshot, workdir, version) if config.node_count > 1 else []
-    launch = ranks[0] if ranks else build_launch(pm, engine, config, snapshot, workdir, version)
+    group, ranks = _group_launches(pm, engine, config, snapshot, workdir, version) if config.node_count > 1 else (None, [])
+    launch = ranks[group.serving.rank] if group is not None else build_launch(pm, engine, config, snapshot, workdir, version)
     redact.register_config(config)  # printed as ***
     for spec in ranks or [launch]:
         redact.register_launch(spec)
     if as_json:
         out = launch_json(launch, workdir)
-        if ranks:  # every node rank's launch (rank 0's is also the top level)
-            out["nodes"] = [launch_json(spec, workdir) for spec in ranks]
+        if group is not None:  # every node rank's launch (the serving rank's is also the top level)
+            out["rendezvous"] = _rendezvous(group)
+            out["nodes"] = [{"rank": node.rank, "address": node.address, "serves": _joins(group, node) is None,
+                             **launch_json(spec, workdir)} for node, spec in zip(group.nodes, ranks, strict=True)]
         out["preflight"] = _preflight_json(problems)
         click.echo(json.dumps(redact.redact_obj(out), indent=2))
         for w in launch.warnings:  # stdout stays pure JSON
@@ -348,10 +368,13 @@ def engine_command(ctx: click.Context, engine: str, hardware: str, as_json: bool
     else:
         for err in snapshot.errors:
             click.secho(f"warning: hardware probe failed: {err}", fg="yellow", err=True)
-        for rank, spec in enumerate(ranks or [launch]):
-            if ranks:
-                click.echo(f"# ===== node rank {rank} of {len(ranks)}" + (" (serves the API)" if rank == 0 else ""))
-            render_command(engine, spec, workdir, problems if spec is (ranks or [launch])[-1] else [], version, snapshot)
+        if group is None:
+            render_command(engine, launch, workdir, problems, version, snapshot)
+        else:
+            for node, spec in zip(group.nodes, ranks, strict=True):
+                joins = _joins(group, node)
+                click.echo(f"# ===== node rank {node.rank} of {group.size}" + (" (serves the API)" if joins is None else ""))
+                render_command(engine, spec, workdir, problems if spec is ranks[-1] else [], version, snapshot, joins)
     errors = [u for u in problems if u.severity == "error"]
     if check and errors:
         raise PreflightFailed(
