@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psutil
 import pytest
 import structlog
 
@@ -351,8 +352,11 @@ def _launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cancel: bool) -> tu
                 await anyio.to_thread.run_sync(read.wait, 60.0)
                 tg.cancel_scope.cancel()
 
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     anyio.run(go)
     assert read.is_set()  # the launch did read its H100 through NVML
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+    assert left == [], "the launch outlived its end"
     return [call for shim, call in calls if shim is ex.telemetry._nvml], out[0]
 
 
