@@ -137,6 +137,21 @@ def test_a_close_or_better_configuration_runs_to_the_end(rate: float) -> None:
     assert es.decided is None and not cancel.is_set()
 
 
+def test_the_diagnostics_show_the_references_the_decision_was_made_against() -> None:
+    """The study's calibration grows with the run itself once it completes: a run's
+    earlystop-*.json must not list itself as a reference (its estimates would all read its
+    own whole-run figure)."""
+    cal = _reference()
+    es = EarlyStop(num_prompts=1000, cancel=threading.Event(), to_beat=500.0, reference=cal.get("k"))
+    _all_at_once(es, 1000.0)
+    before = es.to_json()
+    cal.add("k", es, whole=500.0)  # what the executor does after a complete run
+    after = es.to_json()
+    assert after["references"] == before["references"] == 1 and after["estimates"] == before["estimates"]
+    w = after["windows"][-1]
+    assert w["events"] > 0 and w["elapsed"] == pytest.approx(10.0, abs=0.2)  # cumulative figures per window
+
+
 def test_lost_needs_a_reference_and_a_figure_to_beat() -> None:
     for kw in ({"to_beat": 500.0}, {"reference": _reference().get("k")}):
         es = EarlyStop(num_prompts=1000, cancel=threading.Event(), **kw)  # type: ignore[arg-type]

@@ -100,6 +100,8 @@ class _Window:
     ended: int  # requests ended by its end
     arrived: int
     stage: float = 0.0  # the share of the requests ended in its middle
+    elapsed: float = 0.0  # engine seconds of the timed run at its end
+    events: int = 0  # events received by its end
 
 
 class EarlyStop:
@@ -112,7 +114,9 @@ class EarlyStop:
         self.scale = 1.0  # engine seconds per real second: each observation says
         self.cancel = cancel
         self.to_beat = to_beat
-        self.reference = reference or []
+        # a copy: the study's calibration list grows with this very run once it completes, and
+        # the diagnostics (to_json) must show the references the decision was made against
+        self.reference = list(reference or [])
         self.margin_pct = max(margin_pct, MIN_MARGIN_PCT)
         self.saturation = saturation
         self.windows: list[_Window] = []
@@ -145,7 +149,8 @@ class EarlyStop:
         ended = obs.completed + obs.failed
         stage = (ended + m.completed + m.failed) / 2 / self.n
         self.windows.append(_Window(obs.t, (obs.events - m.events) / dt if dt > 0 else 0.0,
-                                    obs.arrived - ended, latency, ended, obs.arrived, stage))
+                                    obs.arrived - ended, latency, ended, obs.arrived, stage,
+                                    self.elapsed_s(), obs.events))
         self._mark = obs
         self._decide()
 
