@@ -377,3 +377,125 @@ def test_a_fault_in_one_concurrent_run_is_raised_as_itself() -> None:
     with pytest.raises(MachineNotReady, match="cuda:4 is held"):
         anyio.run(conduct, load_plan_text(PLAN), Faulty(True))
     assert sorted(cancelled) == ["trtllm", "vllm"]
+
+
+# --------------------------------------------------------------------------- idle slots (issue #14)
+
+FILL_PLAN = """
+name: fill
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x8
+engines: [vllm, sglang]
+baseline: {engine: vllm}
+candidates:
+  - name: Max Num Seqs
+    variants:
+      - {name: "128", set: {max_num_seqs: 128}}
+  - name: Chunked
+    engines: [winner, vllm]
+    variants:
+      - {name: "on", set: {chunked_prefill: true}}
+profiles:
+  main: {input_len: 64, output_len: 16, num_prompts: 10}
+  short: {input_len: 32, output_len: 8, num_prompts: 10}
+  long: {input_len: 2048, output_len: 8, num_prompts: 10}
+  medium: {input_len: 512, output_len: 8, num_prompts: 10}
+"""
+
+
+SECONDS = {"main": 0.1, "short": 0.02, "long": 0.08, "medium": 0.04}  # what each profile takes
+
+
+class SlotMeasure(TableMeasure):
+    """A measure on ``slots`` slots, queueing what does not fit (as a backend, with its
+    ``room``), that stores what it measured (as the driver does: ``missing`` and ``lookup``
+    read it), logging when each call ran."""
+
+    def __init__(self, slots: int) -> None:
+        super().__init__(concurrent=slots > 1)
+        self.slots = slots
+        self.free = anyio.Semaphore(slots)
+        self.waiting = 0
+        self.stored: dict[tuple[str, str], ConfigResult] = {}
+        self.log: list[tuple[str, str, tuple[str, ...], float, float, bool]] = []
+        self.t0 = 0.0
+
+    def room(self, config) -> int:
+        return 0 if self.waiting else self.slots - self.inflight
+
+    def lookup(self, config, profile):
+        return self.stored.get((repr(config.canonical()), profile.name))
+
+    def missing(self, config, profiles):
+        return [p for p in profiles if self.lookup(config, p) is None]
+
+    async def __call__(self, config, profiles, *, step, label, to_beat=None, background=False):
+        todo = self.missing(config, profiles)
+        if todo:
+            if background:  # dispatched only into a free slot: it never queues before a step's run
+                assert self.room(config) > 0, f"{label} was dispatched with no slot free"
+            self.waiting += 1
+            await self.free.acquire()
+            self.waiting -= 1
+            self.inflight += 1
+            self.peak = max(self.peak, self.inflight)
+            start = anyio.current_time()
+            await anyio.sleep(sum(SECONDS[p.name] for p in todo))
+            self.inflight -= 1
+            self.free.release()
+            self.log.append((step, label, tuple(p.name for p in todo), start, anyio.current_time(), background))
+            tps = self.figure(config)
+            for p in todo:
+                self.stored[(repr(config.canonical()), p.name)] = ConfigResult(
+                    Status.OK, {"total_token_throughput": tps, "completed": 10, "duration": SECONDS[p.name]}, 10)
+        self.calls.append((step, label, to_beat))
+        return {p.name: self.lookup(config, p) or ConfigResult(Status.PENDING) for p in profiles}
+
+
+def _cases(outcome) -> list:
+    return [(c.profile.name, c.baseline.status, c.baseline.tps, c.optimized.status if c.optimized else None,
+             c.optimized.tps if c.optimized else None) for c in outcome.cases]
+
+
+def test_idle_slots_take_the_baselines_final_measurements_early() -> None:
+    """Step 2 has one configuration (the winner's variant) and two slots: the baseline's
+    final measurements (its configuration is the plan's from the start) take the free slot
+    during step 2 instead of waiting for the end; at the end, the optimized configuration's
+    profiles are split across the two free slots. The decisions, the cases and their order
+    are those of the sequential run."""
+    plan = load_plan_text(FILL_PLAN)
+    seq, par = SlotMeasure(1), SlotMeasure(2)
+    one = anyio.run(conduct, plan, seq)
+    many = anyio.run(conduct, plan, par)
+    assert _decisions(one) == _decisions(many) and _cases(one) == _cases(many)
+    assert [c.profile.name for c in many.cases] == ["main", "short", "long", "medium"]  # the plan's order
+    assert one.complete and many.complete and seq.peak == 1 and par.peak == 2
+
+    # one at a time: the baseline's "other benchmark cases" come last, in one launch
+    assert [(label, profiles) for step, label, profiles, *_ in seq.log if step == "Other Benchmark Cases"] == [
+        ("Baseline", ("short", "long", "medium")), ("Optimized", ("short", "long", "medium"))]
+    # two slots: dispatched in the background when step 2 (one configuration) began
+    base = next(r for r in par.log if r[1] == "Baseline")
+    step2 = next(r for r in par.log if r[0].startswith("2. "))
+    assert base[2] == ("short", "long", "medium") and base[5] is True
+    assert base[3] == pytest.approx(step2[3], abs=0.01), "started beside step 2's only configuration"
+    assert base[3] < max(r[4] for r in par.log if r[0].startswith("3. ")), "before the last step ended"
+    # the optimized configuration's profiles across the two slots free at the end, balanced
+    # by the baseline's measured durations (long alone; short and medium together)
+    opt = sorted(r[2] for r in par.log if r[1] == "Optimized")
+    assert opt == [("long",), ("short", "medium")]
+    opt_spans = [(r[3], r[4]) for r in par.log if r[1] == "Optimized"]
+    assert opt_spans[0][0] < opt_spans[1][1] and opt_spans[1][0] < opt_spans[0][1], "side by side"
+
+
+def test_no_idle_slot_no_early_dispatch() -> None:
+    """A backend with no slot free (every one taken, or a run queued) gets no early work: the
+    baseline's final measurements wait for the end, as before, and the optimized
+    configuration's are one launch."""
+    plan = load_plan_text(FILL_PLAN)
+    par = SlotMeasure(2)
+    par.room = lambda config: 0  # a backend with every slot taken or queued
+    many = anyio.run(conduct, plan, par)
+    assert _decisions(many) == _decisions(anyio.run(conduct, plan, SlotMeasure(1)))
+    assert [r[1] for r in par.log if r[0] == "Other Benchmark Cases"] == ["Baseline", "Optimized"]
+    assert not any(r[5] for r in par.log)

@@ -124,6 +124,11 @@ class Backend(Protocol):
 
     def demand(self, config: Configuration) -> Demand: ...
 
+    def room(self, demand: Demand) -> int:
+        """How many more runs of ``demand`` would start right now (0 while any run waits):
+        the study fills idle slots with work it already knows (the baseline's final
+        measurements) — never one a queued run would take."""
+
     def begin_step(self) -> None:
         """A new study step begins: what the finished runs learned (the early stop's
         calibration) becomes visible to the next step's runs — never to their siblings, so a
@@ -211,6 +216,25 @@ class DeviceLedger:
                 raise
         return w.devices
 
+    def room(self, demand: Demand) -> int:
+        """How many more runs of ``demand`` would start right now: 0 while any run waits
+        (what is queued comes first), else how many fit the free slots and devices."""
+        if self._queue:
+            return 0
+        held = {k: set(v) for k, v in self.held.items()}
+        ports, running, n = set(self.ports), self.running, 0
+        try:
+            while (got := self._fit(demand)) is not None:  # each takes a slot: bounded
+                n += 1
+                self.running += 1
+                if demand.kind in self.held:
+                    self.held[demand.kind].update(got)
+                if demand.port is not None:
+                    self.ports.add(demand.port)
+        finally:
+            self.held, self.ports, self.running = held, ports, running
+        return n
+
     def release(self, demand: Demand, devices: Sequence[int]) -> None:
         if demand.kind in self.held:
             self.held[demand.kind].difference_update(devices)
@@ -269,6 +293,10 @@ class LocalBackend:
         kind = next((k for k in kinds if k in self.devices), None)
         return Demand(kind=kind, per_node=max(1, sc.world_size) * max(1, config.replicas), devices=sc.devices,
                       port=sc.port)
+
+    def room(self, demand: Demand) -> int:
+        """How many more runs of ``demand`` would start now (:meth:`DeviceLedger.room`)."""
+        return self.ledger.room(demand)
 
     def begin_step(self) -> None:
         for _, curves in sorted(self._learned, key=lambda r: r[0]):  # in the order the runs were opened

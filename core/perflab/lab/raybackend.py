@@ -687,6 +687,31 @@ class RayBackend(LocalBackend):
         self.agent = ray.remote(Agent)
         self.granted = ray.remote(granted)
         self._agents: dict[str, Any] = {}  # node id -> its agent (started at the node's first run)
+        self._held: dict[int, tuple[str | None, Demand]] = {}  # run id -> (its node, None: not placed yet)
+
+    def room(self, demand: Demand) -> int:
+        """How many more single-node runs of ``demand`` Ray would place right now, from this
+        study's own runs on the nodes' resources: the placed ones where they are, those
+        still being placed first fit (0 when one of them cannot fit: it waits; 0 beside a
+        multi-node group, whose other nodes are not counted here)."""
+        res = RAY_RESOURCE.get(demand.kind or "")
+        if res is None or demand.nodes > 1 or any(d.nodes > 1 for _, d in self._held.values()):
+            return 0
+        free = {node: have.get(res, 0.0) for node, have in self.cluster.resources.items() if node not in self.lost_nodes}
+        pending = []
+        for node, d in self._held.values():
+            if RAY_RESOURCE.get(d.kind or "") != res:
+                continue
+            if node is None:
+                pending.append(d)
+            elif node in free:
+                free[node] -= d.per_node
+        for d in pending:
+            node = next((n for n, left in free.items() if left >= d.per_node), None)
+            if node is None:
+                return 0
+            free[node] -= d.per_node
+        return sum(int(left // max(1, demand.per_node)) for left in free.values() if left > 0)
 
     def _agent(self, node_id: str) -> Any:
         agent = self._agents.get(node_id)
@@ -736,6 +761,7 @@ class RayBackend(LocalBackend):
         agent = None
         rank_agents: list[Any] = []  # a group's ranks >= 1: their nodes' agents
         node_id: str | None = None
+        self._held[ticket.run_id] = (None, d)
         try:
             ready = pg.ready()
             with anyio.move_on_after(1.0):
@@ -758,6 +784,7 @@ class RayBackend(LocalBackend):
                 return o
 
             node_id = ray.util.placement_group_table(pg).get("bundles_to_node_id", {}).get(0)
+            self._held[ticket.run_id] = (node_id or "?", d)
             try:
                 # the devices Ray reserved for this run: a task holding the whole bundle says which
                 # (one per bundle: bundle k is node rank k of a multi-node group)
@@ -814,6 +841,7 @@ class RayBackend(LocalBackend):
                 with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_GRACE_S):
                     await asyncio.gather(*(a.stop_ranks.remote(ticket.run_id) for a in rank_agents),
                                          return_exceptions=True)
+            self._held.pop(ticket.run_id, None)
             remove_placement_group(pg)
 
 

@@ -137,6 +137,10 @@ class StoreMeasure:
             return None
         return res
 
+    def missing(self, config: Configuration, profiles: Sequence[Profile]) -> list[Profile]:
+        """The profiles of ``config`` the store has no result for yet."""
+        return [p for p in profiles if self.lookup(config, p) is None]
+
     async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str,
                        to_beat: float | None = None) -> dict[str, ConfigResult]:
         out: dict[str, ConfigResult] = {}
@@ -169,11 +173,20 @@ class LiveMeasure(StoreMeasure):
         """Whether the study may submit a step's configurations at once."""
         return int(getattr(self.backend, "parallel", 1)) > 1
 
+    def room(self, config: Configuration) -> int:
+        """How many more runs of ``config`` the backend would start right now (0 while any
+        run waits): the study fills such idle slots with work it knows already."""
+        room = getattr(self.backend, "room", None)
+        return int(room(self.backend.demand(config))) if room is not None and self.concurrent else 0
+
     async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str,
-                       to_beat: float | None = None) -> dict[str, ConfigResult]:
+                       to_beat: float | None = None, background: bool = False) -> dict[str, ConfigResult]:
         """Measure what the store lacks; ``to_beat`` (the current best's ranking figure on the
-        main profile) lets the executor stop a configuration early once it has clearly lost."""
-        if step != self._step:
+        main profile) lets the executor stop a configuration early once it has clearly lost.
+        ``background``: work of a later step dispatched into a slot the current step leaves
+        free (the baseline's final measurements): it does not begin its step — the current
+        step's runs keep the early stop's calibration they began with."""
+        if step != self._step and not background:
             self._step = step
             self.backend.begin_step()
             self.on_event("step", title=step)

@@ -24,9 +24,11 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, _pct_name
 from perflab.lab.measured import MeasurementExtras
@@ -312,6 +314,10 @@ def pct(new: float | None, old: float | None) -> float | None:
     return (new - old) / old * 100.0
 
 
+OTHER = "Other Benchmark Cases"  # the final measurements' step
+BASELINE, OPTIMIZED = "Baseline", "Optimized"  # their labels
+
+
 def _display_default(engine: str) -> str:
     return engine
 
@@ -323,6 +329,10 @@ class _Study:
         self.display = display
         self.complete = True
         self.rank = Ranking(plan.decision, plan.min_improvement_pct)
+        # the baseline's final measurements, dispatched early into a free slot (:meth:`_fill`)
+        self._early: tuple[Configuration, tuple[Profile, ...]] | None = None
+        self._early_done: anyio.Event | None = None
+        self._bg: anyio.abc.TaskGroup | None = None
 
     async def one(self, config: Configuration, step: str, label: str, to_beat: float | None) -> ConfigResult:
         kw = {"to_beat": to_beat} if to_beat is not None else {}  # measures without early stop need not take it
@@ -358,8 +368,10 @@ class _Study:
 
     async def _all(self, calls: list[Callable[[], Awaitable[None]]], configs: list[Configuration]) -> None:
         """Await ``calls`` — at once when the measure is concurrent. A configuration equal to
-        an earlier one waits for it, so it is measured once and then reused, as in sequence."""
-        if not getattr(self.measure, "concurrent", False) or len(calls) < 2:
+        an earlier one waits for it, so it is measured once and then reused, as in sequence.
+        Once every call is handed to the backend, and whenever one ends, a slot the step
+        leaves free is offered to the work known from the start (:meth:`_fill`)."""
+        if not getattr(self.measure, "concurrent", False) or (len(calls) < 2 and self._early is None):
             for call in calls:
                 await call()
             return
@@ -369,16 +381,85 @@ class _Study:
             key = repr(cfg.canonical())
             (again if key in seen else first).append(call)
             seen.add(key)
+
+        async def then_fill(call: Callable[[], Awaitable[None]]) -> None:
+            await call()
+            self._fill()
+
         try:
             async with anyio.create_task_group() as tg:
                 for call in first:
-                    tg.start_soon(call)
+                    tg.start_soon(then_fill, call)
+                await anyio.sleep(0)  # each call reaches the backend (its ticket queued) before the first yield
+                self._fill()
         except BaseExceptionGroup as group:
             # one configuration's fault (a busy machine, a full disk) cancelled its siblings:
             # raise it as a sequential run would, not wrapped with their cancellations
             raise _first_fault(group) from None
         for call in again:
-            await call()
+            await then_fill(call)
+
+    # ------------------------------------------------- idle capacity (issue #14)
+
+    def _room(self, config: Configuration) -> int:
+        """How many more runs of ``config`` the backend would start right now (0: none, or a
+        measure that cannot say — one at a time, a table in a test)."""
+        room = getattr(self.measure, "room", None)
+        return int(room(config)) if room is not None and getattr(self.measure, "concurrent", False) else 0
+
+    def _fill(self) -> None:
+        """Start the baseline's final measurements in a slot the current step leaves free.
+
+        The baseline's configuration is fixed by the plan, so its "other benchmark cases"
+        (every profile but the main one, which only the steps measure) need not wait for
+        the last step: they are dispatched as soon as a step leaves a slot free — a step
+        with fewer runnable configurations than slots (a candidate refused before launch,
+        the winner deduplicated with ``vllm``), or one whose sibling finished first. Only
+        then: a step's configurations are always queued first, so this never takes a slot
+        a step asked for. Decision-neutral: the steps measure the main profile only, and
+        ``to_beat`` (early stop) is only ever given for the main profile."""
+        if self._early is None or self._bg is None:
+            return
+        cfg, profiles = self._early
+        if self._room(cfg) < 1:
+            return
+        self._early = None
+        done = self._early_done = anyio.Event()
+
+        async def prefetch() -> None:
+            try:
+                await self.measure(cfg, profiles, step=OTHER, label=BASELINE, background=True)
+            finally:
+                done.set()
+
+        self._bg.start_soon(prefetch)
+
+    def _groups(self, config: Configuration, slots: int, base_cfg: Configuration) -> list[tuple[Profile, ...]]:
+        """``config``'s profiles still to measure in up to ``slots`` launches, one per free slot,
+        balanced by their expected durations (longest first onto the least loaded launch):
+        the baseline's measured duration of the same profile where every one has it, else
+        its token volume, else one each. Each launch measures its profiles in plan order."""
+        missing = getattr(self.measure, "missing", None)
+        todo = list(missing(config, self.plan.profiles)) if missing is not None else []
+        if slots < 2 or len(todo) < 2:
+            return []
+        lookup = getattr(self.measure, "lookup", None)
+
+        def measured(p: Profile) -> float | None:
+            res = lookup(base_cfg, p) if lookup is not None else None
+            d = (res.metrics or {}).get("duration") if res is not None and res.status.measured else None
+            return float(d) if isinstance(d, (int, float)) and d > 0 else None
+
+        def volume(p: Profile) -> float | None:
+            return float(p.num_prompts * (p.input_len + p.output_len)) if p.input_len and p.output_len else None
+
+        weight = next((w for w in (measured, volume) if all(w(p) is not None for p in todo)), lambda p: 1.0)
+        loads: list[tuple[float, list[Profile]]] = [(0.0, []) for _ in range(min(slots, len(todo)))]
+        for p in sorted(todo, key=lambda p: -(weight(p) or 0.0)):  # ties keep the plan's order
+            i = min(range(len(loads)), key=lambda k: loads[k][0])
+            loads[i] = (loads[i][0] + (weight(p) or 0.0), [*loads[i][1], p])
+        order = {p.name: i for i, p in enumerate(self.plan.profiles)}
+        return [tuple(sorted(g, key=lambda p: order[p.name])) for _, g in loads if g]
 
     def _note_pending(self, res: ConfigResult) -> None:
         if not res.status.is_result:  # pending, or interrupted by the machine
@@ -514,6 +595,17 @@ class _Study:
         return out
 
     async def run(self) -> StudyOutcome:
+        try:
+            async with anyio.create_task_group() as bg:
+                self._bg = bg
+                if getattr(self.measure, "concurrent", False):
+                    others = tuple(p for p in self.plan.profiles if p.name != self.plan.main_profile)
+                    self._early = (self.plan.baseline_config(), others) if others else None
+                return await self._run()
+        except BaseExceptionGroup as group:
+            raise _first_fault(group) from None
+
+    async def _run(self) -> StudyOutcome:
         plan = self.plan
         steps: list[Step] = []
         step1, best = await self.engine_step()
@@ -528,16 +620,34 @@ class _Study:
                 steps.append(step)
             index += 1
 
-        other = "Other Benchmark Cases"
         base_cfg = plan.baseline_config()
         base_label = plan.baseline.label or f"{self.display(plan.baseline.engine)} without any optimizations"
         cases_of: dict[str, dict[str, ConfigResult]] = {}
+        self._early = None  # not dispatched early: measured now, beside the optimized configuration
+        early = self._early_done
 
         async def profiles(name: str, cfg: Configuration) -> None:
-            cases_of[name] = await self.profiles_of(cfg, other, name)
+            if name == BASELINE and early is not None:
+                await early.wait()  # dispatched early: what it measured is reused
+            cases_of[name] = await self.profiles_of(cfg, OTHER, name)
 
-        todo = [("Baseline", base_cfg)] + ([("Optimized", best.config)] if best is not None else [])
-        await self._all([lambda n=name, c=cfg: profiles(n, c) for name, cfg in todo], [cfg for _, cfg in todo])
+        async def optimized(cfg: Configuration) -> None:
+            # the optimized configuration's final measurements across the slots left free
+            # (one launch per slot, each measuring some of the profiles); the results are
+            # the store's, read back per profile below, so the report is the same
+            # (the baseline's launch, started just before, is queued already: the room is what it leaves)
+            groups = self._groups(cfg, self._room(cfg), base_cfg)
+            if groups:
+                async with anyio.create_task_group() as tg:
+                    for group in groups:
+                        tg.start_soon(partial(self.measure, cfg, group, step=OTHER, label=OPTIMIZED))
+            await profiles(OPTIMIZED, cfg)
+
+        todo = [(BASELINE, base_cfg)] + ([(OPTIMIZED, best.config)] if best is not None else [])
+        calls = [lambda: profiles(BASELINE, base_cfg)]
+        if best is not None:
+            calls.append(lambda c=best.config: optimized(c))
+        await self._all(calls, [cfg for _, cfg in todo])
         base_results = cases_of["Baseline"]
         baseline = self.entry(base_label, base_cfg, base_results[plan.main_profile])
         optimized: Entry | None = None
