@@ -421,7 +421,7 @@ class SlotMeasure(TableMeasure):
         self.t0 = 0.0
 
     def room(self, config) -> int:
-        return 0 if self.waiting else self.slots - self.inflight
+        return max(0, self.slots - self.inflight - self.waiting)
 
     def lookup(self, config, profile):
         return self.stored.get((repr(config.canonical()), profile.name))
@@ -499,3 +499,59 @@ def test_no_idle_slot_no_early_dispatch() -> None:
     assert _decisions(many) == _decisions(anyio.run(conduct, plan, SlotMeasure(1)))
     assert [r[1] for r in par.log if r[0] == "Other Benchmark Cases"] == ["Baseline", "Optimized"]
     assert not any(r[5] for r in par.log)
+
+
+FILL_SIM_PLAN = """
+name: fill-sim
+model: {id: Qwen/Qwen3-32B, name: Qwen3-32B}
+hardware: sim:a100-80g-x8
+simulation: {time_scale: 40}
+engines: [vllm, sglang]
+serve: {tp: 4}
+engine_serve:
+  vllm: {max_model_len: 32768}
+candidates:
+  - name: Max Num Seqs
+    variants:
+      - {name: "64", set: {max_num_seqs: 64}}
+profiles:
+  main: {label: Main, dataset: synthetic-sharegpt, num_prompts: 24}
+  short: {label: Short, input_len: 128, output_len: 16, num_prompts: 16, seed: 42}
+  long: {label: Long, input_len: 2000, output_len: 32, num_prompts: 16, seed: 42}
+timeouts: {startup_s: 120, benchmark_s: 300}
+"""
+
+
+def _report_cases(study: Path) -> list:
+    report = json.loads((study / "report.json").read_text())
+    return [(c["profile"], c["baseline"]["status"], (c["optimized"] or {}).get("status"),
+             c["baseline"]["num_prompts"]) for c in report["cases"]]
+
+
+@pytest.mark.slow
+def test_parallel_study_fills_an_idle_slot_on_the_simulator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--parallel auto`` with the local backend: step 2 has one configuration (TP4: two fit
+    on the eight GPUs), so the baseline's final measurements run beside it, not after the
+    last step; the decisions and the report's cases are the sequential run's, and a second
+    invocation reuses everything."""
+    monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))
+    seq = run_sim_study(FILL_SIM_PLAN, tmp_path / "seq")
+    par = run_sim_study(FILL_SIM_PLAN, tmp_path / "par", parallel="auto")
+    assert seq.exit_code == par.exit_code == 0
+    assert _decisions(seq.outcome) == _decisions(par.outcome)
+    assert _report_cases(tmp_path / "seq") == _report_cases(tmp_path / "par")
+    assert [c[0] for c in _report_cases(tmp_path / "par")] == ["main", "short", "long"]
+
+    spans = _intervals(tmp_path / "par")
+    with sqlite3.connect(tmp_path / "par" / "study.db") as con:
+        runs = {label: (rid, step, json.loads(profiles)) for rid, label, step, profiles
+                in con.execute("SELECT id, label, step, profiles FROM runs")}
+    base_id, _, base_profiles = runs["Baseline"]
+    step2_id = runs["vLLM 64"][0] if "vLLM 64" in runs else runs["SGLang 64"][0]
+    assert base_profiles == ["short", "long"]  # the main profile is step 1's
+    assert base_id == step2_id + 1, "opened right after step 2's only configuration"
+    assert spans[base_id][0] < spans[step2_id][1], "dispatched while step 2 ran, not after the last step"
+
+    again = run_sim_study(FILL_SIM_PLAN, tmp_path / "par", parallel="auto")  # resumed: nothing left to measure
+    assert again.exit_code == 0 and again.measured == 0
+    assert _decisions(again.outcome) == _decisions(par.outcome)

@@ -339,6 +339,8 @@ class _Study:
         results = await self.measure(config, (self.plan.main,), step=step, label=label, **kw)
         res = results.get(self.plan.main_profile) or ConfigResult(Status.PENDING)
         self._note_pending(res)
+        if res.status is Status.UNSUPPORTED:  # refused before launch: its slot is free for the step's rest
+            self._fill()
         return res
 
     async def each(self, jobs: list[tuple[Configuration, str]], step: str, to_beat: float | None) -> list[ConfigResult]:
@@ -382,22 +384,18 @@ class _Study:
             (again if key in seen else first).append(call)
             seen.add(key)
 
-        async def then_fill(call: Callable[[], Awaitable[None]]) -> None:
-            await call()
-            self._fill()
-
         try:
             async with anyio.create_task_group() as tg:
                 for call in first:
-                    tg.start_soon(then_fill, call)
+                    tg.start_soon(call)
                 await anyio.sleep(0)  # each call reaches the backend (its ticket queued) before the first yield
-                self._fill()
+                self._fill()  # a step with fewer runnable configurations than slots
         except BaseExceptionGroup as group:
             # one configuration's fault (a busy machine, a full disk) cancelled its siblings:
             # raise it as a sequential run would, not wrapped with their cancellations
             raise _first_fault(group) from None
         for call in again:
-            await then_fill(call)
+            await call()
 
     # ------------------------------------------------- idle capacity (issue #14)
 
@@ -412,12 +410,14 @@ class _Study:
 
         The baseline's configuration is fixed by the plan, so its "other benchmark cases"
         (every profile but the main one, which only the steps measure) need not wait for
-        the last step: they are dispatched as soon as a step leaves a slot free — a step
-        with fewer runnable configurations than slots (a candidate refused before launch,
-        the winner deduplicated with ``vllm``), or one whose sibling finished first. Only
-        then: a step's configurations are always queued first, so this never takes a slot
-        a step asked for. Decision-neutral: the steps measure the main profile only, and
-        ``to_beat`` (early stop) is only ever given for the main profile."""
+        the last step: they are dispatched as soon as a step leaves a slot free for its
+        whole length — a step with fewer configurations than slots (one variant, the winner
+        deduplicated with ``vllm``), or a configuration refused before launch. Not when a
+        measured sibling finishes first: that gap ends with the step, and the next step's
+        configurations would wait for the whole launch. A step's configurations are always
+        queued first, so this never takes a slot a step asked for. Decision-neutral: the
+        steps measure the main profile only, and ``to_beat`` (early stop) is only ever
+        given for the main profile; the step's runs keep their early-stop calibration."""
         if self._early is None or self._bg is None:
             return
         cfg, profiles = self._early
