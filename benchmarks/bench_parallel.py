@@ -7,7 +7,10 @@ command, their ratio, and whether the decisions are identical (every step's entr
 chosen configuration, whether it was adopted, the statuses, and the optimized
 configuration, from each study's report.json)::
 
-    .venv/bin/python benchmarks/bench_parallel.py [--plan examples/parallel-tp4-a100.yaml] [--json]
+    .venv/bin/python benchmarks/bench_parallel.py [--plan examples/parallel-tp4-a100.yaml] [--keep DIR] [--json]
+
+``--keep DIR`` keeps both study directories (DIR/sequential, DIR/parallel) for
+``benchmarks/timeline.py``.
 
 The default plan's configurations are all tensor-parallel over 4 GPUs on the simulated 8×A100
 machine, so two fit at a time (issue #14: at least 1.7× faster, identical decisions). The
@@ -63,10 +66,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plan", type=Path, default=DEFAULT_PLAN, help="the plan to run (default: %(default)s)")
     ap.add_argument("--parallel", default="auto", help="the parallel run's --parallel (default: auto)")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the study directories here")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-parallel-") as tmp:
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            tmp = str(args.keep)
         seq_s, seq_sum, seq_rep = run(args.plan, Path(tmp) / "sequential", "1")
         par_s, par_sum, par_rep = run(args.plan, Path(tmp) / "parallel", args.parallel)
     same = decisions(seq_rep) == decisions(par_rep)

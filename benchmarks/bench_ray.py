@@ -9,7 +9,11 @@ command's start to its exit: ``perflab run PLAN`` (sequential, local) and ``perf
 both wall times, the ratio and whether both studies adopted the same configurations::
 
     .venv/bin/python benchmarks/bench_ray.py [--plan examples/seed-001-qwen3-235b-a22b-a100.yaml]
-        [--prompts 80] [--time-scale X] [--json]
+        [--prompts 80] [--time-scale X] [--keep DIR] [--json]
+
+It also prints each study's own time (``lab.start`` to the last event in study.log) and how
+busy each node was (:mod:`timeline`); ``--keep DIR`` keeps both study directories for
+``benchmarks/timeline.py DIR/seq DIR/ray``.
 
 ``--prompts N`` scales the plan's profiles down (every ``num_prompts`` to at most N; 0: as
 written). Both runs share this machine's CPU: on a host with few cores the simulated engines
@@ -28,6 +32,9 @@ import time
 from pathlib import Path
 
 from perflab.testing.raycluster import NetnsCluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timeline import timeline  # noqa: E402  (benchmarks/ is not a package)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,10 +68,12 @@ def main() -> None:
     ap.add_argument("--time-scale", type=float, default=None,
                     help="replace the plan's simulation.time_scale (lower: the simulated engines run closer to real "
                          "speed, so a run is bounded by its accelerators rather than by this host's CPU)")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the study directories here (DIR/seq, DIR/ray)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:
-        work = Path(tmp)
+        work = Path(tmp) if args.keep is None else args.keep
+        work.mkdir(parents=True, exist_ok=True)
         plan = work / "plan.yaml"
         plan.write_text(scaled(args.plan.read_text(encoding="utf-8"), args.prompts, args.time_scale))
         perflab = [sys.executable, "-m", "perflab", "run", str(plan), "--no-live"]
@@ -73,14 +82,23 @@ def main() -> None:
             on_ray = timed(c.argv([*perflab, "--out", str(work / "ray"), "--executor", "ray",
                                    "--ray-address", c.address]))
         same = adopted(work / "seq") == adopted(work / "ray")
+        lines = {name: timeline(work / name) for name in ("seq", "ray")}
     result = {"plan": str(args.plan), "prompts": args.prompts, "time_scale": args.time_scale, "sequential_s": round(sequential, 1),
-              "ray_2_nodes_s": round(on_ray, 1), "speedup": round(sequential / on_ray, 2), "same_decisions": same}
+              "ray_2_nodes_s": round(on_ray, 1), "speedup": round(sequential / on_ray, 2), "same_decisions": same,
+              "study_s": {k: t["wall_s"] for k, t in lines.items()},
+              "node_busy_s": {k: t["nodes"] for k, t in lines.items()},
+              "runs": {k: len(t["runs"]) for k, t in lines.items()}}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(f"sequential (1 machine): {sequential:7.1f} s")
         print(f"ray (2 nodes):          {on_ray:7.1f} s")
         print(f"speedup:                {sequential / on_ray:7.2f}x   same decisions: {same}")
+        st = result["study_s"]
+        print(f"studies alone:          {st['seq']:7.1f} s / {st['ray']:.1f} s = {st['seq'] / st['ray']:.2f}x "
+              f"({result['runs']['seq']} / {result['runs']['ray']} runs)")
+        for node, busy in result["node_busy_s"]["ray"].items():
+            print(f"  ray node {node}: busy {busy:.1f} s ({busy / st['ray'] * 100:.0f}% of the study)")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,10 @@
    with ``repeats`` > 1, by more than the measured noise (both sides' spreads in quadrature) —
    otherwise the step says "within noise, not adopted";
 3. the listed combinations, the same way;
-4. the baseline and the optimized configuration on every profile.
+4. the baseline and the optimized configuration on every profile (with a concurrent measure,
+   the baseline's other profiles run early in a slot a step leaves free, and the optimized
+   configuration's are split across the slots free at the end: :meth:`_Study._fill`,
+   :meth:`_Study._groups`; the decisions and the report are the same).
 
 :func:`conduct` only decides; ``measure`` does the work. The runner passes a measure that
 launches engines (reusing what the store already holds) and is told ``to_beat``, the best
