@@ -638,8 +638,13 @@ class _Study:
             # the optimized configuration's final measurements across the slots left free
             # (one launch per slot, each measuring some of the profiles); the results are
             # the store's, read back per profile below, so the report is the same
-            # (the baseline's launch, started just before, is queued already: the room is what it leaves)
-            groups = self._groups(cfg, self._room(cfg), base_cfg)
+            # (the baseline's launch, started just before, is queued already: the room is what it
+            # leaves). The slot of the baseline's early launch, still running, counts too: the
+            # launch queued for it starts on whichever slot frees first, so at worst it follows
+            # another of these launches (one engine start more than one launch) — and it does
+            # not leave that slot idle while one launch measures every profile
+            running = early is not None and not early.is_set()
+            groups = self._groups(cfg, self._room(cfg) + (1 if running else 0), base_cfg)
             if groups:
                 async with anyio.create_task_group() as tg:
                     for group in groups:
