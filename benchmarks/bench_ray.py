@@ -61,6 +61,13 @@ def adopted(study: Path) -> list[tuple[str, str | None]]:
     return [(s["title"], s["chosen"] if s["adopted"] else None) for s in report["steps"]]
 
 
+def cases(study: Path) -> list[tuple[str, str, str | None]]:
+    """The report's conclusion rows without their figures: profile, the baseline's and the
+    optimized configuration's status, in the report's order."""
+    report = json.loads((study / "report.json").read_text())
+    return [(c["profile"], c["baseline"]["status"], (c["optimized"] or {}).get("status")) for c in report["cases"]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plan", type=Path, default=ROOT / "examples" / "seed-001-qwen3-235b-a22b-a100.yaml")
@@ -82,10 +89,11 @@ def main() -> None:
             on_ray = timed(c.argv([*perflab, "--out", str(work / "ray"), "--executor", "ray",
                                    "--ray-address", c.address]))
         same = adopted(work / "seq") == adopted(work / "ray")
+        same_cases = cases(work / "seq") == cases(work / "ray")
         lines = {name: timeline(work / name) for name in ("seq", "ray")}
     result = {"plan": str(args.plan), "prompts": args.prompts, "time_scale": args.time_scale, "sequential_s": round(sequential, 1),
               "ray_2_nodes_s": round(on_ray, 1), "speedup": round(sequential / on_ray, 2), "same_decisions": same,
-              "study_s": {k: t["wall_s"] for k, t in lines.items()},
+              "same_cases": same_cases, "study_s": {k: t["wall_s"] for k, t in lines.items()},
               "node_busy_s": {k: t["nodes"] for k, t in lines.items()},
               "runs": {k: len(t["runs"]) for k, t in lines.items()}}
     if args.json:
@@ -93,7 +101,8 @@ def main() -> None:
     else:
         print(f"sequential (1 machine): {sequential:7.1f} s")
         print(f"ray (2 nodes):          {on_ray:7.1f} s")
-        print(f"speedup:                {sequential / on_ray:7.2f}x   same decisions: {same}")
+        print(f"speedup:                {sequential / on_ray:7.2f}x   same decisions: {same}   "
+              f"same cases (profiles, order, statuses): {same_cases}")
         st = result["study_s"]
         print(f"studies alone:          {st['seq']:7.1f} s / {st['ray']:.1f} s = {st['seq'] / st['ray']:.2f}x "
               f"({result['runs']['seq']} / {result['runs']['ray']} runs)")
