@@ -57,7 +57,8 @@ def show(t: dict[str, Any]) -> None:
         print(f"  {r['run_id']:>3} {r['step']:<5} {r['label'][:28]:<28} {str(r['node'])[:8]:<8} "
               f"{r.get('placed_s', r['start_s']):7.1f} {end}  {','.join(r['profiles'])} ({r['state']})")
     for node, busy in t["nodes"].items():
-        print(f"  node {node}: busy {busy:.1f} s of {t['wall_s']:.1f} s ({busy / t['wall_s'] * 100:.0f}%)")
+        # a local --parallel run's node holds several runs at once: then it is over 100%
+        print(f"  node {node}: runs busy {busy:.1f} s of {t['wall_s']:.1f} s ({busy / t['wall_s'] * 100:.0f}%)")
 
 
 def main() -> None:
