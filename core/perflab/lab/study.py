@@ -374,8 +374,9 @@ class _Study:
     async def _all(self, calls: list[Callable[[], Awaitable[None]]], configs: list[Configuration]) -> None:
         """Await ``calls`` — at once when the measure is concurrent. A configuration equal to
         an earlier one waits for it, so it is measured once and then reused, as in sequence.
-        Once every call is handed to the backend, and whenever one ends, a slot the step
-        leaves free is offered to the work known from the start (:meth:`_fill`)."""
+        Once every call is handed to the backend, a slot the step leaves free is offered to
+        the work known from the start (:meth:`_fill`; again when a configuration is refused
+        before launch, :meth:`one`)."""
         if not getattr(self.measure, "concurrent", False) or (len(calls) < 2 and self._early is None):
             for call in calls:
                 await call()
@@ -386,7 +387,6 @@ class _Study:
             key = repr(cfg.canonical())
             (again if key in seen else first).append(call)
             seen.add(key)
-
         try:
             async with anyio.create_task_group() as tg:
                 for call in first:
