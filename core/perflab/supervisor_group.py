@@ -94,7 +94,7 @@ class RankLaunch:
     engine: str
     config: ServeConfig  # the group's config with this node's devices
     launch: LaunchSpec  # the plugin's launch of this rank (perflab_build_group_launch)
-    workdir: Path  # the run directory (a shared filesystem across nodes)
+    workdir: Path  # the run directory (a Ray agent runs the rank in a stage of its node's: perflab.lab.shipping)
     log_name: str
     scope: tuple[str, str]  # (study, run id) of the rank's PERFLAB_INSTANCE marker
     version: str | None

@@ -49,9 +49,16 @@ def scaled_seed_001() -> str:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+def hidden(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory the cluster's nodes cannot see (an empty read-only tmpfs over it in their
+    mount namespace): a study there is as on a cluster without a shared filesystem."""
+    return tmp_path_factory.mktemp("hidden").resolve()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory, hidden: Path) -> Iterator[NetnsCluster]:
     log = tmp_path_factory.mktemp("ray") / "cluster.log"
-    with NetnsCluster(NODES, log=log) as c:
+    with NetnsCluster(NODES, log=log, hide=[hidden]) as c:
         yield c
 
 
@@ -173,6 +180,77 @@ def test_seed_001_on_two_nodes_decides_as_the_sequential_run(cluster: NetnsClust
     salt = json.loads(db.execute("select value from meta where key='salt'").fetchone()[0])
     assert salt["hardware"] == "sim:a100-80g-x8"
     assert engines_of_study(tmp_path / "ray") == []
+
+
+FILES_PLAN = """
+name: ray-files
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x8
+simulation: {time_scale: 50}
+engines: [vllm]
+serve: {tp: 4}
+candidates:
+  - name: Max Num Seqs
+    variants:
+      - {name: "1", set: {max_num_seqs: 1}}  # clearly worse: not adopted, whatever the host's load
+profiles:
+  main: {label: Main, input_len: 64, output_len: 16, num_prompts: 16}
+  other: {label: Other, input_len: 256, output_len: 8, num_prompts: 8, seed: 2}
+early_stop: false
+min_improvement_pct: 5
+timeouts: {startup_s: 60, benchmark_s: 120}
+"""
+
+
+def _run_files(study: Path) -> list[tuple[str, list[str]]]:
+    """Each run's label and the files of its directory, in label order."""
+    out = []
+    for d in sorted((study / "runs").iterdir()):
+        label = json.loads((d / "config.json").read_text())["label"]
+        out.append((label, sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())))
+    return sorted(out)
+
+
+def _cases(report: dict) -> list:
+    return [(c["profile"], c["baseline"]["status"], (c["optimized"] or {}).get("status"), c["baseline"]["num_prompts"])
+            for c in report["cases"]]
+
+
+@pytest.mark.slow
+def test_a_study_the_nodes_cannot_see_gets_every_run_file_back(cluster: NetnsCluster, hidden: Path,
+                                                                tmp_path: Path) -> None:
+    """The study directory is where the nodes cannot see it (nothing shared): the agents run
+    into stages on their nodes and ship the run files back; the driver's study has every file
+    a local run has, the same decisions and cases, and no stage is left on the nodes."""
+    from perflab.lab.shipping import stage_root, study_tag
+
+    plan = tmp_path / "files.yaml"
+    plan.write_text(FILES_PLAN)
+    study = hidden / tmp_path.name / "study"
+    proc = perflab_run(cluster, plan, study)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert not (stage_root() / study_tag(study)).exists(), "a stage or the simulator's state was left on a node"
+    # the nodes could not have written there: they see an empty read-only directory
+    probe = subprocess.run(cluster.argv(["nsenter", f"--mount=/proc/{cluster.proc.pid}/ns/mnt", "--", "ls", "-A",
+                                          str(hidden)]), capture_output=True, text=True)
+    assert probe.returncode == 0 and probe.stdout == "", probe
+
+    run_sim_study(FILES_PLAN, tmp_path / "local")
+    on_ray = json.loads((study / "report.json").read_text())
+    local = json.loads((tmp_path / "local" / "report.json").read_text())
+    assert decisions(on_ray) == decisions(local)
+    assert _cases(on_ray) == _cases(local)
+    assert _run_files(study) == _run_files(tmp_path / "local")
+    for d in (study / "runs").iterdir():
+        outcome = json.loads((d / "outcome.json").read_text())
+        assert outcome["log"] == str(d / "engine.log"), outcome["log"]  # where the driver has it
+        assert (d / "engine.log").stat().st_size > 0
+        assert outcome["instances"][0]["workdir"] == str(d)
+    db = sqlite3.connect(study / "study.db")
+    logs = [log for (log,) in db.execute("select log from runs")]
+    assert logs and all(log is not None and (study / log).is_file() and log.startswith("runs/") for log in logs), logs
+    assert engines_of_study(study) == []
 
 
 ONE_RUN = """
@@ -320,6 +398,10 @@ def test_a_two_node_run_starts_each_rank_on_its_own_node(cluster: NetnsCluster, 
     argvs = [n["launch"]["argv"] for n in group["nodes"]]
     addr = argvs[0][argvs[0].index(address) + 1]
     assert addr == argvs[1][argvs[1].index(address) + 1] and addr.split(":")[0] == "127.0.0.1"
+    # rank 1's log and launch came back from its node into the run directory, named where they are
+    run_dir = next((study / "runs").iterdir())
+    assert (run_dir / "engine-node1.log").stat().st_size > 0 and (run_dir / "engine-node1.launch.json").is_file()
+    assert group["nodes"][1]["log"] == str(run_dir / "engine-node1.log"), group["nodes"][1]["log"]
     assert engines_of_study(study) == []
     print(f"two-node {engine} on ray: {took:.1f} s end to end")
 
@@ -496,6 +578,13 @@ def test_a_lost_node_interrupts_its_run_and_requeues_it(cluster: NetnsCluster, t
     runs = list(db.execute("select label, state, error from runs order by id"))
     lost = [r for r in runs if r[1] == "interrupted"]
     assert len(lost) == 1 and "was lost" in lost[0][2], runs
+    # what the lost node shipped before it went is kept: the launch, as the benchmark began
+    (lost_id,) = db.execute("select id from runs where state = 'interrupted'").fetchone()
+    (lost_dir,) = (study / "runs").glob(f"{lost_id:03d}-*")
+    kept_files = {p.name for p in lost_dir.iterdir()}
+    assert {"config.json", "hardware.json", "launch.json", "engine.log", "outcome.json"} <= kept_files, kept_files
+    assert (lost_dir / "engine.log").stat().st_size > 0
+    assert json.loads((lost_dir / "outcome.json").read_text())["state"] == "interrupted"
     assert [r for r in runs if r[0] == lost[0][0]][-1][1] == "done", runs  # re-queued, measured on the other node
     states = {r[1] for r in runs}
     assert "crashed" not in states

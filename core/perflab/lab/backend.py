@@ -10,8 +10,9 @@ backend's stream of events as they come:
 ``State``     the run's state changed (``waiting`` for devices, ``running``, ``done``);
 ``Measured``  one profile's measurement, as soon as it exists: the driver stores it at once,
               so an interrupt later in the same launch cannot lose it;
-``Files``     files the run wrote that the driver should know about (a remote backend copies
-              them into the run directory first);
+``Files``     files the run wrote on a node without the study directory (a remote backend's
+              agent stages them there): the driver writes them into the run directory
+              (:mod:`perflab.lab.shipping`);
 ``Finished``  the run's final :class:`~perflab.lab.store.RunRecord`;
 ``Lost``      the run was lost (a remote agent or node died): the driver records it as
               ``interrupted`` — never as a result — and may re-queue the ticket.
@@ -99,8 +100,27 @@ class Measured:
 
 
 @dataclass(frozen=True)
+class FilePart:
+    """Bytes of one file of a run, shipped from the node that wrote it (perflab.lab.shipping).
+
+    ``path``: relative to the run directory, ``/``-separated (the driver refuses one that would
+    land outside it). ``whole``: a record (JSON) shipped whole: its parts go into a temp file
+    that the ``last`` part renames into place (atomic); else the bytes are written at
+    ``offset`` of the file itself (a log growing; offset 0 starts it afresh)."""
+
+    path: str
+    data: bytes
+    offset: int = 0
+    whole: bool = False
+    last: bool = True
+
+
+@dataclass(frozen=True)
 class Files:
-    paths: tuple[Path, ...]
+    """Files the run wrote on a node that the driver writes into the run directory."""
+
+    parts: tuple[FilePart, ...]
+    node: str = ""
 
 
 @dataclass(frozen=True)
@@ -376,6 +396,7 @@ __all__ = [
     "Backend",
     "Demand",
     "DeviceLedger",
+    "FilePart",
     "Files",
     "Finished",
     "LocalBackend",

@@ -488,6 +488,10 @@ class Executor:
         # node per rank, rank 0 this one, the others started by their node's agent); None: the
         # ranks are processes on this machine (perflab.supervisor_group.local_nodes)
         self.group: GroupPlacement | None = None
+        # the study an engine's PERFLAB_INSTANCE marker names (perflab ps / kill); None: the run
+        # directory's <study>/runs/<run> — a Ray agent runs into a staging directory on its node
+        # (perflab.lab.shipping) and names the driver's study
+        self.study_dir: Path | None = None
         # the accelerators' telemetry sources, opened once a study (when first sampled); what
         # is missing is said once; a backend shares one among its runs' executors
         self._telemetry: Telemetry | None = None
@@ -618,8 +622,8 @@ class Executor:
                     self.ctx.pm, engine, sc, hardware=self.ctx.hardware,
                     env=self._env(), workdir=workdir, startup_timeout=plan.timeouts.startup_s, version=version,
                     # the engine's PERFLAB_INSTANCE marker names its study and run (perflab ps / kill);
-                    # run_dir is <study>/runs/<NNN-label> (Store.begin_run)
-                    scope=(run_dir.parent.parent, run_dir.name if workdir == run_dir else f"{run_dir.name}.{workdir.name}"),
+                    # run_dir is <study>/runs/<NNN-label> (Store.begin_run), or its stage on a node
+                    scope=(self.study_dir or run_dir.parent.parent, run_dir.name if workdir == run_dir else f"{run_dir.name}.{workdir.name}"),
                     **({"grace": plan.timeouts.teardown_s} if plan.timeouts.teardown_s is not None else {}),
                     **placed,
                 )

@@ -180,7 +180,10 @@ def _command(pid: int) -> str:
 
 def perflab_owner(pid: int) -> str | None:
     """"perflab study DIR, run runs/NNN-x" when ``pid`` (or an ancestor) is an engine perflab
-    launched in a study's run directory; "perflab" for a perflab process elsewhere."""
+    launched in a study's run directory, or whose marker names them; "perflab" for a perflab
+    process elsewhere."""
+    from perflab.lifecycle.procs import MARKER_ENV, Marker
+
     try:
         proc: psutil.Process | None = psutil.Process(pid)
     except (psutil.Error, OSError):
@@ -197,7 +200,13 @@ def perflab_owner(pid: int) -> str | None:
                 if d.parent.name == "runs" and (d.parent.parent / "study.db").exists():
                     return f"perflab study {d.parent.parent}, run runs/{d.name}"
         try:
-            if "PERFLAB_INSTANCE" in proc.environ():  # perflab.lifecycle.procs.MARKER_ENV
+            env = proc.environ()
+            if MARKER_ENV in env:
+                # its marker names the study and run (an engine a Ray agent runs in a stage on
+                # its node has no study directory around it: perflab.lab.shipping)
+                marker = Marker.parse(env[MARKER_ENV])
+                if marker is not None:
+                    return f"perflab study {marker.study}, run runs/{marker.run}"
                 return "an engine launched by perflab"
             proc = proc.parent()
         except (psutil.Error, OSError):

@@ -39,8 +39,19 @@ How a study runs on Ray
   removes the placement group; the engines run under perflab's keeper
   (:mod:`perflab.lifecycle.keeper`), so even a killed agent leaves none behind, and the agents
   end with the driver.
-* The study directory must be at the same path on every node (a shared filesystem; on one
-  host it is): the agents write their run directories there, as the local executor does.
+* No shared filesystem is needed: an agent never writes into the study directory (its node
+  may not see it). It runs the executor into a private stage on its node
+  (:class:`perflab.lab.shipping.Stage`, under the node's temp dir, named by study and run) and
+  ships the run's files back as :class:`~perflab.lab.backend.Files` events — when the engine
+  is ready, with each measured profile, and at the end — so a lost node loses only what it
+  wrote since; the driver writes them into the run directory. The stage is removed when the
+  run is over (failed or cancelled too). Always, not only where the study directory is out
+  of sight: one path for every cluster, the driver stays the study's only writer, and a node
+  cannot mistake a directory of its own at the same path for the driver's. The engines'
+  ``PERFLAB_INSTANCE`` markers still name the driver's study (``perflab ps``/``kill`` on a
+  node find them by it). The simulator's per-node state lives in the node's directory of the
+  study too (:func:`perflab.lab.shipping.study_stage`), removed from every node at the end
+  of the study (:meth:`RayCluster.close`).
 * Multi-node engines (a configuration with ``nodes`` N > 1, issue #14 item 5): the demand is
   N nodes of ``devices_per_node`` devices; the placement group has one bundle per node,
   ``STRICT_SPREAD`` (never two ranks on one node). Bundle k is node rank k: a task in it
@@ -50,7 +61,9 @@ How a study runs on Ray
   rank 0's node IP); rank k >= 1 is a :class:`RemoteRank`: node k's agent starts it
   (:meth:`Agent.rank_start`) as an :class:`~perflab.supervisor.EngineInstance` of its own,
   under that node's keeper, marker, devices and environment, and says when it dies and why
-  (its cause classified there, from its log) and tears it down when asked. Any rank dying
+  (its cause classified there, from its log) and tears it down when asked; the rank runs in
+  a stage of its own there, whose files (``engine-node<k>.log``, its launch record) the
+  driver fetches once the group is down (:meth:`Agent.rank_files`). Any rank dying
   is the group's crash ("node rank 1: ..."), every rank torn down on every node. A node lost
   while its group runs ends the run as lost (``interrupted``, re-queued once, never
   crashed), and the driver tears the run's ranks down on every surviving node
@@ -77,11 +90,12 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from perflab.errors import PerflabError, UsageError
-from perflab.lab.backend import Demand, Finished, LocalBackend, Lost, Measured, Placed, Sink, State, Ticket
+from perflab.lab.backend import Demand, Files, Finished, LocalBackend, Lost, Measured, Placed, Sink, State, Ticket
 from perflab.lab.earlystop import Calibration
 from perflab.lab.executor import LabContext, engine_environment, launch_environment
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Plan
+from perflab.lab.shipping import Stage, forget_study, study_stage
 from perflab.status import Status
 from perflab.supervisor import LaunchOutcome
 from perflab.supervisor_group import GroupPlacement, RankLaunch
@@ -100,6 +114,7 @@ LOST = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptio
         ray.exceptions.OwnerDiedError, ray.exceptions.WorkerCrashedError, ray.exceptions.LocalRayletDiedError,
         ray.exceptions.RaySystemError)
 STOP_GRACE_S = 30.0  # a cancelled agent's engines' teardown, before the agent is killed
+FORGET_S = 10.0  # the nodes' removal of the study's directory there, when the study ends
 
 
 class ClusterRefused(UsageError):
@@ -115,15 +130,18 @@ def node_spec(labels: Mapping[str, str]) -> str:
     return f"sim:{name}" if name else "auto"
 
 
-def _node_env(plan: Plan, study_dir: Path, node_id: str) -> dict[str, str]:
-    """The environment a node resolves its hardware with and launches engines from."""
+def _node_env(plan: Plan, study_dir: Path, node_id: str, state: Path | None = None) -> dict[str, str]:
+    """The environment a node resolves its hardware with and launches engines from.
+    ``state``: where the simulator's per-node state goes (default: the node's directory of
+    the study, :func:`perflab.lab.shipping.study_stage` — never the study directory, which the
+    node may not see)."""
     from perflab.lab.runner import study_environment
     from perflab.simenv import STATE_ENV
 
     env = engine_environment(os.environ)  # not Ray's RAY_* / *_VISIBLE_DEVICES (the probe sees the whole node)
     if plan.hardware.startswith("sim:"):
-        # each simulated node is its own machine: its own device-memory registry
-        env[STATE_ENV] = str(study_dir / "sim-state" / node_id[:12])
+        # each simulated node is its own machine: its own device-memory registry, on the node
+        env[STATE_ENV] = str((state or study_stage(study_dir) / "sim-state") / node_id[:12])
         Path(env[STATE_ENV]).mkdir(parents=True, exist_ok=True)
     return study_environment(plan, study_dir, env)
 
@@ -255,11 +273,12 @@ class RemoteRank:
     why its node or agent was lost (Ray's error): the group then ends, and the run is lost,
     not crashed."""
 
-    def __init__(self, agent: Any, key: str, rank: RankLaunch, bundle: Bundle) -> None:
+    def __init__(self, agent: Any, key: str, rank: RankLaunch, bundle: Bundle, run_dir: Path) -> None:
         self.agent = agent
         self.key = key
         self.rank = rank
         self.bundle = bundle
+        self.run_dir = run_dir  # the driver's run directory: the rank's node stages its files for it
         self.outcome = LaunchOutcome(engine=rank.engine, version=rank.version, workdir=rank.workdir)
         self.launch: Any = rank.launch
         self.died = anyio.Event()
@@ -277,7 +296,7 @@ class RemoteRank:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         try:
-            self.outcome = await self.agent.rank_start.remote(self.key, self.rank)
+            self.outcome = await self.agent.rank_start.remote(self.key, self.rank, self.run_dir)
         except LOST as exc:
             self._lose(exc)
         except BaseException as exc:
@@ -378,88 +397,119 @@ class Agent:
         self.node = f"{socket.gethostname()}/{self.node_id[:8]}"
         self._tasks: dict[int, asyncio.Task[Any]] = {}  # run id -> its executor's run
         self._ranks: dict[str, _HeldRank] = {}  # "<run id>:<rank>" -> a group's rank started on this node
+        self._stages: dict[int, Stage] = {}  # run id -> its stage (perflab.lab.shipping)
+        self._rank_stages: dict[str, Stage] = {}  # "<run id>:<rank>" -> a rank's stage, until shipped
 
     async def run(self, ticket: Ticket, calibration: Calibration, devices: tuple[int, ...],
                   group: RayGroup | None = None) -> AsyncIterator[Any]:
-        """One run; ``group``: a multi-node run's placement, this node being rank 0's."""
+        """One run; ``group``: a multi-node run's placement, this node being rank 0's.
+
+        The executor runs into a stage on this node (:class:`perflab.lab.shipping.Stage`),
+        never into the driver's study directory (which this node may not see); what it writes
+        there goes to the driver as Files events when the engine is ready, with each measured
+        profile and at the end. The stage is removed when the run is over, however it ends."""
         from perflab.lab.executor import Executor
 
-        if not ticket.run_dir.is_dir():
-            raise PerflabError(f"the study directory {ticket.run_dir.parent.parent} is not on node {self.node}: "
-                               f"every Ray node must see it at the same path (a shared filesystem)")
-        yield Placed(self.node if group is None else group.name, devices)
-        yield State("running")
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        ex = Executor(self.ctx, on_event=lambda kind, **kw: queue.put_nowait(Note(kind, kw)))
-        ex.on_measured = lambda name, m: queue.put_nowait(Measured(name, m))
-        ex.placement = devices if devices and ticket.demand.devices is None else None
-        remotes: list[RemoteRank] = []
-        if group is not None:
-            def start_rank(node: GroupNode, rank: RankLaunch) -> RemoteRank:
-                remote = RemoteRank(group.agents[node.rank], f"{ticket.run_id}:{node.rank}", rank,
-                                    group.bundles[node.rank])
-                remotes.append(remote)
-                return remote
+        stage = self._stages[ticket.run_id] = Stage(ticket.run_dir, node=self.node, suffix=f"@{self.node_id[:12]}")
+        task: asyncio.Future[Any] | None = None
+        try:
+            yield Placed(self.node if group is None else group.name, devices)
+            yield State("running")
+            queue: asyncio.Queue[Any] = asyncio.Queue()
+            ex = Executor(self.ctx, on_event=lambda kind, **kw: queue.put_nowait(Note(kind, kw)))
+            ex.on_measured = lambda name, m: queue.put_nowait(Measured(name, m))
+            ex.placement = devices if devices and ticket.demand.devices is None else None
+            ex.study_dir = ticket.run_dir.parent.parent  # the engines' markers name the driver's study
+            remotes: list[RemoteRank] = []
+            if group is not None:
+                def start_rank(node: GroupNode, rank: RankLaunch) -> RemoteRank:
+                    remote = RemoteRank(group.agents[node.rank], f"{ticket.run_id}:{node.rank}", rank,
+                                        group.bundles[node.rank], ticket.run_dir)
+                    remotes.append(remote)
+                    return remote
 
-            ex.group = GroupPlacement(group.nodes, start_rank)
-        held_back: list[Measured] = []  # a group's failed measurements: a lost node's make none
-        before = {k: list(v) for k, v in calibration.curves.items()}  # what the step began with
-        ex.calibration = calibration
-        task = self._tasks[ticket.run_id] = asyncio.ensure_future(
-            ex.run(ticket.config, list(ticket.profiles), ticket.run_dir, label=ticket.label, to_beat=ticket.to_beat))
-        while True:
-            getter = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
-            if getter in done:
-                ev = getter.result()
+                ex.group = GroupPlacement(group.nodes, start_rank)
+            held_back: list[Measured] = []  # a group's failed measurements: a lost node's make none
+            before = {k: list(v) for k, v in calibration.curves.items()}  # what the step began with
+            ex.calibration = calibration
+            task = self._tasks[ticket.run_id] = asyncio.ensure_future(
+                ex.run(ticket.config, list(ticket.profiles), stage.path, label=ticket.label, to_beat=ticket.to_beat))
+
+            def passed(ev: Any) -> list[Any]:
+                """What of ``ev`` goes to the driver now, with the files worth keeping by then."""
                 if group is not None and isinstance(ev, Measured) and Status(ev.measurement.status).is_failure:
                     held_back.append(ev)
-                else:
-                    yield ev
-                continue
-            getter.cancel()
-            break
-        while not queue.empty():
-            ev = queue.get_nowait()
-            if group is not None and isinstance(ev, Measured) and Status(ev.measurement.status).is_failure:
-                held_back.append(ev)
-            else:
+                    return []
+                if isinstance(ev, Measured) or (isinstance(ev, Note) and ev.kind == "benchmark"):
+                    return [*stage.ship(), ev]  # the profile's records (or the launch) first
+                return [ev]
+
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    for out in passed(getter.result()):
+                        yield out
+                    continue
+                getter.cancel()
+                break
+            while not queue.empty():
+                for out in passed(queue.get_nowait()):
+                    yield out
+            self._tasks.pop(ticket.run_id, None)
+            for files in stage.ship(final=True):  # everything, also when the executor failed
+                yield files
+            lost = next((r for r in remotes if r.lost), None)
+            if lost is not None:  # a rank's node was lost: nothing the group did after is a result
+                if not task.cancelled():
+                    task.exception()  # retrieved: whatever the group did after, the run is lost, not failed
+                yield RankLost(lost.bundle.node_id, f"the Ray agent on node {lost.bundle.node_id[:8]} was lost: {lost.lost}")
+                return
+            rec = task.result()  # the executor's own error, raised to the driver as itself
+            if rec.log is not None:
+                rec.log = stage.driver(rec.log)  # where the driver has it
+            for ev in held_back:
                 yield ev
-        self._tasks.pop(ticket.run_id, None)
-        lost = next((r for r in remotes if r.lost), None)
-        if lost is not None:  # a rank's node was lost: nothing the group did after is a result
-            if not task.cancelled():
-                task.exception()  # retrieved: whatever the group did after, the run is lost, not failed
-            yield RankLost(lost.bundle.node_id, f"the Ray agent on node {lost.bundle.node_id[:8]} was lost: {lost.lost}")
-            return
-        rec = task.result()  # the executor's own error, raised to the driver as itself
-        for ev in held_back:
-            yield ev
-        new = {k: [e for e in v if not any(e is b for b in before.get(k, []))]
-               for k, v in ex.calibration.curves.items()}
-        yield Learned({k: v for k, v in new.items() if v})
-        yield Finished(rec)
-        yield State("done")
+            new = {k: [e for e in v if not any(e is b for b in before.get(k, []))]
+                   for k, v in ex.calibration.curves.items()}
+            yield Learned({k: v for k, v in new.items() if v})
+            yield Finished(rec)
+            yield State("done")
+        finally:
+            if task is not None and not task.done():  # the engines come down before their directory goes
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            self._tasks.pop(ticket.run_id, None)
+            self._stages.pop(ticket.run_id, None)
+            stage.remove()
 
     async def stop(self, run_id: int) -> None:
-        """Cancel a run: the executor tears its engines down, as on Ctrl-C locally."""
+        """Cancel a run: the executor tears its engines down, as on Ctrl-C locally; its stage goes."""
         task = self._tasks.pop(run_id, None)
         if task is not None and not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        stage = self._stages.pop(run_id, None)
+        if stage is not None:
+            stage.remove()
+
+    def stages(self) -> list[str]:
+        """The stages this agent holds (tests: none is left after a run)."""
+        return sorted(str(s.path) for s in [*self._stages.values(), *self._rank_stages.values()])
 
     # ----------------------------------------------------------------- a group's rank on this node
 
-    async def rank_start(self, key: str, rank: RankLaunch) -> LaunchOutcome:
+    async def rank_start(self, key: str, rank: RankLaunch, run_dir: Path) -> LaunchOutcome:
         """Start rank ``rank.rank`` of a group on this node (an EngineInstance under this node's
         keeper, with this node's snapshot and environment and the rank's devices here); its
         outcome once it runs (``ready``) or failed to start. It is held until
-        :meth:`rank_stop` (or this agent's end)."""
+        :meth:`rank_stop` (or this agent's end). It runs in a stage of its own on this node
+        (``run_dir``: the driver's run directory), shipped by :meth:`rank_files`."""
         from perflab.supervisor import EngineInstance
 
-        if not rank.workdir.is_dir():
-            raise PerflabError(f"the study directory {rank.workdir.parent.parent} is not on node {self.node}: "
-                               f"every Ray node must see it at the same path (a shared filesystem)")
+        stage = self._rank_stages[key] = Stage(run_dir, node=self.node,
+                                               suffix=f".node{rank.rank}@{self.node_id[:12]}")
+        rank = dataclasses.replace(rank, workdir=stage.path, launch=_relocate(rank.launch, rank.workdir, stage.path))
         inst = EngineInstance(
             self.pm, rank.engine, rank.config, hardware=self.ctx.hardware, env=launch_environment(self.ctx),
             workdir=rank.workdir, startup_timeout=rank.startup_timeout, version=rank.version, log_name=rank.log_name,
@@ -471,7 +521,19 @@ class Agent:
         started.cancel()
         if held.task.done():
             held.task.result()  # its error, raised to rank 0's agent
-        return inst.outcome
+        return self._as_driver(key, inst.outcome)
+
+    def _as_driver(self, key: str, outcome: LaunchOutcome) -> LaunchOutcome:
+        """A rank's outcome with its paths where the driver has them (its stage's files are
+        shipped into the run directory)."""
+        stage = self._rank_stages.get(key)
+        if stage is None:
+            return outcome
+        out = dataclasses.replace(outcome)
+        out.workdir = stage.run_dir
+        if out.log is not None:
+            out.log = Path(stage.driver(out.log))
+        return out
 
     async def rank_wait(self, key: str) -> tuple[bool, LaunchOutcome | None]:
         """Until the rank dies unasked (True) or is torn down (False); its outcome then."""
@@ -485,7 +547,7 @@ class Agent:
         finally:
             died.cancel()
             ended.cancel()
-        return held.inst.died.is_set(), held.inst.outcome
+        return held.inst.died.is_set(), self._as_driver(key, held.inst.outcome)
 
     def rank_expect_exit(self, key: str) -> None:
         held = self._ranks.get(key)
@@ -503,7 +565,7 @@ class Agent:
         if held.task is not None:
             await asyncio.gather(held.task, return_exceptions=True)
         self._ranks.pop(key, None)
-        return held.inst.outcome
+        return self._as_driver(key, held.inst.outcome)
 
     def rank_kill(self, key: str) -> None:
         held = self._ranks.get(key)
@@ -517,9 +579,42 @@ class Agent:
         await asyncio.gather(*(self.rank_stop(k) for k in keys), return_exceptions=True)
         return len(keys)
 
+    async def rank_files(self, run_id: int) -> AsyncIterator[Files]:
+        """The files of run ``run_id``'s ranks on this node (the driver, once they are torn
+        down: :meth:`stop_ranks`), as Files events; their stages are removed after."""
+        keys = sorted(k for k in self._rank_stages if k.split(":")[0] == str(run_id))
+        try:
+            for key in keys:
+                if key in self._ranks:  # still running (the driver stops them first): shipped as it is
+                    log.warning("lab.rank-files-early", key=key)
+                for files in self._rank_stages[key].ship(final=True):
+                    yield files
+        finally:
+            for key in keys:
+                stage = self._rank_stages.pop(key, None)
+                if stage is not None and key not in self._ranks:
+                    stage.remove()
+
     def ranks(self) -> list[str]:
         """The keys of the ranks this agent holds (tests: nothing is left after a run)."""
         return sorted(self._ranks)
+
+
+def _relocate(launch: Any, old: Path, new: Path) -> Any:
+    """A rank's launch, built on rank 0's node for its stage ``old``, with paths inside that
+    stage moved into this node's stage ``new`` (its files, its working directory, argv and
+    environment values naming them)."""
+    if launch is None or old == new:
+        return launch
+    before, after = str(old), str(new)
+
+    def move(text: str) -> str:
+        return after + text[len(before):] if text == before or text.startswith(before + "/") else text
+
+    return dataclasses.replace(
+        launch, argv=tuple(move(a) for a in launch.argv), env={k: move(v) for k, v in launch.env.items()},
+        cwd=move(launch.cwd) if launch.cwd else launch.cwd,
+        files=tuple(dataclasses.replace(f, path=move(f.path)) for f in launch.files))
 
 
 class _HeldRank:
@@ -574,7 +669,7 @@ def local_node(pm: Any, plan: Plan, study_dir: Path) -> dict[str, Any]:
         return {}
     from perflab.hardware import resolve
 
-    snapshot, _ = resolve(pm, plan.hardware, _node_env(plan, study_dir, "local"))
+    snapshot, _ = resolve(pm, plan.hardware, _node_env(plan, study_dir, "local", study_dir / "sim-state"))
     counts: dict[str, float] = {}
     for a in snapshot.accelerators:
         if a.kind in RAY_RESOURCE:
@@ -664,7 +759,19 @@ class RayCluster:
                     f"with --num-gpus / --resources '{{\"NPU\": N}}' matching the machine")
 
     def close(self) -> None:
-        if ray.is_initialized():
+        """Remove the study's directory on every node still there (its stages, the simulator's
+        per-node state; bounded: a lost node does not answer), then leave Ray."""
+        if not ray.is_initialized():
+            return
+        try:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+            refs = [ray.remote(forget_study).options(
+                num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(r["node_id"], soft=False),
+            ).remote(self.study_dir) for r in self.reports if r["node_id"] in alive]
+            ray.wait(refs, num_returns=len(refs), timeout=FORGET_S)
+        except Exception as exc:  # best effort: the study is over
+            log.warning("lab.ray-forget-failed", error=str(exc))
+        finally:
             ray.shutdown()
 
 
@@ -712,6 +819,15 @@ class RayBackend(LocalBackend):
                 return 0
             free[node] -= d.per_node
         return sum(int(left // max(1, demand.per_node)) for left in free.values() if left > 0)
+
+    @staticmethod
+    async def _rank_files(agent: Any, run_id: int, sink: Sink) -> None:
+        """The files of a group's ranks on ``agent``'s node, into the run directory."""
+        try:
+            async for ref in agent.rank_files.remote(run_id):
+                sink(await ref)
+        except LOST:  # the node is gone, and its ranks' files with it
+            pass
 
     def _agent(self, node_id: str) -> Any:
         agent = self._agents.get(node_id)
@@ -841,6 +957,8 @@ class RayBackend(LocalBackend):
                 with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_GRACE_S):
                     await asyncio.gather(*(a.stop_ranks.remote(ticket.run_id) for a in rank_agents),
                                          return_exceptions=True)
+                    # their logs come back from their nodes (a lost node's are gone with it)
+                    await asyncio.gather(*(self._rank_files(a, ticket.run_id, sink) for a in rank_agents))
             self._held.pop(ticket.run_id, None)
             remove_placement_group(pg)
 

@@ -27,13 +27,14 @@ import anyio
 
 from perflab import redact
 from perflab.errors import PerflabError, UnknownEngine
-from perflab.lab.backend import Event, Finished, LocalBackend, Lost, Measured, Placed, Ticket
+from perflab.lab.backend import Event, Files, Finished, LocalBackend, Lost, Measured, Placed, Ticket
 from perflab.lab.decide import DecideBy
 from perflab.lab.executor import LabContext
 from perflab.lab.integrity import MachineNotReady, StudyLock, as_fault
 from perflab.lab.options import Configuration
 from perflab.lab.plan import WINNER, Plan, Profile, load_plan_text
 from perflab.lab.report import ReportContext, write_report
+from perflab.lab.shipping import receive
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store, write_json
 from perflab.lab.study import ConfigResult, StudyOutcome, conduct
 from perflab.simenv import STATE_ENV as SIM_STATE_ENV
@@ -253,6 +254,9 @@ class LiveMeasure(StoreMeasure):
                 self.log.info("lab.placed", run_id=run_id, label=label, node=ev.node, devices=list(ev.devices))
                 if self.concurrent:  # which run is where matters once several share the machine
                     self.on_event("placed", label=label, node=ev.node, devices=list(ev.devices))
+            elif isinstance(ev, Files):  # written on a node without the study directory: the driver writes them
+                for refused in receive(run_dir, ev):
+                    self.log.warning("lab.files-refused", run_id=run_id, label=label, node=ev.node, reason=refused)
             elif isinstance(ev, Finished):
                 final.append(ev.record)
             elif isinstance(ev, Lost):

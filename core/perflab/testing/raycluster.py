@@ -11,6 +11,12 @@ command in ``nsenter --net``).
 ``python -m perflab.testing.raycluster a100-80g-x8:8 h100-80g-x8:8`` (the first is the head)
 prints ``{"address", "nodes"}`` as one JSON line, then reads commands on stdin:
 ``remove I`` (kill node I's raylet and workers, as a lost machine) and ``quit`` (or EOF).
+
+``--hide DIR`` (``NetnsCluster(hide=[DIR])``): the nodes do not see ``DIR`` — the cluster also
+runs in its own mount namespace (``unshare --mount``, private propagation) with an empty
+read-only tmpfs over ``DIR`` — while a driver joining from the host's mount namespace sees it:
+a study directory there is one the nodes cannot reach, as on a cluster without a shared
+filesystem (the Ray backend ships run files back, :mod:`perflab.lab.shipping`).
 """
 
 from __future__ import annotations
@@ -49,10 +55,27 @@ def loopback_up() -> None:
         fcntl.ioctl(sock, siocsifflags, struct.pack("16sh14x", b"lo", flags | iff_up))
 
 
+def hide(directory: str) -> None:
+    """An empty read-only tmpfs over ``directory``, in this (new, private) mount namespace:
+    ``mount -t tmpfs -o ro,mode=0555 none DIR`` through libc's mount(2)."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    ms_rdonly = 1
+    if libc.mount(b"none", directory.encode(), b"tmpfs", ms_rdonly, b"mode=0555") != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount tmpfs over {directory}: {os.strerror(err)}")
+
+
 def main(argv: list[str]) -> None:
     from ray.cluster_utils import Cluster
 
     loopback_up()
+    hidden = [a.split("=", 1)[1] for a in argv if a.startswith("--hide=")]
+    for d in hidden:
+        hide(d)
+    argv = [a for a in argv if not a.startswith("--hide=")]
 
     head, *workers = argv or ["a100-80g-x8:8"]
     cluster = Cluster(initialize_head=True, head_node_args={**_node_args(head), "include_dashboard": False,
@@ -75,8 +98,10 @@ def main(argv: list[str]) -> None:
 class NetnsCluster:
     """``with NetnsCluster(["a100-80g-x8:8", ...]) as c:`` a cluster for the block's life."""
 
-    def __init__(self, nodes: list[str], *, python: str = sys.executable, log: Path | None = None) -> None:
+    def __init__(self, nodes: list[str], *, python: str = sys.executable, log: Path | None = None,
+                 hide: list[Path] | None = None) -> None:
         self.nodes = nodes
+        self.hide = [Path(d).resolve() for d in hide or []]
         self.python = python
         self.log = log
         self.proc: subprocess.Popen[str] | None = None
@@ -86,7 +111,8 @@ class NetnsCluster:
     def __enter__(self) -> NetnsCluster:
         err: IO[str] | int = open(self.log, "w") if self.log else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
-            ["unshare", "--net", self.python, "-m", "perflab.testing.raycluster", *self.nodes],
+            ["unshare", "--net", *(["--mount"] if self.hide else []), self.python, "-m", "perflab.testing.raycluster",
+             *self.nodes, *(f"--hide={d}" for d in self.hide)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=self._env())
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
