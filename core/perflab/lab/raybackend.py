@@ -828,6 +828,8 @@ class RayBackend(LocalBackend):
                 sink(await ref)
         except LOST:  # the node is gone, and its ranks' files with it
             pass
+        except Exception as exc:  # never in the way of the run's end: its files are the loss
+            log.warning("lab.rank-files-failed", run_id=run_id, error=f"{type(exc).__name__}: {exc}")
 
     def _agent(self, node_id: str) -> Any:
         agent = self._agents.get(node_id)

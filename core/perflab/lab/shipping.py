@@ -112,13 +112,6 @@ class Stage:
         self.path.mkdir(mode=0o700)
         self._sent: dict[str, _Sent] = {}
 
-    def local(self, path: Path) -> Path:
-        """A path of the driver's run directory as it is on this node (the same within the stage)."""
-        try:
-            return self.path / path.relative_to(self.run_dir)
-        except ValueError:
-            return path
-
     def driver(self, path: str | Path) -> str:
         """A path inside the stage as the driver's run directory has it."""
         p = Path(path)
@@ -242,9 +235,10 @@ def target(run_dir: Path, rel: str) -> Path:
     if not rel or p.is_absolute() or "\\" in rel or any(x in ("..", "") for x in rel.split("/")) or "\0" in rel:
         raise UnsafePath(f"refused a shipped file {rel!r}: not a plain path inside the run directory")
     out = run_dir.joinpath(*p.parts)
-    base = run_dir.resolve()
-    if not out.parent.resolve().is_relative_to(base) or (out.is_symlink() and not out.resolve().is_relative_to(base)):
+    if not out.parent.resolve().is_relative_to(run_dir.resolve()):
         raise UnsafePath(f"refused a shipped file {rel!r}: it resolves outside the run directory")
+    if out.is_symlink():  # never written through (the run directory's files are plain files)
+        raise UnsafePath(f"refused a shipped file {rel!r}: it is a link in the run directory")
     return out
 
 
