@@ -493,10 +493,6 @@ class Agent:
         if stage is not None:
             stage.remove()
 
-    def stages(self) -> list[str]:
-        """The stages this agent holds (tests: none is left after a run)."""
-        return sorted(str(s.path) for s in [*self._stages.values(), *self._rank_stages.values()])
-
     # ----------------------------------------------------------------- a group's rank on this node
 
     async def rank_start(self, key: str, rank: RankLaunch, run_dir: Path) -> LaunchOutcome:
