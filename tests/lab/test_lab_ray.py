@@ -224,6 +224,7 @@ def test_a_study_the_nodes_cannot_see_gets_every_run_file_back(cluster: NetnsClu
     a local run has, the same decisions and cases, and no stage is left on the nodes."""
     from perflab.lab.shipping import stage_root, study_tag
 
+    assert cluster.hidden == [hidden], f"the nodes could not be kept from {hidden} (see {cluster.log})"
     plan = tmp_path / "files.yaml"
     plan.write_text(FILES_PLAN)
     study = hidden / tmp_path.name / "study"
