@@ -233,8 +233,9 @@ def test_a_study_the_nodes_cannot_see_gets_every_run_file_back(cluster: NetnsClu
     assert proc.returncode == 0, err[-3000:]
     assert not (stage_root() / study_tag(study)).exists(), "a stage or the simulator's state was left on a node"
     # the nodes could not have written there: they see an empty read-only directory
-    probe = subprocess.run(cluster.argv(["nsenter", f"--mount=/proc/{cluster.proc.pid}/ns/mnt", "--", "ls", "-A",
-                                          str(hidden)]), capture_output=True, text=True)
+    assert cluster.proc is not None
+    probe = subprocess.run(["nsenter", f"--mount=/proc/{cluster.proc.pid}/ns/mnt", "--", "ls", "-A", str(hidden)],
+                           capture_output=True, text=True)
     assert probe.returncode == 0 and probe.stdout == "", probe
 
     run_sim_study(FILES_PLAN, tmp_path / "local")
