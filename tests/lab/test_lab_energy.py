@@ -18,7 +18,10 @@ engines: [{engine}]
 early_stop: false
 cost: {{per_accelerator_hour: 2.5, currency: USD}}
 profiles:
-  main: {{label: Main, input_len: 256, output_len: 64, num_prompts: 64, max_concurrency: 16}}
+  # long enough (about a second of wall time at x40) for several readings while the chip is
+  # busy: utilization is over the last sample period (1/6 s), so a reading after the work,
+  # or a slow npu-smi call spanning a short one, sees 0 % — CI once read a peak of 0
+  main: {{label: Main, input_len: 256, output_len: 256, num_prompts: 192, max_concurrency: 16}}
 timeouts: {{startup_s: 60, benchmark_s: 120}}
 """
 

@@ -265,7 +265,9 @@ serve: {tp: 8}
 baseline: {engine: vllm}
 profiles:
   main: {label: Main, dataset: synthetic-sharegpt, num_prompts: 200}
-  other: {label: Other, input_len: 128, output_len: 16, num_prompts: 40, seed: 2}
+  # as long as Main: the node removed may hold the baseline's final measurement of Other
+  # ("Idle slots"), which must still be running a second after it began
+  other: {label: Other, input_len: 128, output_len: 200, num_prompts: 200, seed: 2}
 """
 
 

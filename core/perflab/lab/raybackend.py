@@ -536,13 +536,7 @@ class Agent:
         held = self._ranks.get(key)
         if held is None:
             return False, None
-        died = asyncio.ensure_future(held.inst.died.wait())
-        ended = asyncio.ensure_future(held.ended.wait())
-        try:
-            await asyncio.wait({died, ended}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            died.cancel()
-            ended.cancel()
+        await _first_of(held.inst.died, held.ended)
         return held.inst.died.is_set(), self._as_driver(key, held.inst.outcome)
 
     def rank_expect_exit(self, key: str) -> None:
@@ -596,6 +590,16 @@ class Agent:
         return sorted(self._ranks)
 
 
+async def _first_of(*events: asyncio.Event) -> None:
+    """Until any of ``events`` is set (the waits on the others are cancelled)."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
 def _relocate(launch: Any, old: Path, new: Path) -> Any:
     """A rank's launch, built on rank 0's node for its stage ``old``, with paths inside that
     stage moved into this node's stage ``new`` (its files, its working directory, argv and
@@ -629,13 +633,7 @@ class _HeldRank:
             async with self.inst:
                 self.started.set()
                 if self.inst.outcome.state == Status.READY:
-                    died = asyncio.ensure_future(self.inst.died.wait())
-                    stop = asyncio.ensure_future(self.stop.wait())
-                    try:
-                        await asyncio.wait({died, stop}, return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        died.cancel()
-                        stop.cancel()
+                    await _first_of(self.inst.died, self.stop)
             # torn down here (a rank that died is cleaned up on its node at once)
         finally:
             self.started.set()
