@@ -358,7 +358,8 @@ def _run_two_node(c: NetnsCluster, tmp_path: Path, text: str) -> tuple[int, dict
     proc = perflab_run(c, plan, study)
     seen: dict[str, tuple[int, int | None]] = {}
     try:
-        while proc.poll() is None:
+        end = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < end:  # the ranks' processes while they run
             seen.update(_ranks_running(study))
             time.sleep(0.1)
         _, err = proc.communicate(timeout=60)
@@ -477,7 +478,6 @@ def test_rank_1_s_agent_lost_interrupts_the_group_run(cluster: NetnsCluster, tmp
         run = next(r for r in ranks if not r.endswith(".node1"))
         agent1 = ranks[f"{run}.node1"][0]
         assert agent1 != ranks[run][0]
-        time.sleep(1.0)
         psutil.Process(agent1).kill()
         killed = time.monotonic()
         out, err = proc.communicate(timeout=120)
@@ -520,7 +520,6 @@ def test_a_node_lost_under_a_two_node_group_interrupts_the_run(cluster: NetnsClu
         assert len(_ranks_running(study)) == 2
         worker = cluster.node_ids[3][:8]
         assert [n.split("/")[-1] for n in nodes].count(worker) == 1, nodes
-        time.sleep(1.0)
         cluster.remove(3)
         removed = time.monotonic()
         out, err = proc.communicate(timeout=120)
@@ -563,7 +562,6 @@ def test_a_lost_node_interrupts_its_run_and_requeues_it(cluster: NetnsCluster, t
         node, index = placed[label], on[label]
         if not any(f"{label}: benchmarking" in line for line in seen):
             _wait_for(rf"{label}: benchmarking", proc, seen, 120)
-        time.sleep(1.0)
         cluster.remove(index)
         removed = time.time()
         _wait_for(r"re-queued", proc, seen, 20)
