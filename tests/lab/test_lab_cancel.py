@@ -114,6 +114,11 @@ def test_engine_death_and_time_budget_stop_the_benchmark(tmp_path: Path, monkeyp
     # nothing waited for an abandoned client, and nothing is left running
     assert elapsed < SCHEDULE_S, f"the study took {elapsed:.0f} s"
     assert psutil.Process().children(recursive=True) == []
+    # anyio stops its worker threads when the event loop's root task ends, by a message the
+    # thread reads after anyio.run has returned: give them a moment, then none may be left
+    for t in threading.enumerate():
+        if not t.daemon and t is not threading.main_thread():
+            t.join(timeout=10)
     left = [t.name for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()]
     assert left == [], f"threads left running: {left}"
 
