@@ -4,6 +4,7 @@ sets on the simulator (the launches' CUDA_VISIBLE_DEVICES), and Ctrl-C with seve
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -517,6 +518,33 @@ def test_a_refused_configuration_frees_its_slot_for_the_baseline() -> None:
     step1_end = max(r[4] for r in par.log if r[0].startswith("1. "))
     assert base[5] is True and base[3] >= step1_end, "not in step 1's tail"
     assert refused[4] <= base[3] < running[4], "in the refused one's slot, while the step ran"
+
+
+def test_the_split_gives_less_to_the_slot_the_baselines_early_launch_still_holds() -> None:
+    """At the end, one slot is free and the other is still the baseline's early launch,
+    measuring its last profile: the launch waiting for that slot starts later, so it gets
+    the lighter share (by token volume: the baseline's durations are not all known yet). On
+    seed 001 with two Ray nodes the slot came free 22 s after the other: a split that
+    ignored it ended the study that much later."""
+    from perflab.lab.study import _Study
+
+    plan = load_plan_text(FILL_PLAN.replace(
+        "  medium: {input_len: 512, output_len: 8, num_prompts: 10}",
+        "  medium: {input_len: 512, output_len: 8, num_prompts: 10}\n"
+        "  huge: {input_len: 3200, output_len: 8, num_prompts: 10}"))
+    measure = SlotMeasure(2)
+    base_cfg = plan.baseline_config()
+    for name in ("short", "long", "medium"):  # the early launch measured these; "huge" is in progress
+        measure.stored[(repr(base_cfg.canonical()), name)] = ConfigResult(Status.OK, {"duration": 1.0}, 10)
+    cfg = dataclasses.replace(base_cfg, engine="sglang")  # the optimized configuration: main measured in step 1
+    measure.stored[(repr(cfg.canonical()), "main")] = ConfigResult(Status.OK, {"duration": 1.0}, 10)
+    study = _Study(plan, measure, str)
+    # volumes: huge 32080, long 20560, medium 5200, short 400; the busy slot starts at half of huge
+    ignoring = study._groups(cfg, 2, base_cfg)
+    aware = study._groups(cfg, 2, base_cfg, busy=True)
+    names = lambda groups: [tuple(p.name for p in g) for g in groups]  # noqa: E731
+    assert names(ignoring) == [("huge",), ("short", "long", "medium")]
+    assert names(aware) == [("medium", "huge"), ("short", "long")]  # the first group: the slot free now
 
 
 def test_no_idle_slot_no_early_dispatch() -> None:

@@ -115,6 +115,12 @@ LOST = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptio
         ray.exceptions.RaySystemError)
 STOP_GRACE_S = 30.0  # a cancelled agent's engines' teardown, before the agent is killed
 FORGET_S = 10.0  # the nodes' removal of the study's directory there, when the study ends
+# a finished run's placement group is kept this long for the next run of the same shape (the
+# next step's configurations are dispatched milliseconds after the step's last run ends); Ray
+# retries a placement group it could not place at once only about every second (measured,
+# Ray 2.60.0: a group created right after another was removed, or waiting behind it, is
+# ready 0.7-1.0 s later), so removing and re-creating cost a second per queued launch
+PG_LINGER_S = 2.0
 
 
 class ClusterRefused(UsageError):
@@ -651,6 +657,14 @@ def bundles(demand: Demand, resource: str | None) -> list[dict[str, float]]:
     return [dict(one) for _ in range(max(1, demand.nodes))]
 
 
+def _remove(pg: Any) -> None:
+    """Give a placement group back to Ray; after the driver left Ray, its groups are gone."""
+    try:
+        remove_placement_group(pg)
+    except Exception as exc:  # Ray is shut down (the study ended): it removed the job's groups
+        log.debug("lab.ray-pg-remove", error=str(exc))
+
+
 def strategy(demand: Demand) -> str:
     return "STRICT_SPREAD" if demand.nodes > 1 else "STRICT_PACK"
 
@@ -789,6 +803,11 @@ class RayBackend(LocalBackend):
         self.granted = ray.remote(granted)
         self._agents: dict[str, Any] = {}  # node id -> its agent (started at the node's first run)
         self._held: dict[int, tuple[str | None, Demand]] = {}  # run id -> (its node, None: not placed yet)
+        # placement groups of finished runs, kept for a run of the same shape (PG_LINGER_S), and
+        # the runs whose own group Ray has not placed yet, by shape: a finished run hands its
+        # group to the first of them instead of removing it
+        self._idle: list[tuple[Any, Any, asyncio.TimerHandle]] = []  # (shape, group, its removal)
+        self._waiting: dict[Any, list[asyncio.Future[Any]]] = {}
 
     def room(self, demand: Demand) -> int:
         """How many more single-node runs of ``demand`` Ray would place right now, from this
@@ -850,6 +869,82 @@ class RayBackend(LocalBackend):
         return dataclasses.replace(d, per_node=max(1, sc.devices_per_node) * max(1, config.replicas),
                                    nodes=sc.node_count)
 
+    # ------------------------------------------------ placement groups, reused
+
+    def _claim(self, shape: Any) -> Any:
+        """An idle placement group of ``shape`` (None: none; then the idle groups of other
+        shapes go back to Ray, whose resources the new group may need)."""
+        for i, (k, pg, timer) in enumerate(self._idle):
+            if k == shape:
+                del self._idle[i]
+                timer.cancel()
+                return pg
+        self._release_idle()
+        return None
+
+    def _lose(self, node_id: str) -> None:
+        """``node_id`` is gone: no run goes there again, and idle groups (maybe there) go back."""
+        self.lost_nodes.append(node_id)
+        self._agents.pop(node_id, None)
+        self._release_idle()
+
+    def _release_idle(self) -> None:
+        while self._idle:
+            _, pg, timer = self._idle.pop()
+            timer.cancel()
+            _remove(pg)
+
+    def _expire(self, pg: Any) -> None:
+        for i, (_, held, _) in enumerate(self._idle):
+            if held is pg:
+                del self._idle[i]
+                _remove(pg)
+                return
+
+    def _give_back(self, shape: Any, pg: Any, reusable: bool) -> None:
+        """A run's placement group, once the run is over: to a run of the same shape waiting
+        for Ray, else kept idle for :data:`PG_LINGER_S`; removed when the run did not end
+        cleanly (its node lost, the study cancelled) or a node was lost meanwhile."""
+        if reusable:
+            for fut in self._waiting.get(shape, []):
+                if not fut.done():
+                    fut.set_result(pg)
+                    return
+            handle = asyncio.get_running_loop().call_later(PG_LINGER_S, self._expire, pg)
+            self._idle.append((shape, pg, handle))
+            return
+        remove_placement_group(pg)
+
+    async def _placed(self, shape: Any, pg: Any, sink: Sink, label: str) -> Any:
+        """``pg`` once Ray placed it, or a finished run's group of the same shape handed over
+        first (then ``pg``, still queued in Ray, is removed): the group the run holds."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        waiting = self._waiting.setdefault(shape, [])
+        waiting.append(fut)
+        ready = asyncio.ensure_future(pg.ready())
+        try:
+            done, _ = await asyncio.wait({ready, fut}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                sink(State("waiting"))
+                self.on_event("queued", label=label)
+                await asyncio.wait({ready, fut}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled: a group handed over meanwhile goes back to Ray too
+            if fut.done() and not fut.cancelled():
+                remove_placement_group(fut.result())
+            raise
+        finally:
+            waiting.remove(fut)
+            if not waiting:
+                self._waiting.pop(shape, None)
+            if not fut.done():
+                fut.cancel()
+            if not ready.done():
+                ready.cancel()
+        if fut.done() and not fut.cancelled():
+            remove_placement_group(pg)  # queued (or placed just now): back to Ray
+            return fut.result()
+        return pg
+
     def _nodes_left(self, resource: str | None, demand: Demand) -> int:
         """How many of the study's nodes, not lost, could hold one bundle of ``demand``."""
         return sum(1 for n, r in self.cluster.resources.items()
@@ -868,21 +963,18 @@ class RayBackend(LocalBackend):
             return
         ticket = Ticket(ticket.run_id, ticket.run_dir.resolve(), ticket.config, ticket.profiles, ticket.label, d,
                         ticket.to_beat)
-        pg = placement_group(bundles(d, res), strategy=strategy(d), name=f"perflab-run-{ticket.run_id}",
-                             bundle_label_selector=[self._selector() for _ in range(n)])
+        shape = (json.dumps(bundles(d, res), sort_keys=True), strategy(d), json.dumps(self._selector(), sort_keys=True))
+        pg = self._claim(shape)
         agent = None
         rank_agents: list[Any] = []  # a group's ranks >= 1: their nodes' agents
         node_id: str | None = None
+        reusable = True  # the group goes to the next run of its shape (unless the run ends otherwise)
         self._held[ticket.run_id] = (None, d)
         try:
-            ready = pg.ready()
-            with anyio.move_on_after(1.0):
-                await ready
-                ready = None
-            if ready is not None:
-                sink(State("waiting"))
-                self.on_event("queued", label=ticket.label)
-                await ready
+            if pg is None:
+                pg = placement_group(bundles(d, res), strategy=strategy(d), name=f"perflab-run-{ticket.run_id}",
+                                     bundle_label_selector=[self._selector() for _ in range(n)])
+                pg = await self._placed(shape, pg, sink, ticket.label)
 
             def opts(index: int) -> dict[str, Any]:
                 o: dict[str, Any] = {
@@ -920,16 +1012,16 @@ class RayBackend(LocalBackend):
                         self.on_event(ev.kind, **ev.fields)
                         continue
                     if isinstance(ev, RankLost):  # another rank's node: rank 0's agent is alive
-                        self.lost_nodes.append(ev.node_id)
-                        self._agents.pop(ev.node_id, None)
+                        self._lose(ev.node_id)
                         ev = Lost(ev.reason)
+                    reusable = reusable and not isinstance(ev, Lost)
                     sink(ev)
             except ray.exceptions.RayTaskError as exc:  # the executor's own error: raised as itself
                 raise exc.as_instanceof_cause() from None
             except LOST as exc:
+                reusable = False
                 if node_id:
-                    self.lost_nodes.append(node_id)
-                    self._agents.pop(node_id, None)
+                    self._lose(node_id)
                 reason = f"the Ray agent on node {(node_id or '?')[:8]} was lost ({type(exc).__name__})"
                 sink(Lost(reason))
         except BaseException:
@@ -944,6 +1036,7 @@ class RayBackend(LocalBackend):
                 if not stopped and node_id is not None:  # the keeper stops the engines of a killed agent
                     ray.kill(agent, no_restart=True)
                     self._agents.pop(node_id, None)
+            reusable = False
             raise
         finally:
             # a group's ranks on the other nodes: normally torn down by rank 0's group already;
@@ -956,7 +1049,8 @@ class RayBackend(LocalBackend):
                     # their logs come back from their nodes (a lost node's are gone with it)
                     await asyncio.gather(*(self._rank_files(a, ticket.run_id, sink) for a in rank_agents))
             self._held.pop(ticket.run_id, None)
-            remove_placement_group(pg)
+            if pg is not None:
+                self._give_back(shape, pg, reusable and node_id is not None and node_id not in self.lost_nodes)
 
 
 __all__ = ["Agent", "Bundle", "RankLost", "RayGroup", "RemoteRank", "ClusterRefused", "RayBackend", "RayCluster", "SIM_LABEL", "check_reports", "node_report"]

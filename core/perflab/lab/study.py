@@ -437,15 +437,24 @@ class _Study:
 
         self._bg.start_soon(prefetch)
 
-    def _groups(self, config: Configuration, slots: int, base_cfg: Configuration) -> list[tuple[Profile, ...]]:
+    def _groups(self, config: Configuration, slots: int, base_cfg: Configuration,
+                busy: bool = False) -> list[tuple[Profile, ...]]:
         """``config``'s profiles still to measure in up to ``slots`` launches, one per free slot,
         balanced by their expected durations (longest first onto the least loaded launch):
         the baseline's measured duration of the same profile where every one has it, else
-        its token volume, else one each. Each launch measures its profiles in plan order."""
+        its token volume, else one each. Each launch measures its profiles in plan order.
+
+        ``busy``: the last slot is the baseline's early launch, still running; it starts
+        loaded with what that launch has left — its profiles not measured yet, the first
+        of them (the one it measures now) half done, in the same units — so the launch
+        waiting for it gets less, and the launches started first (on the slots free now)
+        more: the study ends when the last launch does."""
         missing = getattr(self.measure, "missing", None)
         todo = list(missing(config, self.plan.profiles)) if missing is not None else []
         if slots < 2 or len(todo) < 2:
             return []
+        left = list(missing(base_cfg, [p for p in self.plan.profiles if p.name != self.plan.main_profile])) \
+            if busy and missing is not None else []
         lookup = getattr(self.measure, "lookup", None)
 
         def measured(p: Profile) -> float | None:
@@ -458,6 +467,8 @@ class _Study:
 
         weight = next((w for w in (measured, volume) if all(w(p) is not None for p in todo)), lambda p: 1.0)
         loads: list[tuple[float, list[Profile]]] = [(0.0, []) for _ in range(min(slots, len(todo)))]
+        if left and len(loads) == slots:  # the baseline's slot is one of them: the last
+            loads[-1] = ((weight(left[0]) or 0.0) / 2 + sum(weight(p) or 0.0 for p in left[1:]), [])
         for p in sorted(todo, key=lambda p: -(weight(p) or 0.0)):  # ties keep the plan's order
             i = min(range(len(loads)), key=lambda k: loads[k][0])
             loads[i] = (loads[i][0] + (weight(p) or 0.0), [*loads[i][1], p])
@@ -644,7 +655,7 @@ class _Study:
             # another of these launches (one engine start more than one launch) — and it does
             # not leave that slot idle while one launch measures every profile
             running = early is not None and not early.is_set()
-            groups = self._groups(cfg, self._room(cfg) + (1 if running else 0), base_cfg)
+            groups = self._groups(cfg, self._room(cfg) + (1 if running else 0), base_cfg, busy=running)
             if groups:
                 async with anyio.create_task_group() as tg:
                     for group in groups:
