@@ -801,13 +801,15 @@ class RayBackend(LocalBackend):
         self.lost_nodes: list[str] = []
         self.agent = ray.remote(Agent)
         self.granted = ray.remote(granted)
-        self._agents: dict[str, Any] = {}  # node id -> its agent (started at the node's first run)
+        self._agents: dict[str, Any] = {}  # node id -> its agent (one per node of the study's machine)
         self._held: dict[int, tuple[str | None, Demand]] = {}  # run id -> (its node, None: not placed yet)
         # placement groups of finished runs, kept for a run of the same shape (PG_LINGER_S), and
         # the runs whose own group Ray has not placed yet, by shape: a finished run hands its
         # group to the first of them instead of removing it
         self._idle: list[tuple[Any, Any, asyncio.TimerHandle]] = []  # (shape, group, its removal)
         self._waiting: dict[Any, list[asyncio.Future[Any]]] = {}
+        for node_id in cluster.resources:  # started now, in the background: a new Ray worker and
+            self._agent(node_id)           # perflab's import take about a second, off the first runs' path
 
     def room(self, demand: Demand) -> int:
         """How many more single-node runs of ``demand`` Ray would place right now, from this
