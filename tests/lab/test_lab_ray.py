@@ -181,6 +181,13 @@ def test_seed_001_on_two_nodes_decides_as_the_sequential_run(cluster: NetnsClust
     assert salt["hardware"] == "sim:a100-80g-x8"
     assert engines_of_study(tmp_path / "ray") == []
 
+    # a finished run's placement group went to the next run of its shape (every run here is 8
+    # GPUs on one node): most runs did not wait for Ray to place a new group (about a second each)
+    events = [json.loads(line) for line in (tmp_path / "ray" / "study.log").read_text().splitlines() if line]
+    groups = [e["group"] for e in events if e.get("event") == "lab.ray-placement"]
+    assert len(groups) >= 9, groups  # every run was placed: steps 1-4, the refused ones included, and the finals
+    assert groups.count("reused") + groups.count("handed over") > len(groups) / 2, groups
+
 
 FILES_PLAN = """
 name: ray-files

@@ -800,7 +800,11 @@ class RayBackend(LocalBackend):
         self.parallel = max(n, len(cluster.resources), 1)
         self.lost_nodes: list[str] = []
         self.agent = ray.remote(Agent)
-        self.granted = ray.remote(granted)
+        # Ray runs a task that asks for GPUs in a fresh worker process each time unless told
+        # otherwise (max_calls defaults to 1 for GPU tasks, to free the GPU memory a task may
+        # have kept); this one only reads the ids Ray assigned, so its worker is kept and the
+        # next launch's placement does not wait for a new process and its imports
+        self.granted = ray.remote(max_calls=0)(granted)
         self._agents: dict[str, Any] = {}  # node id -> its agent (one per node of the study's machine)
         self._held: dict[int, tuple[str | None, Demand]] = {}  # run id -> (its node, None: not placed yet)
         # placement groups of finished runs, kept for a run of the same shape (PG_LINGER_S), and
@@ -808,8 +812,11 @@ class RayBackend(LocalBackend):
         # group to the first of them instead of removing it
         self._idle: list[tuple[Any, Any, asyncio.TimerHandle]] = []  # (shape, group, its removal)
         self._waiting: dict[Any, list[asyncio.Future[Any]]] = {}
-        for node_id in cluster.resources:  # started now, in the background: a new Ray worker and
-            self._agent(node_id)           # perflab's import take about a second, off the first runs' path
+        # every node's agent, and a worker for :func:`granted`, started now in the background: a
+        # new Ray worker and perflab's import take about a second, kept off the first runs' path
+        for node_id in cluster.resources:
+            self._agent(node_id)
+            self.granted.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote("")
 
     def room(self, demand: Demand) -> int:
         """How many more single-node runs of ``demand`` Ray would place right now, from this
@@ -973,10 +980,14 @@ class RayBackend(LocalBackend):
         reusable = True  # the group goes to the next run of its shape (unless the run ends otherwise)
         self._held[ticket.run_id] = (None, d)
         try:
+            how, t0 = "reused", anyio.current_time()
             if pg is None:
-                pg = placement_group(bundles(d, res), strategy=strategy(d), name=f"perflab-run-{ticket.run_id}",
-                                     bundle_label_selector=[self._selector() for _ in range(n)])
-                pg = await self._placed(shape, pg, sink, ticket.label)
+                own = placement_group(bundles(d, res), strategy=strategy(d), name=f"perflab-run-{ticket.run_id}",
+                                      bundle_label_selector=[self._selector() for _ in range(n)])
+                pg = own
+                pg = await self._placed(shape, own, sink, ticket.label)
+                how = "created" if pg is own else "handed over"
+            log.info("lab.ray-placement", run_id=ticket.run_id, group=how, waited_s=round(anyio.current_time() - t0, 3))
 
             def opts(index: int) -> dict[str, Any]:
                 o: dict[str, Any] = {
