@@ -205,6 +205,14 @@ class MemoryPlan:
         return "fits"
 
 
+def reserve_gib(model: ModelSpec, max_batched_tokens: int, activation_bytes: float, devices: int) -> float:
+    """What a rank keeps before its KV cache: peak activations of a ``max_batched_tokens``
+    forward pass, sampler logits, CUDA graphs / ACL graphs and non-torch allocations, and
+    communication buffers when sharded (GiB). The simulated TensorRT-LLM's runtime sizes its
+    memory fraction with the same figure (``frontends/trtllm.py``)."""
+    return 1.0 + max_batched_tokens * model.hidden * activation_bytes / GIB + (0.5 if devices > 1 else 0.0)
+
+
 def memory_plan(model: ModelSpec, chip: ChipSpec, knobs: Knobs) -> MemoryPlan:
     total = chip.memory_mib / 1024.0
     budget = knobs.mem_fraction * total
@@ -213,9 +221,7 @@ def memory_plan(model: ModelSpec, chip: ChipSpec, knobs: Knobs) -> MemoryPlan:
     if knobs.spec_method in ("mtp", "eagle", "eagle3") and knobs.spec_tokens > 0:
         # one extra decoder layer (MTP head / EAGLE draft layer) in the checkpoint's format
         weights += model.params_b * 1e9 / model.layers * bytes_per_param(knobs.quant) / devices / GIB
-    # Peak activations of a max_batched_tokens forward pass, sampler logits, CUDA graphs /
-    # ACL graphs and non-torch allocations; communication buffers when sharded.
-    reserve = 1.0 + knobs.max_batched_tokens * model.hidden * knobs.activation_bytes / GIB + (0.5 if devices > 1 else 0.0)
+    reserve = reserve_gib(model, knobs.max_batched_tokens, knobs.activation_bytes, devices)
     kv_gib = budget - weights - reserve
     per_token = kv_bytes_per_token(model, knobs.kv_cache_dtype, knobs.tp, knobs.pp)
     capacity = int(max(0.0, kv_gib) * GIB / per_token)

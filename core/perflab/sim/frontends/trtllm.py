@@ -322,7 +322,7 @@ def _configure(o: dict[str, Any], api: dict[str, Any], machine: SimMachine, vers
     from perflab.sim import perfmodel
 
     weights_gib = perfmodel.weight_bytes(spec, quant) / max(tp * pp, 1) / 2**30
-    reserve_gib = 1.0 + max_tokens * spec.hidden * ACTIVATION_BYTES / 2**30
+    reserve_gib = perfmodel.reserve_gib(spec, max_tokens, ACTIVATION_BYTES, max(tp * pp, 1))
     mem_fraction = min(1.0, (weights_gib + reserve_gib + free_frac * max(0.0, total_gib - weights_gib - reserve_gib)) / total_gib)
 
     startup = head + [
