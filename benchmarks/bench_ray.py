@@ -17,7 +17,10 @@ busy each node was (:mod:`timeline`); ``--keep DIR`` keeps both study directorie
 
 ``--prompts N`` scales the plan's profiles down (every ``num_prompts`` to at most N; 0: as
 written). Both runs share this machine's CPU: on a host with few cores the simulated engines
-of two nodes compete for it, which the ratio shows.
+of two nodes compete for it, which the ratio shows. On a 2-CPU host (docs/user-guide.md,
+"Ray"): ``--prompts 0 --time-scale 10`` gives 1.80-1.83x (the simulated accelerators bound
+each run); at the example's own time scale, 30, two simulated engines and their clients need
+more than the two CPUs, and the ratio is 1.53x.
 """
 
 from __future__ import annotations
