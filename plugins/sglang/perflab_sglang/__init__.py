@@ -39,7 +39,9 @@ class SGLang(EnginePlugin):
     # SchedulerMetricsCollector (python/sglang/srt/metrics/collector.py). SGLang exports the
     # prefix hit rate and the speculative acceptance as gauges; a retraction (the KV cache is
     # full: a running request goes back to the queue) is its preemption
-    # (sglang:num_retracted_requests_total, newer than the sglang:num_retracted_reqs gauge)
+    # (sglang:num_retracted_requests_total, newer than the sglang:num_retracted_reqs gauge;
+    # checked in sgl-project/sglang 00ae9c1, collector.py: Counter(name=
+    # "sglang:num_retracted_requests_total") — prometheus-client's family name drops "_total")
     metrics_endpoint = MetricsEndpoint(
         "/metrics", kv_cache_usage="sglang:token_usage", running="sglang:num_running_reqs",
         waiting="sglang:num_queue_reqs", preemptions="sglang:num_retracted_requests",
