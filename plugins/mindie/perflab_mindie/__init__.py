@@ -23,7 +23,10 @@ PARAMS = f"{GUIDE}/user_manual/service_parameter_configuration.md"
 FEATURE = f"{GUIDE}/feature"
 # MindIE Service's Prometheus interface ("服务监控指标查询接口(普罗格式)"): GET /metrics on
 # ServerConfig.metricsPort (management IP), served when MIES_SERVICE_MONITOR_MODE=1; the names
-# are those of MindIE-LLM's PrometheusMetrics (src/server/endpoint, prometheus_metrics.cpp)
+# are those of MindIE-LLM's PrometheusMetrics (src/server/endpoint, prometheus_metrics.cpp;
+# checked in its InitPrometheusMetrics: the gauges num_requests_running, num_requests_waiting,
+# npu_cache_usage_perc, npu_prefix_cache_hit_rate and the counter num_preemptions_total, whose
+# family name prometheus-client's parser gives without "_total")
 METRICS_DOC = "https://www.hiascend.com/document/detail/zh/mindie/21RC1/mindieservice/servicedev/mindie_service0103.html"
 METRICS = MetricsEndpoint(
     "/metrics", kv_cache_usage="npu_cache_usage_perc", running="num_requests_running",
