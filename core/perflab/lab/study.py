@@ -335,6 +335,7 @@ class _Study:
         # the baseline's final measurements, dispatched early into a free slot (:meth:`_fill`)
         self._early: tuple[Configuration, tuple[Profile, ...]] | None = None
         self._early_done: anyio.Event | None = None
+        self._early_profiles: tuple[Profile, ...] = ()  # what the early launch measures, once dispatched
         self._bg: anyio.abc.TaskGroup | None = None
 
     async def one(self, config: Configuration, step: str, label: str, to_beat: float | None) -> ConfigResult:
@@ -427,6 +428,7 @@ class _Study:
         if self._room(cfg) < 1:
             return
         self._early = None
+        self._early_profiles = profiles
         done = self._early_done = anyio.Event()
 
         async def prefetch() -> None:
@@ -453,8 +455,7 @@ class _Study:
         todo = list(missing(config, self.plan.profiles)) if missing is not None else []
         if slots < 2 or len(todo) < 2:
             return []
-        left = list(missing(base_cfg, [p for p in self.plan.profiles if p.name != self.plan.main_profile])) \
-            if busy and missing is not None else []
+        left = list(missing(base_cfg, self._early_profiles)) if busy and missing is not None else []
         lookup = getattr(self.measure, "lookup", None)
 
         def measured(p: Profile) -> float | None:
