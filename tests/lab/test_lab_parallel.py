@@ -21,9 +21,7 @@ import psutil
 import pytest
 
 from perflab.errors import UsageError
-from perflab.lab.backend import Demand, DeviceLedger, LocalBackend, Ticket, auto_parallel, parse_parallel
-from perflab.lab.earlystop import Calibration
-from perflab.lab.store import ProfileMeasurement, RunRecord
+from perflab.lab.backend import Demand, DeviceLedger, auto_parallel, parse_parallel
 from perflab.lab.plan import load_plan_text
 from perflab.lab.study import ConfigResult, conduct
 from perflab.status import Status
@@ -84,51 +82,6 @@ def test_ledger_slots_pins_ports_and_impossible_demands() -> None:
         assert scope.cancelled_caught
 
     anyio.run(main)
-
-
-class CalibratingExecutor:
-    """Stands in for the Executor: records the early stop's references it was given, and
-    learns one per run, as a complete run does (Executor.calibration.add)."""
-
-    def __init__(self, seen: dict[str, list[float]]) -> None:
-        self.seen = seen
-        self.calibration = Calibration()
-        self.placement = None
-        self._stale: list = []
-        self._reset_noted: set = set()
-        self.on_measured = None
-
-    async def run(self, config, profiles, run_dir, *, label="", to_beat=None):
-        self.seen[label] = [whole for whole, _ in self.calibration.get("w") or []]
-        await anyio.sleep(0.02)
-        self.calibration.curves.setdefault("w", []).append((float(len(self.seen)), [(0.1, 1.0), (0.5, 2.0)]))
-        self.on_measured("main", ProfileMeasurement(Status.OK, metrics={"total_token_throughput": 1.0}))
-        return RunRecord(Status.DONE)
-
-
-def test_a_run_learns_only_from_earlier_steps() -> None:
-    """The early stop's reference curves a run is given are those of the steps before its
-    own: never a sibling's, so which sibling finished first cannot change a decision."""
-    seen: dict[str, list[float]] = {}
-    backend = LocalBackend(None, parallel=4, executor_factory=lambda: CalibratingExecutor(seen))
-    events: list = []
-    plan = load_plan_text(PLAN)
-
-    def ticket(label: str, run_id: int) -> Ticket:
-        return Ticket(run_id, Path("."), plan.engine_defaults("vllm"), (plan.main,), label, Demand(None, 1))
-
-    async def main() -> None:
-        for step, labels in enumerate((["a", "b"], ["c", "d"])):
-            backend.begin_step()
-            async with anyio.create_task_group() as tg:
-                for i, label in enumerate(labels):
-                    tg.start_soon(backend.run, ticket(label, 10 * step + i), events.append)
-
-    anyio.run(main)
-    assert seen["a"] == seen["b"] == []  # step 1: nothing learned yet, not even from the sibling
-    assert sorted(seen["c"]) == sorted(seen["d"]) and len(seen["c"]) == 2  # both of step 1's runs
-    assert [type(e).__name__ for e in events].count("Finished") == 4
-    assert [type(e).__name__ for e in events].count("Measured") == 4
 
 
 def test_parallel_option() -> None:

@@ -148,9 +148,6 @@ class _Remote:
     def demand(self, config: Any) -> Demand:
         return Demand(None, 1)
 
-    def begin_step(self) -> None:
-        pass
-
     async def run(self, ticket: Ticket, sink: Sink) -> None:
         sink(Placed("node-1", ()))
         sink(State("running"))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from time import perf_counter, process_time
@@ -74,6 +74,15 @@ class Observation:
     latency_s: float  # the sum, over completed requests, of end - arrival (queueing included)
     time_scale: float = 1.0  # engine seconds per real second (the simulator's; set by the bench runner)
     model_t: float | None = None  # the latest engine-clock stamp received (``clock``), engine seconds
+    # prompt tokens (the client's count) of the requests that have begun to answer — their prompt
+    # is processed — and of every request of the run (``drive``'s ``prompt_lens``; else 0)
+    prompt_tokens: int = 0
+    prompt_tokens_total: int = 0
+    # the requests that have begun to answer: how many, and the sum and sum of squares of
+    # their events so far (for early stop's estimate of the output still to come)
+    answered: int = 0
+    answered_events: float = 0.0
+    answered_events_sq: float = 0.0
 
 
 Observer = Callable[[Observation], None]
@@ -101,6 +110,7 @@ async def drive(
     observe: Observer | None = None,
     observe_s: float = OBSERVE_S,
     clock: Clock | None = None,
+    prompt_lens: Sequence[int] | None = None,
 ) -> DriveOutcome:
     """Send every request of ``plan``; return the raw captures.
 
@@ -118,6 +128,9 @@ async def drive(
         the run, in the event loop (it must be quick; to stop the run it sets ``cancel``).
     :param clock: with ``observe``, read each received piece's engine-clock stamp once, so that
         observations carry the engine's own time (``Observation.model_t``).
+    :param prompt_lens: with ``observe``, the prompt tokens of each request (by its index):
+        observations count those of the requests that have begun to answer
+        (``Observation.prompt_tokens``).
     """
     client = make_client(plan.http_stack, plan.timeout)
     sem = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
@@ -131,6 +144,9 @@ async def drive(
     ended = [0, 0, 0, 0.0]
     counted: dict[int, list[int]] = {}  # open request -> [reads counted, events in them]
     stamp: list[float | None] = [None]  # the latest engine-clock stamp seen (clock)
+    lens = list(prompt_lens) if prompt_lens is not None else None
+    # prompt tokens of the requests that have begun to answer: [total so far], and which are counted
+    prompts = _Prompts(lens, sum(lens[p.index] for p in plan.prepared) if lens is not None else 0)
 
     async def send_open(p: Prepared, cap: Capture) -> None:
         open_caps.add(cap)
@@ -150,7 +166,10 @@ async def drive(
         if observe is not None:
             ended[0 if cap.error is None else 1] += 1
             seen = counted.pop(cap.index, [0, 0])
-            ended[2] += seen[1] + _events(cap.reads[seen[0]:])
+            mine = seen[1] + _events(cap.reads[seen[0]:])
+            ended[2] += mine
+            if cap.reads:
+                prompts.ended(cap.index, mine)
             if clock is not None:
                 _stamp(clock, cap.reads[seen[0]:], stamp)
             if cap.error is None and cap.end:
@@ -194,7 +213,8 @@ async def drive(
             if plan.stall_s:
                 watchers.append(_watch_stall(open_caps, plan.stall_s, stall))
             if observe is not None:
-                watchers.append(_observe(observe, observe_s, lambda: start, tasks, open_caps, ended, counted, clock, stamp))
+                watchers.append(_observe(observe, observe_s, lambda: start, tasks, open_caps, ended, counted, clock, stamp,
+                                         prompts))
             cancelled = await _cancellable(dispatch(), watchers, tasks)
         end = perf_counter()
         cpu = process_time() - cpu0
@@ -265,9 +285,30 @@ def _events(reads: list[tuple[float, bytes]]) -> int:
     return sum(piece.count(b"data:") for _, piece in reads)
 
 
+class _Prompts:
+    """The requests that have begun to answer: their prompt tokens (each counted once), and the
+    events of those that ended (count, sum, sum of squares)."""
+
+    def __init__(self, lens: list[int] | None, total: int) -> None:
+        self.lens, self.total, self.done = lens, total, 0
+        self._seen: set[int] = set()
+        self.n_ended, self.sum_ended, self.sq_ended = 0, 0.0, 0.0
+
+    def answered(self, index: int) -> None:
+        if self.lens is not None and index not in self._seen:
+            self._seen.add(index)
+            self.done += self.lens[index]
+
+    def ended(self, index: int, events: int) -> None:
+        self.answered(index)
+        self.n_ended += 1
+        self.sum_ended += events
+        self.sq_ended += events * events
+
+
 async def _observe(observe: Observer, every: float, start: Callable[[], float], tasks: list[asyncio.Task[None]],
                    open_caps: set[Capture], ended: list[Any], counted: dict[int, list[int]], clock: Clock | None,
-                   stamp: list[float | None]) -> None:
+                   stamp: list[float | None], prompts: _Prompts) -> None:
     """The observation task: never returns (it is cancelled with the run). The events of the
     open requests are counted from their new reads at each tick (bytes.count, each read once)."""
     while True:
@@ -276,6 +317,7 @@ async def _observe(observe: Observer, every: float, start: Callable[[], float], 
         if not t0:
             continue
         events = ended[2]
+        answered, a_sum, a_sq = prompts.n_ended, prompts.sum_ended, prompts.sq_ended
         for c in list(open_caps):
             seen = counted.setdefault(c.index, [0, 0])
             n = len(c.reads)
@@ -284,8 +326,14 @@ async def _observe(observe: Observer, every: float, start: Callable[[], float], 
                 _stamp(clock, c.reads[seen[0]:n], stamp)
             seen[0] = n
             events += seen[1]
+            if n:
+                prompts.answered(c.index)
+                answered += 1
+                a_sum += seen[1]
+                a_sq += seen[1] * seen[1]
         observe(Observation(perf_counter() - t0, len(tasks), ended[0], ended[1], len(open_caps), events, ended[3],
-                            model_t=stamp[0]))
+                            model_t=stamp[0], prompt_tokens=prompts.done, prompt_tokens_total=prompts.total,
+                            answered=answered, answered_events=a_sum, answered_events_sq=a_sq))
 
 
 def _stamp(clock: Clock, reads: list[tuple[float, bytes]], stamp: list[float | None]) -> None:

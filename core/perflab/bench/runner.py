@@ -183,7 +183,7 @@ def _run_single(plan: LoadPlan, prompt_lens: list[int], tok: Tokenizer, keep_tex
 
     with frozen_gc():
         outcome = run_in_new_loop(drive(plan, on_done=on_done, compact=compact_with(parse), cancel=cancel,
-                                        observe=observe, clock=clock))
+                                        observe=observe, clock=clock, prompt_lens=prompt_lens))
     if outcome.cancelled:
         traces = sent_traces(outcome.captures, parse, lambda i: prompt_lens[i])
     else:

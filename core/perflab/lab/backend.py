@@ -41,7 +41,6 @@ from typing import Any, Protocol
 import anyio
 import structlog
 
-from perflab.lab.earlystop import Calibration
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord
@@ -148,11 +147,6 @@ class Backend(Protocol):
         """How many more runs of ``demand`` would start right now (0 while any run waits):
         the study fills idle slots with work it already knows (the baseline's final
         measurements) — never one a queued run would take."""
-
-    def begin_step(self) -> None:
-        """A new study step begins: what the finished runs learned (the early stop's
-        calibration) becomes visible to the next step's runs — never to their siblings, so a
-        step's decisions do not depend on which sibling finished first."""
 
     async def run(self, ticket: Ticket, sink: Sink) -> None: ...
 
@@ -296,9 +290,6 @@ class LocalBackend:
         # one executor per run (its callbacks and its waiting benchmark threads are the run's);
         # a test may pass a stand-in
         self._factory = executor_factory or (lambda: Executor(self.ctx, on_event=self.on_event))
-        # the early stop's calibration: what runs of earlier steps learned (``begin_step``)
-        self.calibration = Calibration()
-        self._learned: list[tuple[int, dict[str, list[Any]]]] = []  # (run id, new curves), this step
         self._stale: list[Any] = []
         self._reset_noted: set[str] = set()
         # the study's accelerator telemetry (perflab.observe.telemetry): NVML opened once, what
@@ -317,17 +308,6 @@ class LocalBackend:
     def room(self, demand: Demand) -> int:
         """How many more runs of ``demand`` would start now (:meth:`DeviceLedger.room`)."""
         return self.ledger.room(demand)
-
-    def begin_step(self) -> None:
-        for _, curves in sorted(self._learned, key=lambda r: r[0]):  # in the order the runs were opened
-            for key, entries in curves.items():
-                kept = self.calibration.curves.setdefault(key, [])
-                kept.extend(entries)
-                del kept[: -self.calibration.keep]
-        self._learned.clear()
-
-    def _snapshot(self) -> Calibration:
-        return Calibration({k: list(v) for k, v in self.calibration.curves.items()}, self.calibration.keep)
 
     async def run(self, ticket: Ticket, sink: Sink) -> None:
         demand = ticket.demand
@@ -359,17 +339,8 @@ class LocalBackend:
                 # CUDA_VISIBLE_DEVICES etc.); one at a time, the engine's default selection
                 # stays what it always was (the first devices: the same ones the ledger gives)
                 ex.placement = devices if devices and demand.devices is None else None
-            before = {k: list(v) for k, v in self.calibration.curves.items()}  # what the step began with
-            if hasattr(ex, "calibration"):
-                ex.calibration = self._snapshot()
             rec = await ex.run(ticket.config, list(ticket.profiles), ticket.run_dir, label=ticket.label,
                                to_beat=ticket.to_beat)
-            if hasattr(ex, "calibration"):
-                new = {k: [e for e in v if not any(e is b for b in before.get(k, []))]
-                       for k, v in ex.calibration.curves.items()}
-                self._learned.append((ticket.run_id, {k: v for k, v in new.items() if v}))
-                if self.parallel == 1:  # one at a time: the next run, sibling or not, learns from this one
-                    self.begin_step()
             sink(Finished(rec))
             sink(State("done"))
         finally:

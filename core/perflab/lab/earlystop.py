@@ -3,23 +3,36 @@ over-saturated (issue #12 item 6; plan key ``early_stop``, ``perflab run --no-ea
 
 The benchmark client reports its counts every :data:`perflab.bench.drive.OBSERVE_S` real
 seconds (:class:`~perflab.bench.drive.Observation`); :class:`EarlyStop` cuts them into windows
-of :data:`WINDOW_S` real seconds and decides from the windows, never from one chunk:
+of at least :data:`WINDOW_S` real seconds and :data:`WINDOW_ENGINE_S` engine seconds and
+decides from the windows, never from one chunk:
 
 *lost* (only when the study ranks by throughput and gives a figure to beat)
-    The *steady-state rate* is the rate of streamed events (about one per output token) per
-    engine second in the windows while between :data:`STEADY_FROM` and :data:`STEADY_UNTIL` of
-    the requests have ended (after the warm window, before the tail). A whole-run
-    ``total_token_throughput`` and a steady rate are different figures, so the figure to beat
-    is compared at the same *stage* (share of the requests ended) of a complete run of the
-    same workload in this study (:class:`Calibration`; before one exists, *lost* never
-    fires): each steady window gives an estimate of the whole-run throughput,
-    ``reference whole-run throughput × this window's rate / the reference's rate at this
-    stage`` (the most favourable reference when there are several). The run stops when,
-    over at least :data:`MIN_WINDOWS` windows, the upper confidence bound
-    ``mean + Z·stdev/√k`` of these estimates is below the figure to beat by more than
-    ``margin_pct`` (the plan's ``min_improvement_pct``, at least :data:`MIN_MARGIN_PCT`).
-    The confidence bound, the margin and the most favourable reference all err on the
-    side of measuring on.
+    The study ranks by the whole-run ``total_token_throughput``: (prompt + output tokens) /
+    duration. While the run goes, the client knows the tokens processed so far, ``W`` (the
+    prompts of the requests that have begun to answer, and one output token per streamed
+    event — ``tokens_per_event`` per event where an engine may stream several, as under
+    speculative decoding), the engine time ``t``, and the prompt tokens still to process,
+    ``P`` (every prompt is known before the run). The *steady-state rate* is the token rate of
+    the windows after the warm window (:data:`STEADY_FROM` of the requests ended: the first
+    batch's prefill burst is over); ``r`` is its upper confidence bound, ``mean + Z·sd/√k``
+    over ``k >= MIN_WINDOWS`` windows.
+
+    If the engine never processes tokens faster than ``r`` for the rest of the run (a run that
+    sends its requests at once or at a steady pace drains its queue with no faster phase
+    than its steady state: the burst is behind it, and the decode-only tail is the slowest
+    part), the rest takes at least ``(P + O) / r`` engine seconds for the ``O >= 0`` output
+    tokens still to come, so the run can end at no more than
+
+        ``bound = max(r, (W + P) / (t + P / r))``
+
+    (``(W + P + O) / (t + (P + O) / r)`` moves monotonically from its value at ``O = 0``
+    towards ``r`` as ``O`` grows). The run stops when ``bound`` is below the figure to beat
+    (times ``1 + min_improvement_pct / 100``): then its whole-run figure could not have been
+    adopted. No reference run and no model of the engine is needed: the bound holds whatever
+    the engine's prefill/decode balance, so a configuration with a slow start and a fast tail
+    (AWQ at high batch) is judged by what it could still reach, never by how its start
+    compares with another engine's. The decision is not taken after :data:`STEADY_UNTIL` of
+    the requests ended (the tail: little left to save).
 
 *over-saturated* (every measured profile, when requests arrive over time)
     For :data:`SATURATION_WINDOWS` windows in a row while requests are still arriving, the
@@ -43,52 +56,36 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from perflab.bench.drive import Observation
 
-WINDOW_S = 0.25  # real seconds per window
+WINDOW_S = 0.1  # real seconds a window lasts at least (the client's observation period)
+WINDOW_ENGINE_S = 4.0  # ... and engine seconds: longer than one step's prefill/decode swing
 STEADY_FROM = 0.05  # fraction of the requests ended before the steady state starts (warm window)
 STEADY_UNTIL = 0.6  # ... and after which the tail starts (lost is not decided in the tail)
-MIN_WINDOWS = 4
+MIN_WINDOWS = 6
+# events of a streamed answer that carry no output token (an OpenAI chat stream's role chunk,
+# finishing chunk and ``[DONE]``): taken off each answer's events before they estimate outputs
+FRAMING_EVENTS = 3
+MIN_ANSWERED = 30  # answers an estimate of the outputs still to come needs
 Z = 3.0  # one-sided: ~99.9 % for a normal mean
-# the least a configuration must be below the figure to beat. An early window predicts a
-# whole run only roughly: engines differ in how their rate evolves over a run (prefill-heavy
-# start, decode-heavy middle), and on the demo the stopped configurations' estimates were
-# 11-19 % below what their complete runs measured (docs/user-guide.md) — the margin must
-# cover that, or a configuration slightly better than the best could be stopped
-MIN_MARGIN_PCT = 20.0
 SATURATION_WINDOWS = 4
 
 
-@dataclass
-class Calibration:
-    """Per workload (profile key): the window curves of complete runs of this study — each
-    its whole-run ``total_token_throughput`` and its steady windows as (stage, rate), the
-    stage being the share of the requests ended — so that a running benchmark is compared
-    with a complete one at the same stage of the same workload (a run's early windows are
-    slower than its middle: comparing them with a whole-run figure would be biased)."""
-
-    curves: dict[str, list[tuple[float, list[tuple[float, float]]]]] = field(default_factory=dict)
-    keep: int = 3
-
-    def add(self, profile_key: str, stop: EarlyStop, whole: float | None) -> None:
-        curve = stop.stages()
-        if whole and whole > 0 and len(curve) >= 2:
-            self.curves.setdefault(profile_key, []).append((float(whole), curve))
-            del self.curves[profile_key][:-self.keep]
-
-    def get(self, profile_key: str) -> list[tuple[float, list[tuple[float, float]]]]:
-        return self.curves.get(profile_key, [])
-
-
-def _at(curve: list[tuple[float, float]], stage: float) -> float | None:
-    """The curve's rate at ``stage`` (linear between its points; None outside them)."""
-    for (s0, r0), (s1, r1) in zip(curve, curve[1:], strict=False):
-        if s0 <= stage <= s1:
-            return r0 if s1 == s0 else r0 + (r1 - r0) * (stage - s0) / (s1 - s0)
-    return None
+def tokens_per_event(serve: Any) -> float | None:
+    """The most output tokens one streamed event of a configuration (its ``ServeConfig``) may
+    carry: engines stream one event per request per step (vLLM, SGLang and TensorRT-LLM at
+    their default stream interval of 1), a speculative step up to ``num_speculative_tokens + 1``
+    tokens; None when a speculative configuration does not say how many."""
+    spec = getattr(serve, "speculative_config", None)
+    if not spec:
+        return 1.0
+    try:
+        return 1.0 + float(spec["num_speculative_tokens"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 @dataclass
@@ -102,29 +99,34 @@ class _Window:
     stage: float = 0.0  # the share of the requests ended in its middle
     elapsed: float = 0.0  # engine seconds of the timed run at its end
     events: int = 0  # events received by its end
+    token_rate: float = 0.0  # tokens processed (prompts answered + output) per engine second
+    tokens: float = 0.0  # tokens processed by its end
+    steady: bool = False  # after the warm window (it began once STEADY_FROM of the requests had ended)
+    bound: float | None = None  # the most the whole run could still reach, as of its end (lost's figure)
 
 
 class EarlyStop:
-    """The observer of one benchmark run (called in the benchmark's thread)."""
+    """The observer of one benchmark run (called in the benchmark's thread).
 
-    def __init__(self, *, num_prompts: int, cancel: threading.Event,
-                 to_beat: float | None = None, reference: list[tuple[float, list[tuple[float, float]]]] | None = None,
-                 margin_pct: float = MIN_MARGIN_PCT, saturation: bool = True) -> None:
+    ``to_beat``: the whole-run ``total_token_throughput`` the run must beat to be adopted (None:
+    *lost* never fires); ``margin_pct``: the plan's ``min_improvement_pct``;
+    ``tokens_per_event``: the most output tokens one streamed event may carry (None: unknown,
+    *lost* never fires)."""
+
+    def __init__(self, *, num_prompts: int, cancel: threading.Event, to_beat: float | None = None,
+                 margin_pct: float = 0.0, tokens_per_event: float | None = 1.0, saturation: bool = True) -> None:
         self.n = max(1, num_prompts)
         self.scale = 1.0  # engine seconds per real second: each observation says
         self.cancel = cancel
         self.to_beat = to_beat
-        # a copy: the study's calibration list grows with this very run once it completes, and
-        # the diagnostics (to_json) must show the references the decision was made against
-        self.reference = list(reference or [])
-        self.margin_pct = max(margin_pct, MIN_MARGIN_PCT)
+        self.margin_pct = max(0.0, margin_pct)
+        self.tokens_per_event = tokens_per_event
         self.saturation = saturation
         self.windows: list[_Window] = []
         self._last: Observation | None = None
         self._mark: Observation | None = None  # the observation that began the current window
         self.decided: dict[str, Any] | None = None
         self._model0: float | None = None  # the first model-clock stamp seen (the simulator's)
-
 
     def __call__(self, obs: Observation) -> None:
         if self.decided is not None:
@@ -136,52 +138,70 @@ class EarlyStop:
         if self._mark is None:
             self._mark = Observation(0.0, 0, 0, 0, 0, 0, 0.0)
         m = self._mark
-        if obs.t - m.t < WINDOW_S:
+        if obs.t - m.t < WINDOW_S * (1 - 1e-6):
             return
         if obs.model_t is not None and m.model_t is not None:  # the engine's own clock: host load does not move it
             dt = obs.model_t - m.model_t
-            if dt <= 0:
-                return  # no step stamped in this window yet: widen it
         else:
             dt = (obs.t - m.t) * self.scale
+        opening = m.model_t is None and obs.model_t is not None  # the first stamp: that window closes at once
+        if dt <= 0 or (dt < WINDOW_ENGINE_S * (1 - 1e-6) and not opening):
+            return  # widen the window
         ended_new = obs.completed - m.completed
         latency = (obs.latency_s - m.latency_s) / ended_new * self.scale * 1000 if ended_new > 0 else None
         ended = obs.completed + obs.failed
         stage = (ended + m.completed + m.failed) / 2 / self.n
-        self.windows.append(_Window(obs.t, (obs.events - m.events) / dt if dt > 0 else 0.0,
-                                    obs.arrived - ended, latency, ended, obs.arrived, stage,
-                                    self.elapsed_s(), obs.events))
+        tokens, tokens0 = self._tokens(obs), self._tokens(m)
+        self.windows.append(_Window(obs.t, (obs.events - m.events) / dt, obs.arrived - ended, latency, ended,
+                                    obs.arrived, stage, self.elapsed_s(), obs.events, (tokens - tokens0) / dt,
+                                    tokens, m.completed + m.failed >= STEADY_FROM * self.n))
         self._mark = obs
-        self._decide()
+        b = self.bound()
+        self.windows[-1].bound = round(b["bound"], 2) if b is not None else None
+        self._decide(b)
+
+    def _tokens(self, obs: Observation) -> float:
+        return obs.prompt_tokens + obs.events * (self.tokens_per_event or 1.0)
 
     # ------------------------------------------------------------------ figures
 
     def steady_windows(self) -> list[_Window]:
-        """The windows of the steady state: after the warm window, before the tail (a window
-        counts when it ended in that range and began after the warm window)."""
-        out = []
-        prev_ended = 0
-        for w in self.windows:
-            if prev_ended >= STEADY_FROM * self.n and w.ended <= STEADY_UNTIL * self.n:
-                out.append(w)
-            prev_ended = w.ended
-        return out
+        """The windows of the steady state: those that began after the warm window and ended
+        before the tail."""
+        return [w for w in self.windows if w.steady and w.ended <= STEADY_UNTIL * self.n]
 
-    def stages(self) -> list[tuple[float, float]]:
-        """(stage, rate) of the steady windows, by stage (what calibrates later runs)."""
-        return sorted((w.stage, w.rate) for w in self.steady_windows())
+    def bound(self) -> dict[str, float] | None:
+        """The most the run's whole-run throughput can reach (module docstring), with the figures
+        it comes from; None before :data:`MIN_WINDOWS` steady windows."""
+        steady = self.steady_windows()
+        last = self._last
+        k = len(steady)
+        if k < MIN_WINDOWS or last is None or not last.prompt_tokens_total:
+            return None
+        rates = [w.token_rate for w in steady]
+        mean = sum(rates) / k
+        sd = math.sqrt(sum((x - mean) ** 2 for x in rates) / (k - 1))
+        r = mean + Z * sd / math.sqrt(k)
+        if r <= 0:
+            return None
+        done, t = self._tokens(last), self.elapsed_s()
+        left = max(0, last.prompt_tokens_total - last.prompt_tokens) + self.outputs_to_come(last)
+        return {"bound": max(r, (done + left) / (t + left / r)), "steady_rate": mean, "steady_rate_upper": r,
+                "windows": k, "tokens_done": done, "tokens_left_at_least": left}
 
-    def estimates(self) -> list[float]:
-        """Per steady window: the whole-run throughput it points at, against the most
-        favourable reference (each reference curve gives whole × rate / its rate at the same
-        stage; the largest is kept)."""
-        out = []
-        for w in self.steady_windows():
-            got = [whole * w.rate / ref for whole, curve in self.reference
-                   if (ref := _at(curve, w.stage)) is not None and ref > 0]
-            if got:
-                out.append(max(got))
-        return out
+    def outputs_to_come(self, obs: Observation) -> float:
+        """At least how many output tokens the requests that have not begun to answer will
+        stream (99.9 % one-sided): they are a random draw from the same workload as those
+        that have (requests are admitted in the order they were sent, and a dataset's order
+        does not depend on output lengths), whose events so far (complete for the ended, a
+        floor for the running, less the framing) bound their mean from below."""
+        k = obs.answered
+        if k < MIN_ANSWERED:
+            return 0.0
+        mean = obs.answered_events / k
+        var = max(0.0, obs.answered_events_sq / k - mean * mean) * k / (k - 1)
+        low = mean - FRAMING_EVENTS - Z * math.sqrt(var / k)
+        return max(0, self.n - k) * max(0.0, low)
 
     def elapsed_s(self) -> float:
         """Engine seconds of the timed run so far: on the engine's own clock when the stream
@@ -192,10 +212,10 @@ class EarlyStop:
         return (last.t if last is not None else 0.0) * self.scale
 
     def to_json(self) -> dict[str, Any]:
-        """Every window, the steady estimates and the decision (the run's ``earlystop-*.json``)."""
+        """Every window, the bound and the decision (the run's ``earlystop-*.json``)."""
         return {"num_prompts": self.n, "to_beat": self.to_beat, "margin_pct": self.margin_pct,
-                "references": len(self.reference), "decided": self.decided,
-                "windows": [dataclasses.asdict(w) for w in self.windows], "estimates": self.estimates()}
+                "tokens_per_event": self.tokens_per_event, "decided": self.decided, "bound": self.bound(),
+                "windows": [dataclasses.asdict(w) for w in self.windows]}
 
     def _stop(self, reason: str, **figures: Any) -> None:
         last = self._last
@@ -204,20 +224,17 @@ class EarlyStop:
                         **figures}
         self.cancel.set()
 
-    def _decide(self) -> None:
-        if self.to_beat is not None and self.reference:
-            xs = self.estimates()
-            if len(xs) >= MIN_WINDOWS:
-                k = len(xs)
-                mean = sum(xs) / k
-                sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (k - 1))
-                upper = mean + Z * sd / math.sqrt(k)
-                limit = self.to_beat * (1 - self.margin_pct / 100)
-                if upper < limit:
-                    self._stop("lost", estimated_token_throughput=round(mean, 2), upper_bound=round(upper, 2),
-                               to_beat=round(self.to_beat, 2), limit=round(limit, 2), windows=k,
-                               margin_pct=self.margin_pct, confidence_z=Z, references=len(self.reference))
-                    return
+    def _decide(self, b: dict[str, float] | None) -> None:
+        w = self.windows[-1]
+        if self.to_beat is not None and self.tokens_per_event is not None and w.ended <= STEADY_UNTIL * self.n:
+            limit = self.to_beat * (1 + self.margin_pct / 100)
+            if b is not None and b["bound"] < limit:
+                self._stop("lost", bound_token_throughput=round(b["bound"], 2),
+                           steady_token_rate=round(b["steady_rate"], 2),
+                           steady_token_rate_upper=round(b["steady_rate_upper"], 2),
+                           to_beat=round(self.to_beat, 2), limit=round(limit, 2), windows=b["windows"],
+                           margin_pct=self.margin_pct, confidence_z=Z)
+                return
         if self.saturation and len(self.windows) > SATURATION_WINDOWS:
             last = self.windows[-(SATURATION_WINDOWS + 1):]
             if last[-1].arrived >= self.n:
@@ -228,7 +245,8 @@ class EarlyStop:
             if growing and slower and last[-1].queue >= 2 * max(1, last[0].queue):
                 self._stop("over-saturated", queue=[w.queue for w in last],
                            latency_ms=[round(x or 0.0, 1) for x in lat], windows=len(last),
-                           window_s=round(WINDOW_S * self.scale, 3))
+                           window_s=round(sum(b.elapsed - a.elapsed for a, b in zip(last, last[1:], strict=False))
+                                          / SATURATION_WINDOWS, 3))
 
     def estimated_full_s(self) -> float:
         """The engine seconds the whole run would have taken (extrapolated by the share of

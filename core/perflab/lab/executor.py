@@ -34,7 +34,7 @@ import structlog
 
 from perflab import redact
 from perflab.lab.decide import DecideBy, LoadKind, Slo
-from perflab.lab.earlystop import Calibration, EarlyStop
+from perflab.lab.earlystop import EarlyStop, tokens_per_event
 from perflab.observe import Watcher, Watching
 from perflab.observe import watch as observe_watch
 from perflab.observe.energy import observed_extras
@@ -479,8 +479,6 @@ class Executor:
         self._stale: list[threading.Event] = []
         # engines whose launches serve no prefix-cache reset, already noted in the study log
         self._reset_noted: set[str] = set()
-        # steady-rate / whole-run ratios of complete runs, per workload: what "lost" compares with
-        self.calibration = Calibration()
         # the devices a backend placed this run on (perflab.lab.backend.LocalBackend's ledger),
         # used as the configuration's devices when it pins none; None: the engine's default
         self.placement: tuple[int, ...] | None = None
@@ -885,7 +883,7 @@ class Executor:
         finished = threading.Event()
         any_died = anyio.Event()
         budget = plan.timeouts.benchmark_s
-        stopper = self._early_stop(profile, cancel, to_beat)
+        stopper = self._early_stop(profile, config, cancel, to_beat)
         bench_began = time.monotonic()
         watchers = self._watchers(instances, config)
         watching = Watching()
@@ -946,8 +944,6 @@ class Executor:
         m.observed = self._observed(watchers, watching, m, config)
         if watching.samples:
             write_json(run_dir / f"observe-{profile.name}{suffix}.json", watching.series_json())
-        if m.status is Status.OK and stopper is not None and m.metrics:  # a complete run calibrates "lost"
-            self.calibration.add(profile.key(), stopper, m.metrics.get("total_token_throughput"))
         if stopper is not None and stopper.windows:  # what the early stop saw, for diagnosis
             write_json(run_dir / f"earlystop-{profile.name}{suffix}.json", stopper.to_json())
         if measured is not None:
@@ -1000,13 +996,14 @@ class Executor:
                 **observed_extras(watching.samples, m.metrics, self.ctx.plan.cost, accelerators,
                                   self.ctx.plan.decision.warmup)}
 
-    def _early_stop(self, profile: Profile, cancel: threading.Event, to_beat: float | None) -> EarlyStop | None:
+    def _early_stop(self, profile: Profile, config: Configuration, cancel: threading.Event,
+                    to_beat: float | None) -> EarlyStop | None:
         """The benchmark's observer when early stop is on (``plan.decision.early_stop``)."""
         plan = self.ctx.plan
         if not plan.decision.early_stop:
             return None
         return EarlyStop(num_prompts=profile.num_prompts, cancel=cancel, to_beat=to_beat,
-                         reference=self.calibration.get(profile.key()), margin_pct=plan.min_improvement_pct)
+                         margin_pct=plan.min_improvement_pct, tokens_per_event=tokens_per_event(config.serve_config()))
 
     @staticmethod
     def _judge(profile: Profile, result: Any, partial: Any, error: str | None, dead: list[Any], timed_out: bool,

@@ -78,7 +78,7 @@ import json
 import os
 import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from perflab.errors import PerflabError, UsageError
 from perflab.lab.backend import Demand, Files, Finished, LocalBackend, Lost, Measured, Placed, Sink, State, Ticket
-from perflab.lab.earlystop import Calibration
 from perflab.lab.executor import LabContext, engine_environment, launch_environment
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Plan
@@ -203,13 +202,6 @@ def node_report(plan: Plan, study_dir: str, spec: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the agent
-
-
-@dataclass(frozen=True)
-class Learned:
-    """The agent's last word before Finished: the early stop's curves this run added."""
-
-    curves: dict[str, list[Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -406,7 +398,7 @@ class Agent:
         self._stages: dict[int, Stage] = {}  # run id -> its stage (perflab.lab.shipping)
         self._rank_stages: dict[str, Stage] = {}  # "<run id>:<rank>" -> a rank's stage, until shipped
 
-    async def run(self, ticket: Ticket, calibration: Calibration, devices: tuple[int, ...],
+    async def run(self, ticket: Ticket, devices: tuple[int, ...],
                   group: RayGroup | None = None) -> AsyncIterator[Any]:
         """One run; ``group``: a multi-node run's placement, this node being rank 0's.
 
@@ -436,8 +428,6 @@ class Agent:
 
                 ex.group = GroupPlacement(group.nodes, start_rank)
             held_back: list[Measured] = []  # a group's failed measurements: a lost node's make none
-            before = {k: list(v) for k, v in calibration.curves.items()}  # what the step began with
-            ex.calibration = calibration
             task = self._tasks[ticket.run_id] = asyncio.ensure_future(
                 ex.run(ticket.config, list(ticket.profiles), stage.path, label=ticket.label, to_beat=ticket.to_beat))
 
@@ -476,9 +466,6 @@ class Agent:
                 rec.log = stage.driver(rec.log)  # where the driver has it
             for ev in held_back:
                 yield ev
-            new = {k: [e for e in v if not any(e is b for b in before.get(k, []))]
-                   for k, v in ex.calibration.curves.items()}
-            yield Learned({k: v for k, v in new.items() if v})
             yield Finished(rec)
             yield State("done")
         finally:
@@ -1015,12 +1002,9 @@ class RayBackend(LocalBackend):
                     group = RayGroup(tuple(got), (agent, *rank_agents))
                     log.info("lab.ray-group", run_id=ticket.run_id, nodes=[b.name for b in got],
                              addresses=[b.address for b in got], devices=[list(b.devices) for b in got])
-                gen = agent.run.remote(ticket, self._snapshot(), got[0].devices, group)
+                gen = agent.run.remote(ticket, got[0].devices, group)
                 async for ref in gen:
                     ev = await ref
-                    if isinstance(ev, Learned):
-                        self._learned.append((ticket.run_id, ev.curves))
-                        continue
                     if isinstance(ev, Note):
                         self.on_event(ev.kind, **ev.fields)
                         continue

@@ -185,11 +185,9 @@ class LiveMeasure(StoreMeasure):
         """Measure what the store lacks; ``to_beat`` (the current best's ranking figure on the
         main profile) lets the executor stop a configuration early once it has clearly lost.
         ``background``: work of a later step dispatched into a slot the current step leaves
-        free (the baseline's final measurements): it does not begin its step — the current
-        step's runs keep the early stop's calibration they began with."""
+        free (the baseline's final measurements): it does not begin its step."""
         if step != self._step and not background:
             self._step = step
-            self.backend.begin_step()
             self.on_event("step", title=step)
             self.log.info("lab.step", step=step)
         ckey = config.key(self.salt)

@@ -421,7 +421,7 @@ class _Study:
         configurations would wait for the whole launch. A step's configurations are always
         queued first, so this never takes a slot a step asked for. Decision-neutral: the
         steps measure the main profile only, and ``to_beat`` (early stop) is only ever
-        given for the main profile; the step's runs keep their early-stop calibration."""
+        given for the main profile."""
         if self._early is None or self._bg is None:
             return
         cfg, profiles = self._early
