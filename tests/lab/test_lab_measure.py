@@ -343,3 +343,19 @@ def test_no_early_stop_reaches_the_study(tmp_path: Path, monkeypatch: pytest.Mon
         assert not exc.code
     assert seen == [expected]
     assert json.loads(capsys.readouterr().out)["engine_hours"]["saved_pct"] == 50.0
+
+
+def test_a_stop_reads_as_one_line_with_its_figures() -> None:
+    from perflab.lab.study import stopped_early_text
+
+    cancel = threading.Event()
+    es = EarlyStop(num_prompts=1000, cancel=cancel, to_beat=1000.0)
+    _all_at_once(es, 700.0)
+    assert es.decided is not None
+    text = stopped_early_text(es.decided)
+    assert text.startswith("lost: could reach at most ") and "below the 1000 it needed to be adopted" in text
+    assert f"after {es.decided['completed']} of 1000 requests" in text
+    sat = stopped_early_text({"reason": "over-saturated", "queue": [10, 40], "latency_ms": [100.0, 480.0],
+                              "completed": 50, "num_prompts": 1000, "elapsed_s": 12.0, "estimated_full_s": 240.0})
+    assert sat == ("over-saturated: the queue grew from 10 to 40 requests and latency from 100 to 480 ms "
+                   "(after 50 of 1000 requests, 12 of ~240 s)")
