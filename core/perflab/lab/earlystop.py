@@ -31,8 +31,9 @@ decides from the windows, never from one chunk:
     adopted. No reference run and no model of the engine is needed: the bound holds whatever
     the engine's prefill/decode balance, so a configuration with a slow start and a fast tail
     (AWQ at high batch) is judged by what it could still reach, never by how its start
-    compares with another engine's. The decision is not taken after :data:`STEADY_UNTIL` of
-    the requests ended (the tail: little left to save).
+    compares with another engine's. The steady state is the windows before :data:`STEADY_UNTIL`
+    of the requests ended (after it, the tail: a slower phase); the decision may come later,
+    with the steady rate as it was.
 
 *over-saturated* (every measured profile, when requests arrive over time)
     For :data:`SATURATION_WINDOWS` windows in a row while requests are still arriving, the
@@ -64,7 +65,7 @@ from perflab.bench.drive import Observation
 WINDOW_S = 0.1  # real seconds a window lasts at least (the client's observation period)
 WINDOW_ENGINE_S = 4.0  # ... and engine seconds: longer than one step's prefill/decode swing
 STEADY_FROM = 0.05  # fraction of the requests ended before the steady state starts (warm window)
-STEADY_UNTIL = 0.6  # ... and after which the tail starts (lost is not decided in the tail)
+STEADY_UNTIL = 0.6  # ... and after which the tail starts (its windows do not set the steady rate)
 MIN_WINDOWS = 6
 # events of a streamed answer that carry no output token (an OpenAI chat stream's role chunk,
 # finishing chunk and ``[DONE]``): taken off each answer's events before they estimate outputs
@@ -225,8 +226,7 @@ class EarlyStop:
         self.cancel.set()
 
     def _decide(self, b: dict[str, float] | None) -> None:
-        w = self.windows[-1]
-        if self.to_beat is not None and self.tokens_per_event is not None and w.ended <= STEADY_UNTIL * self.n:
+        if self.to_beat is not None and self.tokens_per_event is not None:
             limit = self.to_beat * (1 + self.margin_pct / 100)
             if b is not None and b["bound"] < limit:
                 self._stop("lost", bound_token_throughput=round(b["bound"], 2),

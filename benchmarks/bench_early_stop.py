@@ -1,0 +1,138 @@
+"""``perflab demo`` with early stop and with ``--no-early-stop``: engine-hours, decisions, and
+the most a sound rule could save.
+
+Runs ``perflab demo --fresh`` twice, one after the other, each in a fresh directory — A with
+early stop (the default), B with ``--no-early-stop`` — and prints what each spent
+(``report.json``'s ``engine_hours``), how much less A spent than B, whether the decisions are
+identical (every step's chosen configuration, whether it was adopted, the optimized
+configuration), and per configuration: B's engine-seconds, A's, and how
+A's measurement ended::
+
+    .venv/bin/python benchmarks/bench_early_stop.py [--keep DIR] [--json]
+
+It also prints a ceiling: early stop may only end a configuration that could not have been
+adopted, and a configuration whose steady state runs faster than the figure it must beat could
+still end above it (its tail decides). From A's ``earlystop-<profile>.json`` windows it finds
+the configurations whose steady-state token rate is below their figure to beat, and adds up
+what stopping each right at the end of its warm window would have saved of B's engine-seconds.
+No rule that stops only configurations that could not have won saves more on this demo (the
+figures in docs/user-guide.md, "Early stop", come from it). Exit status 1 when the decisions
+differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+
+def decisions(report: dict[str, Any]) -> dict[str, Any]:
+    """What the study decided: each step's chosen configuration and whether it was adopted, and
+    the optimized configuration (the entries' statuses differ by design: stopped-early in A)."""
+    return {"steps": [(s["title"], s["chosen"], s["adopted"]) for s in report["steps"]],
+            "optimized": (report.get("optimized") or {}).get("label")}
+
+
+def demo(out: Path, early_stop: bool) -> tuple[float, dict[str, Any]]:
+    """(wall seconds, report.json) of one ``perflab demo --fresh``."""
+    argv = [sys.executable, "-m", "perflab", "demo", "--fresh", "-o", str(out), "--json", "--no-live"]
+    if not early_stop:
+        argv.append("--no-early-stop")
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        sys.exit(f"bench_early_stop: `{' '.join(argv)}` exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return wall, json.loads((out / "report.json").read_text(encoding="utf-8"))
+
+
+def runs(study: Path, main_profile: str) -> dict[str, dict[str, Any]]:
+    """Per run directory name: engine-seconds, the main profile's status and duration, and what
+    the early stop saw of it (steady-state token rate, figure to beat, end of the warm window)."""
+    out: dict[str, dict[str, Any]] = {}
+    for run_json in sorted((study / "runs").glob("*/run.json")):
+        d = run_json.parent
+        rec = json.loads(run_json.read_text(encoding="utf-8"))
+        row: dict[str, Any] = {"engine_s": round(rec.get("engine_seconds") or 0.0, 1)}
+        m = d / f"measurement-{main_profile}.json"
+        if m.exists():
+            meas = json.loads(m.read_text(encoding="utf-8"))
+            row.update(status=meas["status"], duration_s=(meas.get("metrics") or {}).get("duration"),
+                       stopped_early=meas.get("stopped_early"))
+        seen = d / f"earlystop-{main_profile}.json"
+        if seen.exists():
+            es = json.loads(seen.read_text(encoding="utf-8"))
+            windows = es["windows"]
+            steady = [w for w in windows if w["steady"] and w["ended"] <= 0.6 * es["num_prompts"]]
+            if steady and es.get("to_beat"):
+                first = windows.index(steady[0])
+                row.update(steady_rate=sum(w["token_rate"] for w in steady) / len(steady), to_beat=es["to_beat"],
+                           warm_end_s=windows[first - 1]["elapsed"] if first else 0.0)
+        out[d.name] = row
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--keep", type=Path, default=None, help="keep both study directories here (A, B)")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="bench-early-stop-") as tmp:
+        root = Path(tmp)
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            root = args.keep
+        a_s, a = demo(root / "A", early_stop=True)
+        b_s, b = demo(root / "B", early_stop=False)
+        main_profile = a["main_profile"]
+        ra, rb = runs(root / "A", main_profile), runs(root / "B", main_profile)
+    same = decisions(a) == decisions(b)
+    spent_a, spent_b = a["engine_hours"]["spent"], b["engine_hours"]["spent"]
+    total_b = sum(r["engine_s"] for r in rb.values())
+    # the ceiling: configurations whose steady state is below the figure to beat, stopped at
+    # the end of their warm window (A saw their windows; B measured their whole run)
+    below = {k: r for k, r in ra.items() if r.get("steady_rate") is not None and r["steady_rate"] < r["to_beat"]}
+    ceiling_s = sum(max(0.0, (rb[k].get("duration_s") or 0.0) - r["warm_end_s"]) for k, r in below.items() if k in rb)
+    result = {
+        "cpus": os.cpu_count(), "wall_s": {"A": round(a_s, 1), "B": round(b_s, 1)},
+        "engine_hours": {"A": a["engine_hours"], "B": b["engine_hours"]},
+        "less_than_B_pct": round(100 * (1 - spent_a / spent_b), 1) if spent_b else None,
+        "same_decisions": same, "optimized": {"A": (a.get("optimized") or {}).get("label"),
+                                              "B": (b.get("optimized") or {}).get("label")},
+        "runs": {k: {"B_engine_s": rb.get(k, {}).get("engine_s"), "A_engine_s": r["engine_s"],
+                     "A_status": r.get("status"), "steady_rate": r.get("steady_rate") and round(r["steady_rate"]),
+                     "to_beat": r.get("to_beat") and round(r["to_beat"])} for k, r in ra.items()},
+        "ceiling": {"configurations": sorted(below), "saved_engine_s": round(ceiling_s),
+                    "saved_pct": round(100 * ceiling_s / total_b, 1) if total_b else None},
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"A (early stop)    {spent_a:.4f} engine-hours  (its own full-method estimate "
+              f"{a['engine_hours']['full_method_estimate']:.4f}; {a_s:.0f} s wall)")
+        print(f"B (--no-early-stop) {spent_b:.4f} engine-hours  ({b_s:.0f} s wall)")
+        print(f"A spent           {result['less_than_B_pct']} % less than B")
+        print(f"decisions         {'identical' if same else 'DIFFERENT'} (optimized: "
+              f"{result['optimized']['A']} / {result['optimized']['B']})")
+        print(f"{'run':26s} {'B eng-s':>8s} {'A eng-s':>8s} {'steady':>7s} {'to beat':>8s}  A's measurement")
+        for k, r in result["runs"].items():
+            print(f"{k:26s} {r['B_engine_s'] or 0:8.1f} {r['A_engine_s']:8.1f} {r['steady_rate'] or '':>7} "
+                  f"{r['to_beat'] or '':>8}  {r['A_status'] or '-'}")
+        print(f"ceiling           stopping {', '.join(below) or 'nothing'} at the end of the warm window "
+              f"saves {result['ceiling']['saved_pct']} % of B ({result['ceiling']['saved_engine_s']} engine-s of "
+              f"{total_b:.0f}): the most a rule that never stops a configuration that could still win can save")
+    if not same:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
