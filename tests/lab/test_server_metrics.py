@@ -148,6 +148,36 @@ def test_a_failed_scrape_is_logged_once_and_never_raises() -> None:
     assert watcher.summarize([]) is None
 
 
+def test_scrapes_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scrape comes every engine second beside the benchmark's client: making a client's
+    default TLS context each time loads the CA bundle (~18 ms of CPU holding the GIL)."""
+    import socket
+    import ssl
+
+    from perflab.observe import metrics
+
+    metrics._tls.cache_clear()
+    made: list[int] = []
+    real = ssl.create_default_context
+
+    def counting(*a: Any, **kw: Any) -> ssl.SSLContext:
+        made.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ssl, "create_default_context", counting)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    watcher = MetricsWatcher(MetricsEndpoint(running="x"), [Target(f"http://127.0.0.1:{port}/metrics", {})], timeout_s=1)
+
+    async def go() -> None:
+        for _ in range(4):
+            await watcher.sample()
+
+    anyio.run(go)
+    assert len(made) == 1
+
+
 # --------------------------------------------------------------------------- a running simulated engine
 
 
