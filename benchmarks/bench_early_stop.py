@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perflab.lab.earlystop import STEADY_UNTIL
+
 
 
 def decisions(report: dict[str, Any]) -> dict[str, Any]:
@@ -71,7 +73,7 @@ def runs(study: Path, main_profile: str) -> dict[str, dict[str, Any]]:
         if seen.exists():
             es = json.loads(seen.read_text(encoding="utf-8"))
             windows = es["windows"]
-            steady = [w for w in windows if w["steady"] and w["ended"] <= 0.6 * es["num_prompts"]]
+            steady = [w for w in windows if w["steady"] and w["ended"] <= STEADY_UNTIL * es["num_prompts"]]
             if steady and es.get("to_beat"):
                 first = windows.index(steady[0])
                 row.update(steady_rate=sum(w["token_rate"] for w in steady) / len(steady), to_beat=es["to_beat"],

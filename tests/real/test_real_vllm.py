@@ -423,4 +423,3 @@ timeouts: {{startup_s: 300, benchmark_s: 300, teardown_s: 10}}
           f"curve {[round(p['metrics']['output_throughput']) for p in curve['points']]} tok/s at {loads}; "
           f"study {r.seconds:.0f} s; report decide_by {report['decide_by']}")
     lab.assert_nothing_left()
-

@@ -144,9 +144,7 @@ async def drive(
     ended = [0, 0, 0, 0.0]
     counted: dict[int, list[int]] = {}  # open request -> [reads counted, events in them]
     stamp: list[float | None] = [None]  # the latest engine-clock stamp seen (clock)
-    lens = list(prompt_lens) if prompt_lens is not None else None
-    # prompt tokens of the requests that have begun to answer: [total so far], and which are counted
-    prompts = _Prompts(lens, sum(lens[p.index] for p in plan.prepared) if lens is not None else 0)
+    answers = _Answers(prompt_lens, sum(prompt_lens[p.index] for p in plan.prepared) if prompt_lens is not None else 0)
 
     async def send_open(p: Prepared, cap: Capture) -> None:
         open_caps.add(cap)
@@ -169,7 +167,7 @@ async def drive(
             mine = seen[1] + _events(cap.reads[seen[0]:])
             ended[2] += mine
             if cap.reads:
-                prompts.ended(cap.index, mine)
+                answers.ended(cap.index, mine)
             if clock is not None:
                 _stamp(clock, cap.reads[seen[0]:], stamp)
             if cap.error is None and cap.end:
@@ -214,7 +212,7 @@ async def drive(
                 watchers.append(_watch_stall(open_caps, plan.stall_s, stall))
             if observe is not None:
                 watchers.append(_observe(observe, observe_s, lambda: start, tasks, open_caps, ended, counted, clock, stamp,
-                                         prompts))
+                                         answers))
             cancelled = await _cancellable(dispatch(), watchers, tasks)
         end = perf_counter()
         cpu = process_time() - cpu0
@@ -285,11 +283,11 @@ def _events(reads: list[tuple[float, bytes]]) -> int:
     return sum(piece.count(b"data:") for _, piece in reads)
 
 
-class _Prompts:
+class _Answers:
     """The requests that have begun to answer: their prompt tokens (each counted once), and the
     events of those that ended (count, sum, sum of squares)."""
 
-    def __init__(self, lens: list[int] | None, total: int) -> None:
+    def __init__(self, lens: Sequence[int] | None, total: int) -> None:
         self.lens, self.total, self.done = lens, total, 0
         self._seen: set[int] = set()
         self.n_ended, self.sum_ended, self.sq_ended = 0, 0.0, 0.0
@@ -308,7 +306,7 @@ class _Prompts:
 
 async def _observe(observe: Observer, every: float, start: Callable[[], float], tasks: list[asyncio.Task[None]],
                    open_caps: set[Capture], ended: list[Any], counted: dict[int, list[int]], clock: Clock | None,
-                   stamp: list[float | None], prompts: _Prompts) -> None:
+                   stamp: list[float | None], answers: _Answers) -> None:
     """The observation task: never returns (it is cancelled with the run). The events of the
     open requests are counted from their new reads at each tick (bytes.count, each read once)."""
     while True:
@@ -317,7 +315,7 @@ async def _observe(observe: Observer, every: float, start: Callable[[], float], 
         if not t0:
             continue
         events = ended[2]
-        answered, a_sum, a_sq = prompts.n_ended, prompts.sum_ended, prompts.sq_ended
+        answered, a_sum, a_sq = answers.n_ended, answers.sum_ended, answers.sq_ended
         for c in list(open_caps):
             seen = counted.setdefault(c.index, [0, 0])
             n = len(c.reads)
@@ -327,12 +325,12 @@ async def _observe(observe: Observer, every: float, start: Callable[[], float], 
             seen[0] = n
             events += seen[1]
             if n:
-                prompts.answered(c.index)
+                answers.answered(c.index)
                 answered += 1
                 a_sum += seen[1]
                 a_sq += seen[1] * seen[1]
         observe(Observation(perf_counter() - t0, len(tasks), ended[0], ended[1], len(open_caps), events, ended[3],
-                            model_t=stamp[0], prompt_tokens=prompts.done, prompt_tokens_total=prompts.total,
+                            model_t=stamp[0], prompt_tokens=answers.done, prompt_tokens_total=answers.total,
                             answered=answered, answered_events=a_sum, answered_events_sq=a_sq))
 
 

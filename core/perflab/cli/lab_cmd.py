@@ -61,7 +61,8 @@ _live_option = click.option("--live/--no-live", default=None,
                             help="Live progress display (default: when stderr is a terminal).")
 _early_stop_option = click.option(
     "--early-stop/--no-early-stop", default=True, show_default=True,
-    help="Stop a measurement early once the configuration has clearly lost or is over-saturated "
+    help="Stop a measurement early once even its best case can no longer beat the current best, or the "
+         "engine is over-saturated; it is recorded as stopped-early with the figures that decided "
          "(--no-early-stop: every measurement runs to its end, as the plan key early_stop: false).")
 
 

@@ -97,7 +97,6 @@ class _Window:
     latency_ms: float | None  # mean latency of the requests that ended in it (engine ms)
     ended: int  # requests ended by its end
     arrived: int
-    stage: float = 0.0  # the share of the requests ended in its middle
     elapsed: float = 0.0  # engine seconds of the timed run at its end
     events: int = 0  # events received by its end
     token_rate: float = 0.0  # tokens processed (prompts answered + output) per engine second
@@ -151,10 +150,9 @@ class EarlyStop:
         ended_new = obs.completed - m.completed
         latency = (obs.latency_s - m.latency_s) / ended_new * self.scale * 1000 if ended_new > 0 else None
         ended = obs.completed + obs.failed
-        stage = (ended + m.completed + m.failed) / 2 / self.n
         tokens, tokens0 = self._tokens(obs), self._tokens(m)
         self.windows.append(_Window(obs.t, (obs.events - m.events) / dt, obs.arrived - ended, latency, ended,
-                                    obs.arrived, stage, self.elapsed_s(), obs.events, (tokens - tokens0) / dt,
+                                    obs.arrived, self.elapsed_s(), obs.events, (tokens - tokens0) / dt,
                                     tokens, m.completed + m.failed >= STEADY_FROM * self.n))
         self._mark = obs
         b = self.bound()
