@@ -211,6 +211,24 @@ def test_the_warm_ups_share_of_the_excess_is_not_the_benchmarks() -> None:
                               None, 1, warmup_requests=8)["energy"]["joules"] == 3500.0
 
 
+def test_energy_states_how_far_off_its_idle_estimate_may_put_it() -> None:
+    # the lowest sample (100 W) ran kernels 1 % of its period: it may hold up to 2 % of the full
+    # draw above idle (500 - 100 W), 8 W; the joules move by the watch less the benchmark (10 s)
+    # per watt: 80 J of 4500
+    s = [Sample(t, {"power_w.0": p, "utilization_pct.0": u})
+         for t, p, u in ((0.0, 100.0, 1.0), (5.0, 100.0, 1.0), (10.0, 300.0, 50.0), (20.0, 500.0, 100.0))]
+    assert en.idle_error(s) == pytest.approx(8.0)
+    e = en.energy(s, duration_s=10.0, output_tokens=9000)
+    assert e["joules"] == 4500.0 and e["uncertainty_pct"] == pytest.approx(100 * 80 / 4500, abs=0.01)
+    # the longer the watch beyond the benchmark, the more the idle estimate weighs
+    longer = [*s, Sample(60.0, {"power_w.0": 100.0, "utilization_pct.0": 1.0})]
+    assert en.energy(longer, 10.0, 9000)["uncertainty_pct"] > e["uncertainty_pct"]
+    # an idle sample at 0 %: within the rounding of a whole percent only
+    s[0] = Sample(0.0, {"power_w.0": 90.0, "utilization_pct.0": 0.0})
+    assert en.idle_error(s) == pytest.approx(0.01 * 410)
+    assert en.idle_error(_samples((0.0, 100.0), (1.0, 200.0))) is None  # no utilization: unknown, not 0
+
+
 def test_energy_counters_count_what_happened_between_samples() -> None:
     # two samples 10 s apart read 100 W, but the counters say 3000 J were drawn (a burst between them)
     s = [Sample(0.0, {"power_w.0": 100.0, "energy_mj.0": 5_000_000.0}),

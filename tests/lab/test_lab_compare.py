@@ -135,6 +135,27 @@ def test_observed_summaries_compare_too():
     assert metric_delta(per_joule, _ok({"completed": 1}), res(1.8, 1.1), 5.0) is None  # no telemetry in A
 
 
+def test_an_energy_figures_stated_uncertainty_widens_what_a_change_must_exceed():
+    """Energy states how far off its idle estimate may put it (perflab.observe.energy.idle_error):
+    a 5.5 % drop is a regression at a 5 % threshold unless the two sides' uncertainties, in
+    quadrature, exceed it."""
+    per_joule = BY_NAME["energy.output_tokens_per_joule"]
+
+    def res(tpj: float, uncertainty: float | None) -> ConfigResult:
+        r = _ok({"completed": 1})
+        r.observed = {"energy": {"joules": 100.0, "output_tokens_per_joule": tpj,
+                                 **({"uncertainty_pct": uncertainty} if uncertainty is not None else {})}}
+        return r
+
+    assert metric_delta(per_joule, res(2.0, None), res(1.89, None), 5.0).change is Change.REGRESSED
+    d = metric_delta(per_joule, res(2.0, 4.0), res(1.89, 4.0), 5.0)
+    assert d.change is Change.WITHIN_NOISE and d.noise_pct == pytest.approx(5.657, abs=0.01)
+    assert metric_delta(per_joule, res(2.0, 1.0), res(1.89, 1.0), 5.0).change is Change.REGRESSED
+    assert metric_delta(per_joule, res(2.0, 4.0), res(1.6, 4.0), 5.0).change is Change.REGRESSED  # 20 %: beyond it
+    tps = BY_NAME["total_token_throughput"]  # a benchmark figure: energy's uncertainty is not its own
+    assert tps.noise(res(2.0, 4.0)) is None
+
+
 def test_pairs_by_configuration_and_profile_and_flags_only_the_regressed_one():
     a = _study({"vllm": _metrics(2500.0, 11.6), "sglang": _metrics(2400.0, 12.0), "vllm 64": _metrics(2500.0, 11.6)})
     b = _study({"vllm": _metrics(2290.0, 12.9), "sglang": _metrics(2400.0, 12.0), "sglang 64": _metrics(2400.0, 12.0)},

@@ -12,7 +12,8 @@ engine and its options, not the machine or the engine version) and its profile k
 **regression** when it exceeds the threshold (``--threshold``, default
 :data:`DEFAULT_THRESHOLD_PCT` %; ``--tail-threshold``, default :data:`DEFAULT_TAIL_THRESHOLD_PCT` %,
 for p99s) and, when the measurements have repeats, their measured noise too (both relative
-spreads in quadrature: the rule the study adopts candidates by). Metrics are compared where
+spreads in quadrature: the rule the study adopts candidates by; an energy figure adds the
+uncertainty its measurement states). Metrics are compared where
 both measurements ran to the end; a measurement that succeeded in A and not in B (crashed,
 stalled, refused) is a regression as well, one stopped early is a status change. Then the decisions:
 each step's adopted entry, the winner engine, the optimized configuration; and what only one
@@ -80,9 +81,15 @@ class Metric:
         return len(head) > 1 and head[0] == "p" and head[1:].replace(".", "").isdigit()
 
     def noise(self, res: ConfigResult) -> float | None:
-        """The measured relative spread in % (repeats), None without repeats."""
-        v = (res.noise or {}).get(self.key)
-        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+        """The measured relative spread in % (repeats) and, for a summary of what was watched,
+        the uncertainty it states of its own figures (``uncertainty_pct``: energy's idle
+        estimate, :func:`perflab.observe.energy.idle_error`), in quadrature; None without
+        either."""
+        parts = [(res.noise or {}).get(self.key)]
+        if "." in self.key:
+            parts.append((res.observed.get(self.key.split(".", 1)[0]) or {}).get("uncertainty_pct"))
+        got = [float(v) for v in parts if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+        return math.hypot(*got) if got else None
 
 
 #: The headline metrics, each declared once with its direction. Goodput, capacity, energy and
@@ -121,7 +128,7 @@ class MetricDelta:
     a: float
     b: float
     change_pct: float | None  # (b - a) / a in %; None when a is 0
-    noise_pct: float | None  # both sides' spreads in quadrature; None without repeats
+    noise_pct: float | None  # both sides' spreads (and stated uncertainties) in quadrature; None without either
     limit_pct: float  # what the change had to exceed: max(threshold, noise)
     change: Change
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perflab.observe import Sample
-from perflab.observe.telemetry import ENERGY, ENGINE_T, per_device, total_power_w
+from perflab.observe.telemetry import ENERGY, ENGINE_T, POWER, UTILIZATION, per_device, total_power_w
 from perflab.observe.telemetry import KEY as TELEMETRY
 
 COST_KEYS = ("per_accelerator_hour", "currency")
@@ -82,7 +82,8 @@ def watched_energy(samples: Sequence[Sample]) -> tuple[float, float] | None:
 def energy(samples: Sequence[Sample], duration_s: float | None, output_tokens: float | None, *,
            requests: int | None = None, warmup_requests: int = 0) -> dict[str, float] | None:
     """``{"joules", "output_tokens_per_joule"}`` of a benchmark of ``duration_s`` engine seconds
-    (None without power or a duration).
+    (None without power or a duration), and ``uncertainty_pct`` where the samples carry
+    utilization: how far off the idle estimate may put the joules (:func:`idle_error`).
 
     The samples run from before the first request (the client loads its tokenizer and dataset)
     to after the last (it computes its metrics), the devices idle meanwhile: the benchmark's
@@ -96,6 +97,7 @@ def energy(samples: Sequence[Sample], duration_s: float | None, output_tokens: f
         return None
     pts = _power_series(samples)
     watched = watched_energy(samples)
+    idle_error_w, exposure_s = None, 0.0
     if watched is None or watched[1] <= 0:
         if not pts:
             return None
@@ -103,15 +105,43 @@ def energy(samples: Sequence[Sample], duration_s: float | None, output_tokens: f
     else:
         drawn, span = watched
         idle_w = min((p for _, p in pts), default=0.0)
-        excess = drawn - idle_w * span
-        if span < duration_s:
-            excess *= duration_s / span
+        stretch = duration_s / span if span < duration_s else 1.0
         share = requests / (requests + warmup_requests) if requests and warmup_requests > 0 else 1.0
+        excess = (drawn - idle_w * span) * stretch
         joules = idle_w * duration_s + max(0.0, excess) * share
+        idle_error_w = idle_error(samples)
+        # how much the joules move per watt the idle estimate is off
+        exposure_s = abs(duration_s - span * stretch * share) if excess > 0 else duration_s
     if joules <= 0:
         return None
-    return {"joules": round(joules, 1),
-            "output_tokens_per_joule": round(float(output_tokens or 0) / joules, 4)}
+    out = {"joules": round(joules, 1), "output_tokens_per_joule": round(float(output_tokens or 0) / joules, 4)}
+    if idle_error_w is not None:
+        out["uncertainty_pct"] = round(100 * idle_error_w * exposure_s / joules, 2)
+    return out
+
+
+def idle_error(samples: Sequence[Sample]) -> float | None:
+    """At most how many watts the idle power (the lowest sampled) may be above the devices' true
+    idle (None: the samples carry no utilization). A sample's power is its period's mean, and a
+    device that ran kernels for ``u`` % of the period (its utilization, a whole percent: up to
+    ``u + 1``) drew at most that share of its full draw above idle on top of idle — the
+    highest power the watch sampled stands for the full draw. The error is never below: no
+    sample is below idle. Over a watch much longer than the benchmark (the client loading,
+    warm-up, at the simulator's time scale many engine seconds) this is most of what an
+    energy figure can be off by (``uncertainty_pct``: ``perflab compare`` adds it to the noise)."""
+    timed = [(s, p) for s in samples if (p := total_power_w(s.values)) is not None]
+    if not timed:
+        return None
+    low, _ = min(timed, key=lambda sp: sp[1])
+    util = per_device(low.values, UTILIZATION)
+    power_low = per_device(low.values, POWER)
+    if not util or util.keys() != power_low.keys():
+        return None
+    peak: dict[int, float] = {}
+    for s, _ in timed:
+        for d, w in per_device(s.values, POWER).items():
+            peak[d] = max(peak.get(d, w), w)
+    return sum(min(1.0, (util[d] + 1) / 100) * max(0.0, peak[d] - power_low[d]) for d in util)
 
 
 def cost(price: Cost | None, accelerators: int, duration_s: float | None, output_tokens: float | None) -> dict[str, Any] | None:
