@@ -46,6 +46,20 @@ def test_observer_sees_counts_that_grow_and_events_per_token(slow_server: FakeOp
     # every token is one "data:" event, plus the usage chunk and [DONE] of each ended request
     assert OUTPUT_LEN * last.completed <= last.events <= (OUTPUT_LEN + 2) * 40
     assert last.latency_s > 0
+    # the max_tokens of the requests not ended, and what they streamed so far
+    first = seen[0]
+    assert first.output_cap_open == OUTPUT_LEN * (40 - first.completed - first.failed)
+    assert 0 <= first.events_open <= first.events
+    assert all(o.output_cap_open == OUTPUT_LEN * (40 - o.completed - o.failed) for o in seen)
+    assert all(o.events_open <= (OUTPUT_LEN + 2) * o.in_flight for o in seen)
+
+
+def test_a_requests_output_cap_is_its_max_tokens() -> None:
+    from perflab.bench.runner import output_cap
+
+    assert output_cap({"max_tokens": 64}) == 64
+    assert output_cap({"max_tokens": 64, "max_completion_tokens": 128}) == 128  # a plan's extra_body set one
+    assert output_cap({"prompt": "x"}) is None and output_cap({"max_tokens": None}) is None
 
 
 def test_a_stop_from_the_observer_ends_the_run_cleanly(slow_server: FakeOpenAIServer) -> None:

@@ -3,6 +3,8 @@ max-load search, the early stop's decisions, what the store keeps and the engine
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import sqlite3
@@ -97,11 +99,12 @@ def test_at_load_replaces_the_axis_and_drops_the_sweep() -> None:
 
 
 def _all_at_once(es: EarlyStop, rate: float, n: int = 1000, prompt: int = 200, output: int = 200,
-                 tail_s: float = 0.0, wobble: float = 0.05) -> float:
+                 tail_s: float = 0.0, wobble: float = 0.05, caps: bool = False) -> float:
     """Feed ``es`` a run that sends every request at once and processes ``rate`` tokens per
     engine second (± wobble), prompts a little ahead of outputs, then a decode-only tail of
     ``tail_s`` seconds that streams the last 2 % of the outputs; returns the run's whole-run
-    total token throughput (what a complete run would report)."""
+    total token throughput (what a complete run would report). ``caps``: the requests say
+    their ``max_tokens`` (``output`` each, as the bench's datasets do)."""
     total_p, total_o = n * prompt, n * output
     body_o = total_o * (0.98 if tail_s else 1.0)
     body_s = (total_p + body_o) / rate
@@ -121,7 +124,9 @@ def _all_at_once(es: EarlyStop, rate: float, n: int = 1000, prompt: int = 200, o
         per = o_done / max(1, answered)
         es(Observation(t, n, done, 0, n - done, int(o_done), done * t / 2, prompt_tokens=int(p_done),
                        prompt_tokens_total=total_p, answered=answered, answered_events=o_done,
-                       answered_events_sq=answered * per * per * 1.2))
+                       answered_events_sq=answered * per * per * 1.2,
+                       output_cap_open=(n - done) * output if caps else None,
+                       events_open=int(o_done) - done * output))
     return (total_p + total_o) / duration
 
 
@@ -157,6 +162,32 @@ def test_a_slow_finish_is_never_held_against_a_run_that_could_still_win() -> Non
     whole = _all_at_once(es, 1100.0, tail_s=120.0)
     assert whole < 1000.0 and es.decided is None
     assert es.windows[-1].bound is not None and es.windows[-1].bound >= 1000.0
+
+
+def test_once_its_tail_has_lost_it_a_run_is_stopped_there() -> None:
+    """With every request's ``max_tokens`` known, what may still come is bounded from above
+    too: in the tail, the run's own figure so far pulls its best case down to where it will
+    end, and it is stopped once that is below the figure to beat — not before."""
+    cancel = threading.Event()
+    es = EarlyStop(num_prompts=1000, cancel=cancel, to_beat=1000.0)
+    body_s = 400_000 * (1 - 0.01) / 1100.0
+    whole = _all_at_once(es, 1100.0, tail_s=120.0, caps=True)
+    assert whole > 0 and cancel.is_set() and es.decided is not None and es.decided["reason"] == "lost"
+    assert body_s < es.decided["elapsed_s"] < body_s + 120.0  # in the tail, before its end
+    assert es.decided["bound_token_throughput"] < 1000.0
+    assert all(w.bound is None or w.bound >= 1000.0 for w in es.windows[:-1])
+    # the same run against a figure its whole run beats: never stopped
+    es = EarlyStop(num_prompts=1000, cancel=threading.Event(), to_beat=0.98 * _all_at_once(
+        EarlyStop(num_prompts=1000, cancel=threading.Event()), 1100.0, tail_s=120.0, caps=True))
+    _all_at_once(es, 1100.0, tail_s=120.0, caps=True)
+    assert es.decided is None
+
+
+def test_the_outputs_still_to_come_are_bounded_from_above_by_max_tokens() -> None:
+    es = EarlyStop(num_prompts=10, cancel=threading.Event())
+    obs = Observation(1.0, 10, 4, 0, 6, 500, 0.0, output_cap_open=6 * 100, events_open=150)
+    assert es.outputs_at_most(obs) == 6 * 100 + 6 * 5 - 150  # the framing counted as events, at most 5 each
+    assert es.outputs_at_most(dataclasses.replace(obs, output_cap_open=None)) is None  # an uncapped request
 
 
 def test_the_margin_is_the_plans_minimum_improvement() -> None:

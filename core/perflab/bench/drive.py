@@ -83,6 +83,10 @@ class Observation:
     answered: int = 0
     answered_events: float = 0.0
     answered_events_sq: float = 0.0
+    # the requests that have not ended: the sum of their ``max_tokens`` (``drive``'s
+    # ``output_caps``; None: a request without one, or none given) and the events they sent so far
+    output_cap_open: int | None = None
+    events_open: int = 0
 
 
 Observer = Callable[[Observation], None]
@@ -111,6 +115,7 @@ async def drive(
     observe_s: float = OBSERVE_S,
     clock: Clock | None = None,
     prompt_lens: Sequence[int] | None = None,
+    output_caps: Sequence[int | None] | None = None,
 ) -> DriveOutcome:
     """Send every request of ``plan``; return the raw captures.
 
@@ -131,6 +136,9 @@ async def drive(
     :param prompt_lens: with ``observe``, the prompt tokens of each request (by its index):
         observations count those of the requests that have begun to answer
         (``Observation.prompt_tokens``).
+    :param output_caps: with ``observe``, each request's ``max_tokens`` (by its index; None:
+        uncapped): observations say how many output tokens the requests not yet ended may
+        still stream at most (``Observation.output_cap_open``).
     """
     client = make_client(plan.http_stack, plan.timeout)
     sem = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
@@ -144,7 +152,8 @@ async def drive(
     ended = [0, 0, 0, 0.0]
     counted: dict[int, list[int]] = {}  # open request -> [reads counted, events in them]
     stamp: list[float | None] = [None]  # the latest engine-clock stamp seen (clock)
-    answers = _Answers(prompt_lens, sum(prompt_lens[p.index] for p in plan.prepared) if prompt_lens is not None else 0)
+    answers = _Answers(prompt_lens, sum(prompt_lens[p.index] for p in plan.prepared) if prompt_lens is not None else 0,
+                       output_caps, [p.index for p in plan.prepared])
 
     async def send_open(p: Prepared, cap: Capture) -> None:
         open_caps.add(cap)
@@ -168,6 +177,7 @@ async def drive(
             ended[2] += mine
             if cap.reads:
                 answers.ended(cap.index, mine)
+            answers.closed(cap.index)
             if clock is not None:
                 _stamp(clock, cap.reads[seen[0]:], stamp)
             if cap.error is None and cap.end:
@@ -285,12 +295,22 @@ def _events(reads: list[tuple[float, bytes]]) -> int:
 
 class _Answers:
     """The requests that have begun to answer: their prompt tokens (each counted once), and the
-    events of those that ended (count, sum, sum of squares)."""
+    events of those that ended (count, sum, sum of squares); and the ``max_tokens`` of the
+    requests that have not ended (None: one is uncapped, or no caps were given)."""
 
-    def __init__(self, lens: Sequence[int] | None, total: int) -> None:
+    def __init__(self, lens: Sequence[int] | None, total: int, caps: Sequence[int | None] | None = None,
+                 indices: Sequence[int] = ()) -> None:
         self.lens, self.total, self.done = lens, total, 0
         self._seen: set[int] = set()
         self.n_ended, self.sum_ended, self.sq_ended = 0, 0.0, 0.0
+        self.caps = caps
+        mine = [caps[i] for i in indices] if caps is not None else [None]
+        self.cap_open: int | None = None if any(c is None for c in mine) else sum(c for c in mine if c is not None)
+
+    def closed(self, index: int) -> None:
+        """A request ended (answered or not): its cap is no longer open."""
+        if self.cap_open is not None and self.caps is not None:
+            self.cap_open -= self.caps[index] or 0
 
     def answered(self, index: int) -> None:
         if self.lens is not None and index not in self._seen:
@@ -331,7 +351,8 @@ async def _observe(observe: Observer, every: float, start: Callable[[], float], 
                 a_sq += seen[1] * seen[1]
         observe(Observation(perf_counter() - t0, len(tasks), ended[0], ended[1], len(open_caps), events, ended[3],
                             model_t=stamp[0], prompt_tokens=answers.done, prompt_tokens_total=answers.total,
-                            answered=answered, answered_events=a_sum, answered_events_sq=a_sq))
+                            answered=answered, answered_events=a_sum, answered_events_sq=a_sq,
+                            output_cap_open=answers.cap_open, events_open=events - ended[2]))
 
 
 def _stamp(clock: Clock, reads: list[tuple[float, bytes]], stamp: list[float | None]) -> None:

@@ -22,7 +22,7 @@ import math
 import os
 import secrets
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from time import perf_counter
@@ -112,9 +112,10 @@ def _probe(req: BenchRequest, targets: list[Target], cancel: threading.Event | N
 
 
 def _prepare_all(req: BenchRequest, targets: list[Target], samples: Iterable[Sample], id_prefix: str
-                 ) -> tuple[list[Prepared], list[int]]:
-    """Every request encoded, and each prompt's client-side token count (the headers say how
-    many requests the run has: a simulated engine's closed-loop hold counts them)."""
+                 ) -> tuple[list[Prepared], list[int], list[int | None]]:
+    """Every request encoded, each prompt's client-side token count, and each request's
+    output cap (:func:`output_cap`) (the headers say how many requests the run has: a
+    simulated engine's closed-loop hold counts them)."""
     payloads = []
     lens = []
     for s in samples:
@@ -122,7 +123,16 @@ def _prepare_all(req: BenchRequest, targets: list[Target], samples: Iterable[Sam
         lens.append(s.prompt_len)
     headers = request_headers(req, len(payloads))
     out = [prepare(i, targets[i % len(targets)], payload, headers, f"{id_prefix}{i}") for i, payload in enumerate(payloads)]
-    return out, lens
+    return out, lens, [output_cap(payload) for payload in payloads]
+
+
+def output_cap(payload: Mapping[str, Any]) -> int | None:
+    """The most output tokens a request's answer can hold: its ``max_tokens`` (and
+    ``max_completion_tokens``, the larger where a server might read either; a plan's
+    ``extra_body`` may have set them); None when it has neither as a whole number."""
+    caps = [v for k in ("max_tokens", "max_completion_tokens")
+            if isinstance(v := payload.get(k), int) and not isinstance(v, bool) and v >= 0]
+    return max(caps) if caps else None
 
 
 def _warmup(req: BenchRequest, first: Prepared, targets: list[Target], cancel: threading.Event | None = None,
@@ -164,7 +174,8 @@ class _Timed:
 
 
 def _run_single(plan: LoadPlan, prompt_lens: list[int], tok: Tokenizer, keep_text: bool, progress: Progress | None,
-                cancel: threading.Event | None, observe: Observer | None = None, clock: Clock | None = None) -> _Timed:
+                cancel: threading.Event | None, observe: Observer | None = None, clock: Clock | None = None,
+                output_caps: list[int | None] | None = None) -> _Timed:
     total = len(plan.prepared)
     done = 0
     last = [0.0]
@@ -183,7 +194,8 @@ def _run_single(plan: LoadPlan, prompt_lens: list[int], tok: Tokenizer, keep_tex
 
     with frozen_gc():
         outcome = run_in_new_loop(drive(plan, on_done=on_done, compact=compact_with(parse), cancel=cancel,
-                                        observe=observe, clock=clock, prompt_lens=prompt_lens))
+                                        observe=observe, clock=clock, prompt_lens=prompt_lens,
+                                        output_caps=output_caps))
     if outcome.cancelled:
         traces = sent_traces(outcome.captures, parse, lambda i: prompt_lens[i])
     else:
@@ -232,7 +244,7 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     samples = iter_samples(req, tok)
     check(cancel, "dataset")
     id_prefix = f"perflab-{secrets.token_hex(4)}-"
-    prepared, prompt_lens = _prepare_all(req, targets, samples, id_prefix)
+    prepared, prompt_lens, caps = _prepare_all(req, targets, samples, id_prefix)
     rate = req.request_rate * time_scale  # real requests per second
     offsets = arrival_offsets(len(prepared), rate, req.burstiness, req.seed)
     stall_real = req.stall_s / time_scale if req.stall_s else None  # stall_s is engine time
@@ -259,7 +271,7 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
             def watch(o: Observation) -> None:
                 observe(dataclasses.replace(o, time_scale=time_scale))
         clock = model_clock_stamp if (req.sim_clock and simulated) else None  # early stop in engine time
-        timed = _run_single(plan, prompt_lens, tok, keep_text, progress, cancel, watch, clock)
+        timed = _run_single(plan, prompt_lens, tok, keep_text, progress, cancel, watch, clock, caps)
 
     start = timed.start
     model = _on_model_clock(timed.traces, time_scale) if (req.sim_clock and simulated) else None

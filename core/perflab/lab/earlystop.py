@@ -20,13 +20,19 @@ decides from the windows, never from one chunk:
     If the engine never processes tokens faster than ``r`` for the rest of the run (a run that
     sends its requests at once or at a steady pace drains its queue with no faster phase
     than its steady state: the burst is behind it, and the decode-only tail is the slowest
-    part), the rest takes at least ``(P + O) / r`` engine seconds for the ``O >= 0`` output
-    tokens still to come, so the run can end at no more than
+    part), the rest takes at least ``(P + O) / r`` engine seconds for the ``O`` output
+    tokens still to come, so the run ends at ``f(O) = (W + P + O) / (t + (P + O) / r)`` at
+    most. ``f`` moves monotonically from ``(W + P) / (t + P / r)`` towards ``r`` as ``O``
+    grows, so over what may still come, ``O_low <= O <= O_high``, its most is at one end:
 
-        ``bound = max(r, (W + P) / (t + P / r))``
+        ``bound = max(f(O_low), f(O_high))``
 
-    (``(W + P + O) / (t + (P + O) / r)`` moves monotonically from its value at ``O = 0``
-    towards ``r`` as ``O`` grows). The run stops when ``bound`` is below the figure to beat
+    ``O_low``: a lower confidence bound on the outputs of the requests not yet answering
+    (:meth:`EarlyStop.outputs_to_come`). ``O_high``: the ``max_tokens`` of the requests not
+    ended, less what they streamed (:meth:`EarlyStop.outputs_at_most`); where a request has
+    none, ``f(O_high)`` is ``r``. In the tail, where the engine runs below ``r``, the run's
+    own figure so far pulls ``f(O_high)`` down towards what the run will end at, so a
+    configuration whose tail loses it is stopped there. The run stops when ``bound`` is below the figure to beat
     (times ``1 + min_improvement_pct / 100``): then its whole-run figure could not have been
     adopted. No reference run and no model of the engine is needed: the bound holds whatever
     the engine's prefill/decode balance, so a configuration with a slow start and a fast tail
@@ -67,9 +73,13 @@ WINDOW_ENGINE_S = 4.0  # ... and engine seconds: longer than one step's prefill/
 STEADY_FROM = 0.05  # fraction of the requests ended before the steady state starts (warm window)
 STEADY_UNTIL = 0.6  # ... and after which the tail starts (its windows do not set the steady rate)
 MIN_WINDOWS = 6
-# events of a streamed answer that carry no output token (an OpenAI chat stream's role chunk,
-# finishing chunk and ``[DONE]``): taken off each answer's events before they estimate outputs
+# events of a streamed answer that carry no output token (vLLM's chat stream: the role chunk,
+# the usage chunk and ``[DONE]``, tests/fixtures/real/vllm-0.32.0-cpu/chat_stream.txt; its
+# completions stream has two): taken off each answer's events before they estimate outputs
 FRAMING_EVENTS = 3
+# ... and the most an answer may have (a finishing chunk apart from the last token, one to
+# spare): added per request to the most output still to come
+FRAMING_EVENTS_MAX = 5
 MIN_ANSWERED = 30  # answers an estimate of the outputs still to come needs
 Z = 3.0  # one-sided: ~99.9 % for a normal mean
 SATURATION_WINDOWS = 4
@@ -184,9 +194,29 @@ class EarlyStop:
         if r <= 0:
             return None
         done, t = self._tokens(last), self.elapsed_s()
-        left = max(0, last.prompt_tokens_total - last.prompt_tokens) + self.outputs_to_come(last)
-        return {"bound": max(r, (done + left) / (t + left / r)), "steady_rate": mean, "steady_rate_upper": r,
-                "windows": k, "tokens_done": done, "tokens_left_at_least": left}
+        prompts = max(0, last.prompt_tokens_total - last.prompt_tokens)
+        low, high = prompts + self.outputs_to_come(last), self.outputs_at_most(last)
+
+        def whole(left: float) -> float:  # the whole run's figure if ``left`` more tokens come at ``r``
+            return (done + left) / (t + left / r)
+
+        # monotonic in ``left``: the most is at one end of what may still come (r: no end known)
+        out = {"bound": max(whole(low), r if high is None else whole(prompts + high)), "steady_rate": mean,
+               "steady_rate_upper": r, "windows": k, "tokens_done": done, "tokens_left_at_least": low}
+        if high is not None:
+            out["tokens_left_at_most"] = prompts + high
+        return out
+
+    def outputs_at_most(self, obs: Observation) -> float | None:
+        """At most how many tokens (as counted: events × ``tokens_per_event``) the requests
+        not yet ended will still stream: their ``max_tokens`` and framing, less the events they
+        sent (None: a request without ``max_tokens``). An engine never answers past a request's
+        ``max_tokens``, end of sequence or not."""
+        if obs.output_cap_open is None:
+            return None
+        open_ = max(0, self.n - obs.completed - obs.failed)
+        events = obs.output_cap_open + FRAMING_EVENTS_MAX * open_ - obs.events_open
+        return max(0, events) * (self.tokens_per_event or 1.0)
 
     def outputs_to_come(self, obs: Observation) -> float:
         """At least how many output tokens the requests that have not begun to answer will

@@ -611,6 +611,9 @@ class _Study:
                     f"Result: no improvement; the best variant {top.label} ({r.text(top.result)}) "
                     f"does not beat the current best {best.label} ({r.text(best.result)})."
                 )
+        elif stopped := [e.label for e in step.entries if e.result is not None and e.result.status is Status.STOPPED_EARLY]:
+            step.statement = (f"Result: no improvement; {', '.join(stopped)} stopped early, unable to be adopted over "
+                              f"the current best {best.label} ({self.rank.text(best.result)}); keeping {best.label}.")
         else:
             step.statement = f"Result: no variant produced a usable result; keeping {best.label}."
         return step, best
