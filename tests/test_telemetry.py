@@ -286,6 +286,8 @@ def test_observed_extras_and_report_lines() -> None:
     lines = en.result_lines(res)
     assert lines[0].startswith("# Power (nvml, 2 devices): mean 200 W") and lines[1] == "# Energy: 2000 J, 2 output tokens/J"
     assert en.summary_lines(res, res, [res], en.Cost(3.6))[0].startswith("Energy and cost on the main profile")
+    res.observed["energy"] = {**res.observed["energy"], "uncertainty_pct": 4.4}  # how far off the idle estimate may put it
+    assert en.result_lines(res)[1] == "# Energy: 2000 J ±4 %, 2 output tokens/J"
 
     note = en.summary_lines(bare, None, [bare, bare], None)
     assert note == ["No accelerator telemetry was recorded (NVML / npu-smi did not answer on this machine), "

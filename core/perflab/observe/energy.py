@@ -204,7 +204,8 @@ def result_lines(res: Any) -> list[str]:
         lines.append(f"# Power ({t.get('source')}, {n} device{'s' if n != 1 else ''}): mean {t['power_w']['mean']:.0f} W, "
                      f"peak {t['power_w']['peak']:.0f} W; utilization mean {util.get('mean', 0):.0f} %")
     if e := obs.get("energy"):
-        lines.append(f"# Energy: {e['joules']:.0f} J, {e['output_tokens_per_joule']:.3g} output tokens/J")
+        within = f" ±{u:.0f} %" if (u := e.get("uncertainty_pct")) is not None and u >= 0.5 else ""
+        lines.append(f"# Energy: {e['joules']:.0f} J{within}, {e['output_tokens_per_joule']:.3g} output tokens/J")
     if c := obs.get("cost"):
         lines.append(f"# Cost: {c['per_million_output_tokens']:.3g} {c['currency']} per million output tokens "
                      f"({c['per_accelerator_hour']:g} {c['currency']}/accelerator-hour)")
