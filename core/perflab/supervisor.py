@@ -40,6 +40,7 @@ import structlog
 from perflab import engines as engine_hooks
 from perflab import redact
 from perflab.errors import UnsupportedOption
+from perflab.hardware import CPU_KIND
 from perflab.crashes import is_notable
 from perflab.lifecycle import procs, registry
 from perflab.lifecycle.output import OutputPump
@@ -184,7 +185,7 @@ def _memory_by_device(
     return {
         (a.kind, a.index): (a.memory_used_mib, a.memory_total_mib)
         for a in snapshot.accelerators
-        if a.kind in kinds and a.kind != "cpu" and (devices is None or a.index in devices)
+        if a.kind in kinds and a.kind != CPU_KIND and (devices is None or a.index in devices)
     }
 
 

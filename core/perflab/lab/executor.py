@@ -640,21 +640,11 @@ class Executor:
             self.on_event("teardown", label=label, engine=engine)
 
     def _invisible_holders(self, by_kind: dict[str, list[int]]) -> list[Any]:
-        """Memory in use that no visible process holds (another container's, a driver-hidden
-        one): more than the supervisor's tolerance above what the study started with."""
+        """Device memory in use that no visible process holds (:func:`invisible_holders`)."""
         from perflab.hardware import probe
-        from perflab.lab.integrity import DeviceHolder
-        from perflab.supervisor import MEMORY_TOLERANCE
+        from perflab.lab.integrity import invisible_holders
 
-        start = {(a.kind, a.index): a.memory_used_mib for a in self.ctx.hardware.accelerators}
-        out = []
-        for a in probe(self.ctx.pm, self.ctx.env).accelerators:
-            if a.index not in by_kind.get(a.kind, ()):
-                continue
-            grown = a.memory_used_mib - start.get((a.kind, a.index), a.memory_used_mib)
-            if grown > max(MEMORY_TOLERANCE * a.memory_total_mib, 64):
-                out.append(DeviceHolder(f"{a.kind}:{a.index}", None, "", grown))
-        return out
+        return invisible_holders(self.ctx.hardware.accelerators, probe(self.ctx.pm, self.ctx.env).accelerators, by_kind)
 
     def _refuse_too_long(self, rec: RunRecord, config: Configuration, profiles: Sequence[Profile]) -> list[Profile]:
         """Refuse (as unsupported measurements, with the reason) the profiles whose prompt +

@@ -27,11 +27,14 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from perflab.errors import PerflabError
+
+if TYPE_CHECKING:
+    from perflab.types import Accelerator
 
 LOCK_NAME = ".perflab.lock"
 DEFAULT_DEVICE_WAIT_S = 60.0
@@ -279,6 +282,29 @@ def _npusmi_holders(env: Mapping[str, str], devices: Sequence[int]) -> list[Devi
     return out
 
 
+def invisible_holders(start: Sequence[Accelerator], now: Sequence[Accelerator],
+                      devices_by_kind: Mapping[str, Sequence[int]]) -> list[DeviceHolder]:
+    """Memory in use on the devices a launch needs that no visible process holds (another
+    container's, a driver-hidden one): more than the supervisor's tolerance above what the
+    study started with (``start``: the study's hardware; ``now``: a probe now). Never the
+    host CPU's RAM (kind ``cpu``): every process on the machine uses it, and a VM that hands
+    freed pages back to its host (free page reporting) shows memory freed by the previous
+    engine as in use for a minute after it exited — the supervisor's leftover check skips it
+    for the same reason."""
+    from perflab.hardware import CPU_KIND
+    from perflab.supervisor import MEMORY_TOLERANCE
+
+    before = {(a.kind, a.index): a.memory_used_mib for a in start}
+    out = []
+    for a in now:
+        if a.kind == CPU_KIND or a.index not in devices_by_kind.get(a.kind, ()):
+            continue
+        grown = a.memory_used_mib - before.get((a.kind, a.index), a.memory_used_mib)
+        if grown > max(MEMORY_TOLERANCE * a.memory_total_mib, 64):
+            out.append(DeviceHolder(f"{a.kind}:{a.index}", None, "", grown))
+    return out
+
+
 def device_holders(env: Mapping[str, str], simulated: bool, devices_by_kind: Mapping[str, Sequence[int]],
                    ports: Iterable[int] = (), host: str = "127.0.0.1") -> list[DeviceHolder]:
     """Who holds the devices (and fixed ports) a launch needs; [] when the machine is ready."""
@@ -338,6 +364,7 @@ __all__ = [
     "StudyLocked",
     "as_fault",
     "device_holders",
+    "invisible_holders",
     "perflab_owner",
     "storage_fault",
     "wait_until_ready",
