@@ -155,6 +155,7 @@ def test_stopped_early_is_shown_with_its_figures_never_as_a_failure():
     md = render_markdown(o, CTX)
     assert "# Stopped early (measured, not a failure): lost (throughput 900, to_beat 2000, confidence 0.99)" in md
     assert "failed" not in build_json(o, CTX)["summary"][1]["detail"]
+    assert build_json(o, CTX)["summary"][1]["detail"].startswith("not adopted; vLLM Seqs 512: Stopped early: lost")
     assert "Engine-hours: 0.42 spent" in md and "about 0.71 (41% saved by stopping early)" in md
     # the step's only variant stopped early: it lost, it did not fail to produce a result
     assert step.statement == ("Result: no improvement; vLLM Seqs 512 stopped early, unable to be adopted over the "

@@ -176,6 +176,8 @@ def test_once_its_tail_has_lost_it_a_run_is_stopped_there() -> None:
     assert body_s < es.decided["elapsed_s"] < body_s + 120.0  # in the tail, before its end
     assert es.decided["bound_token_throughput"] < 1000.0
     assert all(w.bound is None or w.bound >= 1000.0 for w in es.windows[:-1])
+    # what the whole run would have taken: what is left at the tail's own pace, not by requests ended
+    assert es.decided["estimated_full_s"] == pytest.approx(body_s + 120.0, rel=0.1)
     # the same run against a figure its whole run beats: never stopped
     es = EarlyStop(num_prompts=1000, cancel=threading.Event(), to_beat=0.98 * _all_at_once(
         EarlyStop(num_prompts=1000, cancel=threading.Event()), 1100.0, tail_s=120.0, caps=True))

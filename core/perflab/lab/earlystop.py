@@ -277,8 +277,13 @@ class EarlyStop:
                                           / SATURATION_WINDOWS, 3))
 
     def estimated_full_s(self) -> float:
-        """The engine seconds the whole run would have taken (extrapolated by the share of
-        requests ended)."""
+        """The engine seconds the whole run would have taken: with every request's
+        ``max_tokens`` known, the most still to come at the rate of the latest window (in a
+        tail, its own slow pace); else extrapolated by the share of requests ended."""
         last = self._last
+        b = self.bound()
+        recent = self.windows[-1].token_rate if self.windows else 0.0
+        if b is not None and "tokens_left_at_most" in b and recent > 0:
+            return self.elapsed_s() + b["tokens_left_at_most"] / recent
         ended = (last.completed + last.failed) if last is not None else 0
         return self.elapsed_s() * self.n / ended if ended else self.elapsed_s()

@@ -459,6 +459,8 @@ def summary_rows(o: StudyOutcome, ctx: ReportContext) -> list[dict[str, Any]]:
         elif s.chosen is not None:
             verdict = "adopted" if s.adopted else "within noise, not adopted" if s.within_noise else "not adopted"
             detail = f"best: {s.chosen.label} ({r.text(s.chosen.result)}, {fmt_pct(s.vs_base_pct)} vs {s.base.label if s.base else 'current best'}); {verdict}"
+        elif any(e.result.status is Status.STOPPED_EARLY for e in s.entries):  # lost: measured, not adoptable
+            detail = "not adopted"
         else:
             detail = "no usable result"
         failures = [f"{e.label}: {short_status(e.result) if not e.result.status.measured else e.note}"
