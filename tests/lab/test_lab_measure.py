@@ -15,7 +15,7 @@ import anyio
 import pytest
 from perflab.bench.drive import Observation
 from perflab.lab.decide import LoadKind, Slo
-from perflab.lab.earlystop import MIN_ANSWERED, WINDOW_ENGINE_S, EarlyStop, tokens_per_event
+from perflab.lab.earlystop import FRAMING_EVENTS, MIN_ANSWERED, WINDOW_ENGINE_S, EarlyStop, tokens_per_event
 from perflab.lab.executor import MAX_PROBES, at_load, mean_metrics, relative_noise, search_loads, slo_margin
 from perflab.lab.plan import load_plan_text
 from perflab.lab.runner import profile_key
@@ -188,8 +188,23 @@ def test_once_its_tail_has_lost_it_a_run_is_stopped_there() -> None:
 def test_the_outputs_still_to_come_are_bounded_from_above_by_max_tokens() -> None:
     es = EarlyStop(num_prompts=10, cancel=threading.Event())
     obs = Observation(1.0, 10, 4, 0, 6, 500, 0.0, output_cap_open=6 * 100, events_open=150)
-    assert es.outputs_at_most(obs) == 6 * 100 + 6 * 5 - 150  # the framing counted as events, at most 5 each
+    assert es.outputs_at_most(obs) == 6 * 100 + 6 * FRAMING_EVENTS - 150  # the framing counted as events
     assert es.outputs_at_most(dataclasses.replace(obs, output_cap_open=None)) is None  # an uncapped request
+
+
+def test_framing_covers_what_real_engines_stream_around_the_tokens() -> None:
+    """Early stop's bound counts streamed events: every answer the real engines streamed
+    (captured in tests/fixtures/real) carries at most FRAMING_EVENTS events besides its tokens."""
+    import json as _json
+
+    streams = sorted((Path(__file__).parent.parent / "fixtures" / "real").glob("*/*_stream.txt"))
+    assert len(streams) >= 4
+    for path in streams:
+        events = [line for line in path.read_text().splitlines() if line.startswith("data:")]
+        usage = [_json.loads(e[5:])["usage"] for e in events if '"usage"' in e and e[5:].strip() != "[DONE]"]
+        tokens = [u["completion_tokens"] for u in usage if u]
+        assert tokens, path
+        assert 0 <= len(events) - tokens[-1] <= FRAMING_EVENTS, (path.parent.name, path.name, len(events), tokens[-1])
 
 
 def test_the_margin_is_the_plans_minimum_improvement() -> None:
@@ -225,7 +240,7 @@ def test_the_outputs_still_to_come_are_bounded_from_below() -> None:
     obs = Observation(1.0, 1000, 100, 0, 900, int(k * mean), 0.0, answered=k, answered_events=k * mean,
                       answered_events_sq=k * (sd * sd * (k - 1) / k + mean * mean))
     low = es.outputs_to_come(obs)
-    assert low == pytest.approx(600 * (mean - 3 - 3.0 * sd / math.sqrt(k)), rel=1e-6)
+    assert low == pytest.approx(600 * (mean - FRAMING_EVENTS - 3.0 * sd / math.sqrt(k)), rel=1e-6)
     assert 0 < low < 600 * 100
 
 

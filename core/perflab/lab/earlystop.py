@@ -73,13 +73,12 @@ WINDOW_ENGINE_S = 4.0  # ... and engine seconds: longer than one step's prefill/
 STEADY_FROM = 0.05  # fraction of the requests ended before the steady state starts (warm window)
 STEADY_UNTIL = 0.6  # ... and after which the tail starts (its windows do not set the steady rate)
 MIN_WINDOWS = 6
-# events of a streamed answer that carry no output token (vLLM's chat stream: the role chunk,
-# the usage chunk and ``[DONE]``, tests/fixtures/real/vllm-0.32.0-cpu/chat_stream.txt; its
-# completions stream has two): taken off each answer's events before they estimate outputs
-FRAMING_EVENTS = 3
-# ... and the most an answer may have (a finishing chunk apart from the last token, one to
-# spare): added per request to the most output still to come
-FRAMING_EVENTS_MAX = 5
+# the most events of a streamed answer that carry no output token: vLLM's chat stream has 3
+# (the role chunk, the usage chunk, ``[DONE]``; its completions stream 2), llama.cpp's server's
+# chat stream 4 (a finishing chunk apart from the last token too) — tests/fixtures/real/ — and
+# one to spare. Taken off each answer's events for the least output still to come, added to
+# each open request's ``max_tokens`` for the most: either way the bound stays a bound.
+FRAMING_EVENTS = 5
 MIN_ANSWERED = 30  # answers an estimate of the outputs still to come needs
 Z = 3.0  # one-sided: ~99.9 % for a normal mean
 SATURATION_WINDOWS = 4
@@ -215,7 +214,7 @@ class EarlyStop:
         if obs.output_cap_open is None:
             return None
         open_ = max(0, self.n - obs.completed - obs.failed)
-        events = obs.output_cap_open + FRAMING_EVENTS_MAX * open_ - obs.events_open
+        events = obs.output_cap_open + FRAMING_EVENTS * open_ - obs.events_open
         return max(0, events) * (self.tokens_per_event or 1.0)
 
     def outputs_to_come(self, obs: Observation) -> float:
