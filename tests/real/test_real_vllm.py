@@ -127,6 +127,7 @@ def test_bench_totals_equal_what_vllm_counted(lab: RealLab) -> None:
         res = r.json()
         after = _scrape(base_url)
         probe_prompt = _probe_prompt_tokens(base_url)  # after the scrape: not in the delta
+        seen = _observed_run(base_url, lab.env.model)  # after the scrape: not in the delta either
     finally:
         rc, out, err = proc.stop(signal.SIGINT, timeout=90)
     assert rc == 0, err[-3000:]
@@ -155,6 +156,28 @@ def test_bench_totals_equal_what_vllm_counted(lab: RealLab) -> None:
     assert client_e2e >= 0.9 * server_e2e
     assert client_e2e <= 3 * server_e2e + 0.5
     lab.assert_nothing_left(port)
+
+
+def _observed_run(base_url: str, model: Path) -> list:
+    """What early stop is told during a run against the real engine (perflab.bench.drive's
+    Observation): every count it bounds the rest of the run with holds on vLLM's own stream."""
+    from perflab.bench import BenchRequest, run_benchmark_sync
+    from perflab.lab.earlystop import FRAMING_EVENTS
+
+    seen: list = []
+    req = BenchRequest(base_urls=(base_url,), model="tiny", tokenizer=str(model), random_input_len=48,
+                       random_output_len=12, num_prompts=24, max_concurrency=4, seed=7)
+    res = run_benchmark_sync(req, observe=seen.append)
+    assert res.metrics["completed"] == 24 and seen
+    for o in seen:
+        open_ = 24 - o.completed - o.failed
+        assert o.output_cap_open == 12 * open_  # each request's max_tokens, until it ends
+        assert 0 <= o.events_open <= (12 + FRAMING_EVENTS) * min(open_, 4)  # at most 4 streaming at once
+        assert o.prompt_tokens_total > 0 and o.prompt_tokens <= o.prompt_tokens_total
+        # no answer streams more than its max_tokens and the framing
+        assert o.events <= (12 + FRAMING_EVENTS) * (o.completed + o.failed + o.in_flight)
+    assert seen[-1].events >= 12 * seen[-1].completed  # a token per event, at least
+    return seen
 
 
 # --------------------------------------------------------------------------- a study
