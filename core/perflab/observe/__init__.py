@@ -28,7 +28,8 @@ log = structlog.get_logger(__name__)
 PERIOD_S = 1.0  # engine seconds between samples (AIPerf scrapes every 333 ms of wall time)
 MIN_WALL_S = 0.2  # ... but never more often than this in real seconds (the simulator runs x40)
 FINAL_SAMPLE_S = 5.0  # the most the last reading, taken as the benchmark ends, may take
-TIMED_WAIT_S = 2.0  # the most the timed run waits for the reading at its start (TimedStart)
+TIMED_WAIT_S = 2.0  # the most the bench waits for the reading at its timed run's start or end (TimedRun)
+START, END = "start", "end"  # Sample.mark: where the timed run began and ended
 
 # the keys of a measurement's ``observed`` mapping, as report.json shows them per measured profile:
 # the engine's metrics summary, the accelerators' telemetry summary, energy, and cost
@@ -61,7 +62,7 @@ class TimedRun:
     mark to the other (:mod:`perflab.observe.energy`), not an estimate of what the loading, the
     warm-up and the metrics drew."""
 
-    MARKS = ("start", "end")
+    MARKS = (START, END)
 
     def __init__(self, wait_s: float | None = None) -> None:
         self.asked = {m: threading.Event() for m in self.MARKS}
@@ -70,11 +71,11 @@ class TimedRun:
 
     def begin(self) -> None:
         """In the bench's thread, before the first timed request."""
-        self._ask("start")
+        self._ask(START)
 
     def end(self) -> None:
         """In the bench's thread, after the last response."""
-        self._ask("end")
+        self._ask(END)
 
     def _ask(self, mark: str) -> None:
         self.asked[mark].set()

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perflab.observe import Sample
+from perflab.observe import END, START, Sample
 from perflab.observe.telemetry import ENERGY, ENGINE_T, POWER, UTILIZATION, per_device, total_power_w
 from perflab.observe.telemetry import KEY as TELEMETRY
 
@@ -102,8 +102,8 @@ def energy(samples: Sequence[Sample], duration_s: float | None, output_tokens: f
         return None
     pts, every = _power_series(samples), samples  # the idle estimate looks at every sample
     timed = sorted(samples, key=_time)
-    first = next((i for i, s in enumerate(timed) if s.mark == "start"), None)
-    last = next((i for i, s in enumerate(timed) if s.mark == "end"), len(timed) - 1)
+    first = next((i for i, s in enumerate(timed) if s.mark == START), None)
+    last = next((i for i, s in enumerate(timed) if s.mark == END), len(timed) - 1)
     if first is not None and last > first:
         # readings where the timed run began and ended (perflab.observe.TimedRun): what the
         # loading, the warm-up and the metrics drew is outside the watch, nothing to share out
