@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -304,3 +306,94 @@ def test_marker_round_trip_and_owner() -> None:
     dead.wait()
     assert not procs.Marker(m.token, dead.pid, start, m.run, m.study).owner_alive()
     assert procs.Marker.parse("0123abcd") is None and procs.Marker.parse("pl1:x:y:z") is None
+
+
+# An engine that leaves files in its temporary directory, as vLLM does (a ZMQ IPC socket per
+# ipc:// endpoint and a FileStore rendezvous file, never removed): prints where they are.
+TMP_LITTER_SRC = r"""
+import os, socket, sys, tempfile, time
+d = tempfile.gettempdir()
+open(os.path.join(d, "vllm_dist_0123abcd"), "w").write("x")
+s = socket.socket(socket.AF_UNIX)
+s.bind(os.path.join(d, "8d5f2e0c-6a4b-4f1e-9d0a-1b2c3d4e5f60"))  # never unlinked, like a killed engine's
+print("TMP", d, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["stop", "owner-killed"])
+def test_the_engine_gets_its_own_tmpdir_and_what_it_leaves_there_goes_with_it(tmp_path: Path, how: str) -> None:
+    parent = Path(tempfile.mkdtemp(prefix="pk-"))  # short: pytest's tmp_path is too long for AF_UNIX's 107 bytes
+    script = tmp_path / "litter.py"
+    script.write_text(TMP_LITTER_SRC)
+    marker = str(procs.Marker.new(tmp_path, "keeper-tmp"))
+    env = {**os.environ, procs.MARKER_ENV: marker, "TMPDIR": str(parent)}  # the engine's TMPDIR, kept as the parent
+    if how == "stop":
+        proc, fd = procs.spawn([sys.executable, str(script)], env, None, grace=5.0)
+        info = {"keeper": proc.keeper_pid, "tmpdir": proc.tmpdir}
+        owner = None
+    else:  # perflab itself dies (kill -9): the keeper still cleans up
+        src = ("import json, os, sys, time\nfrom perflab.lifecycle import procs\n"
+               "env = json.loads(sys.argv[1])\n"
+               "proc, fd = procs.spawn([sys.executable, sys.argv[2]], env, None, grace=5.0)\n"
+               "print(json.dumps({'keeper': proc.keeper_pid, 'tmpdir': proc.tmpdir}), flush=True)\n"
+               "time.sleep(600)\n")
+        owner = subprocess.Popen([sys.executable, "-c", src, json.dumps(env), str(script)], stdout=subprocess.PIPE, text=True)
+        assert owner.stdout is not None
+        info = json.loads(owner.stdout.readline())
+        proc, fd = None, None
+    try:
+        tmp = Path(info["tmpdir"])
+        assert tmp.parent == parent and tmp.name.startswith("perflab-engine-")
+        deadline = time.monotonic() + 15
+        while len(list(tmp.iterdir())) < 2:  # the engine wrote there: it is its TMPDIR
+            assert time.monotonic() < deadline, "the engine did not write its files"
+            time.sleep(0.02)
+        if proc is not None:
+            report = procs.stop_tree(procs.ProcessTracker(proc, marker), 5.0)
+            assert report.leftovers == []
+            proc.close_lifeline()
+        else:
+            assert owner is not None
+            owner.kill()
+            owner.wait(5)
+        deadline = time.monotonic() + 10
+        while tmp.exists() or _running(int(info["keeper"])):
+            assert time.monotonic() < deadline, sorted(p.name for p in tmp.iterdir()) if tmp.exists() else "keeper alive"
+            time.sleep(0.02)
+        assert list(parent.iterdir()) == []  # nothing else was put beside it
+    finally:
+        if owner is not None and owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get(procs.MARKER_ENV) == marker:
+                    p.kill()
+            except (psutil.Error, OSError):
+                continue
+        if proc is not None:
+            proc.close()
+        if fd is not None:
+            os.close(fd)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_no_private_tmpdir_where_a_socket_would_no_longer_fit(tmp_path: Path) -> None:
+    from perflab.lifecycle.keeper import SOCKET_NAME_LEN, SOCKET_PATH_MAX, TMP_PREFIX, private_tmpdir
+
+    short = Path(tempfile.mkdtemp(prefix="pk-"))
+    try:
+        made = private_tmpdir({"TMPDIR": str(short)})
+        assert made is not None and Path(made).parent == short and Path(made).name.startswith(TMP_PREFIX)
+    finally:
+        shutil.rmtree(short)
+    # a parent in which a uuid-named socket fits, but not one more directory down
+    room = SOCKET_PATH_MAX - 1 - SOCKET_NAME_LEN
+    deep = tmp_path
+    while len(str(deep)) < room - 10:
+        deep = deep / ("d" * min(40, room - 10 - len(str(deep))))
+    deep.mkdir(parents=True, exist_ok=True)
+    assert len(str(deep)) + 1 + SOCKET_NAME_LEN <= SOCKET_PATH_MAX
+    assert private_tmpdir({"TMPDIR": str(deep)}) is None
+    assert list(deep.iterdir()) == []  # the one it tried is not left behind

@@ -557,7 +557,7 @@ class EngineInstance:
         except (OSError, ValueError):
             record = {}
         record.update({"pid": proc.pid, "keeper_pid": proc.keeper_pid, "marker": self.marker,
-                       "started": time.time()})
+                       "tmpdir": proc.tmpdir, "started": time.time()})
         path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
     def _background(self, fn: Callable[[], Any]) -> None:

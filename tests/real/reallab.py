@@ -130,12 +130,25 @@ class RealLab:
                 continue
         return alive
 
+    def engine_tmpdirs(self) -> list[Path]:
+        """The engines' own temporary directories (``tmpdir`` in ``launch.json``) still there."""
+        out = []
+        for launch in self.tmp.rglob("launch.json"):
+            try:
+                tmpdir = json.loads(launch.read_text()).get("tmpdir")
+            except (OSError, ValueError):
+                continue
+            if isinstance(tmpdir, str) and Path(tmpdir).exists():
+                out.append(Path(tmpdir))
+        return out
+
     def assert_nothing_left(self, port: int | None = None, within: float = 5.0) -> None:
         deadline = time.monotonic() + within
         while True:
             procs = self.engine_processes()
             busy = port is not None and not port_is_free(port)
-            if not procs and not busy:
+            tmpdirs = self.engine_tmpdirs()  # removed by the keeper once the engine's tree is gone
+            if not procs and not busy and not tmpdirs:
                 return
             if time.monotonic() > deadline:
                 for p in procs:  # ours: clean up so the next test starts clean, then fail
@@ -143,7 +156,8 @@ class RealLab:
                         p.kill()
                     except psutil.Error:
                         pass
-                raise AssertionError(f"left behind: {[(p.pid, p.name()) for p in procs]}, port {port} busy={busy}")
+                raise AssertionError(f"left behind: {[(p.pid, p.name()) for p in procs]}, port {port} busy={busy}, "
+                                     f"engine temporary directories {[str(t) for t in tmpdirs]}")
             time.sleep(0.2)
 
 

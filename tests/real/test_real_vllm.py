@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -111,11 +112,22 @@ def test_launch_check_serves_and_tears_down_cleanly(lab: RealLab) -> None:
 # --------------------------------------------------------------------------- serving + bench
 
 
+def _vllm_litter(directory: Path) -> set[str]:
+    """What vLLM leaves in a temporary directory: its ZMQ IPC sockets (named by a uuid4,
+    ``get_open_zmq_ipc_path``) and FileStore rendezvous files (``vllm_dist_<hex>``)."""
+    uuid_re = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+    return {p.name for p in directory.iterdir() if uuid_re.match(p.name) or p.name.startswith("vllm_dist_")}
+
+
 def test_bench_totals_equal_what_vllm_counted(lab: RealLab) -> None:
     port = free_port()
+    tmp_before = _vllm_litter(Path(tempfile.gettempdir()))
     proc = lab.popen(*lab.launch_args("--port", str(port), "--workdir", str(lab.tmp / "w")))
     try:
         ready_s, base_url = _ready(proc)
+        # vLLM's sockets are in the engine's own TMPDIR (the keeper's), not beside everyone's
+        engine_tmp = Path(json.loads((lab.tmp / "w" / "launch.json").read_text())["tmpdir"])
+        assert any(p.is_socket() for p in engine_tmp.iterdir()), sorted(p.name for p in engine_tmp.iterdir())
         version = httpx.get(f"{base_url}/version", timeout=10).json()["version"]
         assert version.startswith("0.32.0")
         before = _scrape(base_url)
@@ -131,6 +143,9 @@ def test_bench_totals_equal_what_vllm_counted(lab: RealLab) -> None:
     finally:
         rc, out, err = proc.stop(signal.SIGINT, timeout=90)
     assert rc == 0, err[-3000:]
+    lab.assert_nothing_left(port)  # the engine's TMPDIR included
+    assert not engine_tmp.exists()
+    assert _vllm_litter(Path(tempfile.gettempdir())) - tmp_before == set()
 
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     assert res["completed"] == 24 and res["failed"] == 0

@@ -10,15 +10,22 @@ pipe on stdin. Started by :func:`perflab.lifecycle.procs.spawn`, it
 3. makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``, Linux >= 3.4): every
    process of the engine's tree that loses its parent is re-parented to the keeper, which
    reaps it — no zombies, and nothing escapes by double-forking;
-4. starts the engine in a new session with stdout+stderr on ``--out-fd`` and reports
-   ``{"keeper": pid, "pid": engine pid}`` (or ``{"error": ..., "errno": ...}``) on
-   ``--status-fd``, later ``{"pid": engine pid, "exit": status}`` when it reaps the engine
-   (``Popen`` convention: negative = killed by that signal);
+4. gives the engine a temporary directory of its own (:func:`private_tmpdir`: ``TMPDIR``
+   points into a fresh ``perflab-engine-*`` directory inside the one the engine would have
+   used), starts it in a new session with stdout+stderr on ``--out-fd`` and reports
+   ``{"keeper": pid, "pid": engine pid, "tmpdir": its directory}`` (or ``{"error": ...,
+   "errno": ...}``) on ``--status-fd``, later ``{"pid": engine pid, "exit": status}`` when it
+   reaps the engine (``Popen`` convention: negative = killed by that signal);
 5. when the lifeline reaches EOF (perflab finished, or died: ``kill -9``, a closed SSH
    session) or the keeper gets SIGTERM/SIGINT/SIGHUP, stops the engine's whole tree with
    :func:`perflab.lifecycle.procs.stop_tree` (the same SIGTERM → grace → SIGKILL policy as a
    normal teardown);
-6. exits as soon as its engine tree is gone.
+6. exits as soon as its engine tree is gone, removing the engine's temporary directory first:
+   what an engine leaves in ``$TMPDIR`` goes with it. vLLM leaves two or three ZMQ IPC
+   sockets (``ipc://$TMPDIR/<uuid4>``, ``vllm.utils.network_utils.get_open_zmq_ipc_path``)
+   and a ``vllm_dist_<hex>`` FileStore rendezvous file (``get_file_store_init_method``) in
+   it per launch, and never removes the file; on a machine that ran the real lane a few
+   dozen times, /tmp held thousands of them.
 
 It writes nothing else; it carries no :data:`~perflab.lifecycle.procs.MARKER_ENV`, so marker
 scans never mistake it for the engine.
@@ -32,13 +39,37 @@ import errno
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Mapping
 from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 TICK_S = 0.5  # fallback wake-up; deaths and EOF wake the loop at once
+TMP_PREFIX = "perflab-engine-"  # the engine's own temporary directory
+# AF_UNIX socket paths hold 107 bytes (sun_path[108] with its NUL, unix(7)); engines put
+# sockets named by a uuid4 (36 characters) in $TMPDIR, as vLLM's ipc:// endpoints do
+SOCKET_PATH_MAX = 107
+SOCKET_NAME_LEN = 36
+
+
+def private_tmpdir(env: Mapping[str, str]) -> str | None:
+    """A new directory for an engine's temporary files, inside the ``TMPDIR`` of its
+    environment ``env`` (else the keeper's default temporary directory). None where none
+    can be made, or where a socket named like vLLM's would not fit in it when it would have
+    fitted in the parent: the engine then uses its ``TMPDIR`` as it is."""
+    parent = env.get("TMPDIR") or None
+    try:
+        tmp = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent if parent and os.path.isdir(parent) else None)
+    except OSError:
+        return None
+    if len(os.fsencode(tmp)) + 1 + SOCKET_NAME_LEN > SOCKET_PATH_MAX:
+        os.rmdir(tmp)
+        return None
+    return tmp
 
 
 def set_child_subreaper() -> bool:
@@ -99,6 +130,17 @@ class Keeper:
             self.stop_requested = True
 
     def run(self, spec: dict[str, Any]) -> int:
+        env = dict(spec["env"])
+        tmp = private_tmpdir(env)
+        if tmp is not None:
+            env["TMPDIR"] = tmp
+        try:
+            return self._run(spec, env)
+        finally:
+            if tmp is not None:  # the engine's tree is gone (or never started): nothing uses it
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def _run(self, spec: dict[str, Any], env: dict[str, str]) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
@@ -109,7 +151,7 @@ class Keeper:
                 stdin=subprocess.DEVNULL,
                 stdout=self.out_fd,
                 stderr=self.out_fd,
-                env=dict(spec["env"]),
+                env=env,
                 cwd=spec.get("cwd"),
                 start_new_session=True,  # its own session and process group
                 close_fds=True,
@@ -119,11 +161,11 @@ class Keeper:
             return 1
         finally:
             os.close(self.out_fd)
-        self.report({"keeper": os.getpid(), "pid": self.engine.pid})
+        self.report({"keeper": os.getpid(), "pid": self.engine.pid, "tmpdir": env.get("TMPDIR")})
 
         from perflab.lifecycle.procs import ProcessTracker, stop_tree
 
-        marker = dict(spec["env"]).get("PERFLAB_INSTANCE")
+        marker = env.get("PERFLAB_INSTANCE")
         lifeline_open = True
         while True:
             if not self.reap():

@@ -132,9 +132,10 @@ class KeptProcess:
     keeper that perflab is done with the engine (closing it early makes the keeper stop it).
     """
 
-    def __init__(self, keeper_pid: int, pid: int, status_fd: int, lifeline_fd: int) -> None:
+    def __init__(self, keeper_pid: int, pid: int, status_fd: int, lifeline_fd: int, tmpdir: str | None = None) -> None:
         self.keeper_pid = keeper_pid
         self.pid = pid
+        self.tmpdir = tmpdir  # the engine's own TMPDIR, removed by the keeper once the tree is gone
         self.returncode: int | None = None
         self.status_fd = status_fd
         self._lifeline_fd: int | None = lifeline_fd
@@ -245,7 +246,9 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None, *, grace
         raise OSError(int(first.get("errno") or 0), str(first.get("error")), str(first.get("filename") or argv[0]))
     os.set_blocking(status_r, False)
     os.set_blocking(out_r, False)
-    proc = KeptProcess(int(first["keeper"]), int(first["pid"]), status_r, life_w)
+    tmpdir = first.get("tmpdir")
+    proc = KeptProcess(int(first["keeper"]), int(first["pid"]), status_r, life_w,
+                       tmpdir if isinstance(tmpdir, str) else None)
     return proc, out_r
 
 
