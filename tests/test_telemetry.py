@@ -3,6 +3,8 @@ and npu-smi watchers read it, npu-smi's power and usage formats parse, energy an
 
 from __future__ import annotations
 
+import time
+
 import os
 from pathlib import Path
 from typing import Any
@@ -145,6 +147,65 @@ def test_watch_loop_collects_nvml_samples_in_engine_time(tmp_path: Path) -> None
     got = into.samples[tm.KEY]
     assert len(got) >= 2 and got[1].t >= 2.0  # 0.2 s of wall time apart, x10
     assert into.summaries([w])[tm.KEY]["power_w"]["mean"] == 70.0  # nothing runs: idle
+
+
+def test_the_watch_samples_at_once_where_the_timed_run_begins_and_ends(tmp_path: Path) -> None:
+    """TimedRun: the bench's thread asks, the watch samples every watcher at once, marked, and
+    lets the bench go on; a watch that ends lets nothing wait."""
+    import threading
+
+    from perflab.observe import TimedRun
+
+    telemetry = tm.Telemetry(_env(tmp_path, "h100-80g-x1"), [])
+    w = telemetry.watcher({"cuda": [0]})
+    into, marks = Watching(), TimedRun()
+    waited: list[float] = []
+
+    def bench() -> None:  # the bench's thread: begin, (the run), end
+        t0 = time.monotonic()
+        marks.begin()
+        waited.append(time.monotonic() - t0)
+        t0 = time.monotonic()
+        marks.end()
+        waited.append(time.monotonic() - t0)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: watch([w], into, time_scale=1.0, timed=marks))  # a 1 s period
+            await anyio.sleep(0.1)
+            await anyio.to_thread.run_sync(bench)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    got = into.samples[tm.KEY]
+    assert [s.mark for s in got if s.mark] == ["start", "end"]
+    assert max(waited) < 0.5  # sampled at once, not at the next 1 s period
+    assert got[-1].mark is None  # the last reading as the benchmark ends
+    # nothing to sample: whoever asks is never held up
+    quiet = TimedRun()
+    anyio.run(lambda: watch([], Watching(), timed=quiet))
+    t0 = time.monotonic()
+    quiet.begin()
+    quiet.end()
+    assert time.monotonic() - t0 < 0.1
+    telemetry.close()
+
+
+def test_the_timed_runs_energy_is_the_counters_between_its_marks() -> None:
+    # the loading and the warm-up (0-10 s, 4000 J above idle) and the metrics after the run are
+    # outside the marks: the run's 10 s drew the counters' 5000 J, 100 W idle or not
+    s = [Sample(0.0, {"power_w.0": 100.0, "utilization_pct.0": 0.0, "energy_mj.0": 0.0}),
+         Sample(10.0, {"power_w.0": 500.0, "utilization_pct.0": 100.0, "energy_mj.0": 5_000_000.0}, "start"),
+         Sample(20.0, {"power_w.0": 500.0, "utilization_pct.0": 100.0, "energy_mj.0": 10_000_000.0}, "end"),
+         Sample(30.0, {"power_w.0": 100.0, "utilization_pct.0": 0.0, "energy_mj.0": 11_000_000.0})]
+    e = en.energy(s, 10.0, 5000, requests=10, warmup_requests=5)  # no share of a warm-up: it is outside
+    assert e["joules"] == 5000.0 and e["uncertainty_pct"] == 0.0
+    assert en.energy(s[:3], 10.0, 5000)["joules"] == 5000.0
+    # no end mark (the run was cut short): from the start mark to the last reading
+    s[2] = Sample(20.0, s[2].values)
+    assert en.energy(s, 10.0, 5000)["joules"] == pytest.approx(100 * 10 + (6000 - 100 * 20))
+    # the marked sample is in observe-<profile>.json
+    assert s[1].to_json()["mark"] == "start" and "mark" not in s[0].to_json()
 
 
 def test_npu_smi_watcher_runs_the_stand_in(tmp_path: Path) -> None:

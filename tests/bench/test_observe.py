@@ -128,3 +128,23 @@ def test_the_simulators_model_clock_stamp_is_read_from_a_piece() -> None:
     assert model_clock_stamp(piece) == 2.25  # the latest step in the piece
     assert model_clock_stamp(b"data: {}\n\n") is None
     assert model_clock_stamp(b": perflab-model-clock nonsense\n") is None
+
+
+def test_the_bench_marks_where_its_timed_run_begins_and_ends(slow_server: FakeOpenAIServer) -> None:
+    """``marks.begin()`` comes after the warm-up and before the first timed request,
+    ``marks.end()`` after the last response (the lab reads the energy counters there)."""
+    seen: list[Observation] = []
+    calls: list[tuple[str, int, int]] = []
+
+    class Marks:
+        def begin(self) -> None:
+            calls.append(("begin", len(slow_server.requests), len(seen)))
+
+        def end(self) -> None:
+            calls.append(("end", len(slow_server.requests), len(seen)))
+
+    req = _request(slow_server, 20).replace(warmup=2)
+    result = run_benchmark_sync(req, observe=seen.append, marks=Marks())
+    assert result.metrics["completed"] == 20
+    sent_before = len(slow_server.requests) - 20  # the probe and the two warm-up requests
+    assert calls == [("begin", sent_before, 0), ("end", sent_before + 20, len(seen))]

@@ -81,7 +81,8 @@ def test_the_lab_benchmarks_a_local_model_with_its_own_tokenizer(tmp_path: Path,
     d = _tokenizer_dir(tmp_path)
     seen: list[BenchRequest] = []
 
-    def fake_run(req: BenchRequest, progress: Any = None, cancel: threading.Event | None = None, observe: Any = None) -> Any:
+    def fake_run(req: BenchRequest, progress: Any = None, cancel: threading.Event | None = None, observe: Any = None,
+                 marks: Any = None) -> Any:
         seen.append(req)
         raise bench.BenchCancelled(None, "test")
 

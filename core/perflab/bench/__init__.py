@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perflab.bench.cancel import BenchCancelled
 from perflab.bench.profiles import PROFILE_DESCRIPTIONS, PROFILES, apply_profile
@@ -32,6 +32,9 @@ from perflab.bench.result import (
     parse_result_blocks,
 )
 from perflab.bench.trace import RequestTrace
+
+if TYPE_CHECKING:  # the runner is imported when a benchmark runs, not at start-up
+    from perflab.bench.runner import RunMarks
 
 __all__ = [
     "PROFILES",
@@ -102,6 +105,7 @@ def run_benchmark_sync(
     progress: Callable[[int, int], None] | None = None,
     cancel: threading.Event | None = None,
     observe: Callable[[Any], None] | None = None,
+    marks: RunMarks | None = None,
 ) -> BenchResult:
     """:func:`run_benchmark` for callers without an event loop (the CLI, the lab's thread).
 
@@ -109,10 +113,13 @@ def run_benchmark_sync(
         raised within about half a second, carrying the partial result (``.result``).
     :param observe: called with the timed run's counts (:class:`perflab.bench.drive.Observation`)
         every few tenths of a second; it may stop the run by setting ``cancel``.
+    :param marks: its ``begin()`` is called just before the first timed request (after the
+        warm-up), its ``end()`` right after the last response
+        (:class:`perflab.bench.runner.RunMarks`).
     """
     from perflab.bench.runner import run_benchmark_sync as run
 
-    return run(req, progress, cancel, observe)
+    return run(req, progress, cancel, observe, marks)
 
 
 def available_backends(pm: Any = None) -> dict[str, Callable[[BenchRequest], BenchResult]]:

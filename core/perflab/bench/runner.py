@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from time import perf_counter
-from typing import Any
+from typing import Any, Protocol
 
 from perflab.bench.cancel import BenchCancelled, check
 from perflab.bench.client import (
@@ -70,6 +70,14 @@ PROBE_TIMEOUT_S = 60.0
 SIM_STALL_FLOOR_S = 5.0
 
 Progress = Callable[[int, int], None]
+
+
+class RunMarks(Protocol):
+    """Told where the timed run begins and ends (:class:`perflab.observe.TimedRun`)."""
+
+    def begin(self) -> None: ...
+
+    def end(self) -> None: ...
 
 
 # --------------------------------------------------------------------------- probe
@@ -217,7 +225,7 @@ def _run_workers(req: BenchRequest, plan: LoadPlan, prompt_lens: list[int], tok:
 
 
 def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, cancel: threading.Event | None = None,
-                       observe: Observer | None = None) -> BenchResult:
+                       observe: Observer | None = None, marks: RunMarks | None = None) -> BenchResult:
     """Run the built-in benchmark in the calling thread (its own event loop).
 
     :param cancel: set it (from any thread) to stop the benchmark within about half a second;
@@ -226,6 +234,10 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     :param observe: called during the timed run with the counts so far
         (:class:`~perflab.bench.drive.Observation`, real seconds); it stops the run by setting
         ``cancel``. Single-process runs only: with ``workers > 1`` it is not called.
+    :param marks: told (in this thread) just before the first timed request — after the
+        tokenizer, the dataset and the warm-up — and right after the last response, before
+        the metrics: the lab reads the accelerators' energy counters at both
+        (:class:`perflab.observe.TimedRun`).
     """
     req = apply_profile(req).validate()
     check_memory(req)
@@ -263,6 +275,8 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
         return result
 
     keep_text = req.save_detailed or req.keep_text
+    if marks is not None:
+        marks.begin()
     if req.workers > 1:
         timed = _run_workers(req, plan, prompt_lens, tok, progress, cancel)
     else:
@@ -272,6 +286,8 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
                 observe(dataclasses.replace(o, time_scale=time_scale))
         clock = model_clock_stamp if (req.sim_clock and simulated) else None  # early stop in engine time
         timed = _run_single(plan, prompt_lens, tok, keep_text, progress, cancel, watch, clock, caps)
+    if marks is not None:
+        marks.end()
 
     start = timed.start
     model = _on_model_clock(timed.traces, time_scale) if (req.sim_clock and simulated) else None

@@ -31,8 +31,8 @@ def compare(study_a: Path, study_b: Path, threshold_pct: float, tail_threshold_p
     profile; for each pair, the change of every headline metric (throughput, TTFT, TPOT,
     ITL, E2EL; goodput, capacity, energy and cost when measured) from A to B. A change for
     the worse is a regression when it exceeds --threshold (--tail-threshold for p99s) and,
-    where the studies ran repeats, the measured noise; so is a configuration that crashed in
-    B. Then the decisions that changed (each step's choice, the winner engine, the
+    where the studies ran repeats, the measured noise (energy adds the uncertainty its
+    measurement states); so is a configuration that crashed in B. Then the decisions that changed (each step's choice, the winner engine, the
     optimized configuration) and what only one study holds.
 
     Exit status: 0 when nothing regressed, 1 when something did, 2 on a usage error.
@@ -68,7 +68,8 @@ def _print(c: Comparison, show_all: bool) -> None:
         console.print(f"[bold]{name}[/bold] {view.path} · {view.plan.name} · {view.hardware_spec}"
                       + (f" · {versions}" if versions else ""))
     console.print(f"A change for the worse is a regression beyond {c.threshold_pct:g} % ({c.tail_threshold_pct:g} % for "
-                  "p99s), and beyond the measured noise where the studies ran repeats.\n")
+                  "p99s), and beyond the measured noise where the studies ran repeats (energy: and its stated "
+                  "uncertainty).\n")
 
     table = Table(title="Measurements (A → B)", box=box.SIMPLE_HEAD, title_justify="left")
     for col in ("Configuration", "Profile", "Metric", "A", "B", "Change", "Limit", ""):

@@ -35,9 +35,10 @@ import structlog
 from perflab import redact
 from perflab.lab.decide import DecideBy, LoadKind, Slo
 from perflab.lab.earlystop import EarlyStop, tokens_per_event
-from perflab.observe import Watcher, Watching
+from perflab.observe import TimedRun, Watcher, Watching
 from perflab.observe import watch as observe_watch
 from perflab.observe.energy import observed_extras
+from perflab.observe.telemetry import KEY as TELEMETRY
 from perflab.observe.telemetry import Telemetry
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
@@ -877,7 +878,9 @@ class Executor:
         bench_began = time.monotonic()
         watchers = self._watchers(instances, config)
         watching = Watching()
-        work = signalling_end(finished, lambda: run_benchmark_sync(req, progress, cancel, stopper))
+        # telemetry readings right where the timed run begins and ends: its energy from the counters
+        timed = TimedRun() if any(w.key == TELEMETRY for w in watchers) else None
+        work = signalling_end(finished, lambda: run_benchmark_sync(req, progress, cancel, stopper, timed))
         try:
             async with anyio.create_task_group() as tg:
 
@@ -898,7 +901,7 @@ class Executor:
                 if budget is not None:
                     tg.start_soon(deadline)
                 # the engine's metrics and the accelerators' telemetry while it runs (issue #13)
-                tg.start_soon(lambda: observe_watch(watchers, watching, time_scale=req.time_scale))
+                tg.start_soon(lambda: observe_watch(watchers, watching, time_scale=req.time_scale, timed=timed))
                 try:
                     # abandon_on_cancel: a cancellation from outside (Ctrl-C) is not held up
                     # here; the `finally` below stops the client and waits for its thread

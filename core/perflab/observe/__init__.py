@@ -14,6 +14,7 @@ NVML) says so once and never fails a measurement.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ log = structlog.get_logger(__name__)
 PERIOD_S = 1.0  # engine seconds between samples (AIPerf scrapes every 333 ms of wall time)
 MIN_WALL_S = 0.2  # ... but never more often than this in real seconds (the simulator runs x40)
 FINAL_SAMPLE_S = 5.0  # the most the last reading, taken as the benchmark ends, may take
+TIMED_WAIT_S = 2.0  # the most the bench waits for the reading at its timed run's start or end (TimedRun)
+START, END = "start", "end"  # Sample.mark: where the timed run began and ended
 
 # the keys of a measurement's ``observed`` mapping, as report.json shows them per measured profile:
 # the engine's metrics summary, the accelerators' telemetry summary, energy, and cost
@@ -35,13 +38,53 @@ OBSERVED_KEYS = ("server_metrics", "telemetry", "energy", "cost")
 
 @dataclass(frozen=True)
 class Sample:
-    """One reading: ``t`` engine seconds since the benchmark began; ``values`` by name."""
+    """One reading: ``t`` engine seconds since the benchmark began; ``values`` by name;
+    ``mark``: taken where the timed run began (``"start"``) or ended (``"end"``), :class:`TimedRun`."""
 
     t: float
     values: Mapping[str, float]
+    mark: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"t": round(self.t, 3), "values": dict(self.values)}
+        out: dict[str, Any] = {"t": round(self.t, 3), "values": dict(self.values)}
+        if self.mark is not None:
+            out["mark"] = self.mark
+        return out
+
+
+class TimedRun:
+    """Readings exactly where the benchmark's timed run begins and ends. The bench's thread
+    calls :meth:`begin` just before its first timed request (the client has loaded its
+    tokenizer and dataset and sent the warm-up) and :meth:`end` right after its last
+    response (before it computes its metrics), and waits each time, at most
+    :data:`TIMED_WAIT_S` real seconds, until :func:`watch` has sampled every watcher (those
+    samples carry ``mark``). The energy of the timed run is then the devices' counters from one
+    mark to the other (:mod:`perflab.observe.energy`), not an estimate of what the loading, the
+    warm-up and the metrics drew."""
+
+    MARKS = (START, END)
+
+    def __init__(self, wait_s: float | None = None) -> None:
+        self.asked = {m: threading.Event() for m in self.MARKS}
+        self.done = {m: threading.Event() for m in self.MARKS}
+        self.wait_s = TIMED_WAIT_S if wait_s is None else wait_s
+
+    def begin(self) -> None:
+        """In the bench's thread, before the first timed request."""
+        self._ask(START)
+
+    def end(self) -> None:
+        """In the bench's thread, after the last response."""
+        self._ask(END)
+
+    def _ask(self, mark: str) -> None:
+        self.asked[mark].set()
+        self.done[mark].wait(self.wait_s)
+
+    def release(self) -> None:
+        """Nothing will sample any more: no call waits."""
+        for e in self.done.values():
+            e.set()
 
 
 @runtime_checkable
@@ -85,17 +128,20 @@ class Watching:
 
 async def watch(watchers: Sequence[Watcher], into: Watching, *, time_scale: float = 1.0,
                 clock: Callable[[], float] = time.monotonic, period_s: float = PERIOD_S,
-                min_wall_s: float = MIN_WALL_S) -> None:
+                min_wall_s: float = MIN_WALL_S, timed: TimedRun | None = None) -> None:
     """Sample every watcher until cancelled (run it in the benchmark's task group and cancel
     it when the benchmark ends). ``time_scale``: engine seconds per real second (the
-    simulator's; 1 on real engines) — the samples' ``t`` is in engine seconds."""
+    simulator's; 1 on real engines) — the samples' ``t`` is in engine seconds. ``timed``:
+    sample once more, marked, when the bench asks as its timed run begins and ends."""
     if not watchers:
+        if timed is not None:
+            timed.release()
         return
     start = clock()
     wait = max(period_s / max(time_scale, 1e-9), min_wall_s)
     live = list(watchers)
 
-    async def sample_all() -> None:
+    async def sample_all(mark: str | None = None) -> None:
         t = (clock() - start) * time_scale
         for w in list(live):
             try:
@@ -106,13 +152,23 @@ async def watch(watchers: Sequence[Watcher], into: Watching, *, time_scale: floa
                 live.remove(w)
                 continue
             if values:
-                into.samples.setdefault(w.key, []).append(Sample(t, dict(values)))
+                into.samples.setdefault(w.key, []).append(Sample(t, dict(values), mark))
 
+    marks = list(TimedRun.MARKS) if timed is not None else []
     try:
         while live:
             await sample_all()
-            await anyio.sleep(wait)
+            # waiting for the next mark is the period's sleep: a mark is sampled at once
+            while timed is not None and marks and await anyio.to_thread.run_sync(
+                    timed.asked[marks[0]].wait, wait, abandon_on_cancel=True):
+                mark = marks.pop(0)
+                await sample_all(mark)
+                timed.done[mark].set()
+            if not marks:
+                await anyio.sleep(wait)
     finally:
+        if timed is not None:
+            timed.release()  # nothing more will be sampled on request: the bench must not wait
         # one last reading when the benchmark ends (cancelled): counters then cover all of it,
         # not up to one period less (at the simulator's x40, a period is 8 engine seconds)
         with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_SAMPLE_S):

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perflab.observe import Sample
+from perflab.observe import END, START, Sample
 from perflab.observe.telemetry import ENERGY, ENGINE_T, POWER, UTILIZATION, per_device, total_power_w
 from perflab.observe.telemetry import KEY as TELEMETRY
 
@@ -92,10 +92,22 @@ def energy(samples: Sequence[Sample], duration_s: float | None, output_tokens: f
     first prompt, sent just before the timed run, inside the watch): the excess is shared in
     proportion, ``requests`` / (``requests`` + ``warmup_requests``) of it the benchmark's. A
     watch shorter than the benchmark (its last sample before the end) has its excess scaled to
-    the duration; a single sample gives its power for the whole benchmark."""
+    the duration; a single sample gives its power for the whole benchmark.
+
+    Where samples were taken as the timed run began and ended (``Sample.mark``, the lab's
+    :class:`perflab.observe.TimedRun`), the watch is cut to them: the loading, the warm-up and
+    the metrics are outside it, no share is estimated, and the idle power (still the lowest
+    sample of the whole watch) only counts for the few moments between a mark and the run."""
     if not duration_s or duration_s <= 0 or not math.isfinite(duration_s):
         return None
-    pts = _power_series(samples)
+    pts, every = _power_series(samples), samples  # the idle estimate looks at every sample
+    timed = sorted(samples, key=_time)
+    first = next((i for i, s in enumerate(timed) if s.mark == START), None)
+    last = next((i for i, s in enumerate(timed) if s.mark == END), len(timed) - 1)
+    if first is not None and last > first:
+        # readings where the timed run began and ended (perflab.observe.TimedRun): what the
+        # loading, the warm-up and the metrics drew is outside the watch, nothing to share out
+        samples, warmup_requests = timed[first:last + 1], 0
     watched = watched_energy(samples)
     idle_error_w, exposure_s = None, 0.0
     if watched is None or watched[1] <= 0:
@@ -109,7 +121,7 @@ def energy(samples: Sequence[Sample], duration_s: float | None, output_tokens: f
         share = requests / (requests + warmup_requests) if requests and warmup_requests > 0 else 1.0
         excess = (drawn - idle_w * span) * stretch
         joules = idle_w * duration_s + max(0.0, excess) * share
-        idle_error_w = idle_error(samples)
+        idle_error_w = idle_error(every)
         # how much the joules move per watt the idle estimate is off
         exposure_s = abs(duration_s - span * stretch * share) if excess > 0 else duration_s
     if joules <= 0:
