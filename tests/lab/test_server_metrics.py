@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import pytest
 import structlog.testing
-from perflab.observe import Sample
+from perflab.observe import END, START, Sample
 from perflab.observe.metrics import MetricsWatcher, Target, metrics_url, metrics_watchers, parse, summarize
 from perflab.types import METRIC_ROLES, LaunchSpec, MetricsEndpoint
 
@@ -123,6 +123,27 @@ def test_summary_of_counters_and_gauges() -> None:
                    Sample(2, {"prefix_cache_hit_rate": 0.7, "spec_decode_acceptance": 0.0})], "/prometheus/metrics")
     assert g == {"source": "/prometheus/metrics", "samples": 3, "prefix_cache_hit_rate": 0.6, "spec_decode_acceptance": None}
     assert summarize([]) is None
+
+
+def test_summary_of_the_timed_run_where_its_start_and_end_were_sampled() -> None:
+    # the loading and the warm-up (samples 0-1), the timed run (2 marked start .. 4 marked end),
+    # the metrics after it (5): counters change and gauges are averaged between the marks, the
+    # start mark's gauge (still the warm-up's batches) left out; every sample is counted
+    samples = [
+        Sample(0.0, {"running": 0, "preemptions": 0, "prefix_cache_hit_rate": 0.9}),
+        Sample(1.0, {"running": 1, "preemptions": 3, "prefix_cache_hit_rate": 0.0}),
+        Sample(2.0, {"running": 1, "preemptions": 3, "prefix_cache_hit_rate": 0.0}, mark=START),
+        Sample(3.0, {"running": 40, "preemptions": 10, "prefix_cache_hit_rate": 0.6}),
+        Sample(4.0, {"running": 20, "preemptions": 12, "prefix_cache_hit_rate": 0.8}, mark=END),
+        Sample(5.0, {"running": 0, "preemptions": 12, "prefix_cache_hit_rate": 0.8}),
+    ]
+    s = summarize(samples)
+    assert s["samples"] == 6
+    assert s["preemptions"] == 9 and s["prefix_cache_hit_rate"] == 0.7
+    assert s["running"] == {"peak": 40, "mean": 20.3333}
+    # without the marks: the whole watch, as before
+    plain = summarize([Sample(x.t, x.values) for x in samples])
+    assert plain["preemptions"] == 12 and plain["prefix_cache_hit_rate"] == 0.44
 
 
 def test_metrics_url_on_the_replica_or_its_own_port() -> None:

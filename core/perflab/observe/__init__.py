@@ -52,6 +52,16 @@ class Sample:
         return out
 
 
+def timed_run(samples: Sequence[Sample]) -> list[Sample] | None:
+    """The samples from the one marked where the timed run began to the one marked where it
+    ended (to the last, without an end mark), in time order; None without a start mark or
+    without a sample after it (:class:`TimedRun`)."""
+    ordered = sorted(samples, key=lambda s: s.t)
+    first = next((i for i, s in enumerate(ordered) if s.mark == START), None)
+    last = next((i for i, s in enumerate(ordered) if s.mark == END), len(ordered) - 1)
+    return ordered[first:last + 1] if first is not None and last > first else None
+
+
 class TimedRun:
     """Readings exactly where the benchmark's timed run begins and ends. The bench's thread
     calls :meth:`begin` just before its first timed request (the client has loaded its

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perflab.observe import END, START, Sample
+from perflab.observe import Sample, timed_run
 from perflab.observe.telemetry import ENERGY, ENGINE_T, POWER, UTILIZATION, per_device, total_power_w
 from perflab.observe.telemetry import KEY as TELEMETRY
 
@@ -101,13 +101,11 @@ def energy(samples: Sequence[Sample], duration_s: float | None, output_tokens: f
     if not duration_s or duration_s <= 0 or not math.isfinite(duration_s):
         return None
     pts, every = _power_series(samples), samples  # the idle estimate looks at every sample
-    timed = sorted(samples, key=_time)
-    first = next((i for i, s in enumerate(timed) if s.mark == START), None)
-    last = next((i for i, s in enumerate(timed) if s.mark == END), len(timed) - 1)
-    if first is not None and last > first:
+    cut = timed_run(samples)
+    if cut is not None:
         # readings where the timed run began and ended (perflab.observe.TimedRun): what the
         # loading, the warm-up and the metrics drew is outside the watch, nothing to share out
-        samples, warmup_requests = timed[first:last + 1], 0
+        samples, warmup_requests = cut, 0
     watched = watched_energy(samples)
     idle_error_w, exposure_s = None, 0.0
     if watched is None or watched[1] <= 0:

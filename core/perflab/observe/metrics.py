@@ -39,7 +39,7 @@ import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from perflab import redact
-from perflab.observe import Sample
+from perflab.observe import Sample, timed_run
 from perflab.types import MetricsEndpoint
 
 log = structlog.get_logger(__name__)
@@ -104,6 +104,9 @@ def summarize(samples: Sequence[Sample], source: str = "/metrics") -> dict[str, 
     if not samples:
         return None
     out: dict[str, Any] = {"source": source, "samples": len(samples)}
+    # where the timed run's start and end were sampled (perflab.observe.TimedRun), the figures
+    # are the timed run's: the loading and the warm-up before it are not part of the measurement
+    samples = timed_run(samples) or samples
     for role in LEVELS:
         got = [s.values[role] for s in samples if role in s.values]
         if got:
@@ -114,7 +117,7 @@ def summarize(samples: Sequence[Sample], source: str = "/metrics") -> dict[str, 
     for key, (num, den), gauge in RATES:
         hits, total = _delta(samples, num), _delta(samples, den)
         # a rate gauge holds the engine's latest batches: at the first sample (before this
-        # benchmark's requests) those of the previous one
+        # benchmark's requests, or its timed run's) those of the previous one
         gauges = [s.values[gauge] for s in samples[1:] or samples if gauge in s.values]
         if total is not None and hits is not None:
             out[key] = round(min(1.0, hits / total), 4) if total > 0 else None
