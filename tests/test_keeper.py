@@ -397,3 +397,41 @@ def test_no_private_tmpdir_where_a_socket_would_no_longer_fit(tmp_path: Path) ->
     assert len(str(deep)) + 1 + SOCKET_NAME_LEN <= SOCKET_PATH_MAX
     assert private_tmpdir({"TMPDIR": str(deep)}) is None
     assert list(deep.iterdir()) == []  # the one it tried is not left behind
+
+
+# A leader that holds POSIX shared memory, as vLLM's processes do (multiprocessing's
+# shared_memory: its resource tracker starts beside it), and ignores SIGTERM: teardown must
+# SIGKILL it.
+SHM_STUCK_SRC = r"""
+import signal, time
+from multiprocessing import shared_memory
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+shm = shared_memory.SharedMemory(create=True, size=1 << 16)
+print("SHM", shm.name, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_tree_s_resource_tracker_still_unlinks_its_shared_memory(tree: Tree) -> None:
+    script = tree.tmp / "shm.py"
+    script.write_text(SHM_STUCK_SRC)
+    env = {**os.environ, procs.MARKER_ENV: tree.marker}
+    proc, fd = procs.spawn([sys.executable, str(script)], env, None, grace=0.5)
+    tree.started.append(proc)
+    tree.out.append(fd)
+    deadline = time.monotonic() + 15
+    while "SHM " not in tree.read():
+        assert time.monotonic() < deadline, tree.read()
+        time.sleep(0.02)
+    name = tree.read().split("SHM ")[1].split()[0]
+    assert Path("/dev/shm", name).exists()
+    deadline = time.monotonic() + 10  # the tracker is started beside it
+    while not any(procs._cleans_up(p) for p in tree.marked()):
+        assert time.monotonic() < deadline, [procs.describe(p) for p in tree.marked()]
+        time.sleep(0.02)
+    report = procs.stop_tree(procs.ProcessTracker(proc, tree.marker), 0.5)
+    # the leader is SIGKILLed; its resource tracker, spared, then finds its peers gone and
+    # unlinks the segment they leaked before it exits
+    assert len(report.killed) == 1 and "did not exit within the 0.5 s grace" in report.killed[0], report.killed
+    assert report.leftovers == [] and tree.marked() == []
+    assert not Path("/dev/shm", name).exists()

@@ -24,8 +24,9 @@ checking process identity (pid + start time, via psutil) so a recycled pid is ne
 llama.cpp forward the signal to their workers; a second SIGTERM makes llama.cpp skip its
 cleanup: "Received second interrupt, terminating immediately", tools/server/server.cpp);
 after the leader exited, SIGTERM each straggler that has not had one yet and give it a short
-grace (nobody else is left to stop it); SIGKILL what remains once its grace is over. Every
-process gets at most one SIGTERM, and every SIGKILL is reported.
+grace (nobody else is left to stop it); SIGKILL what remains once its grace is over — the
+processes that clean up after the others (:data:`CLEANUP_PROCESSES`) last, once they had a
+moment to do it. Every process gets at most one SIGTERM, and every SIGKILL is reported.
 """
 
 from __future__ import annotations
@@ -54,6 +55,14 @@ MARKER_VERSION = "pl1"
 #: after its SIGTERM (or the whole grace, if that is shorter), not the full grace.
 ORPHAN_GRACE_S = 1.0
 KILL_WAIT_S = 3.0  # after SIGKILL, how long to wait for the kernel to finish the processes
+#: Processes that clean up after the others, matched in their command line: Python's
+#: multiprocessing resource tracker (``from multiprocessing.resource_tracker import main``)
+#: ignores SIGTERM and SIGINT, and once every process holding its pipe is gone it unlinks the
+#: shared memory (``/dev/shm/psm_*``) and semaphores (``sem.mp-*``) they leaked; SIGKILLed
+#: with them, it leaves those behind (vLLM's: 160 MiB segments). They get SIGKILL last, after
+#: the others are gone and :data:`CLEANUP_WAIT_S` to finish on their own.
+CLEANUP_PROCESSES = ("multiprocessing.resource_tracker import main",)
+CLEANUP_WAIT_S = 2.0
 KEEPER_START_TIMEOUT_S = 30.0  # the keeper reports the engine's pid (or why it could not start it)
 EXIT_REPORT_TIMEOUT_S = 2.0  # after the pidfd fired, how long the keeper may take to report the status
 UNKNOWN_EXIT = 255  # exit status when the keeper died before it could report it
@@ -347,6 +356,15 @@ def _alive(p: psutil.Process) -> bool:
         return True
 
 
+def _cleans_up(p: psutil.Process) -> bool:
+    """Whether ``p`` is one of :data:`CLEANUP_PROCESSES`."""
+    try:
+        cmd = " ".join(p.cmdline())
+    except psutil.Error:
+        return False
+    return any(tag in cmd for tag in CLEANUP_PROCESSES)
+
+
 def describe(p: psutil.Process) -> str:
     try:
         cmd = " ".join(" ".join(p.cmdline()).split())[:120] or p.name()
@@ -448,10 +466,12 @@ class ProcessTracker:
                 continue
         return False
 
-    def kill_now(self) -> list[psutil.Process]:
-        """SIGKILL everything known (group and each process), synchronously; return whom."""
-        hit = self.alive()
-        if self.group_alive():
+    def kill_now(self, spare: Sequence[psutil.Process] = ()) -> list[psutil.Process]:
+        """SIGKILL everything known (group and each process) but ``spare``, synchronously;
+        return whom. With processes to spare, the group is not signalled as a whole."""
+        spared = {p.pid for p in spare}
+        hit = [p for p in self.alive() if p.pid not in spared]
+        if self.group_alive() and not spared:
             try:
                 os.killpg(self.pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -508,7 +528,8 @@ def stop_tree(tracker: ProcessTracker, grace: float, *, orphan_grace: float = OR
     2. SIGTERM each survivor that has not had one; if the leader exited, they are orphans and
        get ``min(orphan_grace, grace)``; if the leader is still alive, the grace is spent.
     3. SIGKILL what is left (reported in :attr:`StopReport.killed`), re-scanning for anything
-       spawned or re-parented meanwhile.
+       spawned or re-parented meanwhile; the first time, :data:`CLEANUP_PROCESSES` are spared
+       and get :data:`CLEANUP_WAIT_S` after the others are gone to finish on their own.
     """
     report = StopReport()
     tracker.scan_all()
@@ -529,13 +550,18 @@ def stop_tree(tracker: ProcessTracker, grace: float, *, orphan_grace: float = OR
         wait = min(orphan_grace, grace)
         orphan_deadline = time.monotonic() + wait if left else time.monotonic()
     _wait(lambda: not tracker.alive(), max(0.0, orphan_deadline - time.monotonic()), sleep)
-    for _ in range(3):
+    for attempt in range(3):
         tracker.scan_all()
         alive = tracker.alive()
         if not alive:
             break
         names = {p.pid: describe(p) for p in alive}  # before SIGKILL: a dead process has no cmdline
-        for p in tracker.kill_now():
+        # the first time, the processes that clean up after the others are spared: once the
+        # others are gone they finish on their own (CLEANUP_PROCESSES), else the next round kills them
+        cleaners = [p for p in alive if _cleans_up(p)] if attempt == 0 else []
+        if len(cleaners) == len(alive):
+            cleaners = []
+        for p in tracker.kill_now(spare=cleaners):
             if p.pid == tracker.leader.pid:
                 why = f"did not exit within the {grace:g} s grace after SIGTERM"
             elif leader_stuck and p.pid not in report.sigterm:
@@ -545,6 +571,11 @@ def stop_tree(tracker: ProcessTracker, grace: float, *, orphan_grace: float = OR
             else:
                 why = "appeared during teardown"
             report.killed.append(f"{names.get(p.pid) or describe(p)}: {why}")
+        if cleaners:
+            spared = {p.pid for p in cleaners}
+            _wait(lambda: all(p.pid in spared for p in tracker.alive()), kill_wait, sleep)
+            _wait(lambda: not tracker.alive(), CLEANUP_WAIT_S, sleep)
+            continue
         _wait(lambda: not tracker.alive(), kill_wait, sleep)
     tracker.leader.poll()
     report.leftovers = [f"{describe(p)} still alive after SIGKILL" for p in tracker.alive()]
