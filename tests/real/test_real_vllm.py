@@ -389,8 +389,15 @@ def test_port_taken(lab: RealLab) -> None:
     lab.assert_nothing_left()
 
 
+def _shm_litter() -> set[str]:
+    """Python multiprocessing's shared memory and semaphores (vLLM's message queues)."""
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.iterdir() if p.name.startswith(("psm_", "sem.mp-"))} if shm.is_dir() else set()
+
+
 def test_sigint_during_startup(lab: RealLab) -> None:
     port = free_port()
+    shm_before = _shm_litter()
     proc = lab.popen(*lab.launch_args("--json", "--port", str(port), "--grace", "5", "--workdir", str(lab.tmp / "w")))
     try:
         # the API server is up and the engine core is loading: vLLM is mid-startup
@@ -404,6 +411,9 @@ def test_sigint_during_startup(lab: RealLab) -> None:
     assert rc == 130, err[-2000:]
     assert result["interrupted"] is True
     lab.assert_nothing_left(port)
+    # vLLM ignores SIGTERM while starting: SIGKILL; its resource tracker, killed last, still
+    # unlinked the shared memory its peers had made (docs/lifecycle.md, "Cleaners last")
+    assert _shm_litter() - shm_before == set()
 
 
 # --------------------------------------------------------------------------- issue 12 on a real engine
