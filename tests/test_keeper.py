@@ -317,6 +317,7 @@ open(os.path.join(d, "vllm_dist_0123abcd"), "w").write("x")
 s = socket.socket(socket.AF_UNIX)
 s.bind(os.path.join(d, "8d5f2e0c-6a4b-4f1e-9d0a-1b2c3d4e5f60"))  # never unlinked, like a killed engine's
 print("TMP", d, flush=True)
+print("INDUCTOR", os.environ.get("TORCHINDUCTOR_CACHE_DIR"), flush=True)
 time.sleep(600)
 """
 
@@ -327,7 +328,9 @@ def test_the_engine_gets_its_own_tmpdir_and_what_it_leaves_there_goes_with_it(tm
     script = tmp_path / "litter.py"
     script.write_text(TMP_LITTER_SRC)
     marker = str(procs.Marker.new(tmp_path, "keeper-tmp"))
-    env = {**os.environ, procs.MARKER_ENV: marker, "TMPDIR": str(parent)}  # the engine's TMPDIR, kept as the parent
+    env = {**os.environ, procs.MARKER_ENV: marker, "TMPDIR": str(parent), "USER": "a/b"}  # the engine's TMPDIR: the parent
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    env.pop("LOGNAME", None)
     if how == "stop":
         proc, fd = procs.spawn([sys.executable, str(script)], env, None, grace=5.0)
         info = {"keeper": proc.keeper_pid, "tmpdir": proc.tmpdir}
@@ -350,6 +353,16 @@ def test_the_engine_gets_its_own_tmpdir_and_what_it_leaves_there_goes_with_it(tm
             assert time.monotonic() < deadline, "the engine did not write its files"
             time.sleep(0.02)
         if proc is not None:
+            deadline = time.monotonic() + 5
+            text = b""
+            while b"INDUCTOR" not in text:
+                assert time.monotonic() < deadline, text
+                try:
+                    text += os.read(fd, 4096)
+                except BlockingIOError:
+                    time.sleep(0.02)
+            # PyTorch Inductor's kernel cache stays where it would have been: reused by the next launch
+            assert f"INDUCTOR {parent / 'torchinductor_a_b'}" in text.decode(), text
             report = procs.stop_tree(procs.ProcessTracker(proc, marker), 5.0)
             assert report.leftovers == []
             proc.close_lifeline()
@@ -377,6 +390,13 @@ def test_the_engine_gets_its_own_tmpdir_and_what_it_leaves_there_goes_with_it(tm
         if fd is not None:
             os.close(fd)
         shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_a_cache_location_the_engine_is_given_is_kept() -> None:
+    from perflab.lifecycle.keeper import kept_caches
+
+    assert kept_caches({"TORCHINDUCTOR_CACHE_DIR": "/cache/inductor", "USER": "x"}, "/tmp") == {}
+    assert kept_caches({"LOGNAME": "lo", "USER": "us"}, "/var/t") == {"TORCHINDUCTOR_CACHE_DIR": "/var/t/torchinductor_lo"}
 
 
 def test_no_private_tmpdir_where_a_socket_would_no_longer_fit(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -54,6 +55,29 @@ TMP_PREFIX = "perflab-engine-"  # the engine's own temporary directory
 # sockets named by a uuid4 (36 characters) in $TMPDIR, as vLLM's ipc:// endpoints do
 SOCKET_PATH_MAX = 107
 SOCKET_NAME_LEN = 36
+
+
+def kept_caches(env: Mapping[str, str], parent: str) -> dict[str, str]:
+    """The variables that keep, where they would have been, the caches engines keep in
+    ``$TMPDIR`` from one launch to the next (``parent``: the ``TMPDIR`` the engine would have
+    had), so that its own ``TMPDIR`` does not make every launch start cold: PyTorch
+    Inductor's compiled kernels (``torch/_inductor/runtime/cache_dir_utils.py``,
+    ``default_cache_dir``: ``$TMPDIR/torchinductor_<user>``, the user name with
+    ``\\/:*?"<>|`` replaced by ``_``: where ``torch.compile`` keeps them unless told
+    otherwise — vLLM 0.32 tells it, under ``~/.cache/vllm``, ``compiler_interface.py``). A
+    variable ``env`` sets already is left alone."""
+    out: dict[str, str] = {}
+    if "TORCHINDUCTOR_CACHE_DIR" not in env:
+        user = next((env[k] for k in ("LOGNAME", "USER", "LNAME", "USERNAME") if env.get(k)), None)
+        if user is None:
+            try:
+                import pwd
+
+                user = pwd.getpwuid(os.getuid()).pw_name
+            except (ImportError, KeyError):
+                user = f"uid_{os.getuid()}"
+        out["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(parent, "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    return out
 
 
 def private_tmpdir(env: Mapping[str, str]) -> str | None:
@@ -133,6 +157,7 @@ class Keeper:
         env = dict(spec["env"])
         tmp = private_tmpdir(env)
         if tmp is not None:
+            env.update(kept_caches(env, os.path.dirname(tmp)))
             env["TMPDIR"] = tmp
         try:
             return self._run(spec, env)
