@@ -11,6 +11,8 @@ command in ``nsenter --net``).
 ``python -m perflab.testing.raycluster a100-80g-x8:8 h100-80g-x8:8`` (the first is the head)
 prints ``{"address", "nodes"}`` as one JSON line, then reads commands on stdin:
 ``remove I`` (kill node I's raylet and workers, as a lost machine) and ``quit`` (or EOF).
+``--temp-dir=DIR``: Ray's session directories go there (:class:`NetnsCluster` makes one and
+removes it with the cluster).
 
 ``--hide DIR`` (``NetnsCluster(hide=[DIR])``): the nodes do not see ``DIR`` — the cluster also
 runs in its own mount namespace (``unshare --mount``, private propagation) with an empty
@@ -23,8 +25,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import IO, Any
 
@@ -79,12 +83,14 @@ def main(argv: list[str]) -> None:
             hidden.append(d)
         except OSError as exc:  # said in the first line: a test that needs it fails, the others run
             print(f"raycluster: {exc}", file=sys.stderr, flush=True)
-    argv = [a for a in argv if not a.startswith("--hide=")]
+    temp = next((a.split("=", 1)[1] for a in argv if a.startswith("--temp-dir=")), None)
+    argv = [a for a in argv if not a.startswith(("--hide=", "--temp-dir="))]
+    where = {"temp_dir": temp} if temp else {}  # Ray's session directories (default /tmp/ray)
 
     head, *workers = argv or ["a100-80g-x8:8"]
-    cluster = Cluster(initialize_head=True, head_node_args={**_node_args(head), "include_dashboard": False,
+    cluster = Cluster(initialize_head=True, head_node_args={**_node_args(head), **where, "include_dashboard": False,
                                                              "_system_config": SYSTEM_CONFIG})
-    nodes = [cluster.head_node] + [cluster.add_node(**_node_args(w)) for w in workers]
+    nodes = [cluster.head_node] + [cluster.add_node(**_node_args(w), **where) for w in workers]
     cluster.wait_for_nodes()
     print(json.dumps({"address": cluster.address, "nodes": [n.node_id for n in nodes], "hidden": hidden}), flush=True)
     try:
@@ -112,13 +118,16 @@ class NetnsCluster:
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
         self.node_ids: list[str] = []
+        # Ray's session directories (logs, sockets; about 1 MB a cluster), removed with the
+        # cluster instead of piling up in /tmp/ray; short, for AF_UNIX's 107-byte socket paths
+        self.temp_dir = tempfile.mkdtemp(prefix="plray-")
 
     def __enter__(self) -> NetnsCluster:
         err: IO[str] | int = open(self.log, "a") if self.log else subprocess.DEVNULL  # noqa: SIM115
         for mount in ([True, False] if self.hide else [False]):  # no mount namespace here: the rest still runs
             self.proc = subprocess.Popen(
                 ["unshare", "--net", *(["--mount"] if mount else []), self.python, "-m", "perflab.testing.raycluster",
-                 *self.nodes, *(f"--hide={d}" for d in self.hide if mount)],
+                 *self.nodes, *(f"--hide={d}" for d in self.hide if mount), f"--temp-dir={self.temp_dir}"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=self._env())
             assert self.proc.stdout is not None
             line = self.proc.stdout.readline()
@@ -149,6 +158,7 @@ class NetnsCluster:
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
             return
         try:
             assert self.proc.stdin is not None
@@ -161,6 +171,7 @@ class NetnsCluster:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
