@@ -36,5 +36,10 @@ def test_server_metrics_of_a_real_vllm_after_a_short_bench(lab: RealLab) -> None
     assert "spec_decode_acceptance" not in sm  # no --speculative-config: vLLM registers no spec counters
     series = json.loads(next((out / "runs").rglob("observe-short*.json")).read_text())["server_metrics"]
     assert len(series) == sm["samples"] and {"running", "kv_cache_usage", "prefix_cache_hits"} <= set(series[-1]["values"])
+    # read where the timed run began (after the warm-up) and ended: the summary is the timed run's
+    marks = [(i, s["mark"]) for i, s in enumerate(series) if s.get("mark")]
+    assert [m for _, m in marks] == ["start", "end"] and 0 < marks[0][0] < marks[1][0], marks
+    start, end = (series[i]["values"] for i, _ in marks)
+    assert end["prefix_cache_queries"] - start["prefix_cache_queries"] > 0
     print(f"\nserver_metrics of the real vLLM: {json.dumps(sm)}")
     lab.assert_nothing_left()

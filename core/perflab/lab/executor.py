@@ -38,7 +38,6 @@ from perflab.lab.earlystop import EarlyStop, tokens_per_event
 from perflab.observe import TimedRun, Watcher, Watching
 from perflab.observe import watch as observe_watch
 from perflab.observe.energy import observed_extras
-from perflab.observe.telemetry import KEY as TELEMETRY
 from perflab.observe.telemetry import Telemetry
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
@@ -878,8 +877,9 @@ class Executor:
         bench_began = time.monotonic()
         watchers = self._watchers(instances, config)
         watching = Watching()
-        # telemetry readings right where the timed run begins and ends: its energy from the counters
-        timed = TimedRun() if any(w.key == TELEMETRY for w in watchers) else None
+        # readings right where the timed run begins and ends: its energy from the devices'
+        # counters, the engine's metrics over it (perflab.observe.timed_run)
+        timed = TimedRun() if watchers else None
         work = signalling_end(finished, lambda: run_benchmark_sync(req, progress, cancel, stopper, timed))
         try:
             async with anyio.create_task_group() as tg:
