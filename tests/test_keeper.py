@@ -455,3 +455,43 @@ def test_a_killed_tree_s_resource_tracker_still_unlinks_its_shared_memory(tree: 
     assert len(report.killed) == 1 and "did not exit within the 0.5 s grace" in report.killed[0], report.killed
     assert report.leftovers == [] and tree.marked() == []
     assert not Path("/dev/shm", name).exists()
+
+
+# A leader whose child cleans up after it, like Python's resource tracker (its command line
+# names it so): it ignores SIGTERM and, once its parent is gone, takes longer than the orphans'
+# grace to finish — as a tracker unlinking on a busy host may.
+SLOW_CLEANER_SRC = r"""
+import os, signal, subprocess, sys, time
+done = sys.argv[1]
+cleaner = ("# from multiprocessing.resource_tracker import main\n"
+           "import os, signal, sys, time\n"
+           "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+           "parent = os.getppid()\n"
+           "while os.getppid() == parent:\n"
+           "    time.sleep(0.02)\n"
+           "time.sleep(1.5)\n"
+           "open(sys.argv[1], 'w').write('cleaned')\n")
+subprocess.Popen([sys.executable, "-c", cleaner, done])
+print("READY", flush=True)
+signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+time.sleep(600)
+"""
+
+
+def test_a_cleaner_left_alone_still_gets_its_time(tree: Tree) -> None:
+    script = tree.tmp / "cleaner.py"
+    script.write_text(SLOW_CLEANER_SRC)
+    done = tree.tmp / "cleaned"
+    env = {**os.environ, procs.MARKER_ENV: tree.marker}
+    proc, fd = procs.spawn([sys.executable, str(script), str(done)], env, None, grace=5.0)
+    tree.started.append(proc)
+    tree.out.append(fd)
+    deadline = time.monotonic() + 15
+    while "READY" not in tree.read() or len(tree.marked()) < 2:
+        assert time.monotonic() < deadline, tree.read()
+        time.sleep(0.02)
+    report = procs.stop_tree(procs.ProcessTracker(proc, tree.marker), 5.0)
+    # the leader exits on SIGTERM; the cleaner, alone after the orphans' 1 s grace, is spared
+    # for CLEANUP_WAIT_S and finishes on its own
+    assert report.killed == [] and report.leftovers == [], report.killed
+    assert done.read_text() == "cleaned"

@@ -557,10 +557,10 @@ def stop_tree(tracker: ProcessTracker, grace: float, *, orphan_grace: float = OR
             break
         names = {p.pid: describe(p) for p in alive}  # before SIGKILL: a dead process has no cmdline
         # the first time, the processes that clean up after the others are spared: once the
-        # others are gone they finish on their own (CLEANUP_PROCESSES), else the next round kills them
+        # others are gone they finish on their own (CLEANUP_PROCESSES), else the next round
+        # kills them — also when they are all that is left: on a busy host a tracker may still
+        # be unlinking when the orphans' grace ends
         cleaners = [p for p in alive if _cleans_up(p)] if attempt == 0 else []
-        if len(cleaners) == len(alive):
-            cleaners = []
         for p in tracker.kill_now(spare=cleaners):
             if p.pid == tracker.leader.pid:
                 why = f"did not exit within the {grace:g} s grace after SIGTERM"
