@@ -188,9 +188,9 @@ class Keeper:
             os.close(self.out_fd)
         self.report({"keeper": os.getpid(), "pid": self.engine.pid, "tmpdir": env.get("TMPDIR")})
 
-        from perflab.lifecycle.procs import ProcessTracker, stop_tree
+        from perflab.lifecycle.procs import MARKER_ENV, ProcessTracker, stop_tree
 
-        marker = env.get("PERFLAB_INSTANCE")
+        marker = env.get(MARKER_ENV)
         lifeline_open = True
         while True:
             if not self.reap():
