@@ -11,6 +11,10 @@ tokens are counted by whitespace like the simulator. The ``model`` field picks a
 - ``http-500``: an HTTP 500 with an OpenAI error body;
 - ``no-usage``: no usage chunk;
 - ``hang-after-K``: K tokens, then nothing more (the connection stays open: a hung engine);
+- ``queued-MS``: one request at a time (the others wait, without a byte), each taking MS
+  milliseconds and then written whole in one burst — tokens, usage and ``[DONE]`` — as the real
+  vLLM CPU build answered 3000 requests at once with ``--max-num-seqs 4`` (its API server
+  merges a request's deltas while it is behind);
 - ``sim``: adds the header ``x-perflab-sim-time-scale: <time_scale>``.
 """
 
@@ -37,6 +41,7 @@ class FakeOpenAIServer:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stopping = False
+        self._engine: asyncio.Lock | None = None  # queued-MS: one request at a time
 
     @property
     def base_url(self) -> str:
@@ -71,6 +76,20 @@ class FakeOpenAIServer:
         def event(obj: object) -> bytes:
             return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
+        if model.startswith("queued-"):
+            if self._engine is None:
+                self._engine = asyncio.Lock()
+            async with self._engine:
+                await asyncio.sleep(int(model.split("-")[1]) / 1000)
+                text = " tok"
+                pieces = [event({"id": "x", "object": "chunk", "model": model,
+                                 "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None} if chat
+                                             else {"index": 0, "text": text, "finish_reason": None}]}) for _ in range(n)]
+                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+                pieces.append(event({"id": "x", "object": "chunk", "model": model, "choices": [], "usage": usage}))
+                await resp.write(b"".join(pieces) + b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
         sent = 0
         while sent < n:
             if error_after is not None and sent >= error_after:

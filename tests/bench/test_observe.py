@@ -148,3 +148,48 @@ def test_the_bench_marks_where_its_timed_run_begins_and_ends(slow_server: FakeOp
     assert result.metrics["completed"] == 20
     sent_before = len(slow_server.requests) - 20  # the probe and the two warm-up requests
     assert calls == [("begin", sent_before, 0), ("end", sent_before + 20, len(seen))]
+
+
+def test_observations_count_the_tokens_of_streams_that_carry_several_per_event() -> None:
+    """An engine may stream several tokens in one event (vLLM merges a request's deltas while
+    its API server is behind; speculative decoding): the ended requests' ``usage`` gives their
+    tokens, and early stop counts tokens, not events — the run's own output token count."""
+    import threading
+
+    from perflab.lab.earlystop import EarlyStop
+
+    server = FakeOpenAIServer(gap_s=0.01).start()  # 4 tokens per event
+    try:
+        seen: list[Observation] = []
+        req = BenchRequest(base_urls=(server.base_url,), model="multi-4", num_prompts=20, random_input_len=4,
+                           random_output_len=12, max_concurrency=4)
+        result = run_benchmark_sync(req, observe=seen.append)
+    finally:
+        server.stop()
+    last = seen[-1]
+    assert last.completed >= 8 and last.usage_tokens == 12 * last.completed
+    # 3 token events, the usage chunk and [DONE] per ended request
+    assert last.usage_events == 5 * last.completed and last.events >= last.usage_events
+    es = EarlyStop(num_prompts=20, cancel=threading.Event())
+    tokens = es._tokens(last)
+    assert tokens >= last.prompt_tokens + 12 * last.completed
+    assert tokens <= last.prompt_tokens + 12 * 20  # the open requests' events at 12/5 tokens each, at most
+    assert result.metrics["total_output_tokens"] == 12 * 20
+
+
+def test_usage_is_read_from_the_end_of_a_stream() -> None:
+    from perflab.bench.drive import _COMPLETION_TOKENS, _PROMPT_TOKENS, _usage_count
+
+    def _usage_tokens(reads: list) -> int | None:
+        return _usage_count(reads, _COMPLETION_TOKENS)
+
+    tail = b'data: {"choices":[],"usage":{"prompt_tokens":47,"total_tokens":175,"completion_tokens": 128}}\n\ndata: [DONE]\n\n'
+    assert _usage_tokens([(0.0, b'data: {"choices":[{"text":"a"}]}\n\n'), (0.1, tail[:40]), (0.2, tail[40:])]) == 128
+    assert _usage_tokens([(0.0, b'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n')]) is None
+    # cumulative usage on every chunk (continuous_usage_stats): the latest
+    chunks = b"".join(b'data: {"choices":[{"text":"a"}],"usage":{"completion_tokens":%d}}\n\n' % i for i in (1, 2, 3))
+    assert _usage_tokens([(0.0, chunks)]) == 3
+    assert _usage_tokens([]) is None
+    assert _usage_count([(0.0, tail)], _PROMPT_TOKENS) == 47
+    details = b'data: {"usage":{"prompt_tokens": 9,"prompt_tokens_details":null,"completion_tokens":2}}\n\n'
+    assert _usage_count([(0.0, details)], _PROMPT_TOKENS) == 9

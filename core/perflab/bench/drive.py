@@ -10,10 +10,17 @@ seconds from one task — cumulative counts only (requests arrived, completed, i
 streamed events, summed latency), so nothing is done per chunk. To stop the run it sets the
 ``cancel`` event, and the run ends as a cancelled one does: no request or thread is left.
 
-Stall watchdog (``LoadPlan.stall_s``): when requests are open and none of them has received a
-byte for ``stall_s`` real seconds, the run stops as a cancelled one does and the outcome says
-``stalled``. One task looks at the open requests' last receive times a few times a second
-(never per chunk): the receive time of every read is already recorded in the captures.
+Stall watchdog (``LoadPlan.stall_s``): when requests are open and no request — open, or ended
+since — has received a byte for ``stall_s`` real seconds, the run stops as a cancelled one does
+and the outcome says ``stalled``. One task looks at the open requests' last receive times a few
+times a second (never per chunk): the receive time of every read is already recorded in the
+captures; each request that ends leaves its last one behind. An engine that queues requests
+and answers each in a burst is making progress even when no open request has a byte at the
+moment the watchdog looks: the real vLLM CPU build with ``--max-num-seqs 4`` and 3000 requests
+at once delivers every answer's 128 tokens within a fraction of a second after a wait of up to
+a minute (its API server merges a request's deltas while it is behind,
+``vllm.v1.engine.output_processor.RequestOutputCollector``), and the open requests were
+almost all still waiting.
 """
 
 from __future__ import annotations
@@ -70,7 +77,7 @@ class Observation:
     completed: int  # responses ended successfully
     failed: int  # responses ended with an error
     in_flight: int  # requests sent and not ended
-    events: int  # server-sent events received ("data:" lines: about one per output token)
+    events: int  # server-sent events received ("data:" lines: one or more output tokens each, or none)
     latency_s: float  # the sum, over completed requests, of end - arrival (queueing included)
     time_scale: float = 1.0  # engine seconds per real second (the simulator's; set by the bench runner)
     model_t: float | None = None  # the latest engine-clock stamp received (``clock``), engine seconds
@@ -87,6 +94,17 @@ class Observation:
     # ``output_caps``; None: a request without one, or none given) and the events they sent so far
     output_cap_open: int | None = None
     events_open: int = 0
+    # the ended requests whose stream reported ``usage.completion_tokens``: their output tokens
+    # and their events (engines may stream several tokens in one event: vLLM merges a
+    # request's deltas while its API server is behind)
+    usage_tokens: int = 0
+    usage_events: int = 0
+    # ... and their prompts: the server's count (``usage.prompt_tokens``, which the run's
+    # ``total_input_tokens`` counts) and the client's (``prompt_lens``); they differ where the
+    # server tokenizes a prompt otherwise (the random dataset's decoded token ids: vLLM counted
+    # 47 tokens for the client's 32)
+    usage_prompt_tokens: int = 0
+    usage_prompt_client: int = 0
 
 
 Observer = Callable[[Observation], None]
@@ -148,8 +166,11 @@ async def drive(
     start, cpu0 = 0.0, process_time()
     tasks: list[asyncio.Task[None]] = []
     open_caps: set[Capture] = set()  # requests sent and not finished (for the stall watchdog)
-    # what the observer sees: [completed, failed, events of ended requests, latency sum]
-    ended = [0, 0, 0, 0.0]
+    # what the observer sees: [completed, failed, events of ended requests, latency sum, output
+    # tokens and events of the ended requests that reported usage, their prompt tokens as the
+    # server and as the client counted them]
+    ended = [0, 0, 0, 0.0, 0, 0, 0, 0]
+    heard = [0.0]  # the latest byte received on a request that has ended (the stall watchdog's)
     counted: dict[int, list[int]] = {}  # open request -> [reads counted, events in them]
     stamp: list[float | None] = [None]  # the latest engine-clock stamp seen (clock)
     answers = _Answers(prompt_lens, sum(prompt_lens[p.index] for p in plan.prepared) if prompt_lens is not None else 0,
@@ -170,11 +191,21 @@ async def drive(
         else:
             async with sem:
                 await send_open(p, cap)
+        if cap.reads and cap.reads[-1][0] > heard[0]:
+            heard[0] = cap.reads[-1][0]
         if observe is not None:
             ended[0 if cap.error is None else 1] += 1
             seen = counted.pop(cap.index, [0, 0])
             mine = seen[1] + _events(cap.reads[seen[0]:])
             ended[2] += mine
+            used = _usage_count(cap.reads, _COMPLETION_TOKENS) if cap.error is None else None
+            if used is not None:
+                ended[4] += used
+                ended[5] += mine
+                prompt = _usage_count(cap.reads, _PROMPT_TOKENS)
+                if prompt is not None and prompt_lens is not None:
+                    ended[6] += prompt
+                    ended[7] += prompt_lens[cap.index]
             if cap.reads:
                 answers.ended(cap.index, mine)
             answers.closed(cap.index)
@@ -219,7 +250,7 @@ async def drive(
                 else:
                     watchers.append(_wait_event(cancel))
             if plan.stall_s:
-                watchers.append(_watch_stall(open_caps, plan.stall_s, stall))
+                watchers.append(_watch_stall(open_caps, plan.stall_s, stall, heard))
             if observe is not None:
                 watchers.append(_observe(observe, observe_s, lambda: start, tasks, open_caps, ended, counted, clock, stamp,
                                          answers))
@@ -274,16 +305,19 @@ async def _cancellable(work: Coroutine[Any, Any, None], watchers: list[Coroutine
     return True
 
 
-async def _watch_stall(open_caps: set[Capture], stall_s: float, seen: list[StallSeen]) -> None:
-    """Return (appending to ``seen``) once requests are open and none has received a byte
-    for ``stall_s`` seconds; a request without a byte yet counts from when it was sent."""
+async def _watch_stall(open_caps: set[Capture], stall_s: float, seen: list[StallSeen],
+                       heard: list[float] | None = None) -> None:
+    """Return (appending to ``seen``) once requests are open and no request has received a byte
+    for ``stall_s`` seconds: neither an open one (one without a byte yet counts from when it
+    was sent) nor one that has ended since (``heard[0]``: the latest byte of those)."""
     tick = min(max(stall_s / 10, 0.01), 0.5)
     while True:
         await asyncio.sleep(tick)
         if not open_caps:
             continue
         now = perf_counter()
-        last = max((c.reads[-1][0] if c.reads else (c.start or now)) for c in open_caps)
+        last = max(heard[0] if heard else 0.0,
+                   max((c.reads[-1][0] if c.reads else (c.start or now)) for c in open_caps))
         if now - last >= stall_s:
             seen.append(StallSeen(now - last, len(open_caps)))
             return
@@ -291,6 +325,26 @@ async def _watch_stall(open_caps: set[Capture], stall_s: float, seen: list[Stall
 
 def _events(reads: list[tuple[float, bytes]]) -> int:
     return sum(piece.count(b"data:") for _, piece in reads)
+
+
+_COMPLETION_TOKENS = b'"completion_tokens":'
+_PROMPT_TOKENS = b'"prompt_tokens":'
+
+
+def _usage_count(reads: list[tuple[float, bytes]], key: bytes) -> int | None:
+    """A count of the ``usage`` an ended stream reported last (the final usage chunk that
+    ``stream_options.include_usage`` asks for, or the latest cumulative one) — ``key`` is
+    ``"completion_tokens":`` or ``"prompt_tokens":`` — found in its last reads without parsing
+    the stream; None when it reported none."""
+    tail = b"".join(piece for _, piece in reads[-4:])[-8192:]
+    at = tail.rfind(key)
+    if at < 0:
+        return None
+    digits = tail[at + len(key):at + len(key) + 24].lstrip()
+    end = 0
+    while end < len(digits) and 48 <= digits[end] <= 57:
+        end += 1
+    return int(digits[:end]) if end else None
 
 
 class _Answers:
@@ -352,7 +406,9 @@ async def _observe(observe: Observer, every: float, start: Callable[[], float], 
         observe(Observation(perf_counter() - t0, len(tasks), ended[0], ended[1], len(open_caps), events, ended[3],
                             model_t=stamp[0], prompt_tokens=answers.done, prompt_tokens_total=answers.total,
                             answered=answered, answered_events=a_sum, answered_events_sq=a_sq,
-                            output_cap_open=answers.cap_open, events_open=events - ended[2]))
+                            output_cap_open=answers.cap_open, events_open=events - ended[2],
+                            usage_tokens=ended[4], usage_events=ended[5], usage_prompt_tokens=ended[6],
+                            usage_prompt_client=ended[7]))
 
 
 def _stamp(clock: Clock, reads: list[tuple[float, bytes]], stamp: list[float | None]) -> None:
