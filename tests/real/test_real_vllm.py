@@ -139,7 +139,7 @@ def test_bench_totals_equal_what_vllm_counted(lab: RealLab) -> None:
         res = r.json()
         after = _scrape(base_url)
         probe_prompt = _probe_prompt_tokens(base_url)  # after the scrape: not in the delta
-        seen = _observed_run(base_url, lab.env.model)  # after the scrape: not in the delta either
+        _observed_run(base_url, lab.env.model)  # after the scrape: not in the delta either
     finally:
         rc, out, err = proc.stop(signal.SIGINT, timeout=90)
     assert rc == 0, err[-3000:]
@@ -192,6 +192,10 @@ def _observed_run(base_url: str, model: Path) -> list:
         # no answer streams more than its max_tokens and the framing
         assert o.events <= (12 + FRAMING_EVENTS) * (o.completed + o.failed + o.in_flight)
     assert seen[-1].events >= 12 * seen[-1].completed  # a token per event, at least
+    # each ended answer's usage, read from its stream: vLLM's own counts, at most max_tokens
+    assert all(0 < o.usage_tokens <= 12 * o.completed for o in seen if o.completed)
+    assert all(o.usage_prompt_tokens > 0 and o.usage_prompt_client > 0 for o in seen if o.completed)
+    assert any(o.completed for o in seen)
     return seen
 
 
