@@ -8,11 +8,13 @@ decides from the windows, never from one chunk:
 
 *lost* (only when the study ranks by throughput and gives a figure to beat)
     The study ranks by the whole-run ``total_token_throughput``: (prompt + output tokens) /
-    duration. While the run goes, the client knows the tokens processed so far, ``W`` (the
-    prompts of the requests that have begun to answer, and one output token per streamed
-    event — ``tokens_per_event`` per event where an engine may stream several, as under
-    speculative decoding), the engine time ``t``, and the prompt tokens still to process,
-    ``P`` (every prompt is known before the run). The *steady-state rate* is the token rate of
+    duration, counted as the server counts them (``usage``). While the run goes, the client
+    knows the tokens processed so far, ``W`` (:meth:`EarlyStop._tokens`: the prompt and output
+    tokens the ended requests reported, and for the others their prompts and their streamed
+    events at the most tokens an event carries — an engine may stream several per event, as
+    vLLM does when its API server is behind, and speculative decoding does), the engine time
+    ``t``, and the prompt tokens still to process, ``P`` (every prompt is known before the
+    run). The *steady-state rate* is the token rate of
     the windows after the warm window (:data:`STEADY_FROM` of the requests ended: the first
     batch's prefill burst is over); ``r`` is its upper confidence bound, ``mean + Z·sd/√k``
     over ``k >= MIN_WINDOWS`` windows.
