@@ -106,11 +106,11 @@ def test_observations_carry_the_engine_clock_when_the_stream_is_stamped(slow_ser
                 for i in range(12)]
     pieces = [0]
 
-    def clock(piece: bytes) -> float | None:  # a stand-in engine clock: 1 s per token piece received
+    def clock(piece: bytes) -> tuple[float, float | None] | None:  # a stand-in engine clock: 1 s per token piece
         if b"tok" not in piece:
             return None
         pieces[0] += 1
-        return float(pieces[0])
+        return float(pieces[0]), None
 
     seen: list[Observation] = []
     outcome = run_in_new_loop(drive(LoadPlan(prepared, [0.0] * 12, 4, "raw", None), observe=seen.append, clock=clock,
@@ -125,7 +125,7 @@ def test_the_simulators_model_clock_stamp_is_read_from_a_piece() -> None:
     from perflab.simenv import format_clock
 
     piece = b"data: {}\n\n" + format_clock(1.5, 0.25) + b"data: {}\n\n" + format_clock(2.25, 0.25) + b"data: {}\n\n"
-    assert model_clock_stamp(piece) == 2.25  # the latest step in the piece
+    assert model_clock_stamp(piece) == (2.25, 0.25)  # the latest step in the piece, and its request's arrival
     assert model_clock_stamp(b"data: {}\n\n") is None
     assert model_clock_stamp(b": perflab-model-clock nonsense\n") is None
 

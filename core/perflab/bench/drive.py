@@ -81,6 +81,7 @@ class Observation:
     latency_s: float  # the sum, over completed requests, of end - arrival (queueing included)
     time_scale: float = 1.0  # engine seconds per real second (the simulator's; set by the bench runner)
     model_t: float | None = None  # the latest engine-clock stamp received (``clock``), engine seconds
+    model_origin: float | None = None  # ... and the earliest arrival stamped: where the run began on that clock
     # prompt tokens (the client's count) of the requests that have begun to answer — their prompt
     # is processed — and of every request of the run (``drive``'s ``prompt_lens``; else 0)
     prompt_tokens: int = 0
@@ -105,12 +106,45 @@ class Observation:
     # 47 tokens for the client's 32)
     usage_prompt_tokens: int = 0
     usage_prompt_client: int = 0
+    # the requests answering now (begun, not ended), and of the ended requests that reported
+    # usage and had a ``max_tokens``: how many, and how many answered all of it (early stop's
+    # forecast takes the open requests to answer to their ``max_tokens`` only where the ended
+    # ones did)
+    running: int = 0
+    ended_capped: int = 0
+    ended_at_cap: int = 0
+    # the open requests one by one, in the order they were sent (:class:`OpenRequests`), made
+    # when called — during the observer's call only; None: not observed, or a request has no
+    # ``max_tokens``
+    open_requests: Callable[[], OpenRequests | None] | None = None
+    # set by the bench runner: the warm-up's time per output token (engine seconds; the
+    # median over its requests) and how many it sent at once; None: no warm-up measured
+    warm_step_s: float | None = None
+    warm_batch: int = 0
+    # the time between consecutive reads of one event each of the open requests since the
+    # previous observation (once each has streamed two): the engine's steps, where it streams
+    # a token per step — engine seconds where the stream is stamped (``model_t``), else real
+    step_gaps: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRequests:
+    """The requests not yet ended, in the order they were sent: for those answering, what
+    their ``max_tokens`` still allows (less the events they streamed); for those not yet
+    answering, their ``max_tokens``; and how many requests began to answer or ended although
+    a request sent before them is still waiting (0 when the engine takes requests first come,
+    first served)."""
+
+    answering_left: tuple[int, ...]
+    waiting_caps: tuple[int, ...]
+    out_of_order: int
 
 
 Observer = Callable[[Observation], None]
-#: ``clock(piece)``: the latest engine-clock stamp (engine seconds) in a piece of a response, or
-#: None — for engines that stamp their stream (perflab's simulator's model clock)
-Clock = Callable[[bytes], float | None]
+#: ``clock(piece)``: the latest engine-clock stamp in a piece of a response and the arrival of its
+#: request on that clock (engine seconds; the arrival None where the stamp has none), or None —
+#: for engines that stamp their stream (perflab's simulator's model clock)
+Clock = Callable[[bytes], tuple[float, float | None] | None]
 OBSERVE_S = 0.1  # default period of the observation task (real seconds)
 
 
@@ -168,11 +202,12 @@ async def drive(
     open_caps: set[Capture] = set()  # requests sent and not finished (for the stall watchdog)
     # what the observer sees: [completed, failed, events of ended requests, latency sum, output
     # tokens and events of the ended requests that reported usage, their prompt tokens as the
-    # server and as the client counted them]
-    ended = [0, 0, 0, 0.0, 0, 0, 0, 0]
+    # server and as the client counted them, of those with a max_tokens: how many, and how
+    # many answered all of it]
+    ended = [0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0]
     heard = [0.0]  # the latest byte received on a request that has ended (the stall watchdog's)
     counted: dict[int, list[int]] = {}  # open request -> [reads counted, events in them]
-    stamp: list[float | None] = [None]  # the latest engine-clock stamp seen (clock)
+    stamp: list[float | None] = [None, None]  # the latest engine-clock stamp seen, the earliest arrival (clock)
     answers = _Answers(prompt_lens, sum(prompt_lens[p.index] for p in plan.prepared) if prompt_lens is not None else 0,
                        output_caps, [p.index for p in plan.prepared])
 
@@ -202,6 +237,10 @@ async def drive(
             if used is not None:
                 ended[4] += used
                 ended[5] += mine
+                cap_i = output_caps[cap.index] if output_caps is not None else None
+                if cap_i is not None:
+                    ended[8] += 1
+                    ended[9] += used >= cap_i
                 prompt = _usage_count(cap.reads, _PROMPT_TOKENS)
                 if prompt is not None and prompt_lens is not None:
                     ended[6] += prompt
@@ -253,7 +292,7 @@ async def drive(
                 watchers.append(_watch_stall(open_caps, plan.stall_s, stall, heard))
             if observe is not None:
                 watchers.append(_observe(observe, observe_s, lambda: start, tasks, open_caps, ended, counted, clock, stamp,
-                                         answers))
+                                         answers, cancel))
             cancelled = await _cancellable(dispatch(), watchers, tasks)
         end = perf_counter()
         cpu = process_time() - cpu0
@@ -358,13 +397,35 @@ class _Answers:
         self._seen: set[int] = set()
         self.n_ended, self.sum_ended, self.sq_ended = 0, 0.0, 0.0
         self.caps = caps
+        self.indices = list(indices)
+        self.closed_set: set[int] = set()
         mine = [caps[i] for i in indices] if caps is not None else [None]
         self.cap_open: int | None = None if any(c is None for c in mine) else sum(c for c in mine if c is not None)
 
     def closed(self, index: int) -> None:
         """A request ended (answered or not): its cap is no longer open."""
+        self.closed_set.add(index)
         if self.cap_open is not None and self.caps is not None:
             self.cap_open -= self.caps[index] or 0
+
+    def open_requests(self, counted: dict[int, list[int]]) -> OpenRequests | None:
+        """The open requests in the order sent (:class:`OpenRequests`); None without caps."""
+        if self.cap_open is None or self.caps is None:
+            return None
+        left: list[int] = []
+        waiting: list[int] = []
+        behind = 0
+        for i in self.indices:
+            if i in self.closed_set:
+                behind += bool(waiting) and i in self._seen
+                continue
+            cap = self.caps[i] or 0
+            if i in self._seen:
+                behind += bool(waiting)
+                left.append(max(0, cap - counted.get(i, (0, 0))[1]))
+            else:
+                waiting.append(cap)
+        return OpenRequests(tuple(left), tuple(waiting), behind)
 
     def answered(self, index: int) -> None:
         if self.lens is not None and index not in self._seen:
@@ -380,9 +441,11 @@ class _Answers:
 
 async def _observe(observe: Observer, every: float, start: Callable[[], float], tasks: list[asyncio.Task[None]],
                    open_caps: set[Capture], ended: list[Any], counted: dict[int, list[int]], clock: Clock | None,
-                   stamp: list[float | None], answers: _Answers) -> None:
-    """The observation task: never returns (it is cancelled with the run). The events of the
-    open requests are counted from their new reads at each tick (bytes.count, each read once)."""
+                   stamp: list[float | None], answers: _Answers, cancel: threading.Event | None = None) -> None:
+    """The observation task: returns only once the observer has set ``cancel`` (the run then
+    stops at once, not at the cancel watcher's next poll); otherwise it is cancelled with the
+    run. The events of the open requests are counted from their new reads at each tick
+    (bytes.count, each read once)."""
     while True:
         await asyncio.sleep(every)
         t0 = start()
@@ -390,33 +453,71 @@ async def _observe(observe: Observer, every: float, start: Callable[[], float], 
             continue
         events = ended[2]
         answered, a_sum, a_sq = answers.n_ended, answers.sum_ended, answers.sq_ended
+        running = 0
+        gaps: list[float] = []
         for c in list(open_caps):
-            seen = counted.setdefault(c.index, [0, 0])
+            seen = counted.setdefault(c.index, [0, 0, -1.0])
             n = len(c.reads)
-            seen[1] += _events(c.reads[seen[0]:n])
-            if clock is not None:
-                _stamp(clock, c.reads[seen[0]:n], stamp)
+            if n > seen[0]:
+                _take(c.reads[seen[0]:n], seen, clock, stamp, gaps)
             seen[0] = n
             events += seen[1]
             if n:
                 answers.answered(c.index)
                 answered += 1
+                running += 1
                 a_sum += seen[1]
                 a_sq += seen[1] * seen[1]
         observe(Observation(perf_counter() - t0, len(tasks), ended[0], ended[1], len(open_caps), events, ended[3],
-                            model_t=stamp[0], prompt_tokens=answers.done, prompt_tokens_total=answers.total,
+                            model_t=stamp[0], model_origin=stamp[1], prompt_tokens=answers.done, prompt_tokens_total=answers.total,
                             answered=answered, answered_events=a_sum, answered_events_sq=a_sq,
                             output_cap_open=answers.cap_open, events_open=events - ended[2],
                             usage_tokens=ended[4], usage_events=ended[5], usage_prompt_tokens=ended[6],
-                            usage_prompt_client=ended[7]))
+                            usage_prompt_client=ended[7], running=running, ended_capped=ended[8],
+                            ended_at_cap=ended[9], open_requests=lambda: answers.open_requests(counted),
+                            step_gaps=tuple(gaps)))
+        if cancel is not None and cancel.is_set():
+            return
+
+
+def _take(reads: list[tuple[float, bytes]], seen: list[Any], clock: Clock | None, stamp: list[float | None],
+          gaps: list[float]) -> None:
+    """Count an open request's new ``reads``: their events into ``seen[1]``, the engine clock's
+    stamps into ``stamp``, and into ``gaps`` the time from its previous read to each read that
+    carries one event, once it has streamed two (a step of the engine's each, where it streams
+    a token per step; the first gap would be its first token's wait). ``seen[2]`` keeps its
+    latest read's time: the stamp where the stream is stamped, else the receive time."""
+    for received, piece in reads:
+        k = piece.count(b"data:")
+        at: float | None = received
+        if clock is not None:
+            got = clock(piece)
+            at = got[0] if got is not None else None
+            if got is not None:
+                t, arrival = got
+                if stamp[0] is None or t > stamp[0]:
+                    stamp[0] = t
+                if arrival is not None and (stamp[1] is None or arrival < stamp[1]):
+                    stamp[1] = arrival
+        if k == 1 and seen[1] >= 2 and at is not None and seen[2] >= 0:
+            gaps.append(at - seen[2])
+        seen[1] += k
+        if at is not None and k:
+            seen[2] = at
 
 
 def _stamp(clock: Clock, reads: list[tuple[float, bytes]], stamp: list[float | None]) -> None:
-    """Keep in ``stamp[0]`` the latest engine-clock stamp among ``reads``."""
+    """Keep in ``stamp[0]`` the latest engine-clock stamp among ``reads``, in ``stamp[1]`` the
+    earliest arrival they stamp."""
     for _, piece in reads:
-        t = clock(piece)
-        if t is not None and (stamp[0] is None or t > stamp[0]):
+        got = clock(piece)
+        if got is None:
+            continue
+        t, arrival = got
+        if stamp[0] is None or t > stamp[0]:
             stamp[0] = t
+        if arrival is not None and (stamp[1] is None or arrival < stamp[1]):
+            stamp[1] = arrival
 
 
 async def _noop() -> None:

@@ -144,10 +144,15 @@ def output_cap(payload: Mapping[str, Any]) -> int | None:
 
 
 def _warmup(req: BenchRequest, first: Prepared, targets: list[Target], cancel: threading.Event | None = None,
-            stall_s: float | None = None, model: list[float] | None = None) -> StallSeen | None:
+            stall_s: float | None = None, model: list[float] | None = None, step: list[float] | None = None,
+            time_scale: float = 1.0) -> StallSeen | None:
     """vLLM's warm-up: the first prompt, ``--warmup`` times, under the concurrency limit;
     what the stall watchdog saw if it stopped it. ``model``: given, and the requests stamped
-    by the simulator's model clock, gets the warm-up's duration on that clock appended."""
+    by the simulator's model clock, gets the warm-up's duration on that clock appended.
+    ``step``: given, gets the warm-up's time per output token appended (engine seconds, the
+    median over its requests; :func:`_per_token_s`) — what a decode step of that small a batch
+    takes on this engine, which early stop's forecast takes as the least a step of its run's
+    last requests can take."""
     if req.warmup <= 0:
         return None
     body = json.loads(first.body)
@@ -159,11 +164,29 @@ def _warmup(req: BenchRequest, first: Prepared, targets: list[Target], cancel: t
         return outcome.stall
     if outcome.cancelled:
         raise BenchCancelled(None, "warm-up")
-    if model is not None and req.sim_clock:
-        timed = _on_model_clock([parse_capture(c, prompt_len=0, tokenizer=None) for c in outcome.captures], 1.0)
-        if timed is not None:
-            model.append(timed[1])
+    traces = [parse_capture(c, prompt_len=0, tokenizer=None) for c in outcome.captures]
+    timed = _on_model_clock(traces, 1.0) if req.sim_clock else None
+    if model is not None and timed is not None:
+        model.append(timed[1])
+    if step is not None:
+        per_token = _per_token_s(timed[0] if timed is not None else traces)
+        if per_token is not None:
+            step.append(per_token * (1.0 if timed is not None else time_scale))
     return None
+
+
+def _warm_batch(req: BenchRequest) -> int:
+    """How many warm-up requests were in flight at once: all of them, or the concurrency limit."""
+    return min(req.warmup, req.max_concurrency) if req.max_concurrency else req.warmup
+
+
+def _per_token_s(traces: Iterable[RequestTrace]) -> float | None:
+    """The median, over the successful requests that streamed two chunks or more, of their
+    time per output token after the first: (last chunk - first chunk) / (output tokens - 1),
+    tokens as the server counted them (several may come in one chunk). None if none did."""
+    times = sorted((t.chunk_times[-1] - t.chunk_times[0]) / (t.output_tokens - 1) for t in traces
+                   if t.success and len(t.chunk_times) >= 2 and t.output_tokens >= 2)
+    return times[len(times) // 2] if times else None
 
 
 # --------------------------------------------------------------------------- run
@@ -267,7 +290,8 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     plan = LoadPlan(prepared, offsets, req.max_concurrency, req.http_stack, req.timeout, stall_s=stall_real)
     check(cancel, "preparation")
     warm_model: list[float] = []  # the warm-up's duration on the simulator's model clock
-    warm_stall = _warmup(req, prepared[0], targets, cancel, stall_real, warm_model)
+    warm_step: list[float] = []  # its time per output token (engine seconds)
+    warm_stall = _warmup(req, prepared[0], targets, cancel, stall_real, warm_model, warm_step, time_scale)
     if warm_stall is not None:
         result = _make_result(req, [], 1e-9, tok, simulated, time_scale, len(targets))
         result.stall = _stall(req, warm_stall, time_scale, 0, "warm-up")
@@ -282,8 +306,10 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     else:
         watch: Observer | None = None
         if observe is not None:  # the observer converts to engine time with the scale in use (the server's)
+            warmed = {"warm_step_s": warm_step[0], "warm_batch": _warm_batch(req)} if warm_step else {}
+
             def watch(o: Observation) -> None:
-                observe(dataclasses.replace(o, time_scale=time_scale))
+                observe(dataclasses.replace(o, time_scale=time_scale, **warmed))
         clock = model_clock_stamp if (req.sim_clock and simulated) else None  # early stop in engine time
         timed = _run_single(plan, prompt_lens, tok, keep_text, progress, cancel, watch, clock, caps)
     if marks is not None:
@@ -330,15 +356,14 @@ def _stall(req: BenchRequest, seen: StallSeen, time_scale: float, completed: int
                  completed=completed, stage=stage)
 
 
-def model_clock_stamp(piece: bytes) -> float | None:
+def model_clock_stamp(piece: bytes) -> tuple[float, float | None] | None:
     """The latest model-clock stamp (``: perflab-model-clock <t> <arrival>``, the simulator's
-    :data:`perflab.simenv.SIM_CLOCK_COMMENT`) in a received piece: its ``t``; None if none."""
+    :data:`perflab.simenv.SIM_CLOCK_COMMENT`) in a received piece: ``(t, arrival)``; None if none."""
     at = piece.rfind(SIM_CLOCK_COMMENT)
     if at < 0:
         return None
     line = piece[at + len(SIM_CLOCK_COMMENT):].split(b"\n", 1)[0]
-    parsed = parse_clock(line.strip())
-    return parsed[0] if parsed is not None else None
+    return parse_clock(line.strip())
 
 
 def _on_model_clock(traces: list[RequestTrace], time_scale: float) -> tuple[list[RequestTrace], float] | None:

@@ -43,6 +43,26 @@ decides from the windows, never from one chunk:
     of the requests ended (after it, the tail: a slower phase); the decision may come later,
     with the steady rate as it was.
 
+    The bound cannot see a run's tail, and a run that sends every request at once ends when
+    its last request ends: a configuration whose steady state beats the figure to beat can
+    lose through its tail alone (the demo's TensorRT-LLM runs 37 % longer than its steady
+    rate would, the last of its long answers decoding alone). The *forecast*
+    (:meth:`EarlyStop.forecast`) sees it, from what the client knows of every request still
+    open: the engine takes requests first come, first served, each streams one token per
+    step, and each says its ``max_tokens``. It replays them (:func:`replay`): ``concurrency``
+    at a time (the steady state's mean of the requests answering), a step taking
+    ``concurrency / rate`` while requests still wait (``rate``: the upper confidence bound of
+    the slope of the events received against engine time, :func:`_slope`) and, once none
+    waits, the least a decode step of that many sequences can take (:func:`drain_floor`: the
+    warm-up's time per token and the steady state's decode step, through the two properties
+    of a roofline). The run ends at the replay's end at the earliest, so its figure is at
+    most the tokens it will have processed over that time; it stops when that is below the
+    figure to beat by more than :data:`FORECAST_MARGIN`. It is made only where its premises
+    are seen to hold (:meth:`EarlyStop.premises`): every request sent, the ended ones
+    answering to their ``max_tokens`` (:data:`AT_CAP_SHARE`), a token per event, a measured
+    warm-up, and requests begun in the order sent (:data:`OUT_OF_ORDER_SHARE`); otherwise
+    the bound alone judges.
+
 *over-saturated* (every measured profile, when requests arrive over time)
     For :data:`SATURATION_WINDOWS` windows in a row while requests are still arriving, the
     queue (arrived and not ended) grew and the mean latency of the requests that ended
@@ -63,8 +83,10 @@ A stop sets the benchmark's cancel event: the client ends the run as a cancelled
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +122,23 @@ def tokens_per_event(serve: Any) -> float | None:
         return None
 
 
+FORECAST_WINDOWS = 4  # steady windows with requests waiting the forecast's rate needs at least
+# a run is stopped on its forecast only when the forecast is this far below the figure to beat:
+# in 35 complete simulated runs (the demo's seven configurations on five ShareGPT-like samples,
+# 40-50 windows each) the forecast was at most 0.6 % below the figure the run then made
+FORECAST_MARGIN = 0.01
+# a window's decode step: this quantile of the steps its open requests streamed a token in (of
+# at least MIN_STEPS): the steps that carried no prompt, or a little less
+DECODE_QUANTILE = 0.1
+MIN_STEPS = 20
+# the forecast's premises (EarlyStop.forecast): of the ended requests with a max_tokens, at
+# least this share answered all of it; and at most this many requests (a share of the run,
+# at least OUT_OF_ORDER_MIN) began to answer while one sent before them still waited
+AT_CAP_SHARE = 0.95
+OUT_OF_ORDER_SHARE = 0.02
+OUT_OF_ORDER_MIN = 8
+
+
 @dataclass
 class _Window:
     t: float  # real seconds at its end
@@ -114,6 +153,10 @@ class _Window:
     tokens: float = 0.0  # tokens processed by its end
     steady: bool = False  # after the warm window (it began once STEADY_FROM of the requests had ended)
     bound: float | None = None  # the most the whole run could still reach, as of its end (lost's figure)
+    running: float = 0.0  # requests answering (the mean of its two ends)
+    waiting: int = 0  # requests sent that had not begun to answer, at its end
+    decode_step_s: float | None = None  # a low quantile of its steps (DECODE_QUANTILE): those without prompts
+    forecast: float | None = None  # the whole run's forecast figure, as of its end (EarlyStop.forecast)
 
 
 class EarlyStop:
@@ -138,6 +181,8 @@ class EarlyStop:
         self._mark: Observation | None = None  # the observation that began the current window
         self.decided: dict[str, Any] | None = None
         self._model0: float | None = None  # the first model-clock stamp seen (the simulator's)
+        self._gaps: list[float] = []  # the current window's steps (engine seconds)
+        self.unmet: str | None = None  # the forecast's premise that did not hold, at the latest window
 
     def __call__(self, obs: Observation) -> None:
         if self.decided is not None:
@@ -146,6 +191,8 @@ class EarlyStop:
         if self._model0 is None and obs.model_t is not None:
             self._model0 = obs.model_t
         self.scale = obs.time_scale  # the scale the bench client measures with (the server's own)
+        unit = 1.0 if obs.model_t is not None else self.scale
+        self._gaps.extend(g * unit for g in obs.step_gaps if g > 0)
         if self._mark is None:
             self._mark = Observation(0.0, 0, 0, 0, 0, 0, 0.0)
         m = self._mark
@@ -164,11 +211,17 @@ class EarlyStop:
         tokens, tokens0 = self._tokens(obs), self._tokens(m)
         self.windows.append(_Window(obs.t, (obs.events - m.events) / dt, obs.arrived - ended, latency, ended,
                                     obs.arrived, self.elapsed_s(), obs.events, (tokens - tokens0) / dt,
-                                    tokens, m.completed + m.failed >= STEADY_FROM * self.n))
+                                    tokens, m.completed + m.failed >= STEADY_FROM * self.n,
+                                    running=(obs.running + m.running) / 2,
+                                    waiting=max(0, obs.arrived - obs.answered - obs.failed),
+                                    decode_step_s=_quantile(self._gaps, DECODE_QUANTILE, MIN_STEPS)))
+        self._gaps = []
         self._mark = obs
         b = self.bound()
         self.windows[-1].bound = round(b["bound"], 2) if b is not None else None
-        self._decide(b)
+        f = self.forecast()
+        self.windows[-1].forecast = round(f["forecast"], 2) if f is not None else None
+        self._decide(b, f)
 
     def _tokens(self, obs: Observation) -> float:
         """Tokens processed so far, counted as the run's whole-run figure counts them (the
@@ -232,6 +285,76 @@ class EarlyStop:
             out["tokens_left_at_most"] = prompts + high
         return out
 
+    def forecast(self, expected: bool = False) -> dict[str, Any] | None:
+        """The whole run's figure forecast from the requests still open, one by one (module
+        docstring, *lost*: the forecast), with the figures it comes from; None before
+        :data:`FORECAST_WINDOWS` steady windows with requests waiting, or while a premise does
+        not hold (:meth:`premises`). ``expected``: the steady rate itself instead of its
+        upper confidence bound (the full-method estimate of a stopped run)."""
+        last = self._last
+        self.unmet = self.premises()
+        if last is None or self.unmet is not None:
+            return None
+        span = self.queue_windows()
+        if len(span) < FORECAST_WINDOWS + 1:
+            return None
+        # while requests wait, the engine streams events at a steady rate: the slope of the
+        # events received against engine time, and its upper confidence bound
+        mean_rate, upper = _slope([w.elapsed for w in span], [float(w.events) for w in span], Z)
+        rate = mean_rate if expected else upper
+        conc = sum(w.running for w in span[1:]) / (len(span) - 1)
+        open_ = last.open_requests()
+        if open_ is None or mean_rate <= 0 or conc <= 0:
+            return None
+        if open_.out_of_order > max(OUT_OF_ORDER_MIN, OUT_OF_ORDER_SHARE * self.n):
+            self.unmet = "the engine did not take the requests first come, first served"
+            return None
+        step = conc / rate  # a step gives each request answering one token
+        decode = [w.decode_step_s for w in span[1:] if w.decode_step_s is not None]
+        decode_step = sorted(decode)[len(decode) // 2] if decode else None
+        left = replay(open_.answering_left, open_.waiting_caps, max(1, round(conc)), step,
+                      drain_floor(last.warm_step_s, last.warm_batch, conc, conc / mean_rate, decode_step))
+        t = self.elapsed_s()
+        prompts = max(0, last.prompt_tokens_total - last.prompt_tokens) * self._prompt_scale(last)
+        tokens = self._tokens(last) + prompts + (self.outputs_at_most(last) or 0.0)
+        return {"forecast": tokens / (t + left), "end_s": t + left, "tokens": tokens, "concurrency": conc,
+                "event_rate": rate, "step_s": step, "drain_step_s": last.warm_step_s, "warm_batch": last.warm_batch,
+                "decode_step_s": decode_step,
+                "windows": len(span) - 1, "waiting": len(open_.waiting_caps), "answering": len(open_.answering_left)}
+
+    def queue_windows(self) -> list[_Window]:
+        """The windows of the steady state while requests wait, after the window before them
+        (where the span begins): what the forecast's rate is measured over."""
+        first = next((i for i, w in enumerate(self.windows) if w.steady), None)
+        if first is None or first == 0:
+            return []
+        span = [self.windows[first - 1]]
+        for w in self.windows[first:]:
+            if w.waiting <= 0:
+                break
+            span.append(w)
+        return span
+
+    def premises(self) -> str | None:
+        """Why the forecast may not be made now (None: it may): what it takes from the run and
+        the engine has to be seen to hold — requests taken first come, first served, every
+        request sent, the ended ones answering to their ``max_tokens``, a token per event,
+        and a measured warm-up."""
+        last = self._last
+        if last is None or last.open_requests is None or last.output_cap_open is None:
+            return "the requests' max_tokens are not known"
+        if self.tokens_per_event != 1.0:
+            return "an event may carry several tokens (speculative decoding)"
+        if last.warm_step_s is None or last.warm_batch < 1:
+            return "no warm-up was measured"
+        if last.arrived < self.n:
+            return "requests are still arriving"
+        if last.ended_capped < MIN_ANSWERED or last.ended_at_cap < AT_CAP_SHARE * last.ended_capped:
+            return "the ended requests did not answer to their max_tokens"
+        if last.usage_events > 0 and last.usage_tokens > last.usage_events:
+            return "the engine streamed several tokens in one event"
+        return None
+
     def outputs_at_most(self, obs: Observation) -> float | None:
         """At most how many tokens (as counted: events × ``tokens_per_event``) the requests
         not yet ended will still stream: their ``max_tokens`` and framing, less the events they
@@ -261,14 +384,17 @@ class EarlyStop:
         """Engine seconds of the timed run so far: on the engine's own clock when the stream
         carries one (the simulator's: host load does not move it), else real seconds × scale."""
         last = self._last
-        if last is not None and last.model_t is not None and self._model0 is not None:
-            return last.model_t - self._model0
+        if last is not None and last.model_t is not None:
+            origin = last.model_origin if last.model_origin is not None else self._model0
+            if origin is not None:
+                return last.model_t - origin
         return (last.t if last is not None else 0.0) * self.scale
 
     def to_json(self) -> dict[str, Any]:
         """Every window, the bound and the decision (the run's ``earlystop-*.json``)."""
         return {"num_prompts": self.n, "to_beat": self.to_beat, "margin_pct": self.margin_pct,
                 "tokens_per_event": self.tokens_per_event, "decided": self.decided, "bound": self.bound(),
+                "forecast": self.forecast(), "forecast_unmet": self.unmet,
                 "windows": [dataclasses.asdict(w) for w in self.windows]}
 
     def _stop(self, reason: str, **figures: Any) -> None:
@@ -278,15 +404,25 @@ class EarlyStop:
                         **figures}
         self.cancel.set()
 
-    def _decide(self, b: dict[str, float] | None) -> None:
+    def _limit(self) -> float:
+        return (self.to_beat or 0.0) * (1 + self.margin_pct / 100)
+
+    def _decide(self, b: dict[str, float] | None, f: dict[str, Any] | None = None) -> None:
         if self.to_beat is not None and self.tokens_per_event is not None:
-            limit = self.to_beat * (1 + self.margin_pct / 100)
+            limit = self._limit()
             if b is not None and b["bound"] < limit:
                 self._stop("lost", bound_token_throughput=round(b["bound"], 2),
                            steady_token_rate=round(b["steady_rate"], 2),
                            steady_token_rate_upper=round(b["steady_rate_upper"], 2),
                            to_beat=round(self.to_beat, 2), limit=round(limit, 2), windows=b["windows"],
                            margin_pct=self.margin_pct, confidence_z=Z)
+                return
+            if f is not None and f["forecast"] < limit * (1 - FORECAST_MARGIN):
+                self._stop("lost", forecast_token_throughput=round(f["forecast"], 2),
+                           forecast_end_s=round(f["end_s"], 2), concurrency=round(f["concurrency"], 1),
+                           step_ms=round(1000 * f["step_s"], 2), drain_step_ms=round(1000 * f["drain_step_s"], 2),
+                           waiting=f["waiting"], to_beat=round(self.to_beat, 2), limit=round(limit, 2),
+                           windows=f["windows"], margin_pct=self.margin_pct, confidence_z=Z)
                 return
         if self.saturation and len(self.windows) > SATURATION_WINDOWS:
             last = self.windows[-(SATURATION_WINDOWS + 1):]
@@ -302,13 +438,92 @@ class EarlyStop:
                                           / SATURATION_WINDOWS, 3))
 
     def estimated_full_s(self) -> float:
-        """The engine seconds the whole run would have taken: with every request's
-        ``max_tokens`` known, the most still to come at the rate of the latest window (in a
-        tail, its own slow pace); else extrapolated by the share of requests ended."""
+        """The engine seconds the whole run would have taken: where the forecast may be made,
+        its end with the steady state's means; else, with every request's ``max_tokens``
+        known, the most still to come at the rate of the latest window (in a tail, its own
+        slow pace); else extrapolated by the share of requests ended."""
         last = self._last
+        f = self.forecast(expected=True)
+        if f is not None:
+            return float(f["end_s"])
         b = self.bound()
         recent = self.windows[-1].token_rate if self.windows else 0.0
         if b is not None and "tokens_left_at_most" in b and recent > 0:
             return self.elapsed_s() + b["tokens_left_at_most"] / recent
         ended = (last.completed + last.failed) if last is not None else 0
         return self.elapsed_s() * self.n / ended if ended else self.elapsed_s()
+
+
+def _slope(ts: Sequence[float], ys: Sequence[float], z: float) -> tuple[float, float]:
+    """The least-squares slope of ``ys`` against ``ts``, and that plus ``z`` standard errors.
+    Fitted to the cumulative counts, not averaged over windows' rates: an observation that
+    lands a little early or late moves one point off the line, not two windows' rates apart."""
+    n = len(ts)
+    tm, ym = sum(ts) / n, sum(ys) / n
+    sxx = sum((t - tm) ** 2 for t in ts)
+    if n < 3 or sxx <= 0:
+        return 0.0, 0.0
+    slope = sum((t - tm) * (y - ym) for t, y in zip(ts, ys, strict=True)) / sxx
+    resid = sum((y - ym - slope * (t - tm)) ** 2 for t, y in zip(ts, ys, strict=True))
+    return slope, slope + z * math.sqrt(resid / (n - 2) / sxx)
+
+
+def drain_floor(warm_step_s: float, warm_batch: int, concurrency: float, step_s: float,
+                decode_step_s: float | None) -> Callable[[int], float]:
+    """The least a decode step of ``b`` sequences can take once no request waits.
+
+    A decode step's time is a roofline — the larger of the time to read the weights and the
+    sequences' KV cache and the time to compute their tokens, each an affine function of
+    ``b`` with a non-negative intercept — plus a fixed overhead (and the longer contexts of a
+    run's last requests only add to it). Such a function never falls as ``b`` grows, and its
+    time per sequence never rises. So from the warm-up's batch up, a step takes at least the
+    warm-up's time per token (``warm_step_s`` at ``warm_batch``) and at least the steady
+    state's decode step shared out, ``decode_step_s × b / concurrency`` (the steps that
+    carried no prompt: a low quantile, which errs low). Below the warm-up's batch the function
+    lies above the line through the warm-up's point whose slope is the steady state's mean
+    step's (``step_s``, prompts included: above a decode step) — a convex function lies above
+    its chords' extensions — and above ``warm_step_s × b / warm_batch``."""
+    w = max(1, min(warm_batch, int(concurrency)))
+    slope = (step_s - warm_step_s) / (concurrency - w) if concurrency > w and step_s > warm_step_s else warm_step_s / w
+    shared = decode_step_s / concurrency if decode_step_s is not None and concurrency > 0 else 0.0
+
+    def floor(b: int) -> float:
+        if b >= w:
+            return max(warm_step_s, shared * b)
+        return max(warm_step_s * b / w, warm_step_s - (w - b) * slope)
+
+    return floor
+
+
+def _quantile(xs: list[float], q: float, least: int) -> float | None:
+    """The ``q`` quantile of ``xs`` (None with fewer than ``least``)."""
+    if len(xs) < least:
+        return None
+    return sorted(xs)[int(q * (len(xs) - 1))]
+
+
+def replay(answering_left: Sequence[int], waiting_caps: Sequence[int], width: int, step_s: float,
+           drain: Callable[[int], float]) -> float:
+    """Engine seconds until the last of the open requests ends: ``width`` at a time, first
+    come first served, one token per step each; a step takes ``step_s`` while requests wait
+    (the steady state) and ``drain(b)`` for ``b`` sequences once none waits. The requests
+    answering have ``answering_left`` tokens to go, the waiting ones their ``max_tokens``."""
+    heap = [max(1, x) for x in answering_left]
+    pending = iter(waiting_caps)
+    queued = len(waiting_caps)
+    while len(heap) < width and queued:
+        heap.append(max(1, next(pending)))
+        queued -= 1
+    heapq.heapify(heap)
+    done = 0  # steps taken: a request on the heap ends at step ``value``
+    elapsed = 0.0
+    while heap:
+        steps = heap[0] - done
+        elapsed += steps * (step_s if queued else drain(len(heap)))
+        done = heap[0]
+        while heap and heap[0] <= done:
+            heapq.heappop(heap)
+            if queued:
+                heapq.heappush(heap, done + max(1, next(pending)))
+                queued -= 1
+    return elapsed

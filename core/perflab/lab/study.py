@@ -117,7 +117,9 @@ yet, or not the main profile), for early stop — a measure that does not stop e
 
 def stopped_early_text(info: Mapping[str, Any] | None) -> str:
     """One line for a person: ``lost: could reach at most 1647 tok/s, below the 1667 it needed
-    to be adopted (after 164 of 1000 requests, 43 of ~261 s)``; the early stop's own reasons read as that,
+    to be adopted (after 164 of 1000 requests, 43 of ~261 s)`` (the bound), ``lost: its open
+    requests, first come first served, end ~220 s in at the earliest, 1790 tok/s at most, below
+    the 1871 it needed ...`` (the forecast); the early stop's own reasons read as that,
     any other record as its reason and figures (everything is in ``stopped_early``)."""
     info = dict(info or {})
     reason = str(info.pop("reason", "") or "no reason recorded")
@@ -128,6 +130,10 @@ def stopped_early_text(info: Mapping[str, Any] | None) -> str:
     if reason == "lost" and {"bound_token_throughput", "limit"} <= info.keys():
         return (f"lost: could reach at most {info['bound_token_throughput']:.0f} tok/s, below the "
                 f"{info['limit']:.0f} it needed to be adopted{when}")
+    if reason == "lost" and {"forecast_token_throughput", "forecast_end_s", "limit"} <= info.keys():
+        return (f"lost: its open requests, first come first served, end ~{info['forecast_end_s']:.0f} s in at the "
+                f"earliest, {info['forecast_token_throughput']:.0f} tok/s at most, below the {info['limit']:.0f} it "
+                f"needed to be adopted{when}")
     if reason == "over-saturated" and info.get("queue") and info.get("latency_ms"):
         q, lat = info["queue"], info["latency_ms"]
         return (f"over-saturated: the queue grew from {q[0]} to {q[-1]} requests and latency from "
