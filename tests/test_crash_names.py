@@ -166,3 +166,14 @@ def test_llamacpp_ready_patterns_match_the_real_server_lines() -> None:
     lines = (Path(__file__).parent / "fixtures" / "real" / "llama-server" / "startup.log").read_text().splitlines()
     matched = [ln for ln in lines if any(re.search(p, ln) for p in ready.ready_log_patterns)]
     assert matched and matched[0].endswith("llama_server: model loaded")
+
+
+def test_a_vllm_worker_killed_by_a_signal_is_named_with_the_signal(pm) -> None:  # type: ignore[no-untyped-def]
+    """The executor's monitor names a dead worker and its exit code (amx-sigill.log: ``None``,
+    the death seen before the code; in another run of the same fault, ``-4``)."""
+    log = (FAULTS / "amx-sigill.log").read_text()
+    unknown = classify_crash(pm, "vllm", 0, log)
+    assert unknown.name == "worker-died" and "without an error of its own" in unknown.explanation
+    sigill = classify_crash(pm, "vllm", 0, log.replace("(exit code: None)", "(exit code: -4)"))
+    assert sigill.name == "worker-died" and "SIGILL" in sigill.explanation and "AMX" in sigill.explanation
+    assert "(exit code: -4)" in (sigill.line or "")

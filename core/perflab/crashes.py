@@ -173,7 +173,8 @@ SIGNAL_MEANINGS: dict[int, str] = {
     signal.SIGSEGV: "a segmentation fault (a crash in native code: a kernel, driver or extension)",
     signal.SIGBUS: "a bus error (often /dev/shm too small in a container, or a truncated memory-mapped file)",
     signal.SIGABRT: "an abort (a native assertion or std::terminate; see the lines above it)",
-    signal.SIGILL: "an illegal instruction (a binary built for a newer CPU than this one)",
+    signal.SIGILL: "an illegal instruction (native code built for a newer CPU than this one, or using AMX tiles "
+                   "its process never asked Linux for)",
     signal.SIGFPE: "an arithmetic exception in native code",
     signal.SIGTERM: "terminated by someone other than perflab",
     signal.SIGINT: "interrupted (SIGINT) by someone other than perflab",

@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 
 from perflab.lifecycle.procs import MARKER_ENV
-from perflab.realengine import RealEngineEnv
+from perflab.realengine import VLLM_CPU_SERVE_ARGS, RealEngineEnv
 
 # Memory the CPU build may use for its KV cache, in GiB (its default fraction of RAM fails on a
 # machine with other work on it). Small: the tiny model needs little.
@@ -80,7 +80,7 @@ class RealLab:
         """``perflab launch vllm`` on the tiny model, sized for a 2-core machine."""
         return [
             "launch", "vllm", "--model", str(model or self.env.model), "--served-model-name", "tiny",
-            "--max-model-len", MAX_MODEL_LEN, "--extra-arg=--enforce-eager",
+            "--max-model-len", MAX_MODEL_LEN, *(f"--extra-arg={a}" for a in VLLM_CPU_SERVE_ARGS),
             "--env", f"VLLM_CPU_KVCACHE_SPACE={KV_SPACE_GIB}", "--hardware", "auto",
             "--startup-timeout", "300", *extra,
         ]

@@ -23,6 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from reallab import Proc, RealLab, free_port
 
+from perflab.realengine import VLLM_CPU_SERVE_ARGS
+
 READY_RE = re.compile(r"ready in ([\d.]+) s at (http://\S+);")
 
 
@@ -220,7 +222,7 @@ engines: [vllm]
 serve:
   served_model_name: tiny
   max_model_len: 512
-  extra_args: ["--enforce-eager"]
+  extra_args: {json.dumps(list(VLLM_CPU_SERVE_ARGS))}
   env: {{VLLM_CPU_KVCACHE_SPACE: "1"}}
 {steps}
 profiles:
@@ -466,7 +468,7 @@ engines: [vllm]
 serve:
   served_model_name: tiny
   max_model_len: 512
-  extra_args: ["--enforce-eager"]
+  extra_args: {json.dumps(list(VLLM_CPU_SERVE_ARGS))}
   env: {{VLLM_CPU_KVCACHE_SPACE: "1", VLLM_SERVER_DEV_MODE: "1"}}
 repeats: 2
 warmup: 2

