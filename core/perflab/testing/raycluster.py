@@ -86,6 +86,14 @@ def main(argv: list[str]) -> None:
     temp = next((a.split("=", 1)[1] for a in argv if a.startswith("--temp-dir=")), None)
     argv = [a for a in argv if not a.startswith(("--hide=", "--temp-dir="))]
     where = {"temp_dir": temp} if temp else {}  # Ray's session directories (default /tmp/ray)
+    if temp:
+        # Cluster also writes the head's address to <default temp dir>/ray_current_cluster
+        # (ray/cluster_utils.py add_node -> ray._private.utils.write_ray_address(), with no
+        # temp_dir: $RAY_TMPDIR/ray, else /tmp/ray), a directory only a default-temp session
+        # creates: on a machine where Ray never ran it fails with FileNotFoundError. Keep that
+        # file in this cluster's own temp dir too.
+        os.environ["RAY_TMPDIR"] = temp
+        os.makedirs(os.path.join(temp, "ray"), exist_ok=True)
 
     head, *workers = argv or ["a100-80g-x8:8"]
     cluster = Cluster(initialize_head=True, head_node_args={**_node_args(head), **where, "include_dashboard": False,
