@@ -10,14 +10,19 @@ A's measurement ended::
 
     .venv/bin/python benchmarks/bench_early_stop.py [--keep DIR] [--json]
 
+For every run A stopped as lost it prints what decided (the bound on its steady state, or
+the forecast of its open requests), that figure and the limit, and what the same run made in
+B, to its end: a stop is sound where B's figure is below the limit, and the deciding figure
+is at least B's (both err high, never low).
+
 It also prints two ceilings, from A's ``earlystop-<profile>.json`` windows (where each run's
 warm window ended) and B's measured durations: what stopping, at the end of its warm window,
 (1) every configuration B did not adopt and (2) only those whose steady-state token rate is
 below their figure to beat would have saved of B's engine-seconds. (1) bounds any rule that
-decides after a warm window, even one that forecasts how a run ends; (2) is what a rule
-that never stops a configuration that could still win can save before the tails (early stop
-may add what it saves in a loser's tail, once the tail has lost it). The figures in
-docs/user-guide.md, "Early stop", come from it. Exit status 1 when the decisions differ.
+decides after a warm window; (2) is about what the bound alone saves before the tails (the
+forecast also stops configurations that lose only through their last requests). The figures
+in docs/user-guide.md, "Early stop", come from it. Exit status 1 when the decisions differ or
+a stop was not sound.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ def runs(study: Path, main_profile: str) -> dict[str, dict[str, Any]]:
         if m.exists():
             meas = json.loads(m.read_text(encoding="utf-8"))
             row.update(status=meas["status"], duration_s=(meas.get("metrics") or {}).get("duration"),
+                       figure=(meas.get("metrics") or {}).get("total_token_throughput"),
                        stopped_early=meas.get("stopped_early"))
         seen = d / f"earlystop-{main_profile}.json"
         if seen.exists():
@@ -112,6 +118,17 @@ def main() -> None:
     losers = {k: r for k, r in ra.items() if r.get("warm_end_s") is not None and r.get("label") not in kept}
     below = {k: r for k, r in losers.items() if r["steady_rate"] < r["to_beat"]}
     ceiling_s, any_s = saved(below), saved(losers)
+    stops: dict[str, dict[str, Any]] = {}
+    for k, r in ra.items():
+        d = r.get("stopped_early") or {}
+        if d.get("reason") != "lost":
+            continue
+        basis = "forecast" if "forecast_token_throughput" in d else "bound"
+        figure = d.get("forecast_token_throughput", d.get("bound_token_throughput"))
+        full = rb.get(k, {}).get("figure")
+        stops[k] = {"basis": basis, "figure": figure, "limit": d.get("limit"), "at_s": d.get("elapsed_s"),
+                    "B_figure": full and round(full, 2),
+                    "sound": full is not None and full < d["limit"] and figure is not None and figure >= 0.999 * full}
     result = {
         "cpus": os.cpu_count(), "wall_s": {"A": round(a_s, 1), "B": round(b_s, 1)},
         "engine_hours": {"A": a["engine_hours"], "B": b["engine_hours"]},
@@ -123,6 +140,7 @@ def main() -> None:
                      "to_beat": r.get("to_beat") and round(r["to_beat"])} for k, r in ra.items()},
         "ceiling": {"configurations": sorted(below), "saved_engine_s": round(ceiling_s),
                     "saved_pct": round(100 * ceiling_s / total_b, 1) if total_b else None},
+        "stops": stops,
         "ceiling_any_rule": {"configurations": sorted(losers), "saved_engine_s": round(any_s),
                              "saved_pct": round(100 * any_s / total_b, 1) if total_b else None},
     }
@@ -139,6 +157,10 @@ def main() -> None:
         for k, r in result["runs"].items():
             print(f"{k:26s} {r['B_engine_s'] or 0:8.1f} {r['A_engine_s']:8.1f} {r['steady_rate'] or '':>7} "
                   f"{r['to_beat'] or '':>8}  {r['A_status'] or '-'}")
+        for k, st in stops.items():
+            print(f"stopped as lost   {k}: by its {st['basis']}, {st['figure']:.0f} tok/s below {st['limit']:.0f}, "
+                  f"after {st['at_s']:.0f} s; in B it made {st['B_figure'] or 0:.0f} "
+                  f"({'sound' if st['sound'] else 'NOT SOUND'})")
         print(f"ceilings          stopping at the end of the warm window every configuration B did not adopt "
               f"({', '.join(losers) or 'none'}) saves {result['ceiling_any_rule']['saved_pct']} % of B "
               f"({result['ceiling_any_rule']['saved_engine_s']} engine-s of {total_b:.0f}): no rule that decides "
@@ -147,7 +169,7 @@ def main() -> None:
               f"({', '.join(below) or 'none'}) saves {result['ceiling']['saved_pct']} % "
               f"({result['ceiling']['saved_engine_s']} engine-s): what a rule that never stops a configuration "
               f"that could still win saves before the tails")
-    if not same:
+    if not same or not all(st["sound"] for st in stops.values()):
         sys.exit(1)
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from perflab.bench.drive import Observation, OpenRequests
-from perflab.lab.earlystop import EarlyStop, drain_floor, replay
+from perflab.lab.earlystop import FORECAST_MARGIN, EarlyStop, drain_floor, replay
 from perflab.lab.study import stopped_early_text
 
 
@@ -159,8 +159,8 @@ def test_a_run_that_loses_through_its_last_request_is_stopped_long_before_its_en
     # the forecast errs high, never low: at most what the run then made, once it stopped it
     assert full <= d["forecast_token_throughput"] < d["limit"]
     assert d["forecast_end_s"] <= duration
-    # ... and it held at every window before, on this run's own end
-    assert all(w.forecast is None or w.forecast >= 0.999 * full for w in early.windows)
+    # ... and at every window before, on this run's own end, it was never below it by the margin
+    assert all(w.forecast is None or w.forecast > (1 - FORECAST_MARGIN) * full for w in early.windows)
     text = stopped_early_text(d)
     assert text.startswith("lost: its open requests, first come first served, end ~") and "at the earliest" in text
 
@@ -174,13 +174,15 @@ def test_the_same_run_with_its_longest_answer_in_front_wins_and_is_never_stopped
     front.drive(es)
     assert es.decided is None and not cancel.is_set()
     forecasts = [w.forecast for w in es.windows if w.forecast is not None]
-    assert forecasts and min(forecasts) >= front.figure()
+    assert forecasts and min(forecasts) > (1 - FORECAST_MARGIN) * front.figure()
 
 
 @pytest.mark.parametrize("width", [16, 64, 256])
 def test_the_forecast_never_falls_below_what_the_run_makes(width: int) -> None:
     """Across batch widths (a weight-bound engine at 16, a compute-bound one at 256) and
-    workloads, every window's forecast is at least the complete run's figure."""
+    workloads, no window's forecast is below the complete run's figure by as much as the
+    margin a stop needs (FORECAST_MARGIN): the statistics of three windows can err a little
+    low, never that much."""
     for seed in range(3):
         caps, prompts = _workload(1000, seed, long_at=random.Random(seed).randrange(1000))
         run = Scripted(caps, prompts, width=width)
@@ -189,7 +191,7 @@ def test_the_forecast_never_falls_below_what_the_run_makes(width: int) -> None:
         run.drive(es)
         forecasts = [w.forecast for w in es.windows if w.forecast is not None]
         assert forecasts, (width, seed, es.unmet)
-        assert min(forecasts) >= 0.999 * full, (width, seed, min(forecasts), full)
+        assert min(forecasts) > (1 - FORECAST_MARGIN) * full, (width, seed, min(forecasts), full)
 
 
 @pytest.mark.parametrize(("change", "unmet"), [

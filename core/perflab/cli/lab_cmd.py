@@ -61,9 +61,11 @@ _live_option = click.option("--live/--no-live", default=None,
                             help="Live progress display (default: when stderr is a terminal).")
 _early_stop_option = click.option(
     "--early-stop/--no-early-stop", default=True, show_default=True,
-    help="Stop a measurement early once even its best case can no longer beat the current best, or the "
-         "engine is over-saturated; it is recorded as stopped-early with the figures that decided "
-         "(--no-early-stop: every measurement runs to its end, as the plan key early_stop: false).")
+    help="Stop a measurement early once it has clearly lost — even its best case can no longer beat the "
+         "current best, or the forecast of its open requests (first come, first served, each to its "
+         "max_tokens) is more than 1% below it — or the engine is over-saturated; it is recorded as "
+         "stopped-early with the figures that decided (--no-early-stop: every measurement runs to its "
+         "end, as the plan key early_stop: false).")
 
 
 @click.command("run")

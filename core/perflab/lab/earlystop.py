@@ -122,15 +122,16 @@ def tokens_per_event(serve: Any) -> float | None:
         return None
 
 
-FORECAST_WINDOWS = 4  # steady windows with requests waiting the forecast's rate needs at least
+FORECAST_WINDOWS = 3  # steady windows with requests waiting the forecast's rate needs at least
 # no run is stopped as lost from a window in which the client went longer than this without
 # observing (real seconds): its counts may be behind what the engine sent (the real vLLM CPU
 # build on two cores starves the client for seconds; the bound and the forecast each fell
 # 4-6 % below the run's figure at such windows, never at others)
 LAG_MAX_S = 1.0
 # a run is stopped on its forecast only when the forecast is this far below the figure to beat:
-# in 35 complete simulated runs (the demo's seven configurations on five ShareGPT-like samples,
-# 40-50 windows each) the forecast was at most 0.6 % below the figure the run then made
+# in 56 complete simulated runs (the demo's seven configurations on five ShareGPT-like samples
+# from four windows, on three of them from three; 40-50 windows each) the forecast was at most
+# 0.6 % below the figure the run then made
 FORECAST_MARGIN = 0.01
 # a window's decode step: this quantile of the steps its open requests streamed a token in (of
 # at least MIN_STEPS): the steps that carried no prompt, or a little less
