@@ -72,8 +72,10 @@ decides from the windows, never from one chunk:
     a growing queue, so this never fires on it.
 
 Window durations are engine seconds: the engine's own clock when the stream carries one
-(``Observation.model_t``, perflab's simulator's model clock), else real seconds × the time
-scale the client measures with.
+(``Observation.model_t``, perflab's simulator's model clock, from the run's stamped arrival,
+``Observation.model_origin``), else real seconds × the time scale the client measures with.
+No run is stopped as lost from a window in which the client went more than :data:`LAG_MAX_S`
+without observing: its counts may be behind what the engine sent.
 
 A stop sets the benchmark's cancel event: the client ends the run as a cancelled one
 (no request or thread left behind) and the measurement is ``stopped-early`` with
@@ -106,22 +108,6 @@ FRAMING_EVENTS = 5
 MIN_ANSWERED = 30  # answers an estimate of the outputs still to come needs
 Z = 3.0  # one-sided: ~99.9 % for a normal mean
 SATURATION_WINDOWS = 4
-
-
-def tokens_per_event(serve: Any) -> float | None:
-    """The most output tokens one streamed event of a configuration (its ``ServeConfig``) may
-    carry: engines stream one event per request per step (vLLM, SGLang and TensorRT-LLM at
-    their default stream interval of 1), a speculative step up to ``num_speculative_tokens + 1``
-    tokens; None when a speculative configuration does not say how many."""
-    spec = getattr(serve, "speculative_config", None)
-    if not spec:
-        return 1.0
-    try:
-        return 1.0 + float(spec["num_speculative_tokens"])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 FORECAST_WINDOWS = 3  # steady windows with requests waiting the forecast's rate needs at least
 # no run is stopped as lost from a window in which the client went longer than this without
 # observing (real seconds): its counts may be behind what the engine sent (the real vLLM CPU
@@ -143,6 +129,20 @@ MIN_STEPS = 20
 AT_CAP_SHARE = 0.95
 OUT_OF_ORDER_SHARE = 0.02
 OUT_OF_ORDER_MIN = 8
+
+
+def tokens_per_event(serve: Any) -> float | None:
+    """The most output tokens one streamed event of a configuration (its ``ServeConfig``) may
+    carry: engines stream one event per request per step (vLLM, SGLang and TensorRT-LLM at
+    their default stream interval of 1), a speculative step up to ``num_speculative_tokens + 1``
+    tokens; None when a speculative configuration does not say how many."""
+    spec = getattr(serve, "speculative_config", None)
+    if not spec:
+        return 1.0
+    try:
+        return 1.0 + float(spec["num_speculative_tokens"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 @dataclass
