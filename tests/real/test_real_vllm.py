@@ -205,7 +205,7 @@ def _observed_run(base_url: str, model: Path) -> list:
 
 
 def _plan(lab: RealLab, profile: str = "{label: Short Prompt, input_len: 48, output_len: 12, num_prompts: 24, seed: 42}",
-          candidates: bool = True, serve: str = "") -> Path:
+          candidates: bool = True) -> Path:
     steps = """
 candidates:
   - name: Max Num Seqs
@@ -223,7 +223,7 @@ serve:
   served_model_name: tiny
   max_model_len: 512
   extra_args: {json.dumps(list(VLLM_CPU_SERVE_ARGS))}
-  env: {{VLLM_CPU_KVCACHE_SPACE: "1"}}{serve}
+  env: {{VLLM_CPU_KVCACHE_SPACE: "1"}}
 {steps}
 profiles:
   short: {profile}
@@ -253,67 +253,55 @@ def test_run_a_study_on_the_real_engine(lab: RealLab) -> None:
     lab.assert_nothing_left()
 
 
-def test_early_stop_bound_holds_on_the_real_engine(lab: RealLab) -> None:
-    """Early stop's bound judged by the real vLLM: 3000 requests at once. The bound computed
-    at every window of the complete run — the most the whole run could still reach — must
-    never be below the run's own ``total_token_throughput``, counted as it counts them.
-    Counting streamed events and the client's prompt tokens, it was 10 % below: vLLM's API
-    server merges a request's deltas while it is behind (110 events for 128 tokens) and
-    counted 47 prompt tokens for the client's 32. (A ``--max-num-seqs 4`` variant to be
-    stopped as lost is left out: on this 2-core machine the client shares the CPUs with the
-    CPU build, and in one CI run its observations came 228 s apart, so it ran to its end.)
+def test_early_stop_bound_and_forecast_hold_on_the_real_engine(lab: RealLab) -> None:
+    """Early stop judged by the real vLLM on one complete run at its defaults: 2000 requests at
+    once of varied lengths (128 output tokens ± 90 %). At every window a stop could come from
+    (the client observed at least once a second, LAG_MAX_S: on two cores the CPU build can
+    starve the client for seconds, and at such windows its counts lag what the engine sent —
+    in a CI run the bound read 3681 there against a figure of 3828):
+
+    - the bound (the most the whole run could still reach) must never be below the run's own
+      ``total_token_throughput``, counted as it counts them. Counting streamed events and the
+      client's prompt tokens, it was 10 % below: vLLM's API server merges a request's deltas
+      while it is behind (110 events for 128 tokens with 3000 requests at once) and counted
+      47 prompt tokens for the client's 32;
+    - the forecast (the most the whole run can reach if its open requests run first come,
+      first served at the steady state's pace, then no faster than a roofline decode step
+      allows) must be made — its premises hold on vLLM's own stream: first come first
+      served, answers to their max_tokens, a token per event — and never be below the run's
+      figure by more than FORECAST_MARGIN. (One local run: figure 5281 tok/s, forecasts
+      5319–5458, bounds 5380–5470.)
+
+    (A ``--max-num-seqs 4`` variant to be stopped as lost is left out: in one CI run the
+    starved client's observations came 228 s apart, so it ran to its end.)
     """
-    out = lab.tmp / "study"
-    plan = _plan(lab, "{label: Many, input_len: 32, output_len: 128, num_prompts: 3000, seed: 1}", candidates=False)
-    r = lab.run("run", str(plan), "--hardware", "auto", "--out", str(out), timeout=900)
-    assert r.rc == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    (base,) = [p for p in (out / "runs").iterdir() if p.name.endswith("-vllm")]
-    measured = json.loads((base / "measurement-short.json").read_text())
-    figure = measured["metrics"]["total_token_throughput"]
-    seen = json.loads((base / "earlystop-short.json").read_text())
-    bounds = [w["bound"] for w in seen["windows"] if w["bound"] is not None]
-    print(f"\ndefaults: {figure:.0f} tok/s; bounds at {len(bounds)} windows: {[round(b) for b in bounds]}")
-    assert measured["status"] == "ok" and len(bounds) >= 3
-    # every token counted as the figure counts them, once the run has ended
-    m = measured["metrics"]
-    assert seen["bound"]["tokens_done"] == pytest.approx(m["total_input_tokens"] + m["total_output_tokens"], rel=1e-3)
-    # the bound held (0.5 %: an observation lands up to one tick after what it counts)
-    assert min(bounds) >= 0.995 * figure, (min(bounds), figure)
-    lab.assert_nothing_left()
-
-
-def test_early_stop_forecast_holds_on_the_real_engine(lab: RealLab) -> None:
-    """Early stop's forecast judged by the real vLLM: 1000 requests at once of varied lengths
-    (64 output tokens ± 90 %), vLLM taking 16 at a time (``--max-num-seqs 16``: its API server
-    keeps up, one token per event). The forecast — the most the whole run can reach if its
-    open requests run first come, first served at the steady state's pace, then no faster
-    than a roofline decode step allows — computed at every window of the complete run where
-    its premises held must not fall below the figure the run reached by more than
-    FORECAST_MARGIN, at the windows where the client kept up (LAG_MAX_S: on two cores the CPU
-    build starves the client for seconds, and at such windows its counts lag behind what the
-    engine sent; no run is stopped from them)."""
     from perflab.lab.earlystop import FORECAST_MARGIN, LAG_MAX_S
 
     out = lab.tmp / "study"
-    plan = _plan(lab, "{label: Varied, input_len: 32, output_len: 64, range_ratio: 0.9, num_prompts: 1000, seed: 3}",
-                 candidates=False, serve="\n  max_num_seqs: 16")
+    plan = _plan(lab, "{label: Varied, input_len: 32, output_len: 128, range_ratio: 0.9, num_prompts: 2000, seed: 3}",
+                 candidates=False)
     r = lab.run("run", str(plan), "--hardware", "auto", "--out", str(out), timeout=900)
     assert r.rc == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (base,) = [p for p in (out / "runs").iterdir() if p.name.endswith("-vllm")]
     measured = json.loads((base / "measurement-short.json").read_text())
-    assert measured["status"] == "ok"
-    figure = measured["metrics"]["total_token_throughput"]
+    assert measured["status"] == "ok", measured
+    m = measured["metrics"]
+    figure = m["total_token_throughput"]
     seen = json.loads((base / "earlystop-short.json").read_text())
-    made = [w for w in seen["windows"] if w["forecast"] is not None]
-    kept_up = [w for w in made if w["lag_s"] <= LAG_MAX_S]
-    print(f"\n{figure:.0f} tok/s; forecasts (lag s): "
-          f"{[(round(w['forecast']), w['lag_s']) for w in made]}; premise unmet at the end: {seen['forecast_unmet']}")
-    # its premises held on vLLM's own stream: first come first served, answers to max_tokens, a token per event
-    assert made, seen["forecast_unmet"]
-    assert kept_up, "the client never kept up while the forecast was made"
-    assert min(w["forecast"] for w in kept_up) >= (1 - FORECAST_MARGIN) * figure
+    kept_up = [w for w in seen["windows"] if w["lag_s"] <= LAG_MAX_S]
+    print(f"\n{figure:.0f} tok/s; (bound, forecast, lag s): "
+          f"{[(w['bound'] and round(w['bound']), w['forecast'] and round(w['forecast']), w['lag_s']) for w in seen['windows']]}; "
+          f"premise unmet at the end: {seen['forecast_unmet']}")
+    # every token counted as the figure counts them, once the run has ended
+    assert seen["bound"]["tokens_done"] == pytest.approx(m["total_input_tokens"] + m["total_output_tokens"], rel=1e-3)
+    bounds = [w["bound"] for w in kept_up if w["bound"] is not None]
+    assert bounds, "the client never kept up while the bound was computed"
+    assert min(bounds) >= 0.995 * figure, (min(bounds), figure)  # 0.5 %: an observation lands a tick late
+    assert any(w["forecast"] is not None for w in seen["windows"]), seen["forecast_unmet"]
+    forecasts = [w["forecast"] for w in kept_up if w["forecast"] is not None]
+    assert forecasts, "the client never kept up while the forecast was made"
+    assert min(forecasts) >= (1 - FORECAST_MARGIN) * figure, (min(forecasts), figure)
     lab.assert_nothing_left()
-
 
 def test_sigint_during_a_study_benchmark_stops_everything(lab: RealLab) -> None:
     out = lab.tmp / "study"
