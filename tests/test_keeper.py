@@ -466,12 +466,13 @@ done = sys.argv[1]
 cleaner = ("# from multiprocessing.resource_tracker import main\n"
            "import os, signal, sys, time\n"
            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-           "parent = os.getppid()\n"
+           "parent = int(sys.argv[2])  # not os.getppid(): the leader may be gone by then\n"
+           "print('ARMED', flush=True)\n"
            "while os.getppid() == parent:\n"
            "    time.sleep(0.02)\n"
            "time.sleep(1.5)\n"
            "open(sys.argv[1], 'w').write('cleaned')\n")
-subprocess.Popen([sys.executable, "-c", cleaner, done])
+subprocess.Popen([sys.executable, "-c", cleaner, done, str(os.getpid())])
 print("READY", flush=True)
 signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
 time.sleep(600)
@@ -487,7 +488,8 @@ def test_a_cleaner_left_alone_still_gets_its_time(tree: Tree) -> None:
     tree.started.append(proc)
     tree.out.append(fd)
     deadline = time.monotonic() + 15
-    while "READY" not in tree.read() or len(tree.marked()) < 2:
+    # ARMED: the cleaner ignores SIGTERM (on a busy host its interpreter may still be starting)
+    while "READY" not in tree.read() or "ARMED" not in tree.read() or len(tree.marked()) < 2:
         assert time.monotonic() < deadline, tree.read()
         time.sleep(0.02)
     report = procs.stop_tree(procs.ProcessTracker(proc, tree.marker), 5.0)
