@@ -493,12 +493,7 @@ def _take(reads: list[tuple[float, bytes]], seen: list[Any], clock: Clock | None
         if clock is not None:
             got = clock(piece)
             at = got[0] if got is not None else None
-            if got is not None:
-                t, arrival = got
-                if stamp[0] is None or t > stamp[0]:
-                    stamp[0] = t
-                if arrival is not None and (stamp[1] is None or arrival < stamp[1]):
-                    stamp[1] = arrival
+            _keep_stamp(got, stamp)
         if k == 1 and seen[1] >= 2 and at is not None and seen[2] >= 0:
             gaps.append(at - seen[2])
         seen[1] += k
@@ -510,14 +505,19 @@ def _stamp(clock: Clock, reads: list[tuple[float, bytes]], stamp: list[float | N
     """Keep in ``stamp[0]`` the latest engine-clock stamp among ``reads``, in ``stamp[1]`` the
     earliest arrival they stamp."""
     for _, piece in reads:
-        got = clock(piece)
-        if got is None:
-            continue
-        t, arrival = got
-        if stamp[0] is None or t > stamp[0]:
-            stamp[0] = t
-        if arrival is not None and (stamp[1] is None or arrival < stamp[1]):
-            stamp[1] = arrival
+        _keep_stamp(clock(piece), stamp)
+
+
+def _keep_stamp(got: tuple[float, float | None] | None, stamp: list[float | None]) -> None:
+    """Fold one piece's ``(t, arrival)`` (a :data:`Clock`'s answer) into ``stamp``: the latest
+    ``t``, the earliest arrival."""
+    if got is None:
+        return
+    t, arrival = got
+    if stamp[0] is None or t > stamp[0]:
+        stamp[0] = t
+    if arrival is not None and (stamp[1] is None or arrival < stamp[1]):
+        stamp[1] = arrival
 
 
 async def _noop() -> None:
