@@ -503,6 +503,14 @@ CRASH_LOGS: list[tuple[str, str, str]] = [
     ),
     ("kv-cache-too-small", KV_CACHE_LOG, "larger than the available KV cache memory"),
     (
+        "worker-died",  # tests/fixtures/real/vllm-0.32.0-cpu/faults/amx-sigill.log, cut
+        "(EngineCore pid=11) ERROR 11-27 12:01:02 [multiproc_executor.py:315] Worker proc VllmWorker-0 died "
+        "unexpectedly (exit code: -4), shutting down executor.\n"
+        "(APIServer pid=10) ERROR 11-27 12:01:02 [serving.py:301] EngineCore encountered an issue. See stack trace "
+        "(above) for the root cause.\n",
+        "(exit code: -4)",
+    ),
+    (
         "kv-cache-too-small",
         "INFO 03-26 11:49:00 executor_base.py:111] # cuda blocks: 1520, # CPU blocks: 4096\n"
         "ERROR 03-26 11:49:00 engine.py:400] ValueError: The model's max seq len (40960) is larger than the "

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from perflab.crashes import SIGNAL_MEANINGS, Signature, earliest_line, root_exception_line, signal_name, signature
 from perflab.types import CrashCause
@@ -33,6 +33,36 @@ TF = "transformers 5.19.0 "
 # The shared signature shape; vLLM scans lines in log order (earliest root cause wins).
 CrashPattern = Signature
 pattern = signature
+
+
+@dataclass(frozen=True)
+class WorkerDeath(CrashPattern):
+    """A worker's death, named with the signal it died of where its exit code says one."""
+
+    def cause(self, line: str) -> CrashCause:
+        found = super().cause(line)
+        m = _EXIT.search(line)
+        if m is None or m.group(1) == "None" or int(m.group(1)) >= 0:
+            return found
+        signum = -int(m.group(1))
+        meaning = SIGNAL_MEANINGS.get(signum, "")
+        return replace(found, explanation=f"a vLLM worker process was killed by {signal_name(signum)}"
+                                          + (f": {meaning}" if meaning else ""))
+
+
+_EXIT = re.compile(r"\(exit code: (-?\d+|None)\)")
+#: A worker process died: the executor's monitor names it and its exit code, Popen's (negative:
+#: the signal it died of; ``None`` when the monitor saw the death before the exit code). It
+#: prints nothing else: a signal death in native code leaves no Python error behind. Last of
+#: the root causes: a worker that died of an error of its own printed it first.
+WORKER_DIED = WorkerDeath(
+    "worker-died",
+    re.compile(r"Worker proc \S+ died unexpectedly \(exit code: (?:-?\d+|None)\)"),
+    "a vLLM worker process died without an error of its own",
+    "a worker killed by a signal crashed in native code or was killed (the kernel's OOM killer? check "
+    "dmesg); run the engine with PYTHONFAULTHANDLER=1 (--env) to have it print where",
+    V32 + "vllm/v1/executor/multiproc_executor.py (MultiprocExecutor monitor_workers)",
+)
 
 
 #: Root causes, most specific first (one line may match several; the first listed wins).
@@ -181,32 +211,8 @@ VLLM_ROOT_CAUSES: tuple[CrashPattern, ...] = (
         # fail the same way (params_dict[name]) on a tensor layout they do not expect.
         "seed 002 (TensorRT-LLM AWQ crash)",
     ),
+    WORKER_DIED,
 )
-
-#: A worker process died: the executor's monitor names it and its exit code, Popen's (negative:
-#: the signal it died of; ``None`` when the monitor saw the death before the exit code). It
-#: prints nothing else: a signal death in native code leaves no Python error behind.
-WORKER_DIED = pattern(
-    "worker-died",
-    r"Worker proc \S+ died unexpectedly \(exit code: (?:-?\d+|None)\)",
-    "a vLLM worker process died without an error of its own",
-    "a worker killed by a signal crashed in native code or was killed (the kernel's OOM killer? check "
-    "dmesg); run the engine with PYTHONFAULTHANDLER=1 (--env) to have it print where",
-    V32 + "vllm/v1/executor/multiproc_executor.py (MultiprocExecutor monitor_workers)",
-)
-_EXIT = re.compile(r"\(exit code: (-?\d+|None)\)")
-
-
-def _worker_signal(cause: CrashCause) -> CrashCause:
-    """A worker's death, with the signal it died of where its exit code says."""
-    m = _EXIT.search(cause.line or "")
-    if m is None or m.group(1) == "None" or int(m.group(1)) >= 0:
-        return cause
-    signum = -int(m.group(1))
-    meaning = SIGNAL_MEANINGS.get(signum, "")
-    return replace(cause, explanation=f"a vLLM worker process was killed by {signal_name(signum)}"
-                                      + (f": {meaning}" if meaning else ""))
-
 
 #: Wrapper errors: the process died, the reason is an earlier error (quoted when the log has
 #: one) or, for "engine core exited unexpectedly", a death without any error of its own.
@@ -249,9 +255,9 @@ def classify(
 ) -> CrashCause | None:
     """The first root cause in the log; else the first wrapper error, quoting the first
     exception line the log has (the root of the chain); else None."""
-    found = earliest_line(log_tail, (*root_causes, WORKER_DIED))
+    found = earliest_line(log_tail, root_causes)
     if found is not None:
-        return _worker_signal(found) if found.name == WORKER_DIED.name else found
+        return found
     wrapper = earliest_line(log_tail, wrappers)
     if wrapper is None:
         return None
