@@ -16,11 +16,13 @@ from perflab.cli import get_pm
 
 def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, retry_failed: bool,
          as_json: bool, live: bool | None, early_stop: bool = True, parallel: int | str = 1,
-         executor: str = "local", ray_address: str | None = None) -> None:
+         executor: str = "local", ray_address: str | None = None, replace: bool = False) -> None:
     import dataclasses
 
     import anyio
 
+    from perflab.errors import PerflabError
+    from perflab.lab import exits
     from perflab.lab.progress import StudyProgress
     from perflab.lab.runner import default_out, print_summary, run_study
 
@@ -31,14 +33,21 @@ def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, 
     out = out or default_out(plan)
     header = f"{plan.name} · {plan.display_model} · {plan.hardware}"
     progress = StudyProgress(header, live=False if as_json else live)
-    summary = anyio.run(
-        lambda: run_study(get_pm(ctx), plan, out, retry_failed=retry_failed, progress=progress, argv=sys.argv[1:],
-                          parallel=parallel, executor=executor, ray_address=ray_address)
-    )
+    try:
+        summary = anyio.run(
+            lambda: run_study(get_pm(ctx), plan, out, retry_failed=retry_failed, progress=progress, argv=sys.argv[1:],
+                              parallel=parallel, executor=executor, ray_address=ray_address, replace=replace)
+        )
+    except PerflabError as exc:
+        if as_json:  # --json says how it ended too; the error line follows on stderr (perflab.cli.main)
+            click.echo(json.dumps(redact.redact_obj({"study_dir": str(out), "error": str(exc),
+                                                     **exits.as_json(exc.exit_code)}), indent=2))
+        raise
     if as_json:
         o = summary.outcome
         click.echo(json.dumps(redact.redact_obj({  # secrets as *** (perflab.redact)
             "study_dir": str(summary.study_dir),
+            **exits.as_json(summary.exit_code),
             "interrupted": summary.interrupted,
             "runs_launched": summary.measured,
             "measurements_reused": summary.reused,
@@ -46,15 +55,18 @@ def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, 
             "optimized": o.optimized.label if o and o.optimized else None,
             "report": {k: str(v) for k, v in summary.report.items()},
             "engine_hours": summary.engine_hours,
+            "replaced_study_moved_to": str(summary.archived) if summary.archived else None,
         }), indent=2))
         if summary.interrupted:
             click.echo("perflab: interrupted; re-run the same command to resume", err=True)
+        elif summary.exit_code:
+            click.echo(f"perflab: {exits.describe(summary.exit_code)[1]} (exit {int(summary.exit_code)})", err=True)
     else:
         print_summary(summary)
     # No thread outlives the study: Ctrl-C cancels the running benchmark and waits for it
     # (perflab.lab.executor), so the exit is a plain one.
     if summary.exit_code:
-        raise click.exceptions.Exit(summary.exit_code)
+        raise click.exceptions.Exit(int(summary.exit_code))
 
 
 _live_option = click.option("--live/--no-live", default=None,
@@ -68,10 +80,25 @@ _early_stop_option = click.option(
          "end, as the plan key early_stop: false).")
 
 
-@click.command("run")
+_replace_option = click.option(
+    "--replace", is_flag=True,
+    help="Start afresh in --out: the study there (of this plan or another) is moved aside, whole, to "
+         "<out>.replaced-<time>. Without it, --out holding another plan's study (another name, model or "
+         "hardware) is refused (exit 2); the same plan resumes.")
+
+
+def _run_epilog() -> str:
+    from perflab.lab.exits import epilog
+
+    return epilog()
+
+
+@click.command("run", epilog=_run_epilog())
 @click.argument("plan_file", metavar="PLAN", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--out", "-o", type=click.Path(path_type=Path, file_okay=False),
-              help="Study directory (default: perflab-studies/<plan name>). Re-running with the same --out resumes.")
+              help="Study directory (default: perflab-studies/<plan name>). Re-running with the same --out resumes; "
+                   "a directory holding another plan's study is refused (see --replace).")
+@_replace_option
 @click.option("--hardware", metavar="auto|sim:NAME", default=None,
               help="Override the plan's hardware, e.g. sim:a100-80g-x8 to run the plan on the simulator.")
 @click.option("--retry-failed", is_flag=True, help="Re-run configurations that crashed or timed out before (when resuming).")
@@ -89,14 +116,16 @@ _early_stop_option = click.option(
               help="How many configurations of one study step run at once, each on its own devices "
                    "(auto: as many as fit the machine's accelerators). Decisions are those of a sequential run.")
 @click.pass_context
-def run(ctx: click.Context, plan_file: Path, out: Path | None, hardware: str | None, retry_failed: bool,
-        as_json: bool, live: bool | None, early_stop: bool, executor: str, parallel: str,
+def run(ctx: click.Context, plan_file: Path, out: Path | None, replace: bool, hardware: str | None,
+        retry_failed: bool, as_json: bool, live: bool | None, early_stop: bool, executor: str, parallel: str,
         ray_address: str | None) -> None:
     """Run a whole study from a plan file (YAML or TOML; see docs/plan-reference.md).
 
     Engine selection, one optimization at a time, combinations, then baseline and optimized
     on every profile; report.md, report.json, chart.png and report.html land in the study directory.
-    Ctrl-C stops cleanly; the same command resumes. With --parallel, the configurations of a
+    Ctrl-C stops cleanly; the same command resumes. A study directory belongs to one plan
+    (name, model, hardware): editing the plan otherwise (adding a candidate) resumes, reusing
+    every measurement still valid. With --parallel, the configurations of a
     step run side by side on disjoint device sets (docs/user-guide.md, "Parallel runs"). With
     --executor ray, they run on the nodes of a Ray cluster (docs/user-guide.md, "Running on Ray").
     """
@@ -118,7 +147,7 @@ def run(ctx: click.Context, plan_file: Path, out: Path | None, hardware: str | N
     pm = get_pm(ctx)
     plan = load_plan(plan_file, known_engines=pm.engine_names())
     _run(ctx, plan, out, hardware, retry_failed, as_json, live, early_stop and plan.decision.early_stop, n,
-         executor, ray_address)
+         executor, ray_address, replace=replace)
 
 
 @click.command("report")
@@ -146,15 +175,23 @@ def report(study_dir: Path, as_json: bool, as_html: bool, rebuild: bool) -> None
         raise UsageError("--json and --html: choose one (--json prints report.json, --html report.html's path)")
 
     if rebuild:
-        from perflab.lab.integrity import StudyLock
+        import sqlite3
+
+        from perflab.lab.integrity import StudyLock, write_fault
         from perflab.lab.store import rebuild as rebuild_db
 
         if not study_dir.is_dir():
             from perflab.errors import UsageError
 
             raise UsageError(f"{study_dir}: no such study directory")
-        with StudyLock(study_dir):  # rebuilding writes: not while a run writes it
-            counts = rebuild_db(study_dir)
+        try:
+            with StudyLock(study_dir):  # rebuilding writes: not while a run writes it
+                counts = rebuild_db(study_dir)
+        except (OSError, sqlite3.Error) as exc:  # a read-only study directory: one line, not a traceback
+            fault = write_fault(exc, study_dir)
+            if fault is None:
+                raise
+            raise fault from None
         click.echo(f"Rebuilt   {study_dir / 'study.db'} from {counts['runs']} run(s), "
                    f"{counts['measurements']} measurement(s)", err=as_json)
     outcome, paths = write_study_report(study_dir)
@@ -170,28 +207,35 @@ def report(study_dir: Path, as_json: bool, as_html: bool, rebuild: bool) -> None
         click.echo(f"{kind.capitalize():9s} {path}")
 
 
-@click.command("demo")
+@click.command("demo", epilog=_run_epilog())
 @click.option("--out", "-o", type=click.Path(path_type=Path, file_okay=False), default=Path("perflab-studies/demo"),
-              show_default=True, help="Study directory; an existing one is resumed.")
-@click.option("--fresh", is_flag=True, help="Delete the study directory first and measure everything again.")
+              show_default=True, help="Study directory; an existing demo study is resumed, another plan's refused.")
+@click.option("--fresh", is_flag=True, help="Delete the demo's study directory first and measure everything again "
+                                            "(only a demo study: another plan's is refused).")
+@_replace_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of text.")
 @_live_option
 @_early_stop_option
 @click.pass_context
-def demo(ctx: click.Context, out: Path, fresh: bool, as_json: bool, live: bool | None, early_stop: bool) -> None:
+def demo(ctx: click.Context, out: Path, fresh: bool, replace: bool, as_json: bool, live: bool | None,
+         early_stop: bool) -> None:
     """Reproduce seed 002 (Qwen3-32B on 8×A100: vLLM vs SGLang vs TensorRT-LLM, FP8/AWQ,
     max batched tokens, five workloads), scaled down, on simulated engines."""
     from perflab.lab.demo import demo_plan
 
-    if fresh and out.exists():
-        if not (out / "study.db").exists():
-            from perflab.errors import UsageError
-
-            raise UsageError(f"--fresh: {out} is not a study directory; refusing to delete it")
-        shutil.rmtree(out)
     pm = get_pm(ctx)
     plan = demo_plan(known_engines=pm.engine_names())
-    _run(ctx, plan, out, None, False, as_json, live, early_stop)
+    if fresh and out.exists():
+        from perflab.errors import UsageError
+        from perflab.lab.integrity import check_plan
+
+        if not (out / "study.db").exists():
+            raise UsageError(f"--fresh: {out} is not a study directory; refusing to delete it")
+        if not replace:  # deleting is for the demo's own study; --replace moves any study aside instead
+            check_plan(out, plan, remedy="--fresh deletes only a demo study: choose another --out, or "
+                                         "--replace to move that study aside")
+            shutil.rmtree(out)
+    _run(ctx, plan, out, None, False, as_json, live, early_stop, replace=replace)
     if not as_json:
         click.echo(f"\nThe demo's report is in {out / 'report.md'} (chart: {out / 'chart.png'}; "
                    f"as one page: {out / 'report.html'}).")

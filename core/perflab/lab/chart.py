@@ -20,11 +20,14 @@ if TYPE_CHECKING:
 
 def _save(fig: Any, path: Path) -> Path:
     """Lay out and write ``fig`` as PNG atomically (a reader never sees half a file)."""
+    import io
+
+    from perflab.lab.store import write_atomic
+
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, format="png")
-    tmp.replace(path)
-    return path
+    buf = io.BytesIO()  # rendered first: only the write itself can meet the disk's faults
+    fig.savefig(buf, format="png")
+    return write_atomic(path, buf.getvalue())
 
 
 def write_chart(o: StudyOutcome, ctx: ReportContext, path: Path, *, title: str) -> Path:

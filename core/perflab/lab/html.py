@@ -104,11 +104,9 @@ def render_html(markdown_text: str, o: StudyOutcome, ctx: ReportContext, directo
 
 def write_html(markdown_text: str, o: StudyOutcome, ctx: ReportContext, directory: Path) -> Path:
     """Write ``report.html`` into ``directory`` atomically; return its path."""
-    path = directory / HTML_NAME
-    tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(render_html(markdown_text, o, ctx, directory), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    from perflab.lab.store import write_atomic
+
+    return write_atomic(directory / HTML_NAME, render_html(markdown_text, o, ctx, directory))
 
 
 class _EmbedImagesProcessor(Treeprocessor):

@@ -11,6 +11,10 @@
   records the engine's "Free memory on device ..." crash as the configuration's result.
 * :class:`StorageFault` — disk full, read-only directory, a corrupt ``study.db``: one line,
   exit 1; everything already measured is in the run directories and the database.
+* :func:`check_plan` — a study directory belongs to one plan: its identity
+  (:func:`plan_identity`: name, model, hardware) is recorded in the study's meta, and
+  another plan is refused with :class:`PlanMismatch` (exit 2) naming both;
+  :func:`archive_study` moves the old study aside for ``--replace``.
 
 See docs/reliability.md for the whole fault matrix.
 """
@@ -20,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -31,9 +37,11 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, UsageError
+from perflab.lab.exits import RunExit
 
 if TYPE_CHECKING:
+    from perflab.lab.plan import Plan
     from perflab.types import Accelerator
 
 LOCK_NAME = ".perflab.lock"
@@ -44,14 +52,14 @@ DEVICE_POLL_S = 2.0
 class StudyLocked(PerflabError):
     """Another ``perflab run`` writes this study directory."""
 
-    exit_code = 2
+    exit_code = RunExit.USAGE
 
 
 class MachineNotReady(PerflabError):
     """The devices (or a port) a launch needs are held by someone else, or a teardown left
     something behind: the environment is at fault, not the configuration."""
 
-    exit_code = 3
+    exit_code = RunExit.ENVIRONMENT
 
     def __init__(self, message: str, leftovers: Sequence[str] = ()) -> None:
         super().__init__(message)
@@ -61,7 +69,13 @@ class MachineNotReady(PerflabError):
 class StorageFault(PerflabError):
     """The study directory cannot be written (disk full, read-only) or its database is corrupt."""
 
-    exit_code = 1
+    exit_code = RunExit.ERROR
+
+
+class PlanMismatch(UsageError):
+    """``--out`` holds the study of another plan."""
+
+    exit_code = RunExit.USAGE
 
 
 # ---------------------------------------------------------------------------------- lock
@@ -144,6 +158,136 @@ def as_fault(exc: BaseException, where: Path) -> PerflabError | None:
     if isinstance(exc, (MachineNotReady, StorageFault)):
         return exc
     return storage_fault(exc, where)
+
+
+def write_fault(exc: BaseException, where: Path) -> PerflabError | None:
+    """Like :func:`as_fault`, and any other ``OSError`` while writing into ``where`` is one
+    line naming the file too (a report that cannot be written is never a traceback)."""
+    fault = as_fault(exc, where)
+    if fault is None and isinstance(exc, OSError):
+        fault = StorageFault(f"{where}: cannot write {exc.filename or 'the study'} "
+                             f"({exc.strerror or type(exc).__name__}); everything measured so far is kept")
+    return fault
+
+
+def out_dir_fault(exc: OSError, out_dir: Path) -> PerflabError:
+    """Why ``--out`` cannot be made a study directory, in one line: a storage fault (read-only,
+    full, permissions: exit 1), else a path that cannot hold a directory (under a regular file,
+    in /proc: exit 2)."""
+    fault = storage_fault(exc, out_dir)
+    if fault is not None:
+        return fault
+    why = exc.strerror or type(exc).__name__
+    return UsageError(f"--out {out_dir}: cannot create the study directory there ({why}: {exc.filename or out_dir}); "
+                      f"choose a directory you can write")
+
+
+# ---------------------------------------------------------------------------------- one plan per study
+
+PLAN_IDENTITY_META = "plan_identity"
+
+
+def plan_identity(plan: Plan) -> dict[str, str]:
+    """What makes a study directory one plan's: its name, model and hardware (after
+    ``--hardware``). Everything else a measurement depends on (options, workloads, decision
+    method, engine versions) is in each measurement's keys already, so editing a plan —
+    adding a candidate, a profile, changing repeats — resumes, reusing what is still valid;
+    another name, model or machine is another study. ``hash`` is recorded for tools."""
+    fields = {"name": plan.name, "model": plan.model, "hardware": plan.hardware}
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    return {**fields, "hash": digest}
+
+
+def _stored_meta(study_dir: Path) -> dict[str, Any] | None:
+    """The meta of the study in ``study_dir`` (study.db, else its mirror study.json); None
+    when there is no study there."""
+    import sqlite3
+
+    from perflab.lab.store import DB_NAME, META_FILE
+
+    db_path = study_dir / DB_NAME
+    if db_path.is_file():
+        try:
+            db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+            try:
+                rows = db.execute("SELECT key, value FROM meta").fetchall()
+            finally:
+                db.close()
+            return {k: json.loads(v) for k, v in rows}
+        except (sqlite3.Error, ValueError):
+            pass  # a corrupt database: its mirror says whose study it is
+    mirror = study_dir / META_FILE
+    if mirror.is_file():
+        try:
+            meta = json.loads(mirror.read_text(encoding="utf-8"))
+            return meta if isinstance(meta, dict) else None
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def stored_identity(study_dir: Path) -> tuple[dict[str, str], str] | None:
+    """(identity, plan path) of the study in ``study_dir``; None when there is none, or it
+    cannot be told. A study written before identities were recorded gets its identity from
+    its stored plan text and hardware."""
+    meta = _stored_meta(study_dir)
+    if not meta:
+        return None
+    path = str(meta.get("plan_path") or study_dir / "plan.yaml")
+    ident = meta.get(PLAN_IDENTITY_META)
+    if isinstance(ident, dict) and ident.get("hash"):
+        return {k: str(v) for k, v in ident.items()}, path
+    text = meta.get("plan_text")
+    if not text:
+        return None
+    from perflab.lab.plan import load_plan_text
+
+    try:
+        old = load_plan_text(text, path=Path(path).name, check_files=False)
+    except PerflabError:
+        return None  # a plan this perflab cannot read: nothing to compare with
+    spec = meta.get("hardware_spec")
+    if spec and spec != old.hardware:
+        import dataclasses
+
+        old = dataclasses.replace(old, hardware=str(spec))
+    return plan_identity(old), path
+
+
+def check_plan(study_dir: Path, plan: Plan, *, remedy: str) -> bool:
+    """Refuse ``plan`` when ``study_dir`` holds the study of another plan
+    (:class:`PlanMismatch`, naming both and ``remedy``). True when a study of this plan is
+    there (it resumes), False when there is none."""
+    found = stored_identity(study_dir)
+    if found is None:
+        return (study_dir / "study.db").is_file()
+    old, old_path = found
+    new = plan_identity(plan)
+    if old["hash"] == new["hash"]:
+        return True
+    diff = "; ".join(f"{k} {old.get(k)!r} vs {new[k]!r}" for k in ("name", "model", "hardware") if old.get(k) != new[k])
+    new_path = str(plan.path) if plan.path is not None else "(built in)"
+    raise PlanMismatch(f"{study_dir} holds the study of plan {old.get('name')!r} ({old_path}), not of plan "
+                       f"{new['name']!r} ({new_path}): {diff}; {remedy}")
+
+
+def archive_study(study_dir: Path) -> Path:
+    """Move the study in ``study_dir`` aside to ``<dir>.replaced-<UTC time>`` (kept whole,
+    never deleted) and leave ``study_dir`` empty; the archive's path."""
+    src = Path(study_dir).resolve()
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest = src.with_name(f"{src.name}.replaced-{stamp}")
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = src.with_name(f"{src.name}.replaced-{stamp}-{n}")
+    try:
+        src.rename(dest)
+        src.mkdir()
+    except OSError as exc:
+        raise UsageError(f"--replace: cannot move the study in {study_dir} aside to {dest} "
+                         f"({exc.strerror or exc}); move it yourself or choose another --out") from None
+    return dest
 
 
 # ---------------------------------------------------------------------------------- devices
@@ -359,13 +503,20 @@ __all__ = [
     "DEFAULT_DEVICE_WAIT_S",
     "DeviceHolder",
     "MachineNotReady",
+    "PlanMismatch",
     "StorageFault",
     "StudyLock",
     "StudyLocked",
+    "archive_study",
     "as_fault",
+    "check_plan",
     "device_holders",
     "invisible_holders",
+    "out_dir_fault",
     "perflab_owner",
+    "plan_identity",
     "storage_fault",
+    "stored_identity",
     "wait_until_ready",
+    "write_fault",
 ]

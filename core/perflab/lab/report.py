@@ -719,7 +719,7 @@ def write_report(o: StudyOutcome, ctx: ReportContext, directory: Path) -> dict[s
     from perflab.audit import audit_written_report
     from perflab.lab.chart import write_chart, write_pareto
     from perflab.lab.html import write_html
-    from perflab.lab.store import write_json
+    from perflab.lab.store import write_atomic, write_json
 
     directory.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": directory / "report.md", "json": directory / "report.json", "chart": directory / CHART_NAME}
@@ -729,10 +729,8 @@ def write_report(o: StudyOutcome, ctx: ReportContext, directory: Path) -> dict[s
         paths["pareto"] = write_pareto(pareto, ctx, o.plan.decision.slo, directory / PARETO_NAME, title=title_of(o, ctx))
     data = json.loads(json.dumps(build_json(o, ctx), default=str))
     markdown = audit_written_report(render_markdown(o, ctx), data)  # perflab audit: "Consistency check", "audit"
-    tmp = paths["markdown"].with_suffix(".md.tmp")
     text = redact.scrub(markdown)
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(paths["markdown"])
+    write_atomic(paths["markdown"], text)
     write_json(paths["json"], data)
     paths["html"] = write_html(text, o, ctx, directory)  # report.md's text with the charts, one page (perflab.lab.html)
     return paths

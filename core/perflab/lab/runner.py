@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import signal
 import sqlite3
 import sys
 import time
@@ -30,7 +31,19 @@ from perflab.errors import PerflabError, UnknownEngine
 from perflab.lab.backend import Event, Files, Finished, LocalBackend, Lost, Measured, Placed, Ticket
 from perflab.lab.decide import DecideBy
 from perflab.lab.executor import LabContext
-from perflab.lab.integrity import MachineNotReady, StudyLock, as_fault
+from perflab.lab.exits import RunExit, interrupted_status, outcome_status
+from perflab.lab.integrity import (
+    PLAN_IDENTITY_META,
+    MachineNotReady,
+    PlanMismatch,
+    StudyLock,
+    archive_study,
+    as_fault,
+    check_plan,
+    out_dir_fault,
+    plan_identity,
+    write_fault,
+)
 from perflab.lab.options import Configuration
 from perflab.lab.plan import WINNER, Plan, Profile, load_plan_text
 from perflab.lab.report import ReportContext, write_report
@@ -53,6 +66,7 @@ class RunSummary:
     reused: int  # measurements taken from earlier invocations
     # Store.engine_hours(): {"spent", "full_method_estimate", "saved_pct"} of the whole study
     engine_hours: dict[str, float] = dataclasses.field(default_factory=dict)
+    archived: Path | None = None  # --replace: where the earlier study in study_dir was moved
 
 
 def engines_of(plan: Plan) -> list[str]:
@@ -360,6 +374,11 @@ def write_study_report(study_dir: Path) -> tuple[StudyOutcome, dict[str, Path]]:
     try:
         outcome = anyio.run(_report_outcome, store)
         paths = write_report(outcome, report_context(store), store.dir)
+    except (OSError, sqlite3.Error) as exc:  # a read-only or full study directory: one line naming the file
+        fault = write_fault(exc, store.dir)
+        if fault is None:
+            raise
+        raise fault from None
     finally:
         store.close()
     return outcome, paths
@@ -380,6 +399,7 @@ async def run_study(
     parallel: int | str = 1,
     executor: str = "local",
     ray_address: str | None = None,
+    replace: bool = False,
 ) -> RunSummary:
     """Run (or resume) a study; write its report unless interrupted. Holds the study lock
     for its whole life; an environment or storage fault raises its one-line PerflabError
@@ -388,22 +408,26 @@ async def run_study(
     many configurations of one step may run at once on disjoint devices (``"auto"``: as many
     as fit; :class:`perflab.lab.backend.LocalBackend`). ``executor="ray"``: the runs go to the
     nodes of a Ray cluster (``ray_address``; None: a local Ray for the study;
-    :mod:`perflab.lab.raybackend`)."""
+    :mod:`perflab.lab.raybackend`). The directory belongs to one plan: another plan's study
+    there is refused (:class:`~perflab.lab.integrity.PlanMismatch`, exit 2) unless ``replace``,
+    which moves it aside to ``<out>.replaced-<time>`` first (as it does a study of this plan)."""
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         lock = StudyLock(out_dir)
         lock.acquire()  # one writer per study: a second run exits 2 naming this pid
-    except OSError as exc:
-        raise as_fault(exc, out_dir) or exc from None
+    except OSError as exc:  # --out under a regular file, in /proc, read-only: one line, nothing written
+        raise out_dir_fault(exc, out_dir) from None
     cluster = None
     try:
+        lock, archived = _claim(out_dir, plan, lock, replace=replace)
         if executor == "ray":  # join Ray and check its nodes for this study (perflab.lab.raybackend)
             from perflab.lab.raybackend import RayCluster
 
             cluster = await anyio.to_thread.run_sync(RayCluster.connect, pm, plan, out_dir, ray_address)
-        return await _run_locked(pm, plan, out_dir, retry_failed=retry_failed, progress=progress, argv=argv,
-                                 parallel=parallel, cluster=cluster)
+        summary = await _run_locked(pm, plan, out_dir, retry_failed=retry_failed, progress=progress, argv=argv,
+                                    parallel=parallel, cluster=cluster)
+        return dataclasses.replace(summary, archived=archived)
     except (OSError, sqlite3.Error) as exc:  # a storage fault outside a run (meta, plan copy, report)
         fault = as_fault(exc, out_dir)
         if fault is None:
@@ -413,6 +437,29 @@ async def run_study(
         if cluster is not None:
             cluster.close()
         lock.release()
+
+
+def _claim(out_dir: Path, plan: Plan, lock: StudyLock, *, replace: bool) -> tuple[StudyLock, Path | None]:
+    """Make ``out_dir`` this plan's study (the caller holds ``lock`` on it): refuse another
+    plan's study, or with ``replace`` archive whatever study is there. Returns the lock now
+    held and where the earlier study went (None: nothing was moved)."""
+    remedy = ("choose another --out for it, or add --replace to move the old study aside "
+              f"(to {out_dir.name}.replaced-<time>) and start afresh")
+    try:
+        exists = check_plan(out_dir, plan, remedy=remedy)
+    except PlanMismatch:
+        if not replace:
+            raise
+        exists = True
+    if not (replace and exists):
+        return lock, None
+    archived = archive_study(out_dir)  # the lock file moves with it, still held: no writer slips in between
+    fresh = StudyLock(out_dir)
+    fresh.acquire()
+    lock.release()
+    # said at once: the move happened even if the new study fails later
+    print(f"perflab: --replace: the earlier study in {out_dir} was moved to {archived}", file=sys.stderr)
+    return fresh, archived
 
 
 async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool, progress: Any,
@@ -448,7 +495,7 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
         "plan_text": redact.scrub_plan(plan.text), "plan_path": str(plan.path.resolve() if plan.path and plan.path.exists() else plan_copy),
         "hardware": to_jsonable(snapshot), "hardware_spec": plan.hardware, "simulated": snapshot.simulated,
         "time_scale": time_scale, "versions": versions, "display": display, "salt": salt, "last_state": "running",
-        "stop_reason": None, "leftovers": [],
+        "stop_reason": None, "leftovers": [], PLAN_IDENTITY_META: plan_identity(plan),
     }.items():
         store.set_meta(key, value)
     write_json(store.dir / "hardware.json", to_jsonable(snapshot))
@@ -461,6 +508,7 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
     ctx = LabContext(pm, plan, snapshot, env, versions, time_scale)
     outcome: StudyOutcome | None = None
     interrupted = False
+    signal_status = 0
     stopped: PerflabError | None = None
     t0 = time.monotonic()
     with ui, study_logging(store.dir, ui.log_listener) as log:
@@ -484,6 +532,7 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
             async with signal_guard() as guard:
                 outcome = await conduct(plan, measure, display=lambda e: display.get(e, e))
             interrupted = guard.interrupted
+            signal_status = guard.exit_code
         except PerflabError as exc:  # the environment or perflab stopped the study
             stopped = exc
             log.error("lab.stopped", reason=str(exc))
@@ -508,7 +557,10 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
         store.close()
         raise stopped
     paths: dict[str, Path] = {}
-    exit_code = 130 if interrupted else 0
+    # RunExit: OK only when the baseline and the recommendation were measured; interrupted:
+    # 128 + the signal (signal_guard's own status)
+    exit_code = (signal_status or interrupted_status(signal.SIGINT)) if interrupted else (
+        outcome_status(outcome) if outcome is not None else RunExit.ERROR)
     if not interrupted and outcome is not None:
         rctx = report_context(store)
         paths = write_report(outcome, rctx, store.dir)
@@ -543,6 +595,11 @@ def print_summary(summary: RunSummary, stream: Any = None) -> None:
               f"{h['full_method_estimate']:.3f} (early stop saved {h['saved_pct']:.1f}%)", file=stream)
     for kind, path in summary.report.items():
         print(f"{kind.capitalize():9s} {path}", file=stream)
+    if summary.exit_code:  # a study that ran but did not measure what its answer needs says so, and how it exits
+        from perflab.lab.exits import describe
+
+        print(f"perflab: {describe(summary.exit_code)[1]} (exit {int(summary.exit_code)}); see {summary.study_dir / 'report.md'}",
+              file=sys.stderr)
 
 
 __all__ = [

@@ -431,11 +431,20 @@ def _cause_json(cause: CrashCause | None) -> str | None:
 
 
 def write_json(path: Path, value: Any) -> None:
-    """Write JSON atomically (a kill or a full disk mid-write leaves the old file or none,
-    never half): temp file, fsync, rename; the temp file is removed if anything fails."""
+    """Write JSON atomically (:func:`write_atomic`); secrets as ***."""
+    write_atomic(path, (json.dumps(redact.redact_obj(value), indent=2, default=str) + "\n").encode("utf-8"))
+
+
+def write_atomic(path: Path, data: bytes | str) -> Path:
+    """Write ``path`` atomically (a kill or a full disk mid-write leaves the old file or none,
+    never half): a hidden temp file beside it, fsync, rename. If anything fails the temp file
+    is removed and the ``OSError`` names ``path`` itself (a write error on an open file
+    carries no file name of its own)."""
     import os
 
-    data = (json.dumps(redact.redact_obj(value), indent=2, default=str) + "\n").encode("utf-8")  # secrets as ***
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -447,12 +456,15 @@ def write_json(path: Path, value: Any) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             tmp.unlink()
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         raise
+    return path
 
 
 def run_dirs(directory: Path) -> list[Path]:
