@@ -161,6 +161,9 @@ def test_demo_into_another_plans_directory_is_refused_and_fresh_deletes_nothing(
     ("all crashed", "example/no-such-model", "", RunExit.NOTHING_MEASURED),
     ("baseline crashed", "Qwen/Qwen3-8B", "baseline: {engine: vllm, serve: {max_model_len: 99999999999}}\n" + CANDIDATE,
      RunExit.BASELINE_NOT_MEASURED),
+    ("no engine served, the baseline did", "Qwen/Qwen3-8B",
+     "serve: {max_model_len: 99999999999}\nbaseline: {engine: vllm, serve: {max_model_len: 4096}}",
+     RunExit.RECOMMENDATION_NOT_MEASURED),
 ])
 def test_a_study_that_did_not_measure_its_answer_does_not_exit_0(tmp_path: Path, case: str, model: str, extra: str,
                                                                    status: RunExit) -> None:
