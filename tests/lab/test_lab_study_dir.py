@@ -102,7 +102,9 @@ def test_another_model_or_hardware_is_another_study(study: Path, tmp_path: Path)
     assert r.returncode == 2 and "model 'Qwen/Qwen3-8B' vs 'Qwen/Qwen3-32B'" in one_error_line(r.stderr)
     plan = plan_file(tmp_path, "small")
     r = perflab("run", str(plan), "--out", str(study), "--hardware", "sim:h100-80g-x8", "--no-live", cwd=tmp_path)
-    assert r.returncode == 2 and "hardware 'sim:a100-80g-x8' vs 'sim:h100-80g-x8'" in one_error_line(r.stderr)
+    line = one_error_line(r.stderr)
+    assert r.returncode == 2 and "hardware 'sim:a100-80g-x8' vs 'sim:h100-80g-x8'" in line
+    assert "to resume it, run with --hardware sim:a100-80g-x8" in line
 
 
 def test_adding_a_candidate_resumes_reusing_what_was_measured(study: Path, tmp_path: Path) -> None:

@@ -267,6 +267,8 @@ def check_plan(study_dir: Path, plan: Plan, *, remedy: str) -> bool:
         return True
     diff = "; ".join(f"{k} {old.get(k)!r} vs {new[k]!r}" for k in ("name", "model", "hardware") if old.get(k) != new[k])
     new_path = str(plan.path) if plan.path is not None else "(built in)"
+    if all(old.get(k) == new[k] for k in ("name", "model")):  # the same plan on another machine
+        remedy = f"to resume it, run with --hardware {old.get('hardware')}; or {remedy}"
     raise PlanMismatch(f"{study_dir} holds the study of plan {old.get('name')!r} ({old_path}), not of plan "
                        f"{new['name']!r} ({new_path}): {diff}; {remedy}")
 
