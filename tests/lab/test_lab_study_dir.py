@@ -194,6 +194,12 @@ def test_run_help_lists_every_exit_status() -> None:
         assert "130 Ctrl-C (SIGINT), 143 SIGTERM, 129 SIGHUP" in text
 
 
+def test_the_user_guide_lists_the_exit_statuses_as_declared() -> None:
+    guide = (Path(__file__).parents[2] / "docs" / "user-guide.md").read_text(encoding="utf-8")
+    for member in RunExit:
+        assert f"| {member.value} | {member.meaning} |" in guide, member
+
+
 def test_environment_fault_carries_its_status_in_json(tmp_path: Path) -> None:
     """A machine that is not ready stops the study with exit 3, and --json says so too."""
     from perflab.sim import state
