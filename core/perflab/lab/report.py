@@ -422,7 +422,7 @@ def _slo_section(o: StudyOutcome) -> list[str]:
 
 def _entry_lines(e: Entry, ctx: ReportContext) -> list[str]:
     block = result_block(e.result)
-    if e.note:
+    if e.note and e.result.status is not Status.STOPPED_EARLY:  # a stopped block says it once, itself
         block += f"\n# {e.note}"
     if e.result.reused:
         block += "\n# (measured in an earlier session of this study and reused)"

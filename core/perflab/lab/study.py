@@ -116,28 +116,38 @@ yet, or not the main profile), for early stop — a measure that does not stop e
 
 
 def stopped_early_text(info: Mapping[str, Any] | None) -> str:
-    """One line for a person: ``lost: could reach at most 1647 tok/s, below the 1667 it needed
-    to be adopted (after 164 of 1000 requests, 43 of ~261 s)`` (the bound), ``lost: its open
-    requests, first come first served, end ~220 s in at the earliest, 1790 tok/s at most, below
-    the 1871 it needed ...`` (the forecast); the early stop's own reasons read as that,
-    any other record as its reason and figures (everything is in ``stopped_early``)."""
+    """One plain sentence for a person: what was measured, what was never sent, and the bound
+    or forecast that stopped it — ``lost after 164 of 1000 requests completed (43 of ~261 s;
+    836 in flight were cut short, 0 never sent): at its measured rate it could reach at most
+    1647 tok/s, below the 1667 it needed to be adopted; the 1702.10 tok/s measured is the rate
+    of those 43 s only, not the full run's`` (the bound), ``... its open requests, first come
+    first served, end ~220 s in at the earliest, so it could reach at most 1790 tok/s ...`` (the
+    forecast). The counts are the measured part's (:func:`perflab.lab.executor.stopped_early_record`),
+    those of its result block; any other record reads as its reason and figures."""
     info = dict(info or {})
     reason = str(info.pop("reason", "") or "no reason recorded")
     when = ""
     if {"completed", "num_prompts", "elapsed_s", "estimated_full_s"} <= info.keys():
-        when = (f" (after {info['completed']} of {info['num_prompts']} requests, "
-                f"{info['elapsed_s']:.0f} of ~{info['estimated_full_s']:.0f} s)")
+        unsent = ""
+        if {"cut_short", "never_sent"} <= info.keys():
+            unsent = f"; {info['cut_short']} in flight were cut short, {info['never_sent']} never sent"
+        when = (f" after {info['completed']} of {info['num_prompts']} requests completed "
+                f"({info['elapsed_s']:.0f} of ~{info['estimated_full_s']:.0f} s{unsent})")
+    partial = ""
+    if isinstance(info.get("partial_token_throughput"), (int, float)) and "elapsed_s" in info:
+        partial = (f"; the {info['partial_token_throughput']:.2f} tok/s measured is the rate of those "
+                   f"{info['elapsed_s']:.0f} s only, not the full run's")
     if reason == "lost" and {"bound_token_throughput", "limit"} <= info.keys():
-        return (f"lost: could reach at most {info['bound_token_throughput']:.0f} tok/s, below the "
-                f"{info['limit']:.0f} it needed to be adopted{when}")
+        return (f"lost{when}: at its measured rate it could reach at most {info['bound_token_throughput']:.0f} tok/s, "
+                f"below the {info['limit']:.0f} it needed to be adopted{partial}")
     if reason == "lost" and {"forecast_token_throughput", "forecast_end_s", "limit"} <= info.keys():
-        return (f"lost: its open requests, first come first served, end ~{info['forecast_end_s']:.0f} s in at the "
-                f"earliest, {info['forecast_token_throughput']:.0f} tok/s at most, below the {info['limit']:.0f} it "
-                f"needed to be adopted{when}")
+        return (f"lost{when}: its open requests, first come first served, end ~{info['forecast_end_s']:.0f} s in at "
+                f"the earliest, so it could reach at most {info['forecast_token_throughput']:.0f} tok/s, below the "
+                f"{info['limit']:.0f} it needed to be adopted{partial}")
     if reason == "over-saturated" and info.get("queue") and info.get("latency_ms"):
         q, lat = info["queue"], info["latency_ms"]
-        return (f"over-saturated: the queue grew from {q[0]} to {q[-1]} requests and latency from "
-                f"{lat[0]:.0f} to {lat[-1]:.0f} ms{when}")
+        return (f"over-saturated{when}: the queue grew from {q[0]} to {q[-1]} requests and latency from "
+                f"{lat[0]:.0f} to {lat[-1]:.0f} ms")
     figures = ", ".join(f"{k} {_fig(v)}" for k, v in info.items())
     return f"{reason} ({figures})" if figures else reason
 

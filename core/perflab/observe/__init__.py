@@ -132,8 +132,38 @@ class Watching:
                 out[w.key] = s
         return out
 
-    def series_json(self) -> dict[str, Any]:
-        return {k: [s.to_json() for s in v] for k, v in self.samples.items()}
+    def series_json(self, duration_s: float | None = None) -> dict[str, Any]:
+        """The samples on the benchmark's own time axis: ``t`` is 0 where its timed run began
+        (the ``start`` mark; the loading and the warm-up before it are negative) and, with
+        ``duration_s`` (the benchmark's duration, on the clock that measured it), equals it where
+        the timed run ended (the ``end`` mark). The sampling clock is the host's times the time
+        scale, which a loaded host running the simulator behind its scale stretches: a 236 s
+        benchmark's samples spanned 69 s to 563 s; mapped between the marks they span 0 to 236."""
+        return {k: [s.to_json() for s in on_benchmark_axis(v, self.mark_times(), duration_s)]
+                for k, v in self.samples.items()}
+
+    def mark_times(self) -> dict[str, float]:
+        """Where the timed run began and ended on the sampling clock (the first sample with each mark)."""
+        out: dict[str, float] = {}
+        for samples in self.samples.values():
+            for s in samples:
+                if s.mark is not None:
+                    out.setdefault(s.mark, s.t)
+        return out
+
+
+def on_benchmark_axis(samples: Sequence[Sample], marks: Mapping[str, float],
+                      duration_s: float | None) -> list[Sample]:
+    """``samples`` with ``t`` rebased to the timed run's start mark and, when both marks and a
+    positive ``duration_s`` are known, scaled so that the end mark falls on ``duration_s``
+    (the benchmark's clock); without a start mark, as they are."""
+    start, end = marks.get(START), marks.get(END)
+    if start is None:
+        return list(samples)
+    scale = 1.0
+    if end is not None and end > start and duration_s is not None and duration_s > 0:
+        scale = duration_s / (end - start)
+    return [Sample((s.t - start) * scale, s.values, s.mark) for s in samples]
 
 
 async def watch(watchers: Sequence[Watcher], into: Watching, *, time_scale: float = 1.0,
