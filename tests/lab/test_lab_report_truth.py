@@ -10,7 +10,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from perflab.bench.cancel import CANCELLED
-from perflab.lab.executor import stopped_early_record
 from perflab.lab.options import Configuration
 from perflab.lab.report import _entry_lines, ReportContext
 from perflab.lab.study import ConfigResult, Entry, stopped_early_text
@@ -39,6 +38,8 @@ DECIDED = {"reason": "lost", "completed": 233, "num_prompts": 1000, "elapsed_s":
 
 
 def _stopped_entry(partial: Any) -> Entry:
+    from perflab.lab.executor import stopped_early_record
+
     metrics, info = stopped_early_record(DECIDED, partial, 1000)
     res = ConfigResult(Status.STOPPED_EARLY, metrics, 1000, stopped_early=info)
     return Entry("TensorRT-LLM 16k", Configuration("trtllm", {"model": "m"}), res,
@@ -61,6 +62,8 @@ def test_a_stopped_block_counts_requests_cut_short_as_no_failure_and_agrees_with
 
 
 def test_a_stopped_record_keeps_the_decisions_counts_for_diagnosis() -> None:
+    from perflab.lab.executor import stopped_early_record
+
     metrics, info = stopped_early_record(DECIDED, _partial(235, 765), 1000)
     assert metrics is not None and metrics["failed"] == 0 and metrics["completed"] == 235
     assert info["decided_at"] == {"completed": 233, "elapsed_s": 44.771}
@@ -114,3 +117,124 @@ def test_engine_metrics_series_are_on_the_benchmarks_own_time_axis(tmp_path: Pat
     charted, _ = load_series(run, "long")
     times = [t for t, _ in charted["server_metrics"]]
     assert times[0] == 0.0 and abs(times[-1] - 235.89) < 1e-6  # the chart shows the timed run, 0 to its duration
+
+
+# --------------------------------------------------------------------------- 10: a decision's price
+
+import anyio  # noqa: E402
+import pytest  # noqa: E402
+
+from perflab.errors import UsageError  # noqa: E402
+from perflab.lab.plan import Profile, load_plan_text  # noqa: E402
+from perflab.lab.report import build_json, render_markdown, write_report  # noqa: E402
+from perflab.lab.study import conduct  # noqa: E402
+
+PLAN = """
+model: Qwen/Qwen3-32B
+engines: [vllm, trtllm]
+baseline: {{engine: vllm}}
+{extra}
+candidates:
+  - name: Max Num Seqs
+    variants:
+      - {{name: Seqs 512, set: {{max_num_seqs: 512}}}}
+profiles:
+  sharegpt: {{label: ShareGPT, dataset: synthetic-sharegpt, num_prompts: 200}}
+  short: {{label: Short Prompt, input_len: 128, output_len: 4, num_prompts: 200}}
+"""
+CTX = ReportContext(display={"vllm": "vLLM", "trtllm": "TensorRT-LLM"})
+
+
+def _m(tps: float, mean_tpot: float, p99_tpot: float, mean_ttft: float = 100.0) -> dict[str, Any]:
+    return {"completed": 200, "failed": 0, "total_token_throughput": tps, "mean_tpot_ms": mean_tpot,
+            "median_tpot_ms": mean_tpot, "p99_tpot_ms": p99_tpot, "mean_ttft_ms": mean_ttft,
+            "median_ttft_ms": mean_ttft, "p99_ttft_ms": mean_ttft * 2}
+
+
+class Fake:
+    """A measure answering from a table: (name, profile) -> metrics (the decisions are under test)."""
+
+    def __init__(self, table: dict[tuple[str, str], dict[str, Any]]) -> None:
+        self.table = table
+
+    async def __call__(self, config: Configuration, profiles: list[Profile], *, step: str, label: str,
+                       to_beat: float | None = None) -> dict[str, ConfigResult]:
+        name = config.engine + ("+512" if config.options.get("max_num_seqs") == 512 else "")
+        return {p.name: ConfigResult(Status.OK, self.table[(name, p.name)], 200) for p in profiles}
+
+
+# seed 002's price: the optimized engine wins ShareGPT's throughput and triples Short Prompt's mean TPOT
+TABLE = {("vllm", "sharegpt"): _m(1660.0, 100.0, 150.0), ("vllm", "short"): _m(2900.0, 683.79, 700.0),
+         ("trtllm", "sharegpt"): _m(1870.0, 90.0, 160.0), ("trtllm", "short"): _m(3200.0, 2220.74, 2500.0),
+         ("trtllm+512", "sharegpt"): _m(2000.0, 95.0, 250.0, 130.0), ("trtllm+512", "short"): _m(3300.0, 2300.0, 2600.0),
+         ("vllm+512", "sharegpt"): _m(1500.0, 100.0, 150.0)}
+
+
+def _conduct(extra: str = ""):
+    plan = load_plan_text(PLAN.format(extra=extra))
+    return anyio.run(lambda: conduct(plan, Fake(TABLE), display=CTX.name))
+
+
+def test_the_recommendations_latency_regressions_are_flagged_in_the_table_html_and_json(tmp_path: Path) -> None:
+    """Seed 002: mean TPOT 683.79 → 2220.74 ms on Short Prompt with no mark anywhere."""
+    o = _conduct()
+    assert o.optimized is not None and o.optimized.label == "TensorRT-LLM Seqs 512"
+    md = render_markdown(o, CTX)
+    (short,) = [line for line in md.splitlines() if line.startswith("| **Short Prompt**")]
+    assert "Mean TPOT(ms): 2300.00 <span style=\"background-color:#fbcaca;\">(+236.4%)</span>" in short
+    assert "⚠ Latency worse than the baseline by more than 10%: mean TPOT +236.4%" in short
+    (share,) = [line for line in md.splitlines() if line.startswith("| **ShareGPT**")]
+    assert "p99 TPOT +66.7%" in share and "mean TTFT +30.0%" in share and "mean TPOT" not in share.split("⚠")[1]
+    data = build_json(o, CTX)
+    rows = {c["profile"]: c["latency_regressions"] for c in data["conclusion"]}
+    assert {r["metric"] for r in rows["short"]} >= {"mean_tpot_ms", "p99_tpot_ms"}
+    assert next(r for r in rows["short"] if r["metric"] == "mean_tpot_ms") == {
+        "metric": "mean_tpot_ms", "baseline": 683.79, "measured": 2300.0, "change_pct": 236.36}
+    assert data["latency_regression_pct"] == 10.0
+    paths = write_report(o, CTX, tmp_path)
+    assert "⚠ Latency worse than the baseline by more than 10%" in paths["html"].read_text()
+    # the threshold is the plan's
+    o = _conduct("guards: {latency_regression_pct: 300}")
+    assert "⚠" not in render_markdown(o, CTX)
+
+
+def test_guards_make_a_configuration_ineligible_and_say_why() -> None:
+    o = _conduct("guards: {p99_tpot_ms: 200, max_regression: {mean_ttft_ms: 0.2}}")
+    step = o.steps[1]
+    (e,) = step.entries
+    assert not e.eligible and not step.adopted
+    assert "guard p99_tpot_ms ≤ 200 ms: p99 TPOT 250.00 ms" in e.note
+    assert "guard max_regression.mean_ttft_ms ≤ 20%: mean TTFT +30.0% vs the baseline (100.00 → 130.00 ms)" in e.note
+    assert "excluded by the plan's guards: TensorRT-LLM Seqs 512 (guard p99_tpot_ms" in step.statement
+    assert o.optimized is not None and o.optimized.label == "TensorRT-LLM"  # the step's best is not adopted
+    md = render_markdown(o, CTX)
+    (row,) = [line for line in md.splitlines() if line.startswith("| Max Num Seqs |")]
+    assert "guard p99_tpot_ms ≤ 200 ms: p99 TPOT 250.00 ms" in row
+    # an engine past a limit is not chosen either
+    o = _conduct("guards: {p99_tpot_ms: 155}")
+    assert o.steps[0].chosen is not None and o.steps[0].chosen.label == "vLLM"
+    assert "excluded by the plan's guards: TensorRT-LLM (guard p99_tpot_ms ≤ 155 ms" in o.steps[0].statement
+
+
+@pytest.mark.parametrize(("guards", "message"), [
+    ("guards: [p99_tpot_ms]", "guards: expected a mapping"),
+    ("guards: {p99_tpot: 200}", "guards.p99_tpot: unknown key; expected a latency metric"),
+    ("guards: {p150_tpot_ms: 200}", "guards.p150_tpot_ms: unknown key"),
+    ("guards: {p99_tpot_ms: fast}", "guards.p99_tpot_ms: expected a positive number of milliseconds, got a string"),
+    ("guards: {p99_tpot_ms: 0}", "guards.p99_tpot_ms: expected a positive number of milliseconds"),
+    ("guards: {max_regression: 0.2}", "guards.max_regression: expected a mapping"),
+    ("guards: {max_regression: {mean_ttft: 0.2}}", "guards.max_regression.mean_ttft: unknown metric"),
+    ("guards: {max_regression: {mean_ttft_ms: [1]}}", "guards.max_regression.mean_ttft_ms: expected a non-negative"),
+    ("guards: {latency_regression_pct: -1}", "guards.latency_regression_pct: expected a non-negative percentage"),
+])
+def test_guards_are_checked_when_the_plan_is_read(guards: str, message: str) -> None:
+    with pytest.raises(UsageError) as err:
+        load_plan_text(PLAN.format(extra=guards))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_guards_are_read_with_the_percentiles_they_need() -> None:
+    plan = load_plan_text(PLAN.format(extra="guards: {p95_ttft_ms: 900, max_regression: {p90_tpot_ms: 0.1}}"))
+    g = plan.decision.guards
+    assert g.limits == (("p95_ttft_ms", 900.0),) and g.max_regression == (("p90_tpot_ms", 0.1),)
+    assert g.percentiles() == (90.0, 95.0) and g.latency_regression_pct == 10.0

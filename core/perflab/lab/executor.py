@@ -883,6 +883,8 @@ class Executor:
                                                                        for k in slo.limits()))))
             req = req.replace(percentiles=tuple(sorted({*req.percentiles, float(slo.percentile)})),
                               percentile_metrics=metrics, goodput=slo.goodput())
+        if guarded := plan.decision.guards.percentiles():  # the percentiles the plan's guards read
+            req = req.replace(percentiles=tuple(sorted({*req.percentiles, *guarded})))
         return req
 
     async def _benchmark(self, instances: list[Any], config: Configuration, profile: Profile, run_dir: Path,
