@@ -99,24 +99,34 @@ profiles:
 
 def test_engine_metrics_series_are_on_the_benchmarks_own_time_axis(tmp_path: Path) -> None:
     """A 235.89 s benchmark's engine metrics showed running > 0 from 69 s to 563 s: the samples
-    counted from before the warm-up, on the host's clock times the time scale (a host behind
-    the simulator's scale stretches it)."""
+    counted from before the warm-up, on the host's clock times the time scale, which a loaded
+    host running the simulator behind its scale stretches. Measured in the demo (runs/001-vllm,
+    ShareGPT, 235.89 s): on the engines' clock running > 0 spans 17.7 s to 245.1 s (the end mark,
+    where the client had read the last response on a loaded host, at 494 s)."""
     from perflab.lab.html import load_series
+    from perflab.observe.telemetry import ENGINE_T
 
     w = Watching()
-    w.samples["server_metrics"] = [Sample(0.0, {"running": 0.0}), Sample(30.0, {"running": 1.0}),
-                                   Sample(69.0, {"running": 8.0}, START), Sample(300.0, {"running": 64.0}),
-                                   Sample(563.0, {"running": 1.0}, END), Sample(570.0, {"running": 0.0})]
-    series = w.series_json(235.89)["server_metrics"]
-    ts = {s.get("mark"): s["t"] for s in series}
-    assert ts[START] == 0.0 and ts[END] == 235.89
-    assert series[0]["t"] < 0  # the loading and the warm-up, before the timed run
+    wall = [0.0, 30.0, 69.0, 300.0, 400.0, 563.0, 570.0]  # the sampling clock (host time × scale)
+    engine = [980.0, 990.0, 1000.0, 1100.0, 1240.0, 1494.0, 1500.0]  # the engines' model clock
+    running = [0.0, 0.0, 8.0, 64.0, 1.0, 0.0, 0.0]
+    marks = [None, None, START, None, None, END, None]
+    w.samples["server_metrics"] = [Sample(t, {"running": r}, m) for t, r, m in zip(wall, running, marks, strict=True)]
+    w.samples["telemetry"] = [Sample(t, {"power_w.0": 300.0, ENGINE_T: e}, m)
+                              for t, e, m in zip(wall, engine, marks, strict=True)]
+    series = w.series_json(ENGINE_T)["server_metrics"]
+    assert [s["t"] for s in series] == [-20.0, -10.0, 0.0, 100.0, 240.0, 494.0, 500.0]
+    # without the engines' clock: the sampling clock, from the timed run's start
+    del w.samples["telemetry"]
+    assert [s["t"] for s in w.series_json(ENGINE_T)["server_metrics"]] == [-69.0, -39.0, 0.0, 231.0, 331.0, 494.0, 501.0]
+    w.samples["telemetry"] = [Sample(t, {"power_w.0": 300.0, ENGINE_T: e}, m)
+                              for t, e, m in zip(wall, engine, marks, strict=True)]
     run = tmp_path / "run"
     run.mkdir()
-    (run / "observe-long.json").write_text(json.dumps(w.series_json(235.89)))
+    (run / "observe-long.json").write_text(json.dumps(w.series_json(ENGINE_T)))
     charted, _ = load_series(run, "long")
-    times = [t for t, _ in charted["server_metrics"]]
-    assert times[0] == 0.0 and abs(times[-1] - 235.89) < 1e-6  # the chart shows the timed run, 0 to its duration
+    # the chart shows the timed run, from 0 where it began to where it ended
+    assert [t for t, _ in charted["server_metrics"]] == [0.0, 100.0, 240.0, 494.0]
 
 
 # --------------------------------------------------------------------------- 10: a decision's price

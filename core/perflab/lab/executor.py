@@ -38,7 +38,7 @@ from perflab.lab.earlystop import EarlyStop, tokens_per_event
 from perflab.observe import TimedRun, Watcher, Watching
 from perflab.observe import watch as observe_watch
 from perflab.observe.energy import observed_extras
-from perflab.observe.telemetry import Telemetry
+from perflab.observe.telemetry import ENGINE_T, Telemetry
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
@@ -973,10 +973,8 @@ class Executor:
         if m.status is Status.STALLED:
             m.cause = await _stall_cause(instances, result.stall)
         m.observed = self._observed(watchers, watching, m, config)
-        if watching.samples:  # on the benchmark's own time axis: 0 to its duration over the timed run
-            duration = measured.metrics.get("duration") if measured is not None else None
-            write_json(run_dir / f"observe-{profile.name}{suffix}.json",
-                       watching.series_json(float(duration) if isinstance(duration, (int, float)) else None))
+        if watching.samples:  # on the benchmark's own time axis: from its timed run's start, on the engines' clock
+            write_json(run_dir / f"observe-{profile.name}{suffix}.json", watching.series_json(ENGINE_T))
         if stopper is not None and stopper.windows:  # what the early stop saw, for diagnosis
             write_json(run_dir / f"earlystop-{profile.name}{suffix}.json", stopper.to_json())
         if measured is not None:
