@@ -9,10 +9,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import anyio
+import pytest
+
 from perflab.bench.cancel import CANCELLED
+from perflab.errors import UsageError
 from perflab.lab.options import Configuration
-from perflab.lab.report import _entry_lines, ReportContext
-from perflab.lab.study import ConfigResult, Entry, stopped_early_text
+from perflab.lab.plan import Profile, load_plan_text
+from perflab.lab.report import ReportContext, _entry_lines, build_json, render_markdown, write_report
+from perflab.lab.study import ConfigResult, Entry, conduct, stopped_early_text
 from perflab.observe import END, START, Sample, Watching
 from perflab.status import Status
 
@@ -78,7 +83,6 @@ def test_a_stopped_record_keeps_the_decisions_counts_for_diagnosis() -> None:
 def test_the_progress_line_of_several_profiles_names_each_profile() -> None:
     """"benchmarking Very Long Prompt" was followed by "✓ Baseline: 1660.51 tok/s", the reused
     main profile's figure."""
-    from perflab.lab.plan import load_plan_text
     from perflab.lab.runner import result_summary
 
     plan = load_plan_text("""
@@ -130,14 +134,6 @@ def test_engine_metrics_series_are_on_the_benchmarks_own_time_axis(tmp_path: Pat
 
 
 # --------------------------------------------------------------------------- 10: a decision's price
-
-import anyio  # noqa: E402
-import pytest  # noqa: E402
-
-from perflab.errors import UsageError  # noqa: E402
-from perflab.lab.plan import Profile, load_plan_text  # noqa: E402
-from perflab.lab.report import build_json, render_markdown, write_report  # noqa: E402
-from perflab.lab.study import conduct  # noqa: E402
 
 PLAN = """
 model: Qwen/Qwen3-32B
