@@ -162,7 +162,8 @@ def test_a_run_that_loses_through_its_last_request_is_stopped_long_before_its_en
     # ... and at every window before, on this run's own end, it was never below it by the margin
     assert all(w.forecast is None or w.forecast > (1 - FORECAST_MARGIN) * full for w in early.windows)
     text = stopped_early_text(d)
-    assert text.startswith("lost: its open requests, first come first served, end ~") and "at the earliest" in text
+    assert text.startswith("lost after ") and ": its open requests, first come first served, end ~" in text
+    assert "at the earliest, so it could reach at most" in text
 
 
 def test_the_same_run_with_its_longest_answer_in_front_wins_and_is_never_stopped() -> None:

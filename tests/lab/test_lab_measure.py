@@ -401,9 +401,9 @@ def test_a_stop_reads_as_one_line_with_its_figures() -> None:
     _all_at_once(es, 700.0)
     assert es.decided is not None
     text = stopped_early_text(es.decided)
-    assert text.startswith("lost: could reach at most ") and "below the 1000 it needed to be adopted" in text
-    assert f"after {es.decided['completed']} of 1000 requests" in text
+    assert text.startswith(f"lost after {es.decided['completed']} of 1000 requests completed")
+    assert ": at its measured rate it could reach at most " in text and "below the 1000 it needed to be adopted" in text
     sat = stopped_early_text({"reason": "over-saturated", "queue": [10, 40], "latency_ms": [100.0, 480.0],
                               "completed": 50, "num_prompts": 1000, "elapsed_s": 12.0, "estimated_full_s": 240.0})
-    assert sat == ("over-saturated: the queue grew from 10 to 40 requests and latency from 100 to 480 ms "
-                   "(after 50 of 1000 requests, 12 of ~240 s)")
+    assert sat == ("over-saturated after 50 of 1000 requests completed (12 of ~240 s): the queue grew from 10 to 40 "
+                   "requests and latency from 100 to 480 ms")

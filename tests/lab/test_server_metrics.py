@@ -234,6 +234,9 @@ def test_watcher_and_executor_against_a_simulated_vllm(tmp_path: Path) -> None:
     series = json.loads((tmp_path / "observe-shared.json").read_text())["server_metrics"]
     assert len(series) == sm["samples"] and {"running", "kv_cache_usage"} <= set(series[-1]["values"])
     assert [p["t"] for p in series] == sorted(p["t"] for p in series)
+    # on the benchmark's own axis: 0 where its timed run began (issue #24), the warm-up before it
+    marked = {p["mark"]: p["t"] for p in series if "mark" in p}
+    assert marked["start"] == 0.0 and marked["end"] > 0 and series[0]["t"] < 0
 
 
 # --------------------------------------------------------------------------- the simulator does what it exports

@@ -38,7 +38,7 @@ from perflab.lab.earlystop import EarlyStop, tokens_per_event
 from perflab.observe import TimedRun, Watcher, Watching
 from perflab.observe import watch as observe_watch
 from perflab.observe.energy import observed_extras
-from perflab.observe.telemetry import Telemetry
+from perflab.observe.telemetry import ENGINE_T, Telemetry
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
@@ -185,6 +185,41 @@ def plugin_file_describer(pm: Any, engine: str) -> Callable[[str, str], list[str
         return pm.hook.perflab_describe_file(engine=engine, path=path, content=content)  # type: ignore[no-any-return]
 
     return describe
+
+
+def stopped_early_record(decided: Mapping[str, Any], partial: Any,
+                         num_prompts: int | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The metrics and the ``stopped_early`` record of a benchmark the early stop ended, told in
+    the same counts. The decision counted the requests completed when it was made; a few more
+    complete while the client stops (144 in the block against "after 142 of 1000"), so the
+    record takes the partial result's final counts and duration, keeping the decision's under
+    ``decided_at``. The requests cut short in flight by the stop are no failure of the
+    configuration: ``failed`` keeps only those that failed on their own, the record says how many
+    were cut short and never sent, and the partial throughput (over the measured part only,
+    which can exceed what the full run could reach) is kept to be named as such."""
+    from perflab.bench.cancel import CANCELLED
+
+    info = dict(decided)
+    if partial is None:
+        return None, info
+    metrics = dict(partial.metrics)
+    traces = list(getattr(partial, "requests", None) or [])
+    cut = sum(1 for t in traces if not t.success and t.error == CANCELLED)
+    completed, failed = int(metrics.get("completed") or 0), int(metrics.get("failed") or 0)
+    sent = completed + failed
+    never = partial.info.get("requests_not_recorded") if isinstance(getattr(partial, "info", None), dict) else None
+    if not isinstance(never, int):
+        never = max(0, (num_prompts or sent) - sent)
+    metrics["failed"] = failed - cut
+    info["decided_at"] = {k: info[k] for k in ("completed", "elapsed_s") if k in info}
+    info.update(completed=completed, cut_short=cut, never_sent=never)
+    duration = metrics.get("duration")
+    if isinstance(duration, (int, float)) and "elapsed_s" in info:
+        info["elapsed_s"] = round(float(duration), 3)
+    tps = metrics.get("total_token_throughput")
+    if isinstance(tps, (int, float)):
+        info["partial_token_throughput"] = round(float(tps), 2)
+    return metrics, info
 
 
 def _has_failures(result: Any) -> bool:
@@ -848,6 +883,8 @@ class Executor:
                                                                        for k in slo.limits()))))
             req = req.replace(percentiles=tuple(sorted({*req.percentiles, float(slo.percentile)})),
                               percentile_metrics=metrics, goodput=slo.goodput())
+        if guarded := plan.decision.guards.percentiles():  # the percentiles the plan's guards read
+            req = req.replace(percentiles=tuple(sorted({*req.percentiles, *guarded})))
         return req
 
     async def _benchmark(self, instances: list[Any], config: Configuration, profile: Profile, run_dir: Path,
@@ -927,16 +964,17 @@ class Executor:
         self._host_s += _host_seconds(measured, time.monotonic() - bench_began)
         if stopper is not None and stopper.decided is not None and result is None and not dead and not timed_out:
             # stopped by the early stop: a measurement (what it had measured), never a failure
-            m = ProfileMeasurement(Status.STOPPED_EARLY, metrics=dict(partial.metrics) if partial is not None else None,
-                                   num_prompts=profile.num_prompts, stopped_early=dict(stopper.decided))
+            metrics, info = stopped_early_record(stopper.decided, partial, profile.num_prompts)
+            m = ProfileMeasurement(Status.STOPPED_EARLY, metrics=metrics, num_prompts=profile.num_prompts,
+                                   stopped_early=info)
             log.info("lab.stopped-early", label=label, profile=profile.name, **stopper.decided)
         else:
             m = self._judge(profile, result, partial, error, dead, timed_out, budget)
         if m.status is Status.STALLED:
             m.cause = await _stall_cause(instances, result.stall)
         m.observed = self._observed(watchers, watching, m, config)
-        if watching.samples:
-            write_json(run_dir / f"observe-{profile.name}{suffix}.json", watching.series_json())
+        if watching.samples:  # on the benchmark's own time axis: from its timed run's start, on the engines' clock
+            write_json(run_dir / f"observe-{profile.name}{suffix}.json", watching.series_json(ENGINE_T))
         if stopper is not None and stopper.windows:  # what the early stop saw, for diagnosis
             write_json(run_dir / f"earlystop-{profile.name}{suffix}.json", stopper.to_json())
         if measured is not None:

@@ -33,7 +33,7 @@ from markdown.treeprocessors import Treeprocessor
 
 from perflab import redact
 from perflab.lab.decide import LoadKind
-from perflab.observe import OBSERVED_KEYS
+from perflab.observe import OBSERVED_KEYS, Sample, timed_run
 from perflab.observe.telemetry import ENGINE_T
 
 if TYPE_CHECKING:
@@ -351,13 +351,19 @@ def load_series(run_dir: Path, profile: str) -> tuple[dict[str, list[tuple[float
             continue  # a damaged samples file hides its chart, never the report
         end = offset
         for key, samples in (data.items() if isinstance(data, dict) else ()):
-            for s in samples if isinstance(samples, list) else ():
-                if not isinstance(s, dict) or not isinstance(s.get("t"), (int, float)):
-                    continue
-                values = per_device_mean({k: float(v) for k, v in (s.get("values") or {}).items()
+            got = [Sample(float(s["t"]), s.get("values") or {}, s.get("mark"))
+                   for s in (samples if isinstance(samples, list) else ())
+                   if isinstance(s, dict) and isinstance(s.get("t"), (int, float))]
+            # the timed run only, from 0 where it began: the loading and the warm-up before it
+            # and the last reading after it are not the benchmark the chart's axis claims
+            timed = timed_run(got)
+            if timed is not None:
+                got = [Sample(s.t - timed[0].t, s.values, s.mark) for s in timed]
+            for s in got:
+                values = per_device_mean({k: float(v) for k, v in s.values.items()
                                           if isinstance(v, (int, float)) and not isinstance(v, bool)})
-                series.setdefault(key, []).append((offset + float(s["t"]), values))
-                end = max(end, offset + float(s["t"]))
+                series.setdefault(key, []).append((offset + s.t, values))
+                end = max(end, offset + s.t)
         if offset:
             boundaries.append(offset)
         offset = end

@@ -18,7 +18,7 @@ import re
 import shlex
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -27,7 +27,7 @@ import yaml
 
 from perflab import redact
 from perflab.errors import UsageError
-from perflab.lab.decide import SLO_KEYS, DecideBy, Decision, LoadKind, Slo
+from perflab.lab.decide import SLO_KEYS, DecideBy, Decision, Guards, LoadKind, Slo, is_latency_metric
 from perflab.lab.options import PLAN_OPTIONS, Configuration, apply_delta, normalise
 from perflab.observe.energy import COST_KEYS, DEFAULT_CURRENCY, Cost
 
@@ -42,7 +42,7 @@ TOP_KEYS = (
     "baseline", "candidates", "combinations", "profiles", "main_profile", "min_success_rate",
     "min_improvement_pct", "timeouts", "simulation", "notes",
     # how the study decides (perflab.lab.decide)
-    "decide_by", "slo", "search", "repeats", "warmup", "early_stop",
+    "decide_by", "slo", "search", "repeats", "warmup", "early_stop", "guards",
     # what an accelerator-hour costs: cost per million output tokens (perflab.observe.energy)
     "cost",
 )
@@ -926,6 +926,42 @@ def _decision(p: _Problems, data: Mapping[str, Any]) -> Decision:
     return Decision(**kw)
 
 
+def _guards(p: _Problems, raw: Any) -> Guards:
+    """``guards:``: latency metrics' limits in ms (``p99_tpot_ms: 200``), ``max_regression``
+    (``{mean_ttft_ms: 0.2}``: at most 20 % worse than the baseline) and
+    ``latency_regression_pct`` (the report's flag, default 10), each checked here."""
+    g = _mapping(p, "guards", raw, "a mapping such as {p99_tpot_ms: 200, max_regression: {mean_ttft_ms: 0.2}}")
+    if g is None:
+        return Guards()
+    metric = "a latency metric such as p99_tpot_ms or mean_ttft_ms (mean, median or pNN of ttft, tpot, itl, e2el)"
+    kw: dict[str, Any] = {}
+    limits: list[tuple[str, float]] = []
+    for key, value in g.items():
+        if key == "latency_regression_pct":
+            v = _number(p, "guards.latency_regression_pct", value, "a non-negative percentage such as 10", 0.0)
+            if v is not _BAD:
+                kw["latency_regression_pct"] = v
+        elif key == "max_regression":
+            reg = _mapping(p, "guards.max_regression", value, "a mapping such as {mean_ttft_ms: 0.2} (20 % at most)")
+            pairs = []
+            for k, frac in (reg or {}).items():
+                if not is_latency_metric(k):
+                    p.add(f"guards.max_regression.{k}", f"unknown metric; expected {metric}")
+                    continue
+                v = _number(p, f"guards.max_regression.{k}", frac,
+                            "a non-negative fraction of the baseline's figure such as 0.2 (20 %)", 0.0)
+                if v is not _BAD:
+                    pairs.append((k, v))
+            kw["max_regression"] = tuple(pairs)
+        elif is_latency_metric(key):
+            v = _number(p, f"guards.{key}", value, "a positive number of milliseconds", 0.0, lo_open=True)
+            if v is not _BAD:
+                limits.append((key, v))
+        else:
+            p.add(f"guards.{key}", f"unknown key; expected {metric}, max_regression or latency_regression_pct")
+    return Guards(limits=tuple(limits), **kw)
+
+
 def _fraction_or_percent(value: Any) -> Any:
     """``0.9`` or ``"90%"`` -> 0.9 (anything else unchanged, for the checker to report)."""
     if isinstance(value, str) and value.strip().endswith("%"):
@@ -986,7 +1022,7 @@ def parse_plan(
                           "a fraction in [0, 1] such as 0.9 (or '90%')", 0.0, 1.0)
     min_improvement = _number(p, "min_improvement_pct", data.get("min_improvement_pct", 0.0), "a non-negative percentage", 0.0)
     timeouts = _timeouts(p, data.get("timeouts"))
-    decision = _decision(p, data)
+    decision = replace(_decision(p, data), guards=_guards(p, data.get("guards")))
     time_scale = _time_scale(p, data.get("simulation"))
     sim_engine_versions = _sim_engine_versions(p, data.get("simulation"))
     cost = _cost(p, data.get("cost"))

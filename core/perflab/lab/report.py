@@ -13,12 +13,13 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from perflab import __version__, redact
+from perflab.lab.decide import Regression
 from perflab.lab.study import ConfigResult, Entry, Ranking, Step, StudyOutcome, slo_label, stopped_early_text
 from perflab.observe import energy
 from perflab.status import Status
@@ -96,9 +97,13 @@ def _tps_text(res: ConfigResult) -> str:
 
 
 def cell(res: ConfigResult | None, change: float | None = None, rank: Ranking | None = None,
-         figure_change: float | None = None) -> str:
+         figure_change: float | None = None, regressions: Sequence[Regression] = (),
+         threshold_pct: float | None = None) -> str:
     """A conclusion-table cell: ``Total TPS: X (+p%)<br>Mean TPOT(ms): Y``, or why there is none;
-    when something other than throughput decides, its figure and the SLO's percentiles first."""
+    when something other than throughput decides, its figure and the SLO's percentiles first;
+    with ``regressions`` (the recommendation's latency metrics worse than the baseline's by more
+    than ``threshold_pct``), the price of the decision, in red: a gain in throughput never
+    hides a loss in latency."""
     if res is None:
         return "-"
     if res.status is not Status.OK:
@@ -106,7 +111,14 @@ def cell(res: ConfigResult | None, change: float | None = None, rank: Ranking | 
     tpot = _num(res.metrics, "mean_tpot_ms")
     span = f" {pct_span(change)}" if change is not None else ""
     tpot_s = f"{tpot:.2f}" if tpot is not None else "n/a"
+    tpot_reg = next((r for r in regressions if r.metric == "mean_tpot_ms"), None)
+    if tpot_reg is not None:  # worse is a rise here: red, with the rise
+        tpot_s += f' <span style="background-color:{RED};">({fmt_pct(tpot_reg.change_pct)})</span>'
     text = f"Total TPS: {_tps_text(res)}{span}<br>Mean TPOT(ms): {tpot_s}"
+    if regressions:
+        worse = "; ".join(r.text() for r in regressions)
+        text += (f'<br><span style="background-color:{RED};">⚠ Latency worse than the baseline by more than '
+                 f"{threshold_pct or 0:g}%: {_md_escape(worse)}</span>")
     if rank is not None and rank.decision.slo:
         checks = "<br>".join(_check_text(c) for c in rank.decision.slo.check(res.metrics))
         text = f"{checks}<br>{text}"
@@ -300,9 +312,17 @@ def _conclusion(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     out += ["Comparison of benchmark results before and after optimization:", "",
             f"| Benchmark Case | {base_head} | Optimized |", "|----------|-------------------------------------------|-----------|"]
     rank = o.rank if o.rank.decision.slo else None
+    threshold = plan.decision.guards.latency_regression_pct
+    flagged = 0
     for case in o.cases:
-        opt = cell(case.optimized, case.change_pct, rank, case.figure_change_pct(o.rank))
+        regs = case.latency_regressions(threshold)
+        flagged += bool(regs)
+        opt = cell(case.optimized, case.change_pct, rank, case.figure_change_pct(o.rank), regs, threshold)
         out.append(f"| **{case.profile.label}** | {cell(case.baseline, None, rank)} | {opt} |")
+    if flagged:
+        out += ["", f"⚠ The recommendation's latency is worse than the baseline's by more than {threshold:g}% on "
+                f"{flagged} of {len(o.cases)} workloads (marked in red above); the plan's `guards:` can make such a "
+                "configuration ineligible (`guards.latency_regression_pct` sets this threshold)."]
     if ctx.engine_hours:
         out += ["", engine_hours_line(ctx.engine_hours)]
     for line in energy.summary_lines(o.baseline, o.optimized, [e for st in o.steps for e in st.entries], plan.cost):
@@ -422,7 +442,7 @@ def _slo_section(o: StudyOutcome) -> list[str]:
 
 def _entry_lines(e: Entry, ctx: ReportContext) -> list[str]:
     block = result_block(e.result)
-    if e.note:
+    if e.note and e.result.status is not Status.STOPPED_EARLY:  # a stopped block says it once, itself
         block += f"\n# {e.note}"
     if e.result.reused:
         block += "\n# (measured in an earlier session of this study and reused)"
@@ -670,6 +690,7 @@ def build_json(o: StudyOutcome, ctx: ReportContext) -> dict[str, Any]:
         "decide_by": str(o.rank.decide_by),
         "slo": plan.decision.slo.to_json() if plan.decision.slo else None,
         "decision": plan.decision.to_json(),
+        "latency_regression_pct": plan.decision.guards.latency_regression_pct,
         "ranking_metric": o.rank.metric,
         "pareto": pareto_data(o),
         "engine_hours": dict(ctx.engine_hours) if ctx.engine_hours is not None else None,
@@ -695,7 +716,9 @@ def build_json(o: StudyOutcome, ctx: ReportContext) -> dict[str, Any]:
              "baseline_success_rate": c.baseline.success_rate,
              "baseline_failures": _failures(c.baseline),
              "optimized_success_rate": c.optimized.success_rate if c.optimized else None,
-             "optimized_failures": _failures(c.optimized) if c.optimized else None}
+             "optimized_failures": _failures(c.optimized) if c.optimized else None,
+             "latency_regressions": [r.to_json() for r in
+                                     c.latency_regressions(plan.decision.guards.latency_regression_pct)]}
             for c in o.cases
         ],
         "summary": summary_rows(o, ctx),

@@ -242,8 +242,7 @@ class LiveMeasure(StoreMeasure):
             if res.reused:
                 self.reused += 1
         main = out[profiles[0].name]
-        self.on_event("result", label=label, status=main.status, reused=main.reused, summary=main.summary()
-                      + (" (reused)" if main.reused else ""))
+        self.on_event("result", label=label, status=main.status, reused=main.reused, summary=result_summary(profiles, out))
         return out
 
     async def _launch(self, ticket: Ticket, ckey: str, *, may_requeue: bool = False) -> RunRecord | None:
@@ -320,6 +319,20 @@ class LiveMeasure(StoreMeasure):
             if m is not None and p.name not in saved:
                 self.store.add_measurement(run_id, ckey, profile_key(self.plan, p), p.name, m)
         self.store.finish_run(run_id, rec)
+
+
+def result_summary(profiles: Sequence[Profile], results: Mapping[str, ConfigResult]) -> str:
+    """The progress line's summary of one measure call: the figure alone when it measured one
+    profile; with several, each profile named with its own figure (the baseline's final launch
+    measures the other profiles beside its reused main one: its main figure alone read as
+    the last profile's)."""
+
+    def one(res: ConfigResult) -> str:
+        return res.summary() + (" (reused)" if res.reused else "")
+
+    if len(profiles) == 1:
+        return one(results[profiles[0].name])
+    return "; ".join(f"{p.label}: {one(results[p.name])}" for p in profiles)
 
 
 def _display_names(pm: Any, engines: Sequence[str]) -> dict[str, str]:

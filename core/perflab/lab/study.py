@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, _pct_name
+from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, Regression, _pct_name, latency_regressions
 from perflab.lab.measured import MeasurementExtras
 from perflab.lab.options import Configuration
 from perflab.lab.plan import WINNER, Candidate, Plan, Profile
@@ -116,28 +116,38 @@ yet, or not the main profile), for early stop — a measure that does not stop e
 
 
 def stopped_early_text(info: Mapping[str, Any] | None) -> str:
-    """One line for a person: ``lost: could reach at most 1647 tok/s, below the 1667 it needed
-    to be adopted (after 164 of 1000 requests, 43 of ~261 s)`` (the bound), ``lost: its open
-    requests, first come first served, end ~220 s in at the earliest, 1790 tok/s at most, below
-    the 1871 it needed ...`` (the forecast); the early stop's own reasons read as that,
-    any other record as its reason and figures (everything is in ``stopped_early``)."""
+    """One plain sentence for a person: what was measured, what was never sent, and the bound
+    or forecast that stopped it — ``lost after 164 of 1000 requests completed (43 of ~261 s;
+    836 in flight were cut short, 0 never sent): at its measured rate it could reach at most
+    1647 tok/s, below the 1667 it needed to be adopted; the 1702.10 tok/s measured is the rate
+    of those 43 s only, not the full run's`` (the bound), ``... its open requests, first come
+    first served, end ~220 s in at the earliest, so it could reach at most 1790 tok/s ...`` (the
+    forecast). The counts are the measured part's (:func:`perflab.lab.executor.stopped_early_record`),
+    those of its result block; any other record reads as its reason and figures."""
     info = dict(info or {})
     reason = str(info.pop("reason", "") or "no reason recorded")
     when = ""
     if {"completed", "num_prompts", "elapsed_s", "estimated_full_s"} <= info.keys():
-        when = (f" (after {info['completed']} of {info['num_prompts']} requests, "
-                f"{info['elapsed_s']:.0f} of ~{info['estimated_full_s']:.0f} s)")
+        unsent = ""
+        if {"cut_short", "never_sent"} <= info.keys():
+            unsent = f"; {info['cut_short']} in flight were cut short, {info['never_sent']} never sent"
+        when = (f" after {info['completed']} of {info['num_prompts']} requests completed "
+                f"({info['elapsed_s']:.0f} of ~{info['estimated_full_s']:.0f} s{unsent})")
+    partial = ""
+    if isinstance(info.get("partial_token_throughput"), (int, float)) and "elapsed_s" in info:
+        partial = (f"; the {info['partial_token_throughput']:.2f} tok/s measured is the rate of those "
+                   f"{info['elapsed_s']:.0f} s only, not the full run's")
     if reason == "lost" and {"bound_token_throughput", "limit"} <= info.keys():
-        return (f"lost: could reach at most {info['bound_token_throughput']:.0f} tok/s, below the "
-                f"{info['limit']:.0f} it needed to be adopted{when}")
+        return (f"lost{when}: at its measured rate it could reach at most {info['bound_token_throughput']:.0f} tok/s, "
+                f"below the {info['limit']:.0f} it needed to be adopted{partial}")
     if reason == "lost" and {"forecast_token_throughput", "forecast_end_s", "limit"} <= info.keys():
-        return (f"lost: its open requests, first come first served, end ~{info['forecast_end_s']:.0f} s in at the "
-                f"earliest, {info['forecast_token_throughput']:.0f} tok/s at most, below the {info['limit']:.0f} it "
-                f"needed to be adopted{when}")
+        return (f"lost{when}: its open requests, first come first served, end ~{info['forecast_end_s']:.0f} s in at "
+                f"the earliest, so it could reach at most {info['forecast_token_throughput']:.0f} tok/s, below the "
+                f"{info['limit']:.0f} it needed to be adopted{partial}")
     if reason == "over-saturated" and info.get("queue") and info.get("latency_ms"):
         q, lat = info["queue"], info["latency_ms"]
-        return (f"over-saturated: the queue grew from {q[0]} to {q[-1]} requests and latency from "
-                f"{lat[0]:.0f} to {lat[-1]:.0f} ms{when}")
+        return (f"over-saturated{when}: the queue grew from {q[0]} to {q[-1]} requests and latency from "
+                f"{lat[0]:.0f} to {lat[-1]:.0f} ms")
     figures = ", ".join(f"{k} {_fig(v)}" for k, v in info.items())
     return f"{reason} ({figures})" if figures else reason
 
@@ -298,6 +308,13 @@ class Case:
     def change_pct(self) -> float | None:
         return pct(self.optimized.tps if self.optimized else None, self.baseline.tps)
 
+    def latency_regressions(self, threshold_pct: float) -> list[Regression]:
+        """The recommendation's latency metrics worse than the baseline's by more than
+        ``threshold_pct`` on this profile (the price of the decision, flagged in the report)."""
+        if self.optimized is None or not self.optimized.status.measured or not self.baseline.status.measured:
+            return []
+        return latency_regressions(self.optimized.metrics, self.baseline.metrics, threshold_pct)
+
     def figure_change_pct(self, rank: Ranking) -> float | None:
         """The change in the ranking figure (throughput, goodput or capacity)."""
         return pct(rank.value(self.optimized) if self.optimized else None, rank.value(self.baseline))
@@ -356,6 +373,8 @@ class _Study:
         self._early_done: anyio.Event | None = None
         self._early_profiles: tuple[Profile, ...] = ()  # what the early launch measures, once dispatched
         self._bg: anyio.abc.TaskGroup | None = None
+        # the baseline's main-profile result, which the plan's max_regression guards compare with
+        self._baseline_main: ConfigResult | None = None
 
     async def one(self, config: Configuration, step: str, label: str, to_beat: float | None) -> ConfigResult:
         kw = {"to_beat": to_beat} if to_beat is not None else {}  # measures without early stop need not take it
@@ -495,6 +514,9 @@ class _Study:
         order = {p.name: i for i, p in enumerate(self.plan.profiles)}
         return [tuple(sorted(g, key=lambda p: order[p.name])) for _, g in loads if g]
 
+    def _baseline_label(self) -> str:
+        return self.plan.baseline.label or f"{self.display(self.plan.baseline.engine)} without any optimizations"
+
     def _note_pending(self, res: ConfigResult) -> None:
         if not res.status.is_result:  # pending, or interrupted by the machine
             self.complete = False
@@ -512,6 +534,9 @@ class _Study:
             elif self.rank.value(res) is None:
                 e.note = ("no probed load met the SLO" if self.rank.decide_by is DecideBy.MAX_LOAD
                           else f"no {self.rank.metric} in the benchmark result")
+            elif broken := self.plan.decision.guards.violations(
+                    res.metrics, self._baseline_main.metrics if self._baseline_main is not None else None):
+                e.note = f"Not eligible: {'; '.join(broken)}"  # the plan's guards: its price in latency
             else:
                 e.eligible = True
         return e
@@ -535,6 +560,12 @@ class _Study:
     async def engine_step(self) -> tuple[Step, Entry | None]:
         step = Step(1, "engine", "Choosing the Inference Engine", "1. Choosing the Inference Engine")
         jobs = [(self.plan.engine_defaults(engine), self.display(engine)) for engine in self.plan.engines]
+        if self.plan.decision.guards.max_regression:
+            # regression guards compare every configuration with the baseline: measured first
+            # (an engine of the step whose defaults it is reuses the measurement)
+            base_cfg = self.plan.baseline_config()
+            label = next((lb for c, lb in jobs if c == base_cfg), self._baseline_label())
+            self._baseline_main = await self.one(base_cfg, step.title, label, None)
         # nothing to beat before the first step (one at a time: the engines before this one)
         for (cfg, label), res in zip(jobs, await self.each(jobs, step.title, None), strict=True):
             step.entries.append(self.entry(label, cfg, res))
@@ -543,7 +574,7 @@ class _Study:
         if ok:
             step.chosen = ok[0]
             step.adopted = True
-            step.statement = f"Result: {ranked}"
+            step.statement = f"Result: {ranked}{_guarded(step)}"
             if len(ok) > 1:
                 gain = pct(self.figure(ok[0]), self.figure(ok[1]))
                 spread = self.rank.combined_noise(ok[0].result, ok[1].result)
@@ -551,7 +582,8 @@ class _Study:
                     step.statement += (f" ({ok[0].label} leads {ok[1].label} by {gain:+.1f}%, within the measured "
                                        f"noise of ±{spread:.1f}%: the engines are indistinguishable here)")
         else:
-            step.statement = "Result: no engine served the main profile; the study cannot go on."
+            step.statement = "Result: no engine served the main profile; the study cannot go on." if not _guarded(step) \
+                else f"Result: no engine is eligible{_guarded(step)}; the study cannot go on."
         return step, step.chosen
 
     def _engines_for(self, cand: Candidate, variant_engines: tuple[str, ...] | None, best: Entry) -> list[str]:
@@ -601,7 +633,7 @@ class _Study:
                 step.adopted = True
                 step.statement = (
                     f"Result: {top.label} ({r.text(top.result)}) beats the current best "
-                    f"{best.label} ({r.text(best.result)}) by {step.vs_base_pct:+.1f}%; adopted."
+                    f"{best.label} ({r.text(best.result)}) by {step.vs_base_pct:+.1f}%; adopted{_guarded(step)}."
                 )
                 return step, top
             if verdict == "within-noise":
@@ -615,11 +647,13 @@ class _Study:
             else:
                 step.statement = (
                     f"Result: no improvement; the best variant {top.label} ({r.text(top.result)}) "
-                    f"does not beat the current best {best.label} ({r.text(best.result)})."
+                    f"does not beat the current best {best.label} ({r.text(best.result)}){_guarded(step)}."
                 )
         elif stopped := [e.label for e in step.entries if e.result is not None and e.result.status is Status.STOPPED_EARLY]:
             step.statement = (f"Result: no improvement; {', '.join(stopped)} stopped early, unable to be adopted over "
                               f"the current best {best.label} ({self.rank.text(best.result)}); keeping {best.label}.")
+        elif _guarded(step):
+            step.statement = f"Result: no variant is eligible{_guarded(step)}; keeping {best.label}."
         else:
             step.statement = f"Result: no variant produced a usable result; keeping {best.label}."
         return step, best
@@ -658,7 +692,7 @@ class _Study:
             index += 1
 
         base_cfg = plan.baseline_config()
-        base_label = plan.baseline.label or f"{self.display(plan.baseline.engine)} without any optimizations"
+        base_label = self._baseline_label()
         cases_of: dict[str, dict[str, ConfigResult]] = {}
         self._early = None  # not dispatched early: measured now, beside the optimized configuration
         early = self._early_done
@@ -691,6 +725,7 @@ class _Study:
             calls.append(lambda c=best.config: optimized(c))
         await self._all(calls, [cfg for _, cfg in todo])
         base_results = cases_of["Baseline"]
+        self._baseline_main = base_results[plan.main_profile]
         baseline = self.entry(base_label, base_cfg, base_results[plan.main_profile])
         optimized: Entry | None = None
         opt_results: dict[str, ConfigResult] = {}
@@ -708,6 +743,14 @@ class _Study:
                 if step.kind == "engine":
                     step.vs_base_pct = step.vs_baseline_pct
         return StudyOutcome(plan, steps, baseline, optimized, cases, self.complete, self.rank)
+
+
+def _guarded(step: Step) -> str:
+    """`` (excluded by the plan's guards: X (guard p99_tpot_ms ≤ 200 ms: p99 TPOT 250.00 ms))``
+    for a step's statement, or "": a configuration a guard excluded is named with the reason."""
+    out = [f"{e.label} ({e.note.removeprefix('Not eligible: ')})" for e in step.entries
+           if not e.eligible and e.note.startswith("Not eligible: ")]
+    return f" (excluded by the plan's guards: {'; '.join(out)})" if out else ""
 
 
 def _first_fault(group: BaseExceptionGroup) -> BaseException:

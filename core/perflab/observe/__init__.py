@@ -132,8 +132,35 @@ class Watching:
                 out[w.key] = s
         return out
 
-    def series_json(self) -> dict[str, Any]:
-        return {k: [s.to_json() for s in v] for k, v in self.samples.items()}
+    def series_json(self, engine_clock: str | None = None) -> dict[str, Any]:
+        """The samples on the benchmark's own time axis: ``t`` in engine seconds since its timed
+        run began (the ``start`` mark; the loading and the warm-up before it are negative).
+        The sampling clock is the host's times the time scale; the simulated engines' model
+        clock, which the bench times the benchmark on, runs behind it while the host is loaded
+        and catches up when the engine idles: a 236 s benchmark's samples spanned 69 s to 563 s.
+        ``engine_clock``: the value key some watcher's samples carry the engines' own clock in
+        (the simulator's ``engine_t``, :mod:`perflab.observe.telemetry`); where every sampling
+        moment has it, the axis is that clock."""
+        return {k: [s.to_json() for s in v] for k, v in on_benchmark_axis(self.samples, engine_clock).items()}
+
+
+def on_benchmark_axis(samples: Mapping[str, Sequence[Sample]], engine_clock: str | None = None) -> dict[str, list[Sample]]:
+    """``samples`` (by watcher key, sampled together: one ``t`` per sampling moment) with ``t``
+    from the timed run's start mark, on the engines' clock where every moment carries it in
+    ``engine_clock`` (:meth:`Watching.series_json`); as they are without a start mark."""
+    moments = {s.t for got in samples.values() for s in got}
+    engine: dict[float, float] = {}
+    if engine_clock is not None:
+        for got in samples.values():
+            for s in got:
+                if engine_clock in s.values:
+                    engine.setdefault(s.t, float(s.values[engine_clock]))
+    clock = engine if moments and moments <= engine.keys() else {t: t for t in moments}
+    start = next((s.t for got in samples.values() for s in got if s.mark == START), None)
+    if start is None:
+        return {k: list(v) for k, v in samples.items()}
+    origin = clock[start]
+    return {k: [Sample(clock[s.t] - origin, s.values, s.mark) for s in v] for k, v in samples.items()}
 
 
 async def watch(watchers: Sequence[Watcher], into: Watching, *, time_scale: float = 1.0,
