@@ -222,3 +222,21 @@ def test_a_study_never_ranks_a_measurement_with_impossible_counts() -> None:
     assert m.error is not None and "the server reported impossible token counts (2 of 10 requests failed" in m.error
     honest = BenchResult(metrics={**metrics, "failed": 0, "usage_mismatches": 0, "completed": 10})
     assert Executor._judge(profile, honest, None, None, [], False, 60.0).status is Status.OK
+
+
+def test_early_stop_never_counts_a_usage_beyond_max_tokens() -> None:
+    # the observer (the lab's early stop) reads each ended stream's usage without parsing it;
+    # 1000000 completion tokens for max_tokens 16 must not enter its figures
+    from perflab.bench.drive import Observation
+
+    server = FakeOpenAIServer(gap_s=0.01).start()  # ~0.2 s a request: observed as it runs
+    try:
+        seen: list[Observation] = []
+        req = BenchRequest(base_urls=(server.base_url,), model="lying-usage", num_prompts=8, random_input_len=4,
+                           random_output_len=16, max_concurrency=2)
+        result = run_benchmark_sync(req, observe=seen.append)
+    finally:
+        server.stop()
+    assert result.metrics["usage_mismatches"] == 8
+    assert any(o.completed >= 2 for o in seen)
+    assert all(o.usage_tokens == 0 for o in seen)
