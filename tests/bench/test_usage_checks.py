@@ -240,3 +240,11 @@ def test_early_stop_never_counts_a_usage_beyond_max_tokens() -> None:
     assert result.metrics["usage_mismatches"] == 8
     assert any(o.completed >= 2 for o in seen)
     assert all(o.usage_tokens == 0 for o in seen)
+
+
+def test_worker_processes_check_the_counts_too(fake_server: FakeOpenAIServer) -> None:
+    # --workers parses its captures in each worker process, with each request's max_tokens
+    req = BenchRequest(base_urls=(fake_server.base_url,), model="beyond-max-1", num_prompts=6, random_input_len=4,
+                       random_output_len=8, workers=2)
+    result = run_benchmark_sync(req)
+    assert (result.metrics["completed"], result.metrics["usage_mismatches"], result.metrics["over_max_tokens"]) == (0, 6, 6)
