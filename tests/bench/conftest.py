@@ -15,7 +15,12 @@ tokens are counted by whitespace like the simulator. The ``model`` field picks a
   milliseconds and then written whole in one burst — tokens, usage and ``[DONE]`` — as the real
   vLLM CPU build answered 3000 requests at once with ``--max-num-seqs 4`` (its API server
   merges a request's deltas while it is behind);
-- ``sim``: adds the header ``x-perflab-sim-time-scale: <time_scale>``.
+- ``sim``: adds the header ``x-perflab-sim-time-scale: <time_scale>``;
+- ``lying-usage``: a normal stream whose usage says ``prompt_tokens: -5``,
+  ``completion_tokens: 1000000`` (issue 24 item 8);
+- ``beyond-max-K``: K tokens more than max_tokens, usage counting them truly;
+- ``endless``: a token every 10 ms for ever (until the client closes the connection); the
+  one-token test request is answered normally.
 """
 
 from __future__ import annotations
@@ -67,6 +72,10 @@ class FakeOpenAIServer:
         per_chunk = int(model.split("-")[1]) if model.startswith("multi-") else 1
         error_after = int(model.split("-")[2]) if model.startswith("error-after-") else None
         hang_after = int(model.split("-")[2]) if model.startswith("hang-after-") else None
+        if model.startswith("beyond-max-"):
+            n += int(model.split("-")[2])
+        if model == "endless" and n > 1:
+            n = 1 << 62
         headers = {"Content-Type": "text/event-stream"}
         if model == "sim":
             headers["x-perflab-sim-time-scale"] = repr(self.time_scale)
@@ -104,14 +113,21 @@ class FakeOpenAIServer:
             k = min(per_chunk, n - sent)
             text = " tok" * k
             choice = {"index": 0, "delta": {"content": text}, "finish_reason": None} if chat else {"index": 0, "text": text, "finish_reason": None}
-            await resp.write(event({"id": "x", "object": "chunk", "model": model, "choices": [choice]}))
+            try:
+                await resp.write(event({"id": "x", "object": "chunk", "model": model, "choices": [choice]}))
+            except ConnectionResetError:  # the client cut the stream
+                return resp
             sent += k
-            if self.gap_s:
-                await asyncio.sleep(self.gap_s)
+            if model == "endless" and (request.transport is None or request.transport.is_closing() or self._stopping):
+                return resp
+            if self.gap_s or model == "endless":
+                await asyncio.sleep(self.gap_s or 0.01)
             else:
                 await asyncio.sleep(0)
         if model != "no-usage":
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+            if model == "lying-usage":
+                usage = {"prompt_tokens": -5, "completion_tokens": 1000000, "total_tokens": 999995}
             await resp.write(event({"id": "x", "object": "chunk", "model": model, "choices": [], "usage": usage}))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()

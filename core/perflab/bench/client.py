@@ -31,7 +31,7 @@ from time import perf_counter
 from typing import Any
 from urllib.parse import urlsplit
 
-from perflab.bench.request import BenchRequest
+from perflab.bench.request import STREAM_DEADLINE_FLOOR_TOK_S, STREAM_DEADLINE_MIN_S, BenchRequest, stream_deadline_s
 from perflab.bench.trace import Capture
 from perflab.errors import UsageError
 from perflab.simenv import SIM_CLOCK_HEADER, clock_header_value
@@ -120,6 +120,18 @@ class Prepared:
     body: bytes
     headers: tuple[tuple[str, str], ...]
     raw: bytes  # the whole HTTP/1.1 request, for the raw stack
+    max_tokens: int | None = None  # the answer's cap (output_cap), None: the payload has none
+    # seconds the stream may last after its first byte (request.stream_deadline_s); None: no limit
+    deadline_s: float | None = None
+
+
+def output_cap(payload: Mapping[str, Any]) -> int | None:
+    """The most output tokens a request's answer can hold: its ``max_tokens`` (and
+    ``max_completion_tokens``, the larger where a server might read either; a plan's
+    ``extra_body`` may have set them); None when it has neither as a whole number."""
+    caps = [v for k in ("max_tokens", "max_completion_tokens")
+            if isinstance(v := payload.get(k), int) and not isinstance(v, bool) and v >= 0]
+    return max(caps) if caps else None
 
 
 def request_headers(req: BenchRequest, count: int | None = None) -> list[tuple[str, str]]:
@@ -138,7 +150,10 @@ def request_headers(req: BenchRequest, count: int | None = None) -> list[tuple[s
     return headers
 
 
-def prepare(index: int, target: Target, payload: Mapping[str, Any], headers: Sequence[tuple[str, str]], request_id: str | None) -> Prepared:
+def prepare(index: int, target: Target, payload: Mapping[str, Any], headers: Sequence[tuple[str, str]], request_id: str | None,
+            *, deadline: bool = False) -> Prepared:
+    """One request encoded; ``deadline``: its stream is cut :func:`stream_deadline_s` after its
+    first byte (the run has no explicit ``--timeout``)."""
     body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     hdrs = list(headers)
     if request_id:
@@ -147,7 +162,8 @@ def prepare(index: int, target: Target, payload: Mapping[str, Any], headers: Seq
     lines += [f"{k}: {v}" for k, v in hdrs]
     lines.append(f"Content-Length: {len(body)}")
     raw = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-    return Prepared(index, target, body, tuple(hdrs), raw)
+    cap = output_cap(payload)
+    return Prepared(index, target, body, tuple(hdrs), raw, cap, stream_deadline_s(cap) if deadline else None)
 
 
 # --------------------------------------------------------------------------- raw HTTP/1.1
@@ -166,6 +182,8 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.keep_alive = True
         self.got_bytes = False
+        self.deadline_s: float | None = None  # the started stream's limit (Prepared.deadline_s)
+        self.deadline_timer: asyncio.TimerHandle | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -223,6 +241,8 @@ class _Connection(asyncio.Protocol):
                 return
             if not data:
                 return
+        if self.deadline_timer is None and self.deadline_s is not None:  # the body's first bytes
+            self.deadline_timer = asyncio.get_running_loop().call_later(self.deadline_s, self.stream_timed_out, self.deadline_s)
         if self.mode == _CHUNKED:
             self._chunked(t, data)
         elif self.mode == _LENGTH:
@@ -337,9 +357,15 @@ class _Connection(asyncio.Protocol):
 
     # completion ---------------------------------------------------------------------
 
+    def _disarm(self) -> None:
+        if self.deadline_timer is not None:
+            self.deadline_timer.cancel()
+            self.deadline_timer = None
+
     def _finish(self) -> None:
         cap, waiter = self.cap, self.waiter
         self.cap = self.waiter = None
+        self._disarm()
         self.state = _DONE
         if cap is not None:
             cap.end = perf_counter()
@@ -351,6 +377,7 @@ class _Connection(asyncio.Protocol):
     def _fail(self, message: str) -> None:
         cap, waiter = self.cap, self.waiter
         self.cap = self.waiter = None
+        self._disarm()
         self.keep_alive = False
         if cap is not None:
             cap.error = message
@@ -363,12 +390,16 @@ class _Connection(asyncio.Protocol):
     def timed_out(self, timeout: float) -> None:
         self._fail(f"no complete response within {timeout:g} s (--timeout)")
 
+    def stream_timed_out(self, limit: float) -> None:
+        self._fail(stream_deadline_message(limit))
+
     # use ----------------------------------------------------------------------------
 
-    def start(self, raw: bytes, cap: Capture, waiter: asyncio.Future[bool]) -> None:
+    def start(self, raw: bytes, cap: Capture, waiter: asyncio.Future[bool], deadline_s: float | None = None) -> None:
         self._reset()
         self.cap, self.waiter = cap, waiter
         self.got_bytes = False
+        self.deadline_s = deadline_s
         assert self.transport is not None
         self.transport.write(raw)
 
@@ -422,7 +453,7 @@ class RawClient:
                     cap.end = perf_counter()
                     return
             waiter: asyncio.Future[bool] = loop.create_future()
-            conn.start(p.raw, cap, waiter)
+            conn.start(p.raw, cap, waiter, p.deadline_s)
             timer = loop.call_later(self.timeout, conn.timed_out, self.timeout)
             try:
                 ok = await waiter
@@ -477,15 +508,21 @@ class AiohttpClient:
         cap.start = perf_counter()
         for attempt in range(2):
             try:
-                async with self._session.post(p.target.url, data=p.body, headers=dict(p.headers)) as resp:
+                async with asyncio.timeout(None) as limit, \
+                        self._session.post(p.target.url, data=p.body, headers=dict(p.headers)) as resp:
                     cap.status = resp.status
                     cap.reason = resp.reason or ""
                     cap.headers = {k.lower(): v for k, v in resp.headers.items()}
                     append = cap.reads.append
                     async for data in resp.content.iter_any():
+                        if not cap.reads and p.deadline_s is not None:  # the body's first bytes
+                            limit.reschedule(asyncio.get_running_loop().time() + p.deadline_s)
                         append((perf_counter(), data))
             except TimeoutError:
-                cap.error = f"no complete response within {self.timeout:g} s (--timeout)"
+                if cap.reads and p.deadline_s is not None and limit.expired():
+                    cap.error = stream_deadline_message(p.deadline_s)
+                else:
+                    cap.error = f"no complete response within {self.timeout:g} s (--timeout)"
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 # A kept-alive connection the server had closed: retry once, as RawClient.
                 if cap.status == 0 and attempt == 0:
@@ -500,6 +537,12 @@ class AiohttpClient:
 
     async def close(self) -> None:
         await self._session.close()
+
+
+def stream_deadline_message(limit: float) -> str:
+    """The error of a request whose stream outlasted :func:`stream_deadline_s`."""
+    return (f"the stream did not end within {limit:g} s of its first byte (the limit for its max_tokens: "
+            f"{STREAM_DEADLINE_MIN_S:g} s + max_tokens at {STREAM_DEADLINE_FLOOR_TOK_S:g} token/s; --timeout sets another)")
 
 
 def make_client(stack: str, timeout: float | None) -> RawClient | AiohttpClient:

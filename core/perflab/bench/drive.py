@@ -234,10 +234,12 @@ async def drive(
             mine = seen[1] + _events(cap.reads[seen[0]:])
             ended[2] += mine
             used = _usage_count(cap.reads, _COMPLETION_TOKENS) if cap.error is None else None
+            cap_i = output_caps[cap.index] if output_caps is not None else None
+            if used is not None and cap_i is not None and used > cap_i:
+                used = None  # impossible (trace.count_problem fails the request): early stop never counts it
             if used is not None:
                 ended[4] += used
                 ended[5] += mine
-                cap_i = output_caps[cap.index] if output_caps is not None else None
                 if cap_i is not None:
                     ended[8] += 1
                     ended[9] += used >= cap_i

@@ -18,6 +18,16 @@ DEFAULT_STALL_S = 60.0
 # Prompts are generated lazily, but every request is still encoded and timed one by one and
 # keeps a trace: beyond this a plan is a typo (10**12), not a benchmark.
 MAX_NUM_PROMPTS = 10_000_000
+# The longest prompt or answer perflab builds or asks for, in tokens: the largest context an
+# open model declares is 10 M (Llama 4 Scout); beyond it a length is a typo (10**8 kept the
+# client silent for minutes building one prompt), refused before anything is generated.
+MAX_SEQUENCE_TOKENS = 10_485_760
+# A stream that has started but never ends is cut this long after its first byte: a minimum,
+# plus the request's max_tokens at a floor rate (wall-clock seconds; --timeout replaces it).
+# Counted from the first byte, not the send, so that a request queued in a busy server (no
+# byte yet) is not cut: a silent server is the stall watchdog's (--stall-s).
+STREAM_DEADLINE_MIN_S = 60.0
+STREAM_DEADLINE_FLOOR_TOK_S = 1.0
 PERCENTILE_METRICS = ("latency", "ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 
@@ -63,7 +73,9 @@ class BenchRequest:
     percentiles: tuple[float, ...] = (99.0,)
     percentile_metrics: tuple[str, ...] = ("ttft", "tpot", "itl")
     warmup: int = 0
-    timeout: float | None = None  # per request, wall-clock seconds (None: 6 h as vLLM)
+    # per request, wall-clock seconds; None: a started stream is cut at stream_deadline_s(),
+    # a request with no byte yet after 6 h (vLLM's AIOHTTP_TIMEOUT)
+    timeout: float | None = None
     tokenizer: str | None = None  # None/"auto", "whitespace", "approx", a tokenizer.json or model dir
     # None: vLLM 0.33's default — on for the random dataset (a real engine would otherwise stop
     # at EOS early and runs would not be comparable), off for the others
@@ -147,6 +159,30 @@ class BenchRequest:
         for name, value in positive.items():
             if value < 1:
                 raise UsageError(f"{name} {value}: expected a positive integer")
+        lengths = {
+            "--random-input-len": self.random_input_len,
+            "--random-output-len": self.random_output_len,
+            "--random-prefix-len": self.random_prefix_len,
+            "--sharegpt-output-len": self.sharegpt_output_len or 0,
+            "--prefix-repetition-prefix-len": self.prefix_repetition_prefix_len,
+            "--prefix-repetition-suffix-len": self.prefix_repetition_suffix_len,
+            "--prefix-repetition-output-len": self.prefix_repetition_output_len,
+            "--multi-turn-input-len": self.multi_turn_input_len,
+            "--multi-turn-output-len": self.multi_turn_output_len,
+        }
+        for name, value in lengths.items():
+            if value > MAX_SEQUENCE_TOKENS:
+                raise UsageError(
+                    f"{name} {value}: longer than any model's context (perflab builds at most "
+                    f"{MAX_SEQUENCE_TOKENS:,} tokens per prompt or answer)"
+                )
+        from perflab.bench.datasets import expected_prompt_tokens  # datasets imports this module
+
+        if self.dataset != "sharegpt" and (whole := expected_prompt_tokens(self)) > MAX_SEQUENCE_TOKENS:
+            raise UsageError(
+                f"--dataset {self.dataset}: prompts of up to {whole:,} tokens (prefix, input and earlier "
+                f"turns together), longer than any model's context ({MAX_SEQUENCE_TOKENS:,} tokens at most)"
+            )
         if self.num_prompts > MAX_NUM_PROMPTS:
             raise UsageError(
                 f"--num-prompts {self.num_prompts}: more than perflab runs in one benchmark "
@@ -194,6 +230,15 @@ class BenchRequest:
 
 
 # --------------------------------------------------------------------------- option parsing
+
+
+def stream_deadline_s(max_tokens: int | None) -> float | None:
+    """How long after its first byte a request's stream may last (None: no such limit, the
+    request has no ``max_tokens``): :data:`STREAM_DEADLINE_MIN_S` plus ``max_tokens`` at
+    :data:`STREAM_DEADLINE_FLOOR_TOK_S`."""
+    if max_tokens is None:
+        return None
+    return STREAM_DEADLINE_MIN_S + max_tokens / STREAM_DEADLINE_FLOOR_TOK_S
 
 
 def parse_rate(value: str | float) -> float:
@@ -278,4 +323,5 @@ __all__ = [
     "parse_percentile_metrics",
     "parse_percentiles",
     "parse_rate",
+    "stream_deadline_s",
 ]

@@ -49,6 +49,10 @@ _PCT_KEY = re.compile(r"^p(\d+(?:\.\d+)?)_(?:ttft|tpot|itl|e2el)_ms$")
 _HEAD_LINES: tuple[tuple[str, str, str], ...] = (
     ("Successful requests:", "completed", "d"),
     ("Failed requests:", "failed", "d"),
+    # perflab's, only when not 0: failed requests whose server-reported token counts cannot be
+    # true, and those of them that answered beyond max_tokens (perflab.bench.trace.count_problem)
+    ("Impossible token counts (failed):", "usage_mismatches", "d"),
+    ("Output beyond max_tokens (failed):", "over_max_tokens", "d"),
     ("Maximum request concurrency:", "max_concurrency", "d"),
     ("Request rate configured (RPS):", "request_rate", ".2f"),
     ("Benchmark duration (s):", "duration", ".2f"),
@@ -89,6 +93,8 @@ def _line(label: str, value: Any, fmt: str) -> str:
 def _shown(key: str, value: Any, layout: str = LAYOUT_011) -> bool:
     if key == "failed":
         return layout == LAYOUT_033 or bool(value)
+    if key in ("usage_mismatches", "over_max_tokens"):
+        return bool(value)
     if key == "max_concurrency":
         return value is not None
     if key == "request_rate":

@@ -22,7 +22,7 @@ import math
 import os
 import secrets
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from time import perf_counter
@@ -34,6 +34,7 @@ from perflab.bench.client import (
     Target,
     build_payload,
     make_target,
+    output_cap,
     prepare,
     request_headers,
 )
@@ -101,7 +102,7 @@ def _probe(req: BenchRequest, targets: list[Target], cancel: threading.Event | N
     simulated = False
     scale: float | None = None
     for target, cap in zip(targets, outcome.captures, strict=True):
-        trace = parse_capture(cap, prompt_len=1, tokenizer=None)
+        trace = parse_capture(cap, prompt_len=1, tokenizer=None, check_counts=False)  # the run checks counts
         if not trace.success:
             raise PerflabError(f"the test request to {target.url} failed: {trace.error}")
         header = cap.headers.get(SIM_TIME_SCALE_HEADER)
@@ -130,17 +131,10 @@ def _prepare_all(req: BenchRequest, targets: list[Target], samples: Iterable[Sam
         payloads.append(build_payload(req, s.prompt, s.output_len))
         lens.append(s.prompt_len)
     headers = request_headers(req, len(payloads))
-    out = [prepare(i, targets[i % len(targets)], payload, headers, f"{id_prefix}{i}") for i, payload in enumerate(payloads)]
-    return out, lens, [output_cap(payload) for payload in payloads]
-
-
-def output_cap(payload: Mapping[str, Any]) -> int | None:
-    """The most output tokens a request's answer can hold: its ``max_tokens`` (and
-    ``max_completion_tokens``, the larger where a server might read either; a plan's
-    ``extra_body`` may have set them); None when it has neither as a whole number."""
-    caps = [v for k in ("max_tokens", "max_completion_tokens")
-            if isinstance(v := payload.get(k), int) and not isinstance(v, bool) and v >= 0]
-    return max(caps) if caps else None
+    deadline = req.timeout is None  # an explicit --timeout replaces the per-request limit
+    out = [prepare(i, targets[i % len(targets)], payload, headers, f"{id_prefix}{i}", deadline=deadline)
+           for i, payload in enumerate(payloads)]
+    return out, lens, [p.max_tokens for p in out]
 
 
 def _warmup(req: BenchRequest, first: Prepared, targets: list[Target], cancel: threading.Event | None = None,
@@ -157,14 +151,15 @@ def _warmup(req: BenchRequest, first: Prepared, targets: list[Target], cancel: t
         return None
     body = json.loads(first.body)
     headers = request_headers(req, req.warmup)
-    prepared = [prepare(-1000 - i, targets[i % len(targets)], body, headers, None) for i in range(req.warmup)]
+    prepared = [prepare(-1000 - i, targets[i % len(targets)], body, headers, None, deadline=req.timeout is None)
+                for i in range(req.warmup)]
     plan = LoadPlan(prepared, [0.0] * len(prepared), req.max_concurrency, req.http_stack, req.timeout, stall_s=stall_s)
     outcome = run_in_new_loop(drive(plan, cancel=cancel))
     if outcome.stall is not None:
         return outcome.stall
     if outcome.cancelled:
         raise BenchCancelled(None, "warm-up")
-    traces = [parse_capture(c, prompt_len=0, tokenizer=None) for c in outcome.captures]
+    traces = [parse_capture(c, prompt_len=0, tokenizer=None, check_counts=False) for c in outcome.captures]
     timed = _on_model_clock(traces, 1.0) if req.sim_clock else None
     if model is not None and timed is not None:
         model.append(timed[1])
@@ -221,7 +216,8 @@ def _run_single(plan: LoadPlan, prompt_lens: list[int], tok: Tokenizer, keep_tex
                 progress(done, total)
 
     def parse(cap: Capture) -> RequestTrace:
-        return parse_capture(cap, prompt_len=prompt_lens[cap.index], tokenizer=tok, keep_text=keep_text)
+        return parse_capture(cap, prompt_len=prompt_lens[cap.index], tokenizer=tok, keep_text=keep_text,
+                             max_tokens=output_caps[cap.index] if output_caps is not None else None)
 
     with frozen_gc():
         outcome = run_in_new_loop(drive(plan, on_done=on_done, compact=compact_with(parse), cancel=cancel,
@@ -416,6 +412,9 @@ def _make_result(
     ok = [t for t in traces if t.success]
     with_server = sum(1 for t in ok if t.server_prompt_tokens is not None)
     mismatched = sum(1 for t in ok if t.server_prompt_tokens is not None and t.server_prompt_tokens != t.prompt_len)
+    # requests failed for counts that cannot be true (perflab.bench.trace.count_problem)
+    metrics["usage_mismatches"] = sum(1 for t in traces if t.usage_mismatch)
+    metrics["over_max_tokens"] = sum(1 for t in traces if t.over_max_tokens)
     sources: dict[str, int] = {}
     for t in ok:
         sources[t.output_tokens_source] = sources.get(t.output_tokens_source, 0) + 1
@@ -451,4 +450,4 @@ def _make_result(
     )
 
 
-__all__ = ["BenchCancelled", "Capture", "run_benchmark_sync"]
+__all__ = ["BenchCancelled", "Capture", "output_cap", "run_benchmark_sync"]

@@ -10,6 +10,7 @@ captures from ``--workers`` processes share an origin.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,17 @@ from perflab.bench.tokenizer import Tokenizer
 from perflab.simenv import SIM_CLOCK_COMMENT, parse_clock
 
 MAX_ERROR_CHARS = 500
+# How far the server's ``usage`` may disagree with what perflab saw before the request is an
+# error (docs/benchmark.md "Token counts"). Every event that carries output holds at least one
+# token, and any number when the server merges them (speculative decoding, --stream-interval,
+# vLLM's API server merging a request's deltas while it is behind: a whole answer in one
+# event), so completion_tokens may exceed the events up to max_tokens, and fall short of them
+# by the slack only (a closing chunk with an empty delta some servers send). The prompt: an
+# exact client tokenizer's count within this factor either way, plus a chat template's tokens.
+USAGE_EVENT_SLACK = 1
+PROMPT_COUNT_FACTOR = 2.0
+PROMPT_TEMPLATE_TOKENS = 512
+USAGE_ERROR = "the server's token counts are impossible"
 
 
 @dataclass(slots=True, eq=False)  # identity: open requests are kept in a set
@@ -67,6 +79,8 @@ class RequestTrace:
     # is simulated (runner: BenchRequest.sim_clock and the probe's answer).
     model_arrival: float | None = None
     model_times: list[float] | None = None
+    usage_mismatch: bool = False  # failed because the server's counts are impossible (USAGE_ERROR)
+    over_max_tokens: bool = False  # more output than the request's max_tokens (also a usage_mismatch)
 
     @property
     def ttft(self) -> float:
@@ -97,22 +111,8 @@ class RequestTrace:
         """The same trace with every duration multiplied (simulated time compression)."""
         if factor == 1.0:
             return self
-        return RequestTrace(
-            success=self.success,
-            start=self.start * factor,
-            chunk_times=[t * factor for t in self.chunk_times],
-            output_tokens=self.output_tokens,
-            prompt_len=self.prompt_len,
-            server_prompt_tokens=self.server_prompt_tokens,
-            chunk_tokens=self.chunk_tokens,
-            error=self.error,
-            generated_text=self.generated_text,
-            output_tokens_source=self.output_tokens_source,
-            index=self.index,
-            queue_time=self.queue_time * factor,
-            model_arrival=self.model_arrival,
-            model_times=self.model_times,
-        )
+        return dataclasses.replace(self, start=self.start * factor, chunk_times=[t * factor for t in self.chunk_times],
+                                   queue_time=self.queue_time * factor)
 
     def on_model_clock(self, origin: float) -> RequestTrace:
         """The same trace timed by the engine's model-clock stamps: ``start`` is the arrival
@@ -201,7 +201,8 @@ def has_streamed_output(choice: Any) -> bool:
     return bool(choice.get("text")) or choice.get("finish_reason") is None
 
 
-def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None, keep_text: bool = False) -> RequestTrace:
+def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None, keep_text: bool = False,
+                  max_tokens: int | None = None, check_counts: bool = True) -> RequestTrace:
     """Turn a raw capture into a trace, with ``vllm bench serve``'s definitions.
 
     - TTFT: arrival of the first chunk that carries output (:func:`has_streamed_output`, vLLM
@@ -212,7 +213,10 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
       number of chunks.
     - Failures: a transport error, a non-200 status, no chunk with choices, and — unlike
       vLLM, which counts such a request as a success — an ``{"error": ...}`` object (or an
-      ``event: error``) inside the stream, even after tokens were received.
+      ``event: error``) inside the stream, even after tokens were received; and with
+      ``check_counts``, token counts that cannot be true (:func:`count_problem`: ``usage``
+      against the streamed events, ``max_tokens`` and an exact tokenizer) — unlike vLLM,
+      which believes ``usage``.
     """
     trace = RequestTrace(success=False, start=cap.start, prompt_len=prompt_len, index=cap.index,
                          queue_time=max(cap.start - cap.queued, 0.0) if cap.queued and cap.start else 0.0)
@@ -283,6 +287,12 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
         trace.error = "stream ended without a chunk carrying output (no token received)"
         return trace
 
+    if check_counts:
+        why, over = count_problem(usage, len(times), prompt_len, max_tokens, tokenizer)
+        if why is not None:
+            trace.error = _clip(f"{USAGE_ERROR}: {why}")
+            trace.usage_mismatch, trace.over_max_tokens = True, over
+            return trace
     trace.success = True
     trace.chunk_times = times
     if stamps and arrival is not None:
@@ -305,6 +315,46 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
     if keep_text:
         trace.generated_text = text
     return trace
+
+
+def _count(usage: dict[str, Any], key: str) -> tuple[int | None, str | None]:
+    """``usage[key]`` as a token count, or why it is none (absent: neither)."""
+    if key not in usage or usage[key] is None:
+        return None, None
+    value = usage[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None, f"usage.{key} is {json.dumps(value)[:40]}, not a token count"
+    return value, None
+
+
+def count_problem(usage: dict[str, Any] | None, events: int, prompt_len: int, max_tokens: int | None,
+                  tokenizer: Tokenizer | None) -> tuple[str | None, bool]:
+    """Why a successful stream's token counts cannot be true, or None; and whether its output
+    went beyond ``max_tokens``. ``events``: the chunks that carried output; ``prompt_len``: the
+    client's count of the prompt (0: unknown). Tolerances: :data:`USAGE_EVENT_SLACK`,
+    :data:`PROMPT_COUNT_FACTOR`, :data:`PROMPT_TEMPLATE_TOKENS`."""
+    if max_tokens is not None and events > max_tokens + USAGE_EVENT_SLACK:
+        return f"{events} chunks carrying output were streamed, beyond max_tokens {max_tokens}", True
+    if not usage:
+        return None, False
+    prompt, why = _count(usage, "prompt_tokens")
+    if why is None:
+        completion, why = _count(usage, "completion_tokens")
+    if why is not None:
+        return why, False
+    if prompt is not None and prompt_len > 0:
+        if prompt == 0:
+            return f"usage.prompt_tokens is 0 for a prompt of about {prompt_len} tokens", False
+        low, high = prompt_len / PROMPT_COUNT_FACTOR, prompt_len * PROMPT_COUNT_FACTOR + PROMPT_TEMPLATE_TOKENS
+        if tokenizer is not None and tokenizer.exact and not low <= prompt <= high:
+            return (f"usage.prompt_tokens {prompt} for a prompt of {prompt_len} tokens ({tokenizer.name}); "
+                    f"expected {low:g} to {high:g}"), False
+    if completion is not None:
+        if max_tokens is not None and completion > max_tokens:
+            return f"usage.completion_tokens {completion} is beyond max_tokens {max_tokens}", True
+        if completion < events - USAGE_EVENT_SLACK:
+            return f"usage.completion_tokens {completion} for {events} chunks carrying output", False
+    return None, False
 
 
 def _chunk_tokens(

@@ -70,9 +70,10 @@ def _worker_main(conn: Connection) -> None:
                 conn.send(("progress", done))
 
         lens = {p.index: plen for p, plen in zip(plan.prepared, prompt_lens, strict=True)}
+        caps = {p.index: p.max_tokens for p in plan.prepared}
 
         def parse(cap: Capture) -> RequestTrace:
-            return parse_capture(cap, prompt_len=lens[cap.index], tokenizer=tok, keep_text=keep_text)
+            return parse_capture(cap, prompt_len=lens[cap.index], tokenizer=tok, keep_text=keep_text, max_tokens=caps[cap.index])
 
         with frozen_gc():
             outcome = run_in_new_loop(

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from perflab.bench.request import DATASETS
+from perflab.bench.request import DATASETS, STREAM_DEADLINE_FLOOR_TOK_S, STREAM_DEADLINE_MIN_S
 from perflab.cli.options import parse_json_object
 from perflab.errors import PerflabError, UsageError
 
@@ -48,9 +48,11 @@ _FIELDS = (
 
 # Exit codes of `perflab bench` (docs/benchmark.md): 0 every request succeeded; 1 nothing
 # measured (every request failed, or the server/client failed); 2 a usage error; 3 the run
-# finished but some requests failed; 4 the stall watchdog stopped the run.
+# finished but some requests failed; 4 the stall watchdog stopped the run; 5 the server's
+# token counts were impossible for some requests (they failed; the figures cannot be trusted).
 EXIT_SOME_FAILED = 3
 EXIT_STALLED = 4
+EXIT_IMPOSSIBLE_COUNTS = 5
 
 
 @click.command(cls=_BenchCommand, context_settings={"show_default": True})
@@ -83,7 +85,7 @@ EXIT_STALLED = 4
 @click.option("--percentiles", "--metric-percentiles", "percentiles", default=None, metavar="P,P", help="Percentiles to report  [default: 99]")
 @click.option("--percentile-metrics", default=None, metavar="M,M", help="Block sections among latency,ttft,tpot,itl,e2el  [default: ttft,tpot,itl]")
 @click.option("--warmup", type=int, default=None, help="Warm-up requests before measuring  [default: 0]")
-@click.option("--timeout", type=float, default=None, help="Per-request timeout, wall-clock seconds  [default: 6 h]")
+@click.option("--timeout", type=float, default=None, help=f"Per-request timeout, wall-clock seconds  [default: a started stream {STREAM_DEADLINE_MIN_S:g} s + max_tokens at {STREAM_DEADLINE_FLOOR_TOK_S:g} token/s after its first byte; before it, 6 h]")
 @click.option("--tokenizer", default=None, metavar="PATH|whitespace|approx", help="tokenizer.json or model directory; default: whitespace on perflab's simulator, the model directory's tokenizer, else approximate.")
 @click.option("--ignore-eos/--no-ignore-eos", default=None, help="Ask the server to ignore EOS (exact output lengths)  [default: on for the random dataset, as vLLM 0.33]")
 @click.option("--temperature", type=float, default=None, help="Sampling temperature  [default: not sent: the server's default, as vLLM 0.33]")
@@ -113,7 +115,13 @@ def bench(**kw: Any) -> None:
 
     Exit codes: 0 all requests succeeded; 1 nothing measured (all failed, server or client
     error); 2 usage error; 3 some requests failed (the result is printed); 4 stalled (no
-    token on any open stream for --stall-s; the partial result is printed).
+    token on any open stream for --stall-s; the partial result is printed); 5 the server's
+    token counts (usage) were impossible for some requests: negative, a zero prompt, more
+    output than max_tokens, or far from the streamed chunks (those requests count as failed;
+    the result is printed, docs/benchmark.md "Token counts").
+
+    A stream that has started is cut after a limit derived from its max_tokens (see
+    --timeout; an error for that request).
     """
     from perflab.bench import BenchRequest, run_benchmark_sync
     from perflab.bench.profiles import apply_profile
@@ -173,6 +181,13 @@ def bench(**kw: Any) -> None:
     if result.stall is not None:
         click.echo(f"perflab: {result.stall.message()}", err=True)
         sys.exit(EXIT_STALLED)
+    impossible = int(result.metrics.get("usage_mismatches") or 0)
+    if impossible:
+        over = int(result.metrics.get("over_max_tokens") or 0)
+        beyond = f", {over} of them beyond max_tokens" if over else ""
+        click.echo(f"perflab: the server reported impossible token counts for {impossible} request(s){beyond}; "
+                   f"they count as failed; exit code {EXIT_IMPOSSIBLE_COUNTS}", err=True)
+        sys.exit(EXIT_IMPOSSIBLE_COUNTS)
     if not result.metrics.get("completed"):
         raise PerflabError(f"all {result.metrics.get('failed', 0)} requests failed: {result.errors[0] if result.errors else 'no error recorded'}")
     failed = int(result.metrics.get("failed") or 0)

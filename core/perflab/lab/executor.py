@@ -1055,6 +1055,9 @@ class Executor:
             return ProfileMeasurement(Status.FAILED, num_prompts=n, error=f"the benchmark did not finish within {budget:g} s{of}")
         if result is None:
             return ProfileMeasurement(Status.FAILED, num_prompts=n, error=error or f"the benchmark was cancelled{of}")
+        if result.metrics.get("usage_mismatches"):  # the server's own figures cannot be trusted: no ranking figure
+            return ProfileMeasurement(Status.FAILED, metrics=dict(result.metrics), num_prompts=n,
+                                      error=f"the server reported impossible token counts ({failure_summary(result)})")
         return ProfileMeasurement(Status.OK, metrics=dict(result.metrics), num_prompts=n, error=failure_summary(result))
 
     def _write_outcome(self, run_dir: Path, rec: RunRecord, instances: list[Any]) -> None:

@@ -5,8 +5,8 @@ Simulated time runs the time scale times faster than real time (default 1): a st
 performance model says takes 50 ms is delivered 50 ms / scale after the previous one (the
 engine's model clock, :mod:`perflab.sim.clock`, keeps the model's time whatever the host does). Faults (comma separated):
 ``crash-at-start``, ``crash-after:N``, ``hang-after:N``, ``slow-start:S``, ``bind-fail``,
-``ready-then-bind-fail``, ``ignore-sigterm``, ``health-lies``, ``orphan-workers`` (see
-docs/simulator.md).
+``ready-then-bind-fail``, ``ignore-sigterm``, ``health-lies``, ``orphan-workers``,
+``lying-usage`` (see docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ MAX_LAG_S = 0.5
 EXIT_DEADLINE_S = 1.0
 FAULT_NAMES = (
     "crash-at-start", "crash-after", "hang-after", "slow-start", "bind-fail", "ready-then-bind-fail",
-    "ignore-sigterm", "health-lies", "orphan-workers",
+    "ignore-sigterm", "health-lies", "orphan-workers", "lying-usage",
 )
 
 
@@ -43,6 +43,7 @@ class Faults:
     ignore_sigterm: bool = False
     health_lies: bool = False
     orphan_workers: bool = False
+    lying_usage: bool = False  # every usage block says prompt_tokens -5, completion_tokens 1000000 (issue 24)
 
 
 def parse_faults(value: str | None) -> Faults:

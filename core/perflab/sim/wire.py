@@ -152,6 +152,8 @@ class Generation:
         ).encode()
 
     def usage(self) -> dict[str, int]:
+        if self.engine.faults.lying_usage:  # PERFLAB_SIM_FAULT=lying-usage: a server whose counts are impossible
+            return {"prompt_tokens": -5, "total_tokens": 999995, "completion_tokens": 1000000}
         return {
             "prompt_tokens": self.prompt_tokens,
             "total_tokens": self.prompt_tokens + self.generated,
