@@ -536,7 +536,7 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
             ok &= v is not _BAD
             kw["label"] = v
         dataset = spec.get("dataset", "random")
-        if dataset not in DATASETS:
+        if not isinstance(dataset, str) or dataset not in DATASETS:
             p.add(f"{key}.dataset", f"expected one of: {', '.join(DATASETS)}, got {_show(dataset)}")
             ok = False
         kw["dataset"] = dataset
@@ -603,10 +603,10 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
                   "(or use dataset: synthetic-sharegpt)")
             ok = False
         for n, takers in DATASET_ONLY.items():
-            if n in spec and dataset in DATASETS and dataset not in takers:
+            if n in spec and isinstance(dataset, str) and dataset in DATASETS and dataset not in takers:
                 p.add(f"{key}.{n}", f"only for dataset {' or '.join(takers)}, not {dataset}")
                 ok = False
-        if dataset in DATASET_NEEDS and ok:
+        if ok and dataset in DATASET_NEEDS:
             needs = DATASET_NEEDS[dataset]
             for n in needs:
                 if n not in kw:
@@ -785,9 +785,12 @@ def _main_profile(p: _Problems, data: Mapping[str, Any], profiles: list[Profile]
     raw = data.get("profiles")
     if main is None:
         return profiles[0].name if profiles else None
-    if isinstance(raw, Mapping) and main not in raw:
-        p.add("main_profile", f"{_show(main)} is not a profile (expected one of: {', '.join(map(str, raw))})")
-    return main
+    names = [str(k) for k in raw] if isinstance(raw, Mapping) else []
+    if not isinstance(main, (str, int)) or isinstance(main, bool):
+        return _expected(p, "main_profile", main, f"a profile name (one of: {', '.join(names)})")
+    if isinstance(raw, Mapping) and str(main) not in names:
+        p.add("main_profile", f"{_show(main)} is not a profile (expected one of: {', '.join(names)})")
+    return str(main)  # profile names are strings (Profile.name), whatever YAML made of the key
 
 
 def _timeouts(p: _Problems, raw: Any) -> Timeouts:
@@ -881,7 +884,7 @@ def _decision(p: _Problems, data: Mapping[str, Any]) -> Decision:
     """The decision keys (perflab.lab.decide), each checked; defaults are the seeds' method."""
     kw: dict[str, Any] = {}
     raw = data.get("decide_by", str(DecideBy.THROUGHPUT))
-    if raw not in set(DecideBy):
+    if not isinstance(raw, str) or raw not in set(DecideBy):
         p.add("decide_by", f"expected one of: {', '.join(DecideBy)}, got {_show(raw)}")
     else:
         kw["decide_by"] = DecideBy(raw)
@@ -905,7 +908,7 @@ def _decision(p: _Problems, data: Mapping[str, Any]) -> Decision:
     if decide_by is not None and decide_by.needs_slo and slo is None:
         p.add("slo", f"missing; decide_by: {decide_by} needs latency limits, e.g. slo: {{tpot_ms: 50, percentile: 99}}")
     if "search" in data:
-        if data["search"] not in set(LoadKind):
+        if not isinstance(data["search"], str) or data["search"] not in set(LoadKind):
             p.add("search", f"expected one of: {', '.join(LoadKind)}, got {_show(data['search'])}")
         else:
             kw["search"] = LoadKind(data["search"])
@@ -970,7 +973,7 @@ def parse_plan(
     if not isinstance(hardware, str) or not (hardware == "auto" or (hardware.startswith("sim:") and len(hardware) > 4)):
         p.add("hardware", f"expected 'auto' or 'sim:NAME' (e.g. sim:a100-80g-x8), got {_show(hardware)}")
     engines = _engine_list(p, "engines", data.get("engines"), known, allow_winner=False)
-    if engines is None and "engines" not in data:
+    if data.get("engines") is None:  # absent, or null (``engines:`` with nothing after it)
         p.add("engines", "missing; expected the list of engines to compare, e.g. [vllm, sglang]")
     serve = _options(p, "serve", data.get("serve"))
     if "model" in serve:
@@ -1003,8 +1006,9 @@ def parse_plan(
     if p.items:
         count = f"{len(p.items)} problems: " if len(p.items) > 1 else ""
         raise UsageError(f"{label}: {count}{'; '.join(p.items)}")
-    # no problem reported: every required piece is there
-    assert model_id is not None and engines is not None and baseline is not None and main_profile is not None
+    if model_id is None or engines is None or baseline is None or main_profile is None:
+        # every path to a missing piece adds a problem above; this is the net under them
+        raise UsageError(f"{label}: incomplete plan: expected model, engines, profiles and a baseline")
     return Plan(
         name=name or (path.stem if path is not None else "study"),
         model=model_id,

@@ -1,0 +1,119 @@
+"""Every plan key, at every depth, given every wrong YAML type gets a one-line UsageError naming
+the key (never a traceback: AssertionError, TypeError 'unhashable type' ...); and plan errors
+that used to surface only after an engine started are refused when the plan is read."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from perflab.errors import UsageError
+from perflab.lab.plan import parse_plan
+
+KNOWN = ["vllm", "vllm-ascend", "sglang", "trtllm", "mindie"]
+
+# A plan that uses every key the schema has (each profile kind, variants, combinations,
+# options of every kind), so that walking it reaches every key at every depth.
+FULL = yaml.safe_load("""
+version: 1
+name: full
+title: Every key
+objective: Everything at once.
+model: {id: Qwen/Qwen3-32B, name: Qwen3-32B, metadata: {params: 32B}}
+hardware: sim:a100-80g-x8
+engines: [vllm, sglang]
+serve: {max_model_len: 32768, tp: 2, prefix_caching: true, mem_fraction: 0.9, kv_cache_dtype: fp8,
+        extra_args: [--seed, 1], env: {A: b}, engine_options: {x: 1}, devices: [0, 1], replicas: 1}
+engine_serve: {sglang: {mem_fraction: 0.85}}
+baseline: {engine: vllm, serve: {max_num_seqs: 256}, label: Defaults}
+candidates:
+  - name: Quantization
+    engines: [winner, vllm]
+    description: fp8
+    variants:
+      - {name: FP8, set: {quantization: fp8}, engine_set: {vllm: {max_num_seqs: 128}}, engines: [vllm]}
+  - {name: Perf, set: {extra_args: "--performance-mode=throughput"}}
+combinations:
+  - {name: Both, of: [Quantization/FP8, Perf], base: best, description: all, engines: [winner]}
+profiles:
+  short: {label: Short Prompt, dataset: random, input_len: 128, output_len: 4, num_prompts: 100, request_rate: inf,
+          max_concurrency: 8, seed: 1, backend: openai-chat, endpoint: /v1/chat/completions, burstiness: 1.0,
+          range_ratio: 0.1, prefix_len: 4}
+  curve: {dataset: synthetic-sharegpt, num_prompts: 64, sweep: {max_concurrency: [1, 4]}}
+  prefixes: {dataset: prefix-repetition, prefix_len: 16, num_prefixes: 2, input_len: 8, output_len: 4, num_prompts: 8}
+  chat: {dataset: multi-turn, turns: 2, input_len: 8, output_len: 4, num_prompts: 8}
+  gpt: {dataset: sharegpt, dataset_path: sharegpt.json, num_prompts: 8}
+main_profile: short
+min_success_rate: 0.9
+min_improvement_pct: 1
+timeouts: {startup_s: 60, benchmark_s: 600, teardown_s: 5, stall_s: 30, device_wait_s: 0}
+simulation: {time_scale: 20, engine_versions: {vllm: "0.11.0"}}
+decide_by: throughput
+slo: {tpot_ms: 50, ttft_ms: 2000, e2el_ms: 9000, percentile: 99}
+search: max_concurrency
+repeats: 2
+warmup: 4
+early_stop: true
+cost: {per_accelerator_hour: 2.5, currency: USD}
+notes: [one, two]
+""")
+
+WRONG: dict[str, Any] = {
+    "null": None, "bool": True, "int": 7, "float": 2.5, "str": "text", "list": [1, "a"], "mapping": {"k": [1]},
+}
+
+
+def _paths(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Every key path of a YAML document (mapping keys and list indices), parents first."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield (*path, k)
+            yield from _paths(v, (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield (*path, i)
+            yield from _paths(v, (*path, i))
+
+
+def _set(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
+    out = copy.deepcopy(doc)
+    node = out
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    return out
+
+
+def _key_text(path: tuple[Any, ...]) -> str:
+    """How a problem names the key: ``profiles.short.num_prompts``, ``candidates[0].name``."""
+    out = ""
+    for k in path:
+        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else str(k))
+    return out
+
+
+def test_the_full_plan_is_valid() -> None:
+    plan = parse_plan(FULL, known_engines=KNOWN, check_files=False)
+    assert len(plan.profiles) == 5 and plan.combinations
+
+
+CASES = [(path, kind) for path in _paths(FULL) for kind in WRONG]
+
+
+@pytest.mark.parametrize(("path", "kind"), CASES, ids=[f"{_key_text(p)}={k}" for p, k in CASES])
+def test_every_key_given_every_yaml_type_is_accepted_or_named_in_one_line(path: tuple[Any, ...], kind: str) -> None:
+    doc = _set(FULL, path, WRONG[kind])
+    try:
+        parse_plan(doc, known_engines=KNOWN, check_files=False)
+    except UsageError as exc:
+        message = str(exc)
+        assert "\n" not in message
+        # the problem names the key, or (a list item) the list it is in
+        names = {_key_text(path[:i]) for i in range(1, len(path) + 1)}
+        if path[0] == "candidates":  # a candidate renamed or gone: the combination naming it says so
+            names.add("combinations[0].of")
+        assert any(n in message for n in names if n), (path, message)
