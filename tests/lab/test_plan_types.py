@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from perflab.errors import UsageError
-from perflab.lab.plan import parse_plan
+from perflab.lab.plan import LIMITS, parse_plan
 
 KNOWN = ["vllm", "vllm-ascend", "sglang", "trtllm", "mindie"]
 
@@ -117,3 +118,65 @@ def test_every_key_given_every_yaml_type_is_accepted_or_named_in_one_line(path: 
         if path[0] == "candidates":  # a candidate renamed or gone: the combination naming it says so
             names.add("combinations[0].of")
         assert any(n in message for n in names if n), (path, message)
+
+
+# --------------------------------------------------------------------------- bounds
+
+# each LIMITS entry -> where FULL has such a number
+LIMIT_PATHS: dict[str, tuple[Any, ...]] = {
+    "num_prompts": ("profiles", "short", "num_prompts"),
+    "input_len": ("profiles", "short", "input_len"),
+    "output_len": ("profiles", "short", "output_len"),
+    "prefix_len": ("profiles", "short", "prefix_len"),
+    "max_concurrency": ("profiles", "short", "max_concurrency"),
+    "num_prefixes": ("profiles", "prefixes", "num_prefixes"),
+    "turns": ("profiles", "chat", "turns"),
+    "request_rate": ("profiles", "short", "request_rate"),
+    "burstiness": ("profiles", "short", "burstiness"),
+    "seed": ("profiles", "short", "seed"),
+    "sweep": ("profiles", "curve", "sweep", "max_concurrency"),
+    "repeats": ("repeats",),
+    "warmup": ("warmup",),
+    "timeout_s": ("timeouts", "benchmark_s"),
+    "slo_ms": ("slo", "tpot_ms"),
+    "min_improvement_pct": ("min_improvement_pct",),
+    "time_scale": ("simulation", "time_scale"),
+    "per_accelerator_hour": ("cost", "per_accelerator_hour"),
+}
+
+
+def _at(name: str, over: bool) -> Any:
+    if name == "sweep":  # a number of load points
+        return list(range(1, int(LIMITS["sweep"]) + 1 + over))
+    value = LIMITS[name]
+    if isinstance(value, int):
+        return value + 1 if over else value
+    return value * 1.01 if over else value
+
+
+def test_every_limit_is_exercised() -> None:
+    assert set(LIMIT_PATHS) == set(LIMITS)
+
+
+@pytest.mark.parametrize("name", sorted(LIMITS))
+def test_a_number_past_its_limit_is_refused_in_one_line_naming_key_and_limit(name: str) -> None:
+    path = LIMIT_PATHS[name]
+    with pytest.raises(UsageError) as err:
+        parse_plan(_set(FULL, path, _at(name, over=True)), known_engines=KNOWN, check_files=False)
+    message = str(err.value)
+    assert "\n" not in message and _key_text(path) in message, message
+    if name != "seed":
+        assert "at most" in message or " to " in message, message
+
+
+@pytest.mark.parametrize("name", sorted(set(LIMITS) - {"num_prefixes"}))  # num_prefixes also needs as many prompts
+def test_a_number_at_its_limit_is_accepted(name: str) -> None:
+    parse_plan(_set(FULL, LIMIT_PATHS[name], _at(name, over=False)), known_engines=KNOWN, check_files=False)
+
+
+def test_the_plan_reference_states_every_limit() -> None:
+    from perflab.lab.plan import _limit
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "plan-reference.md").read_text()
+    for name in LIMITS:
+        assert f"| `{name}` | {_limit(name)} |" in text, name
