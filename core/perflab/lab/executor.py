@@ -41,7 +41,7 @@ from perflab.observe.energy import observed_extras
 from perflab.observe.telemetry import Telemetry
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
-from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
+from perflab.lab.store import ProfileMeasurement, RunRecord, file_stem, write_json
 from perflab.simenv import TIME_SCALE_ENV as SIM_TIME_SCALE_ENV
 from perflab.status import Status
 from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Unsupported, to_jsonable
@@ -936,9 +936,9 @@ class Executor:
             m.cause = await _stall_cause(instances, result.stall)
         m.observed = self._observed(watchers, watching, m, config)
         if watching.samples:
-            write_json(run_dir / f"observe-{profile.name}{suffix}.json", watching.series_json())
+            write_json(run_dir / f"observe-{file_stem(profile.name)}{suffix}.json", watching.series_json())
         if stopper is not None and stopper.windows:  # what the early stop saw, for diagnosis
-            write_json(run_dir / f"earlystop-{profile.name}{suffix}.json", stopper.to_json())
+            write_json(run_dir / f"earlystop-{file_stem(profile.name)}{suffix}.json", stopper.to_json())
         if measured is not None:
             data: dict[str, Any] = {"profile": profile.name, "label": profile.label, "definition": profile.definition()}
             if m.status is not Status.OK:  # what a failed or stopped benchmark had measured, for diagnosis only
@@ -946,7 +946,7 @@ class Executor:
             if m.stopped_early is not None:
                 data["stopped_early"] = m.stopped_early
             data["metrics"] = dict(measured.metrics)
-            write_json(run_dir / f"bench-{profile.name}{suffix}.json", data)
+            write_json(run_dir / f"bench-{file_stem(profile.name)}{suffix}.json", data)
         return m
 
     async def _prepare_measurement(self, instances: list[Any], engine: str, profile: Profile, req: Any,

@@ -737,14 +737,10 @@ def _candidates(p: _Problems, where: str, value: Any, known: set[str] | None, co
 
 def _resolve_ref(candidates: Iterable[Candidate], ref: str) -> tuple[Candidate, Variant] | None:
     cands = list(candidates)
-    if "/" in ref:
-        cname, _, vname = ref.partition("/")
-        for c in cands:
-            if c.name == cname:
-                for v in c.variants:
-                    if v.name == vname:
-                        return c, v
-        return None
+    # names may hold '/' themselves: match the whole "Candidate/Variant", never a split of it
+    exact = [(c, v) for c in cands for v in c.variants if f"{c.name}/{v.name}" == ref]
+    if exact:
+        return exact[0]
     for c in cands:
         if c.name == ref and len(c.variants) == 1:
             return c, c.variants[0]
