@@ -180,3 +180,70 @@ def test_the_plan_reference_states_every_limit() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "plan-reference.md").read_text()
     for name in LIMITS:
         assert f"| `{name}` | {_limit(name)} |" in text, name
+
+
+# --------------------------------------------------------------------------- refused before anything starts
+
+OWNED_PORT = """
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x8
+engines: [vllm, sglang]
+candidates:
+  - {name: Seqs, set: {max_num_seqs: 64}}
+  - {name: Pinned, set: {extra_args: ["--port=18555"]}}
+profiles: {p: {input_len: 8, output_len: 2, num_prompts: 4}}
+"""
+
+
+def test_an_extra_arg_setting_a_flag_perflab_owns_is_refused_for_every_engine_it_may_run_on() -> None:
+    from perflab.lab.plan import load_plan_text
+    from perflab.lab.preflight import refuse_owned_flags
+    from perflab.plugins import load
+
+    pm = load()
+    plan = load_plan_text(OWNED_PORT, path="p.yaml", known_engines=pm.engine_names())
+    with pytest.raises(UsageError) as err:
+        refuse_owned_flags(pm, plan)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("p.yaml: 2 problems: ")
+    for engine in ("vllm", "sglang"):  # 'winner' may be either
+        assert f"candidates[1] ('Pinned'/'Pinned') on {engine}: extra argument '--port=18555': perflab sets --port" in message
+    ok = load_plan_text(OWNED_PORT.replace("--port=18555", "--enable-metrics"), path="p.yaml", known_engines=pm.engine_names())
+    refuse_owned_flags(pm, ok)
+
+
+def test_a_launch_of_any_engine_refuses_an_owned_flag_in_its_extra_args(tmp_path: Path) -> None:
+    """The check a plan gets is the one every launch makes: SGLang's plugin has none of its own."""
+    from perflab.engines import build_launch
+    from perflab.hardware import resolve
+    from perflab.plugins import load
+    from perflab.types import ServeConfig
+
+    pm = load()
+    hardware, _ = resolve(pm, "sim:a100-80g-x8")
+    with pytest.raises(UsageError, match="perflab sets --host itself for sglang"):
+        build_launch(pm, "sglang", ServeConfig(model="m", port=9000, extra_args=("--host", "0.0.0.0")), hardware, tmp_path, None)
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    (OWNED_PORT, "candidates[1] ('Pinned'/'Pinned') on vllm"),
+    (OWNED_PORT.replace("num_prompts: 4", "num_prompts: 1000000000000"), "profiles.p.num_prompts"),
+    (OWNED_PORT.replace("engines: [vllm, sglang]", "engines: null"), "engines"),
+    (OWNED_PORT + "main_profile: [p]\n", "main_profile"),
+    (OWNED_PORT + "decide_by: {a: 1}\n", "decide_by"),
+    (OWNED_PORT + "search: [max_concurrency]\n", "search"),
+], ids=["owned-flag", "num-prompts", "engines-null", "main-profile-list", "decide-by-mapping", "search-list"])
+def test_perflab_run_refuses_the_plan_with_exit_2_one_line_and_nothing_started(tmp_path: Path, capsys: Any,
+                                                                                text: str, key: str) -> None:
+    from perflab.cli import main
+
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(path), "--out", str(tmp_path / "study")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"perflab: error: {path}: ") and f"{key}: " in lines[0], err
+    assert "Traceback" not in err
+    assert not (tmp_path / "study").exists()  # nothing started, nothing written

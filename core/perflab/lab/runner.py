@@ -389,6 +389,9 @@ async def run_study(
     as fit; :class:`perflab.lab.backend.LocalBackend`). ``executor="ray"``: the runs go to the
     nodes of a Ray cluster (``ray_address``; None: a local Ray for the study;
     :mod:`perflab.lab.raybackend`)."""
+    from perflab.lab.preflight import refuse_owned_flags
+
+    refuse_owned_flags(pm, plan)  # a plan error: refused before the study directory exists
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
