@@ -140,3 +140,90 @@ def test_every_hook_has_a_deadline_and_the_contract_docs_state_it() -> None:
 def test_a_bad_deadline_override_is_a_usage_error(value: str) -> None:
     with pytest.raises(UsageError, match=hookspecs.DEADLINE_ENV):
         PluginManager(entrypoints=False, builtins=False, environ={hookspecs.DEADLINE_ENV: value})
+
+
+STUDY = """
+name: slow-teardown
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x8
+simulation: {time_scale: 50}
+engines: [vllm]
+candidates:
+  - {name: Seqs, set: {max_num_seqs: 64}}
+profiles:
+  main: {input_len: 32, output_len: 8, num_prompts: 8, max_concurrency: 4}
+timeouts: {startup_s: 60, benchmark_s: 120}
+early_stop: false
+"""
+
+
+@pytest.mark.slow
+def test_a_study_with_a_stuck_teardown_hook_stops_cleanly_naming_the_plugin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: threading.Event) -> None:
+    """The issue's case: a third-party plugin's perflab_teardown that sleeps (here: until the test
+    ends) held the study as long; now the study stops at the deadline, names the plugin, and
+    no engine of it is left."""
+    import os
+
+    import anyio
+    import psutil
+
+    from perflab.lab.plan import load_plan_text
+    from perflab.lab.progress import StudyProgress
+    from perflab.lab.runner import run_study
+    from perflab.plugins import load
+
+    monkeypatch.setenv(hookspecs.DEADLINE_ENV, str(DEADLINE))
+    pm = load()
+    assert pm.add_plugin(slowpoke(release, teardown=True), name="slowpoke").status == "ok"
+    plan = load_plan_text(STUDY, path="slow-teardown.yaml")
+    out = tmp_path / "study"
+    t0 = time.monotonic()
+    with open(os.devnull, "w") as sink:
+        progress = StudyProgress(plan.name, live=False, stream=sink)
+        try:
+            summary = anyio.run(lambda: run_study(pm, plan, out, progress=progress))
+            stop = None
+        except Exception as exc:  # the study stops with its one-line error
+            summary, stop = None, exc
+    assert time.monotonic() - t0 < 60  # not the 30 s hook per launch, twice over
+    text = str(stop) if stop is not None else (out / "report.md").read_text()
+    assert "plugin slowpoke: perflab_teardown did not return within its deadline of 2 s" in text, (summary, text)
+    for p in psutil.process_iter():  # no engine of this study is left
+        try:
+            assert str(out) not in p.environ().get("PERFLAB_INSTANCE", "")
+        except (psutil.Error, OSError):
+            continue
+
+
+@pytest.mark.slow
+def test_a_stuck_launch_hook_stops_the_study_naming_the_plugin_and_the_run_is_interrupted_not_crashed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: threading.Event) -> None:
+    import json
+    import os
+
+    import anyio
+
+    from perflab.errors import PerflabError
+    from perflab.lab.plan import load_plan_text
+    from perflab.lab.progress import StudyProgress
+    from perflab.lab.runner import run_study
+    from perflab.plugins import load
+
+    @hookimpl
+    def perflab_build_launch(engine: str) -> None:
+        release.wait(30)
+
+    monkeypatch.setenv(hookspecs.DEADLINE_ENV, str(DEADLINE))
+    pm = load()
+    pm.add_plugin(module_plugin("slowbuild", perflab_build_launch=perflab_build_launch), name="slowbuild")
+    plan = load_plan_text(STUDY, path="slow-build.yaml")
+    out = tmp_path / "study"
+    t0 = time.monotonic()
+    with open(os.devnull, "w") as sink, pytest.raises(PerflabError) as err:
+        anyio.run(lambda: run_study(pm, plan, out, progress=StudyProgress(plan.name, live=False, stream=sink)))
+    assert time.monotonic() - t0 < 30
+    assert str(err.value).startswith("plugin slowbuild: perflab_build_launch did not return within its deadline of 2 s")
+    assert "PERFLAB_DISABLE_PLUGINS=slowbuild" in str(err.value) and "\n" not in str(err.value)
+    (run,) = (out / "runs").iterdir()
+    assert json.loads((run / "outcome.json").read_text())["state"] == "interrupted"  # never the configuration's crash

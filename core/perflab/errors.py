@@ -44,5 +44,5 @@ class HookDeadlineExceeded(PerflabError):
         self.plugin, self.hook, self.deadline_s = plugin, hook, deadline_s
         super().__init__(
             f"plugin {plugin}: {hook} did not return within its deadline of {deadline_s:g} s "
-            "(a fault of that plugin; perflab went on without its answer, and its stuck call ends with perflab)"
+            "(that plugin's fault: perflab abandoned the call, which ends with perflab at the latest)"
         )

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from perflab import redact
+from perflab.bench.request import MAX_NUM_PROMPTS
 from perflab.errors import UsageError
 from perflab.lab.decide import SLO_KEYS, DecideBy, Decision, LoadKind, Slo
 from perflab.lab.options import PLAN_OPTIONS, Configuration, apply_delta, normalise
@@ -82,7 +83,7 @@ BACKENDS = ("openai-chat", "openai")
 #: used to launch an engine and then fail its benchmark): refused when the plan is read.
 LIMITS: Mapping[str, float] = MappingProxyType({
     # a profile's workload
-    "num_prompts": 10_000_000,
+    "num_prompts": MAX_NUM_PROMPTS,  # the benchmark's own limit (perflab bench --num-prompts)
     "input_len": 10_000_000, "output_len": 10_000_000, "prefix_len": 10_000_000,  # tokens
     "max_concurrency": 1_000_000,
     "num_prefixes": 1_000_000,
