@@ -212,7 +212,7 @@ class PluginManager:
 
     def deadline(self, hook: str) -> float:
         """Seconds one call of ``hook`` may take (its contract deadline, lowered by the cap)."""
-        return min(hookspecs.HOOK_DEADLINES_S[hook], self.deadline_cap)
+        return min(hookspecs.HOOK_DEADLINES_S.get(hook, hookspecs.DEFAULT_HOOK_DEADLINE_S), self.deadline_cap)
 
     def _bound_deadlines(self, plugin: object, name: str) -> None:
         """Make every call of ``plugin``'s hook implementations keep its hook's deadline."""

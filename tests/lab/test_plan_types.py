@@ -5,6 +5,7 @@ that used to surface only after an engine started are refused when the plan is r
 from __future__ import annotations
 
 import copy
+import datetime
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,9 @@ model: {id: Qwen/Qwen3-32B, name: Qwen3-32B, metadata: {params: 32B}}
 hardware: sim:a100-80g-x8
 engines: [vllm, sglang]
 serve: {max_model_len: 32768, tp: 2, prefix_caching: true, mem_fraction: 0.9, kv_cache_dtype: fp8,
-        extra_args: [--seed, 1], env: {A: b}, engine_options: {x: 1}, devices: [0, 1], replicas: 1}
+        extra_args: [--seed, 1], env: {A: b}, engine_options: {x: 1}, devices: [0, 1], replicas: 1,
+        served_model_name: qwen, pp: 1, dp: 1, nodes: 1, ep: 1, max_batched_tokens: 8192, max_num_seqs: 256,
+        chunked_prefill: true, speculative_config: {method: ngram}, reasoning_parser: qwen3, quantization: awq}
 engine_serve: {sglang: {mem_fraction: 0.85}}
 baseline: {engine: vllm, serve: {max_num_seqs: 256}, label: Defaults}
 candidates:
@@ -36,7 +39,8 @@ candidates:
     engines: [winner, vllm]
     description: fp8
     variants:
-      - {name: FP8, set: {quantization: fp8}, engine_set: {vllm: {max_num_seqs: 128}}, engines: [vllm]}
+      - {name: FP8, set: {quantization: fp8, model: Qwen/Qwen3-32B-FP8}, engine_set: {vllm: {max_num_seqs: 128}},
+         engines: [vllm]}
   - {name: Perf, set: {extra_args: "--performance-mode=throughput"}}
 combinations:
   - {name: Both, of: [Quantization/FP8, Perf], base: best, description: all, engines: [winner]}
@@ -63,8 +67,12 @@ cost: {per_accelerator_hour: 2.5, currency: USD}
 notes: [one, two]
 """)
 
+# the same with the model given by path (model.id and model.path exclude each other)
+FULL_BY_PATH = {**FULL, "model": {"path": "weights/qwen3", "name": "Qwen3-32B", "metadata": {"params": "32B"}}}
+
 WRONG: dict[str, Any] = {
     "null": None, "bool": True, "int": 7, "float": 2.5, "str": "text", "list": [1, "a"], "mapping": {"k": [1]},
+    "timestamp": datetime.date(2024, 1, 1),  # YAML's `2024-01-01` (and TOML's dates)
 }
 
 
@@ -97,17 +105,40 @@ def _key_text(path: tuple[Any, ...]) -> str:
     return out
 
 
-def test_the_full_plan_is_valid() -> None:
-    plan = parse_plan(FULL, known_engines=KNOWN, check_files=False)
-    assert len(plan.profiles) == 5 and plan.combinations
+def test_the_full_plan_is_valid_and_uses_every_key_the_schema_declares() -> None:
+    from perflab.lab import plan as schema
+    from perflab.lab.decide import SLO_KEYS
+    from perflab.lab.options import PLAN_OPTIONS
+    from perflab.observe.energy import COST_KEYS
+
+    for doc in (FULL, FULL_BY_PATH):
+        plan = parse_plan(doc, known_engines=KNOWN, check_files=False)
+        assert len(plan.profiles) == 5 and plan.combinations
+    used = {_key_text(tuple(k for k in p if not isinstance(k, int)))
+            for doc in (FULL, FULL_BY_PATH) for p in _paths(doc)}
+    step = "candidates.variants"
+    declared = {
+        *schema.TOP_KEYS, *(f"model.{k}" for k in schema.MODEL_KEYS), *(f"baseline.{k}" for k in schema.BASELINE_KEYS),
+        *(f"candidates.{k}" for k in schema.CANDIDATE_KEYS if k not in ("set", "engine_set")),
+        *(f"combinations.{k}" for k in schema.COMBINATION_KEYS if k not in ("set", "engine_set", "variants")),
+        *(f"{step}.{k}" for k in schema.VARIANT_KEYS if k != "of"), *(f"serve.{k}" for k in PLAN_OPTIONS if k != "model"),
+        *(f"timeouts.{k}" for k in schema.TIMEOUT_KEYS), *(f"simulation.{k}" for k in schema.SIMULATION_KEYS),
+        *(f"slo.{k}" for k in SLO_KEYS), *(f"cost.{k}" for k in COST_KEYS),
+    }
+    profile_keys = {p[2] for p in _paths(FULL) if p[0] == "profiles" and len(p) == 3}
+    assert declared <= used, sorted(declared - used)
+    assert set(schema.PROFILE_KEYS) <= profile_keys, sorted(set(schema.PROFILE_KEYS) - profile_keys)
 
 
-CASES = [(path, kind) for path in _paths(FULL) for kind in WRONG]
+CASES = [(doc, path, kind) for doc in (FULL, FULL_BY_PATH) for path in _paths(doc)
+         if doc is FULL or path[0] == "model" for kind in WRONG]
 
 
-@pytest.mark.parametrize(("path", "kind"), CASES, ids=[f"{_key_text(p)}={k}" for p, k in CASES])
-def test_every_key_given_every_yaml_type_is_accepted_or_named_in_one_line(path: tuple[Any, ...], kind: str) -> None:
-    doc = _set(FULL, path, WRONG[kind])
+@pytest.mark.parametrize(("doc", "path", "kind"), CASES,
+                         ids=[f"{_key_text(p)}{'(path)' if d is FULL_BY_PATH else ''}={k}" for d, p, k in CASES])
+def test_every_key_given_every_yaml_type_is_accepted_or_named_in_one_line(doc: Any, path: tuple[Any, ...],
+                                                                          kind: str) -> None:
+    doc = _set(doc, path, WRONG[kind])
     try:
         parse_plan(doc, known_engines=KNOWN, check_files=False)
     except UsageError as exc:
