@@ -119,10 +119,11 @@ def check_support(
 
 
 def owned_flags(pm: PluginManager, engine: str) -> tuple[str, ...]:
-    """The engine flags perflab sets itself for every launch (the plugin's ``address_flags``:
-    host and port, which perflab chooses and probes), so extra arguments may not set them."""
+    """What perflab sets itself for every launch of ``engine``, so extra arguments may not: the
+    plugin's ``address_flags`` (host and port, which perflab chooses and probes) and
+    ``owned_args`` (MindIE's ``ServerConfig.port``: its extra arguments are config.json overrides)."""
     plugin = pm.pm.get_plugin(pm.engine(engine).plugin)
-    return tuple(getattr(plugin, "address_flags", ()) or ())
+    return (*(getattr(plugin, "address_flags", ()) or ()), *(getattr(plugin, "owned_args", ()) or ()))
 
 
 def owned_flag_problems(pm: PluginManager, engine: str, extra_args: tuple[str, ...] | list[str]) -> list[str]:
@@ -131,7 +132,7 @@ def owned_flag_problems(pm: PluginManager, engine: str, extra_args: tuple[str, .
     owned = owned_flags(pm, engine)
     out = []
     for arg in extra_args:
-        name = arg.split("=", 1)[0] if arg.startswith("-") else None
+        name = arg.split("=", 1)[0]  # '--port=1' and '--port' '1' alike; 'ServerConfig.port=1'
         if name in owned:
             out.append(f"extra argument {arg!r}: perflab sets {name} itself for {engine} "
                        f"(it chooses the address it waits on); remove it")

@@ -243,8 +243,16 @@ def test_an_extra_arg_setting_a_flag_perflab_owns_is_refused_for_every_engine_it
     refuse_owned_flags(pm, ok)
 
 
-def test_a_launch_of_any_engine_refuses_an_owned_flag_in_its_extra_args(tmp_path: Path) -> None:
-    """The check a plan gets is the one every launch makes: SGLang's plugin has none of its own."""
+@pytest.mark.parametrize(("engine", "args", "owned"), [
+    ("sglang", ("--host", "0.0.0.0"), "--host"),
+    ("trtllm", ("--port=18555",), "--port"),
+    ("vllm", ("--port", "18555"), "--port"),
+    ("mindie", ("ServerConfig.port=18555",), "ServerConfig.port"),  # its extra arguments are config.json overrides
+])
+def test_a_launch_of_any_engine_refuses_an_owned_flag_in_its_extra_args(tmp_path: Path, engine: str,
+                                                                        args: tuple[str, ...], owned: str) -> None:
+    """The check a plan gets is the one every launch makes; SGLang's, TensorRT-LLM's and MindIE's
+    plugins had none of their own (the engine got a second port, or MindIE's config.json another)."""
     from perflab.engines import build_launch
     from perflab.hardware import resolve
     from perflab.plugins import load
@@ -252,8 +260,8 @@ def test_a_launch_of_any_engine_refuses_an_owned_flag_in_its_extra_args(tmp_path
 
     pm = load()
     hardware, _ = resolve(pm, "sim:a100-80g-x8")
-    with pytest.raises(UsageError, match="perflab sets --host itself for sglang"):
-        build_launch(pm, "sglang", ServeConfig(model="m", port=9000, extra_args=("--host", "0.0.0.0")), hardware, tmp_path, None)
+    with pytest.raises(UsageError, match=f"perflab sets {owned} itself for {engine}"):
+        build_launch(pm, engine, ServeConfig(model="m", port=9000, extra_args=args), hardware, tmp_path, None)
 
 
 @pytest.mark.parametrize(("text", "key"), [
