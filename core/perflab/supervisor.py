@@ -374,7 +374,7 @@ class EngineInstance:
         self.launch = o.launch = spec
         redact.register_launch(spec)
         self.base_url = _connectable_url(spec) if self.serving else None
-        self.readiness = engine_hooks.readiness(self.pm, self.engine, spec) if self.serving else None
+        self.readiness = await _in_thread(engine_hooks.readiness, self.pm, self.engine, spec) if self.serving else None
         self._write_files(spec)
 
         if self.settings.check_memory and self.hardware.accelerators:

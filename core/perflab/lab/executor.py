@@ -271,7 +271,8 @@ async def reset_prefix_cache(pm: Any, engine: str, launch: LaunchSpec, base_url:
     the lab's environment (an API key there is sent as the engine's clients send it)."""
     import httpx
 
-    reset = pm.hook.perflab_cache_reset(engine=engine, launch=launch)
+    # off the event loop: a plugin's hook may take up to its deadline (perflab.hookspecs)
+    reset = await anyio.to_thread.run_sync(lambda: pm.hook.perflab_cache_reset(engine=engine, launch=launch))
     if reset is None:
         return None
     url = base_url.rstrip("/") + reset.path
