@@ -118,6 +118,27 @@ def check_support(
     return out
 
 
+def owned_flags(pm: PluginManager, engine: str) -> tuple[str, ...]:
+    """What perflab sets itself for every launch of ``engine``, so extra arguments may not: the
+    plugin's ``address_flags`` (host and port, which perflab chooses and probes) and
+    ``owned_args`` (MindIE's ``ServerConfig.port``: its extra arguments are config.json overrides)."""
+    plugin = pm.pm.get_plugin(pm.engine(engine).plugin)
+    return (*(getattr(plugin, "address_flags", ()) or ()), *(getattr(plugin, "owned_args", ()) or ()))
+
+
+def owned_flag_problems(pm: PluginManager, engine: str, extra_args: tuple[str, ...] | list[str]) -> list[str]:
+    """One line per extra argument that sets a flag perflab owns for ``engine`` (``--port=18555``:
+    the engine would serve on another port than the one perflab chose and waits on)."""
+    owned = owned_flags(pm, engine)
+    out = []
+    for arg in extra_args:
+        name = arg.split("=", 1)[0]  # '--port=1' and '--port' '1' alike; 'ServerConfig.port=1'
+        if name in owned:
+            out.append(f"extra argument {arg!r}: perflab sets {name} itself for {engine} "
+                       f"(it chooses the address it waits on); remove it")
+    return out
+
+
 def build_launch(
     pm: PluginManager,
     engine: str,
@@ -127,6 +148,9 @@ def build_launch(
     version: str | None,
 ) -> LaunchSpec:
     rec = pm.engine(engine)
+    problems = owned_flag_problems(pm, engine, config.extra_args)
+    if problems:  # every engine, not only those whose plugin checks: the same refusal as a plan's
+        raise UsageError("; ".join(problems))
     if config.port is None:
         config = config.replace(port=rec.info.default_port)
     spec = pm.hook.perflab_build_launch(

@@ -33,3 +33,16 @@ class UnknownEngine(UsageError):
 
 class PluginLoadError(PerflabError):
     """Raised in --strict mode when any plugin failed to load."""
+
+
+class HookDeadlineExceeded(PerflabError):
+    """A plugin's hook did not return within its deadline (:data:`perflab.hookspecs.HOOK_DEADLINES_S`):
+    the plugin's fault, never the configuration's. Python cannot stop a thread, so the call is
+    abandoned in its daemon thread, which ends with perflab's process at the latest."""
+
+    def __init__(self, plugin: str, hook: str, deadline_s: float) -> None:
+        self.plugin, self.hook, self.deadline_s = plugin, hook, deadline_s
+        super().__init__(
+            f"plugin {plugin}: {hook} did not return within its deadline of {deadline_s:g} s "
+            "(that plugin's fault: perflab abandoned the call, which ends with perflab at the latest)"
+        )

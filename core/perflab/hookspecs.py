@@ -25,6 +25,10 @@ Conventions
 * A hook may omit trailing parameters it does not need: pluggy passes only the arguments an
   implementation names. An implementation naming a parameter that is not in the spec is
   reported as incompatible by ``perflab engines list``.
+* Every call has a deadline (:data:`HOOK_DEADLINES_S`, per hook; ``PERFLAB_HOOK_DEADLINE_S``
+  lowers them all): a hook runs in a worker thread, and one still running at its deadline is
+  abandoned and named as its plugin's fault. Return promptly; never block on the network or
+  a process without a timeout of your own well inside the deadline.
 
 Versioning
 ----------
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -61,6 +66,34 @@ if TYPE_CHECKING:
 
 PROJECT = "perflab"
 HOOKSPEC_VERSION = 1
+
+#: How long one call of each hook may take, in seconds. A call past its deadline is abandoned
+#: (Python cannot kill a thread: it runs on in a daemon thread that ends with perflab) and
+#: reported as that plugin's fault in one line (:class:`perflab.errors.HookDeadlineExceeded`):
+#: a question the core needed answered (``perflab_build_launch``) fails that launch; a hook
+#: whose failure the core can absorb is skipped (a hardware probe becomes an error line); a
+#: ``perflab_teardown`` past its deadline is a teardown leftover, which stops a study cleanly
+#: after perflab's own process-tree teardown has run. Pure hooks get seconds; hooks that may
+#: run a tool (``--version``, ``npu-smi``) or clean files get more.
+HOOK_DEADLINES_S: Mapping[str, float] = MappingProxyType({
+    "perflab_register_engines": 10.0,
+    "perflab_probe_hardware": 30.0,
+    "perflab_engine_version": 60.0,
+    "perflab_check_support": 10.0,
+    "perflab_build_launch": 10.0,
+    "perflab_build_group_launch": 10.0,
+    "perflab_readiness": 10.0,
+    "perflab_classify_crash": 10.0,
+    "perflab_teardown": 60.0,
+    "perflab_describe_file": 10.0,
+    "perflab_cache_reset": 10.0,
+    "perflab_metrics_endpoint": 10.0,
+    "perflab_register_bench_backends": 10.0,
+})
+#: A hook missing from HOOK_DEADLINES_S (a test's, a deprecated one) gets this.
+DEFAULT_HOOK_DEADLINE_S = 10.0
+#: Set to a number of seconds: every hook's deadline is at most that (tests, an impatient CI).
+DEADLINE_ENV = "PERFLAB_HOOK_DEADLINE_S"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)

@@ -140,6 +140,10 @@ class EnginePlugin:
     #: the flags of the launch argv that carry only the address perflab chose (``--host``,
     #: ``--port``): the serving script leaves them out, as the seeds' commands do
     address_flags: ClassVar[tuple[str, ...]] = ()
+    #: other names an ``extra_args`` entry may not set (the part before ``=``), because perflab
+    #: sets them for every launch (MindIE's ``ServerConfig.port=...`` overrides); with
+    #: ``address_flags``, what :func:`perflab.engines.owned_flags` refuses
+    owned_args: ClassVar[tuple[str, ...]] = ()
     #: the engine's own crash signatures, most specific first (the core's shared ones follow);
     #: or "module:NAME" of a tuple, imported on the first crash (keeps the plugin import-light)
     crash_signatures: ClassVar[tuple[Signature, ...] | str] = ()

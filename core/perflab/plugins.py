@@ -10,6 +10,11 @@ Environment:
   distribution names (``perflab-plugin-vllm``) or entry-point names (``vllm``): only those.
 * ``PERFLAB_DISABLE_PLUGINS`` — a comma list of the same names never to load (never
   imported; recorded with status ``disabled`` so ``perflab engines list`` shows them).
+* ``PERFLAB_HOOK_DEADLINE_S`` (:data:`perflab.hookspecs.DEADLINE_ENV`) — seconds: no hook
+  call may take longer (each hook's own deadline is :data:`perflab.hookspecs.HOOK_DEADLINES_S`).
+
+Every hook implementation is wrapped at registration so that each call, whoever makes it
+(``pm.hook.X(...)`` or a loop over ``get_hookimpls()``), runs under its hook's deadline.
 
 Built-in plugins (the NVML and npu-smi hardware probes) are always loaded; they are part of
 the core, not of an engine.
@@ -17,13 +22,16 @@ the core, not of an engine.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import importlib.metadata
 import inspect
+import math
 import os
 import re
+import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
@@ -31,7 +39,7 @@ from typing import Any, Literal
 import pluggy
 
 from perflab import hookspecs
-from perflab.errors import PluginLoadError, UnknownEngine
+from perflab.errors import HookDeadlineExceeded, PluginLoadError, UnknownEngine, UsageError
 from perflab.types import EngineInfo
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
@@ -77,6 +85,50 @@ def _name_list(value: str | None) -> set[str] | None:
     if value is None:
         return None
     return {_norm(v.strip()) for v in value.split(",") if v.strip()}
+
+
+def call_with_deadline(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any], *,
+                       plugin: str, hook: str, deadline_s: float) -> Any:
+    """``fn(*args, **kwargs)`` in a daemon thread, waited for at most ``deadline_s`` seconds.
+
+    Its result or exception is the caller's; past the deadline it raises
+    :class:`~perflab.errors.HookDeadlineExceeded`. The thread cannot be killed (Python has no
+    way to): it is abandoned, and being a daemon it never holds perflab's exit.
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+    context = contextvars.copy_context()  # structlog's bound context follows the call
+
+    def target() -> None:
+        try:
+            box["value"] = context.run(fn, *args, **kwargs)
+        except BaseException as exc:  # handed to the caller, whatever it is
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"perflab-hook:{plugin}:{hook}", daemon=True).start()
+    if not done.wait(deadline_s):
+        import structlog  # here, not at import: structlog loads rich, which `engines list --json` never needs
+
+        structlog.get_logger("perflab.plugins").warning("plugin.hook-deadline", plugin=plugin, hook=hook,
+                                                        deadline_s=deadline_s)
+        raise HookDeadlineExceeded(plugin, hook, deadline_s)
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _deadline_cap(value: str | None, where: str) -> float:
+    if value is None or not value.strip():
+        return math.inf
+    try:
+        cap = float(value)
+    except ValueError:
+        cap = math.nan
+    if not cap > 0:  # also refuses nan
+        raise UsageError(f"{where}={value!r}: expected a positive number of seconds")
+    return cap
 
 
 def _spec_params() -> dict[str, tuple[str, ...]]:
@@ -132,8 +184,12 @@ class PluginManager:
         builtins: bool = True,
         strict: bool | None = None,
         environ: Mapping[str, str] | None = None,
+        hook_deadline_s: float | None = None,
     ) -> None:
         self.environ = os.environ if environ is None else environ
+        # every hook's deadline is at most this (the parameter, else PERFLAB_HOOK_DEADLINE_S)
+        self.deadline_cap = (hook_deadline_s if hook_deadline_s is not None
+                             else _deadline_cap(self.environ.get(hookspecs.DEADLINE_ENV), hookspecs.DEADLINE_ENV))
         self.strict = strict if strict is not None else self.environ.get("PERFLAB_STRICT_PLUGINS") == "1"
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
@@ -153,6 +209,26 @@ class PluginManager:
     @property
     def hook(self) -> Any:
         return self.pm.hook
+
+    def deadline(self, hook: str) -> float:
+        """Seconds one call of ``hook`` may take (its contract deadline, lowered by the cap)."""
+        return min(hookspecs.HOOK_DEADLINES_S.get(hook, hookspecs.DEFAULT_HOOK_DEADLINE_S), self.deadline_cap)
+
+    def _bound_deadlines(self, plugin: object, name: str) -> None:
+        """Make every call of ``plugin``'s hook implementations keep its hook's deadline."""
+        for caller in self.pm.get_hookcallers(plugin) or []:
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin:
+                    impl.function = self._bounded(impl.function, name, caller.name)
+
+    def _bounded(self, fn: Callable[..., Any], plugin: str, hook: str) -> Callable[..., Any]:
+        deadline = self.deadline(hook)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return call_with_deadline(fn, args, kwargs, plugin=plugin, hook=hook, deadline_s=deadline)
+
+        call.__wrapped__ = fn  # type: ignore[attr-defined]
+        return call
 
     def _load_entrypoints(self) -> None:
         only = _name_list(self.environ.get("PERFLAB_LOAD_PLUGINS"))
@@ -220,12 +296,21 @@ class PluginManager:
             rec = PluginRecord(name, module_name, distribution, version, "incompatible", f"{type(exc).__name__}: {exc}", hooks, builtin=builtin)
             self.records.append(rec)
             return rec
+        self._bound_deadlines(plugin, name)
         engines: list[str] = []
         register_impl = getattr(plugin, "perflab_register_engines", None)
         if register_impl is not None:
+            open_ = [True]  # a call abandoned at its deadline must not register anything later
+
+            def register(info: EngineInfo) -> None:
+                if open_[0]:
+                    self._register_engine(info, name, distribution, version, engines)
+
             try:
-                register_impl(lambda info: self._register_engine(info, name, distribution, version, engines))
+                call_with_deadline(register_impl, (register,), {}, plugin=name, hook="perflab_register_engines",
+                                   deadline_s=self.deadline("perflab_register_engines"))
             except Exception as exc:
+                open_[0] = False
                 self.pm.unregister(plugin)
                 for e in engines:
                     self.engines.pop(e, None)

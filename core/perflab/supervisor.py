@@ -39,7 +39,7 @@ import structlog
 
 from perflab import engines as engine_hooks
 from perflab import redact
-from perflab.errors import UnsupportedOption
+from perflab.errors import HookDeadlineExceeded, UnsupportedOption
 from perflab.hardware import CPU_KIND
 from perflab.crashes import is_notable
 from perflab.lifecycle import procs, registry
@@ -374,7 +374,7 @@ class EngineInstance:
         self.launch = o.launch = spec
         redact.register_launch(spec)
         self.base_url = _connectable_url(spec) if self.serving else None
-        self.readiness = engine_hooks.readiness(self.pm, self.engine, spec) if self.serving else None
+        self.readiness = await _in_thread(engine_hooks.readiness, self.pm, self.engine, spec) if self.serving else None
         self._write_files(spec)
 
         if self.settings.check_memory and self.hardware.accelerators:
@@ -831,7 +831,7 @@ class EngineInstance:
             if not prior.terminal:
                 self._transition(Status.DONE, started=False)
             if self.launch is not None:
-                self._call_teardown_hooks(self.launch)
+                await self._teardown_hooks(self.launch)
             return
         t0 = time.monotonic()
         self._stopping = True
@@ -851,7 +851,7 @@ class EngineInstance:
         await self._check_ports(self.launch)
         if self._baseline is not None:
             await self._check_memory(self._baseline)
-        self._call_teardown_hooks(self.launch)
+        await self._teardown_hooks(self.launch)
         o.teardown_s = time.monotonic() - t0
         if not prior.is_failure:
             self._transition(Status.DONE, teardown_s=_round(o.teardown_s), leftovers=o.leftovers)
@@ -936,12 +936,19 @@ class EngineInstance:
         for p in problems:
             self.outcome.leftovers.append(f"accelerator memory not released: {p}")
 
+    async def _teardown_hooks(self, spec: LaunchSpec) -> None:
+        # In a worker thread: a slow hook (each waits at most its deadline) must not stall the
+        # event loop, where the other launches of a parallel study are being supervised.
+        await anyio.to_thread.run_sync(self._call_teardown_hooks, spec)
+
     def _call_teardown_hooks(self, spec: LaunchSpec) -> None:
         # Each implementation separately: one plugin's failure must not skip the others.
         for impl in self.pm.hook.perflab_teardown.get_hookimpls():
             kwargs = {"engine": self.engine, "launch": spec, "workdir": self.workdir}
             try:
                 impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
+            except HookDeadlineExceeded as exc:  # what it should have cleaned may still be there
+                self.outcome.leftovers.append(str(exc))
             except Exception as exc:
                 self.outcome.leftovers.append(f"teardown hook of plugin {impl.plugin_name} failed: {type(exc).__name__}: {exc}")
 

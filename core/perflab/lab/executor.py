@@ -41,7 +41,7 @@ from perflab.observe.energy import observed_extras
 from perflab.observe.telemetry import ENGINE_T, Telemetry
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
-from perflab.lab.store import ProfileMeasurement, RunRecord, write_json
+from perflab.lab.store import ProfileMeasurement, RunRecord, file_stem, write_json
 from perflab.simenv import TIME_SCALE_ENV as SIM_TIME_SCALE_ENV
 from perflab.status import Status
 from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Unsupported, to_jsonable
@@ -306,7 +306,8 @@ async def reset_prefix_cache(pm: Any, engine: str, launch: LaunchSpec, base_url:
     the lab's environment (an API key there is sent as the engine's clients send it)."""
     import httpx
 
-    reset = pm.hook.perflab_cache_reset(engine=engine, launch=launch)
+    # off the event loop: a plugin's hook may take up to its deadline (perflab.hookspecs)
+    reset = await anyio.to_thread.run_sync(lambda: pm.hook.perflab_cache_reset(engine=engine, launch=launch))
     if reset is None:
         return None
     url = base_url.rstrip("/") + reset.path
@@ -974,9 +975,9 @@ class Executor:
             m.cause = await _stall_cause(instances, result.stall)
         m.observed = self._observed(watchers, watching, m, config)
         if watching.samples:  # on the benchmark's own time axis: from its timed run's start, on the engines' clock
-            write_json(run_dir / f"observe-{profile.name}{suffix}.json", watching.series_json(ENGINE_T))
+            write_json(run_dir / f"observe-{file_stem(profile.name)}{suffix}.json", watching.series_json(ENGINE_T))
         if stopper is not None and stopper.windows:  # what the early stop saw, for diagnosis
-            write_json(run_dir / f"earlystop-{profile.name}{suffix}.json", stopper.to_json())
+            write_json(run_dir / f"earlystop-{file_stem(profile.name)}{suffix}.json", stopper.to_json())
         if measured is not None:
             data: dict[str, Any] = {"profile": profile.name, "label": profile.label, "definition": profile.definition()}
             if m.status is not Status.OK:  # what a failed or stopped benchmark had measured, for diagnosis only
@@ -984,7 +985,7 @@ class Executor:
             if m.stopped_early is not None:
                 data["stopped_early"] = m.stopped_early
             data["metrics"] = dict(measured.metrics)
-            write_json(run_dir / f"bench-{profile.name}{suffix}.json", data)
+            write_json(run_dir / f"bench-{file_stem(profile.name)}{suffix}.json", data)
         return m
 
     async def _prepare_measurement(self, instances: list[Any], engine: str, profile: Profile, req: Any,

@@ -14,6 +14,7 @@ drawn as paths, and the only script opens the collapsed boxes for printing.
 from __future__ import annotations
 
 import base64
+import glob
 import hashlib
 import html
 import json
@@ -35,6 +36,7 @@ from perflab import redact
 from perflab.lab.decide import LoadKind
 from perflab.observe import OBSERVED_KEYS, Sample, timed_run
 from perflab.observe.telemetry import ENGINE_T
+from perflab.lab.store import file_stem
 
 if TYPE_CHECKING:
     from perflab.lab.report import ReportContext
@@ -301,7 +303,7 @@ def summary_table(key: str, rows: Sequence[tuple[str, Any]]) -> list[str]:
 #: ``-<kind>-<value>``, a repeat's ``-r<n>``; perflab.lab.executor.Executor._repeated)
 def _observe_re(profile: str) -> re.Pattern[str]:
     kinds = "|".join(re.escape(str(k)) for k in LoadKind)
-    return re.compile(rf"^observe-{re.escape(profile)}(?:-(?P<kind>{kinds})-(?P<value>[0-9.e+]+))?"
+    return re.compile(rf"^observe-{re.escape(file_stem(profile))}(?:-(?P<kind>{kinds})-(?P<value>[0-9.e+]+))?"
                       rf"(?:-r(?P<rep>\d+))?\.json$")
 
 
@@ -310,7 +312,7 @@ def observe_files(run_dir: Path, profile: str) -> list[Path]:
     first, repeats in order)."""
     pat = _observe_re(profile)
     found = []
-    for p in run_dir.glob(f"observe-{profile}*.json") if run_dir.is_dir() else ():
+    for p in run_dir.glob(f"observe-{glob.escape(file_stem(profile))}*.json") if run_dir.is_dir() else ():
         m = pat.match(p.name)
         if m:
             found.append((float(m["value"]) if m["value"] else -1.0, int(m["rep"] or 0), p))

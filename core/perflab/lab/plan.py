@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from perflab import redact
+from perflab.bench.request import MAX_NUM_PROMPTS
 from perflab.errors import UsageError
 from perflab.lab.decide import SLO_KEYS, DecideBy, Decision, Guards, LoadKind, Slo, is_latency_metric
 from perflab.lab.options import PLAN_OPTIONS, Configuration, apply_delta, normalise
@@ -77,6 +78,29 @@ DATASET_ONLY: Mapping[str, tuple[str, ...]] = {
     "prefix_len": ("random", "prefix-repetition"), "num_prefixes": ("prefix-repetition",), "turns": ("multi-turn",),
 }
 BACKENDS = ("openai-chat", "openai")
+#: The largest value each number of a plan may take, declared once (docs/plan-reference.md
+#: states them). Past these a number is a typo, not a study (``num_prompts: 1000000000000``
+#: used to launch an engine and then fail its benchmark): refused when the plan is read.
+LIMITS: Mapping[str, float] = MappingProxyType({
+    # a profile's workload
+    "num_prompts": MAX_NUM_PROMPTS,  # the benchmark's own limit (perflab bench --num-prompts)
+    "input_len": 10_000_000, "output_len": 10_000_000, "prefix_len": 10_000_000,  # tokens
+    "max_concurrency": 1_000_000,
+    "num_prefixes": 1_000_000,
+    "turns": 10_000,
+    "request_rate": 1_000_000.0,  # requests per second ('inf': every request at once)
+    "burstiness": 1_000.0,
+    "seed": 2**63 - 1,  # and at least -2**63: what SQLite and JSON readers hold
+    "sweep": 100,  # load points of one curve
+    # how the study runs and decides
+    "repeats": 100,
+    "warmup": 1_000_000,
+    "timeout_s": 7 * 24 * 3600.0,  # every timeouts.* key: a week
+    "slo_ms": 24 * 3600 * 1000.0,  # every slo limit: a day
+    "min_improvement_pct": 10_000.0,
+    "time_scale": 10_000.0,
+    "per_accelerator_hour": 1_000_000.0,
+})
 COMBINATION_BASES = ("best", "engine-defaults")
 
 
@@ -355,6 +379,12 @@ def _mapping(p: _Problems, key: str, value: Any, what: str = "a mapping") -> Map
     return value
 
 
+def _limit(name: str) -> str:
+    """LIMITS[name] as a message writes it: 10_000_000, 604_800."""
+    value = LIMITS[name]
+    return f"{int(value):_}" if value == int(value) else f"{value:g}"
+
+
 def _expected(p: _Problems, key: str, value: Any, what: str) -> Any:
     p.add(key, f"expected {what}, got {_typename(value)} {_show(value)}")
     return _BAD
@@ -366,9 +396,13 @@ def _str(p: _Problems, key: str, value: Any, what: str = "a string") -> Any:
     return _expected(p, key, value, what)
 
 
-def _pos_int(p: _Problems, key: str, value: Any, what: str = "a positive integer") -> Any:
+def _pos_int(p: _Problems, key: str, value: Any, what: str = "a positive integer", limit: str | None = None) -> Any:
+    """A positive integer; ``limit``: its LIMITS entry, the largest it may be."""
+    hi = LIMITS[limit] if limit is not None else math.inf
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
+        if value <= hi:
+            return value
+        what = f"{what} of at most {_limit(limit or '')}"
     return _expected(p, key, value, what)
 
 
@@ -536,23 +570,23 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
             ok &= v is not _BAD
             kw["label"] = v
         dataset = spec.get("dataset", "random")
-        if dataset not in DATASETS:
+        if not isinstance(dataset, str) or dataset not in DATASETS:
             p.add(f"{key}.dataset", f"expected one of: {', '.join(DATASETS)}, got {_show(dataset)}")
             ok = False
         kw["dataset"] = dataset
         for n in ("input_len", "output_len", "max_concurrency", "prefix_len", "num_prefixes", "turns"):
             if spec.get(n) is not None:
-                v = _pos_int(p, f"{key}.{n}", spec[n])
+                v = _pos_int(p, f"{key}.{n}", spec[n], limit=n)
                 ok &= v is not _BAD
                 kw[n] = v
         if "num_prompts" in spec:
-            v = _pos_int(p, f"{key}.num_prompts", spec["num_prompts"])
+            v = _pos_int(p, f"{key}.num_prompts", spec["num_prompts"], limit="num_prompts")
             ok &= v is not _BAD
             kw["num_prompts"] = v
         if "seed" in spec:
             v = spec["seed"]
-            if not isinstance(v, int) or isinstance(v, bool):
-                p.add(f"{key}.seed", f"expected an integer, got {_typename(v)} {_show(v)}")
+            if not isinstance(v, int) or isinstance(v, bool) or not -LIMITS["seed"] - 1 <= v <= LIMITS["seed"]:
+                p.add(f"{key}.seed", f"expected a 64-bit integer, got {_typename(v)} {_show(v)}")
                 ok = False
             kw["seed"] = v
         if "request_rate" in spec:
@@ -560,12 +594,14 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
             if isinstance(v, str) and v.strip().lower() in ("inf", "infinity"):
                 kw["request_rate"] = math.inf
             else:
-                r = _number(p, f"{key}.request_rate", v, "a positive number of requests per second or 'inf'", 0.0,
+                r = _number(p, f"{key}.request_rate", v, "a positive number of requests per second (at most "
+                            f"{_limit('request_rate')}) or 'inf'", 0.0, hi=LIMITS["request_rate"],
                             lo_open=True)
                 ok &= r is not _BAD
                 kw["request_rate"] = r
         if "burstiness" in spec:
-            r = _number(p, f"{key}.burstiness", spec["burstiness"], "a positive number", 0.0, lo_open=True)
+            r = _number(p, f"{key}.burstiness", spec["burstiness"], f"a positive number of at most {_limit('burstiness')}",
+                        0.0, LIMITS["burstiness"], lo_open=True)
             ok &= r is not _BAD
             kw["burstiness"] = r
         if "range_ratio" in spec:
@@ -603,10 +639,10 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
                   "(or use dataset: synthetic-sharegpt)")
             ok = False
         for n, takers in DATASET_ONLY.items():
-            if n in spec and dataset in DATASETS and dataset not in takers:
+            if n in spec and isinstance(dataset, str) and dataset in DATASETS and dataset not in takers:
                 p.add(f"{key}.{n}", f"only for dataset {' or '.join(takers)}, not {dataset}")
                 ok = False
-        if dataset in DATASET_NEEDS and ok:
+        if ok and dataset in DATASET_NEEDS:
             needs = DATASET_NEEDS[dataset]
             for n in needs:
                 if n not in kw:
@@ -702,14 +738,10 @@ def _candidates(p: _Problems, where: str, value: Any, known: set[str] | None, co
 
 def _resolve_ref(candidates: Iterable[Candidate], ref: str) -> tuple[Candidate, Variant] | None:
     cands = list(candidates)
-    if "/" in ref:
-        cname, _, vname = ref.partition("/")
-        for c in cands:
-            if c.name == cname:
-                for v in c.variants:
-                    if v.name == vname:
-                        return c, v
-        return None
+    # names may hold '/' themselves: match the whole "Candidate/Variant", never a split of it
+    exact = [(c, v) for c in cands for v in c.variants if f"{c.name}/{v.name}" == ref]
+    if exact:
+        return exact[0]
     for c in cands:
         if c.name == ref and len(c.variants) == 1:
             return c, c.variants[0]
@@ -785,9 +817,12 @@ def _main_profile(p: _Problems, data: Mapping[str, Any], profiles: list[Profile]
     raw = data.get("profiles")
     if main is None:
         return profiles[0].name if profiles else None
-    if isinstance(raw, Mapping) and main not in raw:
-        p.add("main_profile", f"{_show(main)} is not a profile (expected one of: {', '.join(map(str, raw))})")
-    return main
+    names = [str(k) for k in raw] if isinstance(raw, Mapping) else []
+    if not isinstance(main, (str, int)) or isinstance(main, bool):
+        return _expected(p, "main_profile", main, f"a profile name (one of: {', '.join(names)})")
+    if isinstance(raw, Mapping) and str(main) not in names:
+        p.add("main_profile", f"{_show(main)} is not a profile (expected one of: {', '.join(names)})")
+    return str(main)  # profile names are strings (Profile.name), whatever YAML made of the key
 
 
 def _timeouts(p: _Problems, raw: Any) -> Timeouts:
@@ -799,8 +834,9 @@ def _timeouts(p: _Problems, raw: Any) -> Timeouts:
     for k in TIMEOUT_KEYS:
         if k in t:
             zero_ok = k == "device_wait_s"  # 0: do not wait, stop at once
-            v = _number(p, f"timeouts.{k}", t[k], "a non-negative number of seconds" if zero_ok else
-                        "a positive number of seconds", 0.0, lo_open=not zero_ok)
+            v = _number(p, f"timeouts.{k}", t[k], ("a non-negative number of seconds" if zero_ok else
+                        "a positive number of seconds") + f" of at most {_limit('timeout_s')}", 0.0, LIMITS["timeout_s"],
+                        lo_open=not zero_ok)
             if v is not _BAD:
                 values[k] = v
     return Timeouts(**values)
@@ -813,7 +849,8 @@ def _time_scale(p: _Problems, raw: Any) -> float:
     _unknown_keys(p, "simulation", s, SIMULATION_KEYS)
     if "time_scale" not in s:
         return 1.0
-    v = _number(p, "simulation.time_scale", s["time_scale"], "a number >= 1 (simulated seconds per real second)", 1.0)
+    v = _number(p, "simulation.time_scale", s["time_scale"],
+                f"a number from 1 to {_limit('time_scale')} (simulated seconds per real second)", 1.0, LIMITS["time_scale"])
     return 1.0 if v is _BAD else v
 
 
@@ -826,8 +863,9 @@ def _cost(p: _Problems, raw: Any) -> Cost | None:
     if "per_accelerator_hour" not in c:
         p.add("cost.per_accelerator_hour", "missing; expected the price of one accelerator for one hour, e.g. 2.50")
         return None
-    price = _number(p, "cost.per_accelerator_hour", c["per_accelerator_hour"], "a positive price per accelerator-hour",
-                    0.0, lo_open=True)
+    price = _number(p, "cost.per_accelerator_hour", c["per_accelerator_hour"],
+                    f"a positive price per accelerator-hour of at most {_limit('per_accelerator_hour')}", 0.0,
+                    LIMITS["per_accelerator_hour"], lo_open=True)
     currency = c.get("currency", DEFAULT_CURRENCY)
     if not isinstance(currency, str) or not re.fullmatch(r"[A-Za-z]{3}", currency):
         p.add("cost.currency", f"expected a three-letter currency code such as USD or EUR, got {_show(currency)}")
@@ -867,11 +905,12 @@ def _sweep(p: _Problems, key: str, value: Any) -> Any:
     name, loads = next(iter(value.items()))
     kind = LoadKind(name)
     integer = kind is LoadKind.MAX_CONCURRENCY
-    what = "positive integers" if integer else "positive numbers"
-    ok = isinstance(loads, list) and bool(loads) and all(
-        isinstance(v, int if integer else (int, float)) and not isinstance(v, bool) and v > 0 for v in loads)
+    what = f"positive {'integers' if integer else 'numbers'} of at most {_limit(str(kind))}"
+    ok = isinstance(loads, list) and 0 < len(loads) <= LIMITS["sweep"] and all(
+        isinstance(v, int if integer else (int, float)) and not isinstance(v, bool) and 0 < v <= LIMITS[str(kind)]
+        for v in loads)
     if not ok:
-        return _expected(p, f"{key}.{name}", loads, f"a non-empty list of {what}")
+        return _expected(p, f"{key}.{name}", loads, f"a list of 1 to {_limit('sweep')} {what}")
     if any(b <= a for a, b in zip(loads, loads[1:])):
         return _expected(p, f"{key}.{name}", loads, f"{what} in ascending order, each once")
     return Sweep(kind, tuple(int(v) if integer else float(v) for v in loads))
@@ -881,7 +920,7 @@ def _decision(p: _Problems, data: Mapping[str, Any]) -> Decision:
     """The decision keys (perflab.lab.decide), each checked; defaults are the seeds' method."""
     kw: dict[str, Any] = {}
     raw = data.get("decide_by", str(DecideBy.THROUGHPUT))
-    if raw not in set(DecideBy):
+    if not isinstance(raw, str) or raw not in set(DecideBy):
         p.add("decide_by", f"expected one of: {', '.join(DecideBy)}, got {_show(raw)}")
     else:
         kw["decide_by"] = DecideBy(raw)
@@ -895,7 +934,8 @@ def _decision(p: _Problems, data: Mapping[str, Any]) -> Decision:
             if name == "percentile":
                 v = _number(p, "slo.percentile", slo[name], "a percentile in (0, 100]", 0.0, 100.0, lo_open=True)
             else:
-                v = _number(p, f"slo.{name}", slo[name], "a positive number of milliseconds", 0.0, lo_open=True)
+                v = _number(p, f"slo.{name}", slo[name], f"a positive number of milliseconds of at most {_limit('slo_ms')}",
+                            0.0, LIMITS["slo_ms"], lo_open=True)
             if v is not _BAD:
                 limits[name] = float(v)
         kw["slo"] = Slo(**limits)
@@ -905,18 +945,18 @@ def _decision(p: _Problems, data: Mapping[str, Any]) -> Decision:
     if decide_by is not None and decide_by.needs_slo and slo is None:
         p.add("slo", f"missing; decide_by: {decide_by} needs latency limits, e.g. slo: {{tpot_ms: 50, percentile: 99}}")
     if "search" in data:
-        if data["search"] not in set(LoadKind):
+        if not isinstance(data["search"], str) or data["search"] not in set(LoadKind):
             p.add("search", f"expected one of: {', '.join(LoadKind)}, got {_show(data['search'])}")
         else:
             kw["search"] = LoadKind(data["search"])
     if "repeats" in data:
-        v = _pos_int(p, "repeats", data["repeats"])
+        v = _pos_int(p, "repeats", data["repeats"], limit="repeats")
         if v is not _BAD:
             kw["repeats"] = v
     if "warmup" in data:
         v = data["warmup"]
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            p.add("warmup", f"expected a number of requests (0 or more), got {_typename(v)} {_show(v)}")
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= LIMITS["warmup"]:
+            p.add("warmup", f"expected a number of requests (0 to {_limit('warmup')}), got {_typename(v)} {_show(v)}")
         else:
             kw["warmup"] = v
     if "early_stop" in data:
@@ -1006,7 +1046,7 @@ def parse_plan(
     if not isinstance(hardware, str) or not (hardware == "auto" or (hardware.startswith("sim:") and len(hardware) > 4)):
         p.add("hardware", f"expected 'auto' or 'sim:NAME' (e.g. sim:a100-80g-x8), got {_show(hardware)}")
     engines = _engine_list(p, "engines", data.get("engines"), known, allow_winner=False)
-    if engines is None and "engines" not in data:
+    if data.get("engines") is None:  # absent, or null (``engines:`` with nothing after it)
         p.add("engines", "missing; expected the list of engines to compare, e.g. [vllm, sglang]")
     serve = _options(p, "serve", data.get("serve"))
     if "model" in serve:
@@ -1020,7 +1060,9 @@ def parse_plan(
     main_profile = _main_profile(p, data, profiles)
     min_success = _number(p, "min_success_rate", _fraction_or_percent(data.get("min_success_rate", 0.9)),
                           "a fraction in [0, 1] such as 0.9 (or '90%')", 0.0, 1.0)
-    min_improvement = _number(p, "min_improvement_pct", data.get("min_improvement_pct", 0.0), "a non-negative percentage", 0.0)
+    min_improvement = _number(p, "min_improvement_pct", data.get("min_improvement_pct", 0.0),
+                              f"a non-negative percentage of at most {_limit('min_improvement_pct')}", 0.0,
+                              LIMITS["min_improvement_pct"])
     timeouts = _timeouts(p, data.get("timeouts"))
     decision = replace(_decision(p, data), guards=_guards(p, data.get("guards")))
     time_scale = _time_scale(p, data.get("simulation"))
@@ -1039,8 +1081,9 @@ def parse_plan(
     if p.items:
         count = f"{len(p.items)} problems: " if len(p.items) > 1 else ""
         raise UsageError(f"{label}: {count}{'; '.join(p.items)}")
-    # no problem reported: every required piece is there
-    assert model_id is not None and engines is not None and baseline is not None and main_profile is not None
+    if model_id is None or engines is None or baseline is None or main_profile is None:
+        # every path to a missing piece adds a problem above; this is the net under them
+        raise UsageError(f"{label}: incomplete plan: expected model, engines, profiles and a baseline")
     return Plan(
         name=name or (path.stem if path is not None else "study"),
         model=model_id,

@@ -1,4 +1,5 @@
-"""The lab's own preflight: does each workload fit the configuration's context?
+"""The lab's own preflight: does each workload fit the configuration's context? Does any
+configuration set a flag perflab owns (:func:`refuse_owned_flags`, before anything starts)?
 
 A profile whose prompt plus output can exceed the configuration's context limit would fail
 most of its requests ("input too long" from the engine) and the study would report a
@@ -17,9 +18,11 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from perflab.errors import UsageError
 from perflab.lab.options import Configuration
-from perflab.lab.plan import Profile
+from perflab.lab.plan import Plan, Profile
 
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions", "max_seq_len")
 
@@ -106,3 +109,39 @@ def too_long(config: Configuration, profiles: list[Profile], model_ctx: int | No
                            f"{limit}-token context limit ({source}); raise max_model_len (if the model allows) "
                            f"or shorten the workload")
     return out
+
+
+def refuse_owned_flags(pm: Any, plan: Plan) -> None:
+    """Refuse, before anything starts, every ``extra_args`` of the plan that sets a flag perflab
+    owns on an engine it may run on (:func:`perflab.engines.owned_flag_problems`, the check
+    every launch makes): such a plan used to fail at that configuration's launch, after the
+    others had run. One UsageError line naming each place."""
+    from perflab.engines import owned_flag_problems
+    from perflab.lab.plan import WINNER
+    from perflab.lab.runner import engines_of
+
+    everywhere = engines_of(plan)
+    places: list[tuple[str, tuple[str, ...], Mapping[str, Any]]] = [
+        ("serve", tuple(everywhere), plan.serve),
+        *((f"engine_serve.{e}", (e,), opts) for e, opts in plan.engine_serve.items()),
+        ("baseline.serve", (plan.baseline.engine,), plan.baseline.serve),
+    ]
+    for where, steps in (("candidates", plan.candidates), ("combinations", plan.combinations)):
+        for i, c in enumerate(steps):
+            for j, v in enumerate(c.variants):
+                names = v.engines or c.engines
+                engines = tuple(everywhere) if WINNER in names else tuple(names)
+                key = f"{where}[{i}]" + (f".variants[{j}]" if len(c.variants) > 1 else "")
+                for e in engines:
+                    places.append((f"{key} ({c.name!r}/{v.name!r}) on {e}", (e,), v.delta_for(e)))
+    problems: list[str] = []
+    for where, engines, options in places:
+        args = tuple(options.get("extra_args") or ())
+        for e in engines:
+            for line in owned_flag_problems(pm, e, args):
+                if f"{where}: {line}" not in problems:
+                    problems.append(f"{where}: {line}")
+    if problems:
+        label = str(plan.path) if plan.path is not None else "plan"
+        count = f"{len(problems)} problems: " if len(problems) > 1 else ""
+        raise UsageError(f"{label}: {count}{'; '.join(problems)}")

@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 
 from perflab import redact
-from perflab.errors import PerflabError, UnknownEngine
+from perflab.errors import HookDeadlineExceeded, PerflabError, UnknownEngine
 from perflab.lab.backend import Event, Files, Finished, LocalBackend, Lost, Measured, Placed, Ticket
 from perflab.lab.decide import DecideBy
 from perflab.lab.executor import LabContext
@@ -285,6 +285,10 @@ class LiveMeasure(StoreMeasure):
             self._interrupted(run_id, run_dir, reason)
             if fault is not None:
                 raise fault from None
+            if isinstance(exc, HookDeadlineExceeded):  # a plugin's fault, named as such
+                raise PerflabError(f"{exc} while measuring {label}; the run is recorded as interrupted; everything "
+                                   f"measured is kept — fix or disable the plugin (PERFLAB_DISABLE_PLUGINS={exc.plugin}) "
+                                   "and re-run the same command to resume") from exc
             raise PerflabError(f"perflab failed while measuring {label} ({type(exc).__name__}: {exc}); "
                                f"the run is recorded as interrupted (traceback in {self.store.dir / 'study.log'}); "
                                f"everything measured is kept — re-run the same command to resume") from exc
@@ -424,6 +428,9 @@ async def run_study(
     :mod:`perflab.lab.raybackend`). The directory belongs to one plan: another plan's study
     there is refused (:class:`~perflab.lab.integrity.PlanMismatch`, exit 2) unless ``replace``,
     which moves it aside to ``<out>.replaced-<time>`` first (as it does a study of this plan)."""
+    from perflab.lab.preflight import refuse_owned_flags
+
+    refuse_owned_flags(pm, plan)  # a plan error: refused before the study directory exists
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

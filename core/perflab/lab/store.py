@@ -28,6 +28,7 @@ rebuilt, never written over them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sqlite3
@@ -144,12 +145,29 @@ def slug(text: str, limit: int = 40) -> str:
     return s[:limit].strip("-") or "run"
 
 
+# a name that is its own file stem: lower case (one file per name on case-insensitive disks
+# too), no '.' (no '..', no hidden file), and not ending like a derived stem (-<12 hex>)
+_OWN_STEM = re.compile(r"(?![a-z0-9_-]*-[0-9a-f]{12}$)[a-z0-9][a-z0-9_-]{0,59}")
+
+
+def file_stem(name: str) -> str:
+    """The part of a file name that stands for a user's name (a profile's: ``bench-<stem>.json``).
+
+    Names may hold any text ('a/b', '..', 'Short Prompt'); the stem is always a safe file name,
+    one per name: a plain name (``sharegpt``, ``short_prompt``) is its own stem, any other is a
+    readable slug and 12 hex digits of the name's SHA-256, so 'a/b', 'a b' and 'A-B' never share
+    a file."""
+    if _OWN_STEM.fullmatch(name):
+        return name
+    return f"{slug(name, 40)}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
+
+
 RUN_FILE = "run.json"
 META_FILE = "study.json"
 
 
 def _measurement_file(profile: str) -> str:
-    return f"measurement-{slug(profile, 60)}.json"
+    return f"measurement-{file_stem(profile)}.json"
 
 
 def _loads(text: str | None) -> Any:

@@ -50,6 +50,9 @@ class MindIE(EnginePlugin):
     prefix_cache_reset = None
     # devices become BackendConfig.npuDeviceIds (chip logic IDs), not a visible-devices variable
     visible_devices_env = None
+    # the address perflab chose and probes (config_json.build_config): no extra_args override of it
+    owned_args = tuple(f"ServerConfig.{k}" for k in ("ipAddress", "managementIpAddress", "port", "managementPort",
+                                                      "metricsPort"))
     serve_options = {
         "model": Maps("ModelConfig[0].modelWeightPath", PARAMS),
         "served_model_name": Maps("ModelConfig[0].modelName", PARAMS),
