@@ -244,3 +244,26 @@ def test_guards_are_read_with_the_percentiles_they_need() -> None:
     g = plan.decision.guards
     assert g.limits == (("p95_ttft_ms", 900.0),) and g.max_regression == (("p90_tpot_ms", 0.1),)
     assert g.percentiles() == (90.0, 95.0) and g.latency_regression_pct == 10.0
+
+
+def test_a_guard_reading_what_the_bench_does_not_report_by_default_asks_for_it_and_keys_it() -> None:
+    """A guard on p95 or on e2el asks the bench for it, and the stored measurement's key says
+    so: a study resumed with such a guard measures again rather than calling it "not measured"."""
+    from types import SimpleNamespace as NS
+
+    from perflab.lab.executor import Executor
+    from perflab.lab.runner import profile_key
+
+    plain = load_plan_text(PLAN.format(extra=""))
+    p99 = load_plan_text(PLAN.format(extra="guards: {p99_tpot_ms: 900}"))
+    e2el = load_plan_text(PLAN.format(extra="guards: {p95_ttft_ms: 900, max_regression: {mean_e2el_ms: 0.1}}"))
+    prof = plain.profiles[0]
+    assert profile_key(p99, prof) == profile_key(plain, prof)  # the defaults already hold p99 TPOT
+    assert profile_key(e2el, prof) != profile_key(plain, prof)
+
+    ex = Executor.__new__(Executor)
+    ex.ctx = NS(plan=e2el, time_scale=1.0, simulated=False)
+    ex._env = lambda: {}  # type: ignore[method-assign]
+    inst = NS(launch=NS(served_model_name="m", argv=[], env={}), base_url="http://127.0.0.1:1")
+    req = ex._bench_request([inst], e2el.baseline_config(), e2el.profiles[0], "x")
+    assert 95.0 in req.percentiles and "e2el" in req.percentile_metrics

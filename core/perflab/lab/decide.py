@@ -223,6 +223,15 @@ class Guards:
                 out.add(float(m["pct"]))
         return tuple(sorted(out))
 
+    def metrics(self) -> tuple[str, ...]:
+        """The latency kinds the guards read (ttft, tpot, itl, e2el): the bench is asked for them."""
+        out = []
+        for key, _ in (*self.limits, *self.max_regression):
+            m = LATENCY_METRIC.match(key)
+            if m and m["kind"] not in out:
+                out.append(m["kind"])
+        return tuple(out)
+
     def violations(self, metrics: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None) -> list[str]:
         """Why ``metrics`` (the main profile's) break a guard, one phrase each (none: eligible).
         A metric a guard reads that was not measured breaks it (nothing passes unchecked); a

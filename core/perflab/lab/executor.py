@@ -884,8 +884,10 @@ class Executor:
                                                                        for k in slo.limits()))))
             req = req.replace(percentiles=tuple(sorted({*req.percentiles, float(slo.percentile)})),
                               percentile_metrics=metrics, goodput=slo.goodput())
-        if guarded := plan.decision.guards.percentiles():  # the percentiles the plan's guards read
-            req = req.replace(percentiles=tuple(sorted({*req.percentiles, *guarded})))
+        guards = plan.decision.guards
+        if guards:  # the percentiles and latency kinds the plan's guards read
+            req = req.replace(percentiles=tuple(sorted({*req.percentiles, *guards.percentiles()})),
+                              percentile_metrics=tuple(dict.fromkeys((*req.percentile_metrics, *guards.metrics()))))
         return req
 
     async def _benchmark(self, instances: list[Any], config: Configuration, profile: Profile, run_dir: Path,

@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 
 from perflab import redact
+from perflab.bench.request import BenchRequest
 from perflab.errors import HookDeadlineExceeded, PerflabError, UnknownEngine
 from perflab.lab.backend import Event, Files, Finished, LocalBackend, Lost, Measured, Placed, Ticket
 from perflab.lab.decide import DecideBy
@@ -129,6 +130,17 @@ def profile_key(plan: Plan | None, profile: Profile) -> str:
         method["slo"] = d.slo.to_json()
     if d.decide_by is DecideBy.MAX_LOAD and profile.name == plan.main_profile:
         method["search"] = str(d.search)
+    # a guard reading a percentile or a latency kind the bench does not report by default asks
+    # for it: a stored measurement without it is measured again, not judged "not measured"
+    default = BenchRequest.__dataclass_fields__
+    extra_pcts = sorted(set(d.guards.percentiles()) - set(default["percentiles"].default)
+                        - ({float(d.slo.percentile)} if d.slo else set()))
+    extra_kinds = sorted(set(d.guards.metrics()) - set(default["percentile_metrics"].default)
+                         - ({k.removesuffix("_ms").split("_")[0] for k in d.slo.limits()} if d.slo else set()))
+    if extra_pcts:
+        method["percentiles"] = extra_pcts
+    if extra_kinds:
+        method["percentile_metrics"] = extra_kinds
     if not method:
         return profile.key()
     text = json.dumps({"profile": profile.key(), "method": method}, sort_keys=True)
