@@ -240,7 +240,9 @@ def test_a_killed_or_hung_up_perflab_run_leaves_no_engine(tmp_path: Path, how: i
         left = wait_none(study, 5)
         took = time.monotonic() - t0
         assert left == [], f"engine processes survived {signal.Signals(how).name} of perflab run: {left}"
-        assert proc.wait(10) != 0
+        code = proc.wait(10)
+        # SIGHUP is handled like SIGINT/SIGTERM and exits 128 + its number, as the docs say
+        assert code == (129 if how == signal.SIGHUP else -signal.SIGKILL), code
         # the keeper exits once the tree is gone (moments later on a loaded machine)
         keeper_deadline = time.monotonic() + 5
         while psutil.pid_exists(launch["keeper_pid"]) and time.monotonic() < keeper_deadline:
@@ -253,6 +255,14 @@ def test_a_killed_or_hung_up_perflab_run_leaves_no_engine(tmp_path: Path, how: i
         assert not psutil.pid_exists(launch["keeper_pid"]) or \
             psutil.Process(launch["keeper_pid"]).status() == psutil.STATUS_ZOMBIE
         print(f"{signal.Signals(how).name}: engine gone {took:.2f} s after the signal")
+        if how == signal.SIGKILL:  # the next invocation says why the run it finds "running" has no result
+            from perflab.lab.store import Store
+
+            store = Store(study)
+            store.begin_session()
+            errors = [r["error"] for r in store.runs() if r["state"] == "interrupted"]
+            store.close()
+            assert errors and f"perflab (pid {proc.pid}) was killed while this run was going" in errors[-1], errors
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -88,6 +88,36 @@ def test_mid_benchmark_crash_is_per_profile_and_runs_left_running_become_interru
     again.close()
 
 
+
+def test_a_run_left_running_by_a_killed_perflab_is_interrupted_with_the_reason(tmp_path):
+    """perflab SIGKILLed mid-run leaves the run "running": the next invocation marks it
+    interrupted and says why (which perflab, killed), in the index and in run.json (what
+    --rebuild reads), and it is never reused."""
+    import json
+    import os
+
+    from perflab.lab.store import rebuild
+
+    store = Store(tmp_path)
+    store.begin_session()
+    rid, run_dir = store.begin_run(CFG.key(), "vllm", CFG.canonical(), "s", "vLLM", ["a"])
+    store.close()  # what a SIGKILL leaves: the run "running", nothing else recorded
+    again = Store(tmp_path)
+    again.begin_session()
+    run = again.runs()[0]
+    assert run["state"] == Status.INTERRUPTED
+    assert f"perflab (pid {os.getpid()}) was killed while this run was going" in run["error"]
+    assert json.loads((run_dir / "run.json").read_text())["error"] == run["error"]
+    assert again.lookup(CFG.key(), "ka") is None
+    again.close()
+    # a study.db rebuilt from run directories still "running" says the same
+    data = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**data, "state": "running", "error": None}))
+    rebuild(tmp_path)
+    third = Store(tmp_path)
+    assert "was killed while this run was going" in third.runs()[0]["error"]
+    third.close()
+
 PLAN = """
 model: m
 engines: [vllm, sglang]

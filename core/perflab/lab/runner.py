@@ -27,7 +27,7 @@ import anyio
 
 from perflab import redact
 from perflab.errors import PerflabError, UnknownEngine
-from perflab.lab.backend import Event, Files, Finished, LocalBackend, Lost, Measured, Placed, Ticket
+from perflab.lab.backend import Event, Files, Finished, LocalBackend, Lost, Measured, Placed, Point, Ticket
 from perflab.lab.decide import DecideBy
 from perflab.lab.executor import LabContext
 from perflab.lab.integrity import MachineNotReady, StudyLock, as_fault
@@ -201,16 +201,19 @@ class LiveMeasure(StoreMeasure):
             self.log.info("lab.run", run_id=run_id, step=step, label=label, engine=config.engine,
                           options=config.canonical()["options"], profiles=[p.name for p in todo], dir=str(run_dir))
             self.launched += 1
+            # the load points an interrupted curve finished: the executor measures only the others
+            known = {p.name: pts for p in todo
+                     if (pts := self.store.points(ckey, profile_key(self.plan, p), stopped=not self.rerun_stopped))}
             rec = await self._launch(Ticket(run_id, run_dir, config, tuple(todo), label, self.backend.demand(config),
-                                            to_beat), ckey, may_requeue=not requeued)
+                                            to_beat, known), ckey, may_requeue=not requeued)
             if rec is None:  # lost with its node or agent: recorded interrupted; once more, elsewhere
                 requeued = True
                 todo = [p for p in todo if self.lookup(config, p) is None]  # what was streamed is kept
                 self.on_event("requeued", label=label)
                 continue
-            if rec.state is Status.INTERRUPTED:  # the supervisor found the machine not ready
-                raise MachineNotReady(f"{label}: {rec.error}; nothing was launched — stop it and re-run the same "
-                                      f"command to resume")
+            if rec.state is Status.INTERRUPTED:  # the machine was not ready (a port taken), or the engine was stopped
+                raise MachineNotReady(f"{label}: {rec.error}; the run is recorded interrupted (no result) — "
+                                      f"stop what holds it and re-run the same command to resume")
             if rec.leftovers:
                 raise MachineNotReady(
                     f"the teardown of {label} left something behind: {'; '.join(rec.leftovers)} — the study stopped "
@@ -248,6 +251,12 @@ class LiveMeasure(StoreMeasure):
                 self.store.add_measurement(run_id, ckey, profile_key(self.plan, by_name[ev.profile]), ev.profile,
                                            ev.measurement)
                 saved.add(ev.profile)
+            elif isinstance(ev, Point):  # a curve's load point: kept even if the curve is interrupted
+                if ev.reused:
+                    self.reused += 1
+                else:
+                    self.store.add_point(run_id, ckey, profile_key(self.plan, by_name[ev.profile]), ev.profile,
+                                         ev.point, ev.measurement)
             elif isinstance(ev, Placed):
                 self.log.info("lab.placed", run_id=run_id, label=label, node=ev.node, devices=list(ev.devices))
                 if self.concurrent:  # which run is where matters once several share the machine
@@ -461,6 +470,7 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
     ctx = LabContext(pm, plan, snapshot, env, versions, time_scale)
     outcome: StudyOutcome | None = None
     interrupted = False
+    signal_exit = 0
     stopped: PerflabError | None = None
     t0 = time.monotonic()
     with ui, study_logging(store.dir, ui.log_listener) as log:
@@ -484,6 +494,7 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
             async with signal_guard() as guard:
                 outcome = await conduct(plan, measure, display=lambda e: display.get(e, e))
             interrupted = guard.interrupted
+            signal_exit = guard.exit_code  # 128 + the first signal: SIGINT 130, SIGTERM 143, SIGHUP 129
         except PerflabError as exc:  # the environment or perflab stopped the study
             stopped = exc
             log.error("lab.stopped", reason=str(exc))
@@ -508,7 +519,7 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
         store.close()
         raise stopped
     paths: dict[str, Path] = {}
-    exit_code = 130 if interrupted else 0
+    exit_code = signal_exit if interrupted else 0  # RunExit: interrupted = 128 + signal number
     if not interrupted and outcome is not None:
         rctx = report_context(store)
         paths = write_report(outcome, rctx, store.dir)
