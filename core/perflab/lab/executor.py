@@ -618,8 +618,9 @@ class Executor:
         elif _lost_its_port(rec):
             # the engine could not bind its port although it was free when chosen: a port the
             # plan fixes, or a fresh one lost again — an environment fault, never a result
-            what = (f"the engine lost the port perflab chose for it to another process, again on a fresh port"
-                    if picked else "the port the plan fixes was taken by another process when the engine bound it")
+            what = ("the port the plan fixes was taken by another process when the engine bound it" if not picked
+                    else "the engine lost the port perflab chose for it to another process"
+                    + (", again on a fresh port" if attempt > 1 else ""))
             line = f" ({rec.cause.line})" if rec.cause is not None and rec.cause.line else ""
             rec.state, rec.error = Status.INTERRUPTED, f"the machine is not ready: {what}{line}"
         self._write_outcome(run_dir, rec, instances)
@@ -1089,12 +1090,12 @@ class Executor:
 # between) is launched this many times in all, each on a fresh port, before it is an
 # environment fault (docs/reliability.md).
 PORT_LOST_LAUNCHES = 2
-# the crash signature (the plugins' perflab_crash_signatures) of an engine that could not bind its port
-ADDRESS_IN_USE = "address-in-use"
 
 
 def _lost_its_port(rec: RunRecord) -> bool:
     """Whether the launch ended with the engine unable to bind its port, before it measured anything."""
+    from perflab.supervisor import ADDRESS_IN_USE
+
     return (rec.state is Status.CRASHED and rec.cause is not None and rec.cause.name == ADDRESS_IN_USE
             and not any(m.status.measured for m in rec.measurements.values()))
 
