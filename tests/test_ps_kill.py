@@ -268,3 +268,41 @@ def test_a_killed_or_hung_up_perflab_run_leaves_no_engine(tmp_path: Path, how: i
             proc.kill()
             proc.wait()
         kill_all(study)
+
+
+@pytest.mark.slow
+def test_perflab_kill_on_a_running_study_records_the_run_interrupted_not_crashed(tmp_path: Path) -> None:
+    """``perflab kill STUDY`` while the study benchmarks: the stop is deliberate (kill says so
+    in the run directory before any signal), so the run is ``interrupted`` with that reason —
+    never the configuration's crash ("exited with code 0 although perflab did not stop it"),
+    never reused — and the study stops with one line (exit 3), keeping what it measured."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(LONG_PLAN)
+    study = tmp_path / "study"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PERFLAB_SIM_STATE_DIR": str(tmp_path / "sim-state")}
+    proc = subprocess.Popen([sys.executable, "-m", "perflab", "run", str(plan), "--out", str(study), "--no-live"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ({r[0] for r in _rows(study / "study.db", "SELECT profile FROM measurements")} >= {"main"}
+                   and of_study(study)):  # "main" measured, the same launch benchmarking "long"
+            assert proc.poll() is None, f"perflab run exited early ({proc.returncode})"
+            assert time.monotonic() < deadline, "the study did not reach its long benchmark"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        killed = perflab("kill", str(study))
+        assert killed.returncode == 0, killed.stderr
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        kill_all(study)
+    assert proc.returncode == 3, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("perflab: error:")]
+    assert len(lines) == 1 and "stopped by `perflab kill`" in lines[0] and "Traceback" not in err, err
+    runs = _rows(study / "study.db", "SELECT state, error, cause FROM runs")
+    assert runs[-1][0] == "interrupted" and "crashed" not in [r[0] for r in runs], runs
+    assert "stopped by `perflab kill` (pid" in str(runs[-1][1]) and runs[-1][2] is None
+    assert _rows(study / "study.db", "SELECT profile, status FROM measurements") == [("main", "ok")]

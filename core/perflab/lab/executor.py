@@ -734,8 +734,26 @@ class Executor:
 
         await wait_until_ready(check, self.ctx.plan.timeouts.device_wait_s, waiting)
 
+    @staticmethod
+    def _stopped_deliberately(rec: RunRecord, run_dir: Path) -> bool:
+        """Whether the engine that just died was stopped by ``perflab kill`` (it writes
+        :data:`perflab.lifecycle.procs.STOP_REQUEST` into the run directory before any signal):
+        then the run is ``interrupted`` with that reason — a stop perflab was told about, never
+        the configuration's crash, never reused."""
+        from perflab.lifecycle.procs import stop_requested
+
+        why = stop_requested(run_dir)
+        if why is None:
+            return False
+        log.warning("lab.stopped-deliberately", run_dir=str(run_dir), why=why)
+        rec.state, rec.error, rec.cause = Status.INTERRUPTED, why, None
+        return True
+
     def _record_startup_failure(self, rec: RunRecord, o: Any, config: Configuration,
                                 device_sets: list[tuple[int, ...]] | None, run_dir: Path) -> None:
+        if self._stopped_deliberately(rec, run_dir):
+            rec.script = serving_script([o.launch], self._describer(config.engine), run_dir) if o.launch else None
+            return
         state = Status(o.state) if Status(o.state).is_failure else Status.CRASHED
         rec.state = state
         rec.reasons = tuple(o.reasons)
@@ -752,6 +770,8 @@ class Executor:
         for profile in profiles:
             m = await self._measure(instances, config, profile, run_dir, label,
                                     to_beat if profile.name == self.ctx.plan.main_profile else None)
+            if m.status is Status.CRASHED and self._stopped_deliberately(rec, run_dir):
+                break  # not this profile's result: nothing is recorded for it
             rec.measurements[profile.name] = m
             if self.on_measured is not None:
                 self.on_measured(profile.name, m)

@@ -213,7 +213,7 @@ class LiveMeasure(StoreMeasure):
                 continue
             if rec.state is Status.INTERRUPTED:  # the machine was not ready (a port taken), or the engine was stopped
                 raise MachineNotReady(f"{label}: {rec.error}; the run is recorded interrupted (no result) — "
-                                      f"stop what holds it and re-run the same command to resume")
+                                      f"re-run the same command to resume")
             if rec.leftovers:
                 raise MachineNotReady(
                     f"the teardown of {label} left something behind: {'; '.join(rec.leftovers)} — the study stopped "
