@@ -824,6 +824,7 @@ class Executor:
         known = self.known_points.get(profile.name, {}).get(name)
         if known is not None:
             log.info("lab.point-reused", label=label, profile=profile.name, point=name)
+            self.on_event("point-reused", label=label, profile=profile.label, point=name)
             m = copy.deepcopy(known)  # the curve's own copy: a failure's points are set on it
         else:
             m = await self._repeated(instances, config, at_load(profile, kind, value), run_dir, label,
