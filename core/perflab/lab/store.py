@@ -6,14 +6,18 @@ Layout of a study directory::
     plan.yaml           the plan as given (or plan.toml)
     hardware.json       the probed hardware snapshot
     study.log           the structured log (JSON lines)
-    runs/007-vllm-fp8/  launch.json, engine.log, hardware.json, bench-<profile>.json, outcome.json
+    runs/007-vllm-fp8/  launch.json, engine.log, hardware.json, bench-<profile>.json, outcome.json,
+                        point-<profile>-<load>.json (a curve's load points, as measured)
     report.md, report.json, chart.png
     sim-state/          the simulated machine's memory registry (simulated studies)
 
 A *run* is one launch of a configuration (all its replicas), benchmarked on one or more
 profiles; a *measurement* is one (configuration, profile) result of a run. Lookups go by the
 configuration's key and the profile's key, so re-running a plan reuses every measurement
-whose configuration and workload are unchanged — that is how a study resumes.
+whose configuration and workload are unchanged — that is how a study resumes. A curve (a
+sweep, a max-load search) is one measurement, stored when it ends; its load points are
+stored as they are measured, and a resume of a curve that was interrupted measures only the
+points it lacks (:meth:`Store.points`).
 
 Every write commits at once: a study killed at any moment keeps what it measured.
 
