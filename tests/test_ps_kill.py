@@ -240,7 +240,9 @@ def test_a_killed_or_hung_up_perflab_run_leaves_no_engine(tmp_path: Path, how: i
         left = wait_none(study, 5)
         took = time.monotonic() - t0
         assert left == [], f"engine processes survived {signal.Signals(how).name} of perflab run: {left}"
-        assert proc.wait(10) != 0
+        code = proc.wait(10)
+        # SIGHUP is handled like SIGINT/SIGTERM and exits 128 + its number, as the docs say
+        assert code == (129 if how == signal.SIGHUP else -signal.SIGKILL), code
         # the keeper exits once the tree is gone (moments later on a loaded machine)
         keeper_deadline = time.monotonic() + 5
         while psutil.pid_exists(launch["keeper_pid"]) and time.monotonic() < keeper_deadline:
@@ -253,8 +255,54 @@ def test_a_killed_or_hung_up_perflab_run_leaves_no_engine(tmp_path: Path, how: i
         assert not psutil.pid_exists(launch["keeper_pid"]) or \
             psutil.Process(launch["keeper_pid"]).status() == psutil.STATUS_ZOMBIE
         print(f"{signal.Signals(how).name}: engine gone {took:.2f} s after the signal")
+        if how == signal.SIGKILL:  # the next invocation says why the run it finds "running" has no result
+            from perflab.lab.store import Store
+
+            store = Store(study)
+            store.begin_session()
+            errors = [r["error"] for r in store.runs() if r["state"] == "interrupted"]
+            store.close()
+            assert errors and f"perflab (pid {proc.pid}) was killed while this run was going" in errors[-1], errors
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         kill_all(study)
+
+
+@pytest.mark.slow
+def test_perflab_kill_on_a_running_study_records_the_run_interrupted_not_crashed(tmp_path: Path) -> None:
+    """``perflab kill STUDY`` while the study benchmarks: the stop is deliberate (kill says so
+    in the run directory before any signal), so the run is ``interrupted`` with that reason —
+    never the configuration's crash ("exited with code 0 although perflab did not stop it"),
+    never reused — and the study stops with one line (exit 3), keeping what it measured."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(LONG_PLAN)
+    study = tmp_path / "study"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PERFLAB_SIM_STATE_DIR": str(tmp_path / "sim-state")}
+    proc = subprocess.Popen([sys.executable, "-m", "perflab", "run", str(plan), "--out", str(study), "--no-live"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ({r[0] for r in _rows(study / "study.db", "SELECT profile FROM measurements")} >= {"main"}
+                   and of_study(study)):  # "main" measured, the same launch benchmarking "long"
+            assert proc.poll() is None, f"perflab run exited early ({proc.returncode})"
+            assert time.monotonic() < deadline, "the study did not reach its long benchmark"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        killed = perflab("kill", str(study))
+        assert killed.returncode == 0, killed.stderr
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        kill_all(study)
+    assert proc.returncode == 3, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("perflab: error:")]
+    assert len(lines) == 1 and "stopped by `perflab kill`" in lines[0] and "Traceback" not in err, err
+    runs = _rows(study / "study.db", "SELECT state, error, cause FROM runs")
+    assert runs[-1][0] == "interrupted" and "crashed" not in [r[0] for r in runs], runs
+    assert "stopped by `perflab kill` (pid" in str(runs[-1][1]) and runs[-1][2] is None
+    assert _rows(study / "study.db", "SELECT profile, status FROM measurements") == [("main", "ok")]

@@ -81,6 +81,10 @@ MEMORY_SETTLE_S = 5.0  # drivers release device memory shortly after the process
 MEMORY_TOLERANCE = 0.03  # of a device's total memory
 TRACK_INTERVAL_S = 1.0  # how often descendants are snapshotted while the engine runs
 PORT_PICK_TRIES = 5
+# the crash signature (the plugins' perflab_crash_signatures) of an engine that could not bind
+# its port: another process holds it (the lab relaunches on a fresh port, then calls it an
+# environment fault: perflab.lab.executor)
+ADDRESS_IN_USE = "address-in-use"
 # After ready: the HTTP probes are repeated every HEALTH_INTERVAL_S. Failing answers (an HTTP
 # error status or a refused connection) for HEALTH_FAIL_S in a row (and HEALTH_FAILS probes)
 # end the run as crashed although the process lives: vLLM 0.32 answers /health with 503 once
@@ -881,12 +885,20 @@ class EngineInstance:
             self._pump.close()
 
     async def _check_ports(self, spec: LaunchSpec) -> None:
-        taken = await wait_ports_free(spec.host, self._own_ports(spec), PORT_RELEASE_WAIT_S)
+        lost = self.outcome.cause is not None and self.outcome.cause.name == ADDRESS_IN_USE
+        if lost:
+            # the engine never bound its port: whoever holds it took it first — the crash's
+            # cause (the lab's environment fault), not something this launch left behind
+            taken = taken_ports(spec.host, self._own_ports(spec))
+        else:
+            taken = await wait_ports_free(spec.host, self._own_ports(spec), PORT_RELEASE_WAIT_S)
         if not taken:
             return
         assert self._tracker is not None
         ours = {pid for pid in self._tracker.known}
         for owner in port_owners(taken):
+            if lost and not (owner.pid is not None and (owner.pid in ours or self._has_marker(owner.pid))):
+                continue
             if owner.pid is not None and (owner.pid in ours or self._has_marker(owner.pid)):
                 try:
                     psutil.Process(owner.pid).kill()
@@ -903,7 +915,7 @@ class EngineInstance:
         still = await wait_ports_free(spec.host, taken, 1.0)
         known = {o.port for o in port_owners(still)}
         for port in still:
-            if port not in known:
+            if port not in known and not lost:
                 self.outcome.leftovers.append(f"port {port} on {spec.host} is still bound (owner not visible)")
 
     def _has_marker(self, pid: int) -> bool:

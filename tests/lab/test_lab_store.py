@@ -88,6 +88,66 @@ def test_mid_benchmark_crash_is_per_profile_and_runs_left_running_become_interru
     again.close()
 
 
+
+def test_a_run_left_running_by_a_killed_perflab_is_interrupted_with_the_reason(tmp_path):
+    """perflab SIGKILLed mid-run leaves the run "running": the next invocation marks it
+    interrupted and says why (which perflab, killed), in the index and in run.json (what
+    --rebuild reads), and it is never reused."""
+    import json
+    import os
+
+    from perflab.lab.store import rebuild
+
+    store = Store(tmp_path)
+    store.begin_session()
+    rid, run_dir = store.begin_run(CFG.key(), "vllm", CFG.canonical(), "s", "vLLM", ["a"])
+    store.close()  # what a SIGKILL leaves: the run "running", nothing else recorded
+    again = Store(tmp_path)
+    again.begin_session()
+    run = again.runs()[0]
+    assert run["state"] == Status.INTERRUPTED
+    assert f"perflab (pid {os.getpid()}) was killed while this run was going" in run["error"]
+    assert json.loads((run_dir / "run.json").read_text())["error"] == run["error"]
+    assert again.lookup(CFG.key(), "ka") is None
+    again.close()
+    # a study.db rebuilt from run directories still "running" says the same
+    data = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**data, "state": "running", "error": None}))
+    rebuild(tmp_path)
+    third = Store(tmp_path)
+    assert "was killed while this run was going" in third.runs()[0]["error"]
+    third.close()
+
+
+def test_the_points_of_an_interrupted_curve_are_kept_and_rebuilt(tmp_path):
+    """A curve's measured load points are stored as they come; only those of an interrupted
+    run are offered to a resume (a finished curve is its measurement), stopped-early ones
+    unless asked not to, and --rebuild indexes them from their files."""
+    from perflab.lab.store import rebuild
+
+    store = Store(tmp_path)
+    store.begin_session()
+    rid, _ = store.begin_run(CFG.key(), "vllm", CFG.canonical(), "s", "vLLM", ["curve"])
+    store.add_point(rid, CFG.key(), "kc", "curve", "max_concurrency=4", _ok(40.0))
+    store.add_point(rid, CFG.key(), "kc", "curve", "max_concurrency=16",
+                    ProfileMeasurement(Status.STOPPED_EARLY, metrics={"total_token_throughput": 9.0}, num_prompts=10,
+                                       stopped_early={"why": "over-saturated"}))
+    assert store.points(CFG.key(), "kc") == {}  # the run goes on: its curve is not interrupted
+    store.mark_interrupted(rid, "Ctrl-C")
+    kept = store.points(CFG.key(), "kc")
+    assert sorted(kept) == ["max_concurrency=16", "max_concurrency=4"]
+    assert kept["max_concurrency=4"].metrics["total_token_throughput"] == 40.0
+    assert kept["max_concurrency=16"].stopped_early == {"why": "over-saturated"}
+    assert sorted(store.points(CFG.key(), "kc", stopped=False)) == ["max_concurrency=4"]
+    assert store.points(CFG.key(), "other") == {}
+    store.close()
+    (tmp_path / "study.db").unlink()
+    rebuild(tmp_path)
+    again = Store(tmp_path)
+    assert again.points(CFG.key(), "kc")["max_concurrency=4"].metrics == kept["max_concurrency=4"].metrics
+    again.close()
+
+
 PLAN = """
 model: m
 engines: [vllm, sglang]

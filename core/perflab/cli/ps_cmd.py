@@ -61,9 +61,10 @@ def kill(study_dir: Path | None, all_orphans: bool, grace: float | None, dry_run
     """Stop the engines of STUDY_DIR (a study or launch directory), or every orphaned engine.
 
     The same policy as a teardown: SIGTERM to each engine's leader, a grace, SIGTERM to the
-    stragglers, SIGKILL what is left (reported).
+    stragglers, SIGKILL what is left (reported). A study still running records the run
+    interrupted (stopped by perflab kill; measured again on resume) and stops.
     """
-    from perflab.lifecycle.procs import find_engines, stop_engine
+    from perflab.lifecycle.procs import find_engines, request_stop, stop_engine
     from perflab.supervisor import DEFAULT_GRACE_S
 
     if (study_dir is None) == (not all_orphans):
@@ -81,6 +82,12 @@ def kill(study_dir: Path | None, all_orphans: bool, grace: float | None, dry_run
     for e in chosen:
         entry = e.to_json()
         if not dry_run:
+            # said before any signal: the study running this engine records its run
+            # interrupted (a stop it was told about), not as the configuration's crash
+            try:
+                request_stop(e.marker)
+            except OSError as exc:  # the stop itself matters more; the study may then call it a crash
+                click.echo(f"perflab: warning: could not tell the study the stop is deliberate: {exc}", err=True)
             report = stop_engine(e, DEFAULT_GRACE_S if grace is None else grace)
             entry.update({"sigterm": report.sigterm, "killed": report.killed, "leftovers": report.leftovers})
         results.append(entry)

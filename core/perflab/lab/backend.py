@@ -10,6 +10,9 @@ backend's stream of events as they come:
 ``State``     the run's state changed (``waiting`` for devices, ``running``, ``done``);
 ``Measured``  one profile's measurement, as soon as it exists: the driver stores it at once,
               so an interrupt later in the same launch cannot lose it;
+``Point``     one load point of a curve (a sweep, a max-load search), measured or reused from
+              an interrupted run: the driver stores a measured one at once, so a resume
+              measures only the curve's other points;
 ``Files``     files the run wrote on a node without the study directory (a remote backend's
               agent stages them there): the driver writes them into the run directory
               (:mod:`perflab.lab.shipping`);
@@ -33,7 +36,7 @@ With ``parallel`` > 1 several runs share the machine at once (``perflab run --pa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -79,6 +82,9 @@ class Ticket:
     label: str
     demand: Demand
     to_beat: float | None = None  # the early stop's figure to beat on the main profile
+    # the load points interrupted runs of this configuration finished, by profile name then
+    # point (Store.points): the executor measures only the others
+    known_points: Mapping[str, Mapping[str, ProfileMeasurement]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,14 @@ class State:
 class Measured:
     profile: str
     measurement: ProfileMeasurement
+
+
+@dataclass(frozen=True)
+class Point:
+    profile: str
+    point: str  # perflab.lab.executor.point_name: "max_concurrency=16"
+    measurement: ProfileMeasurement
+    reused: bool = False  # taken from Ticket.known_points, not measured by this run
 
 
 @dataclass(frozen=True)
@@ -132,7 +146,7 @@ class Lost:
     reason: str
 
 
-Event = Placed | State | Measured | Files | Finished | Lost
+Event = Placed | State | Measured | Point | Files | Finished | Lost
 Sink = Callable[[Event], None]
 
 
@@ -327,6 +341,8 @@ class LocalBackend:
             sink(State("running"))
             ex = self._factory()
             ex.on_measured = lambda name, m: sink(Measured(name, m))
+            ex.on_point = lambda name, point, m, reused: sink(Point(name, point, m, reused))
+            ex.known_points = ticket.known_points
             if hasattr(ex, "_stale"):
                 # what the study's executors share: benchmark threads that outlived their
                 # cancellation (the next launch waits for them, whoever started them) and the
@@ -373,6 +389,7 @@ __all__ = [
     "LocalBackend",
     "Lost",
     "Measured",
+    "Point",
     "Placed",
     "State",
     "Ticket",

@@ -61,6 +61,8 @@ BENCH_STOP_S = 10.0
 
 Event = Callable[..., None]  # on_event(kind, **fields): the live display and the study log
 Measured = Callable[[str, ProfileMeasurement], None]  # on_measured(profile name, measurement)
+# on_point(profile name, point, measurement, reused): a curve's load point measured (or reused)
+PointMeasured = Callable[[str, str, ProfileMeasurement, bool], None]
 
 
 # What an engine never inherits from perflab's own environment (issue #14): a Ray worker's
@@ -388,6 +390,11 @@ def _load_value(kind: LoadKind, value: float) -> float | int:
     return int(value) if kind is LoadKind.MAX_CONCURRENCY else float(value)
 
 
+def point_name(kind: LoadKind, value: float) -> str:
+    """A curve's load point as the store keys it: ``max_concurrency=16``, ``request_rate=2.5``."""
+    return f"{kind}={_load_value(kind, value):g}"
+
+
 def at_load(profile: Profile, kind: LoadKind, value: float) -> Profile:
     """``profile`` with its ``max_concurrency`` or ``request_rate`` replaced (no sweep)."""
     if kind is LoadKind.MAX_CONCURRENCY:
@@ -529,6 +536,12 @@ class Executor:
         # the accelerators' telemetry sources, opened once a study (when first sampled); what
         # is missing is said once; a backend shares one among its runs' executors
         self._telemetry: Telemetry | None = None
+        # the load points an interrupted run of this configuration finished, by profile name
+        # then point (Store.points): a resumed curve measures only the others
+        self.known_points: Mapping[str, Mapping[str, ProfileMeasurement]] = {}
+        # hears each load point of a curve as soon as it is measured (the runner stores it: an
+        # interrupt mid-curve keeps it) or reused from known_points (counted as reused)
+        self.on_point: PointMeasured | None = None
 
     @property
     def telemetry(self) -> Telemetry:
@@ -606,25 +619,46 @@ class Executor:
         rec.accelerators = max(1, sum(len(v) for v in self._devices_by_kind(config, device_sets).values()))
         if self.group is not None and config.serve_config().node_count > 1:  # every node's devices
             rec.accelerators = max(1, sum(len(n.devices or ()) for n in self.group.nodes))
-        launched = time.monotonic()
-        self._host_s = 0.0
-        try:
-            await self._launch_and_measure(rec, instances, config, profiles, device_sets, run_dir, label, to_beat)
-        finally:
-            # engine time, x accelerators: on a real engine the wall time from launch to
-            # teardown; on the simulator the same x its time scale, except that each benchmark
-            # counts for its duration on the engine's model clock — the client's own work
-            # (preparing prompts, the test request, warm-up) and a host slower than the model
-            # would otherwise count x the scale, and load on the host would move engine-hours
-            scale = self.ctx.time_scale if self.ctx.simulated else 1.0
-            wall = max(0.0, time.monotonic() - launched - self._host_s)
-            rec.engine_seconds = wall * scale * rec.accelerators
-        rec.leftovers = [f"{engine} replica {i + 1}: {msg}" if len(instances) > 1 else msg
-                         for i, inst in enumerate(instances) for msg in inst.outcome.leftovers]
+        picked = config.serve_config().port is None  # perflab picks a free port for each launch
+        spent = 0.0
+        for attempt in range(1, PORT_LOST_LAUNCHES + 1):
+            launched = time.monotonic()
+            self._host_s = 0.0
+            try:
+                await self._launch_and_measure(rec, instances, config, profiles, device_sets, run_dir, label, to_beat)
+            finally:
+                # engine time, x accelerators: on a real engine the wall time from launch to
+                # teardown; on the simulator the same x its time scale, except that each benchmark
+                # counts for its duration on the engine's model clock — the client's own work
+                # (preparing prompts, the test request, warm-up) and a host slower than the model
+                # would otherwise count x the scale, and load on the host would move engine-hours
+                scale = self.ctx.time_scale if self.ctx.simulated else 1.0
+                spent += max(0.0, time.monotonic() - launched - self._host_s)
+                rec.engine_seconds = spent * scale * rec.accelerators
+            rec.leftovers = [f"{engine} replica {i + 1}: {msg}" if len(instances) > 1 else msg
+                             for i, inst in enumerate(instances) for msg in inst.outcome.leftovers]
+            if not _lost_its_port(rec) or not picked or attempt == PORT_LOST_LAUNCHES or rec.leftovers:
+                break
+            # another process took the free port perflab had chosen for it between the pick and
+            # the engine's bind: the machine's doing, not the configuration's — once more on a
+            # fresh port (the engine log keeps both launches)
+            log.warning("lab.port-lost", label=label, engine=engine, attempt=attempt, line=rec.cause.line if rec.cause else None)
+            self.on_event("relaunch", label=label, engine=engine, why="the engine lost its port to another process")
+            rec = RunRecord(Status.DONE, version=version, engine_seconds=rec.engine_seconds, accelerators=rec.accelerators,
+                            measurements={k: m for k, m in rec.measurements.items() if m.status is Status.UNSUPPORTED})
+            instances = []
         if rec.cause is not None and rec.cause.name == "port-in-use":
             # the supervisor found the port taken by someone else: the machine, not the
             # configuration, is at fault — nothing was started, nothing is a result
             rec.state, rec.error = Status.INTERRUPTED, f"the machine is not ready: {rec.cause.explanation}"
+        elif _lost_its_port(rec):
+            # the engine could not bind its port although it was free when chosen: a port the
+            # plan fixes, or a fresh one lost again — an environment fault, never a result
+            what = ("the port the plan fixes was taken by another process when the engine bound it" if not picked
+                    else "the engine lost the port perflab chose for it to another process"
+                    + (", again on a fresh port" if attempt > 1 else ""))
+            line = f" ({rec.cause.line})" if rec.cause is not None and rec.cause.line else ""
+            rec.state, rec.error = Status.INTERRUPTED, f"the machine is not ready: {what}{line}"
         self._write_outcome(run_dir, rec, instances)
         return rec
 
@@ -736,8 +770,26 @@ class Executor:
 
         await wait_until_ready(check, self.ctx.plan.timeouts.device_wait_s, waiting)
 
+    @staticmethod
+    def _stopped_deliberately(rec: RunRecord, run_dir: Path) -> bool:
+        """Whether the engine that just died was stopped by ``perflab kill`` (it writes
+        :data:`perflab.lifecycle.procs.STOP_REQUEST` into the run directory before any signal):
+        then the run is ``interrupted`` with that reason — a stop perflab was told about, never
+        the configuration's crash, never reused."""
+        from perflab.lifecycle.procs import stop_requested
+
+        why = stop_requested(run_dir)
+        if why is None:
+            return False
+        log.warning("lab.stopped-deliberately", run_dir=str(run_dir), why=why)
+        rec.state, rec.error, rec.cause = Status.INTERRUPTED, why, None
+        return True
+
     def _record_startup_failure(self, rec: RunRecord, o: Any, config: Configuration,
                                 device_sets: list[tuple[int, ...]] | None, run_dir: Path) -> None:
+        if self._stopped_deliberately(rec, run_dir):
+            rec.script = serving_script([o.launch], self._describer(config.engine), run_dir) if o.launch else None
+            return
         state = Status(o.state) if Status(o.state).is_failure else Status.CRASHED
         rec.state = state
         rec.reasons = tuple(o.reasons)
@@ -754,6 +806,8 @@ class Executor:
         for profile in profiles:
             m = await self._measure(instances, config, profile, run_dir, label,
                                     to_beat if profile.name == self.ctx.plan.main_profile else None)
+            if m.status is Status.CRASHED and self._stopped_deliberately(rec, run_dir):
+                break  # not this profile's result: nothing is recorded for it
             rec.measurements[profile.name] = m
             if self.on_measured is not None:
                 self.on_measured(profile.name, m)
@@ -796,6 +850,25 @@ class Executor:
         return ProfileMeasurement(Status.OK, metrics=mean_metrics(runs), num_prompts=profile.num_prompts,
                                   error=m.error, repeats=runs, noise=relative_noise(runs), observed=m.observed)
 
+    async def _load_point(self, instances: list[Any], config: Configuration, profile: Profile, kind: LoadKind,
+                          value: float, run_dir: Path, label: str) -> ProfileMeasurement:
+        """One load point of ``profile``'s curve with its repeats: the one an interrupted run
+        finished (:attr:`known_points`), else measured now; either way :attr:`on_point` hears it."""
+        import copy
+
+        name = point_name(kind, value)
+        known = self.known_points.get(profile.name, {}).get(name)
+        if known is not None:
+            log.info("lab.point-reused", label=label, profile=profile.name, point=name)
+            self.on_event("point-reused", label=label, profile=profile.label, point=name)
+            m = copy.deepcopy(known)  # the curve's own copy: a failure's points are set on it
+        else:
+            m = await self._repeated(instances, config, at_load(profile, kind, value), run_dir, label,
+                                     tag=f"-{kind}-{value:g}")
+        if m.status.measured and self.on_point is not None:
+            self.on_point(profile.name, name, m, known is not None)
+        return m
+
     def _point(self, kind: LoadKind, value: float, m: ProfileMeasurement) -> dict[str, Any]:
         slo = self.ctx.plan.decision.slo
         met = None
@@ -815,8 +888,7 @@ class Executor:
         best: ProfileMeasurement | None = None
         stopped: dict[str, Any] | None = None
         for value in sorted(profile.sweep.values):
-            at = at_load(profile, kind, value)
-            m = await self._repeated(instances, config, at, run_dir, label, tag=f"-{kind}-{value:g}")
+            m = await self._load_point(instances, config, profile, kind, value, run_dir, label)
             points.append(self._point(kind, value, m))
             if m.status is Status.OK:
                 best = m
@@ -842,8 +914,7 @@ class Executor:
 
         async def probe(value: float) -> float | None:
             """The SLO margin at ``value`` (<= 0: met); None: the engine failed, stop."""
-            m = await self._repeated(instances, config, at_load(profile, kind, value), run_dir, label,
-                                     tag=f"-{kind}-{value:g}")
+            m = await self._load_point(instances, config, profile, kind, value, run_dir, label)
             done[value] = m
             if not m.status.measured:
                 failure.append(m)
@@ -1078,6 +1149,20 @@ class Executor:
             "instances": [inst.outcome.to_json() for inst in instances],
         }
         write_json(run_dir / "outcome.json", json.loads(json.dumps(outcome, default=str)))
+
+
+# An engine that could not bind the port perflab picked for it (another process took it in
+# between) is launched this many times in all, each on a fresh port, before it is an
+# environment fault (docs/reliability.md).
+PORT_LOST_LAUNCHES = 2
+
+
+def _lost_its_port(rec: RunRecord) -> bool:
+    """Whether the launch ended with the engine unable to bind its port, before it measured anything."""
+    from perflab.supervisor import ADDRESS_IN_USE
+
+    return (rec.state is Status.CRASHED and rec.cause is not None and rec.cause.name == ADDRESS_IN_USE
+            and not any(m.status.measured for m in rec.measurements.values()))
 
 
 def _host_seconds(result: Any, wall_s: float) -> float:

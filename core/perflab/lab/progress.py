@@ -106,6 +106,10 @@ class StudyProgress:
         elif kind == "requeued":  # its Ray node or agent was lost: launched once more elsewhere
             self._run(f).state = "re-queued"
             self._line(f"   {label}: lost with its node; re-queued")
+        elif kind == "relaunch":  # its engine lost its port to another process: once more, on a fresh one
+            self._line(f"   {label}: {f.get('why', 'relaunched')}; launching it once more on a fresh port")
+        elif kind == "point-reused":  # a load point an interrupted run finished (perflab.lab.executor)
+            self._line(f"   {label}: {f.get('profile', '')} at {f.get('point', '')}: kept from the interrupted run")
         elif kind == "launch":
             self._run(f).state = "launching" + (f" replica {f['replica']}/{f['replicas']}" if f.get("replicas", 1) > 1 else "")
             self._line(f"   {label}: launching {f.get('engine', '')}")

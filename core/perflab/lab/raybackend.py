@@ -90,7 +90,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from perflab.errors import PerflabError, UsageError
-from perflab.lab.backend import Demand, Files, Finished, LocalBackend, Lost, Measured, Placed, Sink, State, Ticket
+from perflab.lab.backend import Demand, Files, Finished, LocalBackend, Lost, Measured, Placed, Point, Sink, State, Ticket
 from perflab.lab.executor import LabContext, engine_environment, launch_environment
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Plan
@@ -416,6 +416,8 @@ class Agent:
             queue: asyncio.Queue[Any] = asyncio.Queue()
             ex = Executor(self.ctx, on_event=lambda kind, **kw: queue.put_nowait(Note(kind, kw)))
             ex.on_measured = lambda name, m: queue.put_nowait(Measured(name, m))
+            ex.on_point = lambda name, point, m, reused: queue.put_nowait(Point(name, point, m, reused))
+            ex.known_points = ticket.known_points
             ex.placement = devices if devices and ticket.demand.devices is None else None
             ex.study_dir = ticket.run_dir.parent.parent  # the engines' markers name the driver's study
             remotes: list[RemoteRank] = []
@@ -436,7 +438,7 @@ class Agent:
                 if group is not None and isinstance(ev, Measured) and Status(ev.measurement.status).is_failure:
                     held_back.append(ev)
                     return []
-                if isinstance(ev, Measured) or (isinstance(ev, Note) and ev.kind == "benchmark"):
+                if isinstance(ev, (Measured, Point)) or (isinstance(ev, Note) and ev.kind == "benchmark"):
                     return [*stage.ship(), ev]  # the profile's records (or the launch) first
                 return [ev]
 
@@ -957,8 +959,7 @@ class RayBackend(LocalBackend):
             sink(Lost(f"{n} nodes of {self.ctx.plan.hardware} are needed, {self._nodes_left(res, d)} are left "
                       f"(lost: {', '.join(x[:8] for x in self.lost_nodes)})"))
             return
-        ticket = Ticket(ticket.run_id, ticket.run_dir.resolve(), ticket.config, ticket.profiles, ticket.label, d,
-                        ticket.to_beat)
+        ticket = dataclasses.replace(ticket, run_dir=ticket.run_dir.resolve(), demand=d)
         shape = (json.dumps(bundles(d, res), sort_keys=True), strategy(d), json.dumps(self._selector(), sort_keys=True))
         pg = self._claim(shape)
         agent = None

@@ -29,7 +29,7 @@ import anyio
 from perflab import redact
 from perflab.bench.request import BenchRequest
 from perflab.errors import HookDeadlineExceeded, PerflabError, UnknownEngine
-from perflab.lab.backend import Event, Files, Finished, LocalBackend, Lost, Measured, Placed, Ticket
+from perflab.lab.backend import Event, Files, Finished, LocalBackend, Lost, Measured, Placed, Point, Ticket
 from perflab.lab.decide import DecideBy
 from perflab.lab.executor import LabContext
 from perflab.lab.exits import RunExit, interrupted_status, outcome_status
@@ -227,16 +227,19 @@ class LiveMeasure(StoreMeasure):
             self.log.info("lab.run", run_id=run_id, step=step, label=label, engine=config.engine,
                           options=config.canonical()["options"], profiles=[p.name for p in todo], dir=str(run_dir))
             self.launched += 1
+            # the load points an interrupted curve finished: the executor measures only the others
+            known = {p.name: pts for p in todo
+                     if (pts := self.store.points(ckey, profile_key(self.plan, p), stopped=not self.rerun_stopped))}
             rec = await self._launch(Ticket(run_id, run_dir, config, tuple(todo), label, self.backend.demand(config),
-                                            to_beat), ckey, may_requeue=not requeued)
+                                            to_beat, known), ckey, may_requeue=not requeued)
             if rec is None:  # lost with its node or agent: recorded interrupted; once more, elsewhere
                 requeued = True
                 todo = [p for p in todo if self.lookup(config, p) is None]  # what was streamed is kept
                 self.on_event("requeued", label=label)
                 continue
-            if rec.state is Status.INTERRUPTED:  # the supervisor found the machine not ready
-                raise MachineNotReady(f"{label}: {rec.error}; nothing was launched — stop it and re-run the same "
-                                      f"command to resume")
+            if rec.state is Status.INTERRUPTED:  # the machine was not ready (a port taken), or the engine was stopped
+                raise MachineNotReady(f"{label}: {rec.error}; the run is recorded interrupted (no result) — "
+                                      f"re-run the same command to resume")
             if rec.leftovers:
                 raise MachineNotReady(
                     f"the teardown of {label} left something behind: {'; '.join(rec.leftovers)} — the study stopped "
@@ -273,6 +276,12 @@ class LiveMeasure(StoreMeasure):
                 self.store.add_measurement(run_id, ckey, profile_key(self.plan, by_name[ev.profile]), ev.profile,
                                            ev.measurement)
                 saved.add(ev.profile)
+            elif isinstance(ev, Point):  # a curve's load point: kept even if the curve is interrupted
+                if ev.reused:
+                    self.reused += 1
+                else:
+                    self.store.add_point(run_id, ckey, profile_key(self.plan, by_name[ev.profile]), ev.profile,
+                                         ev.point, ev.measurement)
             elif isinstance(ev, Placed):
                 self.log.info("lab.placed", run_id=run_id, label=label, node=ev.node, devices=list(ev.devices))
                 if self.concurrent:  # which run is where matters once several share the machine

@@ -6,14 +6,18 @@ Layout of a study directory::
     plan.yaml           the plan as given (or plan.toml)
     hardware.json       the probed hardware snapshot
     study.log           the structured log (JSON lines)
-    runs/007-vllm-fp8/  launch.json, engine.log, hardware.json, bench-<profile>.json, outcome.json
+    runs/007-vllm-fp8/  launch.json, engine.log, hardware.json, bench-<profile>.json, outcome.json,
+                        point-<profile>-<load>.json (a curve's load points, as measured)
     report.md, report.json, chart.png
     sim-state/          the simulated machine's memory registry (simulated studies)
 
 A *run* is one launch of a configuration (all its replicas), benchmarked on one or more
 profiles; a *measurement* is one (configuration, profile) result of a run. Lookups go by the
 configuration's key and the profile's key, so re-running a plan reuses every measurement
-whose configuration and workload are unchanged — that is how a study resumes.
+whose configuration and workload are unchanged — that is how a study resumes. A curve (a
+sweep, a max-load search) is one measurement, stored when it ends; its load points are
+stored as they are measured, and a resume of a curve that was interrupted measures only the
+points it lacks (:meth:`Store.points`).
 
 Every write commits at once: a study killed at any moment keeps what it measured.
 
@@ -56,7 +60,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     started  REAL NOT NULL,
     finished REAL,
     state    TEXT NOT NULL,      -- running | done | interrupted | failed
-    argv     TEXT
+    argv     TEXT,
+    pid      INTEGER             -- the perflab process of the session
 );
 CREATE TABLE IF NOT EXISTS runs (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -96,12 +101,22 @@ CREATE TABLE IF NOT EXISTS measurements (
     extra       TEXT             -- JSON: the measurement's extras (perflab.lab.measured.EXTRA_FIELDS)
 );
 CREATE INDEX IF NOT EXISTS measurements_by_key ON measurements(config_key, profile_key);
+CREATE TABLE IF NOT EXISTS points (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id      INTEGER NOT NULL REFERENCES runs(id),
+    config_key  TEXT NOT NULL,
+    profile_key TEXT NOT NULL,
+    point       TEXT NOT NULL,   -- the load point of a curve: "max_concurrency=16" (perflab.lab.executor.point_name)
+    data        TEXT NOT NULL,   -- JSON: its measurement (status, metrics, num_prompts, error, extras)
+    created     REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS points_by_key ON points(config_key, profile_key);
 """
 
 
 # columns added since schema 1: (table, column, type); added to an older study.db when opened
 _ADDED_COLUMNS = (("runs", "engine_seconds", "REAL"), ("runs", "accelerators", "INTEGER"),
-                  ("measurements", "extra", "TEXT"))
+                  ("measurements", "extra", "TEXT"), ("sessions", "pid", "INTEGER"))
 
 
 @dataclass
@@ -168,6 +183,22 @@ META_FILE = "study.json"
 
 def _measurement_file(profile: str) -> str:
     return f"measurement-{file_stem(profile)}.json"
+
+
+def _point_file(profile: str, point: str) -> str:
+    return f"point-{slug(profile, 60)}-{slug(point, 60)}.json"
+
+
+def _measurement_json(m: ProfileMeasurement) -> dict[str, Any]:
+    """A measurement as a point's row and file keep it (a curve's point: measured, no cause)."""
+    return {"status": str(m.status), "metrics": m.metrics, "num_prompts": m.num_prompts, "error": m.error,
+            **to_jsonable(m.extra())}
+
+
+def _measurement_from_json(data: dict[str, Any]) -> ProfileMeasurement:
+    return ProfileMeasurement(Status(data["status"]), metrics=data.get("metrics"), num_prompts=data.get("num_prompts"),
+                              error=data.get("error"),
+                              **{k: data[k] for k in EXTRA_FIELDS if data.get(k) is not None})
 
 
 def _loads(text: str | None) -> Any:
@@ -242,12 +273,20 @@ class Store:
     # ------------------------------------------------------------------ sessions
 
     def begin_session(self, argv: list[str] | None = None) -> int:
+        import os
+
+        # runs left "running" by a session that was killed outright (SIGKILL, a power cut: the
+        # study lock this caller holds says that process is gone) did not finish: interrupted,
+        # with the reason — never a result, never reused
+        left = self.db.execute("SELECT r.id, s.pid FROM runs r LEFT JOIN sessions s ON s.id = r.session_id"
+                               " WHERE r.state = ?", (Status.RUNNING,)).fetchall()
+        for row in left:
+            self.mark_interrupted(row["id"], killed_reason(row["pid"]))
         cur = self.db.execute(
-            "INSERT INTO sessions(started, state, argv) VALUES (?, 'running', ?)", (time.time(), json.dumps(redact.redact_obj(argv or [])))
+            "INSERT INTO sessions(started, state, argv, pid) VALUES (?, 'running', ?, ?)",
+            (time.time(), json.dumps(redact.redact_obj(argv or [])), os.getpid()),
         )
         self.session_id = int(cur.lastrowid or 0)
-        # runs left "running" by a session that was killed outright did not finish
-        self.db.execute("UPDATE runs SET state = ? WHERE state = ?", (Status.INTERRUPTED, Status.RUNNING))
         return self.session_id
 
     def end_session(self, state: str) -> None:
@@ -315,6 +354,39 @@ class Store:
                 "cause": to_jsonable(m.cause), "created": created, **m.extra(),
             })
 
+    def add_point(self, run_id: int, config_key: str, profile_key: str, profile: str, point: str,
+                  m: ProfileMeasurement) -> None:
+        """Store one measured load point of a curve (a sweep's, a max-load search's probe) as
+        soon as it exists: its file in the run directory and its row, together. A curve is
+        one profile's measurement, stored when the curve ends; its finished points are what
+        a resume keeps of a curve that was interrupted (:meth:`points`)."""
+        created = time.time()
+        data = _measurement_json(m)
+        run_dir = self.db.execute("SELECT dir FROM runs WHERE id = ?", (run_id,)).fetchone()["dir"]
+        with self._transaction():
+            self.db.execute("INSERT INTO points(run_id, config_key, profile_key, point, data, created)"
+                            " VALUES (?, ?, ?, ?, ?, ?)",
+                            (run_id, config_key, profile_key, point, json.dumps(redact.redact_obj(data), default=str),
+                             created))
+            write_json(self.dir / run_dir / _point_file(profile, point), {
+                "run_id": run_id, "config_key": config_key, "profile_key": profile_key, "profile": profile,
+                "point": point, "created": created, **data})
+
+    def points(self, config_key: str, profile_key: str, *, stopped: bool = True) -> dict[str, ProfileMeasurement]:
+        """The measured load points, by point, that interrupted runs of (configuration,
+        profile) finished before their curve ended (Ctrl-C, a kill, a lost node, an
+        environment fault): a resumed curve measures only the others. The newest of each
+        point counts; ``stopped=False`` leaves out points that were stopped early."""
+        out: dict[str, ProfileMeasurement] = {}
+        for row in self.db.execute(
+                "SELECT p.point, p.data FROM points p JOIN runs r ON r.id = p.run_id WHERE p.config_key = ?"
+                " AND p.profile_key = ? AND r.state = ? ORDER BY p.id DESC", (config_key, profile_key, Status.INTERRUPTED)):
+            m = _measurement_from_json(json.loads(row["data"]))
+            if row["point"] in out or not m.status.measured or (m.status is Status.STOPPED_EARLY and not stopped):
+                continue
+            out[row["point"]] = m
+        return out
+
     def finish_run(self, run_id: int, rec: RunRecord) -> None:
         log = rec.log
         if log is not None:
@@ -337,7 +409,9 @@ class Store:
         never reused; ``reason`` says why."""
         self.db.execute("UPDATE runs SET state = ?, finished = ?, error = COALESCE(?, error) WHERE id = ? AND state = ?",
                         (Status.INTERRUPTED, time.time(), reason, run_id, Status.RUNNING))
-        self._write_run_file(run_id)
+        row = self.db.execute("SELECT dir FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is not None and row["dir"] and (self.dir / row["dir"]).is_dir():  # killed before its directory existed
+            self._write_run_file(run_id)
 
     def runs(self) -> list[sqlite3.Row]:
         return list(self.db.execute("SELECT * FROM runs ORDER BY id"))
@@ -433,6 +507,13 @@ class Store:
         full = spent + more
         return {"spent": round(spent / 3600, 4), "full_method_estimate": round(full / 3600, 4),
                 "saved_pct": round((full - spent) / full * 100, 1) if full > 0 else 0.0}
+
+
+def killed_reason(pid: int | None) -> str:
+    """Why a run found ``running`` by a later invocation is interrupted: its perflab was
+    killed outright (nothing else leaves a run ``running``: every other end records one)."""
+    who = f"perflab (pid {pid})" if pid else "perflab"
+    return f"{who} was killed while this run was going (no result; it is measured again on resume)"
 
 
 def _add_columns(db: sqlite3.Connection) -> None:
@@ -540,7 +621,9 @@ def rebuild(directory: Path) -> dict[str, int]:
             except (OSError, ValueError):
                 continue  # a run directory from before run.json, or a half-created one
             state = Status(run.get("state") or Status.INTERRUPTED)
-            state = Status.INTERRUPTED if state is Status.RUNNING else state
+            if state is Status.RUNNING:  # its perflab was killed outright: the run has no result
+                state = Status.INTERRUPTED
+                run["error"] = run.get("error") or killed_reason(None)
             sid = int(run.get("session_id") or 0)
             if sid not in sessions:
                 sessions.add(sid)
@@ -571,6 +654,15 @@ def rebuild(directory: Path) -> dict[str, int]:
                      json.dumps({k: m.get(k) for k in EXTRA_FIELDS})),
                 )
                 measurements += 1
+            for f in sorted(d.glob("point-*.json"), key=lambda f: f.stat().st_mtime):
+                try:
+                    pt = json.loads(f.read_text(encoding="utf-8"))
+                    data = {k: pt.get(k) for k in ("status", "metrics", "num_prompts", "error", *EXTRA_FIELDS)}
+                    db.execute("INSERT INTO points(run_id, config_key, profile_key, point, data, created)"
+                               " VALUES (?, ?, ?, ?, ?, ?)", (run["id"], pt["config_key"], pt["profile_key"], pt["point"],
+                                                              json.dumps(data), pt.get("created") or 0.0))
+                except (OSError, ValueError, KeyError):
+                    continue
         if dirs:  # new runs get ids after every existing directory's, even unindexed ones
             _raise_sequence(db, max(int(d.name.split("-", 1)[0]) for d in dirs))
         db.execute("COMMIT")

@@ -122,6 +122,38 @@ def _clean(run: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.+" else "_" for c in run) or "run"
 
 
+# ================================================================ a deliberate stop
+
+#: written by ``perflab kill`` into the run directory of each engine it is about to stop,
+#: before any signal: the perflab that runs the study finds it when the engine dies and records
+#: the run ``interrupted`` (a stop it was told about), never as the configuration's crash
+STOP_REQUEST = "stop-requested.json"
+
+
+def request_stop(marker: Marker, by: str = "perflab kill") -> Path | None:
+    """Record in the engine's run directory (``<study>/runs/<run>``; a replica's run is
+    ``<run>.replica-N``) that the stop about to come is deliberate; None when the marker names
+    no lab run directory (a ``perflab launch``: nothing records that run)."""
+    run_dir = Path(marker.study) / "runs" / marker.run.split(".", 1)[0]
+    if not run_dir.is_dir():
+        return None
+    path = run_dir / STOP_REQUEST
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"by": by, "pid": os.getpid(), "time": time.time()}), encoding="utf-8")
+    os.replace(tmp, path)  # whole or absent: the study reads it the moment its engine dies
+    return path
+
+
+def stop_requested(run_dir: Path) -> str | None:
+    """Why the run's engine was stopped deliberately ("stopped by `perflab kill` (pid N)"), or
+    None when nobody asked (:func:`request_stop`)."""
+    try:
+        data = json.loads((Path(run_dir) / STOP_REQUEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return f"stopped by `{data.get('by') or 'perflab kill'}` (pid {data.get('pid', '?')})"
+
+
 # ================================================================ start through the keeper
 
 
