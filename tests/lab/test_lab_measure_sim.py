@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from perflab.lab.executor import MAX_PROBES
+from perflab.lab.exits import RunExit
 
 from simstudy import run_sim_study
 
@@ -102,7 +103,8 @@ def test_an_over_saturated_engine_stops_early_and_it_is_not_a_failure(tmp_path: 
     monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))
     out = tmp_path / "study"
     summary = run_sim_study(SATURATED, out)
-    assert summary.exit_code == 0
+    # measured (not a failure), but no configuration served the load: nothing to recommend
+    assert summary.exit_code == RunExit.RECOMMENDATION_NOT_MEASURED
     m = json.loads(next((out / "runs").glob("001-*/measurement-main.json")).read_text())
     assert m["status"] == "stopped-early"
     info = m["stopped_early"]

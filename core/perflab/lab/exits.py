@@ -71,15 +71,15 @@ def as_json(status: int) -> dict[str, Any]:
 def outcome_status(outcome: StudyOutcome) -> RunExit:
     """The status of a study that ran to its end: OK only when the baseline and the
     recommendation (the optimized configuration) were measured on the main profile."""
-    from perflab.status import Status
-
-    base_ok = outcome.baseline.result.status is Status.OK
-    opt_ok = outcome.optimized is not None and outcome.optimized.result.status is Status.OK
+    # measured: Status's own flag (a run stopped early, lost or over-saturated, was measured:
+    # its figures decided)
+    base_ok = outcome.baseline.result.status.measured
+    opt_ok = outcome.optimized is not None and outcome.optimized.result.status.measured
     if base_ok and opt_ok:
         return RunExit.OK
     measured = [e.result for s in outcome.steps for e in s.entries if e.result is not None]
     measured += [r for c in outcome.cases for r in (c.baseline, c.optimized) if r is not None]
-    if not any(r.status is Status.OK for r in measured) and not base_ok:
+    if not any(r.status.measured for r in measured) and not base_ok:
         return RunExit.NOTHING_MEASURED
     if not base_ok:
         return RunExit.BASELINE_NOT_MEASURED
