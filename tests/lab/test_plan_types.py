@@ -288,3 +288,17 @@ def test_perflab_run_refuses_the_plan_with_exit_2_one_line_and_nothing_started(t
     assert len(lines) == 1 and lines[0].startswith(f"perflab: error: {path}: ") and f"{key}: " in lines[0], err
     assert "Traceback" not in err
     assert not (tmp_path / "study").exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize("blank", ["", "   "])
+def test_a_blank_string_is_refused_as_blank_not_as_a_string_that_is_not_a_string(blank: str) -> None:
+    # was: "candidates[0].variants[0].name: expected a string, got a string ''" -- a message that
+    # contradicts itself; the user must learn that the value is blank
+    doc = copy.deepcopy(FULL)
+    doc["candidates"][0]["variants"][0]["name"] = blank
+    with pytest.raises(UsageError) as err:
+        parse_plan(doc, known_engines=KNOWN)
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"candidates[0].variants[0].name: expected a string that is not blank, got {blank!r}" in message
+    assert "got a string" not in message

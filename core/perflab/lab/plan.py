@@ -393,6 +393,9 @@ def _expected(p: _Problems, key: str, value: Any, what: str) -> Any:
 def _str(p: _Problems, key: str, value: Any, what: str = "a string") -> Any:
     if isinstance(value, str) and value.strip():
         return value
+    if isinstance(value, str):  # not "expected a string, got a string ''"
+        p.add(key, f"expected {what} that is not blank, got {_show(value)}")
+        return _BAD
     return _expected(p, key, value, what)
 
 
