@@ -329,3 +329,16 @@ def test_memory_no_visible_process_holds_is_a_holder_on_an_accelerator_never_in_
     assert "a process perflab cannot see" in found[0].describe()
     assert invisible_holders(start, now, {"cuda": [1]}) == []  # only the devices the launch needs
     assert invisible_holders(start, now, {"cpu": [0]}) == []
+
+
+@pytest.mark.parametrize(("text", "what"), [("database or disk is full", "the disk is full"),
+                                            ("attempt to write a readonly database", "read-only")])
+def test_a_full_or_read_only_study_db_is_named_in_the_one_line(tmp_path: Path, text: str, what: str) -> None:
+    # was: "cannot write the study (the disk is full: database or disk is full)" -- sqlite's text
+    # names no file, so the line named none (issue 24.4: a full disk names the file)
+    from perflab.lab.integrity import storage_fault
+
+    fault = storage_fault(sqlite3.OperationalError(text), tmp_path)
+    assert fault is not None
+    line = str(fault)
+    assert "\n" not in line and f"({what}: {tmp_path / 'study.db'}: {text})" in line

@@ -142,12 +142,17 @@ def storage_fault(exc: BaseException, where: Path) -> StorageFault | None:
         return StorageFault(f"{where}: cannot write the study ({what}: {exc.filename or exc}); everything measured so "
                             f"far is kept — free the space / fix the permissions and re-run the same command to resume")
     if isinstance(exc, sqlite3.DatabaseError):
+        # sqlite's text ("database or disk is full") names no file: name the study's database
+        from perflab.lab.store import DB_NAME
+
         text = str(exc)
+        db = where / DB_NAME
         if "full" in text:
-            return StorageFault(f"{where}: cannot write the study (the disk is full: {text}); everything measured so "
-                                f"far is kept — free the space and re-run the same command to resume")
+            return StorageFault(f"{where}: cannot write the study (the disk is full: {db}: {text}); everything measured "
+                                f"so far is kept — free the space and re-run the same command to resume")
         if "readonly" in text or "read-only" in text:
-            return StorageFault(f"{where}: cannot write the study (read-only: {text}); fix the permissions and re-run")
+            return StorageFault(f"{where}: cannot write the study (read-only: {db}: {text}); fix the permissions and "
+                                f"re-run")
         return StorageFault(f"{where}/study.db: {text}; rebuild it from the run directories with "
                             f"`perflab report --rebuild {where}`")
     return None
