@@ -300,6 +300,9 @@ def test_perflab_kill_on_a_running_study_records_the_run_interrupted_not_crashed
             proc.communicate()
         kill_all(study)
     assert proc.returncode == 3, err
+    # exit 3's documented meaning (--help, --json's exit_meaning, the user guide) covers this stop
+    from perflab.lab.exits import RunExit
+    assert "`perflab kill`" in RunExit(proc.returncode).meaning
     lines = [ln for ln in err.splitlines() if ln.startswith("perflab: error:")]
     assert len(lines) == 1 and "stopped by `perflab kill`" in lines[0] and "Traceback" not in err, err
     runs = _rows(study / "study.db", "SELECT state, error, cause FROM runs")

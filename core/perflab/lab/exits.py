@@ -36,7 +36,8 @@ _MEANINGS: dict[RunExit, str] = {
     RunExit.OK: "the baseline and the recommended configuration were measured",
     RunExit.ERROR: "perflab error or storage fault (disk full, read-only, corrupt study.db)",
     RunExit.USAGE: "usage error: bad option or plan, a study of another plan in --out, a locked study",
-    RunExit.ENVIRONMENT: "environment fault: the machine was not ready or a teardown left something behind",
+    RunExit.ENVIRONMENT: "environment fault: the machine was not ready, an engine lost its port twice, "
+                           "`perflab kill` stopped the study, or a teardown left something behind",
     RunExit.NOTHING_MEASURED: "nothing was measured: every configuration was refused or failed",
     RunExit.BASELINE_NOT_MEASURED: "the baseline was not measured: no improvement over it can be stated",
     RunExit.RECOMMENDATION_NOT_MEASURED: "the baseline was measured, but no recommended configuration was",
