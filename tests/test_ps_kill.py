@@ -305,6 +305,9 @@ def test_perflab_kill_on_a_running_study_records_the_run_interrupted_not_crashed
     assert "`perflab kill`" in RunExit(proc.returncode).meaning
     lines = [ln for ln in err.splitlines() if ln.startswith("perflab: error:")]
     assert len(lines) == 1 and "stopped by `perflab kill`" in lines[0] and "Traceback" not in err, err
+    # the progress line and study.log say the same: no "crashed", no "although perflab did not stop it"
+    assert not [ln for ln in err.splitlines() if ln.rstrip().endswith(": crashed")], err
+    assert "although perflab did not stop it" not in (study / "study.log").read_text(encoding="utf-8")
     runs = _rows(study / "study.db", "SELECT state, error, cause FROM runs")
     assert runs[-1][0] == "interrupted" and "crashed" not in [r[0] for r in runs], runs
     assert "stopped by `perflab kill` (pid" in str(runs[-1][1]) and runs[-1][2] is None

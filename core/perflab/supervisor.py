@@ -614,11 +614,32 @@ class EngineInstance:
             self._exited.set()
             return
         o.cause = cause
+        stopped_by = self._stop_requested()
+        if stopped_by is not None:
+            # `perflab kill` said so in the run directory before its signal: a deliberate stop,
+            # not "exited with code 0 although perflab did not stop it" (the lab records the
+            # run interrupted; the progress line and study.log say the same)
+            if self._pump is not None:
+                self._pump.note(f"engine exited with code {rc}: {stopped_by}")
+            self._transition(Status.CRASHED, exit_code=rc, cause="stopped", explanation=stopped_by,
+                             stopped_by=stopped_by)
+            self.died.set()
+            self._exited.set()
+            return
         if self._pump is not None:
             self._pump.note(f"engine exited with code {rc}: {o.cause.name}: {o.cause.explanation}")
         self._transition(Status.CRASHED, exit_code=rc, cause=o.cause.name, explanation=o.cause.explanation, line=o.cause.line)
         self.died.set()
         self._exited.set()
+
+    def _stop_requested(self) -> str | None:
+        """Why the engine was stopped deliberately (:func:`perflab.lifecycle.procs.request_stop`
+        writes into the run directory: the workdir, or its parent for a replica's), else None."""
+        for d in (self.workdir, self.workdir.parent):
+            why = procs.stop_requested(d)
+            if why is not None:
+                return why
+        return None
 
     def _classify(self, rc: int | None) -> CrashCause:
         """The plugin's cause from the whole output's notable lines and the tail."""

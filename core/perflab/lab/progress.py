@@ -116,7 +116,10 @@ class StudyProgress:
         elif kind == "engine.state":
             r = self._run(f)
             r.state = str(f.get("state", r.state))
-            if r.state in _SHOWN_STATES:
+            if f.get("stopped_by"):  # perflab kill: a deliberate stop, not the engine's crash
+                r.state = "stopped"
+                self._line(f"   {label or f.get('engine', '')}: {f['stopped_by']}")
+            elif r.state in _SHOWN_STATES:
                 self._line(f"   {label or f.get('engine', '')}: {r.state}")
         elif kind == "benchmark":
             r = self._run(f)
