@@ -107,6 +107,26 @@ def test_another_model_or_hardware_is_another_study(study: Path, tmp_path: Path)
     assert "to resume it, run with --hardware sim:a100-80g-x8" in line
 
 
+@pytest.mark.parametrize(("stem", "extra", "phrase"), [
+    ("engines", "", "engines [\"vllm\"] vs [\"sglang\"]"),
+    ("baseline", "baseline: {engine: vllm, serve: {max_num_seqs: 8}}", "baseline "),
+    ("method", "repeats: 2", "decision "),
+])
+def test_the_same_name_with_other_engines_baseline_or_method_is_another_study(
+        study: Path, tmp_path: Path, stem: str, extra: str, phrase: str) -> None:
+    """Name, model and hardware alike, but what the study is changed: refused, nothing written
+    (engines swapped once resumed silently, report.md replaced and runs/ mixed)."""
+    before = _snapshot(study)
+    path = plan_file(tmp_path, stem, extra=extra)
+    if stem == "engines":
+        path.write_text(path.read_text().replace("engines: [vllm]", "engines: [sglang]"))
+    r = perflab("run", str(path), "--out", str(study), "--no-live", cwd=tmp_path)
+    line = one_error_line(r.stderr)
+    assert r.returncode == RunExit.USAGE, r.stderr
+    assert phrase in line and f"{stem}.yaml" in line and "--replace" in line, line
+    assert _snapshot(study) == before, "the refused plan touched the study"
+
+
 def test_adding_a_candidate_resumes_reusing_what_was_measured(study: Path, tmp_path: Path) -> None:
     plan = plan_file(tmp_path, "small", extra=CANDIDATE)
     r = perflab("run", str(plan), "--out", str(study), "--no-live", "--json", cwd=tmp_path)

@@ -194,10 +194,9 @@ PLAN_IDENTITY_META = "plan_identity"
 
 def plan_identity(plan: Plan) -> dict[str, str]:
     """What makes a study directory one plan's: its name, model and hardware (after
-    ``--hardware``). Everything else a measurement depends on (options, workloads, decision
-    method, engine versions) is in each measurement's keys already, so editing a plan —
-    adding a candidate, a profile, changing repeats — resumes, reusing what is still valid;
-    another name, model or machine is another study. ``hash`` is recorded for tools."""
+    ``--hardware``); another name, model or machine is another study. A plan of the same
+    identity must also keep the study's frame (:func:`plan_frame`). ``hash`` is recorded
+    for tools."""
     fields = {"name": plan.name, "model": plan.model, "hardware": plan.hardware}
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
     return {**fields, "hash": digest}
@@ -259,16 +258,87 @@ def stored_identity(study_dir: Path) -> tuple[dict[str, str], str] | None:
     return plan_identity(old), path
 
 
+# What a study is, besides its identity: a plan that changes any of these is another study,
+# refused. Left out on purpose: candidates and combinations (each measurement is keyed by its
+# configuration, so adding, removing or editing one keeps every other measurement valid: the
+# study resumes), new profiles (the same), what only the report shows (title, objective,
+# notes, the model's display name and metadata, cost, guards) and how a measurement is run,
+# not what it is (timeouts, early_stop: --retry-failed and --no-early-stop measure again).
+FRAME_FIELDS = ("engines", "baseline", "main_profile", "serve", "engine_serve", "min_success_rate",
+                "min_improvement_pct", "time_scale", "sim_engine_versions")
+_FRAME_DECISION_SKIP = ("early_stop", "guards")
+
+
+def plan_frame(plan: Plan) -> dict[str, Any]:
+    """The plan's frame (:data:`FRAME_FIELDS`, its decision method and its profiles), as JSON,
+    read from its text with the known secrets masked — as the study stores it — so that a
+    secret never decides and the stored copy compares equal to its own file."""
+    from perflab import redact
+    from perflab.lab.plan import load_plan_text
+    from perflab.types import to_jsonable
+
+    if plan.text:
+        with contextlib.suppress(PerflabError):
+            plan = load_plan_text(redact.scrub_plan(plan.text), path=Path(plan.path.name if plan.path else "plan.yaml"),
+                                  check_files=False)
+    frame: dict[str, Any] = {f: to_jsonable(getattr(plan, f)) for f in FRAME_FIELDS}
+    decision = to_jsonable(plan.decision)
+    frame["decision"] = {k: v for k, v in decision.items() if k not in _FRAME_DECISION_SKIP}
+    frame["profiles"] = {p.name: to_jsonable(p) for p in plan.profiles}
+    return frame
+
+
+def _frame_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """What differs between two frames, one phrase each; profiles may only be added."""
+    def short(v: Any) -> str:
+        text = json.dumps(v, sort_keys=True)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    out = [f"{k} {short(old.get(k))} vs {short(new.get(k))}" for k in (*FRAME_FIELDS, "decision")
+           if old.get(k) != new.get(k)]
+    for name, prof in (old.get("profiles") or {}).items():
+        if name not in new["profiles"]:
+            out.append(f"profile {name!r} removed")
+        elif new["profiles"][name] != prof:
+            out.append(f"profile {name!r} changed")
+    return out
+
+
+def _stored_frame(study_dir: Path) -> tuple[dict[str, Any], str] | None:
+    meta = _stored_meta(study_dir) or {}
+    text = meta.get("plan_text")
+    if not text:
+        return None
+    from perflab.lab.plan import load_plan_text
+
+    path = str(meta.get("plan_path") or study_dir / "plan.yaml")
+    try:
+        old = load_plan_text(text, path=Path(path).name, check_files=False)
+    except PerflabError:
+        return None  # a plan this perflab cannot read: its identity decided
+    return plan_frame(old), path
+
+
 def check_plan(study_dir: Path, plan: Plan, *, remedy: str) -> bool:
     """Refuse ``plan`` when ``study_dir`` holds the study of another plan
-    (:class:`PlanMismatch`, naming both and ``remedy``). True when a study of this plan is
-    there (it resumes), False when there is none."""
+    (:class:`PlanMismatch`, naming both and ``remedy``): another identity (name, model,
+    hardware), or the same with another frame (:func:`plan_frame`: engines, baseline,
+    workloads, serving options, method). True when a study of this plan is there (it
+    resumes), False when there is none."""
     found = stored_identity(study_dir)
     if found is None:
         return (study_dir / "study.db").is_file()
     old, old_path = found
     new = plan_identity(plan)
     if old["hash"] == new["hash"]:
+        stored = _stored_frame(study_dir)
+        changes = _frame_changes(stored[0], plan_frame(plan)) if stored is not None else []
+        if changes:
+            new_path = str(plan.path) if plan.path is not None else "(built in)"
+            raise PlanMismatch(
+                f"{study_dir} holds the study of plan {old.get('name')!r} ({old_path}), and {new_path} changes what "
+                f"that study is: {'; '.join(changes)} (a study may gain candidates, combinations and profiles, "
+                f"nothing else); {remedy}")
         return True
     diff = "; ".join(f"{k} {old.get(k)!r} vs {new[k]!r}" for k in ("name", "model", "hardware") if old.get(k) != new[k])
     new_path = str(plan.path) if plan.path is not None else "(built in)"
