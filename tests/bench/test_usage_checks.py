@@ -112,6 +112,28 @@ def test_a_stream_that_never_ends_is_cut_at_its_derived_deadline(
     assert all("the stream did not end within 0.6 s of its first byte" in t.error for t in result.requests)
 
 
+def test_a_stream_cut_after_more_output_than_max_tokens_is_flagged_beyond_max_tokens(
+        fake_server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """An endless stream had streamed dozens of tokens for max_tokens 4 when it was cut: the
+    result said only "did not end" (over_max_tokens 0, exit 1), hiding the output beyond
+    max_tokens that the client had already seen (issue 24 item 8: output beyond max_tokens is
+    flagged)."""
+    monkeypatch.setattr("perflab.bench.request.STREAM_DEADLINE_MIN_S", 0.4)
+    monkeypatch.setattr("perflab.bench.request.STREAM_DEADLINE_FLOOR_TOK_S", 20.0)
+    req = BenchRequest(base_urls=(fake_server.base_url,), model="endless", num_prompts=2, random_input_len=4,
+                       random_output_len=4, stall_s=0)
+    result = run_benchmark_sync(req)
+    assert (result.metrics["completed"], result.metrics["failed"]) == (0, 2)
+    assert result.metrics["over_max_tokens"] == 2 and result.metrics["usage_mismatches"] == 2
+    for t in result.requests:
+        assert "chunks carrying output were streamed, beyond max_tokens 4" in t.error
+        assert "the stream did not end within 0.6 s of its first byte" in t.error
+    code, out, err = run_cli(capsys, "--base-url", fake_server.base_url, "--model", "endless", "--num-prompts", "2",
+                             "--random-input-len", "4", "--random-output-len", "4", "--stall-s", "0")
+    assert code == EXIT_IMPOSSIBLE_COUNTS, err
+    assert "Output beyond max_tokens (failed):       2" in out
+
+
 def test_a_request_queued_without_a_byte_is_not_cut(fake_server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
     # one request at a time, 300 ms each: the fourth waits 0.9 s for its first byte, beyond the
     # 0.4 s limit — which counts from the first byte, so nothing is cut

@@ -282,6 +282,12 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
         return trace
     if cap.error is not None:
         trace.error = _clip(cap.error)
+        if check_counts and max_tokens is not None and len(times) > max_tokens + USAGE_EVENT_SLACK:
+            # cut (a timeout) after streaming more than it was asked for: that is known already,
+            # and it is the server's lie, not only a slow stream
+            why, over = count_problem(None, len(times), prompt_len, max_tokens, tokenizer)
+            trace.error = _clip(f"{USAGE_ERROR}: {why}; then {cap.error}")
+            trace.usage_mismatch, trace.over_max_tokens = True, over
         return trace
     if not times:
         trace.error = "stream ended without a chunk carrying output (no token received)"

@@ -194,6 +194,10 @@ class LiveMeasure(StoreMeasure):
         self.launched = 0
         self.reused = 0
         self._step = ""
+        # (step, label, config key) whose result was announced: a configuration looked up again
+        # in the same step (the baseline a max_regression guard measured before the engine
+        # step) is not announced a second time
+        self._announced: set[tuple[str, str, str]] = set()
 
     @property
     def concurrent(self) -> bool:
@@ -218,6 +222,8 @@ class LiveMeasure(StoreMeasure):
             self.log.info("lab.step", step=step)
         ckey = config.key(self.salt)
         todo = [p for p in profiles if self.lookup(config, p) is None]
+        announce = (self._step, label, ckey)
+        repeat = not todo and announce in self._announced  # nothing to run, already said
         requeued = False
         for _ in range(len(profiles) + 2):  # a mid-benchmark crash leaves the rest for a fresh launch
             if not todo:
@@ -254,10 +260,12 @@ class LiveMeasure(StoreMeasure):
         for p in profiles:
             res = self.lookup(config, p) or ConfigResult(Status.PENDING)
             out[p.name] = res
-            if res.reused:
+            if res.reused and not repeat:  # counted once, as it is announced once
                 self.reused += 1
         main = out[profiles[0].name]
-        self.on_event("result", label=label, status=main.status, reused=main.reused, summary=result_summary(profiles, out))
+        if not repeat:
+            self._announced.add(announce)
+            self.on_event("result", label=label, status=main.status, reused=main.reused, summary=result_summary(profiles, out))
         return out
 
     async def _launch(self, ticket: Ticket, ckey: str, *, may_requeue: bool = False) -> RunRecord | None:
