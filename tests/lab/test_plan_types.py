@@ -302,3 +302,16 @@ def test_a_blank_string_is_refused_as_blank_not_as_a_string_that_is_not_a_string
     assert "\n" not in message
     assert f"candidates[0].variants[0].name: expected a string that is not blank, got {blank!r}" in message
     assert "got a string" not in message
+
+
+def test_yaml_infinity_is_the_request_rate_the_message_offers() -> None:
+    """`request_rate: .inf` (YAML's infinity, a float) means what 'inf' means; -.inf stays refused."""
+    import math
+
+    doc = copy.deepcopy(FULL)
+    doc["profiles"]["short"]["request_rate"] = float("inf")
+    plan = parse_plan(doc, known_engines=KNOWN, check_files=False)
+    assert math.isinf(next(p for p in plan.profiles if p.name == "short").request_rate)
+    doc["profiles"]["short"]["request_rate"] = float("-inf")
+    with pytest.raises(UsageError, match="request_rate"):
+        parse_plan(doc, known_engines=KNOWN, check_files=False)

@@ -594,7 +594,9 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
             kw["seed"] = v
         if "request_rate" in spec:
             v = spec["request_rate"]
-            if isinstance(v, str) and v.strip().lower() in ("inf", "infinity"):
+            # 'inf', or YAML's own infinity (.inf, a float): every request at once
+            if (isinstance(v, str) and v.strip().lower() in ("inf", "infinity")) or (
+                    isinstance(v, float) and math.isinf(v) and v > 0):
                 kw["request_rate"] = math.inf
             else:
                 r = _number(p, f"{key}.request_rate", v, "a positive number of requests per second (at most "
