@@ -267,3 +267,13 @@ def test_a_guard_reading_what_the_bench_does_not_report_by_default_asks_for_it_a
     inst = NS(launch=NS(served_model_name="m", argv=[], env={}), base_url="http://127.0.0.1:1")
     req = ex._bench_request([inst], e2el.baseline_config(), e2el.profiles[0], "x")
     assert 95.0 in req.percentiles and "e2el" in req.percentile_metrics
+
+
+def test_a_pending_block_does_not_claim_the_configuration_never_ran() -> None:
+    """A run cut off by a killed perflab is pending too, with its finished points kept: the
+    block says the measurement did not finish, not that it never started."""
+    from perflab.lab.report import result_block
+
+    text = result_block(ConfigResult(Status.PENDING))
+    assert "before this configuration ran" not in text
+    assert "did not finish" in text or "measurement finished" in text and "resume" in text

@@ -204,7 +204,10 @@ def result_block(res: ConfigResult) -> str:
         if res.run_dir:
             lines.append(f"# Run directory: {res.run_dir}")
         return "\n".join(lines)
-    return "# Not measured: the study was interrupted before this configuration ran"
+    # pending: never started, or started and cut off (a killed perflab, Ctrl-C) — what it
+    # finished (profiles, load points) is kept and reused by the resume
+    return ("# Not measured: the study stopped before this configuration's measurement finished; "
+            "re-run the same command to resume")
 
 
 def _load_text(load: Mapping[str, Any]) -> str:
