@@ -124,7 +124,12 @@ def test_a_stuck_register_hook_is_a_load_error_and_registers_nothing_later(relea
     rec = pm.add_plugin(slowpoke(release, register=True), name="slowpoke")
     assert rec.status == "load-error" and "perflab_register_engines" in (rec.error or "")
     release.set()
-    time.sleep(0.3)  # the abandoned call now returns and tries to register
+    # the abandoned call now returns and tries to register
+    abandoned = [t for t in threading.enumerate() if t.name == "perflab-hook:slowpoke:perflab_register_engines"]
+    assert abandoned
+    for t in abandoned:
+        t.join(timeout=5)
+        assert not t.is_alive()
     assert "late" not in pm.engines
 
 

@@ -290,7 +290,6 @@ def test_perflab_kill_on_a_running_study_records_the_run_interrupted_not_crashed
             assert proc.poll() is None, f"perflab run exited early ({proc.returncode})"
             assert time.monotonic() < deadline, "the study did not reach its long benchmark"
             time.sleep(0.1)
-        time.sleep(0.5)
         killed = perflab("kill", str(study))
         assert killed.returncode == 0, killed.stderr
         _, err = proc.communicate(timeout=60)
