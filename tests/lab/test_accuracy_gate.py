@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from perflab.accuracy.types import Answer, AnswerSet, EvalResult
@@ -48,6 +49,7 @@ class Scripted:
         self.calls: list[tuple[str, str, Any]] = []
         self.fail: set[str] = set()  # models whose evaluation fails as a dead endpoint would
         self.diverging = dict(DIVERGING)
+        self.seconds = 0.0  # how long an evaluation takes (wall time)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         scripted = self
@@ -55,6 +57,7 @@ class Scripted:
         async def evaluate(self: AccuracyRunner, base_url: str, model: str, **kw: Any) -> EvalResult:
             assert base_url.startswith("http://127.0.0.1:")  # the launched engine's own endpoint
             scripted.calls.append(("evaluate", model, kw))
+            await anyio.sleep(scripted.seconds)
             if model in scripted.fail:
                 raise ConnectionError("Connection refused")
             return EvalResult(kw["task"], "exact_match", "strict-match", "gen", SCORES[model], 1.2, kw["limit"], 0.5,
@@ -252,3 +255,25 @@ def test_the_accuracy_profile_name_is_reserved() -> None:
     with pytest.raises(UsageError, match="reserved"):
         load_plan_text(PLAN.replace("  main: {label: Main", f"  '{ACCURACY_PROFILE}': {{label: X, input_len: 1, "
                                     "output_len: 1}\n  main: {label: Main"))
+
+
+def test_accuracy_time_counts_in_engine_hours_and_report_json_carries_it(tmp_path: Path, scripted: Scripted,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import sqlite3
+
+    from perflab.cli import main
+
+    scripted.seconds = 1.0  # each evaluation holds the engine one wall second: 50 engine seconds at time_scale 50
+    _study(tmp_path)
+    out = tmp_path / "study"
+    db = sqlite3.connect(out / "study.db")
+    rows = db.execute("SELECT r.engine_seconds FROM runs r JOIN measurements m ON m.run_id = r.id"
+                      " WHERE m.profile = ? AND m.status = 'ok'", (ACCURACY_PROFILE,)).fetchall()
+    db.close()
+    scored = sum(1 for c in scripted.calls if c[0] == "evaluate")
+    assert len(rows) == 4 and scored == 3  # the lossless configuration skipped the task
+    assert sorted(r[0] for r in rows)[-scored:][0] >= 50.0
+    capsys.readouterr()
+    main(["report", str(out), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert {r["gate"] for r in data["accuracy"]["rows"]} == {"pass", "rejected", "skipped (lossless)"}
