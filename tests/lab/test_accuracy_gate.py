@@ -277,3 +277,48 @@ def test_accuracy_time_counts_in_engine_hours_and_report_json_carries_it(tmp_pat
     main(["report", str(out), "--json"])
     data = json.loads(capsys.readouterr().out)
     assert {r["gate"] for r in data["accuracy"]["rows"]} == {"pass", "rejected", "skipped (lossless)"}
+
+
+# --------------------------------------------------------------------------- the verdict alone
+
+
+def _record(score: float | None, answers: list[list[str]], *, reference: bool = False, task: bool = True) -> dict[str, Any]:
+    from perflab.lab.accuracy import AccuracyJob
+
+    spec = AccuracySpec(limit=50)
+    result = (EvalResult("perflab_arith", "exact_match", "strict-match", "gen", score, 1.0, 50, 1.0, "lm-eval 0.4.13",
+                         "chat").to_json() if score is not None else None)
+    sets = [AnswerSet("stub-v1", 1, tuple(Answer(f"p{i}", t) for i, t in enumerate(texts))).to_json()
+            for texts in answers]
+    return {"job": AccuracyJob(spec, reference, task).to_json(), "eval": result, "answers": sets, "simulated": False}
+
+
+def test_a_drop_of_exactly_max_drop_passes_and_one_beyond_it_is_rejected() -> None:
+    from perflab.lab.accuracy import decide
+
+    same = [["a", "b", "c", "d"]]
+    base = _record(90.0, same * 2, reference=True)
+    spec = AccuracySpec(limit=50, max_drop=1.0)
+    at = decide(spec, _record(89.0, same), reference=base, baseline=base, reference_label="vLLM")
+    assert (at.block["gate"], at.rejected, at.block["drop"]) == ("pass", False, 1.0)
+    beyond = decide(spec, _record(88.9, same), reference=base, baseline=base, reference_label="vLLM")
+    assert beyond.rejected and beyond.note == "rejected: accuracy -1.1 points (perflab_arith)"
+    assert beyond.block["simulated"] is False
+
+
+def test_what_cannot_be_judged_is_not_eligible_and_says_why() -> None:
+    from perflab.lab.accuracy import decide
+
+    same = [["a", "b"]]
+    spec = AccuracySpec(limit=50)
+    # the baseline's score is missing: never adopted blind
+    v = decide(spec, _record(90.0, same), reference=_record(None, same * 2, reference=True, task=False),
+               baseline=None, reference_label="vLLM")
+    assert v.rejected and v.block["gate"] == "not judged" and "baseline's score was not measured" in v.note
+    # no accuracy measurement at all (the run failed it)
+    v = decide(spec, None, reference=None, baseline=None, reference_label="vLLM", missing="benchmark failed: boom")
+    assert v.rejected and v.block["gate"] == "not measured" and v.note == "accuracy not measured (benchmark failed: boom)"
+    # agreement off: the score alone decides
+    v = decide(AccuracySpec(limit=50, agreement=False), _record(90.0, []), reference=None,
+               baseline=_record(90.5, [], reference=True), reference_label="vLLM")
+    assert v.block["gate"] == "pass" and v.block["agreement"] is None and not v.rejected
