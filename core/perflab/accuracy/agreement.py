@@ -20,6 +20,7 @@ points below the floor's.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ import httpx
 from perflab.accuracy.types import Agreement, Answer, AnswerSet
 from perflab.errors import PerflabError, UsageError
 from perflab.redact import scrub
+from perflab.simenv import SIM_CLOCK_HEADER, clock_header_value
 
 PROMPT_SET = "perflab-agreement-v1"
 
@@ -108,11 +110,13 @@ def parse_answer(prompt_id: str, body: Mapping[str, Any], api: str) -> Answer:
 
 async def collect(base_url: str, model: str, *, concurrency: int, api_key: str | None = None, max_tokens: int = 32,
                   timeout_s: float = 120, api: str = "chat", prompts: Sequence[tuple[str, str]] = PROMPTS,
-                  headers: Mapping[str, str] | None = None) -> AnswerSet:
+                  headers: Mapping[str, str] | None = None, sim_clock: bool = False) -> AnswerSet:
     """The greedy answers of the endpoint at ``base_url`` to ``prompts``, ``concurrency`` at a
     time (``len(prompts)``: all at once). A request that fails is an :class:`Answer` with its
     ``error``; if more than half fail, a one-line :class:`PerflabError` (the endpoint is broken:
-    a fault of the machine or the engine, not an accuracy result)."""
+    a fault of the machine or the engine, not an accuracy result). ``sim_clock``: the endpoint
+    is a simulated engine; all prompts at once then arrive at one model time, as they would on
+    a real engine however slowly this host sends them (:data:`perflab.simenv.SIM_CLOCK_HEADER`)."""
     if api not in ("chat", "completions"):
         raise UsageError(f"agreement api {api!r}: expected 'chat' or 'completions'")
     if concurrency < 1:
@@ -123,6 +127,9 @@ async def collect(base_url: str, model: str, *, concurrency: int, api_key: str |
     hdrs = {"Content-Type": "application/json", **(headers or {})}
     if api_key:
         hdrs["Authorization"] = f"Bearer {api_key}"
+    if sim_clock:
+        hdrs[SIM_CLOCK_HEADER] = clock_header_value(count=len(prompts), request_rate=math.inf,
+                                                    max_concurrency=concurrency, engines=1, tag=secrets.token_hex(4))
     answers: dict[str, Answer] = {}
     limiter = anyio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=max(concurrency, 1), max_keepalive_connections=max(concurrency, 1))
