@@ -5,6 +5,7 @@ noise floor (perflab.accuracy.agreement) — while the benchmarks' " tok" text s
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import httpx
 import pytest
 from perflab.accuracy import agreement
 from perflab.accuracy.tasks import load_items
+from perflab.accuracy.types import Agreement, AnswerSet
 from perflab.sim import accuracy
 from perflab.sim.answers import Content, answers_correctly, solution, task_item, wrong_count
 from test_runtime import READY, engine, sim_env  # noqa: F401 - sim_env is a fixture
@@ -114,8 +116,6 @@ def test_answers_stream_like_they_are_sent_whole_and_max_tokens_cuts_them(fast_e
         r = httpx.post(e.url + "/v1/chat/completions", timeout=30, json={
             "model": "m", "messages": messages, "stream": True, "stream_options": {"include_usage": True}})
         events = [ev for ev in r.text.split("\n\n") if ev.startswith("data: {")]
-        import json
-
         chunks = [json.loads(ev[6:]) for ev in events]
         streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
         cut = httpx.post(e.url + "/v1/completions", timeout=30, json={
@@ -173,14 +173,14 @@ def test_batching_and_lossy_options_move_answers_as_declared() -> None:
 
 
 @pytest.fixture
-def baseline(fast_env: dict[str, str]) -> Iterator[tuple[agreement.AnswerSet, agreement.Agreement]]:
+def baseline(fast_env: dict[str, str]) -> Iterator[tuple[AnswerSet, Agreement]]:
     """The reference's answers one at a time, and the noise floor: those against all at once."""
     with _served(fast_env, MODEL) as e:
         assert e.read_until(READY)
         first = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=1, sim_clock=True))
         again = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=1, sim_clock=True))
         loaded = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=len(agreement.PROMPTS), sim_clock=True))
-    assert agreement.compare(first, again) == agreement.Agreement(32, 100.0, None, 0.0)  # alone, greedy: identical
+    assert agreement.compare(first, again) == Agreement(32, 100.0, None, 0.0)  # alone, greedy: identical
     yield first, agreement.compare(first, loaded)
 
 
@@ -188,7 +188,7 @@ MARGIN = 10.0  # points of exact match: 3 of the 32 prompts
 
 
 def test_the_noise_floor_is_below_100_and_above_its_documented_level(
-        baseline: tuple[agreement.AnswerSet, agreement.Agreement]) -> None:
+        baseline: tuple[AnswerSet, Agreement]) -> None:
     first, floor = baseline
     assert first.prompt_set == agreement.PROMPT_SET and len(first.answers) == 32
     assert all(a.error is None and a.tokens and len(a.tokens) == 32 == len(a.logprobs or ()) for a in first.answers)
@@ -204,7 +204,7 @@ def test_the_noise_floor_is_below_100_and_above_its_documented_level(
     (MODEL, {"spec_method": "eagle", "spec_tokens": 3}, True),  # lossless under greedy
     ("Qwen/Qwen3-32B-AWQ", {}, False),
 ])
-def test_candidates_are_judged_against_the_floor(fast_env: dict[str, str], baseline: tuple[agreement.AnswerSet, agreement.Agreement],
+def test_candidates_are_judged_against_the_floor(fast_env: dict[str, str], baseline: tuple[AnswerSet, Agreement],
                                                  model: str, cfg: dict[str, object], agrees: bool) -> None:
     first, floor = baseline
     with _served(fast_env, model, **cfg) as e:
