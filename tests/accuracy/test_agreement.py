@@ -94,3 +94,18 @@ def test_an_endpoint_that_does_not_answer_is_a_fault_not_an_accuracy_result() ->
     assert "\n" not in message and "32 of 32 requests" in message and "not serving" in message
     with pytest.raises(UsageError):
         anyio.run(lambda: agreement.collect(f"http://127.0.0.1:{port}", "m", concurrency=0))
+
+
+def test_real_vllm_answer_sets_judge_an_fp8_kv_cache_below_the_floor() -> None:
+    """Answer sets collected from the real vLLM 0.32.0 CPU build with the tiny model
+    (tests/fixtures/real/README.md): its float32 baseline agrees with itself exactly under
+    load, and the same model with ``--kv-cache-dtype fp8`` parts from it on 5 of 32 prompts."""
+    sets = {name: AnswerSet.from_json(json.loads((REAL.parent / "agreement" / f"{name}.json").read_text()))
+            for name in ("baseline-c1", "baseline-c32", "kv-fp8-c32")}
+    assert [s.concurrency for s in sets.values()] == [1, 32, 32]
+    floor = compare(sets["baseline-c1"], sets["baseline-c32"])
+    assert floor == Agreement(32, 100.0, None, 0.0)
+    fp8 = compare(sets["baseline-c1"], sets["kv-fp8-c32"])
+    assert fp8.exact_match == 84.375 and fp8.first_divergence == pytest.approx(9.2)
+    assert fp8.mean_abs_logprob_diff == pytest.approx(0.024, abs=0.001)
+    assert not judge(fp8, floor, 10.0) and judge(fp8, floor, 20.0)
