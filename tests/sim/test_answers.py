@@ -120,6 +120,8 @@ def test_answers_stream_like_they_are_sent_whole_and_max_tokens_cuts_them(fast_e
         streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
         cut = httpx.post(e.url + "/v1/completions", timeout=30, json={
             "model": "m", "prompt": f"Question: {item.question}\nAnswer:", "max_tokens": 5}).json()
+        stopped = httpx.post(e.url + "/v1/completions", timeout=30, json={
+            "model": "m", "prompt": f"Question: {item.question}\nAnswer:", "max_tokens": 256, "stop": ["####", "Question:"]}).json()
         bench = httpx.post(e.url + "/v1/completions", timeout=30, json={
             "model": "m", "prompt": "Tell me a story about a cat.", "max_tokens": 7, "ignore_eos": True}).json()
     text = whole["choices"][0]["message"]["content"]
@@ -127,6 +129,10 @@ def test_answers_stream_like_they_are_sent_whole_and_max_tokens_cuts_them(fast_e
     assert chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"] == len(text.split())
     assert cut["choices"][0]["finish_reason"] == "length" and cut["usage"]["completion_tokens"] == 5
     assert cut["choices"][0]["text"] == "".join(re.findall(r"\s*\S+", text)[:5])
+    # a stop string (lm-eval sends its task's `until`) ends the answer before it
+    assert stopped["choices"][0]["text"] == text.split("####")[0].rstrip()
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    assert stopped["usage"]["completion_tokens"] == len(stopped["choices"][0]["text"].split())
     # not a task question, no logprobs asked: the benchmarks' words, exactly as before
     assert bench["choices"][0]["text"] == " tok" * 7 and bench["choices"][0]["logprobs"] is None
 

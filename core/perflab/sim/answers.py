@@ -23,7 +23,7 @@ import functools
 import hashlib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from perflab.accuracy.tasks import TaskItem, find_item, load_items
@@ -127,7 +127,7 @@ class Content:
     scheduler knows only when its first token is due), which decides the batch effect.
     """
 
-    def __init__(self, prompt: str, profile: Profile, item: TaskItem | None, cap: int) -> None:
+    def __init__(self, prompt: str, profile: Profile, item: TaskItem | None, cap: int, stop: Sequence[str] = ()) -> None:
         self.profile = profile
         self.item = item
         self.cap = cap
@@ -135,7 +135,9 @@ class Content:
         self.length: int | None = None
         self._answer: tuple[str, ...] = ()
         if item is not None:
-            self._answer = _tokens_of(solution(item, answers_correctly(item, profile), profile.model))
+            text = solution(item, answers_correctly(item, profile), profile.model)
+            cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+            self._answer = _tokens_of(text if cut < 0 else text[:cut])  # a stop string ends it, unsent
             self.length = len(self._answer)
         self._effects: tuple[Effect, ...] = profile.effects
         self._diverge_at: int | None = None

@@ -74,6 +74,7 @@ class CompletionRequest:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None  # top alternatives asked per token (0: the chosen one only); None: no logprobs
+    stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one (vLLM's default)
 
 
 def parse_request(body: Mapping[str, Any], chat: bool, max_model_len: int, eos_mean: float) -> CompletionRequest | str:
@@ -106,7 +107,16 @@ def parse_request(body: Mapping[str, Any], chat: bool, max_model_len: int, eos_m
     return CompletionRequest(chat, None if model is None else str(model), text, prompt_tokens, cap, stop_at,
                              bool(body.get("stream")), bool(opts.get("include_usage")),
                              bool(opts.get("continuous_usage_stats")), bool(body.get("ignore_eos")), min_tokens,
-                             answers.requested_top(body, chat))
+                             answers.requested_top(body, chat), _stop_strings(body.get("stop")))
+
+
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    """The request's ``stop`` (a string or a list of them; OpenAI's and vLLM's field)."""
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    if isinstance(stop, list):
+        return tuple(s for s in stop if isinstance(s, str) and s)
+    return ()
 
 
 class Generation:
@@ -135,7 +145,7 @@ class Generation:
         self._chars = 0  # characters streamed so far (completions' text_offset)
         item = answers.task_item(request.text)
         if item is not None or request.logprobs is not None:
-            self.content = answers.Content(request.text or "", engine.accuracy, item, request.max_tokens)
+            self.content = answers.Content(request.text or "", engine.accuracy, item, request.max_tokens, request.stop)
             if self.content.length is not None and not request.ignore_eos:
                 self.stop_at = max(request.min_tokens, min(request.max_tokens, self.content.length), 1)
         self.stream = request.stream
