@@ -4,12 +4,15 @@ such. The whole path against simulated engines is tests/sim/test_answers.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import threading
 from pathlib import Path
 
 import anyio
 import pytest
+from aiohttp import web
 from perflab.accuracy import agreement
 from perflab.accuracy.agreement import PROMPT_SET, PROMPTS, compare, judge, parse_answer
 from perflab.accuracy.types import Agreement, Answer, AnswerSet
@@ -109,3 +112,65 @@ def test_real_vllm_answer_sets_judge_an_fp8_kv_cache_below_the_floor() -> None:
     assert fp8.exact_match == 84.375 and fp8.first_divergence == pytest.approx(9.2)
     assert fp8.mean_abs_logprob_diff == pytest.approx(0.024, abs=0.001)
     assert not judge(fp8, floor, 10.0) and judge(fp8, floor, 20.0)
+
+
+class _Server:
+    """An OpenAI-compatible chat endpoint on its own loop and thread: it refuses logprobs as
+    a server without them does (400), answers the prompt back, and fails ``failing`` prompts."""
+
+    def __init__(self, failing: set[str]) -> None:
+        self.failing = failing
+        self.bodies: list[dict[str, object]] = []
+        self.port = 0
+        self._ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.bodies.append(body)
+        prompt = body["messages"][0]["content"]
+        if "logprobs" in body:
+            return web.json_response({"error": {"message": "logprobs is not supported", "code": 400}}, status=400)
+        if any(prompt == text for pid, text in PROMPTS if pid in self.failing):
+            return web.json_response({"error": {"message": "engine died", "code": 500}}, status=500)
+        return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": prompt[:20]},
+                                               "logprobs": None, "finish_reason": "length"}]})
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._ready.set()
+        self._loop.run_forever()
+
+    def __enter__(self) -> _Server:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+def test_a_server_without_logprobs_is_asked_again_without_and_failed_requests_disagree() -> None:
+    failing = {pid for pid, _ in PROMPTS[:3]}
+    with _Server(failing) as server:
+        got = anyio.run(lambda: agreement.collect(f"http://127.0.0.1:{server.port}/v1", "m", concurrency=4))
+    assert all(b["temperature"] == 0 and b["max_tokens"] == 32 for b in server.bodies)
+    assert sum("logprobs" in b for b in server.bodies) == 32 and len(server.bodies) == 64
+    by_id = {a.id: a for a in got.answers}
+    assert all(by_id[pid].error == "HTTP 500: engine died" for pid in failing)
+    ok = [a for a in got.answers if a.id not in failing]
+    assert all(a.error is None and a.tokens is None and a.text for a in ok)
+    # three failures are three disagreements (at position 0), not a fault of the endpoint
+    assert compare(got, AnswerSet(PROMPT_SET, 32, tuple(a if a.error is None else Answer(a.id, "x") for a in got.answers))) == \
+        Agreement(32, 29 / 32 * 100, 0.0, None)

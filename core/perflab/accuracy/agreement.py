@@ -136,8 +136,13 @@ async def collect(base_url: str, model: str, *, concurrency: int, api_key: str |
 
     async def one(client: httpx.AsyncClient, prompt_id: str, prompt: str) -> None:
         async with limiter:
+            payload = _payload(prompt, model, api, max_tokens)
             try:
-                r = await client.post(url, json=_payload(prompt, model, api, max_tokens), headers=hdrs)
+                r = await client.post(url, json=payload, headers=hdrs)
+                if r.status_code == 400 and "logprob" in _message(r).lower():
+                    # a server without logprobs: the answer alone, compared by its words
+                    payload = {k: v for k, v in payload.items() if k not in ("logprobs", "top_logprobs")}
+                    r = await client.post(url, json=payload, headers=hdrs)
             except httpx.HTTPError as exc:
                 answers[prompt_id] = Answer(prompt_id, "", error=scrub(f"{type(exc).__name__}: {exc}"[:300]))
                 return
