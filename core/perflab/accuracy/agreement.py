@@ -29,7 +29,7 @@ import httpx
 
 from perflab.accuracy.types import Agreement, Answer, AnswerSet
 from perflab.errors import PerflabError, UsageError
-from perflab.redact import scrub
+from perflab.redact import register, scrub
 from perflab.simenv import SIM_CLOCK_HEADER, clock_header_value
 
 PROMPT_SET = "perflab-agreement-v1"
@@ -126,6 +126,7 @@ async def collect(base_url: str, model: str, *, concurrency: int, api_key: str |
     url = (base if base.endswith("/v1") else base + "/v1") + path
     hdrs = {"Content-Type": "application/json", **(headers or {})}
     if api_key:
+        register([api_key])  # masked in every message from here on
         hdrs["Authorization"] = f"Bearer {api_key}"
     if sim_clock:
         hdrs[SIM_CLOCK_HEADER] = clock_header_value(count=len(prompts), request_rate=math.inf,
