@@ -8,6 +8,7 @@ import asyncio
 import json
 import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -16,6 +17,7 @@ from aiohttp import web
 from perflab.accuracy import agreement
 from perflab.accuracy.agreement import PROMPT_SET, PROMPTS, compare, judge, parse_answer
 from perflab.accuracy.types import Agreement, Answer, AnswerSet
+from perflab import redact
 from perflab.errors import PerflabError, UsageError
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "vllm-0.32.0-cpu" / "http"
@@ -133,7 +135,9 @@ class _Server:
         if "logprobs" in body:
             return web.json_response({"error": {"message": "logprobs is not supported", "code": 400}}, status=400)
         if any(prompt == text for pid, text in PROMPTS if pid in self.failing):
-            return web.json_response({"error": {"message": "engine died", "code": 500}}, status=500)
+            # a careless server echoing the request's credentials
+            message = f"engine died ({request.headers.get('Authorization', 'no key')})"
+            return web.json_response({"error": {"message": message, "code": 500}}, status=500)
         return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": prompt[:20]},
                                                "logprobs": None, "finish_reason": "length"}]})
 
@@ -161,14 +165,23 @@ class _Server:
         self._loop.close()
 
 
+@pytest.fixture
+def fresh_registry() -> Iterator[None]:
+    redact.forget_all()
+    yield
+    redact.forget_all()
+
+
+@pytest.mark.usefixtures("fresh_registry")
 def test_a_server_without_logprobs_is_asked_again_without_and_failed_requests_disagree() -> None:
     failing = {pid for pid, _ in PROMPTS[:3]}
     with _Server(failing) as server:
-        got = anyio.run(lambda: agreement.collect(f"http://127.0.0.1:{server.port}/v1", "m", concurrency=4))
+        got = anyio.run(lambda: agreement.collect(f"http://127.0.0.1:{server.port}/v1", "m", concurrency=4,
+                                                  api_key="sk-agreement-secret"))
     assert all(b["temperature"] == 0 and b["max_tokens"] == 32 for b in server.bodies)
     assert sum("logprobs" in b for b in server.bodies) == 32 and len(server.bodies) == 64
     by_id = {a.id: a for a in got.answers}
-    assert all(by_id[pid].error == "HTTP 500: engine died" for pid in failing)
+    assert all(by_id[pid].error == "HTTP 500: engine died (Bearer ***)" for pid in failing)  # perflab.redact.MASK
     ok = [a for a in got.answers if a.id not in failing]
     assert all(a.error is None and a.tokens is None and a.text for a in ok)
     # three failures are three disagreements (at position 0), not a fault of the endpoint
