@@ -158,8 +158,7 @@ class Content:
                 v = _u("diverge-at", effect.name, self.seed)
                 points.append((int(self.cap * (0.5 + 0.5 * v)) if effect.late else int(self.cap * v), effect.name))
         if points:
-            at = min(p for p, _ in points)
-            self._diverge_at = max(1, at) if self.item is None else at
+            self._diverge_at = max(1, min(p for p, _ in points))  # greedy answers share their first token
             self._branch = f"{self.seed}\x1f" + "\x1f".join(f"{name}@{p}" for p, name in sorted(points))
         else:
             self._diverge_at, self._branch = None, self.seed
