@@ -282,3 +282,68 @@ def test_a_metric_that_is_not_a_rate_is_refused() -> None:
            "n-samples": {"wiki": {"effective": 3}}}
     with pytest.raises(PerflabError, match="word_perplexity is not a rate"):
         result_from_lm_eval(res, "wiki", api="completions", seconds=0, harness="h")
+
+
+# ------------------------------------------------------------------ against a simulated engine
+
+
+SIM_HW = "sim:h100-80g-x1"
+
+
+def test_perflab_eval_against_a_simulated_vllm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's "must show": `perflab eval --base-url URL --model M --json`, offline, the
+    shipped task, a numeric score over >= 50 samples."""
+    import anyio
+    import anyio.to_thread
+    from perflab.hardware import resolve
+    from perflab.plugins import load
+    from perflab.supervisor import EngineInstance
+    from perflab.types import ServeConfig
+
+    out: dict[str, Any] = {}
+
+    async def go() -> None:
+        state = tmp_path / "sim-state"  # our own simulated device memory: other runs must not collide
+        state.mkdir()
+        pm = load()
+        env = {**os.environ, "PERFLAB_SIM_TIME_SCALE": "50", "PERFLAB_SIM_STATE_DIR": str(state)}
+        hw, env = resolve(pm, SIM_HW, env)
+        config = ServeConfig(model="Qwen/Qwen3-8B")
+        async with EngineInstance(pm, "vllm", config, hardware=hw, env=env, workdir=tmp_path / "run", grace=2.0,
+                                  startup_timeout=60) as inst:
+            assert inst.outcome.state == "ready", inst.outcome.to_json()
+            args = ("--base-url", inst.base_url, "--model", inst.launch.served_model_name, "--limit", "60", "--json")
+            # the CLI blocks its thread: the supervisor's loop keeps running meanwhile
+            out["cli"] = await anyio.to_thread.run_sync(lambda: run_cli(capsys, *args))
+        out["outcome"] = inst.outcome
+
+    anyio.run(go)
+    code, stdout, err = out["cli"]
+    assert code == 0, err
+    # the supervisor's own log lines share the captured stdout
+    r, _ = json.JSONDecoder().raw_decode(stdout[stdout.index('{\n  "task"'):])
+    assert r["task"] == SHIPPED_TASK and r["metric"] == "exact_match" and r["samples"] == 60
+    assert isinstance(r["score"], float) and 0.0 <= r["score"] <= 100.0
+    assert out["outcome"].state == "done" and out["outcome"].leftovers == []
+
+
+def test_a_log_likelihood_task_needs_the_completions_api_and_a_tokenizer(eval_server: FakeEvalServer, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    # perflab[accuracy] (lm-eval[api]) brings no transformers: the tokenizer cannot be loaded locally
+    assert importlib.util.find_spec("transformers") is None
+    (tmp_path / "yn.jsonl").write_text('{"q": "Is 2 even?", "label": 0}\n{"q": "Is 3 even?", "label": 1}\n')
+    (tmp_path / "yn.yaml").write_text(
+        "task: yes_no\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: yn.jsonl\n"
+        "output_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{q}}'\ndoc_to_choice: ['yes', 'no']\n"
+        "doc_to_target: label\nmetric_list:\n  - metric: acc\n")
+    task = str(tmp_path / "yn.yaml")
+    code, _, err = run_cli(capsys, "--base-url", eval_server.base_url, "--model", "m", "--task", task)
+    assert code == 2, err
+    assert "task yes_no scores log-likelihoods (multiple_choice), which chat completions cannot return: " \
+                         "use --api completions" in one_error_line(err)
+    # the fake server has no /tokenize either: said in one line, not a traceback
+    code, _, err = run_cli(capsys, "--base-url", eval_server.base_url, "--model", "m", "--task", task, "--api", "completions")
+    assert code == 2 and "a log-likelihood task needs m's tokenizer: the server has no /tokenize" in one_error_line(err)
+    assert eval_server.requests == []

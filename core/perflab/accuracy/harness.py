@@ -416,11 +416,19 @@ def _make_lm(api: str, url: str, model: str, *, concurrency: int, timeout_s: flo
     if api == "completions" and needs_tokenizer:
         # log-likelihood tasks count prompt tokens: the server's /tokenize where it has one
         # (vLLM), else the model's Hugging Face tokenizer (lm-eval's "auto")
-        kwargs.update(tokenizer_backend="auto")
+        kwargs.update(tokenizer_backend="auto", auth_token=api_key)
     else:
         # generation tasks send text: no tokenizer, nothing downloaded
         kwargs.update(tokenizer_backend=None, tokenized_requests=False)
-    lm = _lm_classes()[api](**kwargs)
+    try:
+        lm = _lm_classes()[api](**kwargs)
+    except ImportError as exc:
+        raise UsageError(
+            f"a log-likelihood task needs {model}'s tokenizer: the server has no /tokenize and /tokenizer_info "
+            f"(vLLM has them), and {exc.name or 'transformers'} is not installed to load it from the Hugging Face hub "
+            "(pip install transformers)") from None
+    except OSError as exc:  # transformers could not fetch the tokenizer (offline, gated, unknown name)
+        raise PerflabError(f"a log-likelihood task needs {model}'s tokenizer, which could not be loaded: {_one_line(exc)}") from None
     lm._stop, lm._progress = stop, progress
     return lm
 
