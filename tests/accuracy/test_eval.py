@@ -147,11 +147,25 @@ def test_a_task_yaml_resolves_its_data_beside_it(eval_server: FakeEvalServer, tm
 
 
 @pytest.mark.slow
-def test_an_unknown_task_is_a_usage_error(eval_server: FakeEvalServer, capsys: pytest.CaptureFixture[str]) -> None:
+def test_task_names_are_lm_evals(eval_server: FakeEvalServer, capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     code, out, err = run_cli(capsys, "--base-url", eval_server.base_url, "--model", "oracle", "--task", "gsm8kk")
     assert code == 2 and out == ""
     line = one_error_line(err)
     assert "unknown task 'gsm8kk' (did you mean gsm8k?)" in line
+
+    # a known task whose data is neither here nor reachable: one line saying so
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    # and not in this machine's caches either
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    code, out, err = run_cli(capsys, "--base-url", eval_server.base_url, "--model", "oracle", "--task", "gsm8k")
+    assert code == 1 and out == ""
+    assert one_error_line(err).startswith("perflab: error: task gsm8k: its data could not be loaded (")
     assert eval_server.requests == []  # nothing was asked
 
 

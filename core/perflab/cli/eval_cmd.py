@@ -69,6 +69,11 @@ def eval_(**kw: Any) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     spec = harness.resolve_task(kw["task"])
     harness.configure_logging(kw["verbose"])
+    if not kw["verbose"]:
+        import logging
+
+        # its retries of an unreachable hub, one warning each: the final one-line error says it
+        logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     api_key = os.environ.get("OPENAI_API_KEY") or None
     if api_key:
         redact.register([api_key])
