@@ -337,7 +337,14 @@ def test_perflab_eval_against_a_simulated_vllm(tmp_path: Path, capsys: pytest.Ca
     # the supervisor's own log lines share the captured stdout
     r, _ = json.JSONDecoder().raw_decode(stdout[stdout.index('{\n  "task"'):])
     assert r["task"] == SHIPPED_TASK and r["metric"] == "exact_match" and r["samples"] == 60
-    assert isinstance(r["score"], float) and 0.0 <= r["score"] <= 100.0
+    # exactly the items the simulated model answers right (its accuracy model): lm-eval's 3-shot
+    # chat prompts were recognised, answered and scored item by item
+    from perflab.sim.accuracy import profile
+    from perflab.sim.answers import answers_correctly
+
+    plain = profile("Qwen/Qwen3-8B", None, None, None)
+    right = sum(answers_correctly(item, plain) for item in load_items()[:60])
+    assert 0 < right < 60 and r["score"] == pytest.approx(100.0 * right / 60)
     assert out["outcome"].state == "done" and out["outcome"].leftovers == []
 
 
