@@ -10,7 +10,7 @@ simulator does), so the score it earns is known exactly. The ``model`` field pic
 - ``wrong``: ``#### -1``;
 - ``http-500``: HTTP 500 whose error message quotes the request's Authorization header (a
   server that echoes a secret: perflab must mask it);
-- ``hang``: never answers (until the client gives up);
+- ``hang``: answers (wrongly) only once ``released`` is set, or never (until the client gives up);
 - ``garbage``: HTTP 200 with a JSON body that is not a completion.
 
 Every request's headers and body are kept (``requests``), to check what was sent.
@@ -35,6 +35,7 @@ class FakeEvalServer:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stopping = False
+        self.released = threading.Event()
 
     @property
     def base_url(self) -> str:
@@ -59,9 +60,10 @@ class FakeEvalServer:
             return web.json_response({"error": {"message": f"engine failed for {auth}", "type": "InternalServerError",
                                                 "code": 500}}, status=500)
         if model == "hang":
-            while not self._stopping and request.transport is not None and not request.transport.is_closing():
+            while not self.released.is_set():
+                if self._stopping or request.transport is None or request.transport.is_closing():
+                    return web.Response(status=503)
                 await asyncio.sleep(0.05)
-            return web.Response(status=503)
         if model == "garbage":
             return web.json_response({"hello": "world"})
         chat = "messages" in body

@@ -368,3 +368,31 @@ def test_a_log_likelihood_task_needs_the_completions_api_and_a_tokenizer(eval_se
     code, _, err = run_cli(capsys, "--base-url", eval_server.base_url, "--model", "m", "--task", task, "--api", "completions")
     assert code == 2 and "a log-likelihood task needs m's tokenizer: the server has no /tokenize" in one_error_line(err)
     assert eval_server.requests == []
+
+
+def test_a_caller_that_gives_up_is_not_kept_waiting(eval_server: FakeEvalServer) -> None:
+    """The lab bounds an evaluation with its own deadline: cancelling returns at once (the
+    worker thread is abandoned, and sends nothing more), whatever the per-request timeout."""
+    import time
+
+    import anyio
+    from perflab.accuracy.harness import evaluate
+
+    async def go() -> float:
+        async with anyio.create_task_group() as tg:
+            async def run() -> None:
+                await evaluate(eval_server.base_url, "hang", limit=4, concurrency=2, timeout_s=300)
+                raise AssertionError("a hung server gave a score")
+
+            tg.start_soon(run)
+            with anyio.fail_after(60):
+                while len(eval_server.requests) < 2:  # both in flight, hung
+                    await anyio.sleep(0.05)
+            t0 = time.monotonic()
+            tg.cancel_scope.cancel()
+        return time.monotonic() - t0
+
+    assert anyio.run(go) < 1.0
+    eval_server.released.set()  # the two in flight are answered: lm-eval would now send the other two
+    time.sleep(1.5)
+    assert len(eval_server.requests) == 2

@@ -71,9 +71,6 @@ _FRACTION_METRICS = frozenset({"acc", "acc_norm", "acc_mutual_info", "exact_matc
 _POINT_METRICS = frozenset({"bleu", "chrf", "ter"})
 _LOGLIKELIHOOD_TYPES = frozenset({"loglikelihood", "loglikelihood_rolling", "multiple_choice"})
 
-log = logging.getLogger("perflab.accuracy")
-
-
 class AccuracyUnavailable(PerflabError):
     """lm-evaluation-harness (the ``perflab[accuracy]`` extra) is not installed."""
 
@@ -361,6 +358,13 @@ def _lm_classes() -> dict[str, type]:
         def _check(self) -> None:
             if self._stop.is_set():
                 raise _Stopped()
+
+        @property
+        def header(self) -> dict[str, str]:
+            # lm-eval reads the headers as it sends a request, after waiting for its turn
+            # (its concurrency semaphore): the last moment to not send it
+            self._check()
+            return dict(self._header)
 
         def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
             self._total += len(requests)
