@@ -69,7 +69,7 @@ def test_shipped_task_resolves_its_data_wherever_perflab_runs(tmp_path: Path, mo
     spec = resolve_task(SHIPPED_TASK)
     files = spec.spec["dataset_kwargs"]["data_files"]  # type: ignore[index]
     assert Path(files["test"]).is_absolute() and Path(files["test"]) == generate.DATA.resolve()
-    assert spec.name == SHIPPED_TASK and not spec.registered
+    assert spec.name == SHIPPED_TASK and not spec.needs_index
     assert shipped_yaml().is_file()
 
 
@@ -120,9 +120,10 @@ def test_a_local_jsonl_is_scored_as_the_shipped_task(eval_server: FakeEvalServer
     assert r["score"] == pytest.approx(100.0 * sum(i.target % 2 == 0 for i in items) / 12)
 
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"prompt": "2+2?"}\n')
-    code, _, err = run_cli(capsys, "--base-url", eval_server.base_url, "--model", "even", "--task", str(bad))
-    assert code == 2 and "line 1 needs string fields 'question' and 'answer'" in one_error_line(err)
+    for lines, n in (('{"prompt": "2+2?"}\n', 1), ('{"question": "2+2?", "answer": "#### 4"}\n\n{"question": "3+3?", "answer": "6"}\n', 3)):
+        bad.write_text(lines)
+        code, _, err = run_cli(capsys, "--base-url", eval_server.base_url, "--model", "even", "--task", str(bad))
+        assert code == 2 and f"line {n} needs string fields 'question' and 'answer'" in one_error_line(err)
 
 
 def test_a_task_yaml_resolves_its_data_beside_it(eval_server: FakeEvalServer, tmp_path: Path,

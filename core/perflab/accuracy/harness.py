@@ -121,7 +121,7 @@ class TaskSpec:
 
     name: str  # the name lm-eval's results use
     spec: str | dict[str, Any]  # a registered name, a YAML path, or an inline task config
-    registered: bool  # a name in lm-eval's own task index (building it takes seconds)
+    needs_index: bool  # lm-eval's own task index is needed (a name, a group of named tasks): seconds to build
 
 
 def shipped_yaml() -> Path:
@@ -136,7 +136,7 @@ def resolve_task(task: str) -> TaskSpec:
     if not task:
         raise UsageError("--task is empty: a task name (perflab_arith, gsm8k, ...) or a .jsonl/.yaml file")
     if task == SHIPPED_TASK:
-        return TaskSpec(SHIPPED_TASK, _shipped_config(), registered=False)
+        return TaskSpec(SHIPPED_TASK, _shipped_config(), needs_index=False)
     path = Path(task).expanduser()
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".yaml", ".yml") or path.is_file():
@@ -147,7 +147,7 @@ def resolve_task(task: str) -> TaskSpec:
         if suffix in (".yaml", ".yml"):
             return _yaml_task(path)
         raise UsageError(f"--task {task}: a task file is a .jsonl (question/answer lines) or an lm-eval task .yaml")
-    return TaskSpec(task, task, registered=True)
+    return TaskSpec(task, task, needs_index=True)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -192,7 +192,14 @@ def _shipped_config() -> dict[str, Any]:
     return _with_local_data(yaml.safe_load(path.read_text(encoding="utf-8")), path.parent)
 
 
+# what the shipped task's strict-match filter reads (perflab_arith.yaml, as gsm8k.yaml)
+_STRICT_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
 def _jsonl_task(path: Path) -> TaskSpec:
+    """A JSONL of gsm8k-format items, scored as the shipped task: every line is checked, since
+    an answer without its "#### <number>" would silently score as a wrong one."""
+    items = 0
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -200,36 +207,37 @@ def _jsonl_task(path: Path) -> TaskSpec:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UsageError(f"--task {path}: line {n} is not JSON ({exc.msg})") from None
-        if not isinstance(item, dict) or not isinstance(item.get("question"), str) or not isinstance(item.get("answer"), str):
+        if (not isinstance(item, dict) or not isinstance(item.get("question"), str)
+                or not isinstance(item.get("answer"), str) or not _STRICT_ANSWER.search(item["answer"])):
             raise UsageError(f"--task {path}: line {n} needs string fields 'question' and 'answer' "
                              "(the worked solution ending in '#### <number>', as gsm8k's)")
-        break
-    else:
+        items += 1
+    if not items:
         raise UsageError(f"--task {path}: the file has no items")
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem) or "local"
     cfg = {**_shipped_config(), "task": name,
            "dataset_kwargs": {"data_files": {"test": str(path.resolve())}}}
-    return TaskSpec(name, cfg, registered=False)
+    return TaskSpec(name, cfg, needs_index=False)
 
 
 def _yaml_task(path: Path) -> TaskSpec:
     cfg = _read_yaml(path)
     if isinstance(cfg.get("task"), str) and "group" not in cfg:
-        return TaskSpec(cfg["task"], _with_local_data(cfg, path.resolve().parent), registered=False)
+        return TaskSpec(cfg["task"], _with_local_data(cfg, path.resolve().parent), needs_index=False)
     name = cfg.get("group") or cfg.get("task")
     if not isinstance(name, str):
         raise UsageError(f"--task {path}: not an lm-eval task file (no 'task' or 'group' name)")
     # a group names registered tasks: lm-eval loads it by path, with its index
-    return TaskSpec(name, str(path.resolve()), registered=True)
+    return TaskSpec(name, str(path.resolve()), needs_index=True)
 
 
 @functools.cache
-def _task_manager(registered: bool) -> Any:
+def _task_manager(needs_index: bool) -> Any:
     """lm-eval's TaskManager; with its own task index only when a task is looked up by name
     (scanning lm-eval's ~15000 task files takes seconds)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_defaults=registered)
+    return TaskManager(include_defaults=needs_index)
 
 
 def _check_known(name: str, tm: Any) -> None:
@@ -455,8 +463,8 @@ def _evaluate_sync(spec: TaskSpec, base_url: str, model: str, api: str, limit: i
     _quiet_progress_bars()
     url = base_url.rstrip("/") + API_PATHS[api]
     endpoint = redact.scrub(redact_url(url))
-    tm = _task_manager(spec.registered)
-    if spec.registered and not spec.spec.endswith((".yaml", ".yml")):  # type: ignore[union-attr]
+    tm = _task_manager(spec.needs_index)
+    if isinstance(spec.spec, str) and not spec.spec.endswith((".yaml", ".yml")):
         _check_known(spec.name, tm)
     loaded = _load_task(tm, spec)
     top = _top_level(loaded)
