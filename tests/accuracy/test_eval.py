@@ -397,3 +397,21 @@ def test_a_caller_that_gives_up_is_not_kept_waiting(eval_server: FakeEvalServer)
     eval_server.released.set()  # the two in flight are answered: lm-eval would now send the other two
     time.sleep(1.5)
     assert len(eval_server.requests) == 2
+
+
+def test_the_callers_random_sequences_are_left_alone(eval_server: FakeEvalServer) -> None:
+    """lm-eval seeds the global generators; the lab calling evaluate() must not notice."""
+    import random
+
+    import anyio
+    import numpy as np
+    from perflab.accuracy.harness import evaluate
+
+    random.seed(7)
+    np.random.seed(7)
+    expected = [random.random() for _ in range(3)], list(np.random.random(3))
+    random.seed(7)
+    np.random.seed(7)
+    r = anyio.run(lambda: evaluate(eval_server.base_url, "oracle", limit=3))
+    assert r.score == 100.0 and r.samples == 3
+    assert ([random.random() for _ in range(3)], list(np.random.random(3))) == expected

@@ -37,6 +37,7 @@ import importlib.util
 import json
 import logging
 import math
+import random
 import re
 import sys
 import threading
@@ -453,9 +454,23 @@ def _top_level(loaded: Mapping[str, Any]) -> list[Any]:
     return [*groups, *tasks]
 
 
-def _evaluate_sync(spec: TaskSpec, base_url: str, model: str, api: str, limit: int | None, concurrency: int,
-                   timeout_s: float, api_key: str | None, max_gen_toks: int,
-                   progress: Callable[[int, int], None] | None, stop: threading.Event) -> EvalResult:
+def _evaluate_sync(*args: Any) -> EvalResult:
+    """:func:`_evaluate` leaving the process's global random and numpy generators as it found
+    them: lm-eval seeds them (and its task loading draws from them), the caller's sequences
+    go on afterwards as if it had not run."""
+    import numpy
+
+    saved = random.getstate(), numpy.random.get_state()
+    try:
+        return _evaluate(*args)
+    finally:
+        random.setstate(saved[0])
+        numpy.random.set_state(saved[1])
+
+
+def _evaluate(spec: TaskSpec, base_url: str, model: str, api: str, limit: int | None, concurrency: int,
+              timeout_s: float, api_key: str | None, max_gen_toks: int,
+              progress: Callable[[int, int], None] | None, stop: threading.Event) -> EvalResult:
     import lm_eval
 
     if not _state["configured"]:
