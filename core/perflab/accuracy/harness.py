@@ -313,10 +313,8 @@ def configure_logging(verbose: bool = False) -> None:
 
 
 def _quiet_progress_bars() -> None:
-    """lm-eval's and datasets' tqdm bars off unless verbose (their module globals: they
-    take no option for it; lm-eval is pinned)."""
-    if _state["verbose"]:
-        return
+    """lm-eval's and datasets' tqdm bars: off unless verbose (lm-eval takes no option for the
+    bars of its API models and task building: its module globals are wrapped, once; it is pinned)."""
     import datasets
     import lm_eval.api.task as lm_task
     import lm_eval.models.api_models as lm_api
@@ -324,21 +322,26 @@ def _quiet_progress_bars() -> None:
     from tqdm.asyncio import tqdm_asyncio
 
     class QuietTqdm(tqdm):  # type: ignore[misc]
+        _perflab_quiet = True
+
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["disable"] = True
+            kwargs["disable"] = kwargs.get("disable", False) or not _state["verbose"]
             super().__init__(*args, **kwargs)
 
     class QuietTqdmAsyncio(tqdm_asyncio):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["disable"] = True
+            kwargs["disable"] = kwargs.get("disable", False) or not _state["verbose"]
             super().__init__(*args, **kwargs)
 
-    if not getattr(lm_api.tqdm, "_perflab_quiet", False):
-        QuietTqdm._perflab_quiet = True  # type: ignore[attr-defined]
-        lm_api.tqdm = QuietTqdm
-        lm_api.tqdm_asyncio = QuietTqdmAsyncio
-        lm_task.tqdm = QuietTqdm
-    datasets.disable_progress_bars()
+    with _state_lock:
+        if not getattr(lm_api.tqdm, "_perflab_quiet", False):
+            lm_api.tqdm = QuietTqdm
+            lm_api.tqdm_asyncio = QuietTqdmAsyncio
+            lm_task.tqdm = QuietTqdm
+    if _state["verbose"]:
+        datasets.enable_progress_bars()
+    else:
+        datasets.disable_progress_bars()
 
 
 def _quiet_unretrieved(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
