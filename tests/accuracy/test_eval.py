@@ -84,7 +84,7 @@ def test_scores_are_lm_evals_strict_match_over_the_items_asked(eval_server: Fake
     assert code == 0, err
     r = json.loads(out)
     assert (r["task"], r["metric"], r["filter"], r["mode"], r["api"]) == (SHIPPED_TASK, "exact_match", "strict-match", "gen", "chat")
-    assert r["score"] == 100.0 and r["samples"] == 60 and r["harness"] == "lm-eval 0.4.13"
+    assert r["score"] == 100.0 and r["samples"] == 60 and r["harness"] == "lm-eval 0.4.13" and r["simulated"] is False
     headers, body = eval_server.requests[-1]
     # 3 solved examples as turns, then the question; greedy; the served name; stop strings
     assert body["model"] == "oracle" and body["temperature"] == 0 and body["max_tokens"] == 77
@@ -337,7 +337,7 @@ def test_perflab_eval_against_a_simulated_vllm(tmp_path: Path, capsys: pytest.Ca
     assert code == 0, err
     # the supervisor's own log lines share the captured stdout
     r, _ = json.JSONDecoder().raw_decode(stdout[stdout.index('{\n  "task"'):])
-    assert r["task"] == SHIPPED_TASK and r["metric"] == "exact_match" and r["samples"] == 60
+    assert r["task"] == SHIPPED_TASK and r["metric"] == "exact_match" and r["samples"] == 60 and r["simulated"] is True
     # exactly the items the simulated model answers right (its accuracy model): lm-eval's 3-shot
     # chat prompts were recognised, answered and scored item by item
     from perflab.sim.accuracy import profile

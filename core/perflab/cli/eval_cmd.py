@@ -91,17 +91,19 @@ def eval_(**kw: Any) -> None:
     if progress is not None:
         click.echo("", err=True)
 
-    out = result.to_json()
+    # a score from perflab's simulator is the simulator's accuracy model, not a model's: said
+    simulated = _is_simulated(base_url, api_key)
+    out = {**result.to_json(), "simulated": simulated}
     if kw["as_json"]:
         click.echo(redact.scrub(json.dumps(out, indent=2)))
     else:
-        click.echo(redact.scrub(format_table([result])))
+        click.echo(redact.scrub(format_table([result], simulated=simulated)))
     if kw["save_result"]:
         record = {**out, "perflab": {
             "version": _version(), "base_url": endpoint, "endpoint": redact.scrub(harness.redact_url(
                 base_url.rstrip("/") + harness.API_PATHS[result.api])),
             "model": kw["model"], "served_model_name": model, "limit": kw["limit"], "concurrency": kw["concurrency"],
-            "timeout_s": kw["timeout"], "max_gen_toks": kw["max_gen_toks"], "task_arg": kw["task"],
+            "timeout_s": kw["timeout"], "max_gen_toks": kw["max_gen_toks"], "task_arg": kw["task"], "simulated": simulated,
             "date": datetime.now().astimezone().isoformat(timespec="seconds"), "label": kw["label"]}}
         directory = Path(kw["result_dir"]) if kw["result_dir"] else Path.cwd()
         directory.mkdir(parents=True, exist_ok=True)
@@ -110,7 +112,22 @@ def eval_(**kw: Any) -> None:
         click.echo(f"perflab: result saved to {path}", err=True)
 
 
-def format_table(results: list[Any]) -> str:
+def _is_simulated(base_url: str, api_key: str | None) -> bool:
+    """Whether the endpoint is perflab's simulator (it stamps every answer with its time scale,
+    as ``perflab bench`` recognises it)."""
+    import httpx
+
+    from perflab.bench.runner import SIM_TIME_SCALE_HEADER
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=5.0)
+    except (httpx.HTTPError, ValueError):
+        return False
+    return SIM_TIME_SCALE_HEADER in response.headers
+
+
+def format_table(results: list[Any], *, simulated: bool = False) -> str:
     """Seed 003's accuracy table: dataset | metric | mode | score | samples (Markdown)."""
     rows = [(r.task, f"{r.metric} ({r.filter})" if r.filter not in ("none", "") else r.metric, r.mode,
              f"{r.score:.2f}" + (f" ± {r.stderr:.2f}" if r.stderr is not None else ""), str(r.samples)) for r in results]
@@ -123,7 +140,8 @@ def format_table(results: list[Any]) -> str:
     out.extend(line(row) for row in rows)
     tail = results[0] if results else None
     if tail is not None:
-        out.append(f"({tail.harness}, {tail.api} API, {tail.seconds:.1f} s)")
+        sim = "; simulated engine: the score is its accuracy model's" if simulated else ""
+        out.append(f"({tail.harness}, {tail.api} API, {tail.seconds:.1f} s{sim})")
     return "\n".join(out)
 
 
