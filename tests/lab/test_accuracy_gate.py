@@ -116,6 +116,7 @@ def test_accuracy_defaults_and_absence() -> None:
     ("accuracy: {max_drop: -1}", "accuracy.max_drop: expected a number of points from 0 to 100"),
     ("accuracy: {limit: 0}", "accuracy.limit: expected a positive integer"),
     ("accuracy: {tsk: gsm8k}", "accuracy.tsk: unknown key (did you mean 'task'?)"),
+    ("accuracy: {task: no-such-task-file.jsonl}", "accuracy.task: --task "),
 ])
 def test_a_wrong_accuracy_section_is_refused_in_one_line(section: str, says: str) -> None:
     with pytest.raises(UsageError) as err:

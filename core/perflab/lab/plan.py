@@ -886,7 +886,7 @@ def _cost(p: _Problems, raw: Any) -> Cost | None:
     return None if price is _BAD else Cost(float(price), currency.upper())
 
 
-def _accuracy(p: _Problems, raw: Any, check_available: bool) -> AccuracySpec | None:
+def _accuracy(p: _Problems, raw: Any, check_available: bool, base_dir: Path | None = None) -> AccuracySpec | None:
     """``accuracy: {task: perflab_arith, max_drop: 1.0, agreement: true, ...}`` (perflab.lab.accuracy);
     ``accuracy: {}`` takes every default. A task needs lm-evaluation-harness: without it the
     plan is refused here, with the install hint (``check_available``: not when re-reading a
@@ -903,6 +903,9 @@ def _accuracy(p: _Problems, raw: Any, check_available: bool) -> AccuracySpec | N
         v = a["task"]
         if v is not None and _str(p, "accuracy.task", v, "an lm-eval task name such as perflab_arith or gsm8k, or null") is _BAD:
             ok = False
+        elif isinstance(v, str) and Path(v).suffix.lower() in (".jsonl", ".yaml", ".yml"):
+            path = Path(v).expanduser()  # a task file: relative to the plan, as dataset_path is
+            v = str(base_dir / path if not path.is_absolute() and base_dir is not None else path)
         kw["task"] = v
     for key, limit in (("limit", "accuracy_limit"), ("concurrency", "accuracy_concurrency")):
         if a.get(key) is not None:
@@ -954,10 +957,21 @@ def _accuracy(p: _Problems, raw: Any, check_available: bool) -> AccuracySpec | N
 
         try:
             ensure_available()
+            _check_task(spec.task)
         except PerflabError as exc:
             p.add("accuracy.task", str(exc))
             return None
     return spec
+
+
+def _check_task(task: str) -> None:
+    """Raise the harness's one-line UsageError for a task it would not run: a task file that is
+    not one, or a name lm-eval does not know (its task index: seconds, for names only)."""
+    from perflab.accuracy import harness
+
+    spec = harness.resolve_task(task)
+    if spec.needs_index:
+        harness._check_known(spec.name, harness._task_manager(True))
 
 
 def _sim_engine_versions(p: _Problems, raw: Any) -> dict[str, str]:
@@ -1155,7 +1169,7 @@ def parse_plan(
     time_scale = _time_scale(p, data.get("simulation"))
     sim_engine_versions = _sim_engine_versions(p, data.get("simulation"))
     cost = _cost(p, data.get("cost"))
-    accuracy = _accuracy(p, data.get("accuracy"), check_files) if "accuracy" in data else None
+    accuracy = _accuracy(p, data.get("accuracy"), check_files, base_dir) if "accuracy" in data else None
     if any(pr.name == ACCURACY_PROFILE for pr in profiles):
         p.add(f"profiles.{ACCURACY_PROFILE}", "the name is reserved for the accuracy measurement; choose another")
     title = _optional_str(p, data, "title", None)
