@@ -2,7 +2,7 @@
 
 Every configuration a study measures is scored on the plan's task (lm-evaluation-harness,
 :mod:`perflab.accuracy.harness`) and answers a fixed prompt set greedily
-(:mod:`perflab.accuracy.agreement`), in the same launch, right after its profiles. Each
+(:mod:`perflab.accuracy.agreement`), in the same launch, before its profiles. Each
 engine has a **reference**: the baseline for the baseline's engine, the engine's defaults for
 the others (different engines are not expected to agree token for token). A reference answers
 twice — one prompt at a time, then all at once — and the two sets' agreement is its noise
@@ -229,11 +229,13 @@ def decide(spec: AccuracySpec, record: Mapping[str, Any] | None, *, reference: M
 
     job = AccuracyJob.from_json(record["job"]) if record else None
     block: dict[str, Any] = {"task": spec.task, "metric": None, "score": None, "baseline_score": None, "drop": None,
-                             "samples": None, "agreement": None, "gate": None, "simulated": None, "reference": reference_label}
+                             "samples": None, "agreement": None, "gate": None, "reason": None, "simulated": None,
+                             "reference": reference_label}
     if record is None:
         why = missing or "not measured"
         block["gate"] = "not measured"
-        return Verdict(block, True, f"accuracy not measured ({why})")
+        block["reason"] = f"accuracy not measured ({why})"
+        return Verdict(block, True, block["reason"])
     block["simulated"] = bool(record.get("simulated"))
     problems: list[str] = []
     result = _eval(record)
@@ -244,8 +246,8 @@ def decide(spec: AccuracySpec, record: Mapping[str, Any] | None, *, reference: M
             problems.append("accuracy not judged (the baseline's score was not measured)")
         else:
             block["baseline_score"] = round(base.score, 4)
-            drop = base.score - result.score
-            block["drop"] = round(drop, 4)
+            drop = base.score - result.score + 0.0  # never -0.0
+            block["drop"] = round(drop, 4) + 0.0
             if drop > spec.max_drop + _EPS:
                 problems.append(f"rejected: accuracy {points(-drop)} ({result.task})")
     if spec.agreement:
@@ -263,6 +265,7 @@ def decide(spec: AccuracySpec, record: Mapping[str, Any] | None, *, reference: M
                 problems.append(f"rejected: accuracy: agreement {mine.exact_match:.1f}% with {reference_label}, below "
                                 f"its noise floor {floor.exact_match:.1f}% by more than {spec.agreement_margin:g} points")
     rejected = bool(problems)
+    block["reason"] = "; ".join(problems) or None
     if any(p.startswith("rejected") for p in problems):
         block["gate"] = "rejected"
     elif rejected:  # never adopted blind: not eligible, though nothing measured was found wrong

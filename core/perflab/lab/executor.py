@@ -591,7 +591,7 @@ class Executor:
         holds each profile's measurement (each also goes to :attr:`on_measured` at once) and
         the engine-seconds the launch held its accelerators. ``to_beat``: the current best's
         ranking figure on the main profile, for the early stop (None: it cannot have lost).
-        ``accuracy``: after the profiles, in the same launch, the plan's accuracy measurement
+        ``accuracy``: in the same launch, before the profiles, the plan's accuracy measurement
         (stored as the measurement :data:`~perflab.lab.accuracy.ACCURACY_PROFILE`); never
         stopped early, and its time is the launch's, so engine-hours count it."""
         from perflab.supervisor import EngineInstance
@@ -713,10 +713,12 @@ class Executor:
                     break
             else:
                 rec.script = launches_script(instances, self._describer(engine), run_dir)
-                await self._benchmark_all(rec, instances, config, profiles, run_dir, label, to_beat)
-                main = rec.measurements.get(plan.main_profile)
-                if accuracy is not None and rec.state is Status.DONE and (main is None or main.status.measured):
+                if accuracy is not None:
+                    # first, on the fresh engine: an early stop later in the launch cuts its main
+                    # profile short, never this (and the requests it cut cannot delay it)
                     await self._accuracy(rec, instances, config, accuracy, run_dir, label)
+                if rec.state is Status.DONE:
+                    await self._benchmark_all(rec, instances, config, profiles, run_dir, label, to_beat)
             self.on_event("teardown", label=label, engine=engine)
 
     def _invisible_holders(self, by_kind: dict[str, list[int]]) -> list[Any]:

@@ -406,7 +406,7 @@ def _score_text(block: Mapping[str, Any]) -> str:
 
 def _change_text(block: Mapping[str, Any]) -> str:
     drop = block.get("drop")
-    return "n/a" if drop is None else f"{-drop:+.2f} points"
+    return "n/a" if drop is None else f"{(-drop or 0.0):+.2f} points"
 
 
 def _agreement_text(block: Mapping[str, Any]) -> str:
@@ -446,7 +446,8 @@ def _accuracy_section(o: StudyOutcome) -> list[str]:
         return []
     rule = []
     if spec.task is not None:
-        rule.append(f"its {spec.task} score drops more than {spec.max_drop:g} points below the baseline's")
+        rule.append(f"its {spec.task} score drops more than {spec.max_drop:g} point{'' if spec.max_drop == 1 else 's'} "
+                    "below the baseline's")
     if spec.agreement:
         rule.append(f"its greedy answers agree with its engine's reference less than the reference's own noise floor "
                     f"(the reference answering twice, one prompt at a time then all at once) minus "
@@ -459,8 +460,8 @@ def _accuracy_section(o: StudyOutcome) -> list[str]:
     for e in rows:
         b = e.accuracy or {}
         gate = str(b.get("gate"))
-        if gate != "pass" and e.note:
-            gate = f"{gate}: {e.note.removeprefix('rejected: ')}" if gate != "rejected" else e.note
+        if b.get("reason"):  # the gate's own reason (a configuration may be ineligible for others too)
+            gate = b["reason"] if gate == "rejected" else f"{gate}: {b['reason']}"
         out.append(f"| {_md_escape(e.label)} | {b.get('task') or 'n/a'} | {_score_text(b)} | {_change_text(b)} | "
                    f"{_agreement_text(b)} | {_md_escape(gate)} |")
     if not rows:
@@ -523,6 +524,8 @@ def _entry_lines(e: Entry, ctx: ReportContext) -> list[str]:
     block = result_block(e.result)
     if e.note and e.result.status is not Status.STOPPED_EARLY:  # a stopped block says it once, itself
         block += f"\n# {e.note}"
+    elif e.accuracy is not None and e.accuracy.get("reason"):  # the accuracy gate's verdict, beside the stop
+        block += f"\n# {e.accuracy['reason']}"
     if e.result.reused:
         block += "\n# (measured in an earlier session of this study and reused)"
     return [e.label, info_box("Serving script", script_of(e, ctx), "bash"), "", info_box("Benchmark result", block), ""]

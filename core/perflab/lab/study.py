@@ -572,6 +572,8 @@ class _Study:
         if verdict.rejected and e.eligible:
             e.eligible = False
             e.note = verdict.note
+        elif verdict.rejected and verdict.gate == "rejected":  # ineligible already (stopped early): both reasons
+            e.note = f"{e.note}; {verdict.note}" if e.note else verdict.note
 
     async def references(self, engines: list[str], step: str) -> None:
         """Measure the accuracy reference of each of ``engines`` not measured yet (a candidate's
@@ -703,7 +705,8 @@ class _Study:
                 )
         elif stopped := [e.label for e in step.entries if e.result is not None and e.result.status is Status.STOPPED_EARLY]:
             step.statement = (f"Result: no improvement; {', '.join(stopped)} stopped early, unable to be adopted over "
-                              f"the current best {best.label} ({self.rank.text(best.result)}); keeping {best.label}.")
+                              f"the current best {best.label} ({self.rank.text(best.result)}){_rejected(step)}; "
+                              f"keeping {best.label}.")
         elif _guarded(step):
             step.statement = f"Result: no variant is eligible{_guarded(step)}; keeping {best.label}."
         else:
@@ -806,9 +809,8 @@ def _record(res: ConfigResult | None) -> dict[str, Any] | None:
 def _rejected(step: Step) -> str:
     """`` (rejected by the accuracy gate: X (accuracy -2.3 points (perflab_arith)))`` for a
     step's statement, or ""."""
-    out = [f"{e.label} ({e.note.removeprefix('rejected: ')})" for e in step.entries
-           if not e.eligible and e.accuracy is not None and e.note and e.accuracy.get("gate") != "pass"
-           and e.note.startswith(("rejected: accuracy", "accuracy not"))]
+    out = [f"{e.label} ({e.accuracy['reason'].removeprefix('rejected: ')})" for e in step.entries
+           if not e.eligible and e.accuracy is not None and e.accuracy.get("reason")]
     return f" (rejected by the accuracy gate: {'; '.join(out)})" if out else ""
 
 
