@@ -323,3 +323,20 @@ def test_what_cannot_be_judged_is_not_eligible_and_says_why() -> None:
     v = decide(AccuracySpec(limit=50, agreement=False), _record(90.0, []), reference=None,
                baseline=_record(90.5, [], reference=True), reference_label="vLLM")
     assert v.block["gate"] == "pass" and v.block["agreement"] is None and not v.rejected
+
+
+def test_the_demo_gates_on_its_task_and_without_lm_eval_keeps_agreement_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from perflab.accuracy import harness
+    from perflab.lab.demo import demo_plan, harness_missing
+
+    spec = demo_plan().accuracy
+    assert spec is not None and spec.task == "perflab_arith" and spec.limit is None and spec.agreement
+    assert harness_missing() is None
+
+    def missing() -> None:
+        raise harness.AccuracyUnavailable("accuracy evaluation needs lm-evaluation-harness: pip install 'perflab[accuracy]'")
+
+    monkeypatch.setattr(harness, "ensure_available", missing)
+    assert "pip install 'perflab[accuracy]'" in (harness_missing() or "")
+    spec = demo_plan().accuracy
+    assert spec is not None and spec.task is None and spec.agreement  # agreement needs no extra
