@@ -340,3 +340,14 @@ def test_the_demo_gates_on_its_task_and_without_lm_eval_keeps_agreement_only(mon
     assert "pip install 'perflab[accuracy]'" in (harness_missing() or "")
     spec = demo_plan().accuracy
     assert spec is not None and spec.task is None and spec.agreement  # agreement needs no extra
+
+
+def test_a_parallel_study_gates_as_a_sequential_one(tmp_path: Path, scripted: Scripted) -> None:
+    from simstudy import run_sim_study
+
+    text = PLAN.replace("hardware: sim:a100-80g-x1", "hardware: sim:a100-80g-x8")
+    run_sim_study(text, tmp_path / "par", parallel=2)
+    par = json.loads((tmp_path / "par" / "report.json").read_text())
+    gates = {r["label"]: (r["gate"], r["eligible"]) for r in par["accuracy"]["rows"]}
+    assert gates == {"vLLM": ("pass", True), "vLLM AWQ": ("rejected", False), "vLLM FP8": ("pass", True),
+                     "vLLM Caching": ("skipped (lossless)", True)}
