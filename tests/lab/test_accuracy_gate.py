@@ -224,6 +224,30 @@ def test_an_endpoint_failing_during_accuracy_is_that_runs_failure(tmp_path: Path
     assert "ConnectionError: Connection refused" in fp8["note"]
 
 
+def test_the_baseline_failing_its_accuracy_run_passes_nothing_and_says_why(tmp_path: Path, scripted: Scripted) -> None:
+    import io
+
+    from perflab.lab.runner import print_summary
+
+    scripted.fail.add("Qwen/Qwen3-8B")  # the baseline's evaluation fails: no score to judge any drop against
+    summary, report = _study(tmp_path)
+    base = _entries(report)["vLLM"]
+    assert base["result"]["status"] == "ok" and base["eligible"] is False
+    assert base["accuracy"]["gate"] == "not measured" and report["optimized"] is None
+    md = (tmp_path / "study" / "report.md").read_text()
+    # it served the main profile: the conclusion names the gate, never "no configuration served"
+    assert "No configuration served the main profile" not in md
+    assert "No measured configuration is eligible, so there is nothing to recommend: vLLM (accuracy not measured (" in md
+    err = io.StringIO()
+    import contextlib
+
+    with contextlib.redirect_stderr(err):
+        print_summary(summary, io.StringIO())
+    line = err.getvalue()
+    assert "(exit 6): no measured configuration is eligible: vLLM (accuracy not measured (" in line
+    assert "ConnectionError: Connection refused" in line and line.count("\n") == 1
+
+
 def test_resume_and_rebuild_keep_accuracy_and_do_not_measure_it_again(tmp_path: Path, scripted: Scripted) -> None:
     from perflab.lab.runner import write_study_report
     from perflab.lab.store import rebuild

@@ -304,7 +304,9 @@ def _conclusion(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     plan = o.plan
     out = ["## Conclusion", "", f"![{plan.name}]({CHART_NAME})", ""]
     if o.optimized is None:
-        out += ["No configuration served the main profile, so there is nothing to recommend; "
+        why = not_eligible(o)
+        out += [f"No measured configuration is eligible, so there is nothing to recommend: {'; '.join(why)}." if why
+                else "No configuration served the main profile, so there is nothing to recommend; "
                 "see Experiment Results for each engine's outcome.", ""]
     else:
         goal = {"throughput": "throughput", "goodput": "goodput under the service-level objective",
@@ -470,6 +472,14 @@ def _accuracy_section(o: StudyOutcome) -> list[str]:
         out += ["", "Scores marked (simulated) come from perflab's simulated engines' accuracy model "
                 "(docs/simulator.md gives each effect's published source), not from a real model."]
     return out + [""]
+
+
+def not_eligible(o: StudyOutcome) -> list[str]:
+    """``label (why)`` of each configuration measured on the main profile but not eligible
+    (the accuracy gate, a guard, a low success rate): why a study that measured something
+    recommends nothing."""
+    return [f"{e.label} ({e.note})" for e in _configurations(o)
+            if e.result.status.measured and not e.eligible and e.note]
 
 
 def _configurations(o: StudyOutcome) -> list[Entry]:
