@@ -248,6 +248,23 @@ def test_the_baseline_failing_its_accuracy_run_passes_nothing_and_says_why(tmp_p
     assert "ConnectionError: Connection refused" in line and line.count("\n") == 1
 
 
+def test_an_engine_reference_measured_outside_the_steps_is_in_the_accuracy_table(tmp_path: Path,
+                                                                                  scripted: Scripted) -> None:
+    # SGLang is not in the engine step: its reference (its defaults) is measured for its
+    # candidate alone, and the floor that judged the candidate must be shown
+    text = PLAN.replace("    variants:\n      - {name: AWQ", "    engines: [sglang]\n    variants:\n      - {name: AWQ", 1)
+    _, report = _study(tmp_path, text)
+    rows = {r["label"]: r for r in report["accuracy"]["rows"]}
+    ref = rows["SGLang (accuracy reference)"]
+    assert ref["engine"] == "sglang" and ref["gate"] == "pass" and ref["score"] == 94.0
+    assert ref["agreement"]["floor"] == 100.0
+    assert rows["SGLang AWQ"]["reference"] == "SGLang (accuracy reference)"
+    md = (tmp_path / "study" / "report.md").read_text()
+    table = md.split("## Accuracy", 1)[1].split("\n## ", 1)[0]
+    assert "| SGLang (accuracy reference) | perflab_arith | 94.00 (simulated) | +0.00 points | " \
+           "100.0% vs floor 100.0% (margin 10) | pass |" in table
+
+
 def test_resume_and_rebuild_keep_accuracy_and_do_not_measure_it_again(tmp_path: Path, scripted: Scripted) -> None:
     from perflab.lab.runner import write_study_report
     from perflab.lab.store import rebuild

@@ -437,7 +437,13 @@ def accuracy_price(block: Mapping[str, Any]) -> str:
 def accuracy_rows(o: StudyOutcome) -> list[dict[str, Any]]:
     """Every measured configuration's accuracy verdict (report.json's ``accuracy.rows``)."""
     return [{"label": e.label, "engine": e.config.engine, "eligible": e.eligible, "note": e.note, **e.accuracy}
-            for e in _configurations(o) if e.accuracy is not None]
+            for e in _accuracy_entries(o)]
+
+
+def _accuracy_entries(o: StudyOutcome) -> list[Entry]:
+    """The configurations with a verdict: every measured one, and each engine's accuracy
+    reference measured outside the steps (its noise floor judges that engine's candidates)."""
+    return [e for e in [*_configurations(o), *o.references] if e.accuracy is not None]
 
 
 def _accuracy_section(o: StudyOutcome) -> list[str]:
@@ -458,7 +464,7 @@ def _accuracy_section(o: StudyOutcome) -> list[str]:
            "change from their reference is lossless skip the task and keep the agreement check.", "",
            "| Configuration | Task | Score | Change vs baseline | Agreement vs floor | Gate |",
            "|---|---|---|---|---|---|"]
-    rows = [e for e in _configurations(o) if e.accuracy is not None]
+    rows = _accuracy_entries(o)
     for e in rows:
         b = e.accuracy or {}
         gate = str(b.get("gate"))
