@@ -262,7 +262,21 @@ def test_an_engine_reference_measured_outside_the_steps_is_in_the_accuracy_table
     md = (tmp_path / "study" / "report.md").read_text()
     table = md.split("## Accuracy", 1)[1].split("\n## ", 1)[0]
     assert "| SGLang (accuracy reference) | perflab_arith | 94.00 (simulated) | +0.00 points | " \
-           "100.0% vs floor 100.0% (margin 10) | pass |" in table
+           "reference: floor 100.0% | pass |" in table
+
+
+def test_the_accuracy_price_of_a_reference_does_not_read_as_agreement_with_another(tmp_path: Path,
+                                                                                   scripted: Scripted) -> None:
+    # every candidate rejected: the recommendation is the baseline, its engine's reference,
+    # whose "agreement" is only its own noise floor
+    scripted.diverging["Qwen/Qwen3-8B-FP8"] = 4
+    _, report = _study(tmp_path)
+    assert report["optimized"]["label"] == "vLLM"
+    md = (tmp_path / "study" / "report.md").read_text()
+    assert "Its accuracy price: perflab_arith 94.00 (simulated), +0.00 points vs the baseline's 94.00; greedy answers " \
+           "not compared with another configuration's (it is vLLM's accuracy reference: noise floor 100.0%)." in md
+    assert "| vLLM | perflab_arith | 94.00 (simulated) | +0.00 points | reference: floor 100.0% | pass |" in md
+    assert "| vLLM FP8 | perflab_arith | 93.50 (simulated) | -0.50 points | 75.0% vs floor 100.0% (margin 10) |" in md
 
 
 def test_resume_and_rebuild_keep_accuracy_and_do_not_measure_it_again(tmp_path: Path, scripted: Scripted) -> None:
