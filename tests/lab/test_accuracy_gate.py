@@ -246,6 +246,7 @@ def test_the_baseline_failing_its_accuracy_run_passes_nothing_and_says_why(tmp_p
     line = err.getvalue()
     assert "(exit 6): no measured configuration is eligible: vLLM (accuracy not measured (" in line
     assert "ConnectionError: Connection refused" in line and line.count("\n") == 1
+    assert "--retry-failed measures the failed accuracy runs again" in line
 
 
 def test_an_engine_reference_measured_outside_the_steps_is_in_the_accuracy_table(tmp_path: Path,
