@@ -113,6 +113,11 @@ def test_accuracy_defaults_and_absence() -> None:
     ("accuracy: {task: null, agreement: false}", "nothing to measure"),
     ("accuracy: {lossless: [prefix_cache]}", "accuracy.lossless[0]: unknown serving option 'prefix_cache' (did you mean 'prefix_caching'?)"),
     ("accuracy: {api: grpc}", "accuracy.api: expected one of: chat, completions"),
+    # a quantized checkpoint declared lossless would skip the task (and, without agreement, every check)
+    ("accuracy: {lossless: [prefix_caching, model], agreement: false}",
+     "accuracy.lossless[1]: 'model' changes the weights or the precision the answers are computed with"),
+    ("accuracy: {lossless: [kv_cache_dtype]}", "accuracy.lossless[0]: 'kv_cache_dtype' changes the weights"),
+    ("accuracy: {lossless: [quantization]}", "accuracy.lossless[0]: 'quantization' changes the weights"),
     ("accuracy: {max_drop: -1}", "accuracy.max_drop: expected a number of points from 0 to 100"),
     ("accuracy: {limit: 0}", "accuracy.limit: expected a positive integer"),
     ("accuracy: {tsk: gsm8k}", "accuracy.tsk: unknown key (did you mean 'task'?)"),
