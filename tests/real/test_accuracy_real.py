@@ -90,7 +90,7 @@ def test_eval_and_agreement_against_the_real_vllm(lab: RealLab) -> None:
     assert judge(floor, floor, MARGIN)
 
     # lossless: no prefix caching and a smaller batch change the schedule, not the answers
-    with serving(lab, "lossless", varied, "--extra-arg=--no-enable-prefix-caching", "--extra-arg=--max-num-seqs=4") as url:
+    with serving(lab, "lossless", varied, "--no-prefix-caching", "--max-num-seqs", "4") as url:
         lossless = compare(first, _collect(url, len(first.answers)))
     # lossy: the same model with 5 % noise on its weights
     with serving(lab, "lossy", perturbed) as url:
