@@ -327,3 +327,78 @@ def test_other_engines_export_their_own_metric_names(sim_env: dict[str, str], en
             assert value(fams, "sglang:generation_tokens_total", model_name=MODEL) == 3
         else:
             assert value(fams, "trtllm_request_success_total", model_name=MODEL, finished_reason="length") == 1
+
+
+# --------------------------------------------------------------------------- logprobs
+
+
+def logprobs_shape(obj: Any) -> Any:
+    """:func:`key_tree`, but a completions ``top_logprobs`` entry (a dict keyed by token
+    strings) by its size and value types: its keys are the tokens, not a schema."""
+    if isinstance(obj, dict):
+        out = []
+        for k, v in obj.items():
+            if k == "top_logprobs" and isinstance(v, list) and v and isinstance(v[0], dict) and "token" not in v[0]:
+                out.append((k, [("entries", len(v[0])), ("values", sorted({type(x).__name__ for x in v[0].values()}))]))
+            else:
+                out.append((k, logprobs_shape(v)))
+        return out
+    if isinstance(obj, list):
+        return [logprobs_shape(obj[0])] if obj else []
+    return type(obj).__name__ if obj is None else "value"
+
+
+LOGPROBS = [
+    # capture, endpoint, request fields (vLLM's ways of asking for the chosen tokens' logprobs)
+    ("http/chat_logprobs.http", "/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 0}),
+    ("http/chat_logprobs_top2.http", "/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 2}),
+    ("http/completions_logprobs.http", "/v1/completions", {**COMPLETION, "logprobs": 0}),
+    ("http/completions_logprobs_top2.http", "/v1/completions", {**COMPLETION, "logprobs": 2}),
+]
+
+
+@pytest.mark.parametrize(("capture", "path", "fields"), LOGPROBS)
+def test_logprobs_have_the_captured_shapes(vllm032: Any, capture: str, path: str, fields: dict[str, Any]) -> None:
+    real = json.loads(capture_body(capture))
+    body = {"model": MODEL, "max_tokens": 4, "temperature": 0, **fields}
+    sim = httpx.post(vllm032.url + path, json=body, timeout=10).json()
+    assert logprobs_shape(sim) == logprobs_shape(real)
+    for b in (real, sim):
+        choice = b["choices"][0]
+        lp = choice["logprobs"]
+        if "chat" in path:
+            entries = lp["content"]
+            assert len(entries) == 4 and all(e["bytes"] == list(e["token"].encode()) for e in entries)
+            assert "".join(e["token"] for e in entries) == choice["message"]["content"]
+            assert all(len(e["top_logprobs"]) == fields["top_logprobs"] for e in entries)
+            if fields["top_logprobs"]:  # greedy: the chosen token is the most likely one
+                assert all(e["top_logprobs"][0]["logprob"] == e["logprob"] for e in entries)
+        else:
+            assert "".join(lp["tokens"]) == choice["text"] and len(lp["token_logprobs"]) == 4
+            assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(4)]
+            assert all(len(top) == max(1, fields["logprobs"]) for top in lp["top_logprobs"])
+            assert all(top[t] == x for top, t, x in zip(lp["top_logprobs"], lp["tokens"], lp["token_logprobs"], strict=True))
+    # the simulator's tokens count as its tokenizer says: one word each
+    assert sim["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize(("capture", "path", "fields"), [
+    ("http/chat_stream_logprobs.http", "/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 0}),
+    ("http/completions_stream_logprobs.http", "/v1/completions", {**COMPLETION, "logprobs": 0}),
+])
+def test_streamed_logprobs_have_the_captured_shapes(vllm032: Any, capture: str, path: str, fields: dict[str, Any]) -> None:
+    real = sse_events(capture_body(capture))
+    body = {"model": MODEL, "max_tokens": 4, "temperature": 0, "stream": True, "stream_options": USAGE, **fields}
+    sim = sse_events(httpx.post(vllm032.url + path, json=body, timeout=10).text)
+    assert stream_shape(sim) == stream_shape(real)
+    token_chunks = {kind: [logprobs_shape(ev["choices"][0]["logprobs"]) for ev in events if chunk_kind(ev) in ("token", "finish")]
+                    for kind, events in (("real", real), ("sim", sim))}
+    assert token_chunks["sim"][0] == token_chunks["real"][0] and len(set(map(repr, token_chunks["sim"]))) == 1
+    for events in (real, sim):
+        chunks = [ev["choices"][0] for ev in events if chunk_kind(ev) in ("token", "finish")]
+        if "chat" in path:
+            assert all("".join(e["token"] for e in c["logprobs"]["content"]) == c["delta"]["content"] for c in chunks)
+        else:  # text_offset counts from the completion's start, across chunks
+            offsets = [o for c in chunks for o in c["logprobs"]["text_offset"]]
+            texts = [c["text"] for c in chunks]
+            assert offsets == [sum(len(t) for t in texts[:i]) for i in range(len(texts))]

@@ -242,7 +242,7 @@ class HttpApi:
         gen.loop = parse_loop(clock)
         text = request.text
         hashes = tokenizer.block_hashes(text, self.cfg.block_size) if (self.cfg.prefix_caching and text) else ()
-        sim = SimRequest(request.prompt_tokens, request.stop_at, block_hashes=hashes, sink=gen.sink,
+        sim = SimRequest(request.prompt_tokens, gen.stop_at, block_hashes=hashes, sink=gen.sink,
                          max_output=request.max_tokens)
 
         async def wait_done() -> None:

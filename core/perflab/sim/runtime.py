@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from perflab.sim import catalog, models, perfmodel
+from perflab.sim import accuracy, catalog, models, perfmodel
 from perflab.sim.config import EngineBehaviour, SimEngineConfig
 from perflab.sim.clock import ModelClock
 from perflab.sim.faults import Faults, parse_faults, time_scale
@@ -179,6 +179,8 @@ class Engine(EngineLifecycle):
         self.cfg = cfg
         self.behaviour = cfg.behaviour
         self.deployment = deployment_
+        # how well it answers (perflab.sim.accuracy): the model's score less its options' effects
+        self.accuracy = accuracy.profile(deployment_.model.name, deployment_.knobs.quant, cfg.kv_cache_dtype, cfg.spec_method)
         self.faults = faults
         self.scale = scale
         self.env = env

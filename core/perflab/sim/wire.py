@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from perflab.sim import tokenizer
+from perflab.sim import answers, tokenizer
 from perflab.sim.config import SimEngineConfig
 from perflab.sim.scheduler import SimRequest
 from perflab.simenv import format_clock
@@ -71,6 +71,10 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None  # top alternatives asked per token (0: the chosen one only); None: no logprobs
+    stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one (vLLM's default)
 
 
 def parse_request(body: Mapping[str, Any], chat: bool, max_model_len: int, eos_mean: float) -> CompletionRequest | str:
@@ -102,7 +106,17 @@ def parse_request(body: Mapping[str, Any], chat: bool, max_model_len: int, eos_m
     model = body.get("model")
     return CompletionRequest(chat, None if model is None else str(model), text, prompt_tokens, cap, stop_at,
                              bool(body.get("stream")), bool(opts.get("include_usage")),
-                             bool(opts.get("continuous_usage_stats")))
+                             bool(opts.get("continuous_usage_stats")), bool(body.get("ignore_eos")), min_tokens,
+                             answers.requested_top(body, chat), _stop_strings(body.get("stop")))
+
+
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    """The request's ``stop`` (a string or a list of them; OpenAI's and vLLM's field)."""
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    if isinstance(stop, list):
+        return tuple(s for s in stop if isinstance(s, str) and s)
+    return ()
 
 
 class Generation:
@@ -124,6 +138,16 @@ class Generation:
         self.prompt_tokens = request.prompt_tokens
         self.max_tokens = request.max_tokens
         self.stop_at = request.stop_at
+        self.top = request.logprobs
+        # what it writes (perflab.sim.answers): a shipped-task question is answered and stops
+        # there by itself; other text only where logprobs are asked; else the " tok" words
+        self.content: answers.Content | None = None
+        self._chars = 0  # characters streamed so far (completions' text_offset)
+        item = answers.task_item(request.text)
+        if item is not None or request.logprobs is not None:
+            self.content = answers.Content(request.text or "", engine.accuracy, item, request.max_tokens, request.stop)
+            if self.content.length is not None and not request.ignore_eos:
+                self.stop_at = max(request.min_tokens, min(request.max_tokens, self.content.length), 1)
         self.stream = request.stream
         self.include_usage = request.include_usage
         self.continuous_usage = request.include_usage and request.continuous_usage
@@ -166,7 +190,7 @@ class Generation:
             usage["completion_tokens_details"] = None
         return json.dumps(usage, separators=(",", ":"))
 
-    def _chunk(self, text: str, finish: str | None, role: bool = False) -> bytes:
+    def _chunk(self, text: str, finish: str | None, role: bool = False, logprobs: str = "null") -> bytes:
         fin = "null" if finish is None else f'"{finish}"'
         stop = ',"stop_reason":null' if finish is not None else ""
         content = json.dumps(text)
@@ -174,9 +198,9 @@ class Generation:
             if role:
                 choice = '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}'
             else:
-                choice = f'{{"index":0,"delta":{{"content":{content}}},"logprobs":null,"finish_reason":{fin}{stop},"token_ids":null}}'
+                choice = f'{{"index":0,"delta":{{"content":{content}}},"logprobs":{logprobs},"finish_reason":{fin}{stop},"token_ids":null}}'
         else:
-            choice = (f'{{"index":0,"text":{content},"logprobs":null,"finish_reason":{fin},"stop_reason":null,'
+            choice = (f'{{"index":0,"text":{content},"logprobs":{logprobs},"finish_reason":{fin},"stop_reason":null,'
                       '"prompt_token_ids":null,"token_ids":null}')
         tail = "]"
         if self.continuous_usage:
@@ -207,12 +231,17 @@ class Generation:
             return
         first = self.generated == 0 and n > 0
         now = self.engine.step_end  # the model time of the step delivering these tokens
+        if first and self.content is not None:
+            # batched with other requests (its scheduler holds others): batch-variant numerics
+            sched = self.engine.scheds[self.rank]
+            self.content.start(len(sched.running) + len(sched.waiting) > 1)
         if n > 0:
             if first:
                 self.first_model = now
             elif self.last_model is not None:
                 self.engine.metrics.token_interval(self.rank, now - self.last_model)
             self.last_model = now
+        start = self.generated
         self.generated += n
         if finished:
             self.finish_reason = "length" if self.generated >= self.max_tokens else "stop"
@@ -222,7 +251,7 @@ class Generation:
             if first and self.chat:
                 out.append(self._chunk("", None, role=True))
             if n > 0 or finished:
-                out.append(self._chunk(tokenizer.output_text(n), self.finish_reason))
+                out.append(self._stream_chunk(start, n))
             if finished:
                 if self.include_usage:
                     out.append(self._final_usage())
@@ -235,17 +264,42 @@ class Generation:
             self.engine.record(self, self.finish_reason or "stop")
             self.done.set_result(None)
 
+    def _stream_chunk(self, start: int, n: int) -> bytes:
+        """The chunk of tokens ``start..start+n``, with their logprobs where asked."""
+        content = self.content
+        if content is None:
+            return self._chunk(tokenizer.output_text(n), self.finish_reason)
+        text = content.text(start, start + n)
+        logprobs = "null"
+        if self.top is not None and n > 0:
+            if self.chat:
+                entries: Any = {"content": answers.chat_logprobs(content, start, start + n, self.top)}
+            else:
+                entries = answers.completion_logprobs(content, start, start + n, self.top, self._chars)
+            logprobs = json.dumps(entries, separators=(",", ":"))
+        self._chars += len(text)
+        return self._chunk(text, self.finish_reason, logprobs=logprobs)
+
+    def _logprobs(self) -> dict[str, Any] | None:
+        """The non-streamed body's logprobs (vLLM's shapes), None where none were asked."""
+        if self.content is None or self.top is None:
+            return None
+        if self.chat:
+            return {"content": answers.chat_logprobs(self.content, 0, self.generated, self.top)}
+        return answers.completion_logprobs(self.content, 0, self.generated, self.top, 0)
+
     def full_response(self) -> dict[str, Any]:
         """The non-streamed body, vLLM 0.32.0's fields in its order."""
-        text = tokenizer.output_text(self.generated)
+        text = tokenizer.output_text(self.generated) if self.content is None else self.content.text(0, self.generated)
+        logprobs = self._logprobs()
         usage = {**self.usage(), "prompt_tokens_details": None, "completion_tokens_details": None}
         if self.chat:
             message = {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
                        "function_call": None, "reasoning": None}
-            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish_reason,
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": self.finish_reason,
                                       "stop_reason": None, "token_ids": None, "routed_experts": None}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": None,
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": self.finish_reason, "stop_reason": None,
                       "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None, "routed_experts": None}
         body: dict[str, Any] = {
             "id": self.id,
