@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hardware": ("perflab.cli.hardware_cmd:hardware", "Show the accelerators on this machine (NVML, npu-smi), else the CPU."),
     "launch": ("perflab.cli.launch_cmd:launch", "Launch one engine, wait until it really serves, tear it down on Ctrl-C."),
     "bench": ("perflab.cli.bench_cmd:bench", "Benchmark an OpenAI-compatible endpoint (vllm bench serve metrics)."),
+    "eval": ("perflab.cli.eval_cmd:eval_", "Score an OpenAI-compatible endpoint on an accuracy task (lm-evaluation-harness)."),
     "run": ("perflab.cli.lab_cmd:run", "Run a whole study from a plan file, resumable."),
     "report": ("perflab.cli.lab_cmd:report", "Write the Markdown report, chart, report.json and report.html of a study."),
     "audit": ("perflab.cli.audit_cmd:audit", "Check benchmark results, studies and study pages for internal consistency."),
