@@ -20,6 +20,7 @@ from pathlib import Path
 
 import anyio
 from reallab import RealLab, free_port
+from test_real_vllm import _scrape
 
 from perflab.accuracy.agreement import collect, compare, judge
 from perflab.accuracy.tasks import SHIPPED_TASK
@@ -68,16 +69,25 @@ def test_eval_and_agreement_against_the_real_vllm(lab: RealLab) -> None:
 
     with serving(lab, "baseline", varied) as base_url:
         # perflab eval: the shipped task through lm-eval's local-chat-completions model, end to end
+        before = _scrape(base_url)
         r = lab.run("eval", "--base-url", base_url, "--model", "tiny", "--limit", str(EVAL_LIMIT),
-                    "--max-gen-toks", str(EVAL_GEN_TOKS), "--out", str(result_dir), "--json", timeout=600)
+                    "--max-gen-toks", str(EVAL_GEN_TOKS), "--save-result", "--result-dir", str(result_dir),
+                    "--result-filename", "eval.json", "--json", timeout=600)
         assert r.rc == 0, r.stdout[-2000:] + r.stderr[-3000:]
         res = r.json()
         # the tiny model's score is meaningless (random weights): the plumbing is what is checked
         assert res["task"] == SHIPPED_TASK and res["samples"] == EVAL_LIMIT
         assert isinstance(res["score"], float) and 0.0 <= res["score"] <= 100.0
         assert res["metric"] == "exact_match" and res["harness"].startswith("lm-eval ")
-        stored = [json.loads(p.read_text()) for p in result_dir.rglob("*.json")]
-        assert any(s.get("task") == SHIPPED_TASK and s.get("samples") == EVAL_LIMIT for s in stored), stored
+        assert res["simulated"] is False  # the real engine: no simulator's time-scale header
+        # every item was a request vLLM answered, each at most --max-gen-toks long
+        served = {k: _scrape(base_url)[k] - before[k]
+                  for k in ("vllm:request_success_total", "vllm:generation_tokens_total")}
+        assert served["vllm:request_success_total"] == EVAL_LIMIT, served
+        assert 0 < served["vllm:generation_tokens_total"] <= EVAL_LIMIT * EVAL_GEN_TOKS, served
+        stored = json.loads((result_dir / "eval.json").read_text())
+        assert {k: stored[k] for k in ("task", "score", "samples")} == {k: res[k] for k in ("task", "score", "samples")}
+        assert stored["perflab"]["served_model_name"] == "tiny" and stored["perflab"]["limit"] == EVAL_LIMIT
 
         # the noise floor: the baseline's answers one at a time, then all at once
         first = _collect(base_url, 1)
