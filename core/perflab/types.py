@@ -148,6 +148,7 @@ class ServeOption:
     name: str = ""
     default: Any = None  # the field's plain default (the CLI's): "127.0.0.1" for host
     required: bool = False  # the field has no default (model)
+    lossless: bool = False  # cannot change greedy outputs beyond batch noise (the accuracy gate)
 
     def __post_init__(self) -> None:
         if self.kind not in OPTION_KINDS:
@@ -190,7 +191,7 @@ class ServeConfig:
         "str", "Model id (Hugging Face) or local path.", short="-m", expect="a model id or local path",
         note="In a delta: another checkpoint (`Qwen/Qwen3-32B-FP8`); in `serve`, use the top-level `model` key."))
     served_model_name: str | None = field(default=None, metadata=_opt(
-        "str", "Name clients use in requests (default: the model).", expect="a name"))
+        "str", "Name clients use in requests (default: the model).", expect="a name", lossless=True))
     tp: int | None = field(default=None, metadata=_opt("pos_int", "Tensor-parallel size."))
     pp: int | None = field(default=None, metadata=_opt("pos_int", "Pipeline-parallel size."))
     dp: int | None = field(default=None, metadata=_opt("pos_int", "Data-parallel size."))
@@ -203,24 +204,25 @@ class ServeConfig:
     max_model_len: int | None = field(default=None, metadata=_opt(
         "pos_int", "Maximum context length (prompt + output)."))
     max_batched_tokens: int | None = field(default=None, metadata=_opt(
-        "pos_int", "Token budget of one scheduler step."))
+        "pos_int", "Token budget of one scheduler step.", lossless=True))
     max_num_seqs: int | None = field(default=None, metadata=_opt(
-        "pos_int", "Maximum concurrent sequences (batch size)."))
+        "pos_int", "Maximum concurrent sequences (batch size).", lossless=True))
     quantization: str | None = field(default=None, metadata=_opt(
         "str", "Quantization method as the engine names it (fp8, awq, ascend, ...).", short="-q",
         expect="a quantization method name such as fp8 or awq"))
     kv_cache_dtype: str | None = field(default=None, metadata=_opt(
         "str", "KV cache data type (auto, fp8, ...).", expect="a KV cache dtype such as fp8"))
     prefix_caching: bool | None = field(default=None, metadata=_opt(
-        "bool", "Turn automatic prefix caching on or off (default: engine's)."))
+        "bool", "Turn automatic prefix caching on or off (default: engine's).", lossless=True))
     chunked_prefill: bool | None = field(default=None, metadata=_opt(
-        "bool", "Turn chunked prefill on or off (default: engine's)."))
+        "bool", "Turn chunked prefill on or off (default: engine's).", lossless=True))
     speculative_config: Mapping[str, Any] | None = field(default=None, metadata=_opt(
         "json", 'Speculative decoding as JSON, e.g. \'{"method":"mtp","num_speculative_tokens":4}\'.',
         expect="a mapping such as {method: mtp, num_speculative_tokens: 4}",
-        note="In a plan: a mapping such as `{method: mtp, num_speculative_tokens: 4}`."))
+        note="In a plan: a mapping such as `{method: mtp, num_speculative_tokens: 4}`.",
+        lossless=True))  # the target model verifies every token: greedy outputs are the target's
     mem_fraction: float | None = field(default=None, metadata=_opt(
-        "fraction", "Fraction of accelerator memory the engine may use."))
+        "fraction", "Fraction of accelerator memory the engine may use.", lossless=True))
     reasoning_parser: str | None = field(default=None, metadata=_opt(
         "str", "Reasoning parser (e.g. qwen3).", expect="a parser name such as qwen3"))
     host: str = field(default="127.0.0.1", metadata=_opt(

@@ -139,7 +139,8 @@ def test_sigint_mid_study_then_resume(tmp_path):
 @pytest.mark.slow
 def test_demo_plan_decisions(tmp_path):
     """The demo's study makes seed 002's decisions: TensorRT-LLM wins engine selection, its AWQ
-    checkpoint crashes with KeyError: 'weight', SGLang's FP8 is refused before launch. To stay
+    checkpoint crashes with KeyError: 'weight', SGLang's FP8 is refused before launch, and the
+    accuracy gate rejects vLLM's AWQ checkpoint (its simulated score drops). To stay
     short, this runs the demo's engine selection and quantization steps on its main profile
     (1000 prompts: the engines' ranking needs a full batch); `perflab demo` runs it all."""
     import dataclasses
@@ -179,3 +180,15 @@ def test_demo_plan_decisions(tmp_path):
         assert r["telemetry"]["source"] == "nvml" and r["telemetry"]["power_w"]["peak"] > 0
         assert r["energy"]["joules"] > 0 and r["energy"]["output_tokens_per_joule"] > 0
         assert r["cost"]["per_million_output_tokens"] > 0 and r["cost"]["currency"] == "USD"
+    # issue 25: every measured configuration carries its accuracy (simulated), and the AWQ
+    # checkpoint's drop is rejected by the gate — in report.json, report.md and report.html
+    gated = [e for s in report["steps"] for e in s["entries"] if e["result"]["status"] in ("ok", "stopped-early")]
+    assert gated and all(e["accuracy"]["simulated"] is True for e in gated)
+    assert all(e["accuracy"]["score"] is not None and e["accuracy"]["agreement"] for e in gated)
+    rejected = {e["label"]: e for e in gated if e["accuracy"]["gate"] == "rejected"}
+    assert "vLLM AWQ" in rejected and rejected["vLLM AWQ"]["eligible"] is False
+    reason = rejected["vLLM AWQ"]["accuracy"]["reason"]  # its note also says it stopped early, when it did
+    assert reason.startswith("rejected: accuracy -") and " points (perflab_arith)" in reason
+    assert reason in rejected["vLLM AWQ"]["note"]
+    assert {r["label"] for r in report["accuracy"]["rows"]} >= set(rejected)
+    assert "## Accuracy" in md and reason in md and reason in (tmp_path / "demo" / "report.html").read_text()

@@ -65,6 +65,8 @@ warmup: 4
 early_stop: true
 cost: {per_accelerator_hour: 2.5, currency: USD}
 guards: {p99_tpot_ms: 200, max_regression: {mean_ttft_ms: 0.2}, latency_regression_pct: 10}
+accuracy: {task: perflab_arith, limit: 100, max_drop: 1.0, agreement: true, agreement_margin: 10, concurrency: 8,
+           api: chat, lossless: [extra_args], timeout_s: 600}
 notes: [one, two]
 """)
 
@@ -108,6 +110,7 @@ def _key_text(path: tuple[Any, ...]) -> str:
 
 def test_the_full_plan_is_valid_and_uses_every_key_the_schema_declares() -> None:
     from perflab.lab import plan as schema
+    from perflab.lab.accuracy import ACCURACY_KEYS
     from perflab.lab.decide import GUARD_KEYS, SLO_KEYS
     from perflab.lab.options import PLAN_OPTIONS
     from perflab.observe.energy import COST_KEYS
@@ -125,7 +128,7 @@ def test_the_full_plan_is_valid_and_uses_every_key_the_schema_declares() -> None
         *(f"{step}.{k}" for k in schema.VARIANT_KEYS if k != "of"), *(f"serve.{k}" for k in PLAN_OPTIONS if k != "model"),
         *(f"timeouts.{k}" for k in schema.TIMEOUT_KEYS), *(f"simulation.{k}" for k in schema.SIMULATION_KEYS),
         *(f"slo.{k}" for k in SLO_KEYS), *(f"cost.{k}" for k in COST_KEYS),
-        *(f"guards.{k}" for k in GUARD_KEYS),
+        *(f"guards.{k}" for k in GUARD_KEYS), *(f"accuracy.{k}" for k in ACCURACY_KEYS),
     }
     profile_keys = {p[2] for p in _paths(FULL) if p[0] == "profiles" and len(p) == 3}
     assert declared <= used, sorted(declared - used)
@@ -175,6 +178,9 @@ LIMIT_PATHS: dict[str, tuple[Any, ...]] = {
     "min_improvement_pct": ("min_improvement_pct",),
     "time_scale": ("simulation", "time_scale"),
     "per_accelerator_hour": ("cost", "per_accelerator_hour"),
+    "accuracy_limit": ("accuracy", "limit"),
+    "accuracy_concurrency": ("accuracy", "concurrency"),
+    "accuracy_points": ("accuracy", "max_drop"),
 }
 
 

@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import anyio
 import structlog
 
+from perflab.lab.accuracy import AccuracyJob
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord
@@ -85,6 +86,13 @@ class Ticket:
     # the load points interrupted runs of this configuration finished, by profile name then
     # point (Store.points): the executor measures only the others
     known_points: Mapping[str, Mapping[str, ProfileMeasurement]] = field(default_factory=dict)
+    # the plan's accuracy measurement, after the profiles in the same launch (None: none)
+    accuracy: AccuracyJob | None = None
+
+    def run_kw(self) -> dict[str, Any]:
+        """The keywords of ``Executor.run`` besides the configuration and profiles."""
+        return {"label": self.label, "to_beat": self.to_beat,
+                **({"accuracy": self.accuracy} if self.accuracy is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -355,8 +363,7 @@ class LocalBackend:
                 # CUDA_VISIBLE_DEVICES etc.); one at a time, the engine's default selection
                 # stays what it always was (the first devices: the same ones the ledger gives)
                 ex.placement = devices if devices and demand.devices is None else None
-            rec = await ex.run(ticket.config, list(ticket.profiles), ticket.run_dir, label=ticket.label,
-                               to_beat=ticket.to_beat)
+            rec = await ex.run(ticket.config, list(ticket.profiles), ticket.run_dir, **ticket.run_kw())
             sink(Finished(rec))
             sink(State("done"))
         finally:

@@ -6,6 +6,11 @@ work on A100); max batched tokens 16k/32k; then baseline and optimized on the fi
 workloads. ShareGPT keeps the seed's 1000 prompts, the other workloads the seed's lengths with
 fewer prompts, and simulated time runs 40 times faster than real time, so the whole study
 takes about two minutes of wall-clock time on two cores.
+
+The plan's accuracy gate scores every configuration on perflab's shipped task and compares its
+greedy answers with its engine's reference (perflab.lab.accuracy): the simulated AWQ checkpoint
+loses more than a point and is rejected. Without lm-evaluation-harness (``perflab[accuracy]``)
+the demo keeps the agreement check only, and says so.
 """
 
 from __future__ import annotations
@@ -57,10 +62,36 @@ min_success_rate: 0.9
 # an illustrative on-demand price per A100-hour: the report shows cost per million output tokens
 cost: {per_accelerator_hour: 2.50, currency: USD}
 timeouts: {startup_s: 120, benchmark_s: 300}
+# the accuracy gate: every configuration scored on the shipped offline task (all 200 items: a
+# half-point resolution) and its greedy answers compared with its engine's reference; a drop of
+# more than a point below the baseline's score, or agreement below the reference's noise floor
+# by more than 10 points, rejects it
+accuracy:
+  task: perflab_arith
+  max_drop: 1.0
+  timeout_s: 300
 notes:
   - This is a scaled-down reproduction of a published study (fewer prompts on the random workloads) on simulated engines.
 """
 
 
+TASK_LINE = "  task: perflab_arith\n"
+
+
+def harness_missing() -> str | None:
+    """Why the demo cannot score its task (lm-eval is not installed), or None."""
+    from perflab.accuracy.harness import ensure_available
+    from perflab.errors import PerflabError
+
+    try:
+        ensure_available()
+    except PerflabError as exc:
+        return str(exc)
+    return None
+
+
 def demo_plan(known_engines: Iterable[str] | None = None) -> Plan:
-    return load_plan_text(DEMO_PLAN, path=Path("demo-plan.yaml"), known_engines=known_engines)
+    text = DEMO_PLAN
+    if harness_missing() is not None:  # agreement needs no extra: the demo still gates on it
+        text = text.replace(TASK_LINE, "  task: null  # lm-evaluation-harness is not installed: agreement only\n")
+    return load_plan_text(text, path=Path("demo-plan.yaml"), known_engines=known_engines)

@@ -33,6 +33,7 @@ import anyio.to_thread
 import structlog
 
 from perflab import redact
+from perflab.lab.accuracy import ACCURACY_PROFILE, AccuracyJob, AccuracyRunner
 from perflab.lab.decide import DecideBy, LoadKind, Slo
 from perflab.lab.earlystop import EarlyStop, tokens_per_event
 from perflab.observe import TimedRun, Watcher, Watching
@@ -542,6 +543,8 @@ class Executor:
         # hears each load point of a curve as soon as it is measured (the runner stores it: an
         # interrupt mid-curve keeps it) or reused from known_points (counted as reused)
         self.on_point: PointMeasured | None = None
+        # what measures a plan's accuracy gate (the harness and the agreement client); tests replace it
+        self.accuracy_runner: AccuracyRunner = AccuracyRunner()
 
     @property
     def telemetry(self) -> Telemetry:
@@ -583,11 +586,14 @@ class Executor:
         return serving_script([spec], self._describer(config.engine), run_dir)
 
     async def run(self, config: Configuration, profiles: Sequence[Profile], run_dir: Path, *, label: str = "",
-                  to_beat: float | None = None) -> RunRecord:
+                  to_beat: float | None = None, accuracy: AccuracyJob | None = None) -> RunRecord:
         """Launch ``config``, benchmark ``profiles`` in order, tear down; the returned record
         holds each profile's measurement (each also goes to :attr:`on_measured` at once) and
         the engine-seconds the launch held its accelerators. ``to_beat``: the current best's
-        ranking figure on the main profile, for the early stop (None: it cannot have lost)."""
+        ranking figure on the main profile, for the early stop (None: it cannot have lost).
+        ``accuracy``: in the same launch, before the profiles, the plan's accuracy measurement
+        (stored as the measurement :data:`~perflab.lab.accuracy.ACCURACY_PROFILE`); never
+        stopped early, and its time is the launch's, so engine-hours count it."""
         from perflab.supervisor import EngineInstance
 
         plan = self.ctx.plan
@@ -608,7 +614,7 @@ class Executor:
 
         rec = RunRecord(Status.DONE, version=version)
         profiles = self._refuse_too_long(rec, config, profiles)
-        if not profiles:  # no workload fits the context: nothing to launch
+        if not profiles and (accuracy is None or rec.measurements):  # no workload fits the context: nothing to launch
             rec.state = Status.UNSUPPORTED
             rec.reasons = tuple(Unsupported("context", m.error or "", source="perflab") for m in rec.measurements.values())
             rec.script = self._script_without_launch(config, device_sets, run_dir)
@@ -625,7 +631,8 @@ class Executor:
             launched = time.monotonic()
             self._host_s = 0.0
             try:
-                await self._launch_and_measure(rec, instances, config, profiles, device_sets, run_dir, label, to_beat)
+                await self._launch_and_measure(rec, instances, config, profiles, device_sets, run_dir, label, to_beat,
+                                               accuracy)
             finally:
                 # engine time, x accelerators: on a real engine the wall time from launch to
                 # teardown; on the simulator the same x its time scale, except that each benchmark
@@ -664,7 +671,7 @@ class Executor:
 
     async def _launch_and_measure(self, rec: RunRecord, instances: list[Any], config: Configuration,
                                   profiles: Sequence[Profile], device_sets: list[tuple[int, ...]] | None, run_dir: Path,
-                                  label: str, to_beat: float | None) -> None:
+                                  label: str, to_beat: float | None, accuracy: AccuracyJob | None = None) -> None:
         """Launch every replica, benchmark, tear down (the exit stack)."""
         from perflab.supervisor import EngineInstance
         from perflab.supervisor_group import EngineGroup
@@ -706,7 +713,12 @@ class Executor:
                     break
             else:
                 rec.script = launches_script(instances, self._describer(engine), run_dir)
-                await self._benchmark_all(rec, instances, config, profiles, run_dir, label, to_beat)
+                if accuracy is not None:
+                    # first, on the fresh engine: an early stop later in the launch cuts its main
+                    # profile short, never this (and the requests it cut cannot delay it)
+                    await self._accuracy(rec, instances, config, accuracy, run_dir, label)
+                if rec.state is Status.DONE:
+                    await self._benchmark_all(rec, instances, config, profiles, run_dir, label, to_beat)
             self.on_event("teardown", label=label, engine=engine)
 
     def _invisible_holders(self, by_kind: dict[str, list[int]]) -> list[Any]:
@@ -815,6 +827,60 @@ class Executor:
                 rec.state = m.status
                 rec.cause = m.cause
                 break  # the rest of the profiles need a fresh launch
+
+    async def _accuracy(self, rec: RunRecord, instances: list[Any], config: Configuration, job: AccuracyJob,
+                        run_dir: Path, label: str) -> None:
+        """The plan's accuracy measurement on the first replica (:func:`perflab.lab.accuracy.measure`),
+        stored as the measurement :data:`ACCURACY_PROFILE`. The endpoint failing is this run's
+        failure, as a benchmark's would be; the engine dying ends the run crashed."""
+        from perflab.accuracy.harness import AccuracyUnavailable
+        from perflab.errors import UsageError
+        from perflab.lab import accuracy as acc
+
+        inst = instances[0]
+        launch = inst.launch
+        api_key = redact.api_key(launch.argv, {**self._env(), **launch.env}) or None
+        model = launch.served_model_name or config.serve_config().model
+        dead: list[Any] = []
+        record: dict[str, Any] | None = None
+        error: str | None = None
+
+        def stage(text: str) -> None:
+            self.on_event("accuracy", label=label, what=text)
+            log.info("lab.accuracy", label=label, stage=text)
+
+        async with anyio.create_task_group() as tg:
+
+            async def watch(i: Any) -> None:
+                await i.died.wait()
+                dead.append(i)
+                tg.cancel_scope.cancel()  # nothing answers a dead engine's port
+
+            for i in instances:
+                tg.start_soon(watch, i)
+            try:
+                with anyio.fail_after(job.spec.timeout_s):
+                    record = await acc.measure(job, self.accuracy_runner, inst.base_url, model, api_key=api_key,
+                                               simulated=self.ctx.simulated, on_stage=stage)
+            except (AccuracyUnavailable, UsageError):
+                raise  # perflab's environment or the plan, never the configuration's result
+            except TimeoutError:
+                error = f"the accuracy measurement did not finish within {job.spec.timeout_s:g} s"
+            except Exception as exc:  # the endpoint failed it: this run's failure
+                error = redact.scrub(f"the accuracy measurement failed: {type(exc).__name__}: {exc}")
+            tg.cancel_scope.cancel()
+        if dead:
+            m = ProfileMeasurement(Status.CRASHED, cause=dead[0].outcome.cause,
+                                   error="the engine died during the accuracy measurement")
+            rec.state, rec.cause = Status.CRASHED, m.cause
+        elif record is None:
+            m = ProfileMeasurement(Status.FAILED, error=error or "the accuracy measurement was cancelled")
+            log.warning("lab.accuracy-failed", label=label, error=m.error)
+        else:
+            m = ProfileMeasurement(Status.OK, metrics=record, num_prompts=(record.get("eval") or {}).get("samples"))
+        rec.measurements[ACCURACY_PROFILE] = m
+        if self.on_measured is not None:
+            self.on_measured(ACCURACY_PROFILE, m)
 
     # ------------------------------------------------------------------ what one profile measures
 

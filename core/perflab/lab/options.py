@@ -32,7 +32,7 @@ LAB_OPTIONS: tuple[ServeOption, ...] = (
     ServeOption(
         "pos_int", "N identical instances on disjoint device sets; the benchmark spreads requests over all of "
         "them and reports their aggregate (not one instance multiplied).",
-        expect="a positive integer (instances on disjoint device sets)", cli=False, name="replicas",
+        expect="a positive integer (instances on disjoint device sets)", cli=False, name="replicas", lossless=True,
     ),
 )
 
@@ -40,6 +40,8 @@ LAB_OPTIONS: tuple[ServeOption, ...] = (
 PLAN_OPTIONS: Mapping[str, ServeOption] = MappingProxyType(
     {o.plan_key: o for o in (*serve_options(), *LAB_OPTIONS) if o.plan_key is not None}
 )
+#: the plan keys whose change cannot alter greedy outputs beyond batch noise (ServeOption.lossless)
+LOSSLESS_OPTIONS: frozenset[str] = frozenset(k for k, o in PLAN_OPTIONS.items() if o.lossless)
 # plan key -> ServeConfig field, for the options that are one (not replicas)
 _SERVE_FIELD = {o.plan_key: o.name for o in serve_options() if o.plan_key is not None}
 
@@ -212,7 +214,8 @@ def options_table() -> str:
         if o.short:
             flag += f", `{o.short}`"
         meaning = o.help + (f" {o.note}" if o.note else "") + (
-            f" Default: `{o.default}`." if o.default not in (None, ()) else "")
+            f" Default: `{o.default}`." if o.default not in (None, ()) else "") + (
+            " Lossless (the accuracy gate keeps only the agreement check)." if o.lossless else "")
         rows.append(f"| {key} | {flag} | {cell(o.doc_type)} | {cell(meaning)} |")
     return "\n".join(rows) + "\n"
 

@@ -28,6 +28,7 @@ import yaml
 from perflab import redact
 from perflab.bench.request import MAX_NUM_PROMPTS
 from perflab.errors import UsageError
+from perflab.lab.accuracy import ACCURACY_KEYS, ACCURACY_PROFILE, APIS, AccuracySpec
 from perflab.lab.decide import SLO_KEYS, DecideBy, Decision, Guards, LoadKind, Slo, is_latency_metric
 from perflab.lab.options import PLAN_OPTIONS, Configuration, apply_delta, normalise
 from perflab.observe.energy import COST_KEYS, DEFAULT_CURRENCY, Cost
@@ -46,6 +47,8 @@ TOP_KEYS = (
     "decide_by", "slo", "search", "repeats", "warmup", "early_stop", "guards",
     # what an accelerator-hour costs: cost per million output tokens (perflab.observe.energy)
     "cost",
+    # the accuracy gate: task score and agreement of every configuration (perflab.lab.accuracy)
+    "accuracy",
 )
 MODEL_KEYS = ("id", "path", "name", "metadata")
 BASELINE_KEYS = ("engine", "serve", "label")
@@ -100,6 +103,10 @@ LIMITS: Mapping[str, float] = MappingProxyType({
     "min_improvement_pct": 10_000.0,
     "time_scale": 10_000.0,
     "per_accelerator_hour": 1_000_000.0,
+    # the accuracy gate (accuracy:)
+    "accuracy_limit": 1_000_000,  # items of the task
+    "accuracy_concurrency": 10_000,  # the task's requests in flight
+    "accuracy_points": 100.0,  # max_drop and agreement_margin: points of a 0..100 score
 })
 COMBINATION_BASES = ("best", "engine-defaults")
 
@@ -300,6 +307,7 @@ class Plan:
     sim_engine_versions: Mapping[str, str] = field(default_factory=dict)
     decision: Decision = Decision()  # decide_by, slo, search, repeats, warmup, early_stop
     cost: Cost | None = None  # cost: {per_accelerator_hour, currency}; None: no cost figures
+    accuracy: AccuracySpec | None = None  # accuracy: the gate (perflab.lab.accuracy); None: no accuracy runs
 
     @property
     def display_model(self) -> str:
@@ -878,6 +886,94 @@ def _cost(p: _Problems, raw: Any) -> Cost | None:
     return None if price is _BAD else Cost(float(price), currency.upper())
 
 
+def _accuracy(p: _Problems, raw: Any, check_available: bool, base_dir: Path | None = None) -> AccuracySpec | None:
+    """``accuracy: {task: perflab_arith, max_drop: 1.0, agreement: true, ...}`` (perflab.lab.accuracy);
+    ``accuracy: {}`` takes every default. A task needs lm-evaluation-harness: without it the
+    plan is refused here, with the install hint (``check_available``: not when re-reading a
+    finished study's plan, which measures nothing)."""
+    if raw is None:  # ``accuracy:`` with nothing after it: the defaults
+        raw = {}
+    a = _mapping(p, "accuracy", raw, "a mapping such as {task: perflab_arith, max_drop: 1.0, agreement: true}")
+    if a is None:
+        return None
+    _unknown_keys(p, "accuracy", a, ACCURACY_KEYS)
+    kw: dict[str, Any] = {}
+    ok = True
+    if "task" in a:
+        v = a["task"]
+        if v is not None and _str(p, "accuracy.task", v, "an lm-eval task name such as perflab_arith or gsm8k, or null") is _BAD:
+            ok = False
+        elif isinstance(v, str) and Path(v).suffix.lower() in (".jsonl", ".yaml", ".yml"):
+            path = Path(v).expanduser()  # a task file: relative to the plan, as dataset_path is
+            v = str(base_dir / path if not path.is_absolute() and base_dir is not None else path)
+        kw["task"] = v
+    for key, limit in (("limit", "accuracy_limit"), ("concurrency", "accuracy_concurrency")):
+        if a.get(key) is not None:
+            v = _pos_int(p, f"accuracy.{key}", a[key], limit=limit)
+            ok &= v is not _BAD
+            kw[key] = v
+    for key in ("max_drop", "agreement_margin"):
+        if key in a:
+            v = _number(p, f"accuracy.{key}", a[key], f"a number of points from 0 to {_limit('accuracy_points')}", 0.0,
+                        LIMITS["accuracy_points"])
+            ok &= v is not _BAD
+            kw[key] = v
+    if "agreement" in a:
+        v = _bool(p, "accuracy.agreement", a["agreement"], "true or false")
+        ok &= v is not _BAD
+        kw["agreement"] = v
+    if "api" in a:
+        if a["api"] not in APIS:
+            p.add("accuracy.api", f"expected one of: {', '.join(APIS)}, got {_show(a['api'])}")
+            ok = False
+        kw["api"] = a["api"]
+    if "timeout_s" in a:
+        v = _number(p, "accuracy.timeout_s", a["timeout_s"], f"a positive number of seconds of at most {_limit('timeout_s')}",
+                    0.0, LIMITS["timeout_s"], lo_open=True)
+        ok &= v is not _BAD
+        kw["timeout_s"] = v
+    if "lossless" in a:
+        v = a["lossless"]
+        if not isinstance(v, list) or not all(isinstance(k, str) for k in v):
+            _expected(p, "accuracy.lossless", v, f"a list of serving option names such as [{', '.join(sorted(PLAN_OPTIONS)[:2])}]")
+            ok = False
+        else:
+            for i, k in enumerate(v):
+                if k not in PLAN_OPTIONS:
+                    hint = difflib.get_close_matches(k, list(PLAN_OPTIONS), n=1)
+                    p.add(f"accuracy.lossless[{i}]", f"unknown serving option {k!r}"
+                          + (f" (did you mean {hint[0]!r}?)" if hint else "") + f"; expected one of: {', '.join(PLAN_OPTIONS)}")
+                    ok = False
+            kw["lossless"] = tuple(v)
+    if not ok:
+        return None
+    spec = AccuracySpec(**kw)
+    if spec.task is None and not spec.agreement:
+        p.add("accuracy", "nothing to measure: task is null and agreement is false (remove accuracy: to measure none)")
+        return None
+    if spec.task is not None and check_available:
+        from perflab.accuracy.harness import ensure_available
+        from perflab.errors import PerflabError
+
+        try:
+            ensure_available()
+            _check_task(spec.task)
+        except PerflabError as exc:
+            p.add("accuracy.task", str(exc))
+            return None
+    return spec
+
+
+def _check_task(task: str) -> None:
+    """Raise the harness's one-line UsageError for a task it would not run: a task file that is
+    not one, or a name lm-eval does not know (its task index: seconds, for names only)."""
+    from perflab.accuracy import harness
+
+    spec = harness.resolve_task(task)
+    if spec.needs_index:
+        harness._check_known(spec.name, harness._task_manager(True))
+
+
 def _sim_engine_versions(p: _Problems, raw: Any) -> dict[str, str]:
     if not isinstance(raw, Mapping) or "engine_versions" not in raw:
         return {}  # a simulation key that is not a mapping is reported once, by _time_scale
@@ -1073,6 +1169,9 @@ def parse_plan(
     time_scale = _time_scale(p, data.get("simulation"))
     sim_engine_versions = _sim_engine_versions(p, data.get("simulation"))
     cost = _cost(p, data.get("cost"))
+    accuracy = _accuracy(p, data.get("accuracy"), check_files, base_dir) if "accuracy" in data else None
+    if any(pr.name == ACCURACY_PROFILE for pr in profiles):
+        p.add(f"profiles.{ACCURACY_PROFILE}", "the name is reserved for the accuracy measurement; choose another")
     title = _optional_str(p, data, "title", None)
     objective = _optional_str(p, data, "objective", DEFAULT_OBJECTIVE)
     name = _optional_str(p, data, "name", None, "a short study name")
@@ -1115,6 +1214,7 @@ def parse_plan(
         sim_engine_versions=MappingProxyType(sim_engine_versions),
         decision=decision,
         cost=cost,
+        accuracy=accuracy,
     )
 
 

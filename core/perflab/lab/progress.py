@@ -125,6 +125,10 @@ class StudyProgress:
             r = self._run(f)
             r.state, r.profile, r.done, r.total = "benchmarking", f.get("profile", ""), 0, int(f.get("total") or 0)
             self._line(f"   {label}: benchmarking {r.profile} ({r.total} prompts)")
+        elif kind == "accuracy":  # the plan's accuracy measurement (perflab.lab.executor): "evaluating accuracy (...)"
+            r = self._run(f)
+            r.state = str(f.get("what", "accuracy"))
+            self._line(f"   {label}: {r.state}")
         elif kind == "progress":
             r = self._run(f)
             r.done, r.total = int(f.get("done") or 0), int(f.get("total") or r.total)

@@ -431,7 +431,7 @@ class Agent:
                 ex.group = GroupPlacement(group.nodes, start_rank)
             held_back: list[Measured] = []  # a group's failed measurements: a lost node's make none
             task = self._tasks[ticket.run_id] = asyncio.ensure_future(
-                ex.run(ticket.config, list(ticket.profiles), stage.path, label=ticket.label, to_beat=ticket.to_beat))
+                ex.run(ticket.config, list(ticket.profiles), stage.path, **ticket.run_kw()))
 
             def passed(ev: Any) -> list[Any]:
                 """What of ``ev`` goes to the driver now, with the files worth keeping by then."""

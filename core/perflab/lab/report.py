@@ -311,6 +311,8 @@ def _conclusion(o: StudyOutcome, ctx: ReportContext) -> list[str]:
                 "max-load": "the highest load meeting the service-level objective"}[str(o.rank.decide_by)]
         out += [f"Recommended configuration for optimizing {goal} of {plan.display_model} on {hardware_short(ctx)}:", "",
                 '???+ tip "Serving Command"', _indent(_fence(script_of(o.optimized, ctx), "bash")), ""]
+        if o.optimized.accuracy is not None:
+            out += [f"Its accuracy price: {accuracy_price(o.optimized.accuracy)}.", ""]
     base_head = f"baseline ({o.baseline.label})"
     out += ["Comparison of benchmark results before and after optimization:", "",
             f"| Benchmark Case | {base_head} | Optimized |", "|----------|-------------------------------------------|-----------|"]
@@ -395,6 +397,81 @@ def engine_hours_line(h: Mapping[str, float]) -> str:
     return text
 
 
+def _score_text(block: Mapping[str, Any]) -> str:
+    score = block.get("score")
+    if score is None:
+        return "skipped" if str(block.get("gate", "")).startswith("skipped") else "n/a"
+    return f"{score:.2f}" + (" (simulated)" if block.get("simulated") else "")
+
+
+def _change_text(block: Mapping[str, Any]) -> str:
+    drop = block.get("drop")
+    return "n/a" if drop is None else f"{(-drop or 0.0):+.2f} points"
+
+
+def _agreement_text(block: Mapping[str, Any]) -> str:
+    a = block.get("agreement")
+    if not a:
+        return "n/a"
+    return f"{a['exact_match']:.1f}% vs floor {a['floor']:.1f}% (margin {a['margin']:g})"
+
+
+def accuracy_price(block: Mapping[str, Any]) -> str:
+    """The recommendation's accuracy, one phrase: ``perflab_arith 93.50 (simulated), -1.00 points
+    vs the baseline's 94.50; agreement 95.0% vs floor 100.0% (margin 10)``."""
+    parts = []
+    if block.get("score") is not None:
+        text = f"{block['task']} {_score_text(block)}"
+        if block.get("drop") is not None:
+            text += f", {_change_text(block)} vs the baseline's {block['baseline_score']:.2f}"
+        parts.append(text)
+    elif block.get("task"):
+        parts.append(f"{block['task']} not scored ({block.get('gate')})")
+    if block.get("agreement"):
+        parts.append(f"agreement {_agreement_text(block)}")
+    return "; ".join(parts) or str(block.get("gate"))
+
+
+def accuracy_rows(o: StudyOutcome) -> list[dict[str, Any]]:
+    """Every measured configuration's accuracy verdict (report.json's ``accuracy.rows``)."""
+    return [{"label": e.label, "engine": e.config.engine, "eligible": e.eligible, "note": e.note, **e.accuracy}
+            for e in _configurations(o) if e.accuracy is not None]
+
+
+def _accuracy_section(o: StudyOutcome) -> list[str]:
+    """The accuracy gate's table: each measured configuration's score, its change from the
+    baseline's, its agreement against its reference's noise floor, and the gate's verdict."""
+    spec = o.plan.accuracy
+    if spec is None:
+        return []
+    rule = []
+    if spec.task is not None:
+        rule.append(f"its {spec.task} score drops more than {spec.max_drop:g} point{'' if spec.max_drop == 1 else 's'} "
+                    "below the baseline's")
+    if spec.agreement:
+        rule.append(f"its greedy answers agree with its engine's reference less than the reference's own noise floor "
+                    f"(the reference answering twice, one prompt at a time then all at once) minus "
+                    f"{spec.agreement_margin:g} points")
+    out = ["## Accuracy", "", f"A configuration is rejected when {' or when '.join(rule)}. Configurations whose every "
+           "change from their reference is lossless skip the task and keep the agreement check.", "",
+           "| Configuration | Task | Score | Change vs baseline | Agreement vs floor | Gate |",
+           "|---|---|---|---|---|---|"]
+    rows = [e for e in _configurations(o) if e.accuracy is not None]
+    for e in rows:
+        b = e.accuracy or {}
+        gate = str(b.get("gate"))
+        if b.get("reason"):  # the gate's own reason (a configuration may be ineligible for others too)
+            gate = b["reason"] if gate == "rejected" else f"{gate}: {b['reason']}"
+        out.append(f"| {_md_escape(e.label)} | {b.get('task') or 'n/a'} | {_score_text(b)} | {_change_text(b)} | "
+                   f"{_agreement_text(b)} | {_md_escape(gate)} |")
+    if not rows:
+        out.append("| (no configuration measured yet) | | | | | |")
+    if any((e.accuracy or {}).get("simulated") for e in rows):
+        out += ["", "Scores marked (simulated) come from perflab's simulated engines' accuracy model "
+                "(docs/simulator.md gives each effect's published source), not from a real model."]
+    return out + [""]
+
+
 def _configurations(o: StudyOutcome) -> list[Entry]:
     """Every configuration measured on the main profile, once each, in the study's order."""
     seen: set[str] = set()
@@ -447,6 +524,8 @@ def _entry_lines(e: Entry, ctx: ReportContext) -> list[str]:
     block = result_block(e.result)
     if e.note and e.result.status is not Status.STOPPED_EARLY:  # a stopped block says it once, itself
         block += f"\n# {e.note}"
+    elif e.accuracy is not None and e.accuracy.get("reason"):  # the accuracy gate's verdict, beside the stop
+        block += f"\n# {e.accuracy['reason']}"
     if e.result.reused:
         block += "\n# (measured in an earlier session of this study and reused)"
     return [e.label, info_box("Serving script", script_of(e, ctx), "bash"), "", info_box("Benchmark result", block), ""]
@@ -663,6 +742,7 @@ def render_markdown(o: StudyOutcome, ctx: ReportContext) -> str:
         out += [""]
     out += _conclusion(o, ctx)
     out += _setup(o, ctx)
+    out += _accuracy_section(o)
     out += ["## Experiment Results", ""]
     for s in o.steps:
         out += _step(s, ctx)
@@ -725,6 +805,8 @@ def build_json(o: StudyOutcome, ctx: ReportContext) -> dict[str, Any]:
             for c in o.cases
         ],
         "summary": summary_rows(o, ctx),
+        "accuracy": ({"spec": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(plan.accuracy).items()},
+                      "rows": accuracy_rows(o)} if plan.accuracy is not None else None),
         **o.to_json(),
     }
 

@@ -29,6 +29,7 @@ import anyio
 from perflab import redact
 from perflab.bench.request import BenchRequest
 from perflab.errors import HookDeadlineExceeded, PerflabError, UnknownEngine
+from perflab.lab.accuracy import ACCURACY_PROFILE, AccuracyJob, job_for
 from perflab.lab.backend import Event, Files, Finished, LocalBackend, Lost, Measured, Placed, Point, Ticket
 from perflab.lab.decide import DecideBy
 from perflab.lab.executor import LabContext
@@ -162,7 +163,31 @@ class StoreMeasure:
         res = self.store.lookup(config.key(self.salt), profile_key(self.plan, profile), retry_failed=self.retry_failed)
         if res is not None and self.rerun_stopped and res.status is Status.STOPPED_EARLY:
             return None
+        if res is not None and self.plan is not None and profile.name == self.plan.main_profile:
+            res.accuracy = self.lookup_accuracy(config)  # what the study's accuracy gate decides with
         return res
+
+    def accuracy_job(self, config: Configuration) -> AccuracyJob | None:
+        return job_for(self.plan, config) if self.plan is not None else None
+
+    def lookup_accuracy(self, config: Configuration) -> ConfigResult | None:
+        """The stored accuracy measurement of ``config`` (None: not measured, or no gate)."""
+        job = self.accuracy_job(config)
+        if job is None:
+            return None
+        return self.store.lookup(config.key(self.salt), job.key(), retry_failed=self.retry_failed)
+
+    def accuracy_todo(self, config: Configuration, profiles: Sequence[Profile]) -> AccuracyJob | None:
+        """The accuracy measurement a launch of ``config`` for ``profiles`` must add: the plan's,
+        when the main profile is asked for, measured (or about to be) and accuracy is not yet."""
+        job = self.accuracy_job(config)
+        if job is None or self.plan is None or all(p.name != self.plan.main_profile for p in profiles):
+            return None
+        if self.store.lookup(config.key(self.salt), job.key(), retry_failed=self.retry_failed) is not None:
+            return None
+        main = self.store.lookup(config.key(self.salt), profile_key(self.plan, self.plan.main),
+                                 retry_failed=self.retry_failed)
+        return job if main is None or main.status.measured else None
 
     def missing(self, config: Configuration, profiles: Sequence[Profile]) -> list[Profile]:
         """The profiles of ``config`` the store has no result for yet."""
@@ -222,11 +247,13 @@ class LiveMeasure(StoreMeasure):
             self.log.info("lab.step", step=step)
         ckey = config.key(self.salt)
         todo = [p for p in profiles if self.lookup(config, p) is None]
+        accuracy = self.accuracy_todo(config, profiles)
         announce = (self._step, label, ckey)
-        repeat = not todo and announce in self._announced  # nothing to run, already said
+        repeat = not todo and accuracy is None and announce in self._announced  # nothing to run, already said
         requeued = False
-        for _ in range(len(profiles) + 2):  # a mid-benchmark crash leaves the rest for a fresh launch
-            if not todo:
+        for _ in range(len(profiles) + 3):  # a mid-benchmark crash leaves the rest for a fresh launch
+            accuracy = self.accuracy_todo(config, profiles)
+            if not todo and accuracy is None:
                 break
             self.on_event("measure", label=label, engine=config.engine)
             run_id, run_dir = self.store.begin_run(ckey, config.engine, config.canonical(), step, label, [p.name for p in todo])
@@ -237,7 +264,7 @@ class LiveMeasure(StoreMeasure):
             known = {p.name: pts for p in todo
                      if (pts := self.store.points(ckey, profile_key(self.plan, p), stopped=not self.rerun_stopped))}
             rec = await self._launch(Ticket(run_id, run_dir, config, tuple(todo), label, self.backend.demand(config),
-                                            to_beat, known), ckey, may_requeue=not requeued)
+                                            to_beat, known, accuracy), ckey, may_requeue=not requeued)
             if rec is None:  # lost with its node or agent: recorded interrupted; once more, elsewhere
                 requeued = True
                 todo = [p for p in todo if self.lookup(config, p) is None]  # what was streamed is kept
@@ -281,7 +308,7 @@ class LiveMeasure(StoreMeasure):
 
         def sink(ev: Event) -> None:
             if isinstance(ev, Measured):  # stored at once: an interrupt later in the launch cannot lose it
-                self.store.add_measurement(run_id, ckey, profile_key(self.plan, by_name[ev.profile]), ev.profile,
+                self.store.add_measurement(run_id, ckey, self._key(ticket, ev.profile, by_name), ev.profile,
                                            ev.measurement)
                 saved.add(ev.profile)
             elif isinstance(ev, Point):  # a curve's load point: kept even if the curve is interrupted
@@ -335,8 +362,16 @@ class LiveMeasure(StoreMeasure):
             raise MachineNotReady(f"{label}: the run was lost ({reason}); everything measured is kept — re-run the "
                                   f"same command to resume")
         rec = final[0]
-        self._save(run_id, ckey, rec, ticket.profiles, saved)
+        self._save(run_id, ckey, rec, ticket, saved)
         return rec
+
+    def _key(self, ticket: Ticket, name: str, by_name: Mapping[str, Profile]) -> str:
+        """The store's key of a measurement a run streamed: its profile's, or its accuracy job's."""
+        if name == ACCURACY_PROFILE:
+            if ticket.accuracy is None:
+                raise ValueError(f"{ticket.label}: an accuracy measurement the run was not asked for")
+            return ticket.accuracy.key()
+        return profile_key(self.plan, by_name[name])
 
     def _interrupted(self, run_id: int, run_dir: Path, reason: str | None) -> None:
         """Best effort: the disk may be the fault."""
@@ -346,11 +381,14 @@ class LiveMeasure(StoreMeasure):
         except (OSError, sqlite3.Error) as exc:
             self.log.warning("lab.record-interrupted-failed", run_id=run_id, error=str(exc))
 
-    def _save(self, run_id: int, ckey: str, rec: RunRecord, todo: Sequence[Profile], saved: set[str]) -> None:
-        for p in todo:
+    def _save(self, run_id: int, ckey: str, rec: RunRecord, ticket: Ticket, saved: set[str]) -> None:
+        for p in ticket.profiles:
             m = rec.measurements.get(p.name)
             if m is not None and p.name not in saved:
                 self.store.add_measurement(run_id, ckey, profile_key(self.plan, p), p.name, m)
+        m = rec.measurements.get(ACCURACY_PROFILE)
+        if ticket.accuracy is not None and m is not None and ACCURACY_PROFILE not in saved:
+            self.store.add_measurement(run_id, ckey, ticket.accuracy.key(), ACCURACY_PROFILE, m)
         self.store.finish_run(run_id, rec)
 
 

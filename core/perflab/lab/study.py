@@ -33,6 +33,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from perflab.lab import accuracy as acc
 from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, Regression, _pct_name, latency_regressions
 from perflab.lab.measured import MeasurementExtras
 from perflab.lab.options import Configuration
@@ -60,6 +61,9 @@ class ConfigResult(MeasurementExtras):
     log: str | None = None
     replicas: int = 1
     reused: bool = False  # taken from an earlier run of this study
+    # the main profile's: the configuration's accuracy measurement (perflab.lab.accuracy), as
+    # the store's lookup found it (its metrics: the record); None: none stored, or no gate
+    accuracy: ConfigResult | None = None
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # a stored string ("crashed") becomes its member
@@ -261,11 +265,15 @@ class Entry:
     eligible: bool = False
     note: str = ""
     variant: str | None = None
+    accuracy: dict[str, Any] | None = None  # the accuracy gate's verdict (perflab.lab.accuracy.Verdict.block)
 
     def to_json(self) -> dict[str, Any]:
-        return {"label": self.label, "variant": self.variant, "engine": self.config.engine,
-                "config": self.config.canonical(), "eligible": self.eligible, "note": self.note,
-                "result": self.result.to_json()}
+        out = {"label": self.label, "variant": self.variant, "engine": self.config.engine,
+               "config": self.config.canonical(), "eligible": self.eligible, "note": self.note,
+               "result": self.result.to_json()}
+        if self.accuracy is not None:
+            out["accuracy"] = self.accuracy
+        return out
 
 
 @dataclass
@@ -375,6 +383,9 @@ class _Study:
         self._bg: anyio.abc.TaskGroup | None = None
         # the baseline's main-profile result, which the plan's max_regression guards compare with
         self._baseline_main: ConfigResult | None = None
+        # each engine's accuracy reference (label, main-profile result): the baseline for its
+        # engine, the engine's defaults for the others (perflab.lab.accuracy.reference_config)
+        self._references: dict[str, tuple[str, ConfigResult]] = {}
 
     async def one(self, config: Configuration, step: str, label: str, to_beat: float | None) -> ConfigResult:
         kw = {"to_beat": to_beat} if to_beat is not None else {}  # measures without early stop need not take it
@@ -539,7 +550,43 @@ class _Study:
                 e.note = f"Not eligible: {'; '.join(broken)}"  # the plan's guards: its price in latency
             else:
                 e.eligible = True
+        self._judge_accuracy(e)
         return e
+
+    def _judge_accuracy(self, e: Entry) -> None:
+        """The accuracy gate (plan ``accuracy:``): every measured configuration gets its verdict;
+        a rejected one, or one whose accuracy could not be judged, is not eligible."""
+        spec = self.plan.accuracy
+        if spec is None or not e.result.status.measured:
+            return
+        ref_label, ref = self._references.get(e.config.engine, (self.display(e.config.engine), None))
+        if acc.reference_config(self.plan, e.config.engine).canonical() == e.config.canonical():
+            ref = e.result  # the reference itself (measured before it was registered)
+        base = self._baseline_main
+        own = e.result.accuracy
+        missing = None if own is None else (own.error or own.summary())
+        verdict = acc.decide(spec, _record(own), reference=_record(ref.accuracy if ref else None),
+                             baseline=_record(base.accuracy if base else None), reference_label=ref_label,
+                             missing=missing)
+        e.accuracy = verdict.block
+        if verdict.rejected and e.eligible:
+            e.eligible = False
+            e.note = verdict.note
+        elif verdict.rejected and verdict.gate == "rejected":  # ineligible already (stopped early): both reasons
+            e.note = f"{e.note}; {verdict.note}" if e.note else verdict.note
+
+    async def references(self, engines: list[str], step: str) -> None:
+        """Measure the accuracy reference of each of ``engines`` not measured yet (a candidate's
+        engine outside the engine step), so its candidates can be judged."""
+        if self.plan.accuracy is None:
+            return
+        for engine in engines:
+            if engine in self._references:
+                continue
+            cfg = acc.reference_config(self.plan, engine)
+            label = (self._baseline_label() if engine == self.plan.baseline.engine
+                     else f"{self.display(engine)} (accuracy reference)")
+            self._references[engine] = (label, await self.one(cfg, step, label, None))
 
     def figure(self, e: Entry) -> float:
         v = self.rank.value(e.result)
@@ -560,14 +607,20 @@ class _Study:
     async def engine_step(self) -> tuple[Step, Entry | None]:
         step = Step(1, "engine", "Choosing the Inference Engine", "1. Choosing the Inference Engine")
         jobs = [(self.plan.engine_defaults(engine), self.display(engine)) for engine in self.plan.engines]
-        if self.plan.decision.guards.max_regression:
-            # regression guards compare every configuration with the baseline: measured first
-            # (an engine of the step whose defaults it is reuses the measurement)
+        if self.plan.decision.guards.max_regression or self.plan.accuracy is not None:
+            # regression guards compare every configuration with the baseline, the accuracy gate
+            # every score with its score: measured first (an engine of the step whose defaults
+            # it is reuses the measurement)
             base_cfg = self.plan.baseline_config()
             label = next((lb for c, lb in jobs if c == base_cfg), self._baseline_label())
             self._baseline_main = await self.one(base_cfg, step.title, label, None)
+            self._references[base_cfg.engine] = (label, self._baseline_main)
         # nothing to beat before the first step (one at a time: the engines before this one)
-        for (cfg, label), res in zip(jobs, await self.each(jobs, step.title, None), strict=True):
+        results = await self.each(jobs, step.title, None)
+        for (cfg, label), res in zip(jobs, results, strict=True):
+            if cfg.engine not in self._references and acc.reference_config(self.plan, cfg.engine) == cfg:
+                self._references[cfg.engine] = (label, res)
+        for (cfg, label), res in zip(jobs, results, strict=True):
             step.entries.append(self.entry(label, cfg, res))
         ok = self.ranked(step.entries)
         ranked = " > ".join(f"{e.label} ({self.rank.text(e.result)})" for e in ok)
@@ -620,6 +673,7 @@ class _Study:
                     f"{index}. {cand.name} in {where}", base=best)
         jobs = [(self._config_for(cand, vname, engine, best), f"{self.display(engine)} {vname}")
                 for vname, engine in plan_rows]
+        await self.references(engines_all, step.title)
         results = await self.each(jobs, step.title, self.to_beat(best))  # the best before the step
         for (cfg, label), (vname, _), res in zip(jobs, plan_rows, results, strict=True):
             step.entries.append(self.entry(label, cfg, res, variant=vname))
@@ -651,7 +705,8 @@ class _Study:
                 )
         elif stopped := [e.label for e in step.entries if e.result is not None and e.result.status is Status.STOPPED_EARLY]:
             step.statement = (f"Result: no improvement; {', '.join(stopped)} stopped early, unable to be adopted over "
-                              f"the current best {best.label} ({self.rank.text(best.result)}); keeping {best.label}.")
+                              f"the current best {best.label} ({self.rank.text(best.result)}){_rejected(step)}; "
+                              f"keeping {best.label}.")
         elif _guarded(step):
             step.statement = f"Result: no variant is eligible{_guarded(step)}; keeping {best.label}."
         else:
@@ -731,7 +786,8 @@ class _Study:
         opt_results: dict[str, ConfigResult] = {}
         if best is not None:
             opt_results = cases_of["Optimized"]
-            optimized = Entry(best.label, best.config, opt_results[plan.main_profile], eligible=best.eligible)
+            optimized = Entry(best.label, best.config, opt_results[plan.main_profile], eligible=best.eligible,
+                              accuracy=best.accuracy)
         cases = [Case(p, base_results[p.name], opt_results.get(p.name) if optimized else None) for p in plan.profiles]
 
         # Improvements relative to the baseline, as the seeds' summary tables give them (in the
@@ -745,12 +801,25 @@ class _Study:
         return StudyOutcome(plan, steps, baseline, optimized, cases, self.complete, self.rank)
 
 
+def _record(res: ConfigResult | None) -> dict[str, Any] | None:
+    """An accuracy measurement's record (perflab.lab.accuracy.measure), when it was measured."""
+    return res.metrics if res is not None and res.status is Status.OK and res.metrics else None
+
+
+def _rejected(step: Step) -> str:
+    """`` (rejected by the accuracy gate: X (accuracy -2.3 points (perflab_arith)))`` for a
+    step's statement, or ""."""
+    out = [f"{e.label} ({e.accuracy['reason'].removeprefix('rejected: ')})" for e in step.entries
+           if not e.eligible and e.accuracy is not None and e.accuracy.get("reason")]
+    return f" (rejected by the accuracy gate: {'; '.join(out)})" if out else ""
+
+
 def _guarded(step: Step) -> str:
     """`` (excluded by the plan's guards: X (guard p99_tpot_ms ≤ 200 ms: p99 TPOT 250.00 ms))``
     for a step's statement, or "": a configuration a guard excluded is named with the reason."""
     out = [f"{e.label} ({e.note.removeprefix('Not eligible: ')})" for e in step.entries
            if not e.eligible and e.note.startswith("Not eligible: ")]
-    return f" (excluded by the plan's guards: {'; '.join(out)})" if out else ""
+    return (f" (excluded by the plan's guards: {'; '.join(out)})" if out else "") + _rejected(step)
 
 
 def _first_fault(group: BaseExceptionGroup) -> BaseException:
