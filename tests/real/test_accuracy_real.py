@@ -159,9 +159,13 @@ timeouts: {{startup_s: 300, benchmark_s: 300, teardown_s: 10}}
     assert lossy["accuracy"]["drop"] <= 1.0  # scored, and not rejected by the task: by agreement
     assert lossy["accuracy"]["agreement"]["ok"] is False
     assert lossy["accuracy"]["agreement"]["exact_match"] < base["agreement"]["floor"] - MARGIN
-    assert "accuracy" in lossy["note"]
-    # the report shows the verdicts: the accuracy table and the rejection
+    assert lossy["note"] == lossy["accuracy"]["reason"]
+    assert lossy["note"].startswith("rejected: accuracy: agreement 0.0% with vLLM, below its noise floor")
+    # the reports show the verdicts: the accuracy table, real scores (not marked simulated), the rejection
     md = (out / "report.md").read_text()
-    assert "Accuracy" in md and "rejected" in md
+    html = (out / "report.html").read_text()
+    assert "## Accuracy" in md and "(simulated)" not in md
+    for text in (md, html):
+        assert lossy["note"] in text and "skipped (lossless)" in text
     assert {row["gate"] for row in report["accuracy"]["rows"]} >= {"pass", "skipped (lossless)", "rejected"}
     lab.assert_nothing_left()
