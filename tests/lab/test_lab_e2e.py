@@ -189,6 +189,7 @@ def test_demo_plan_decisions(tmp_path):
     assert "vLLM AWQ" in rejected and rejected["vLLM AWQ"]["eligible"] is False
     reason = rejected["vLLM AWQ"]["accuracy"]["reason"]  # its note also says it stopped early, when it did
     assert reason.startswith("rejected: accuracy -") and " points (perflab_arith)" in reason
+    assert reason.count("rejected") == 1  # one verdict, however many measures reject it
     assert reason in rejected["vLLM AWQ"]["note"]
     assert {r["label"] for r in report["accuracy"]["rows"]} >= set(rejected)
     assert "## Accuracy" in md and reason in md and reason in (tmp_path / "demo" / "report.html").read_text()

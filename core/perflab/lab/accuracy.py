@@ -269,7 +269,9 @@ def decide(spec: AccuracySpec, record: Mapping[str, Any] | None, *, reference: M
                 problems.append(f"rejected: accuracy: agreement {mine.exact_match:.1f}% with {reference_label}, below "
                                 f"its noise floor {floor.exact_match:.1f}% by more than {spec.agreement_margin:g} points")
     rejected = bool(problems)
-    block["reason"] = "; ".join(problems) or None
+    # one "rejected:" for the verdict, however many measures reject it
+    reason = "; ".join(p if i == 0 else p.removeprefix("rejected: accuracy: ") for i, p in enumerate(problems))
+    block["reason"] = reason or None
     if any(p.startswith("rejected") for p in problems):
         block["gate"] = "rejected"
     elif rejected:  # never adopted blind: not eligible, though nothing measured was found wrong
@@ -278,7 +280,7 @@ def decide(spec: AccuracySpec, record: Mapping[str, Any] | None, *, reference: M
         block["gate"] = "skipped (lossless)"
     else:
         block["gate"] = "pass"
-    return Verdict(block, rejected, "; ".join(problems))
+    return Verdict(block, rejected, reason)
 
 
 __all__ = [
