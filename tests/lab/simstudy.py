@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 
 
-def run_sim_study(plan_text: str, out: Path, parallel: int | str = 1, **decision: Any) -> Any:
+def run_sim_study(plan_text: str, out: Path, parallel: int | str = 1, stream: Any = None, **decision: Any) -> Any:
     """``perflab run`` of ``plan_text`` into ``out``; ``decision``: plan.decision fields to
     replace (``early_stop=False`` ...); ``parallel``: ``perflab run --parallel``. Returns the RunSummary."""
     from perflab.lab.plan import load_plan_text
@@ -22,5 +22,5 @@ def run_sim_study(plan_text: str, out: Path, parallel: int | str = 1, **decision
     if decision:
         plan = dataclasses.replace(plan, decision=dataclasses.replace(plan.decision, **decision))
     with open(os.devnull, "w") as sink:
-        progress = StudyProgress(plan.name, live=False, stream=sink)
+        progress = StudyProgress(plan.name, live=False, stream=stream or sink)
         return anyio.run(lambda: run_study(load(), plan, out, progress=progress, parallel=parallel))

@@ -6,6 +6,8 @@ endpoint: these tests are about the lab, not about lm-eval (tests/accuracy cover
 
 from __future__ import annotations
 
+import io
+
 import json
 from pathlib import Path
 from typing import Any
@@ -81,11 +83,11 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> Scripted:
     return s
 
 
-def _study(tmp_path: Path, text: str = PLAN) -> tuple[Any, dict[str, Any]]:
+def _study(tmp_path: Path, text: str = PLAN, stream: Any = None) -> tuple[Any, dict[str, Any]]:
     from simstudy import run_sim_study
 
     out = tmp_path / "study"
-    summary = run_sim_study(text, out)
+    summary = run_sim_study(text, out, stream=stream)
     return summary, json.loads((out / "report.json").read_text())
 
 
@@ -178,9 +180,13 @@ def test_the_serving_options_table_names_the_lossless_options() -> None:
 
 def test_the_gate_rejects_a_lossy_candidate_and_skips_the_task_of_a_lossless_one(tmp_path: Path,
                                                                                    scripted: Scripted) -> None:
-    summary, report = _study(tmp_path)
+    progress = io.StringIO()
+    summary, report = _study(tmp_path, stream=progress)
     entries = _entries(report)
     base, awq, fp8, cached = (entries[k] for k in ("vLLM", "vLLM AWQ", "vLLM FP8", "vLLM Caching"))
+    # the progress says so as soon as it is judged, once, not a bare ✓
+    assert progress.getvalue().count("✗ vLLM AWQ: rejected: accuracy -4.0 points (perflab_arith)\n") == 1
+    assert "✗ vLLM FP8" not in progress.getvalue()
     # the reference (the baseline) collects twice, one prompt then all at once: its noise floor
     assert [c for c in scripted.calls if c[1] == "Qwen/Qwen3-8B" and c[0] == "collect"][:2] == [
         ("collect", "Qwen/Qwen3-8B", 1), ("collect", "Qwen/Qwen3-8B", 16)]

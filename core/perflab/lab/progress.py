@@ -129,6 +129,8 @@ class StudyProgress:
             r = self._run(f)
             r.state = str(f.get("what", "accuracy"))
             self._line(f"   {label}: {r.state}")
+        elif kind == "rejected":  # measured, then rejected by the accuracy gate (perflab.lab.study)
+            self._line(f"   ✗ {label}: {f.get('note', 'rejected')}")
         elif kind == "progress":
             r = self._run(f)
             r.done, r.total = int(f.get("done") or 0), int(f.get("total") or r.total)

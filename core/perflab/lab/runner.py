@@ -615,9 +615,16 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
         if backend.parallel > 1:
             log.info("lab.parallel", parallel=backend.parallel, devices={k: list(v) for k, v in backend.devices.items()})
         measure = LiveMeasure(store, salt, backend, retry_failed=retry_failed, on_event=ui.event, log=log, plan=plan)
+        rejected: set[str] = set()
+
+        def on_rejected(label: str, note: str) -> None:
+            if label not in rejected:  # the study judges an entry again when it ranks a step
+                rejected.add(label)
+                ui.event("rejected", label=label, note=note)
+
         try:
             async with signal_guard() as guard:
-                outcome = await conduct(plan, measure, display=lambda e: display.get(e, e))
+                outcome = await conduct(plan, measure, display=lambda e: display.get(e, e), on_rejected=on_rejected)
             interrupted = guard.interrupted
             signal_status = guard.exit_code
         except PerflabError as exc:  # the environment or perflab stopped the study

@@ -373,10 +373,14 @@ def _display_default(engine: str) -> str:
 
 
 class _Study:
-    def __init__(self, plan: Plan, measure: Measure, display: Callable[[str], str]) -> None:
+    def __init__(self, plan: Plan, measure: Measure, display: Callable[[str], str],
+                 on_rejected: Callable[[str, str], None] | None = None) -> None:
         self.plan = plan
         self.measure = measure
         self.display = display
+        # told (label, note) when the accuracy gate rejects a configuration: the progress says so
+        # at once, as it says a run crashed, instead of only the report
+        self.on_rejected = on_rejected
         self.complete = True
         self.rank = Ranking(plan.decision, plan.min_improvement_pct)
         # the baseline's final measurements, dispatched early into a free slot (:meth:`_fill`)
@@ -572,6 +576,8 @@ class _Study:
                              baseline=_record(base.accuracy if base else None), reference_label=ref_label,
                              missing=missing)
         e.accuracy = verdict.block
+        if verdict.rejected and self.on_rejected is not None:
+            self.on_rejected(e.label, verdict.note)
         if verdict.rejected and e.eligible:
             e.eligible = False
             e.note = verdict.note
@@ -845,7 +851,9 @@ def _first_fault(group: BaseExceptionGroup) -> BaseException:
     return next((e for e in leaves if not isinstance(e, cancelled)), leaves[0] if leaves else group)
 
 
-async def conduct(plan: Plan, measure: Measure, display: Callable[[str], str] | None = None) -> StudyOutcome:
-    """Run the method; ``display`` maps engine names to display names (``trtllm`` -> TensorRT-LLM)."""
-    return await _Study(plan, measure, display or _display_default).run()
+async def conduct(plan: Plan, measure: Measure, display: Callable[[str], str] | None = None,
+                  on_rejected: Callable[[str, str], None] | None = None) -> StudyOutcome:
+    """Run the method; ``display`` maps engine names to display names (``trtllm`` -> TensorRT-LLM);
+    ``on_rejected(label, note)``: a configuration the accuracy gate rejects (once or more per label)."""
+    return await _Study(plan, measure, display or _display_default, on_rejected).run()
 
