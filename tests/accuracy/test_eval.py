@@ -399,6 +399,33 @@ def test_a_caller_that_gives_up_is_not_kept_waiting(eval_server: FakeEvalServer)
     assert len(eval_server.requests) == 2
 
 
+def test_ctrl_c_during_a_hung_request_exits_130_at_once(eval_server: FakeEvalServer, tmp_path: Path) -> None:
+    """The abandoned evaluation's thread must not keep the process alive until its request
+    times out (the interpreter joins non-daemon threads at exit)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perflab", "eval", "--base-url", eval_server.base_url, "--model", "hang",
+         "--limit", "2", "--timeout", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 90
+        while not eval_server.requests and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert eval_server.requests, "no request reached the server"
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 130 and time.monotonic() - t0 < 10, err
+        assert err.strip().splitlines()[-1] == "perflab: aborted"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def test_the_callers_random_sequences_are_left_alone(eval_server: FakeEvalServer) -> None:
     """lm-eval seeds the global generators; the lab calling evaluate() must not notice."""
     import random

@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.to_thread
+import anyio.from_thread
+import anyio.lowlevel
 
 from perflab import __version__, redact
 from perflab.accuracy.tasks import SHIPPED_TASK
@@ -707,14 +708,39 @@ async def evaluate(
         redact.register([api_key])
     stop = threading.Event()
     try:
-        return await anyio.to_thread.run_sync(
-            functools.partial(_evaluate_sync, spec, base_url, model, api, limit, concurrency, timeout_s, api_key,
-                              max_gen_toks, progress, stop),
-            abandon_on_cancel=True)
+        return await _in_daemon_thread(functools.partial(
+            _evaluate_sync, spec, base_url, model, api, limit, concurrency, timeout_s, api_key, max_gen_toks,
+            progress, stop))
     except ImportError as exc:  # installed, but broken (a dependency of lm-eval's that does not import)
         raise AccuracyUnavailable(f"lm-evaluation-harness does not import ({_one_line(exc)}): {INSTALL_HINT}") from None
     finally:
         stop.set()  # cancelled: the abandoned worker sends nothing more
+
+
+async def _in_daemon_thread(fn: Callable[[], EvalResult]) -> EvalResult:
+    """``fn()`` in a daemon thread of its own, awaited cancellably. Not anyio's worker thread:
+    the interpreter joins those at exit, and an abandoned evaluation waiting on a request the
+    server never answers would keep a Ctrl-C'd ``perflab eval`` alive for its whole timeout."""
+    done = anyio.Event()
+    token = anyio.lowlevel.current_token()
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            outcome.append((False, exc))
+        try:
+            anyio.from_thread.run_sync(done.set, token=token)
+        except RuntimeError:  # the caller's loop is gone (cancelled, then closed): nobody waits
+            pass
+
+    threading.Thread(target=run, name="perflab-eval", daemon=True).start()
+    await done.wait()
+    ok, value = outcome[0]
+    if ok:
+        return value  # type: ignore[no-any-return]
+    raise value
 
 
 __all__ = [
