@@ -207,6 +207,10 @@ def test_server_errors_timeouts_and_garbage_give_no_score(eval_server: FakeEvalS
     code, out, err = run_cli(capsys, "--base-url", url, "--model", "garbage", "--limit", "2")
     assert code == 1 and out == ""
     assert "answered something that is not an OpenAI completion" in one_error_line(err)
+    for api in ("chat", "completions"):  # not an empty answer scored as a wrong one
+        code, out, err = run_cli(capsys, "--base-url", url, "--model", "no-answer", "--limit", "2", "--api", api)
+        assert code == 1 and out == ""
+        assert "answered something that is not an OpenAI completion" in one_error_line(err)
 
 
 def test_the_api_key_reaches_the_server_and_nothing_else(eval_server: FakeEvalServer, tmp_path: Path,

@@ -345,6 +345,18 @@ def _quiet_progress_bars() -> None:
         datasets.disable_progress_bars()
 
 
+def _readable_choice(choice: Any, *, chat: bool) -> bool:
+    """An OpenAI choice lm-eval can read: its ``index``, and the chat ``message.content`` (a
+    string, or null: no answer, as a reasoning model cut before it answers gives) or the
+    completion's ``text``."""
+    if not isinstance(choice, dict) or not isinstance(choice.get("index"), int):
+        return False
+    if chat:
+        message = choice.get("message")
+        return isinstance(message, dict) and "content" in message and isinstance(message["content"], (str, type(None)))
+    return isinstance(choice.get("text"), str)
+
+
 def _quiet_unretrieved(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     if context.get("message") == "Task exception was never retrieved":
         return
@@ -391,6 +403,10 @@ def _lm_classes() -> dict[str, type]:
             for out in outputs if isinstance(outputs, list) else [outputs]:
                 if not isinstance(out, dict) or not isinstance(out.get("choices"), list) or not out["choices"]:
                     raise _NotACompletion(f"no choices in {_one_line(json.dumps(out, default=str), 120)}")
+                for choice in out["choices"]:
+                    # lm-eval turns a choice it cannot read into an empty answer: a wrong one
+                    if not _readable_choice(choice, chat=isinstance(self, LocalChatCompletion)):
+                        raise _NotACompletion(f"a choice without its answer: {_one_line(json.dumps(choice, default=str), 120)}")
             return super().parse_generations(outputs=outputs, **kwargs)  # type: ignore[misc,no-any-return]
 
         async def get_batched_requests(self, *args: Any, **kwargs: Any) -> Any:
