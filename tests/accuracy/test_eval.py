@@ -403,6 +403,22 @@ def test_a_caller_that_gives_up_is_not_kept_waiting(eval_server: FakeEvalServer)
     assert len(eval_server.requests) == 2
 
 
+def test_a_result_folder_that_cannot_be_written_is_refused_before_the_evaluation(
+        eval_server: FakeEvalServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for option in (["--result-dir", str(afile / "sub")], ["--result-filename", str(afile / "r.json")]):
+        code, out, err = run_cli(capsys, "--base-url", eval_server.base_url, "--model", "oracle", "--limit", "2",
+                                 "--save-result", *option)
+        assert code == 2 and out == ""
+        assert f"--save-result: cannot create the folder {afile}" in one_error_line(err)
+    assert eval_server.requests == []  # refused before a single request, not after the score
+    code, out, err = run_cli(capsys, "--base-url", eval_server.base_url, "--model", "oracle", "--limit", "2",
+                             "--save-result", "--result-dir", str(tmp_path / "new"), "--result-filename", "deep/r.json")
+    assert code == 0, err
+    assert json.loads((tmp_path / "new" / "deep" / "r.json").read_text())["score"] == 100.0
+
+
 def test_ctrl_c_during_a_hung_request_exits_130_at_once(eval_server: FakeEvalServer, tmp_path: Path) -> None:
     """The abandoned evaluation's thread must not keep the process alive until its request
     times out (the interpreter joins non-daemon threads at exit)."""
