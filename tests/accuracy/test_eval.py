@@ -419,6 +419,20 @@ def test_a_result_folder_that_cannot_be_written_is_refused_before_the_evaluation
     assert json.loads((tmp_path / "new" / "deep" / "r.json").read_text())["score"] == 100.0
 
 
+def test_nothing_reaches_the_terminal_outside_a_git_checkout(eval_server: FakeEvalServer, tmp_path: Path,
+                                                              capfd: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # lm-eval would run `git describe` in the working directory: git's own stderr, not Python's
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    try:
+        main(["eval", "--base-url", eval_server.base_url, "--model", "oracle", "--limit", "2", "--json"])
+    except SystemExit as exc:
+        assert not exc.code
+    out, err = capfd.readouterr()
+    assert json.loads(out)["score"] == 100.0 and err == ""
+
+
 def test_ctrl_c_during_a_hung_request_exits_130_at_once(eval_server: FakeEvalServer, tmp_path: Path) -> None:
     """The abandoned evaluation's thread must not keep the process alive until its request
     times out (the interpreter joins non-daemon threads at exit)."""

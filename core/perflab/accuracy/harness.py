@@ -345,6 +345,17 @@ def _quiet_progress_bars() -> None:
         datasets.disable_progress_bars()
 
 
+@functools.cache
+def _no_environment_probes() -> None:
+    """lm-eval stamps its results with the working directory's git commit (running ``git``,
+    whose "fatal: not a git repository" reaches the terminal) and, where torch is installed,
+    torch's environment report (subprocesses, seconds): perflab keeps neither."""
+    import lm_eval.evaluator as lm_evaluator
+
+    lm_evaluator.get_git_commit_hash = lambda: None
+    lm_evaluator.add_env_info = lambda storage: None
+
+
 def _readable_choice(choice: Any, *, chat: bool) -> bool:
     """An OpenAI choice lm-eval can read: its ``index``, and the chat ``message.content`` (a
     string, or null: no answer, as a reasoning model cut before it answers gives) or the
@@ -496,6 +507,7 @@ def _evaluate(spec: TaskSpec, base_url: str, model: str, api: str, limit: int | 
     if not _state["configured"]:
         configure_logging(False)
     _quiet_progress_bars()
+    _no_environment_probes()
     url = base_url.rstrip("/") + API_PATHS[api]
     endpoint = redact.scrub(redact_url(url))
     tm = _task_manager(spec.needs_index)
