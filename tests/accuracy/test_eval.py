@@ -433,6 +433,15 @@ def test_nothing_reaches_the_terminal_outside_a_git_checkout(eval_server: FakeEv
     assert json.loads(out)["score"] == 100.0 and err == ""
 
 
+def test_a_base_url_ending_in_v1_is_the_same_endpoint(eval_server: FakeEvalServer,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # as OpenAI clients are configured, and as perflab bench and the agreement client take it
+    for base in (eval_server.base_url + "/v1", eval_server.base_url + "/v1/"):
+        code, out, err = run_cli(capsys, "--base-url", base, "--model", "oracle", "--limit", "2", "--json")
+        assert code == 0, err
+        assert json.loads(out)["score"] == 100.0
+
+
 def test_ctrl_c_during_a_hung_request_exits_130_at_once(eval_server: FakeEvalServer, tmp_path: Path) -> None:
     """The abandoned evaluation's thread must not keep the process alive until its request
     times out (the interpreter joins non-daemon threads at exit)."""

@@ -596,6 +596,13 @@ def _one_line(value: object, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def api_base(base_url: str) -> str:
+    """``base_url`` without a trailing ``/v1``: OpenAI clients are given ``http://host:port/v1``,
+    and ``perflab bench`` and the agreement client take either."""
+    base = base_url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
 def redact_url(url: str) -> str:
     """``url`` without a password in it (``user:***@host``)."""
     from urllib.parse import urlsplit, urlunsplit
@@ -726,6 +733,7 @@ async def evaluate(
         raise UsageError(f"max_gen_toks {max_gen_toks}: expected at least 1")
     if not base_url.startswith(("http://", "https://")):
         raise UsageError(f"base URL {redact.scrub(base_url)!r}: expected http://host:port")
+    base_url = api_base(base_url)
     ensure_available()
     spec = resolve_task(task)
     if api_key is None:
@@ -777,6 +785,7 @@ __all__ = [
     "AccuracyUnavailable",
     "EndpointFailed",
     "TaskSpec",
+    "api_base",
     "configure_logging",
     "ensure_available",
     "evaluate",

@@ -79,7 +79,7 @@ def eval_(**kw: Any) -> None:
     if api_key:
         redact.register([api_key])
     model = kw["served_model_name"] or kw["model"]
-    base_url = kw["base_url"]
+    base_url = harness.api_base(kw["base_url"])
     endpoint = redact.scrub(harness.redact_url(base_url))
 
     # the result's folder is made and checked before the evaluation, not after it (a score lost)
