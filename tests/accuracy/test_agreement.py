@@ -70,6 +70,16 @@ def test_compare_counts_identical_answers_first_divergence_and_logprob_shift() -
     assert compare(ref, ref) == Agreement(4, 100.0, None, 0.0)
 
 
+def test_compare_counts_a_prompt_the_other_set_did_not_answer_as_a_disagreement() -> None:
+    ref = AnswerSet(PROMPT_SET, 1, (_ans("a", "x y z", [-1, -2, -3]), _ans("b", "p q", [-1, -1]),
+                                    _ans("c", "m n", [-1, -1])))
+    partial = AnswerSet(PROMPT_SET, 32, (_ans("a", "x y z", [-1, -2, -3]),))
+    got = compare(ref, partial)
+    assert got == Agreement(3, 100 / 3, 0.0, 0.0)
+    assert not judge(got, compare(ref, ref), margin=10.0)  # not a silent pass
+    assert compare(ref, AnswerSet(PROMPT_SET, 32, ())) == Agreement(3, 0.0, 0.0, None)
+
+
 def test_compare_without_logprobs_uses_words() -> None:
     ref = _set(_ans("a", "one two three"), _ans("b", "one two three"))
     other = _set(_ans("a", "one two three"), _ans("b", "one two four"))

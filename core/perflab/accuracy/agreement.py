@@ -187,20 +187,23 @@ def compare(reference: AnswerSet, other: AnswerSet) -> Agreement:
     """How far ``other`` agrees with ``reference``, prompt by prompt: the percentage answered
     identically; the mean token position where the diverging answers first differ (tokens
     from the logprobs' token strings where both have them, else whitespace words; a failed
-    request differs at 0); the mean absolute log-probability difference over the tokens both
-    share before that position (None where no logprobs came back)."""
+    request, or a prompt ``other`` has no answer to, differs at 0); the mean absolute
+    log-probability difference over the tokens both share before that position (None where
+    no logprobs came back)."""
     if reference.prompt_set != other.prompt_set:
         raise UsageError(f"agreement: answer sets of different prompt sets ({reference.prompt_set} vs "
                          f"{other.prompt_set}) cannot be compared")
     theirs = {a.id: a for a in other.answers}
-    pairs = [(a, theirs[a.id]) for a in reference.answers if a.id in theirs]
+    # every reference prompt counts: one the other set lacks is a disagreement at 0, not a
+    # prompt left out of the rate (a set answering 1 of 32 prompts identically is not 100 %)
+    pairs = [(a, theirs.get(a.id)) for a in reference.answers]
     if not pairs:
         return Agreement(0, 0.0, None, None)
     same = 0
     divergences: list[int] = []
     diffs: list[float] = []
     for ref, oth in pairs:
-        if ref.error is not None or oth.error is not None:
+        if oth is None or ref.error is not None or oth.error is not None:
             divergences.append(0)
             continue
         if ref.text == oth.text:
