@@ -11,7 +11,8 @@ simulator does), so the score it earns is known exactly. The ``model`` field pic
 - ``http-500``: HTTP 500 whose error message quotes the request's Authorization header (a
   server that echoes a secret: perflab must mask it);
 - ``hang``: answers (wrongly) only once ``released`` is set, or never (until the client gives up);
-- ``garbage``: HTTP 200 with a JSON body that is not a completion.
+- ``garbage``: HTTP 200 with a JSON body that is not a completion;
+- ``no-answer``: HTTP 200 with choices that carry no answer (no index, message or text).
 
 Every request's headers and body are kept (``requests``), to check what was sent.
 """
@@ -66,6 +67,8 @@ class FakeEvalServer:
                 await asyncio.sleep(0.05)
         if model == "garbage":
             return web.json_response({"hello": "world"})
+        if model == "no-answer":  # choices, but none carries an answer lm-eval can read
+            return web.json_response({"choices": [{"finish_reason": "stop"}]})
         chat = "messages" in body
         if chat:
             prompt = "\n".join(m["content"] for m in body["messages"] if isinstance(m.get("content"), str))

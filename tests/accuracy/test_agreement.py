@@ -70,6 +70,16 @@ def test_compare_counts_identical_answers_first_divergence_and_logprob_shift() -
     assert compare(ref, ref) == Agreement(4, 100.0, None, 0.0)
 
 
+def test_compare_counts_a_prompt_the_other_set_did_not_answer_as_a_disagreement() -> None:
+    ref = AnswerSet(PROMPT_SET, 1, (_ans("a", "x y z", [-1, -2, -3]), _ans("b", "p q", [-1, -1]),
+                                    _ans("c", "m n", [-1, -1])))
+    partial = AnswerSet(PROMPT_SET, 32, (_ans("a", "x y z", [-1, -2, -3]),))
+    got = compare(ref, partial)
+    assert got == Agreement(3, 100 / 3, 0.0, 0.0)
+    assert not judge(got, compare(ref, ref), margin=10.0)  # not a silent pass
+    assert compare(ref, AnswerSet(PROMPT_SET, 32, ())) == Agreement(3, 0.0, 0.0, None)
+
+
 def test_compare_without_logprobs_uses_words() -> None:
     ref = _set(_ans("a", "one two three"), _ans("b", "one two three"))
     other = _set(_ans("a", "one two three"), _ans("b", "one two four"))
@@ -173,17 +183,18 @@ def fresh_registry() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("fresh_registry")
-def test_a_server_without_logprobs_is_asked_again_without_and_failed_requests_disagree() -> None:
-    failing = {pid for pid, _ in PROMPTS[:3]}
-    with _Server(failing) as server:
+def test_a_server_without_logprobs_is_asked_again_without_and_a_failed_request_is_the_endpoints_fault() -> None:
+    with _Server(set()) as server:
         got = anyio.run(lambda: agreement.collect(f"http://127.0.0.1:{server.port}/v1", "m", concurrency=4,
                                                   api_key="sk-agreement-secret"))
     assert all(b["temperature"] == 0 and b["max_tokens"] == 32 for b in server.bodies)
     assert sum("logprobs" in b for b in server.bodies) == 32 and len(server.bodies) == 64
-    by_id = {a.id: a for a in got.answers}
-    assert all(by_id[pid].error == "HTTP 500: engine died (Bearer ***)" for pid in failing)  # perflab.redact.MASK
-    ok = [a for a in got.answers if a.id not in failing]
-    assert all(a.error is None and a.tokens is None and a.text for a in ok)
-    # three failures are three disagreements (at position 0), not a fault of the endpoint
-    assert compare(got, AnswerSet(PROMPT_SET, 32, tuple(a if a.error is None else Answer(a.id, "x") for a in got.answers))) == \
-        Agreement(32, 29 / 32 * 100, 0.0, None)
+    assert all(a.error is None and a.tokens is None and a.text for a in got.answers)
+    # three requests failing (an engine fault) are no agreement measured, not three disagreements
+    # that would reject the configuration for its accuracy
+    failing = {pid for pid, _ in PROMPTS[:3]}
+    with _Server(failing) as server, pytest.raises(PerflabError) as err:
+        anyio.run(lambda: agreement.collect(f"http://127.0.0.1:{server.port}/v1", "m", concurrency=4,
+                                            api_key="sk-agreement-secret"))
+    assert "3 of 32 requests" in str(err.value) and "HTTP 500: engine died (Bearer ***)" in str(err.value)
+    assert "sk-agreement-secret" not in str(err.value)

@@ -207,6 +207,10 @@ def test_server_errors_timeouts_and_garbage_give_no_score(eval_server: FakeEvalS
     code, out, err = run_cli(capsys, "--base-url", url, "--model", "garbage", "--limit", "2")
     assert code == 1 and out == ""
     assert "answered something that is not an OpenAI completion" in one_error_line(err)
+    for api in ("chat", "completions"):  # not an empty answer scored as a wrong one
+        code, out, err = run_cli(capsys, "--base-url", url, "--model", "no-answer", "--limit", "2", "--api", api)
+        assert code == 1 and out == ""
+        assert "answered something that is not an OpenAI completion" in one_error_line(err)
 
 
 def test_the_api_key_reaches_the_server_and_nothing_else(eval_server: FakeEvalServer, tmp_path: Path,
@@ -397,6 +401,72 @@ def test_a_caller_that_gives_up_is_not_kept_waiting(eval_server: FakeEvalServer)
     eval_server.released.set()  # the two in flight are answered: lm-eval would now send the other two
     time.sleep(1.5)
     assert len(eval_server.requests) == 2
+
+
+def test_a_result_folder_that_cannot_be_written_is_refused_before_the_evaluation(
+        eval_server: FakeEvalServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for option in (["--result-dir", str(afile / "sub")], ["--result-filename", str(afile / "r.json")]):
+        code, out, err = run_cli(capsys, "--base-url", eval_server.base_url, "--model", "oracle", "--limit", "2",
+                                 "--save-result", *option)
+        assert code == 2 and out == ""
+        assert f"--save-result: cannot create the folder {afile}" in one_error_line(err)
+    assert eval_server.requests == []  # refused before a single request, not after the score
+    code, out, err = run_cli(capsys, "--base-url", eval_server.base_url, "--model", "oracle", "--limit", "2",
+                             "--save-result", "--result-dir", str(tmp_path / "new"), "--result-filename", "deep/r.json")
+    assert code == 0, err
+    assert json.loads((tmp_path / "new" / "deep" / "r.json").read_text())["score"] == 100.0
+
+
+def test_nothing_reaches_the_terminal_outside_a_git_checkout(eval_server: FakeEvalServer, tmp_path: Path,
+                                                              capfd: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # lm-eval would run `git describe` in the working directory: git's own stderr, not Python's
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    try:
+        main(["eval", "--base-url", eval_server.base_url, "--model", "oracle", "--limit", "2", "--json"])
+    except SystemExit as exc:
+        assert not exc.code
+    out, err = capfd.readouterr()
+    assert json.loads(out)["score"] == 100.0 and err == ""
+
+
+def test_a_base_url_ending_in_v1_is_the_same_endpoint(eval_server: FakeEvalServer,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # as OpenAI clients are configured, and as perflab bench and the agreement client take it
+    for base in (eval_server.base_url + "/v1", eval_server.base_url + "/v1/"):
+        code, out, err = run_cli(capsys, "--base-url", base, "--model", "oracle", "--limit", "2", "--json")
+        assert code == 0, err
+        assert json.loads(out)["score"] == 100.0
+
+
+def test_ctrl_c_during_a_hung_request_exits_130_at_once(eval_server: FakeEvalServer, tmp_path: Path) -> None:
+    """The abandoned evaluation's thread must not keep the process alive until its request
+    times out (the interpreter joins non-daemon threads at exit)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perflab", "eval", "--base-url", eval_server.base_url, "--model", "hang",
+         "--limit", "2", "--timeout", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 90
+        while not eval_server.requests and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert eval_server.requests, "no request reached the server"
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 130 and time.monotonic() - t0 < 10, err
+        assert err.strip().splitlines()[-1] == "perflab: aborted"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def test_the_callers_random_sequences_are_left_alone(eval_server: FakeEvalServer) -> None:

@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.to_thread
+import anyio.from_thread
+import anyio.lowlevel
 
 from perflab import __version__, redact
 from perflab.accuracy.tasks import SHIPPED_TASK
@@ -350,6 +351,29 @@ def _quiet_progress_bars() -> None:
         datasets.disable_progress_bars()
 
 
+@functools.cache
+def _no_environment_probes() -> None:
+    """lm-eval stamps its results with the working directory's git commit (running ``git``,
+    whose "fatal: not a git repository" reaches the terminal) and, where torch is installed,
+    torch's environment report (subprocesses, seconds): perflab keeps neither."""
+    import lm_eval.evaluator as lm_evaluator
+
+    lm_evaluator.get_git_commit_hash = lambda: None
+    lm_evaluator.add_env_info = lambda storage: None
+
+
+def _readable_choice(choice: Any, *, chat: bool) -> bool:
+    """An OpenAI choice lm-eval can read: its ``index``, and the chat ``message.content`` (a
+    string, or null: no answer, as a reasoning model cut before it answers gives) or the
+    completion's ``text``."""
+    if not isinstance(choice, dict) or not isinstance(choice.get("index"), int):
+        return False
+    if chat:
+        message = choice.get("message")
+        return isinstance(message, dict) and "content" in message and isinstance(message["content"], (str, type(None)))
+    return isinstance(choice.get("text"), str)
+
+
 def _quiet_unretrieved(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     if context.get("message") == "Task exception was never retrieved":
         return
@@ -396,6 +420,10 @@ def _lm_classes() -> dict[str, type]:
             for out in outputs if isinstance(outputs, list) else [outputs]:
                 if not isinstance(out, dict) or not isinstance(out.get("choices"), list) or not out["choices"]:
                     raise _NotACompletion(f"no choices in {_one_line(json.dumps(out, default=str), 120)}")
+                for choice in out["choices"]:
+                    # lm-eval turns a choice it cannot read into an empty answer: a wrong one
+                    if not _readable_choice(choice, chat=isinstance(self, LocalChatCompletion)):
+                        raise _NotACompletion(f"a choice without its answer: {_one_line(json.dumps(choice, default=str), 120)}")
             return super().parse_generations(outputs=outputs, **kwargs)  # type: ignore[misc,no-any-return]
 
         async def get_batched_requests(self, *args: Any, **kwargs: Any) -> Any:
@@ -485,6 +513,7 @@ def _evaluate(spec: TaskSpec, base_url: str, model: str, api: str, limit: int | 
     if not _state["configured"]:
         configure_logging(False)
     _quiet_progress_bars()
+    _no_environment_probes()
     url = base_url.rstrip("/") + API_PATHS[api]
     endpoint = redact.scrub(redact_url(url))
     tm = _task_manager(spec.needs_index)
@@ -571,6 +600,13 @@ def _one_line(value: object, limit: int = 240) -> str:
     text = " ".join(str(value).split())
     text = redact.scrub(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def api_base(base_url: str) -> str:
+    """``base_url`` without a trailing ``/v1``: OpenAI clients are given ``http://host:port/v1``,
+    and ``perflab bench`` and the agreement client take either."""
+    base = base_url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
 
 
 def redact_url(url: str) -> str:
@@ -703,6 +739,7 @@ async def evaluate(
         raise UsageError(f"max_gen_toks {max_gen_toks}: expected at least 1")
     if not base_url.startswith(("http://", "https://")):
         raise UsageError(f"base URL {redact.scrub(base_url)!r}: expected http://host:port")
+    base_url = api_base(base_url)
     ensure_available()
     spec = resolve_task(task)
     if api_key is None:
@@ -713,14 +750,39 @@ async def evaluate(
         redact.register([api_key])
     stop = threading.Event()
     try:
-        return await anyio.to_thread.run_sync(
-            functools.partial(_evaluate_sync, spec, base_url, model, api, limit, concurrency, timeout_s, api_key,
-                              max_gen_toks, progress, stop),
-            abandon_on_cancel=True)
+        return await _in_daemon_thread(functools.partial(
+            _evaluate_sync, spec, base_url, model, api, limit, concurrency, timeout_s, api_key, max_gen_toks,
+            progress, stop))
     except ImportError as exc:  # installed, but broken (a dependency of lm-eval's that does not import)
         raise AccuracyUnavailable(f"lm-evaluation-harness does not import ({_one_line(exc)}): {INSTALL_HINT}") from None
     finally:
         stop.set()  # cancelled: the abandoned worker sends nothing more
+
+
+async def _in_daemon_thread(fn: Callable[[], EvalResult]) -> EvalResult:
+    """``fn()`` in a daemon thread of its own, awaited cancellably. Not anyio's worker thread:
+    the interpreter joins those at exit, and an abandoned evaluation waiting on a request the
+    server never answers would keep a Ctrl-C'd ``perflab eval`` alive for its whole timeout."""
+    done = anyio.Event()
+    token = anyio.lowlevel.current_token()
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            outcome.append((False, exc))
+        try:
+            anyio.from_thread.run_sync(done.set, token=token)
+        except RuntimeError:  # the caller's loop is gone (cancelled, then closed): nobody waits
+            pass
+
+    threading.Thread(target=run, name="perflab-eval", daemon=True).start()
+    await done.wait()
+    ok, value = outcome[0]
+    if ok:
+        return value  # type: ignore[no-any-return]
+    raise value
 
 
 __all__ = [
@@ -729,6 +791,7 @@ __all__ = [
     "AccuracyUnavailable",
     "EndpointFailed",
     "TaskSpec",
+    "api_base",
     "configure_logging",
     "ensure_available",
     "evaluate",

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from perflab.accuracy.tasks import SHIPPED_TASK
+from perflab.errors import PerflabError, UsageError
 
 # Exit codes of `perflab eval` (docs/user-guide.md, "Accuracy"): 0 scored; 1 the endpoint
 # failed the evaluation (unreachable, HTTP errors, timeouts) or lm-eval did; 2 a usage error
@@ -78,8 +79,11 @@ def eval_(**kw: Any) -> None:
     if api_key:
         redact.register([api_key])
     model = kw["served_model_name"] or kw["model"]
-    base_url = kw["base_url"]
+    base_url = harness.api_base(kw["base_url"])
     endpoint = redact.scrub(harness.redact_url(base_url))
+
+    # the result's folder is made and checked before the evaluation, not after it (a score lost)
+    directory = _result_dir(kw["result_dir"], kw["result_filename"]) if kw["save_result"] else None
 
     show = sys.stderr.isatty() and not kw["as_json"] and not kw["verbose"]
     progress = _progress_printer() if show else None
@@ -105,11 +109,26 @@ def eval_(**kw: Any) -> None:
             "model": kw["model"], "served_model_name": model, "limit": kw["limit"], "concurrency": kw["concurrency"],
             "timeout_s": kw["timeout"], "max_gen_toks": kw["max_gen_toks"], "task_arg": kw["task"], "simulated": simulated,
             "date": datetime.now().astimezone().isoformat(timespec="seconds"), "label": kw["label"]}}
-        directory = Path(kw["result_dir"]) if kw["result_dir"] else Path.cwd()
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / (kw["result_filename"] or _default_filename(kw["label"], result.task, kw["model"]))
-        redact.write_text(path, json.dumps(record, indent=2) + "\n")
+        assert directory is not None
+        path = directory / Path(kw["result_filename"] or _default_filename(kw["label"], result.task, kw["model"])).name
+        try:
+            redact.write_text(path, json.dumps(record, indent=2) + "\n")
+        except OSError as exc:
+            raise PerflabError(f"--save-result: cannot write {path}: {exc.strerror or exc}") from None
         click.echo(f"perflab: result saved to {path}", err=True)
+
+
+def _result_dir(result_dir: str | None, filename: str | None) -> Path:
+    """The folder --save-result writes into (made if missing), or a usage error saying why it cannot."""
+    base = Path(result_dir) if result_dir else Path.cwd()
+    directory = (base / filename).parent if filename else base
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--save-result: cannot create the folder {directory}: {exc.strerror or exc}") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"--save-result: the folder {directory} is not writable")
+    return directory
 
 
 def _is_simulated(base_url: str, api_key: str | None) -> bool:
