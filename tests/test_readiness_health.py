@@ -156,6 +156,22 @@ async def test_the_probe_sends_the_engines_api_key(pm: PluginManager, tmp_path: 
 
 
 @pytest.mark.anyio
+async def test_the_health_watch_sends_the_engines_api_key(pm: PluginManager, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """After ready, /v1/models still wants the key: without it the health watch read 401 as
+    a dead engine and ended a healthy run (an accuracy run, a long benchmark) as crashed."""
+    from perflab import supervisor
+
+    monkeypatch.setattr(supervisor, "HEALTH_INTERVAL_S", 0.1)
+    monkeypatch.setattr(supervisor, "HEALTH_FAIL_S", 0.3)
+    async with run(pm, tmp_path, "enginecore-killed", "--api-key", "secret-key", timeout=30.0) as inst:
+        assert inst.outcome.state == "ready", inst.outcome.to_json()
+        with anyio.move_on_after(2.0):  # many health rounds, far past HEALTH_FAIL_S
+            await inst.died.wait()
+        assert not inst.died.is_set() and inst.outcome.state == "ready", inst.outcome.to_json()
+
+
+@pytest.mark.anyio
 async def test_an_api_key_on_the_engine_ends_readiness_at_once(pm: PluginManager, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A key perflab does not know (not in the argv nor VLLM_API_KEY): GET /v1/models answers

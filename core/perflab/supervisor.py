@@ -659,7 +659,9 @@ class EngineInstance:
         fails = 0
         since: float | None = None
         only_timeouts = True
-        async with httpx.AsyncClient(trust_env=False) as client:
+        # the key readiness sent: vLLM's --api-key guards /v1/models, and a 401 is no death
+        headers = redact.auth_headers(launch.argv, {**self.env, **self._env_additions(launch)})
+        async with httpx.AsyncClient(trust_env=False, headers=headers) as client:
             while not self._exited.is_set() and not self._stopping:
                 state = ProbeState()
                 if await http_probes_pass(client, host, launch, readiness, state):

@@ -415,3 +415,18 @@ def test_the_callers_random_sequences_are_left_alone(eval_server: FakeEvalServer
     r = anyio.run(lambda: evaluate(eval_server.base_url, "oracle", limit=3))
     assert r.score == 100.0 and r.samples == 3
     assert ([random.random() for _ in range(3)], list(np.random.random(3))) == expected
+
+
+def test_eval_outside_a_git_checkout_prints_nothing_on_stderr(eval_server: FakeEvalServer, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capfd: pytest.CaptureFixture[str]) -> None:
+    # lm-eval runs `git describe` in the working directory; its "fatal: not a git repository"
+    # is written by the child process straight to fd 2 (capfd, not capsys, sees it)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    try:
+        main(["eval", "--base-url", eval_server.base_url, "--model", "oracle", "--limit", "5", "--json"])
+    except SystemExit as exc:
+        assert not exc.code
+    out, err = capfd.readouterr()
+    assert json.loads(out)["samples"] == 5 and err == ""

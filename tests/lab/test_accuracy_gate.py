@@ -113,6 +113,11 @@ def test_accuracy_defaults_and_absence() -> None:
     ("accuracy: {task: null, agreement: false}", "nothing to measure"),
     ("accuracy: {lossless: [prefix_cache]}", "accuracy.lossless[0]: unknown serving option 'prefix_cache' (did you mean 'prefix_caching'?)"),
     ("accuracy: {api: grpc}", "accuracy.api: expected one of: chat, completions"),
+    # a quantized checkpoint declared lossless would skip the task (and, without agreement, every check)
+    ("accuracy: {lossless: [prefix_caching, model], agreement: false}",
+     "accuracy.lossless[1]: 'model' changes the weights or the precision the answers are computed with"),
+    ("accuracy: {lossless: [kv_cache_dtype]}", "accuracy.lossless[0]: 'kv_cache_dtype' changes the weights"),
+    ("accuracy: {lossless: [quantization]}", "accuracy.lossless[0]: 'quantization' changes the weights"),
     ("accuracy: {max_drop: -1}", "accuracy.max_drop: expected a number of points from 0 to 100"),
     ("accuracy: {limit: 0}", "accuracy.limit: expected a positive integer"),
     ("accuracy: {tsk: gsm8k}", "accuracy.tsk: unknown key (did you mean 'task'?)"),
@@ -222,6 +227,62 @@ def test_an_endpoint_failing_during_accuracy_is_that_runs_failure(tmp_path: Path
     assert fp8["result"]["status"] == "ok"  # its benchmark stands
     assert fp8["eligible"] is False and fp8["accuracy"]["gate"] == "not measured"
     assert "ConnectionError: Connection refused" in fp8["note"]
+
+
+def test_the_baseline_failing_its_accuracy_run_passes_nothing_and_says_why(tmp_path: Path, scripted: Scripted) -> None:
+    import io
+
+    from perflab.lab.runner import print_summary
+
+    scripted.fail.add("Qwen/Qwen3-8B")  # the baseline's evaluation fails: no score to judge any drop against
+    summary, report = _study(tmp_path)
+    base = _entries(report)["vLLM"]
+    assert base["result"]["status"] == "ok" and base["eligible"] is False
+    assert base["accuracy"]["gate"] == "not measured" and report["optimized"] is None
+    md = (tmp_path / "study" / "report.md").read_text()
+    # it served the main profile: the conclusion names the gate, never "no configuration served"
+    assert "No configuration served the main profile" not in md
+    assert "No measured configuration is eligible, so there is nothing to recommend: vLLM (accuracy not measured (" in md
+    err = io.StringIO()
+    import contextlib
+
+    with contextlib.redirect_stderr(err):
+        print_summary(summary, io.StringIO())
+    line = err.getvalue()
+    assert "(exit 6): no measured configuration is eligible: vLLM (accuracy not measured (" in line
+    assert "ConnectionError: Connection refused" in line and line.count("\n") == 1
+    assert "--retry-failed measures the failed accuracy runs again" in line
+
+
+def test_an_engine_reference_measured_outside_the_steps_is_in_the_accuracy_table(tmp_path: Path,
+                                                                                  scripted: Scripted) -> None:
+    # SGLang is not in the engine step: its reference (its defaults) is measured for its
+    # candidate alone, and the floor that judged the candidate must be shown
+    text = PLAN.replace("    variants:\n      - {name: AWQ", "    engines: [sglang]\n    variants:\n      - {name: AWQ", 1)
+    _, report = _study(tmp_path, text)
+    rows = {r["label"]: r for r in report["accuracy"]["rows"]}
+    ref = rows["SGLang (accuracy reference)"]
+    assert ref["engine"] == "sglang" and ref["gate"] == "pass" and ref["score"] == 94.0
+    assert ref["agreement"]["floor"] == 100.0
+    assert rows["SGLang AWQ"]["reference"] == "SGLang (accuracy reference)"
+    md = (tmp_path / "study" / "report.md").read_text()
+    table = md.split("## Accuracy", 1)[1].split("\n## ", 1)[0]
+    assert "| SGLang (accuracy reference) | perflab_arith | 94.00 (simulated) | +0.00 points | " \
+           "reference: floor 100.0% | pass |" in table
+
+
+def test_the_accuracy_price_of_a_reference_does_not_read_as_agreement_with_another(tmp_path: Path,
+                                                                                   scripted: Scripted) -> None:
+    # every candidate rejected: the recommendation is the baseline, its engine's reference,
+    # whose "agreement" is only its own noise floor
+    scripted.diverging["Qwen/Qwen3-8B-FP8"] = 4
+    _, report = _study(tmp_path)
+    assert report["optimized"]["label"] == "vLLM"
+    md = (tmp_path / "study" / "report.md").read_text()
+    assert "Its accuracy price: perflab_arith 94.00 (simulated), +0.00 points vs the baseline's 94.00; greedy answers " \
+           "not compared with another configuration's (it is vLLM's accuracy reference: noise floor 100.0%)." in md
+    assert "| vLLM | perflab_arith | 94.00 (simulated) | +0.00 points | reference: floor 100.0% | pass |" in md
+    assert "| vLLM FP8 | perflab_arith | 93.50 (simulated) | -0.50 points | 75.0% vs floor 100.0% (margin 10) |" in md
 
 
 def test_resume_and_rebuild_keep_accuracy_and_do_not_measure_it_again(tmp_path: Path, scripted: Scripted) -> None:

@@ -314,9 +314,11 @@ def configure_logging(verbose: bool = False) -> None:
 
 def _quiet_progress_bars() -> None:
     """lm-eval's and datasets' tqdm bars: off unless verbose (lm-eval takes no option for the
-    bars of its API models and task building: its module globals are wrapped, once; it is pinned)."""
+    bars of its API models and task building: its module globals are wrapped, once; it is
+    pinned); its git probe of the working directory: off."""
     import datasets
     import lm_eval.api.task as lm_task
+    import lm_eval.evaluator as lm_evaluator
     import lm_eval.models.api_models as lm_api
     from tqdm import tqdm
     from tqdm.asyncio import tqdm_asyncio
@@ -338,6 +340,10 @@ def _quiet_progress_bars() -> None:
             lm_api.tqdm = QuietTqdm
             lm_api.tqdm_asyncio = QuietTqdmAsyncio
             lm_task.tqdm = QuietTqdm
+            # simple_evaluate records the git hash of the caller's working directory by running
+            # `git describe`, whose "fatal: not a git repository" reaches the terminal outside
+            # one; that hash says nothing about the endpoint scored
+            lm_evaluator.get_git_commit_hash = lambda: None
     if _state["verbose"]:
         datasets.enable_progress_bars()
     else:

@@ -44,6 +44,10 @@ APIS = ("chat", "completions")
 #: the keys of a plan's ``accuracy:`` (docs/plan-reference.md)
 ACCURACY_KEYS = ("task", "limit", "max_drop", "agreement", "agreement_margin", "concurrency", "api", "lossless",
                  "timeout_s")
+#: serving options that change the weights or the precision answers are computed with: a plan
+#: cannot declare them lossless (``accuracy.lossless``), or a quantized checkpoint would skip the
+#: task, and with ``agreement: false`` be adopted unmeasured
+NEVER_LOSSLESS = frozenset({"model", "quantization", "kv_cache_dtype"})
 # a drop this close to the bound is the bound: a score is a ratio of counts, printed to 0.01
 _EPS = 1e-9
 
@@ -282,6 +286,7 @@ __all__ = [
     "ACCURACY_KEYS",
     "ACCURACY_PROFILE",
     "APIS",
+    "NEVER_LOSSLESS",
     "AccuracyJob",
     "AccuracyRunner",
     "AccuracySpec",

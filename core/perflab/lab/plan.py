@@ -28,7 +28,7 @@ import yaml
 from perflab import redact
 from perflab.bench.request import MAX_NUM_PROMPTS
 from perflab.errors import UsageError
-from perflab.lab.accuracy import ACCURACY_KEYS, ACCURACY_PROFILE, APIS, AccuracySpec
+from perflab.lab.accuracy import ACCURACY_KEYS, ACCURACY_PROFILE, APIS, NEVER_LOSSLESS, AccuracySpec
 from perflab.lab.decide import SLO_KEYS, DecideBy, Decision, Guards, LoadKind, Slo, is_latency_metric
 from perflab.lab.options import PLAN_OPTIONS, Configuration, apply_delta, normalise
 from perflab.observe.energy import COST_KEYS, DEFAULT_CURRENCY, Cost
@@ -943,6 +943,10 @@ def _accuracy(p: _Problems, raw: Any, check_available: bool, base_dir: Path | No
                     hint = difflib.get_close_matches(k, list(PLAN_OPTIONS), n=1)
                     p.add(f"accuracy.lossless[{i}]", f"unknown serving option {k!r}"
                           + (f" (did you mean {hint[0]!r}?)" if hint else "") + f"; expected one of: {', '.join(PLAN_OPTIONS)}")
+                    ok = False
+                elif k in NEVER_LOSSLESS:
+                    p.add(f"accuracy.lossless[{i}]", f"{k!r} changes the weights or the precision the answers are "
+                          "computed with: it cannot be declared lossless (its candidates are scored on the task)")
                     ok = False
             kw["lossless"] = tuple(v)
     if not ok:

@@ -304,7 +304,9 @@ def _conclusion(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     plan = o.plan
     out = ["## Conclusion", "", f"![{plan.name}]({CHART_NAME})", ""]
     if o.optimized is None:
-        out += ["No configuration served the main profile, so there is nothing to recommend; "
+        why = not_eligible(o)
+        out += [f"No measured configuration is eligible, so there is nothing to recommend: {'; '.join(why)}." if why
+                else "No configuration served the main profile, so there is nothing to recommend; "
                 "see Experiment Results for each engine's outcome.", ""]
     else:
         goal = {"throughput": "throughput", "goodput": "goodput under the service-level objective",
@@ -312,7 +314,7 @@ def _conclusion(o: StudyOutcome, ctx: ReportContext) -> list[str]:
         out += [f"Recommended configuration for optimizing {goal} of {plan.display_model} on {hardware_short(ctx)}:", "",
                 '???+ tip "Serving Command"', _indent(_fence(script_of(o.optimized, ctx), "bash")), ""]
         if o.optimized.accuracy is not None:
-            out += [f"Its accuracy price: {accuracy_price(o.optimized.accuracy)}.", ""]
+            out += [f"Its accuracy price: {accuracy_price(o.optimized.accuracy, _is_reference(o, o.optimized))}.", ""]
     base_head = f"baseline ({o.baseline.label})"
     out += ["Comparison of benchmark results before and after optimization:", "",
             f"| Benchmark Case | {base_head} | Optimized |", "|----------|-------------------------------------------|-----------|"]
@@ -409,16 +411,29 @@ def _change_text(block: Mapping[str, Any]) -> str:
     return "n/a" if drop is None else f"{(-drop or 0.0):+.2f} points"
 
 
-def _agreement_text(block: Mapping[str, Any]) -> str:
+def _agreement_text(block: Mapping[str, Any], reference: bool = False) -> str:
+    """``95.0% vs floor 100.0% (margin 10)``; a reference is compared with nothing but itself:
+    ``reference: floor 100.0%``."""
     a = block.get("agreement")
     if not a:
         return "n/a"
+    if reference:
+        return f"reference: floor {a['floor']:.1f}%"
     return f"{a['exact_match']:.1f}% vs floor {a['floor']:.1f}% (margin {a['margin']:g})"
 
 
-def accuracy_price(block: Mapping[str, Any]) -> str:
+def _is_reference(o: StudyOutcome, e: Entry) -> bool:
+    """Whether ``e`` is its engine's accuracy reference (its agreement is its own noise floor)."""
+    from perflab.lab.accuracy import reference_config
+
+    return reference_config(o.plan, e.config.engine).canonical() == e.config.canonical()
+
+
+def accuracy_price(block: Mapping[str, Any], reference: bool = False) -> str:
     """The recommendation's accuracy, one phrase: ``perflab_arith 93.50 (simulated), -1.00 points
-    vs the baseline's 94.50; agreement 95.0% vs floor 100.0% (margin 10)``."""
+    vs the baseline's 94.50; agreement with vLLM 95.0% vs floor 100.0% (margin 10)``.
+    ``reference``: the recommendation is its engine's reference (another engine's defaults, or
+    the baseline itself), whose answers were compared with no other configuration's."""
     parts = []
     if block.get("score") is not None:
         text = f"{block['task']} {_score_text(block)}"
@@ -427,15 +442,24 @@ def accuracy_price(block: Mapping[str, Any]) -> str:
         parts.append(text)
     elif block.get("task"):
         parts.append(f"{block['task']} not scored ({block.get('gate')})")
-    if block.get("agreement"):
-        parts.append(f"agreement {_agreement_text(block)}")
+    if block.get("agreement") and reference:
+        parts.append(f"greedy answers not compared with another configuration's (it is {block.get('reference')}'s "
+                     f"accuracy reference: noise floor {block['agreement']['floor']:.1f}%)")
+    elif block.get("agreement"):
+        parts.append(f"agreement with {block.get('reference')} {_agreement_text(block)}")
     return "; ".join(parts) or str(block.get("gate"))
 
 
 def accuracy_rows(o: StudyOutcome) -> list[dict[str, Any]]:
     """Every measured configuration's accuracy verdict (report.json's ``accuracy.rows``)."""
     return [{"label": e.label, "engine": e.config.engine, "eligible": e.eligible, "note": e.note, **e.accuracy}
-            for e in _configurations(o) if e.accuracy is not None]
+            for e in _accuracy_entries(o)]
+
+
+def _accuracy_entries(o: StudyOutcome) -> list[Entry]:
+    """The configurations with a verdict: every measured one, and each engine's accuracy
+    reference measured outside the steps (its noise floor judges that engine's candidates)."""
+    return [e for e in [*_configurations(o), *o.references] if e.accuracy is not None]
 
 
 def _accuracy_section(o: StudyOutcome) -> list[str]:
@@ -456,20 +480,28 @@ def _accuracy_section(o: StudyOutcome) -> list[str]:
            "change from their reference is lossless skip the task and keep the agreement check.", "",
            "| Configuration | Task | Score | Change vs baseline | Agreement vs floor | Gate |",
            "|---|---|---|---|---|---|"]
-    rows = [e for e in _configurations(o) if e.accuracy is not None]
+    rows = _accuracy_entries(o)
     for e in rows:
         b = e.accuracy or {}
         gate = str(b.get("gate"))
         if b.get("reason"):  # the gate's own reason (a configuration may be ineligible for others too)
             gate = b["reason"] if gate == "rejected" else f"{gate}: {b['reason']}"
         out.append(f"| {_md_escape(e.label)} | {b.get('task') or 'n/a'} | {_score_text(b)} | {_change_text(b)} | "
-                   f"{_agreement_text(b)} | {_md_escape(gate)} |")
+                   f"{_agreement_text(b, _is_reference(o, e))} | {_md_escape(gate)} |")
     if not rows:
         out.append("| (no configuration measured yet) | | | | | |")
     if any((e.accuracy or {}).get("simulated") for e in rows):
         out += ["", "Scores marked (simulated) come from perflab's simulated engines' accuracy model "
                 "(docs/simulator.md gives each effect's published source), not from a real model."]
     return out + [""]
+
+
+def not_eligible(o: StudyOutcome) -> list[str]:
+    """``label (why)`` of each configuration measured on the main profile but not eligible
+    (the accuracy gate, a guard, a low success rate): why a study that measured something
+    recommends nothing."""
+    return [f"{e.label} ({e.note})" for e in _configurations(o)
+            if e.result.status.measured and not e.eligible and e.note]
 
 
 def _configurations(o: StudyOutcome) -> list[Entry]:

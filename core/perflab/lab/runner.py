@@ -685,8 +685,17 @@ def print_summary(summary: RunSummary, stream: Any = None) -> None:
     if summary.exit_code:  # a study that ran but did not measure what its answer needs says so, and how it exits
         from perflab.lab.exits import describe
 
-        print(f"perflab: {describe(summary.exit_code)[1]} (exit {int(summary.exit_code)}); see {summary.study_dir / 'report.md'}",
-              file=sys.stderr)
+        from perflab.lab.report import not_eligible
+
+        # measured but excluded (the accuracy gate, a guard): the line says so, not only the report
+        why = not_eligible(o) if o is not None and o.optimized is None else []
+        # a failed accuracy run is kept as the benchmarks' failures are: say how to measure it again
+        retry = any(e.accuracy is not None and e.accuracy.get("gate") == "not measured"
+                    for s in (o.steps if o is not None else ()) for e in s.entries)
+        print(f"perflab: {describe(summary.exit_code)[1]} (exit {int(summary.exit_code)})"
+              + (f": no measured configuration is eligible: {'; '.join(why)}" if why else "")
+              + ("; --retry-failed measures the failed accuracy runs again" if why and retry else "")
+              + f"; see {summary.study_dir / 'report.md'}", file=sys.stderr)
 
 
 __all__ = [

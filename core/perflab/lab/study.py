@@ -343,6 +343,9 @@ class StudyOutcome:
     cases: list[Case]
     complete: bool  # every measurement the method asked for exists
     rank: Ranking = Ranking()  # what decided (the plan's decide_by)
+    # the accuracy references measured outside every step (a candidate's engine the engine
+    # step did not try): their floors judge that engine's candidates, so the report shows them
+    references: list[Entry] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -798,7 +801,11 @@ class _Study:
                 step.vs_baseline_pct = pct(self.rank.value(step.chosen.result), base_fig)
                 if step.kind == "engine":
                     step.vs_base_pct = step.vs_baseline_pct
-        return StudyOutcome(plan, steps, baseline, optimized, cases, self.complete, self.rank)
+        in_steps = {e.config.key() for st in steps for e in st.entries} | {baseline.config.key()}
+        references = [self.entry(label, acc.reference_config(plan, engine), res)
+                      for engine, (label, res) in self._references.items()
+                      if acc.reference_config(plan, engine).key() not in in_steps]
+        return StudyOutcome(plan, steps, baseline, optimized, cases, self.complete, self.rank, references)
 
 
 def _record(res: ConfigResult | None) -> dict[str, Any] | None:
