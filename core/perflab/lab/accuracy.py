@@ -2,7 +2,8 @@
 
 Every configuration a study measures is scored on the plan's task (lm-evaluation-harness,
 :mod:`perflab.accuracy.harness`) and answers a fixed prompt set greedily
-(:mod:`perflab.accuracy.agreement`), in the same launch, before its profiles. Each
+(:mod:`perflab.accuracy.agreement`), in the same launch, after its profiles (which so measure
+a fresh engine; a main profile stopped early still leaves it scored). Each
 engine has a **reference**: the baseline for the baseline's engine, the engine's defaults for
 the others (different engines are not expected to agree token for token). A reference answers
 twice — one prompt at a time, then all at once — and the two sets' agreement is its noise

@@ -591,7 +591,8 @@ class Executor:
         holds each profile's measurement (each also goes to :attr:`on_measured` at once) and
         the engine-seconds the launch held its accelerators. ``to_beat``: the current best's
         ranking figure on the main profile, for the early stop (None: it cannot have lost).
-        ``accuracy``: in the same launch, before the profiles, the plan's accuracy measurement
+        ``accuracy``: in the same launch, after the profiles (while the engine serves and the
+        main profile was measured, stopped early included), the plan's accuracy measurement
         (stored as the measurement :data:`~perflab.lab.accuracy.ACCURACY_PROFILE`); never
         stopped early, and its time is the launch's, so engine-hours count it."""
         from perflab.supervisor import EngineInstance
@@ -713,12 +714,13 @@ class Executor:
                     break
             else:
                 rec.script = launches_script(instances, self._describer(engine), run_dir)
-                if accuracy is not None:
-                    # first, on the fresh engine: an early stop later in the launch cuts its main
-                    # profile short, never this (and the requests it cut cannot delay it)
+                await self._benchmark_all(rec, instances, config, profiles, run_dir, label, to_beat)
+                main = rec.measurements.get(plan.main_profile)
+                if accuracy is not None and rec.state is Status.DONE and (main is None or main.status.measured):
+                    # after the profiles, which measure a fresh engine (as a study without the gate
+                    # does); a main profile stopped early is measured, so that configuration is
+                    # scored too (the early stop never stops this)
                     await self._accuracy(rec, instances, config, accuracy, run_dir, label)
-                if rec.state is Status.DONE:
-                    await self._benchmark_all(rec, instances, config, profiles, run_dir, label, to_beat)
             self.on_event("teardown", label=label, engine=engine)
 
     def _invisible_holders(self, by_kind: dict[str, list[int]]) -> list[Any]:

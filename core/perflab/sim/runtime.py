@@ -38,6 +38,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,12 +218,29 @@ class Engine(EngineLifecycle):
         self.api = HttpApi(self)
 
     def start_serving(self) -> list[asyncio.Task[None]]:
-        tasks = [asyncio.create_task(self._drive())]
+        driver = asyncio.create_task(self._drive())
+        driver.add_done_callback(self._driver_ended)
+        tasks = [driver]
         if self.state_dir is not None:
             tasks.append(asyncio.create_task(self._publish_load(self.state_dir)))
         if self.behaviour.stats_line:
             tasks.append(asyncio.create_task(self._stats()))
         return tasks
+
+    def _driver_ended(self, task: asyncio.Task[None]) -> None:
+        """The driver only ends when the engine stops; an error in it would otherwise leave an
+        engine that accepts requests and never steps again: it goes down instead, its traceback
+        in the log (a bug of the simulator, not a simulated crash), as a real engine does when
+        its engine core dies."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        say(["perflab-sim: internal error: the scheduler driver failed:",
+             *"".join(traceback.format_exception(exc)).rstrip().splitlines()], sys.stderr)
+        if not self.crashing and self.stop is not None:
+            self.crashing = True
+            self._failed(1)
+            self.stop.set()
 
     # scheduling -----------------------------------------------------------------------
     def model_now(self) -> float:

@@ -43,7 +43,7 @@ class Request:
         return json.loads(self.body or b"null")
 
     async def wait_or_disconnect(self, done: asyncio.Future[Any]) -> bool:
-        """Wait for ``done``; False if the client closed the connection first.
+        """Wait for ``done``; False if the client closed (or reset) the connection first.
 
         Reads ahead one byte to notice the close; a byte of a pipelined next request is kept
         for the next read."""
@@ -51,7 +51,11 @@ class Request:
         try:
             finished, _ = await asyncio.wait({done, peek}, return_when=asyncio.FIRST_COMPLETED)
             if peek in finished and not done.done():
-                if peek.result() == b"":
+                try:
+                    more = peek.result()
+                except ConnectionError:  # reset (a client aborting with data unread): gone too
+                    return False
+                if more == b"":
                     return False
                 await done
             return True

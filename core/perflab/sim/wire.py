@@ -258,8 +258,11 @@ class Generation:
                 out.append(b"data: [DONE]\n\n")
             if len(out) == 1:
                 out.clear()  # no event in this step: no stamp either
-            if not self.send(b"".join(out)):
-                self.engine.abort(self)
+            if not self.send(b"".join(out)) and not finished:
+                self.engine.abort(self)  # the client is gone: its request leaves the batch
+                return
+            # gone at its last step: finished all the same (the engine computed it, as a real
+            # engine's scheduler has when its API server finds the client gone)
         if finished:
             self.engine.record(self, self.finish_reason or "stop")
             self.done.set_result(None)
