@@ -120,8 +120,17 @@ class Graph:
                 self.private.append(PrivateUse(module, aliases[node.value.id], node.attr, f"{rel}:{node.lineno}"))
 
     def _edge(self, source: str, target: str, where: str) -> None:
-        if target != source:
-            self.edges[source].append(Edge(source, target, where))
+        """``source`` imports ``target``, and with it every package above ``target`` that is not
+        above ``source`` too (those were initialised before ``source`` ran): importing
+        ``a.b.c`` runs ``a/b/__init__.py``, so a package's ``__init__`` that imports back is a cycle."""
+        own = {source.rsplit(".", i)[0] for i in range(1, source.count(".") + 1)}
+        parts = target.split(".")
+        for i in range(len(parts), 0, -1):
+            t = ".".join(parts[:i])
+            if t in own:
+                break
+            if t != source and t in self.modules:
+                self.edges[source].append(Edge(source, t, where))
 
     def cycles(self) -> list[list[str]]:
         """The strongly connected components of more than one module (Tarjan, iterative)."""
@@ -201,20 +210,25 @@ def test_no_private_name_is_imported_across_modules(graph: Graph) -> None:
 def test_the_graph_sees_every_kind_of_import(tmp_path: Path) -> None:
     """The checker itself: a cycle closed only by a function-level import, one closed only by a
     TYPE_CHECKING import, a relative import, and a private name reached through a module alias
-    are all found; a package importing its own submodule alone is no cycle."""
+    are all found; a package importing its own submodule alone is no cycle, and a package whose
+    ``__init__`` imports a module that imports one of the package's submodules is one."""
     pkg = tmp_path / "demo"
     (pkg / "sub").mkdir(parents=True)
+    (pkg / "pkg").mkdir()
     files = {
         "__init__.py": "from demo import a\n",
         "a.py": "import demo.b\n",
         "b.py": "def f():\n    from demo.a import thing\n",
         "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .sub.d import D\n",
         "sub/__init__.py": "",
+        "pkg/__init__.py": "from demo import e\n",
+        "pkg/leaf.py": "",
+        "e.py": "from demo.pkg.leaf import *\n",
         "sub/d.py": "from ..c import _hidden\nfrom demo import a as alias\nx = alias._secret\n",
     }
     for name, text in files.items():
         (pkg / name).write_text(text)
     g = Graph({"demo": pkg})
-    assert sorted(g.cycles()) == [["demo.a", "demo.b"], ["demo.c", "demo.sub.d"]]
+    assert sorted(g.cycles()) == [["demo.a", "demo.b"], ["demo.c", "demo.sub.d"], ["demo.e", "demo.pkg"]]
     assert sorted((p.module, p.target, p.name) for p in g.private) == [
         ("demo.sub.d", "demo.a", "_secret"), ("demo.sub.d", "demo.c", "_hidden")]
