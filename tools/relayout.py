@@ -26,8 +26,9 @@ The layout (``perflab.`` omitted):
   own (its schema), add ``"perflab.lab.plan": "perflab.lab.plan"`` and them here.
 * ``lab/run/``: the runner above the executor, preflight, early stop and, below the runner,
   ``backends/local.py`` and ``backends/ray.py`` with the shipping of files between them.
-* ``lab/store/``: the store (the package's ``__init__``), its integrity checks, measured
-  extras and study log.
+* ``lab/store/``: the store (the package's ``__init__``), its integrity checks and study log.
+  ``lab/measured.py`` stays beside ``lab/study.py``: a result's measured extras are the
+  study's data, which the store imports (in ``lab/store/`` the study would import the store).
 * ``lab/report/``: report.md/report.json (the package's ``__init__``), html, charts, compare,
   the writer of the report files, the stored-study reader they decide from, and the audit
   (``perflab.audit`` moves in whole): report and audit together.
@@ -68,7 +69,6 @@ MOVES: dict[str, str] = {
     # the store
     "perflab.lab.store": "perflab.lab.store",  # -> lab/store/__init__.py
     "perflab.lab.integrity": "perflab.lab.store.integrity",
-    "perflab.lab.measured": "perflab.lab.store.measured",
     "perflab.lab.studylog": "perflab.lab.store.studylog",
     # the report, and the audit with it
     "perflab.lab.report": "perflab.lab.report",  # -> lab/report/__init__.py
