@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -151,6 +152,12 @@ def move(layout: Layout, dry_run: bool) -> list[str]:
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
         git(root, "mv", str(src.relative_to(root)), str(dst.relative_to(root)))
+        if is_pkg and src.is_dir():
+            # git moved the tracked files; a __pycache__ left behind would make the old name an
+            # importable namespace package that hides a missed rewrite
+            leftovers = [q for q in src.rglob("*") if q.is_file() and "__pycache__" not in q.parts]
+            if not leftovers:
+                shutil.rmtree(src)
     for pkg, doc in PACKAGES.items():
         init = root / CORE / Path(*pkg.split(".")) / "__init__.py"
         if init.parent.is_dir() and not init.exists():
