@@ -238,6 +238,33 @@ def rewrite_text(text: str) -> str:
     return PATHLIKE.sub(lambda m: rename_path(m[0]), text)
 
 
+#: the README's map of core/perflab (its "Layout" block), as it reads in the new layout
+README_CORE = """\
+core/perflab/        contract/ (hookspecs, plugin_base, types, status, errors, crashes: what a
+                     plugin programs against), plugin manager, supervisor, hardware, observe,
+                     bench client, accuracy, CLI, and the lab:
+core/perflab/lab/    plan.py, options.py, study.py (the decisions); run/ (runner, executor,
+                     preflight, early stop, and below them backends/local.py and ray.py);
+                     store/ (the store, its integrity); report/ (report.md and .json, html,
+                     charts, compare, and the audit)
+"""
+README_BLOCK = re.compile(r"^core/perflab/ .*?(?=^\S)", re.MULTILINE | re.DOTALL)
+
+
+def rewrite_readme(root: Path, dry_run: bool) -> list[str]:
+    """The README's Layout block names files by their place; say where they are now."""
+    readme = root / "README.md"
+    if not readme.is_file():
+        return []
+    text = readme.read_text(encoding="utf-8")
+    m = README_BLOCK.search(text)
+    if m is None or "contract/" in m[0]:
+        return []
+    if not dry_run:
+        readme.write_text(text[: m.start()] + README_CORE + text[m.end():], encoding="utf-8")
+    return ["README.md (its Layout block)"]
+
+
 def text_files(root: Path) -> list[Path]:
     out: list[Path] = []
     me = Path(__file__).resolve()
@@ -280,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     moved = move(Layout(root), args.dry_run)
     for line in moved:
         print(f"moved    {line}")
-    changed = rewrite(root, args.dry_run)
+    changed = rewrite(root, args.dry_run) + rewrite_readme(root, args.dry_run)
     for line in changed:
         print(f"rewrote  {line}")
     if not moved and not changed:
