@@ -312,7 +312,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rewrote  {line}")
     if not moved and not changed:
         print("relayout: the tree is already in the new layout; nothing to do")
+        return 0
+    sort_imports(root, [c for c in changed if c.endswith(".py")], args.dry_run)
     return 0
+
+
+def sort_imports(root: Path, files: list[str], dry_run: bool) -> None:
+    """A rewritten import may now sort elsewhere in its block: ruff's isort rule (with the
+    project's own ruff settings) puts it back in order, in the rewritten files only."""
+    if dry_run or not files:
+        return
+    if "[tool.ruff" not in (root / "pyproject.toml").read_text(encoding="utf-8"):
+        # without the project's settings ruff would rewrap every block at its default width
+        print("relayout: no [tool.ruff] in pyproject.toml: sort the rewritten imports by hand")
+        return
+    ruff = shutil.which("ruff")
+    argv = [ruff] if ruff else [sys.executable, "-m", "ruff"]
+    if subprocess.run([*argv, "--version"], capture_output=True).returncode != 0:
+        print("relayout: ruff is not installed here: sort the rewritten imports with `ruff check --select I --fix`")
+        return
+    done = subprocess.run([*argv, "check", "--select", "I", "--fix", "--quiet", *files], cwd=root,
+                          capture_output=True, text=True)
+    print(f"sorted   the imports of the {len(files)} rewritten Python files (ruff check --select I --fix: exit "
+          f"{done.returncode})")
 
 
 if __name__ == "__main__":
