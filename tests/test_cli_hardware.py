@@ -141,7 +141,7 @@ def test_builtin_probes_find_npus_through_npu_smi_on_path(
     exe = tmp_path / "npu-smi"
     exe.write_text(f'#!/bin/sh\n[ "$*" = "info" ] && exec cat "{fixture}"\nexit 1\n')
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setattr(perflab.hardware.nvml, "_load_nvml", lambda env: None)  # no GPU, even on a GPU host
+    monkeypatch.setattr(perflab.hardware.nvml, "load_nvml", lambda env: None)  # no GPU, even on a GPU host
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setenv("COLUMNS", "250")
     monkeypatch.delenv("PERFLAB_SIM_HARDWARE", raising=False)

@@ -193,7 +193,7 @@ def _memory_by_device(
     }
 
 
-async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     """Run blocking plugin code (it may run ``engine --version``) off the event loop;
     Ctrl-C does not wait for it."""
     return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
@@ -358,8 +358,8 @@ class EngineInstance:
         self._transition(Status.PREFLIGHT, workdir=str(self.workdir))
         self.pm.engine(self.engine)  # UnknownEngine: a usage error, raised
         if o.version is None:
-            o.version = await _in_thread(engine_hooks.engine_version, self.pm, self.engine, self.env)
-        problems = [] if self._given is not None else await _in_thread(
+            o.version = await in_thread(engine_hooks.engine_version, self.pm, self.engine, self.env)
+        problems = [] if self._given is not None else await in_thread(
             engine_hooks.check_support, self.pm, self.engine, self.config, self.hardware, o.version)
         o.reasons = tuple(u for u in problems if u.severity != "warning")
         o.warnings = tuple(u for u in problems if u.severity == "warning")
@@ -378,11 +378,11 @@ class EngineInstance:
         self.launch = o.launch = spec
         redact.register_launch(spec)
         self.base_url = _connectable_url(spec) if self.serving else None
-        self.readiness = await _in_thread(engine_hooks.readiness, self.pm, self.engine, spec) if self.serving else None
+        self.readiness = await in_thread(engine_hooks.readiness, self.pm, self.engine, spec) if self.serving else None
         self._write_files(spec)
 
         if self.settings.check_memory and self.hardware.accelerators:
-            self._baseline = await _in_thread(self._probe_hardware)
+            self._baseline = await in_thread(self._probe_hardware)
 
         self._transition(Status.LAUNCHING, argv=redact.redact_argv(spec.argv), port=spec.port)
         if not await self._spawn(spec):
@@ -442,7 +442,7 @@ class EngineInstance:
                 self._port_in_use([config.port])  # type: ignore[list-item]
                 return None
             try:
-                spec: LaunchSpec = await _in_thread(
+                spec: LaunchSpec = await in_thread(
                     engine_hooks.build_launch, self.pm, self.engine, config, self.hardware, self.workdir, o.version
                 )
             except UnsupportedOption as exc:

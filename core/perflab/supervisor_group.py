@@ -41,7 +41,7 @@ from perflab import engines as engine_hooks
 from perflab.errors import UnsupportedOption
 from perflab.lifecycle.ports import pick_free_port
 from perflab.status import Status
-from perflab.supervisor import DEFAULT_GRACE_S, EngineInstance, LaunchOutcome, _in_thread
+from perflab.supervisor import DEFAULT_GRACE_S, EngineInstance, LaunchOutcome, in_thread
 from perflab.types import GroupNode, HardwareSnapshot, LaunchSpec, NodeGroup, ServeConfig, Unsupported
 
 log = structlog.get_logger("perflab.supervisor")
@@ -275,8 +275,8 @@ class EngineGroup:
         self._transition(Status.PREFLIGHT, workdir=str(self.workdir), nodes=self.config.node_count)
         rec = self.pm.engine(self.engine)
         if o.version is None:
-            o.version = await _in_thread(engine_hooks.engine_version, self.pm, self.engine, self.env)
-        problems = await _in_thread(engine_hooks.check_support, self.pm, self.engine, self.config, self.hardware, o.version)
+            o.version = await in_thread(engine_hooks.engine_version, self.pm, self.engine, self.env)
+        problems = await in_thread(engine_hooks.check_support, self.pm, self.engine, self.config, self.hardware, o.version)
         o.reasons = tuple(u for u in problems if u.severity != "warning")
         o.warnings = tuple(u for u in problems if u.severity == "warning")
         if o.reasons and not self.force:
@@ -296,7 +296,7 @@ class EngineGroup:
         config = self.config.replace(port=port, nodes=self.group.size)
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            specs = await _in_thread(engine_hooks.build_group_launch, self.pm, self.engine, config, self.hardware,
+            specs = await in_thread(engine_hooks.build_group_launch, self.pm, self.engine, config, self.hardware,
                                      self.group, self.workdir, o.version)
         except UnsupportedOption as exc:
             self._refuse(exc.option, exc.why, rec.distribution or rec.plugin)

@@ -22,7 +22,7 @@ from perflab.bench import (
     run_benchmark,
     run_benchmark_sync,
 )
-from perflab.bench.cancel import CANCELLED
+from perflab.bench.trace import CANCELLED
 
 from .conftest import FakeOpenAIServer
 

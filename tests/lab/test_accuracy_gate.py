@@ -17,7 +17,8 @@ import pytest
 
 from perflab.accuracy.types import Answer, AnswerSet, EvalResult
 from perflab.errors import UsageError
-from perflab.lab.accuracy import ACCURACY_PROFILE, AccuracyRunner, AccuracySpec, is_lossless, job_for
+from perflab.lab.accuracy import ACCURACY_PROFILE, AccuracyRunner, AccuracySpec, is_lossless
+from perflab.lab.plan import job_for
 from perflab.lab.plan import load_plan_text
 
 PLAN = """

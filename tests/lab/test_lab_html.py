@@ -17,7 +17,8 @@ import pytest
 from perflab.lab.html import HTML_NAME, observe_files
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile, load_plan_text
-from perflab.lab.report import ReportContext, write_report
+from perflab.lab.publish import write_report
+from perflab.lab.report import ReportContext
 from perflab.lab.study import ConfigResult, conduct
 from perflab.status import Status
 from seedkit import SEED_002_PLAN, SeedMeasure, seed_002_key

@@ -18,7 +18,7 @@ from perflab.lab.decide import LoadKind, Slo
 from perflab.lab.earlystop import FRAMING_EVENTS, MIN_ANSWERED, WINDOW_ENGINE_S, EarlyStop, tokens_per_event
 from perflab.lab.executor import MAX_PROBES, at_load, mean_metrics, relative_noise, search_loads, slo_margin
 from perflab.lab.plan import load_plan_text
-from perflab.lab.runner import profile_key
+from perflab.lab.stored import profile_key
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store
 from perflab.status import Status
 

@@ -8,7 +8,8 @@ import anyio
 
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile, load_plan_text
-from perflab.lab.report import ReportContext, build_json, render_markdown, write_report
+from perflab.lab.publish import write_report
+from perflab.lab.report import ReportContext, build_json, render_markdown
 from perflab.lab.study import ConfigResult, conduct
 from perflab.status import Status
 

@@ -12,11 +12,12 @@ from typing import Any
 import anyio
 import pytest
 
-from perflab.bench.cancel import CANCELLED
+from perflab.bench.trace import CANCELLED
 from perflab.errors import UsageError
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile, load_plan_text
-from perflab.lab.report import ReportContext, _entry_lines, build_json, render_markdown, write_report
+from perflab.lab.publish import write_report
+from perflab.lab.report import ReportContext, _entry_lines, build_json, render_markdown
 from perflab.lab.study import ConfigResult, Entry, conduct, stopped_early_text
 from perflab.observe import END, START, Sample, Watching
 from perflab.status import Status
@@ -252,7 +253,7 @@ def test_a_guard_reading_what_the_bench_does_not_report_by_default_asks_for_it_a
     from types import SimpleNamespace as NS
 
     from perflab.lab.executor import Executor
-    from perflab.lab.runner import profile_key
+    from perflab.lab.stored import profile_key
 
     plain = load_plan_text(PLAN.format(extra=""))
     p99 = load_plan_text(PLAN.format(extra="guards: {p99_tpot_ms: 900}"))

@@ -9,7 +9,8 @@ import pytest
 
 from perflab.lab.options import Configuration
 from perflab.lab.plan import load_plan_text
-from perflab.lab.runner import LiveMeasure, StoreMeasure
+from perflab.lab.runner import LiveMeasure
+from perflab.lab.stored import StoreMeasure
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store
 from perflab.lab.study import conduct
 from perflab.status import Status

@@ -251,6 +251,14 @@ def _check_known(name: str, tm: Any) -> None:
                      "(gsm8k, mmlu, ...), or a .jsonl/.yaml task file")
 
 
+def check_task(task: str) -> None:
+    """Raise the one-line UsageError for a task the harness would not run: a task file that is
+    not one, or a name lm-eval does not know (its task index: seconds, for names only)."""
+    spec = resolve_task(task)
+    if spec.needs_index:
+        _check_known(spec.name, _task_manager(True))
+
+
 # ================================================================== lm-eval, quietly
 
 
@@ -792,6 +800,7 @@ __all__ = [
     "EndpointFailed",
     "TaskSpec",
     "api_base",
+    "check_task",
     "configure_logging",
     "ensure_available",
     "evaluate",

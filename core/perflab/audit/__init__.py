@@ -256,13 +256,13 @@ def audit_store(path: Path) -> Audit:
     page as `perflab report` would write them, built in memory from the Store (study.db)."""
     import anyio
 
-    from perflab.lab.report import build_json, render_markdown
-    from perflab.lab.runner import _report_outcome, report_context
+    from perflab.lab.report import build_json, render_markdown, report_context
+    from perflab.lab.stored import stored_outcome
     from perflab.lab.store import Store
 
     store = Store.open_existing(path)  # a one-line UsageError when it is no study
     try:
-        outcome = anyio.run(_report_outcome, store)
+        outcome = anyio.run(stored_outcome, store)
         ctx = report_context(store)
         data = json.loads(json.dumps(build_json(outcome, ctx), default=str))
         markdown = render_markdown(outcome, ctx)

@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 POLL_S = 0.05  # how often a running event loop looks at the cancel event
-CANCELLED = "cancelled"  # the error of a request cut short by a cancellation
-STALLED = "stalled"  # the error of a request open when the stall watchdog stopped the run
 JOIN_S = 5.0  # how long run_benchmark() waits for its cancelled thread before giving up on it
 
 
@@ -84,4 +82,4 @@ def signalling_end(finished: threading.Event, work: Callable[[], T]) -> Callable
     return run
 
 
-__all__ = ["CANCELLED", "POLL_S", "STALLED", "BenchCancelled", "check", "signalling_end", "wait_set"]
+__all__ = ["POLL_S", "BenchCancelled", "check", "signalling_end", "wait_set"]

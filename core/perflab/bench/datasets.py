@@ -45,14 +45,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from perflab.bench.request import BenchRequest
+from perflab.bench.request import SHAREGPT_MAX_PROMPT_LEN, SYNTHETIC_SHAREGPT_MEANS, BenchRequest, expected_prompt_tokens
 from perflab.bench.tokenizer import Tokenizer
 from perflab.errors import UsageError
 
 SHAREGPT_MIN_LEN = 4
-SHAREGPT_MAX_PROMPT_LEN = 1024
 SHAREGPT_MAX_TOTAL_LEN = 2048
-SYNTHETIC_SHAREGPT_MEANS = (217.0, 202.0)  # seeds 000-002: 217393 / ~201700 tokens over 1000 requests
 SYNTHETIC_SHAREGPT_SIGMAS = (0.9, 0.8)
 
 
@@ -242,17 +240,6 @@ def build_samples(req: BenchRequest, tok: Tokenizer) -> list[Sample]:
 # the random dataset with the approx and whitespace tokenizers (~5-7 bytes a token), with room.
 BYTES_PER_PROMPT_TOKEN = 8
 BYTES_PER_REQUEST = 2048  # the encoded head and payload around the prompt, the trace kept after
-
-
-def expected_prompt_tokens(req: BenchRequest) -> int:
-    """A prompt's length in tokens, roughly, for the memory estimate."""
-    if req.dataset == "random":
-        return req.random_prefix_len + math.ceil(req.random_input_len * (1 + req.random_range_ratio))
-    if req.dataset == "prefix-repetition":
-        return req.prefix_repetition_prefix_len + req.prefix_repetition_suffix_len
-    if req.dataset == "multi-turn":
-        return req.multi_turn_turns * (req.multi_turn_input_len + req.multi_turn_output_len)
-    return SHAREGPT_MAX_PROMPT_LEN if req.dataset == "sharegpt" else round(SYNTHETIC_SHAREGPT_MEANS[0] * 2)
 
 
 def available_memory() -> int | None:

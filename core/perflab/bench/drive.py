@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from time import perf_counter, process_time
 from typing import Any, TypeVar
 
-from perflab.bench.cancel import CANCELLED, POLL_S, STALLED
+from perflab.bench.cancel import POLL_S
+from perflab.bench.trace import CANCELLED, STALLED
 from perflab.bench.client import Prepared, make_client
 from perflab.bench.trace import Capture, RequestTrace
 

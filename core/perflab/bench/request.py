@@ -30,6 +30,10 @@ STREAM_DEADLINE_MIN_S = 60.0
 STREAM_DEADLINE_FLOOR_TOK_S = 1.0
 PERCENTILE_METRICS = ("latency", "ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+# ShareGPT's prompt cap and the synthetic ShareGPT lengths' means (input, output): the datasets
+# build with them, and a request's expected prompt length is checked with them here
+SHAREGPT_MAX_PROMPT_LEN = 1024
+SYNTHETIC_SHAREGPT_MEANS = (217.0, 202.0)  # seeds 000-002: 217393 / ~201700 tokens over 1000 requests
 
 
 @dataclass(frozen=True)
@@ -176,8 +180,6 @@ class BenchRequest:
                     f"{name} {value}: longer than any model's context (perflab builds at most "
                     f"{MAX_SEQUENCE_TOKENS:,} tokens per prompt or answer)"
                 )
-        from perflab.bench.datasets import expected_prompt_tokens  # datasets imports this module
-
         if self.dataset != "sharegpt" and (whole := expected_prompt_tokens(self)) > MAX_SEQUENCE_TOKENS:
             raise UsageError(
                 f"--dataset {self.dataset}: prompts of up to {whole:,} tokens (prefix, input and earlier "
@@ -313,11 +315,24 @@ def frozen_pairs(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ..
     return tuple((mapping or {}).items())
 
 
+
+def expected_prompt_tokens(req: BenchRequest) -> int:
+    """A prompt's length in tokens, roughly, for the memory estimate."""
+    if req.dataset == "random":
+        return req.random_prefix_len + math.ceil(req.random_input_len * (1 + req.random_range_ratio))
+    if req.dataset == "prefix-repetition":
+        return req.prefix_repetition_prefix_len + req.prefix_repetition_suffix_len
+    if req.dataset == "multi-turn":
+        return req.multi_turn_turns * (req.multi_turn_input_len + req.multi_turn_output_len)
+    return SHAREGPT_MAX_PROMPT_LEN if req.dataset == "sharegpt" else round(SYNTHETIC_SHAREGPT_MEANS[0] * 2)
+
+
 __all__ = [
     "BACKENDS",
     "DATASETS",
     "DEFAULT_ENDPOINTS",
     "BenchRequest",
+    "expected_prompt_tokens",
     "frozen_pairs",
     "parse_goodput",
     "parse_percentile_metrics",

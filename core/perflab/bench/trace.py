@@ -16,10 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from perflab.bench.cancel import CANCELLED, STALLED
 from perflab.bench.sse import SSEParser
 from perflab.bench.tokenizer import Tokenizer
 from perflab.simenv import SIM_CLOCK_COMMENT, parse_clock
+
+# a request's error when the run, not the server, ended it (declared here, with the request
+# record, so the cancel machinery above the result does not sit below the trace)
+CANCELLED = "cancelled"  # the error of a request cut short by a cancellation
+STALLED = "stalled"  # the error of a request open when the stall watchdog stopped the run
 
 MAX_ERROR_CHARS = 500
 # How far the server's ``usage`` may disagree with what perflab saw before the request is an

@@ -27,7 +27,7 @@ class NpuSmiError(RuntimeError):
     pass
 
 
-def _run(exe: str, args: Sequence[str], env: Mapping[str, str], timeout: float) -> str:
+def run_npu_smi(exe: str, args: Sequence[str], env: Mapping[str, str], timeout: float) -> str:
     argv = [exe, *args]
     try:
         done = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout, check=False)
@@ -44,7 +44,7 @@ def _run(exe: str, args: Sequence[str], env: Mapping[str, str], timeout: float) 
 def _optional(exe: str, args: Sequence[str], env: Mapping[str, str]) -> str | None:
     """Details (UUID, capacity) are worth a try, never worth failing the probe."""
     try:
-        return _run(exe, args, env, DETAIL_TIMEOUT_S)
+        return run_npu_smi(exe, args, env, DETAIL_TIMEOUT_S)
     except NpuSmiError:
         return None
 
@@ -68,7 +68,7 @@ def read_npus(exe: str, env: Mapping[str, str], source: str = "npu-smi") -> list
     # module to register the hook, and only hardware probing needs the parsers.
     from perflab.hardware.npusmi_parse import merge, parse_board, parse_info, parse_mapping
 
-    info = parse_info(_run(exe, ["info"], env, INFO_TIMEOUT_S))
+    info = parse_info(run_npu_smi(exe, ["info"], env, INFO_TIMEOUT_S))
     mapping_text = _optional(exe, ["info", "-m"], env)
     chips = [c for c in merge(info, parse_mapping(mapping_text or "")) if c.logic_id is not None]
     if not chips:

@@ -35,7 +35,7 @@ def cuda_version_string(version: int) -> str:
     return f"{version // 1000}.{(version % 1000) // 10}"
 
 
-def _load_nvml(env: Mapping[str, str]) -> Any | None:
+def load_nvml(env: Mapping[str, str]) -> Any | None:
     if env.get(HARDWARE_ENV):
         from perflab.sim.nvml import NvmlShim
 
@@ -108,7 +108,7 @@ def read_gpus(nvml: Any, source: str = "nvml") -> list[Accelerator] | None:
 
 @hookimpl
 def perflab_probe_hardware(env: Mapping[str, str]) -> list[Accelerator] | None:
-    nvml = _load_nvml(env)
+    nvml = load_nvml(env)
     if nvml is None:
         return None
     return read_gpus(nvml, source="sim" if env.get(HARDWARE_ENV) else "nvml")

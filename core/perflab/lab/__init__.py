@@ -8,5 +8,7 @@
 * :mod:`perflab.lab.executor` — measuring one configuration for real (supervisor + bench);
 * :mod:`perflab.lab.runner` — ties them together, resumable, Ctrl-C safe;
 * :mod:`perflab.lab.report` / :mod:`perflab.lab.chart` — Markdown, report.json and the PNG;
+  :mod:`perflab.lab.publish` writes them (with report.html, audited); :mod:`perflab.lab.stored`
+  rebuilds a study's outcome from its store for ``perflab report``, ``compare`` and ``audit``;
 * :mod:`perflab.lab.progress` — the live display; :mod:`perflab.lab.demo` — ``perflab demo``.
 """

@@ -29,14 +29,11 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from perflab.accuracy.tasks import SHIPPED_TASK, load_items
 from perflab.accuracy.types import AnswerSet, EvalResult
 from perflab.lab.options import LOSSLESS_OPTIONS, Configuration
-
-if TYPE_CHECKING:
-    from perflab.lab.plan import Plan
 
 #: the reserved profile name an accuracy measurement is stored under (no plan profile may take it)
 ACCURACY_PROFILE = "#accuracy"
@@ -120,12 +117,6 @@ class AccuracyJob:
         return cls(AccuracySpec(**spec), bool(data["reference"]), bool(data["task"]))
 
 
-def reference_config(plan: Plan, engine: str) -> Configuration:
-    """The configuration ``engine``'s candidates are compared with: the baseline for its
-    engine, the engine's defaults for the others."""
-    return plan.baseline_config() if engine == plan.baseline.engine else plan.engine_defaults(engine)
-
-
 def changed_keys(reference: Configuration, config: Configuration) -> list[str]:
     keys = set(reference.options) | set(config.options)
     return sorted(k for k in keys if reference.options.get(k) != config.options.get(k))
@@ -135,17 +126,6 @@ def is_lossless(spec: AccuracySpec, reference: Configuration, config: Configurat
     """Whether every change of ``config`` from ``reference`` is lossless (and there is one)."""
     changed = changed_keys(reference, config)
     return bool(changed) and all(k in spec.lossless_keys() for k in changed)
-
-
-def job_for(plan: Plan, config: Configuration) -> AccuracyJob | None:
-    """The accuracy measurement ``config`` needs in a study of ``plan`` (None: no gate)."""
-    spec = plan.accuracy
-    if spec is None:
-        return None
-    ref = reference_config(plan, config.engine)
-    reference = ref.canonical() == config.canonical()
-    task = spec.task is not None and (reference or not is_lossless(spec, ref, config))
-    return AccuracyJob(spec, reference, task)
 
 
 class AccuracyRunner:
@@ -295,7 +275,5 @@ __all__ = [
     "Verdict",
     "decide",
     "is_lossless",
-    "job_for",
     "measure",
-    "reference_config",
 ]

@@ -7,7 +7,7 @@ report shows: every step's entries (main profile) and the baseline and optimized
 configuration on every profile. A measurement is paired with the other study's by its
 configuration key (:meth:`perflab.lab.options.Configuration.key` without the study's salt: the
 engine and its options, not the machine or the engine version) and its profile key
-(:func:`perflab.lab.runner.profile_key`). For each pair, the change in every headline metric
+(:func:`perflab.lab.stored.profile_key`). For each pair, the change in every headline metric
 (:data:`METRICS`, each with its direction) is computed, and a change for the worse is a
 **regression** when it exceeds the threshold (``--threshold``, default
 :data:`DEFAULT_THRESHOLD_PCT` %; ``--tail-threshold``, default :data:`DEFAULT_TAIL_THRESHOLD_PCT` %,
@@ -199,7 +199,7 @@ class StudyView:
 
 
 def _measured(plan: Plan, outcome: StudyOutcome) -> dict[tuple[str, str], Measured]:
-    from perflab.lab.runner import profile_key
+    from perflab.lab.stored import profile_key
 
     out: dict[tuple[str, str], Measured] = {}
 
@@ -235,7 +235,8 @@ def load_study(path: Path) -> StudyView:
     """Read a study directory (its store, read-only; no lock: it may still be running)."""
     import anyio
 
-    from perflab.lab.runner import StoreMeasure, report_context, stored_plan
+    from perflab.lab.report import report_context
+    from perflab.lab.stored import StoreMeasure, stored_plan
     from perflab.lab.store import Store
     from perflab.lab.study import conduct
 

@@ -36,7 +36,7 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = ["DEFAULT_WARMUP", "DecideBy", "Decision", "Guards", "LoadKind", "Regression", "Slo", "SloCheck",
-           "is_latency_metric", "latency_regressions"]
+           "is_latency_metric", "latency_regressions", "pct_name"]
 
 #: Warm-up requests before each measured profile: enough to compile/capture the first batch
 #: shapes and fill connection pools, small enough to cost seconds (AIPerf's default warm-up
@@ -112,7 +112,7 @@ class Slo:
 
     def metric_key(self, key: str) -> str:
         """The bench metrics key of ``key`` at this percentile: ``p99_tpot_ms``."""
-        return f"p{_pct_name(self.percentile)}_{SLO_METRICS[key][0]}"
+        return f"p{pct_name(self.percentile)}_{SLO_METRICS[key][0]}"
 
     def goodput(self) -> tuple[tuple[str, float], ...]:
         """The bench request's ``goodput`` (vLLM's ``--goodput ttft:500 tpot:50``)."""
@@ -135,7 +135,7 @@ class Slo:
         return {**self.limits(), "percentile": self.percentile}
 
 
-def _pct_name(p: float) -> str:
+def pct_name(p: float) -> str:
     """vLLM's percentile key spelling: 99 -> "99", 99.9 -> "99.9"."""
     return str(int(p)) if float(p).is_integer() else f"{p:g}"
 

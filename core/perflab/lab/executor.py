@@ -43,6 +43,7 @@ from perflab.observe.telemetry import ENGINE_T, Telemetry
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, file_stem, write_json
+from perflab.simenv import STATE_ENV as SIM_STATE_ENV
 from perflab.simenv import TIME_SCALE_ENV as SIM_TIME_SCALE_ENV
 from perflab.status import Status
 from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Unsupported, to_jsonable
@@ -200,7 +201,7 @@ def stopped_early_record(decided: Mapping[str, Any], partial: Any,
     configuration: ``failed`` keeps only those that failed on their own, the record says how many
     were cut short and never sent, and the partial throughput (over the measured part only,
     which can exceed what the full run could reach) is kept to be named as such."""
-    from perflab.bench.cancel import CANCELLED
+    from perflab.bench.trace import CANCELLED
 
     info = dict(decided)
     if partial is None:
@@ -1246,3 +1247,42 @@ def _host_seconds(result: Any, wall_s: float) -> float:
         return 0.0
     engine_s = float(duration) + float(result.info.get("warmup_s") or 0.0)  # the warm-up is engine time too
     return max(0.0, wall_s - engine_s / float(scale))
+
+
+def key_salt(
+    spec: str,
+    time_scale: float,
+    simulated: bool,
+    accelerators: Sequence[Any],
+    versions: Mapping[str, str | None] | None = None,
+) -> dict[str, Any]:
+    """What besides the configuration decides a measurement: the machine (and sim speed), and
+    the engine versions — a resumed study must not reuse a measurement of another version."""
+    salt: dict[str, Any]
+    if simulated:
+        salt = {"hardware": spec, "time_scale": time_scale}
+    else:
+        salt = {"hardware": sorted(f"{a.kind}:{a.name}" for a in accelerators)}
+    if versions:
+        salt["versions"] = {k: v for k, v in sorted(versions.items())}
+    return salt
+
+
+def study_environment(plan: Plan, out_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment a study resolves its hardware with (and launches engines from)."""
+    env = dict(environ)
+    if plan.hardware.startswith("sim:"):
+        # the plan's simulated engine versions (simulation.engine_versions), unless the user
+        # set PERFLAB_SIM_ENGINE_VERSIONS explicitly
+        for key, value in plan.sim_environment().items():
+            env.setdefault(key, value)
+        if SIM_STATE_ENV not in env:
+            # The simulated machine is the study's own: its device-memory registry lives in the
+            # study directory, so simulations elsewhere on this host cannot take its memory.
+            env[SIM_STATE_ENV] = str((out_dir / "sim-state").resolve())
+    return env
+
+
+def study_time_scale(plan: Plan, simulated: bool) -> float:
+    """How much faster than real time a study's engines run (a simulated machine's ``time_scale``)."""
+    return plan.time_scale if simulated else 1.0

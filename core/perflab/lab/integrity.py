@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     from perflab.lab.plan import Plan
     from perflab.types import Accelerator
 
+# a study directory's files: the store's index and its meta mirror (declared here, below the
+# store, because these checks read them without opening a Store)
+DB_NAME = "study.db"
+META_FILE = "study.json"
 LOCK_NAME = ".perflab.lock"
 DEFAULT_DEVICE_WAIT_S = 60.0
 DEVICE_POLL_S = 2.0
@@ -143,8 +147,6 @@ def storage_fault(exc: BaseException, where: Path) -> StorageFault | None:
                             f"far is kept — free the space / fix the permissions and re-run the same command to resume")
     if isinstance(exc, sqlite3.DatabaseError):
         # sqlite's text ("database or disk is full") names no file: name the study's database
-        from perflab.lab.store import DB_NAME
-
         text = str(exc)
         db = where / DB_NAME
         if "full" in text:
@@ -206,8 +208,6 @@ def _stored_meta(study_dir: Path) -> dict[str, Any] | None:
     """The meta of the study in ``study_dir`` (study.db, else its mirror study.json); None
     when there is no study there."""
     import sqlite3
-
-    from perflab.lab.store import DB_NAME, META_FILE
 
     db_path = study_dir / DB_NAME
     if db_path.is_file():

@@ -28,7 +28,7 @@ import yaml
 from perflab import redact
 from perflab.bench.request import MAX_NUM_PROMPTS
 from perflab.errors import UsageError
-from perflab.lab.accuracy import ACCURACY_KEYS, ACCURACY_PROFILE, APIS, NEVER_LOSSLESS, AccuracySpec
+from perflab.lab.accuracy import ACCURACY_KEYS, ACCURACY_PROFILE, APIS, NEVER_LOSSLESS, AccuracyJob, AccuracySpec, is_lossless
 from perflab.lab.decide import SLO_KEYS, DecideBy, Decision, Guards, LoadKind, Slo, is_latency_metric
 from perflab.lab.options import PLAN_OPTIONS, Configuration, apply_delta, normalise
 from perflab.observe.energy import COST_KEYS, DEFAULT_CURRENCY, Cost
@@ -971,11 +971,9 @@ def _accuracy(p: _Problems, raw: Any, check_available: bool, base_dir: Path | No
 def _check_task(task: str) -> None:
     """Raise the harness's one-line UsageError for a task it would not run: a task file that is
     not one, or a name lm-eval does not know (its task index: seconds, for names only)."""
-    from perflab.accuracy import harness
+    from perflab.accuracy.harness import check_task
 
-    spec = harness.resolve_task(task)
-    if spec.needs_index:
-        harness._check_known(spec.name, harness._task_manager(True))
+    check_task(task)
 
 
 def _sim_engine_versions(p: _Problems, raw: Any) -> dict[str, str]:
@@ -1312,3 +1310,31 @@ def load_plan_text(text: str, *, path: str | Path = "plan.yaml", known_engines: 
             raise UsageError(f"{path}: {where}invalid YAML ({problem})") from None
     redact.register(redact.secrets_in(data))  # before a validation message can quote one
     return parse_plan(data, path=path, text=text, known_engines=known_engines, check_files=check_files)
+
+
+def engines_of(plan: Plan) -> list[str]:
+    """Every engine a plan may launch (``winner`` is one of plan.engines)."""
+    out = list(plan.engines)
+    for name in [plan.baseline.engine] + [e for c in (*plan.candidates, *plan.combinations) for e in c.engines] + [
+        e for c in (*plan.candidates, *plan.combinations) for v in c.variants for e in (v.engines or ())
+    ]:
+        if name != WINNER and name not in out:
+            out.append(name)
+    return out
+
+
+def reference_config(plan: Plan, engine: str) -> Configuration:
+    """The configuration ``engine``'s candidates are compared with: the baseline for its
+    engine, the engine's defaults for the others."""
+    return plan.baseline_config() if engine == plan.baseline.engine else plan.engine_defaults(engine)
+
+
+def job_for(plan: Plan, config: Configuration) -> AccuracyJob | None:
+    """The accuracy measurement ``config`` needs in a study of ``plan`` (None: no gate)."""
+    spec = plan.accuracy
+    if spec is None:
+        return None
+    ref = reference_config(plan, config.engine)
+    reference = ref.canonical() == config.canonical()
+    task = spec.task is not None and (reference or not is_lossless(spec, ref, config))
+    return AccuracyJob(spec, reference, task)

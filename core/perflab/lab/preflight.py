@@ -118,7 +118,7 @@ def refuse_owned_flags(pm: Any, plan: Plan) -> None:
     others had run. One UsageError line naming each place."""
     from perflab.engines import owned_flag_problems
     from perflab.lab.plan import WINNER
-    from perflab.lab.runner import engines_of
+    from perflab.lab.plan import engines_of
 
     everywhere = engines_of(plan)
     places: list[tuple[str, tuple[str, ...], Mapping[str, Any]]] = [

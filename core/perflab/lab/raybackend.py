@@ -14,7 +14,7 @@ How a study runs on Ray
   node); an unlabelled node is probed for real (``auto``). Refused before the study starts,
   with one line: no node of the plan's machine; nodes of that kind in more than one machine
   class (A100 and H100 results never mix: the store's keys are salted with the class,
-  :func:`perflab.lab.runner.key_salt`); a perflab or plugin version different from the
+  :func:`perflab.lab.executor.key_salt`); a perflab or plugin version different from the
   driver's, or engine versions that differ between nodes; a demand of the plan's engines that
   the nodes' Ray resources can never meet.
 * :class:`RayBackend` gives each ticket one placement group (one bundle of the demand's
@@ -91,7 +91,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from perflab.errors import PerflabError, UsageError
 from perflab.lab.backend import Demand, Files, Finished, LocalBackend, Lost, Measured, Placed, Point, Sink, State, Ticket
-from perflab.lab.executor import LabContext, engine_environment, launch_environment
+from perflab.lab.executor import LabContext, engine_environment, key_salt, launch_environment, study_environment, study_time_scale
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Plan
 from perflab.lab.shipping import Stage, forget_study, study_stage
@@ -140,7 +140,6 @@ def _node_env(plan: Plan, study_dir: Path, node_id: str, state: Path | None = No
     ``state``: where the simulator's per-node state goes (default: the node's directory of
     the study, :func:`perflab.lab.shipping.study_stage` — never the study directory, which the
     node may not see)."""
-    from perflab.lab.runner import study_environment
     from perflab.simenv import STATE_ENV
 
     env = engine_environment(os.environ)  # not Ray's RAY_* / *_VISIBLE_DEVICES (the probe sees the whole node)
@@ -164,7 +163,7 @@ def _activate(plan: Plan, study_dir: Path, node_id: str, spec: str) -> dict[str,
 def _probe(pm: Any, plan: Plan, study_dir: Path, node_id: str, spec: str) -> tuple[Any, dict[str, str], dict[str, str | None]]:
     from perflab.engines import engine_version
     from perflab.hardware import probe
-    from perflab.lab.runner import engines_of
+    from perflab.lab.plan import engines_of
 
     env = _activate(plan, study_dir, node_id, spec)  # as perflab.hardware.resolve does
     snapshot = probe(pm, env)
@@ -182,9 +181,7 @@ def software(pm: Any) -> dict[str, Any]:
 
 def machine_class(plan: Plan, snapshot: Any) -> str:
     """What the store's keys are salted with for this machine (``key_salt``'s hardware)."""
-    from perflab.lab.runner import _time_scale, key_salt
-
-    salt = key_salt(plan.hardware, _time_scale(plan, snapshot.simulated), snapshot.simulated, snapshot.accelerators)
+    salt = key_salt(plan.hardware, study_time_scale(plan, snapshot.simulated), snapshot.simulated, snapshot.accelerators)
     return json.dumps(salt["hardware"])
 
 
@@ -381,7 +378,6 @@ class Agent:
     snapshot, one per run (async: several runs of a step at once on the node's devices)."""
 
     def __init__(self, plan: Plan, study_dir: str, spec: str, reports: Mapping[str, Mapping[str, Any]]) -> None:
-        from perflab.lab.runner import _time_scale
         from perflab.plugins import load
 
         self.pm = load()
@@ -391,7 +387,7 @@ class Agent:
         report = reports[self.node_id]
         snapshot, versions = report["snapshot"], dict(report["engines"])
         env = _activate(plan, Path(study_dir), self.node_id, spec)
-        self.ctx = LabContext(self.pm, plan, snapshot, env, versions, _time_scale(plan, snapshot.simulated))
+        self.ctx = LabContext(self.pm, plan, snapshot, env, versions, study_time_scale(plan, snapshot.simulated))
         self.node = f"{socket.gethostname()}/{self.node_id[:8]}"
         self._tasks: dict[int, asyncio.Task[Any]] = {}  # run id -> its executor's run
         self._ranks: dict[str, _HeldRank] = {}  # "<run id>:<rank>" -> a group's rank started on this node

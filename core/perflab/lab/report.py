@@ -16,13 +16,16 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from perflab import __version__, redact
+from perflab import __version__
 from perflab.lab.decide import Regression
 from perflab.lab.study import ConfigResult, Entry, Ranking, Step, StudyOutcome, slo_label, stopped_early_text
 from perflab.observe import energy
 from perflab.status import Status
+
+if TYPE_CHECKING:
+    from perflab.lab.store import Store
 
 GREEN = "lightgreen"
 RED = "#fbcaca"
@@ -64,6 +67,22 @@ class ReportContext:
 
 
 # --------------------------------------------------------------------------- small formatters
+
+
+def report_context(store: Store) -> ReportContext:
+    return ReportContext(
+        display=store.get_meta("display", {}),
+        versions=store.get_meta("versions", {}),
+        hardware=store.get_meta("hardware", {}),
+        hardware_spec=store.get_meta("hardware_spec", "auto"),
+        simulated=bool(store.get_meta("simulated", False)),
+        time_scale=float(store.get_meta("time_scale", 1.0)),
+        study_dir=store.dir,
+        interrupted=store.get_meta("last_state") == "interrupted",
+        engine_hours=store.engine_hours(),
+        stop_reason=store.get_meta("stop_reason"),
+        leftovers=list(store.get_meta("leftovers") or []),
+    )
 
 
 def fmt_pct(value: float | None, digits: int = 1) -> str:
@@ -424,7 +443,7 @@ def _agreement_text(block: Mapping[str, Any], reference: bool = False) -> str:
 
 def _is_reference(o: StudyOutcome, e: Entry) -> bool:
     """Whether ``e`` is its engine's accuracy reference (its agreement is its own noise floor)."""
-    from perflab.lab.accuracy import reference_config
+    from perflab.lab.plan import reference_config
 
     return reference_config(o.plan, e.config.engine).canonical() == e.config.canonical()
 
@@ -849,28 +868,3 @@ def _failures(res: ConfigResult) -> str | None:
         rate = res.success_rate
         return res.error if rate is not None and rate < 1.0 else None
     return res.summary()
-
-
-def write_report(o: StudyOutcome, ctx: ReportContext, directory: Path) -> dict[str, Path]:
-    """Write report.md, report.json, chart.png, with load curves pareto.png, and report.html
-    into ``directory``; return their paths."""
-    import json
-
-    from perflab.audit import audit_written_report
-    from perflab.lab.chart import write_chart, write_pareto
-    from perflab.lab.html import write_html
-    from perflab.lab.store import write_atomic, write_json
-
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = {"markdown": directory / "report.md", "json": directory / "report.json", "chart": directory / CHART_NAME}
-    write_chart(o, ctx, paths["chart"], title=title_of(o, ctx))
-    pareto = pareto_data(o)
-    if pareto:
-        paths["pareto"] = write_pareto(pareto, ctx, o.plan.decision.slo, directory / PARETO_NAME, title=title_of(o, ctx))
-    data = json.loads(json.dumps(build_json(o, ctx), default=str))
-    markdown = audit_written_report(render_markdown(o, ctx), data)  # perflab audit: "Consistency check", "audit"
-    text = redact.scrub(markdown)
-    write_atomic(paths["markdown"], text)
-    write_json(paths["json"], data)
-    paths["html"] = write_html(text, o, ctx, directory)  # report.md's text with the charts, one page (perflab.lab.html)
-    return paths

@@ -12,8 +12,6 @@ engine is torn down, what was measured stays in the store, and the same command 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import signal
 import sqlite3
@@ -27,12 +25,10 @@ from typing import Any
 import anyio
 
 from perflab import redact
-from perflab.bench.request import BenchRequest
 from perflab.errors import HookDeadlineExceeded, PerflabError, UnknownEngine
-from perflab.lab.accuracy import ACCURACY_PROFILE, AccuracyJob, job_for
+from perflab.lab.accuracy import ACCURACY_PROFILE
 from perflab.lab.backend import Event, Files, Finished, LocalBackend, Lost, Measured, Placed, Point, Ticket
-from perflab.lab.decide import DecideBy
-from perflab.lab.executor import LabContext
+from perflab.lab.executor import LabContext, key_salt, study_environment, study_time_scale
 from perflab.lab.exits import RunExit, interrupted_status, outcome_status
 from perflab.lab.integrity import (
     PLAN_IDENTITY_META,
@@ -47,10 +43,12 @@ from perflab.lab.integrity import (
     write_fault,
 )
 from perflab.lab.options import Configuration
-from perflab.lab.plan import WINNER, Plan, Profile, load_plan_text
-from perflab.lab.report import ReportContext, write_report
+from perflab.lab.plan import Plan, Profile, engines_of
+from perflab.lab.publish import write_report
+from perflab.lab.report import report_context
 from perflab.lab.shipping import receive
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store, write_json
+from perflab.lab.stored import StoreMeasure, profile_key, stored_outcome
 from perflab.lab.study import ConfigResult, StudyOutcome, conduct
 from perflab.simenv import STATE_ENV as SIM_STATE_ENV
 from perflab.status import Status
@@ -69,136 +67,6 @@ class RunSummary:
     # Store.engine_hours(): {"spent", "full_method_estimate", "saved_pct"} of the whole study
     engine_hours: dict[str, float] = dataclasses.field(default_factory=dict)
     archived: Path | None = None  # --replace: where the earlier study in study_dir was moved
-
-
-def engines_of(plan: Plan) -> list[str]:
-    """Every engine a plan may launch (``winner`` is one of plan.engines)."""
-    out = list(plan.engines)
-    for name in [plan.baseline.engine] + [e for c in (*plan.candidates, *plan.combinations) for e in c.engines] + [
-        e for c in (*plan.candidates, *plan.combinations) for v in c.variants for e in (v.engines or ())
-    ]:
-        if name != WINNER and name not in out:
-            out.append(name)
-    return out
-
-
-def key_salt(
-    spec: str,
-    time_scale: float,
-    simulated: bool,
-    accelerators: Sequence[Any],
-    versions: Mapping[str, str | None] | None = None,
-) -> dict[str, Any]:
-    """What besides the configuration decides a measurement: the machine (and sim speed), and
-    the engine versions — a resumed study must not reuse a measurement of another version."""
-    salt: dict[str, Any]
-    if simulated:
-        salt = {"hardware": spec, "time_scale": time_scale}
-    else:
-        salt = {"hardware": sorted(f"{a.kind}:{a.name}" for a in accelerators)}
-    if versions:
-        salt["versions"] = {k: v for k, v in sorted(versions.items())}
-    return salt
-
-
-def study_environment(plan: Plan, out_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment a study resolves its hardware with (and launches engines from)."""
-    env = dict(environ)
-    if plan.hardware.startswith("sim:"):
-        # the plan's simulated engine versions (simulation.engine_versions), unless the user
-        # set PERFLAB_SIM_ENGINE_VERSIONS explicitly
-        for key, value in plan.sim_environment().items():
-            env.setdefault(key, value)
-        if SIM_STATE_ENV not in env:
-            # The simulated machine is the study's own: its device-memory registry lives in the
-            # study directory, so simulations elsewhere on this host cannot take its memory.
-            env[SIM_STATE_ENV] = str((out_dir / "sim-state").resolve())
-    return env
-
-
-def profile_key(plan: Plan | None, profile: Profile) -> str:
-    """The key a measurement of ``profile`` is stored under: the profile's own key, salted
-    with what the plan's decision keys change in the measurement (repeats, the SLO's
-    percentile and goodput, the max-load search on the main profile) when they are not the
-    defaults — so the seeds' plans keep their keys, and changing ``repeats`` re-measures."""
-    if plan is None:
-        return profile.key()
-    d = plan.decision
-    method: dict[str, Any] = {}
-    if d.repeats > 1:
-        method["repeats"] = d.repeats
-    if d.slo:
-        method["slo"] = d.slo.to_json()
-    if d.decide_by is DecideBy.MAX_LOAD and profile.name == plan.main_profile:
-        method["search"] = str(d.search)
-    # a guard reading a percentile or a latency kind the bench does not report by default asks
-    # for it: a stored measurement without it is measured again, not judged "not measured"
-    default = BenchRequest.__dataclass_fields__
-    extra_pcts = sorted(set(d.guards.percentiles()) - set(default["percentiles"].default)
-                        - ({float(d.slo.percentile)} if d.slo else set()))
-    extra_kinds = sorted(set(d.guards.metrics()) - set(default["percentile_metrics"].default)
-                         - ({k.removesuffix("_ms").split("_")[0] for k in d.slo.limits()} if d.slo else set()))
-    if extra_pcts:
-        method["percentiles"] = extra_pcts
-    if extra_kinds:
-        method["percentile_metrics"] = extra_kinds
-    if not method:
-        return profile.key()
-    text = json.dumps({"profile": profile.key(), "method": method}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-class StoreMeasure:
-    """``measure`` over the store only: what ``perflab report`` decides from."""
-
-    def __init__(self, store: Store, salt: Mapping[str, Any], retry_failed: bool = False, *,
-                 plan: Plan | None = None) -> None:
-        self.store = store
-        self.salt = dict(salt)
-        self.retry_failed = retry_failed
-        self.plan = plan
-        self.rerun_stopped = False  # a stopped-early measurement is measured again (--no-early-stop)
-
-    def lookup(self, config: Configuration, profile: Profile) -> ConfigResult | None:
-        res = self.store.lookup(config.key(self.salt), profile_key(self.plan, profile), retry_failed=self.retry_failed)
-        if res is not None and self.rerun_stopped and res.status is Status.STOPPED_EARLY:
-            return None
-        if res is not None and self.plan is not None and profile.name == self.plan.main_profile:
-            res.accuracy = self.lookup_accuracy(config)  # what the study's accuracy gate decides with
-        return res
-
-    def accuracy_job(self, config: Configuration) -> AccuracyJob | None:
-        return job_for(self.plan, config) if self.plan is not None else None
-
-    def lookup_accuracy(self, config: Configuration) -> ConfigResult | None:
-        """The stored accuracy measurement of ``config`` (None: not measured, or no gate)."""
-        job = self.accuracy_job(config)
-        if job is None:
-            return None
-        return self.store.lookup(config.key(self.salt), job.key(), retry_failed=self.retry_failed)
-
-    def accuracy_todo(self, config: Configuration, profiles: Sequence[Profile]) -> AccuracyJob | None:
-        """The accuracy measurement a launch of ``config`` for ``profiles`` must add: the plan's,
-        when the main profile is asked for, measured (or about to be) and accuracy is not yet."""
-        job = self.accuracy_job(config)
-        if job is None or self.plan is None or all(p.name != self.plan.main_profile for p in profiles):
-            return None
-        if self.store.lookup(config.key(self.salt), job.key(), retry_failed=self.retry_failed) is not None:
-            return None
-        main = self.store.lookup(config.key(self.salt), profile_key(self.plan, self.plan.main),
-                                 retry_failed=self.retry_failed)
-        return job if main is None or main.status.measured else None
-
-    def missing(self, config: Configuration, profiles: Sequence[Profile]) -> list[Profile]:
-        """The profiles of ``config`` the store has no result for yet."""
-        return [p for p in profiles if self.lookup(config, p) is None]
-
-    async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str,
-                       to_beat: float | None = None) -> dict[str, ConfigResult]:
-        out: dict[str, ConfigResult] = {}
-        for p in profiles:
-            out[p.name] = self.lookup(config, p) or ConfigResult(Status.PENDING)
-        return out
 
 
 class LiveMeasure(StoreMeasure):
@@ -416,47 +284,11 @@ def _display_names(pm: Any, engines: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def report_context(store: Store) -> ReportContext:
-    return ReportContext(
-        display=store.get_meta("display", {}),
-        versions=store.get_meta("versions", {}),
-        hardware=store.get_meta("hardware", {}),
-        hardware_spec=store.get_meta("hardware_spec", "auto"),
-        simulated=bool(store.get_meta("simulated", False)),
-        time_scale=float(store.get_meta("time_scale", 1.0)),
-        study_dir=store.dir,
-        interrupted=store.get_meta("last_state") == "interrupted",
-        engine_hours=store.engine_hours(),
-        stop_reason=store.get_meta("stop_reason"),
-        leftovers=list(store.get_meta("leftovers") or []),
-    )
-
-
-def stored_plan(store: Store) -> Plan:
-    text = store.get_meta("plan_text")
-    name = store.get_meta("plan_path") or "plan.yaml"
-    if text is None:
-        from perflab.errors import UsageError
-
-        raise UsageError(f"{store.dir}: the study has no stored plan; re-run `perflab run PLAN --out {store.dir}`")
-    plan = load_plan_text(text, path=name, check_files=False)
-    override = store.get_meta("hardware_spec")
-    if override and override != plan.hardware:
-        plan = dataclasses.replace(plan, hardware=override)
-    return plan
-
-
-async def _report_outcome(store: Store) -> StudyOutcome:
-    plan = stored_plan(store)
-    measure = StoreMeasure(store, store.get_meta("salt", {}), plan=plan)
-    return await conduct(plan, measure, display=lambda e: report_context(store).name(e))
-
-
 def write_study_report(study_dir: Path) -> tuple[StudyOutcome, dict[str, Path]]:
     """``perflab report``: rebuild the decisions from the store and write the report."""
     store = Store.open_existing(study_dir)
     try:
-        outcome = anyio.run(_report_outcome, store)
+        outcome = anyio.run(stored_outcome, store)
         paths = write_report(outcome, report_context(store), store.dir)
     except (OSError, sqlite3.Error) as exc:  # a read-only or full study directory: one line naming the file
         fault = write_fault(exc, store.dir)
@@ -466,10 +298,6 @@ def write_study_report(study_dir: Path) -> tuple[StudyOutcome, dict[str, Path]]:
     finally:
         store.close()
     return outcome, paths
-
-
-def _time_scale(plan: Plan, simulated: bool) -> float:
-    return plan.time_scale if simulated else 1.0
 
 
 async def run_study(
@@ -563,7 +391,7 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
     snapshot, env = await anyio.to_thread.run_sync(resolve, pm, plan.hardware, base_env)
     if SIM_STATE_ENV in base_env:
         Path(base_env[SIM_STATE_ENV]).mkdir(parents=True, exist_ok=True)
-    time_scale = _time_scale(plan, snapshot.simulated)
+    time_scale = study_time_scale(plan, snapshot.simulated)
     engines = engines_of(plan)
     versions = {e: await anyio.to_thread.run_sync(engine_version, pm, e, env) for e in engines}
     if cluster is not None:  # the study's machine is the Ray nodes': their own snapshot and versions
@@ -665,7 +493,7 @@ async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool,
 
 
 async def _write_partial_report(store: Store) -> dict[str, Path]:
-    outcome = await _report_outcome(store)
+    outcome = await stored_outcome(store)
     return write_report(outcome, report_context(store), store.dir)
 
 
@@ -709,7 +537,6 @@ __all__ = [
     "LiveMeasure",
     "ProfileMeasurement",
     "RunSummary",
-    "StoreMeasure",
     "default_out",
     "print_summary",
     "run_study",

@@ -42,13 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from perflab import redact
+from perflab.lab.integrity import DB_NAME, META_FILE
 from perflab.lab.measured import EXTRA_FIELDS, MeasurementExtras
 from perflab.lab.study import ConfigResult
 from perflab.status import Status
 from perflab.types import CrashCause, Unsupported, to_jsonable
 
 SCHEMA_VERSION = 1
-DB_NAME = "study.db"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -178,7 +178,6 @@ def file_stem(name: str) -> str:
 
 
 RUN_FILE = "run.json"
-META_FILE = "study.json"
 
 
 def _measurement_file(profile: str) -> str:

@@ -34,10 +34,10 @@ import anyio
 import anyio.abc
 
 from perflab.lab import accuracy as acc
-from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, Regression, _pct_name, latency_regressions
+from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, Regression, latency_regressions, pct_name
 from perflab.lab.measured import MeasurementExtras
 from perflab.lab.options import Configuration
-from perflab.lab.plan import WINNER, Candidate, Plan, Profile
+from perflab.lab.plan import WINNER, Candidate, Plan, Profile, reference_config
 from perflab.observe import OBSERVED_KEYS
 from perflab.status import Status
 
@@ -252,7 +252,7 @@ class Ranking:
 
 def slo_label(key: str, percentile: float) -> str:
     """``p99 TPOT`` for the SLO key ``tpot_ms``."""
-    return f"p{_pct_name(percentile)} {SLO_METRICS[key][1].upper()}"
+    return f"p{pct_name(percentile)} {SLO_METRICS[key][1].upper()}"
 
 
 @dataclass
@@ -391,7 +391,7 @@ class _Study:
         # the baseline's main-profile result, which the plan's max_regression guards compare with
         self._baseline_main: ConfigResult | None = None
         # each engine's accuracy reference (label, main-profile result): the baseline for its
-        # engine, the engine's defaults for the others (perflab.lab.accuracy.reference_config)
+        # engine, the engine's defaults for the others (perflab.lab.plan.reference_config)
         self._references: dict[str, tuple[str, ConfigResult]] = {}
 
     async def one(self, config: Configuration, step: str, label: str, to_beat: float | None) -> ConfigResult:
@@ -567,7 +567,7 @@ class _Study:
         if spec is None or not e.result.status.measured:
             return
         ref_label, ref = self._references.get(e.config.engine, (self.display(e.config.engine), None))
-        if acc.reference_config(self.plan, e.config.engine).canonical() == e.config.canonical():
+        if reference_config(self.plan, e.config.engine).canonical() == e.config.canonical():
             ref = e.result  # the reference itself (measured before it was registered)
         base = self._baseline_main
         own = e.result.accuracy
@@ -592,7 +592,7 @@ class _Study:
         for engine in engines:
             if engine in self._references:
                 continue
-            cfg = acc.reference_config(self.plan, engine)
+            cfg = reference_config(self.plan, engine)
             label = (self._baseline_label() if engine == self.plan.baseline.engine
                      else f"{self.display(engine)} (accuracy reference)")
             self._references[engine] = (label, await self.one(cfg, step, label, None))
@@ -627,7 +627,7 @@ class _Study:
         # nothing to beat before the first step (one at a time: the engines before this one)
         results = await self.each(jobs, step.title, None)
         for (cfg, label), res in zip(jobs, results, strict=True):
-            if cfg.engine not in self._references and acc.reference_config(self.plan, cfg.engine) == cfg:
+            if cfg.engine not in self._references and reference_config(self.plan, cfg.engine) == cfg:
                 self._references[cfg.engine] = (label, res)
         for (cfg, label), res in zip(jobs, results, strict=True):
             step.entries.append(self.entry(label, cfg, res))
@@ -808,9 +808,9 @@ class _Study:
                 if step.kind == "engine":
                     step.vs_base_pct = step.vs_baseline_pct
         in_steps = {e.config.key() for st in steps for e in st.entries} | {baseline.config.key()}
-        references = [self.entry(label, acc.reference_config(plan, engine), res)
+        references = [self.entry(label, reference_config(plan, engine), res)
                       for engine, (label, res) in self._references.items()
-                      if acc.reference_config(plan, engine).key() not in in_steps]
+                      if reference_config(plan, engine).key() not in in_steps]
         return StudyOutcome(plan, steps, baseline, optimized, cases, self.complete, self.rank, references)
 
 

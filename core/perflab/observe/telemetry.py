@@ -3,7 +3,7 @@ the SM clock of the devices a launch holds, sampled through NVML on NVIDIA GPUs 
 ``npu-smi`` on Huawei Ascend NPUs.
 
 The sources are the ones ``perflab hardware`` probes with (:mod:`perflab.hardware.nvml`'s
-``_load_nvml``: pynvml, or the simulator's :class:`perflab.sim.nvml.NvmlShim` when
+``load_nvml``: pynvml, or the simulator's :class:`perflab.sim.nvml.NvmlShim` when
 ``PERFLAB_SIM_HARDWARE`` is set; :mod:`perflab.hardware.npusmi`'s ``npu-smi`` found on the
 environment's ``PATH``, the simulator's stand-in in simulation), so telemetry runs unchanged
 against the simulator. Every call blocks, so it runs in a worker thread.
@@ -239,12 +239,12 @@ def read_npu_smi(exe: str, env: Mapping[str, str], chips: Sequence[Chip]) -> dic
     """One reading of ``chips``: ``npu-smi info -t power|usages -i <NPU ID>`` per NPU."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from perflab.hardware.npusmi import _run
+    from perflab.hardware.npusmi import run_npu_smi
 
     npus = sorted({c.npu_id for c in chips})
     with ThreadPoolExecutor(max_workers=min(16, 2 * len(npus))) as pool:  # npu-smi is slow, not busy
-        power = {n: pool.submit(_run, exe, ["info", "-t", "power", "-i", str(n)], env, NPU_SMI_TIMEOUT_S) for n in npus}
-        usage = {n: pool.submit(_run, exe, ["info", "-t", "usages", "-i", str(n)], env, NPU_SMI_TIMEOUT_S) for n in npus}
+        power = {n: pool.submit(run_npu_smi, exe, ["info", "-t", "power", "-i", str(n)], env, NPU_SMI_TIMEOUT_S) for n in npus}
+        usage = {n: pool.submit(run_npu_smi, exe, ["info", "-t", "usages", "-i", str(n)], env, NPU_SMI_TIMEOUT_S) for n in npus}
         power_by = {n: parse_power(f.result()) for n, f in power.items()}
         usage_by = {n: parse_usage(f.result()) for n, f in usage.items()}
     values: dict[str, float] = {}
@@ -311,9 +311,9 @@ class Telemetry:
             return self._nvml if self._nvml_open else self._start_nvml()
 
     def _start_nvml(self) -> Any:
-        from perflab.hardware.nvml import _load_nvml
+        from perflab.hardware.nvml import load_nvml
 
-        nvml = _load_nvml(self.env)
+        nvml = load_nvml(self.env)
         if nvml is None:
             raise TelemetryUnavailable("nvidia-ml-py is not installed")
         try:

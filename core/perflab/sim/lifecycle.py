@@ -29,7 +29,7 @@ from perflab.sim.server import HttpServer
 
 if TYPE_CHECKING:
     from perflab.sim.routing import HttpApi
-    from perflab.sim.runtime import Deployment
+    from perflab.sim.perfmodel import Deployment
 
 # vLLM's lines for the failures, used where the front end sets none
 CRASH_AT_START_LINES = (

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from perflab.sim.catalog import ChipSpec
+from perflab.sim.catalog import ChipSpec, Machine
 from perflab.sim.models import ModelSpec
 
 GIB = 1024**3
@@ -351,3 +351,20 @@ def build_cost_model(model: ModelSpec, chip: ChipSpec, knobs: Knobs) -> CostMode
         spec_tokens=max(0, knobs.spec_tokens),
         draft_s_per_step=draft,
     )
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What the simulated engine runs on: model, machine, devices, knobs and memory (declared
+    here, with the knobs and memory plan, so the lifecycle below the runtime can name it)."""
+
+    model: ModelSpec
+    machine: Machine
+    devices: tuple[int, ...]  # all devices the engine uses (tp x pp x dp)
+    knobs: Knobs
+    memory: MemoryPlan
+    max_model_len: int
+
+    @property
+    def world_size(self) -> int:
+        return len(self.devices)

@@ -10,18 +10,16 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from perflab.sim import tokenizer
 from perflab.sim.config import SimEngineConfig
 from perflab.sim.metrics import Snapshot
 from perflab.sim.scheduler import SimRequest
 from perflab.sim.server import Request, Response, Stream, json_response
-from perflab.sim.wire import VLLM_ENGINES, CompletionRequest, Generation, Vocabulary, error_body, parse_request
+from perflab.sim.wire import VLLM_ENGINES, CompletionRequest, Generation, ServingEngine, Vocabulary, error_body, parse_request
 from perflab.simenv import SIM_CLOCK_BURST, SIM_CLOCK_HEADER, parse_loop
 
-if TYPE_CHECKING:
-    from perflab.sim.runtime import Engine
 
 # Paths that serve Prometheus text: vLLM/SGLang/MindIE ``/metrics``, trtllm-serve
 # ``/prometheus/metrics`` (tensorrt_llm/serve/openai_server.py).
@@ -69,7 +67,7 @@ def method_not_allowed(allowed: frozenset[str]) -> Response:
 class HttpApi:
     """The HTTP handlers of one simulated engine (its state: readiness, schedulers, metrics)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: ServingEngine) -> None:
         self.engine = engine
         self.cfg = engine.cfg
         self.routes = routes(engine.cfg)

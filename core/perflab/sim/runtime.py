@@ -40,7 +40,6 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from perflab.sim import accuracy, catalog, models, perfmodel
@@ -53,24 +52,9 @@ from perflab.sim.load import withdraw as load_withdraw
 from perflab.sim.metrics import EngineMetrics, Finished
 from perflab.sim.routing import HttpApi
 from perflab.sim.scheduler import Scheduler, SimRequest, StepResult
+from perflab.sim.perfmodel import Deployment
 from perflab.sim.wire import Generation, fingerprint
 from perflab.simenv import FAULT_ENV, HARDWARE_ENV, TIME_SCALE_ENV, fault_applies
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """What the simulated engine runs on: model, machine, devices, knobs and memory."""
-
-    model: models.ModelSpec
-    machine: catalog.Machine
-    devices: tuple[int, ...]  # all devices the engine uses (tp x pp x dp)
-    knobs: perfmodel.Knobs
-    memory: perfmodel.MemoryPlan
-    max_model_len: int
-
-    @property
-    def world_size(self) -> int:
-        return len(self.devices)
 
 
 def deployment(cfg: SimEngineConfig, env: Mapping[str, str] | None = None) -> Deployment:
@@ -529,7 +513,7 @@ def config_from_json(text: str) -> SimEngineConfig:
     return SimEngineConfig(**raw)
 
 
-__all__ = ["Deployment", "Engine", "config_from_json", "deployment", "die_by_signal", "serve"]
+__all__ = ["Engine", "config_from_json", "deployment", "die_by_signal", "serve"]
 
 if __name__ == "__main__":  # python -m perflab.sim.runtime '<SimEngineConfig as JSON>'
     sys.exit(serve(config_from_json(sys.argv[1])))

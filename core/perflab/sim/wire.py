@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from perflab.sim import answers, tokenizer
 from perflab.sim.config import SimEngineConfig
@@ -24,7 +24,36 @@ from perflab.sim.scheduler import SimRequest
 from perflab.simenv import format_clock
 
 if TYPE_CHECKING:
-    from perflab.sim.runtime import Engine
+    from perflab.sim.accuracy import Profile
+    from perflab.sim.config import EngineBehaviour
+    from perflab.sim.faults import Faults
+    from perflab.sim.metrics import EngineMetrics
+    from perflab.sim.perfmodel import Deployment
+    from perflab.sim.scheduler import Scheduler
+
+
+class ServingEngine(Protocol):
+    """What a generation and the HTTP handlers (:mod:`perflab.sim.routing`) use of the engine
+    serving them: :class:`perflab.sim.runtime.Engine`, which sits above both and is declared
+    there (this protocol keeps the wire and the routing below the runtime)."""
+
+    cfg: SimEngineConfig
+    behaviour: EngineBehaviour
+    deployment: Deployment
+    accuracy: Profile
+    faults: Faults
+    scheds: list[Scheduler]
+    metrics: EngineMetrics
+    preemptions: list[int]
+    fingerprint: str
+    ready: bool
+    step_end: float  # model time of the step being delivered
+
+    def submit(self, gen: Generation, req: SimRequest) -> None: ...
+
+    def abort(self, gen: Generation) -> None: ...
+
+    def record(self, gen: Generation, reason: str) -> None: ...
 
 VLLM_ENGINES = ("vllm", "vllm-ascend")  # the stand-ins with vLLM's API server
 
@@ -132,7 +161,7 @@ class Generation:
     ``should_include_usage`` decides) puts ``usage`` on every chunk.
     """
 
-    def __init__(self, engine: Engine, request: CompletionRequest, model: str) -> None:
+    def __init__(self, engine: ServingEngine, request: CompletionRequest, model: str) -> None:
         self.engine = engine
         self.chat = chat = request.chat
         self.prompt_tokens = request.prompt_tokens

@@ -1,0 +1,40 @@
+"""A study's report files: report.md, report.json, chart.png, pareto.png and report.html.
+
+Above :mod:`perflab.lab.report` (the Markdown and JSON), :mod:`perflab.lab.chart`,
+:mod:`perflab.lab.html` and :mod:`perflab.audit` (which checks the page before it is
+written): those read the report's context and rendering from below, never this writer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from perflab import redact
+from perflab.audit import audit_written_report
+from perflab.lab.chart import write_chart, write_pareto
+from perflab.lab.html import write_html
+from perflab.lab.report import CHART_NAME, PARETO_NAME, ReportContext, build_json, pareto_data, render_markdown, title_of
+from perflab.lab.store import write_atomic, write_json
+from perflab.lab.study import StudyOutcome
+
+
+def write_report(o: StudyOutcome, ctx: ReportContext, directory: Path) -> dict[str, Path]:
+    """Write report.md, report.json, chart.png, with load curves pareto.png, and report.html
+    into ``directory``; return their paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": directory / "report.md", "json": directory / "report.json", "chart": directory / CHART_NAME}
+    write_chart(o, ctx, paths["chart"], title=title_of(o, ctx))
+    pareto = pareto_data(o)
+    if pareto:
+        paths["pareto"] = write_pareto(pareto, ctx, o.plan.decision.slo, directory / PARETO_NAME, title=title_of(o, ctx))
+    data = json.loads(json.dumps(build_json(o, ctx), default=str))
+    markdown = audit_written_report(render_markdown(o, ctx), data)  # perflab audit: "Consistency check", "audit"
+    text = redact.scrub(markdown)
+    write_atomic(paths["markdown"], text)
+    write_json(paths["json"], data)
+    paths["html"] = write_html(text, o, ctx, directory)  # report.md's text with the charts, one page (perflab.lab.html)
+    return paths
+
+
+__all__ = ["write_report"]
