@@ -256,3 +256,21 @@ def test_the_guide_lists_every_serve_config_field_with_its_kind() -> None:
     section = doc.split("### The `ServeConfig` fields", 1)[1].split("\n### ", 1)[0]
     rows = re.findall(r"^\| `(\w+)` \| (\w+) \|$", section, re.M)
     assert rows == [(o.name, o.kind) for o in serve_options()]
+
+
+def test_a_stand_in_that_rejects_a_flag_is_named_as_the_cause(tmp_path: Path) -> None:
+    """The full-cycle failure says first that the stand-in lacks a flag the plugin passes (the
+    gap met when a TGI plugin was written from the scaffold), and is silent otherwise."""
+    from types import SimpleNamespace
+
+    from perflab.testing.conformance import stand_in_hint
+
+    log = tmp_path / "engine.log"
+    log.write_text("usage: text-generation-launcher [-h]\n"
+                   "text-generation-launcher: error: unrecognized arguments: --max-batch-prefill-tokens 4096\n")
+    hint = stand_in_hint(SimpleNamespace(log=log))
+    assert "unrecognized arguments: --max-batch-prefill-tokens 4096" in hint
+    assert "stand-in's argument parser" in hint
+    log.write_text("srv listening\n")
+    assert stand_in_hint(SimpleNamespace(log=log)) == ""
+    assert stand_in_hint(SimpleNamespace(log=None)) == ""
