@@ -360,7 +360,7 @@ def write_text(path: Path, text: str) -> Path:
     path = Path(path)
     clean = scrub(text)
     path.write_text(clean, encoding="utf-8")
-    if clean != text or MASK in clean and active():
+    if clean != text or (MASK in clean and active()):
         os.chmod(path, 0o600)
     return path
 

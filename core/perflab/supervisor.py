@@ -39,21 +39,27 @@ import structlog
 
 from perflab import engines as engine_hooks
 from perflab import redact
+from perflab.crashes import is_notable
 from perflab.errors import HookDeadlineExceeded, UnsupportedOption
 from perflab.hardware import CPU_KIND
-from perflab.crashes import is_notable
 from perflab.lifecycle import procs, registry
 from perflab.lifecycle.output import OutputPump
 from perflab.lifecycle.ports import (
     connect_host,
-    held as ports_held,
-    hold as ports_hold,
     pick_free_port,
     port_is_free,
     port_owners,
     taken_ports,
-    unhold as ports_unhold,
     wait_ports_free,
+)
+from perflab.lifecycle.ports import (
+    held as ports_held,
+)
+from perflab.lifecycle.ports import (
+    hold as ports_hold,
+)
+from perflab.lifecycle.ports import (
+    unhold as ports_unhold,
 )
 from perflab.lifecycle.readiness_probe import Kick, ProbeRefused, ProbeState, http_probes_pass, poll_until_ready
 from perflab.lifecycle.registry import install_signal_handlers, signal_guard, teardown_all
@@ -67,7 +73,6 @@ __all__ = [
     "install_signal_handlers",
     "pick_free_port",
     "signal_guard",
-    "supervise",
     "teardown_all",
 ]
 

@@ -576,7 +576,7 @@ def _request_failure(exc: BaseException, endpoint: str, timeout_s: float, respon
     import aiohttp
     import requests
 
-    if isinstance(exc, aiohttp.ClientResponseError) or isinstance(exc, requests.HTTPError):
+    if isinstance(exc, (aiohttp.ClientResponseError, requests.HTTPError)):
         status = exc.status if isinstance(exc, aiohttp.ClientResponseError) else getattr(exc.response, "status_code", "?")
         detail = _server_message(response) or (exc.message if isinstance(exc, aiohttp.ClientResponseError) else "")
         return EndpointFailed(endpoint, f"answered an evaluation request with HTTP {status}" + (f": {detail}" if detail else ""))

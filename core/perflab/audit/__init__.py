@@ -238,7 +238,7 @@ def markdown_section(audit: Audit) -> list[str]:
         out += [f"`perflab audit` found {len(audit.findings)} inconsistencies in {what}:", "",
                 "| Rule | Where | Finding |", "|------|-------|---------|"]
         out += [f"| {f.rule} | {f.where} | {f.message} |" for f in audit.findings]
-    return out + [""]
+    return [*out, ""]
 
 
 # --------------------------------------------------------------------------- paths
@@ -257,8 +257,8 @@ def audit_store(path: Path) -> Audit:
     import anyio
 
     from perflab.lab.report import build_json, render_markdown, report_context
-    from perflab.lab.stored import stored_outcome
     from perflab.lab.store import Store
+    from perflab.lab.stored import stored_outcome
 
     store = Store.open_existing(path)  # a one-line UsageError when it is no study
     try:

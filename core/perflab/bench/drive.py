@@ -35,9 +35,8 @@ from time import perf_counter, process_time
 from typing import Any, TypeVar
 
 from perflab.bench.cancel import POLL_S
-from perflab.bench.trace import CANCELLED, STALLED
 from perflab.bench.client import Prepared, make_client
-from perflab.bench.trace import Capture, RequestTrace
+from perflab.bench.trace import CANCELLED, STALLED, Capture, RequestTrace
 
 T = TypeVar("T")
 

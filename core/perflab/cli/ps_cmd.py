@@ -48,7 +48,8 @@ def ps(as_json: bool) -> None:
                      ",".join(map(str, e.ports)) or "-", _age(now - e.started), owner, e.command[:60]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        # strict=False: the last column is not padded, so it has no width
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
 
 
 @click.command("kill")

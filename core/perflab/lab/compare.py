@@ -236,8 +236,8 @@ def load_study(path: Path) -> StudyView:
     import anyio
 
     from perflab.lab.report import report_context
-    from perflab.lab.stored import StoreMeasure, stored_plan
     from perflab.lab.store import Store
+    from perflab.lab.stored import StoreMeasure, stored_plan
     from perflab.lab.study import conduct
 
     directory = _study_dir(path)

@@ -36,13 +36,13 @@ from perflab import redact
 from perflab.lab.accuracy import ACCURACY_PROFILE, AccuracyJob, AccuracyRunner
 from perflab.lab.decide import DecideBy, LoadKind, Slo
 from perflab.lab.earlystop import EarlyStop, tokens_per_event
+from perflab.lab.options import Configuration, replica_devices
+from perflab.lab.plan import Plan, Profile
+from perflab.lab.store import ProfileMeasurement, RunRecord, file_stem, write_json
 from perflab.observe import TimedRun, Watcher, Watching
 from perflab.observe import watch as observe_watch
 from perflab.observe.energy import observed_extras
 from perflab.observe.telemetry import ENGINE_T, Telemetry
-from perflab.lab.options import Configuration, replica_devices
-from perflab.lab.plan import Plan, Profile
-from perflab.lab.store import ProfileMeasurement, RunRecord, file_stem, write_json
 from perflab.simenv import STATE_ENV as SIM_STATE_ENV
 from perflab.simenv import TIME_SCALE_ENV as SIM_TIME_SCALE_ENV
 from perflab.status import Status
@@ -376,7 +376,7 @@ def relative_noise(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     if len(runs) < 2:
         return {}
     out: dict[str, float] = {}
-    for key, value in runs[0].items():
+    for key in runs[0]:
         values = [r.get(key) for r in runs]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             continue
@@ -596,9 +596,7 @@ class Executor:
         main profile was measured, stopped early included), the plan's accuracy measurement
         (stored as the measurement :data:`~perflab.lab.accuracy.ACCURACY_PROFILE`); never
         stopped early, and its time is the launch's, so engine-hours count it."""
-        from perflab.supervisor import EngineInstance
 
-        plan = self.ctx.plan
         engine = config.engine
         version = self.ctx.versions.get(engine)
         await self._settle()

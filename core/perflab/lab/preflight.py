@@ -117,8 +117,7 @@ def refuse_owned_flags(pm: Any, plan: Plan) -> None:
     every launch makes): such a plan used to fail at that configuration's launch, after the
     others had run. One UsageError line naming each place."""
     from perflab.engines import owned_flag_problems
-    from perflab.lab.plan import WINNER
-    from perflab.lab.plan import engines_of
+    from perflab.lab.plan import WINNER, engines_of
 
     everywhere = engines_of(plan)
     places: list[tuple[str, tuple[str, ...], Mapping[str, Any]]] = [

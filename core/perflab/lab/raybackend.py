@@ -84,14 +84,33 @@ from typing import Any
 
 import anyio
 import ray
-import structlog
 import ray.exceptions
+import structlog
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from perflab.errors import PerflabError, UsageError
-from perflab.lab.backend import Demand, Files, Finished, LocalBackend, Lost, Measured, Placed, Point, Sink, State, Ticket
-from perflab.lab.executor import LabContext, engine_environment, key_salt, launch_environment, study_environment, study_time_scale
+from perflab.errors import UsageError
+from perflab.lab.backend import (
+    Demand,
+    Files,
+    Finished,
+    LocalBackend,
+    Lost,
+    Measured,
+    Placed,
+    Point,
+    Sink,
+    State,
+    Ticket,
+)
+from perflab.lab.executor import (
+    LabContext,
+    engine_environment,
+    key_salt,
+    launch_environment,
+    study_environment,
+    study_time_scale,
+)
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Plan
 from perflab.lab.shipping import Stage, forget_study, study_stage
@@ -1047,4 +1066,4 @@ class RayBackend(LocalBackend):
                 self._give_back(shape, pg, reusable and node_id is not None and node_id not in self.lost_nodes)
 
 
-__all__ = ["Agent", "Bundle", "RankLost", "RayGroup", "RemoteRank", "ClusterRefused", "RayBackend", "RayCluster", "SIM_LABEL", "check_reports", "node_report"]
+__all__ = ["SIM_LABEL", "Agent", "Bundle", "ClusterRefused", "RankLost", "RayBackend", "RayCluster", "RayGroup", "RemoteRank", "check_reports", "node_report"]

@@ -363,7 +363,7 @@ def _conclusion(o: StudyOutcome, ctx: ReportContext) -> list[str]:
         out += ["", "!!! warning \"Incomplete study\"",
                 "    Some configurations were not measured (the run was interrupted or is still going). "
                 "Re-run the same `perflab run` command to finish it."]
-    return out + [""]
+    return [*out, ""]
 
 
 def _setup(o: StudyOutcome, ctx: ReportContext) -> list[str]:
@@ -404,7 +404,7 @@ def _setup(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     if ctx.simulated and ctx.time_scale != 1.0:
         out += ["", f"Simulated time ran {ctx.time_scale:g}× faster than wall-clock time; every duration, latency "
                 "and throughput in this report is in simulated (real-hardware) time."]
-    return out + [""]
+    return [*out, ""]
 
 
 def engine_hours_line(h: Mapping[str, float]) -> str:
@@ -512,7 +512,7 @@ def _accuracy_section(o: StudyOutcome) -> list[str]:
     if any((e.accuracy or {}).get("simulated") for e in rows):
         out += ["", "Scores marked (simulated) come from perflab's simulated engines' accuracy model "
                 "(docs/simulator.md gives each effect's published source), not from a real model."]
-    return out + [""]
+    return [*out, ""]
 
 
 def not_eligible(o: StudyOutcome) -> list[str]:
@@ -557,7 +557,7 @@ def _slo_section(o: StudyOutcome) -> list[str]:
         if res.status is Status.STOPPED_EARLY:
             fig += " (stopped early)"
         out.append(f"| {_md_escape(e.label)} | {fig} | " + " | ".join([*cells, verdict]) + " |")
-    out += ["", f"The percentiles are those of the figures the configuration is ranked by"
+    out += ["", "The percentiles are those of the figures the configuration is ranked by"
             + (" (for capacity: at the highest load meeting the SLO, or the lowest load probed when none did)."
                if rank.decide_by.metric == "capacity" else ".")]
     throughput = Ranking()
@@ -568,7 +568,7 @@ def _slo_section(o: StudyOutcome) -> list[str]:
         out += ["", f"Of the figures above, {winner_tp.label} has the highest total token throughput "
                 f"({throughput.text(winner_tp.result)}): deciding by throughput would favour it; under the SLO, "
                 f"{o.optimized.label} is the choice."]
-    return out + [""]
+    return [*out, ""]
 
 
 def _entry_lines(e: Entry, ctx: ReportContext) -> list[str]:
@@ -585,7 +585,7 @@ def _entry_lines(e: Entry, ctx: ReportContext) -> list[str]:
 def _step(step: Step, ctx: ReportContext) -> list[str]:
     out = [f"### {step.title}", ""]
     if step.skipped:
-        return out + [step.skipped, ""]
+        return [*out, step.skipped, ""]
     for e in step.entries:
         out += _entry_lines(e, ctx)
     if step.statement:
@@ -642,7 +642,7 @@ def _summary(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     out += ["", f"Improvements are in {what} on the main profile, relative to the baseline; "
             "a step's best variant is adopted only when it beats the current best"
             + (" by more than the measured noise." if o.plan.decision.repeats > 1 else ".")]
-    return out + [""]
+    return [*out, ""]
 
 
 def _other(o: StudyOutcome, ctx: ReportContext) -> list[str]:
@@ -770,8 +770,8 @@ def _pareto_section(o: StudyOutcome, pareto: list[dict[str, Any]]) -> list[str]:
                          else f"{label} ({xs[0]:.1f} tok/s per user)")
         out.append(f"- {p['label']}: on the frontier: {'; '.join(parts)}.")
         if len(p["on_frontier"]) > 1:
-            out.append(f"  The curves cross: which configuration is best depends on the latency each user needs.")
-    return out + [""]
+            out.append("  The curves cross: which configuration is best depends on the latency each user needs.")
+    return [*out, ""]
 
 
 def title_of(o: StudyOutcome, ctx: ReportContext) -> str:

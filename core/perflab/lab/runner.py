@@ -519,7 +519,6 @@ def print_summary(summary: RunSummary, stream: Any = None) -> None:
         print(f"{kind.capitalize():9s} {path}", file=stream)
     if summary.exit_code:  # a study that ran but did not measure what its answer needs says so, and how it exits
         from perflab.lab.exits import describe
-
         from perflab.lab.report import not_eligible
 
         # measured but excluded (the accuracy gate, a guard): the line says so, not only the report

@@ -165,7 +165,7 @@ class Ranking:
     """What ranks configurations: the plan's ``decide_by`` (:class:`perflab.lab.decide.Decision`)
     as the study's decisions, the summary table and the conclusion read it."""
 
-    decision: Decision = Decision()
+    decision: Decision = field(default_factory=Decision)
     min_improvement_pct: float = 0.0
 
     @property
@@ -766,7 +766,7 @@ class _Study:
                 await early.wait()  # dispatched early: what it measured is reused
             cases_of[name] = await self.profiles_of(cfg, OTHER, name)
 
-        async def optimized(cfg: Configuration) -> None:
+        async def measure_optimized(cfg: Configuration) -> None:
             # the optimized configuration's final measurements across the slots left free
             # (one launch per slot, each measuring some of the profiles); the results are
             # the store's, read back per profile below, so the report is the same
@@ -786,7 +786,7 @@ class _Study:
         todo = [(BASELINE, base_cfg)] + ([(OPTIMIZED, best.config)] if best is not None else [])
         calls = [lambda: profiles(BASELINE, base_cfg)]
         if best is not None:
-            calls.append(lambda c=best.config: optimized(c))
+            calls.append(lambda c=best.config: measure_optimized(c))
         await self._all(calls, [cfg for _, cfg in todo])
         base_results = cases_of["Baseline"]
         self._baseline_main = base_results[plan.main_profile]

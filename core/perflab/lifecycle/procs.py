@@ -605,7 +605,7 @@ def stop_tree(tracker: ProcessTracker, grace: float, *, orphan_grace: float = OR
             report.killed.append(f"{names.get(p.pid) or describe(p)}: {why}")
         if cleaners:
             spared = {p.pid for p in cleaners}
-            _wait(lambda: all(p.pid in spared for p in tracker.alive()), kill_wait, sleep)
+            _wait(lambda: all(p.pid in spared for p in tracker.alive()), kill_wait, sleep)  # noqa: B023 - called now
             _wait(lambda: not tracker.alive(), CLEANUP_WAIT_S, sleep)
             continue
         _wait(lambda: not tracker.alive(), kill_wait, sleep)

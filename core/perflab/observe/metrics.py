@@ -113,7 +113,7 @@ def summarize(samples: Sequence[Sample], source: str = "/metrics") -> dict[str, 
             out[role] = {"peak": round(max(got), 4), "mean": round(fmean(got), 4)}
     preemptions = _delta(samples, "preemptions")
     if preemptions is not None:
-        out["preemptions"] = int(round(preemptions))
+        out["preemptions"] = round(preemptions)
     for key, (num, den), gauge in RATES:
         hits, total = _delta(samples, num), _delta(samples, den)
         # a rate gauge holds the engine's latest batches: at the first sample (before this
@@ -163,10 +163,12 @@ class MetricsWatcher:
 
     async def sample(self) -> Mapping[str, float] | None:
         texts: list[str | None] = [None] * len(self.targets)
-        async with httpx.AsyncClient(timeout=self.timeout_s, trust_env=False, verify=_tls()) as client:
-            async with anyio.create_task_group() as tg:
-                for i, target in enumerate(self.targets):
-                    tg.start_soon(self._get, client, target, texts, i)
+        async with (
+            httpx.AsyncClient(timeout=self.timeout_s, trust_env=False, verify=_tls()) as client,
+            anyio.create_task_group() as tg,
+        ):
+            for i, target in enumerate(self.targets):
+                tg.start_soon(self._get, client, target, texts, i)
         if any(t is None for t in texts):
             return None  # a replica missing: its counters would make the sums jump
         try:

@@ -124,7 +124,7 @@ def parse_request(body: Mapping[str, Any], chat: bool, max_model_len: int, eos_m
         return message
     cap = int(max_tokens) if max_tokens is not None else max_model_len - prompt_tokens
     if cap < 1:
-        return "max_tokens must be at least 1, got %d." % cap
+        return f"max_tokens must be at least 1, got {cap}."
     min_tokens = min(int(body.get("min_tokens") or 0), cap)
     if body.get("ignore_eos"):
         stop_at = cap

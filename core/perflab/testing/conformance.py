@@ -49,7 +49,6 @@ from perflab.types import (
     serve_options,
 )
 
-
 #: A sample value of each ServeConfig field, for the ``serve_options`` checks: the changes made
 #: to the baseline configuration (the field, plus companions it needs). ``options`` has no
 #: engine-neutral sample that an engine could express (this one must be refused): a plugin that

@@ -131,7 +131,7 @@ class NetnsCluster:
         self.temp_dir = tempfile.mkdtemp(prefix="plray-")
 
     def __enter__(self) -> NetnsCluster:
-        err: IO[str] | int = open(self.log, "a") if self.log else subprocess.DEVNULL  # noqa: SIM115
+        err: IO[str] | int = open(self.log, "a") if self.log else subprocess.DEVNULL
         for mount in ([True, False] if self.hide else [False]):  # no mount namespace here: the rest still runs
             self.proc = subprocess.Popen(
                 ["unshare", "--net", *(["--mount"] if mount else []), self.python, "-m", "perflab.testing.raycluster",
