@@ -288,7 +288,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
 
 def redact_env(env: Mapping[str, Any]) -> dict[str, Any]:
     """An environment with the values of secret-looking keys masked."""
-    return redact_obj(dict(env), "env")  # type: ignore[no-any-return]
+    return redact_obj(dict(env), "env")
 
 
 def redact_obj(value: Any, _parent: str | None = None) -> Any:
@@ -315,7 +315,7 @@ def redact_obj(value: Any, _parent: str | None = None) -> Any:
 
 def structlog_processor(logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
     """A structlog processor: the event with its secrets masked (before anything renders it)."""
-    return redact_obj(event_dict)  # type: ignore[no-any-return]
+    return redact_obj(event_dict)
 
 
 # ================================================================== the engine's API key

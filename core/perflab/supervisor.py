@@ -148,7 +148,7 @@ class LaunchOutcome:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        return redact.redact_obj({  # type: ignore[no-any-return]
+        return redact.redact_obj({
             "state": self.state,
             "cause": self.cause.name if self.cause else None,
             "reason": self.reason,

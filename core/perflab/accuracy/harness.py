@@ -332,14 +332,14 @@ def _quiet_progress_bars() -> None:
     from tqdm import tqdm
     from tqdm.asyncio import tqdm_asyncio
 
-    class QuietTqdm(tqdm):  # type: ignore[misc]
+    class QuietTqdm(tqdm):
         _perflab_quiet = True
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = kwargs.get("disable", False) or not _state["verbose"]
             super().__init__(*args, **kwargs)
 
-    class QuietTqdmAsyncio(tqdm_asyncio):  # type: ignore[misc]
+    class QuietTqdmAsyncio(tqdm_asyncio):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = kwargs.get("disable", False) or not _state["verbose"]
             super().__init__(*args, **kwargs)
@@ -432,7 +432,7 @@ def _lm_classes() -> dict[str, type]:
                     # lm-eval turns a choice it cannot read into an empty answer: a wrong one
                     if not _readable_choice(choice, chat=isinstance(self, LocalChatCompletion)):
                         raise _NotACompletion(f"a choice without its answer: {_one_line(json.dumps(choice, default=str), 120)}")
-            return super().parse_generations(outputs=outputs, **kwargs)  # type: ignore[misc,no-any-return]
+            return super().parse_generations(outputs=outputs, **kwargs)
 
         async def get_batched_requests(self, *args: Any, **kwargs: Any) -> Any:
             # lm-eval gathers the requests on a loop of its own (asyncio.run): when one fails
@@ -453,10 +453,10 @@ def _lm_classes() -> dict[str, type]:
             self._tick(1)
             return out
 
-    class Chat(Watched, LocalChatCompletion):  # type: ignore[misc]
+    class Chat(Watched, LocalChatCompletion):
         pass
 
-    class Completions(Watched, LocalCompletionsAPI):  # type: ignore[misc]
+    class Completions(Watched, LocalCompletionsAPI):
         pass
 
     return {"chat": Chat, "completions": Completions}
@@ -789,7 +789,7 @@ async def _in_daemon_thread(fn: Callable[[], EvalResult]) -> EvalResult:
     await done.wait()
     ok, value = outcome[0]
     if ok:
-        return value  # type: ignore[no-any-return]
+        return value
     raise value
 
 

@@ -181,7 +181,7 @@ def run_workers(
                 continue
             for conn in ready:
                 i = pending[id(conn)]
-                msg = _recv(conn, procs[i])  # type: ignore[arg-type]
+                msg = _recv(conn, procs[i])
                 if msg[0] == "progress":
                     counts[i] = msg[1]
                     if progress is not None:

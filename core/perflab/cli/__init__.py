@@ -66,7 +66,7 @@ def cli(ctx: click.Context, strict: bool) -> None:
     ctx.obj["strict"] = strict
 
 
-def get_pm(ctx: click.Context | None = None):  # type: ignore[no-untyped-def]
+def get_pm(ctx: click.Context | None = None):
     """The plugin manager for this invocation (loaded once, honouring --strict)."""
     from perflab.plugins import load
 

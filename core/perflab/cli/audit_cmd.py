@@ -37,7 +37,7 @@ def audit(ctx: click.Context, paths: tuple[Path, ...], as_json: bool) -> None:
         ctx.exit(1)
 
 
-def _print_table(result) -> None:  # type: ignore[no-untyped-def]
+def _print_table(result) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table

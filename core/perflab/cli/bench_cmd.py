@@ -204,7 +204,7 @@ def _pair(item: str, what: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def _progress_printer():  # type: ignore[no-untyped-def]
+def _progress_printer():
     def progress(done: int, total: int) -> None:
         sys.stderr.write(f"\rperflab bench: {done}/{total} requests done")
         sys.stderr.flush()

@@ -175,7 +175,7 @@ def _version() -> str:
     return __version__
 
 
-def _progress_printer():  # type: ignore[no-untyped-def]
+def _progress_printer():
     def progress(done: int, total: int) -> None:
         sys.stderr.write(f"\rperflab eval: {done}/{total} answers")
         sys.stderr.flush()

@@ -19,7 +19,7 @@ from perflab.types import Accelerator, HardwareSnapshot
 CPU_KIND = "cpu"  # perflab.hardware.cpu.KIND (not imported: that module imports this one)
 
 
-def probe(pm, env: Mapping[str, str] | None = None) -> HardwareSnapshot:  # type: ignore[no-untyped-def]
+def probe(pm, env: Mapping[str, str] | None = None) -> HardwareSnapshot:
     """Ask every hardware plugin; a failing probe becomes an error line, not an exception."""
     env = dict(os.environ if env is None else env)
     accelerators: list[Accelerator] = []
@@ -43,7 +43,7 @@ def probe(pm, env: Mapping[str, str] | None = None) -> HardwareSnapshot:  # type
     )
 
 
-def resolve(pm, spec: str = "auto", base_env: Mapping[str, str] | None = None) -> tuple[HardwareSnapshot, dict[str, str]]:  # type: ignore[no-untyped-def]
+def resolve(pm, spec: str = "auto", base_env: Mapping[str, str] | None = None) -> tuple[HardwareSnapshot, dict[str, str]]:
     """Turn ``--hardware auto|sim:NAME`` into (snapshot, environment to launch engines with).
 
     ``sim:NAME`` activates the simulator: its stand-in executables come first on ``PATH``

@@ -186,7 +186,7 @@ def plugin_file_describer(pm: Any, engine: str) -> Callable[[str, str], list[str
     """The engine's ``perflab_describe_file`` hook as ``describe(path, content)``."""
 
     def describe(path: str, content: str) -> list[str] | None:
-        return pm.hook.perflab_describe_file(engine=engine, path=path, content=content)  # type: ignore[no-any-return]
+        return pm.hook.perflab_describe_file(engine=engine, path=path, content=content)
 
     return describe
 

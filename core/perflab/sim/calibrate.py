@@ -184,7 +184,7 @@ ENGINE_CASES: tuple[EngineCase, ...] = (
 )
 
 
-def engine_config(case: EngineCase, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+def engine_config(case: EngineCase, env: dict[str, str] | None = None):
     """The SimEngineConfig the simulated engine builds from the seed's command."""
     from perflab.sim.frontends import sglang, trtllm, vllm
 
@@ -198,7 +198,7 @@ def engine_config(case: EngineCase, env: dict[str, str] | None = None):  # type:
     raise ValueError(f"no front end {case.engine!r}")
 
 
-def run_engine(cfg, machine: str, workload: list[tuple[float, int, int]],  # type: ignore[no-untyped-def]
+def run_engine(cfg, machine: str, workload: list[tuple[float, int, int]],
                max_concurrency: int | None = None) -> OfflineResult:
     """``workload`` through the scheduler and cost model of the engine configuration ``cfg``."""
     from perflab.sim import runtime
