@@ -580,7 +580,7 @@ class Executor:
         from perflab.engines import build_launch
 
         try:
-            spec = build_launch(self.ctx.pm, config.engine, config.serve_config(devices=(device_sets or [None])[0]),
+            spec = build_launch(self.ctx.pm, config.engine, config.serve_config(devices=device_sets[0] if device_sets else None),
                                 self.ctx.hardware, run_dir, self.ctx.versions.get(config.engine))
         except Exception:  # a plugin that cannot express it (UnsupportedOption): no script to show
             return None
@@ -691,15 +691,16 @@ class Executor:
                 # nodes > 1: one process per node rank, supervised as one engine (perflab.supervisor_group)
                 group = sc.node_count > 1
                 kind = EngineGroup if group else EngineInstance
-                placed = ({"nodes": self.group.nodes, "start_rank": self.group.start_rank}
-                          if group and self.group is not None else {})
+                placed: dict[str, Any] = ({"nodes": self.group.nodes, "start_rank": self.group.start_rank}
+                                          if group and self.group is not None else {})
+                if plan.timeouts.teardown_s is not None:
+                    placed["grace"] = plan.timeouts.teardown_s
                 inst = kind(
                     self.ctx.pm, engine, sc, hardware=self.ctx.hardware,
                     env=self._env(), workdir=workdir, startup_timeout=plan.timeouts.startup_s, version=version,
                     # the engine's PERFLAB_INSTANCE marker names its study and run (perflab ps / kill);
                     # run_dir is <study>/runs/<NNN-label> (Store.begin_run), or its stage on a node
                     scope=(self.study_dir or run_dir.parent.parent, run_dir.name if workdir == run_dir else f"{run_dir.name}.{workdir.name}"),
-                    **({"grace": plan.timeouts.teardown_s} if plan.timeouts.teardown_s is not None else {}),
                     **placed,
                 )
                 await stack.enter_async_context(inst)

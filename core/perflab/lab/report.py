@@ -247,7 +247,8 @@ def measured_notes(res: ConfigResult) -> list[str]:
         lines.append(f"# Mean of {len(res.repeats)} repeats; spread (relative standard deviation): {spread or 'n/a'}")
     for pt in res.points:
         m = pt.get("metrics") or {}
-        met = {True: "; SLO met", False: "; SLO missed"}.get(pt.get("slo_met"), "")
+        slo_text: dict[Any, str] = {True: "; SLO met", False: "; SLO missed"}  # None: no SLO
+        met = slo_text.get(pt.get("slo_met"), "")
         figs = [("", "total_token_throughput", " tok/s"), ("mean TTFT ", "mean_ttft_ms", " ms"),
                 ("mean TPOT ", "mean_tpot_ms", " ms")]
         text = ", ".join(f"{name}{f'{v:.2f}' if (v := _num(m, key)) is not None else 'n/a'}{unit}"
@@ -381,12 +382,12 @@ def _setup(o: StudyOutcome, ctx: ReportContext) -> list[str]:
         for e in s.entries:
             if e.config.engine not in engines:
                 engines.append(e.config.engine)
-    for e in (o.baseline.config.engine,):
-        if e not in engines:
-            engines.append(e)
-    for e in engines:
-        v = ctx.versions.get(e)
-        out.append(f"- {ctx.name(e)}: {'v' + v.lstrip('v') if v else 'version not detected'}")
+    for engine in (o.baseline.config.engine,):
+        if engine not in engines:
+            engines.append(engine)
+    for engine in engines:
+        v = ctx.versions.get(engine)
+        out.append(f"- {ctx.name(engine)}: {'v' + v.lstrip('v') if v else 'version not detected'}")
     out += ["", "### Benchmark Dataset", ""]
     for i, p in enumerate(plan.profiles, 1):
         main = " (main profile: engine selection and optimizations)" if p.name == plan.main_profile else ""
@@ -471,7 +472,7 @@ def accuracy_price(block: Mapping[str, Any], reference: bool = False) -> str:
 
 def accuracy_rows(o: StudyOutcome) -> list[dict[str, Any]]:
     """Every measured configuration's accuracy verdict (report.json's ``accuracy.rows``)."""
-    return [{"label": e.label, "engine": e.config.engine, "eligible": e.eligible, "note": e.note, **e.accuracy}
+    return [{"label": e.label, "engine": e.config.engine, "eligible": e.eligible, "note": e.note, **(e.accuracy or {})}
             for e in _accuracy_entries(o)]
 
 
