@@ -28,7 +28,7 @@ import re
 import shlex
 import threading
 import urllib.parse
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -313,7 +313,7 @@ def redact_obj(value: Any, _parent: str | None = None) -> Any:
     return value
 
 
-def structlog_processor(logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def structlog_processor(logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> Mapping[str, Any]:
     """A structlog processor: the event with its secrets masked (before anything renders it)."""
     return redact_obj(event_dict)
 

@@ -282,8 +282,7 @@ def check_stat_order(r: ResultView) -> list[Issue]:
         stats: list[tuple[str, Num]] = []
         mean, median = r.num(f"mean_{m}_ms"), r.num(f"median_{m}_ms")
         pcts = sorted((float(g.group(1)), k) for k in r.metrics if (g := _PCT_RE.match(k)) and g.group(2) == m)
-        pvals = [(p, r.num(k)) for p, k in pcts]
-        pvals = [(p, v) for p, v in pvals if v is not None]
+        pvals = [(p, v) for p, k in pcts if (v := r.num(k)) is not None]
         p99 = next((v for p, v in pvals if p == 99.0), None)
         # percentiles, the median among them (P50), in increasing order
         chain = sorted([*((p, f"P{p:g}", v) for p, v in pvals), *([(50.0, "median", median)] if median else [])],
@@ -316,9 +315,9 @@ def check_stat_order(r: ResultView) -> list[Issue]:
                     out.append(Issue("stat-order", f"{name} {label} {_f(v.value)} ms outside its requests' "
                                                    f"[min {_f(lo)}, max {_f(hi)}] ms"))
         for key in (f"mean_{m}_ms", f"median_{m}_ms"):
-            v = r.num(key)
-            if v is not None and v.hi < 0:
-                out.append(Issue("stat-order", f"{key} is negative ({_f(v.value)} ms)"))
+            stat = r.num(key)
+            if stat is not None and stat.hi < 0:
+                out.append(Issue("stat-order", f"{key} is negative ({_f(stat.value)} ms)"))
     return out
 
 

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 import psutil
@@ -299,7 +299,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _read_first_report(fd: int, timeout: float) -> dict[str, object] | None:
+def _read_first_report(fd: int, timeout: float) -> dict[str, Any] | None:
     import select
 
     buf = b""

@@ -165,7 +165,10 @@ def build(out: Path) -> Path:
 
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     vocab = tok.get_vocab_size()
-    build_config(out, vocab, eos_id=tok.token_to_id("<|im_end|>"), pad_id=tok.token_to_id("<|endoftext|>"))
+    eos_id, pad_id = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
+    if eos_id is None or pad_id is None:  # build_tokenizer always adds both
+        raise RuntimeError(f"{out / 'tokenizer.json'} lacks <|im_end|> or <|endoftext|>")
+    build_config(out, vocab, eos_id=eos_id, pad_id=pad_id)
     build_weights(out, vocab)
     return out
 

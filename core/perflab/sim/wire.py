@@ -108,6 +108,7 @@ class CompletionRequest:
 
 def parse_request(body: Mapping[str, Any], chat: bool, max_model_len: int, eos_mean: float) -> CompletionRequest | str:
     """The request in ``body``, or vLLM's message for a 400 BadRequestError."""
+    text: str | None  # None: the prompt is token ids
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list):
