@@ -177,7 +177,8 @@ def study_results(report: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str,
                 continue
             load = ", ".join(f"{k}={v}" for k, v in (p.get("load") or {}).items())
             reps = [x for x in p.get("repeats") or [] if isinstance(x, Mapping)]
-            for k, rep in enumerate(reps if len(reps) > 1 else [p.get("metrics")], 1):
+            runs: list[Any] = reps if len(reps) > 1 else [p.get("metrics")]
+            for k, rep in enumerate(runs, 1):
                 if isinstance(rep, Mapping):
                     yield f"{where} load {load}" + (f" repeat {k}" if len(reps) > 1 else ""), rep, None
 

@@ -307,7 +307,8 @@ class EarlyStop:
         upper confidence bound (the full-method estimate of a stopped run)."""
         last = self._last
         self.unmet = self.premises()
-        if last is None or self.unmet is not None:
+        # (premises() holds only with the open requests and the warm-up's step known: said again for mypy)
+        if last is None or self.unmet is not None or last.open_requests is None or last.warm_step_s is None:
             return None
         span = self.queue_windows()
         if len(span) < FORECAST_WINDOWS + 1:

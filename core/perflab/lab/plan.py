@@ -717,7 +717,7 @@ def _candidates(p: _Problems, where: str, value: Any, known: set[str] | None, co
         if data is None:
             continue
         _unknown_keys(p, key, data, COMBINATION_KEYS if combination else CANDIDATE_KEYS)
-        name = data.get("name")
+        name: Any = data.get("name")  # a str once _str accepts it
         if _str(p, f"{key}.name", name) is _BAD:
             continue
         if name in names:
