@@ -316,8 +316,8 @@ def configure_logging(verbose: bool = False) -> None:
             h._perflab_stderr = True  # type: ignore[attr-defined]
             lm_log.addHandler(h)
         elif not verbose:
-            for h in stream:
-                lm_log.removeHandler(h)
+            for old in stream:
+                lm_log.removeHandler(old)
         _state["configured"] = True
 
 
@@ -397,6 +397,7 @@ def _lm_classes() -> dict[str, type]:
     class Watched:
         _stop: threading.Event
         _progress: Callable[[int, int], None] | None
+        _header: dict[str, str]  # lm-eval's API model's (the class this one is mixed into)
         _done = 0
         _total = 0
 
@@ -432,7 +433,7 @@ def _lm_classes() -> dict[str, type]:
                     # lm-eval turns a choice it cannot read into an empty answer: a wrong one
                     if not _readable_choice(choice, chat=isinstance(self, LocalChatCompletion)):
                         raise _NotACompletion(f"a choice without its answer: {_one_line(json.dumps(choice, default=str), 120)}")
-            return super().parse_generations(outputs=outputs, **kwargs)
+            return super().parse_generations(outputs=outputs, **kwargs)  # type: ignore[misc]
 
         async def get_batched_requests(self, *args: Any, **kwargs: Any) -> Any:
             # lm-eval gathers the requests on a loop of its own (asyncio.run): when one fails

@@ -145,7 +145,9 @@ class _EmbedImages(Extension):
 class _InlineTagsProcessor(HtmlInlineProcessor):
     """Python-Markdown's inline HTML, for :data:`INLINE_TAGS` only; any other tag stays text."""
 
-    def handleMatch(self, m: re.Match[str], data: str) -> tuple[Any, int, int]:  # noqa: N802 (its name)
+    # InlineProcessor's signature, which its stubs declare over Pattern's with the same ignore
+    def handleMatch(  # type: ignore[override]  # noqa: N802 (its name)
+            self, m: re.Match[str], data: str) -> tuple[Any, int | None, int | None]:
         tag = re.match(r"</?([A-Za-z][A-Za-z0-9]*)", m.group(1))
         if tag is not None and tag[1].lower() in INLINE_TAGS:
             return super().handleMatch(m, data)

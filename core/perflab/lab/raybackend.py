@@ -75,6 +75,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -733,7 +734,7 @@ class RayCluster:
         study_dir = study_dir.resolve()
         if not ray.is_initialized():
             # without an address: a local Ray for this study (this machine, one node), stopped with it
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="warning",
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                      configure_logging=False, namespace="perflab",
                      **(local_node(pm, plan, study_dir) if address is None else {}))
         started = address is None

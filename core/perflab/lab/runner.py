@@ -80,7 +80,8 @@ class LiveMeasure(StoreMeasure):
         super().__init__(store, salt, retry_failed, plan=plan)
         self.rerun_stopped = plan is not None and not plan.decision.early_stop
         if not hasattr(backend, "demand"):  # an executor (or a stand-in): run it in-process, one at a time
-            backend = LocalBackend(None, executor_factory=lambda ex=backend: ex)
+            executor = backend
+            backend = LocalBackend(None, executor_factory=lambda: executor)
         self.backend = backend
         self.on_event = on_event
         self.log = log

@@ -209,7 +209,7 @@ def run_engine(cfg, machine: str, workload: list[tuple[float, int, int]],
 
 
 def engine_rows(demo: bool = False, only: str | None = None) -> list[tuple[str, str, OfflineResult, float | None, float | None]]:
-    rows = []
+    rows: list[tuple[str, str, OfflineResult, float | None, float | None]] = []
     for case in ENGINE_CASES:
         if only and only.lower() not in case.label.lower():
             continue

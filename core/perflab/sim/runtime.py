@@ -385,8 +385,8 @@ class Engine(EngineLifecycle):
                     await self._wait(left)
                     continue
                 self._hold = None
-                for loop in self._loops.values():
-                    loop.owed = 0  # not come within LOOP_HOLD_MAX_S: the client stopped sending
+                for held in self._loops.values():
+                    held.owed = 0  # not come within LOOP_HOLD_MAX_S: the client stopped sending
                 self.clock.resume(hold.at)
             self._plan()
             if not self._due:
