@@ -63,6 +63,7 @@ from perflab.lifecycle.ports import (
 )
 from perflab.lifecycle.readiness_probe import Kick, ProbeRefused, ProbeState, http_probes_pass, poll_until_ready
 from perflab.lifecycle.registry import install_signal_handlers, signal_guard, teardown_all
+from perflab.plugins import PluginManager
 from perflab.status import Status
 from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig, Unsupported, to_jsonable
 
@@ -248,7 +249,7 @@ class EngineInstance:
 
     def __init__(
         self,
-        pm: Any,
+        pm: PluginManager,
         engine: str,
         config: ServeConfig,
         *,

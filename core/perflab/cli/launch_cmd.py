@@ -20,6 +20,7 @@ import structlog
 
 from perflab import redact
 from perflab.cli.options import hardware_option, json_option, pop_serve_config, serve_options
+from perflab.plugins import PluginManager
 from perflab.status import Status
 
 # Exit statuses (also in --help and docs/lifecycle.md).
@@ -134,7 +135,7 @@ def launch(ctx: click.Context, engine: str, hardware: str, check: bool, force: b
     sys.exit(code)  # not ctx.exit(): perflab.cli.main runs click in non-standalone mode
 
 
-async def _launch(pm: Any, engine: str, config: Any, snapshot: Any, env: dict[str, str], workdir: Path, force: bool,
+async def _launch(pm: PluginManager, engine: str, config: Any, snapshot: Any, env: dict[str, str], workdir: Path, force: bool,
                   startup_timeout: float | None, grace: float, check: bool, as_json: bool) -> int:
     from perflab.supervisor import EngineInstance, signal_guard
     from perflab.supervisor_group import EngineGroup

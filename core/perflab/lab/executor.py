@@ -43,6 +43,7 @@ from perflab.observe import TimedRun, Watcher, Watching
 from perflab.observe import watch as observe_watch
 from perflab.observe.energy import observed_extras
 from perflab.observe.telemetry import ENGINE_T, Telemetry
+from perflab.plugins import PluginManager
 from perflab.simenv import STATE_ENV as SIM_STATE_ENV
 from perflab.simenv import TIME_SCALE_ENV as SIM_TIME_SCALE_ENV
 from perflab.status import Status
@@ -83,7 +84,7 @@ def engine_environment(env: Mapping[str, str]) -> dict[str, str]:
 class LabContext:
     """Everything a run needs that does not change during a study."""
 
-    pm: Any  # perflab.plugins.PluginManager
+    pm: PluginManager
     plan: Plan
     hardware: HardwareSnapshot
     env: dict[str, str]
@@ -182,7 +183,7 @@ def launches_script(instances: Sequence[Any], describe_file: Callable[[str, str]
     return serving_script([inst.launch for inst in instances], describe_file, workdir)
 
 
-def plugin_file_describer(pm: Any, engine: str) -> Callable[[str, str], list[str] | None]:
+def plugin_file_describer(pm: PluginManager, engine: str) -> Callable[[str, str], list[str] | None]:
     """The engine's ``perflab_describe_file`` hook as ``describe(path, content)``."""
 
     def describe(path: str, content: str) -> list[str] | None:
@@ -303,7 +304,7 @@ class ResetProblem:
     missing: bool = False
 
 
-async def reset_prefix_cache(pm: Any, engine: str, launch: LaunchSpec, base_url: str,
+async def reset_prefix_cache(pm: PluginManager, engine: str, launch: LaunchSpec, base_url: str,
                              env: dict[str, str] | None = None) -> ResetProblem | None:
     """Empty the engine's prefix cache through its ``perflab_cache_reset`` hook; None when it
     was reset or the engine declares no reset (nothing to do), else what went wrong. ``env``:

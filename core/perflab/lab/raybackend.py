@@ -115,6 +115,7 @@ from perflab.lab.executor import (
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Plan
 from perflab.lab.shipping import Stage, forget_study, study_stage
+from perflab.plugins import PluginManager
 from perflab.status import Status
 from perflab.supervisor import LaunchOutcome
 from perflab.supervisor_group import GroupPlacement, RankLaunch
@@ -180,7 +181,7 @@ def _activate(plan: Plan, study_dir: Path, node_id: str, spec: str) -> dict[str,
     return env
 
 
-def _probe(pm: Any, plan: Plan, study_dir: Path, node_id: str, spec: str) -> tuple[Any, dict[str, str], dict[str, str | None]]:
+def _probe(pm: PluginManager, plan: Plan, study_dir: Path, node_id: str, spec: str) -> tuple[Any, dict[str, str], dict[str, str | None]]:
     from perflab.engines import engine_version
     from perflab.hardware import probe
     from perflab.lab.plan import engines_of
@@ -191,7 +192,7 @@ def _probe(pm: Any, plan: Plan, study_dir: Path, node_id: str, spec: str) -> tup
     return snapshot, env, versions
 
 
-def software(pm: Any) -> dict[str, Any]:
+def software(pm: PluginManager) -> dict[str, Any]:
     """perflab's and its plugins' versions: every node must run the driver's."""
     import perflab
 
@@ -674,7 +675,7 @@ def strategy(demand: Demand) -> str:
     return "STRICT_SPREAD" if demand.nodes > 1 else "STRICT_PACK"
 
 
-def local_node(pm: Any, plan: Plan, study_dir: Path) -> dict[str, Any]:
+def local_node(pm: PluginManager, plan: Plan, study_dir: Path) -> dict[str, Any]:
     """``ray.init`` arguments of the local Ray started without ``--ray-address``: for a
     simulated plan, the simulated machine's devices as Ray resources and its label (Ray would
     find no GPU on this host); for real hardware, Ray's own detection."""
@@ -729,7 +730,7 @@ class RayCluster:
         self.by_node = {r["node_id"]: {"snapshot": r["snapshot"], "engines": r["engines"]} for r in reports}
 
     @classmethod
-    def connect(cls, pm: Any, plan: Plan, study_dir: Path, address: str | None) -> RayCluster:
+    def connect(cls, pm: PluginManager, plan: Plan, study_dir: Path, address: str | None) -> RayCluster:
         """Join (or start) Ray and check its nodes for this study; blocking (run it in a thread)."""
         study_dir = study_dir.resolve()
         if not ray.is_initialized():

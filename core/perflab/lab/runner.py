@@ -50,6 +50,7 @@ from perflab.lab.shipping import receive
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store, write_json
 from perflab.lab.stored import StoreMeasure, profile_key, stored_outcome
 from perflab.lab.study import ConfigResult, StudyOutcome, conduct
+from perflab.plugins import PluginManager
 from perflab.simenv import STATE_ENV as SIM_STATE_ENV
 from perflab.status import Status
 from perflab.types import to_jsonable
@@ -275,7 +276,7 @@ def result_summary(profiles: Sequence[Profile], results: Mapping[str, ConfigResu
     return "; ".join(f"{p.label}: {one(results[p.name])}" for p in profiles)
 
 
-def _display_names(pm: Any, engines: Sequence[str]) -> dict[str, str]:
+def _display_names(pm: PluginManager, engines: Sequence[str]) -> dict[str, str]:
     out = {}
     for e in engines:
         try:
@@ -302,7 +303,7 @@ def write_study_report(study_dir: Path) -> tuple[StudyOutcome, dict[str, Path]]:
 
 
 async def run_study(
-    pm: Any,
+    pm: PluginManager,
     plan: Plan,
     out_dir: Path,
     *,
@@ -378,7 +379,7 @@ def _claim(out_dir: Path, plan: Plan, lock: StudyLock, *, replace: bool) -> tupl
     return fresh, archived
 
 
-async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool, progress: Any,
+async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_failed: bool, progress: Any,
                       argv: list[str] | None, parallel: int | str = 1, cluster: Any = None) -> RunSummary:
     from perflab.engines import engine_version
     from perflab.hardware import resolve

@@ -40,6 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from perflab import redact
 from perflab.observe import Sample, timed_run
+from perflab.plugins import PluginManager
 from perflab.types import MetricsEndpoint
 
 log = structlog.get_logger(__name__)
@@ -199,7 +200,7 @@ def metrics_url(base_url: str, endpoint: MetricsEndpoint) -> str:
     return str(url.copy_with(path=endpoint.path, query=None))
 
 
-def metrics_watchers(pm: Any, engine: str, instances: Sequence[Any], env: Mapping[str, str] | None = None) -> list[MetricsWatcher]:
+def metrics_watchers(pm: PluginManager, engine: str, instances: Sequence[Any], env: Mapping[str, str] | None = None) -> list[MetricsWatcher]:
     """The watcher of a launch's engine metrics: one for all its replicas (``instances``: the
     running engines, each with ``launch`` and ``base_url``); none when the plugin names no
     endpoint. ``env``: the lab's environment (an API key there is sent as the bench sends it)."""
