@@ -364,10 +364,10 @@ def mean_metrics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The repeats' metrics: numeric keys averaged, the others from the first repeat."""
     out = dict(runs[0])
     for key, value in runs[0].items():
-        values = [r.get(key) for r in runs]
+        values: list[Any] = [r.get(key) for r in runs]
         if isinstance(value, (int, float)) and not isinstance(value, bool) and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            out[key] = statistics.fmean(float(v) for v in values)  # type: ignore[arg-type]
+            out[key] = statistics.fmean(float(v) for v in values)
     return out
 
 
@@ -378,10 +378,10 @@ def relative_noise(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         return {}
     out: dict[str, float] = {}
     for key in runs[0]:
-        values = [r.get(key) for r in runs]
+        values: list[Any] = [r.get(key) for r in runs]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             continue
-        floats = [float(v) for v in values]  # type: ignore[arg-type]
+        floats = [float(v) for v in values]
         mean = statistics.fmean(floats)
         if mean == 0 or not math.isfinite(mean) or not all(math.isfinite(v) for v in floats):
             continue
