@@ -34,7 +34,23 @@ from perflab.errors import UsageError
 # Qwen2/3 vocabularies; prompts made of them have about one token per word on any server.
 WORDS: tuple[str, ...] = tuple(
     dict.fromkeys(
-        ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "her", "he", "she", "it", "an", "be", "are", "this", "which", "or", "had", "not", "but", "were", "have", "they", "one", "you", "all", "we", "can", "there", "their", "been", "has", "more", "if", "will", "would", "when", "who", "so", "no", "out", "up", "about", "into", "only", "what", "time", "some", "could", "them", "other", "than", "then", "its", "also", "two", "first", "new", "after", "year", "years", "most", "over", "such", "made", "many", "these", "may", "people", "world", "like", "where", "between", "did", "state", "just", "back", "through", "way", "under", "well", "city", "because", "both", "during", "should", "each", "those", "work", "life", "use", "while", "part", "three", "being", "high", "four", "before", "down", "school", "family", "very", "own", "last", "country", "great", "found", "since", "long", "house", "several", "day", "even", "same", "small", "world", "old", "good", "home", "water", "number", "group", "game", "name", "music", "line", "city", "power", "land", "place", "right", "left", "show", "book", "team", "war", "end", "set", "line", "form", "area", "place", "light", "hand", "side", "point", "field", "level", "cost", "head", "open", "play", "story", "early", "river", "party", "start", "given", "body", "best", "case", "real", "free", "love", "war", "air", "past", "today", "hard", "film", "known", "local", "major", "late", "word", "kind", "near", "road", "south", "north", "east", "west", "fire", "sound", "ground", "rate", "plan", "week", "money", "test", "short", "term", "black", "white", "red", "green", "blue", "gold", "stone", "glass", "paper", "table", "door", "room", "car", "ship", "train", "road", "bridge", "tower", "park", "garden", "tree", "flower", "bird", "fish", "horse", "dog", "cat", "king", "queen", "prince", "church", "market", "bank", "price", "trade", "farm", "food", "bread", "milk", "wine", "tea", "coffee", "salt", "sugar", "fruit", "apple"]
+        """
+    the of and to in is was for on that with as by at from his her he she it an be are this
+    which or had not but were have they one you all we can there their been has more if will
+    would when who so no out up about into only what time some could them other than then
+    its also two first new after year years most over such made many these may people
+    world like where between did state just back through way under well city because both
+    during should each those work life use while part three being high four before down
+    school family very own last country great found since long house several day even
+    same small world old good home water number group game name music line city power
+    land place right left show book team war end set line form area place light hand side
+    point field level cost head open play story early river party start given body best
+    case real free love war air past today hard film known local major late word kind
+    near road south north east west fire sound ground rate plan week money test short term
+    black white red green blue gold stone glass paper table door room car ship train road
+    bridge tower park garden tree flower bird fish horse dog cat king queen prince church
+    market bank price trade farm food bread milk wine tea coffee salt sugar fruit apple
+    """.split()
     )
 )
 

@@ -42,7 +42,20 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-WORDS = ["the", "a", "an", "of", "to", "in", "and", "for", "on", "with", "by", "at", "from", "as", "is", "are", "was", "be", "this", "that", "it", "its", "engine", "server", "model", "token", "tokens", "request", "requests", "latency", "throughput", "batch", "cache", "prefix", "prompt", "output", "input", "decode", "prefill", "memory", "device", "accelerator", "kernel", "graph", "tensor", "parallel", "expert", "quantization", "weight", "weights", "layer", "attention", "head", "scheduler", "queue", "stream", "first", "time", "per", "second", "mean", "median", "p99", "percentile", "benchmark", "study", "report", "configuration", "flag", "option", "launch", "ready", "health", "metrics", "crash", "teardown", "process", "port", "worker", "core", "thread", "node", "cluster", "rank", "gpu", "npu", "cpu", "fp8", "int4", "awq", "bf16", "float", "half", "speculative", "draft", "accept", "reject", "sequence", "length", "context", "window", "maximum", "minimum", "number", "count", "rate", "concurrency", "goodput", "slo", "target", "objective", "which", "how", "why", "what", "when", "where", "who", "will", "would", "could", "should", "can", "may", "might", "must", "not", "no", "yes", "fast", "slow", "small", "large", "tiny", "huge", "better", "worse", "best", "worst", "more", "less", "most", "least", "high", "low", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "hundred", "thousand", "million", "zero", "run", "runs", "running", "started", "stopped", "failed", "passed", "measured", "compared", "chosen", "adopted", "skipped"]
+WORDS = (
+    "the a an of to in and for on with by at from as is are was be this that it its engine "
+    "server model token tokens request requests latency throughput batch cache prefix prompt "
+    "output input decode prefill memory device accelerator kernel graph tensor parallel expert "
+    "quantization weight weights layer attention head scheduler queue stream first time per "
+    "second mean median p99 percentile benchmark study report configuration flag option launch "
+    "ready health metrics crash teardown process port worker core thread node cluster rank "
+    "gpu npu cpu fp8 int4 awq bf16 float half speculative draft accept reject sequence length "
+    "context window maximum minimum number count rate concurrency goodput slo target objective "
+    "which how why what when where who will would could should can may might must not no yes "
+    "fast slow small large tiny huge better worse best worst more less most least high low "
+    "one two three four five six seven eight nine ten hundred thousand million zero "
+    "run runs running started stopped failed passed measured compared chosen adopted skipped"
+).split()
 
 
 def corpus(n_sentences: int = 4000) -> list[str]:

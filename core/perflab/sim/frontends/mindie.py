@@ -159,7 +159,7 @@ def read_config(path: str, base: str, env: Mapping[str, str]) -> dict[str, Any]:
         lines = [f"Check path: {real.name} failed, by:{problem}"]
         if env.get("MINDIE_CHECK_INPUTFILES_PERMISSION") == "0":
             lines.insert(0, f"[ERROR] {lines[0]}; Please set: chmod 750 {real.name}")
-        raise _ConfigFailure([*lines, "ConfigManager: Get config path failed."])
+        raise _ConfigFailure(lines + ["ConfigManager: Get config path failed."])
     try:
         data = json.loads(real.read_text())
     except (ValueError, UnicodeDecodeError):
@@ -187,7 +187,7 @@ def validate(data: Mapping[str, Any]) -> dict[str, Any]:
         try:
             return fn()
         except _ConfigFailure as exc:
-            raise _ConfigFailure([*exc.lines, f"ConfigManager init exception: Failed to initialize {section} from JSON."]) from None
+            raise _ConfigFailure(exc.lines + [f"ConfigManager init exception: Failed to initialize {section} from JSON."]) from None
 
     server = wrap("ServerConfig", lambda: _section(data, "ServerConfig"))
     wrap("ServerConfig", lambda: check_params(server, SERVER_PARAMS))
@@ -410,7 +410,7 @@ def _configure(s: dict[str, Any], machine: SimMachine, version: str, log: Mindie
     # route the runtime serves); health lives on the management port.
     health: tuple[str, ...]
     if same_all:
-        health = (*management, "/metrics")
+        health = management + ("/metrics",)
     else:
         health = ()
         by_port[mgmt_port] = management + (("/metrics",) if mgmt_port == metrics_port else ())

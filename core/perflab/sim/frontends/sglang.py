@@ -367,7 +367,7 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str) -> SimEngin
 
 def _scheduler_crash(log: SglangLog, rank: int, exc: str, frames: list[tuple[str, int, str, str]]) -> list[str]:
     tb = common.traceback_text(
-        [("/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", 2800, "run_scheduler_process", "scheduler = Scheduler("), *frames],
+        [("/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", 2800, "run_scheduler_process", "scheduler = Scheduler(")] + frames,
         exc,
     )
     return [

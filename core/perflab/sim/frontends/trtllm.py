@@ -325,7 +325,18 @@ def _configure(o: dict[str, Any], api: dict[str, Any], machine: SimMachine, vers
     reserve_gib = perfmodel.reserve_gib(spec, max_tokens, ACTIVATION_BYTES, max(tp * pp, 1))
     mem_fraction = min(1.0, (weights_gib + reserve_gib + free_frac * max(0.0, total_gib - weights_gib - reserve_gib)) / total_gib)
 
-    startup = [*head, log.line("I", "Using LLM with PyTorch backend"), log.line("I", "Set nccl_plugin to None."), log.line("I", "neither checkpoint_format nor checkpoint_loader were provided, checkpoint_format will be set to HF."), log.line("I", f"max_seq_len={context}, max_num_requests={max_batch}, max_num_tokens={max_tokens}, max_batch_size={max_batch}")]
+    startup = head + [
+        log.line("I", "Using LLM with PyTorch backend"),
+        log.line("I", "Set nccl_plugin to None."),
+        log.line(
+            "I",
+            "neither checkpoint_format nor checkpoint_loader were provided, checkpoint_format will be set to HF.",
+        ),
+        log.line(
+            "I",
+            f"max_seq_len={context}, max_num_requests={max_batch}, max_num_tokens={max_tokens}, max_batch_size={max_batch}",
+        ),
+    ]
 
     fail: list[str] = []
     fail_after = 2.0

@@ -794,7 +794,11 @@ def _ready_lines(s: _Serve, host: str, log: VllmLog, dev_mode: bool = False) -> 
             log.line("INFO", "launcher.py:42", "Route: /v1/chat/completions, Methods: POST"),
             log.line("INFO", "launcher.py:42", "Route: /v1/completions, Methods: POST"),
         ]
-    return [*ready, log.uvicorn(f"Started server process [{log.pid}]"), log.uvicorn("Waiting for application startup."), log.uvicorn("Application startup complete.")]
+    return ready + [
+        log.uvicorn(f"Started server process [{log.pid}]"),
+        log.uvicorn("Waiting for application startup."),
+        log.uvicorn("Application startup complete."),
+    ]
 
 
 def _behaviour(a: dict[str, Any], machine: SimMachine, env: Mapping[str, str], perf_mode: str) -> EngineBehaviour:
