@@ -181,7 +181,8 @@ def run_workers(
                 continue
             for got in ready:
                 i = pending[id(got)]
-                msg = _recv(conns[i], procs[i])  # the ready one itself, typed as a Connection
+                conn = conns[i]  # the ready one itself, typed as a Connection
+                msg = _recv(conn, procs[i])
                 if msg[0] == "progress":
                     counts[i] = msg[1]
                     if progress is not None:
