@@ -49,7 +49,6 @@ from perflab.types import (
     serve_options,
 )
 
-
 #: A sample value of each ServeConfig field, for the ``serve_options`` checks: the changes made
 #: to the baseline configuration (the field, plus companions it needs). ``options`` has no
 #: engine-neutral sample that an engine could express (this one must be refused): a plugin that
@@ -388,7 +387,7 @@ class EngineConformance:
         assert cause is None
 
     def test_hooks_ignore_other_engines(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
-        plugin = pm.pm.get_plugin(pm.engines[self.engine].plugin)
+        plugin: Any = pm.pm.get_plugin(pm.engines[self.engine].plugin)
         other = "perflab-conformance-other-engine"
         config = ServeConfig(model=self.model, port=18123)
         if hasattr(plugin, "perflab_build_launch"):
@@ -398,7 +397,7 @@ class EngineConformance:
             kw = _only(plugin.perflab_classify_crash, engine=other, exit_code=1, log_tail="Traceback\nRuntimeError: x")
             assert plugin.perflab_classify_crash(**kw) is None
         launch = LaunchSpec(engine=other, argv=("x",), host="127.0.0.1", port=18123, served_model_name="m")
-        others = {
+        others: dict[str, dict[str, Any]] = {
             "perflab_engine_version": {"env": dict(os.environ)},
             "perflab_check_support": {"config": config, "hardware": hardware, "version": None},
             "perflab_readiness": {"launch": launch},
