@@ -34,6 +34,7 @@ from perflab.bench.request import BenchRequest
 from perflab.bench.result import BenchResult
 from perflab.bench.vllm_cli import RESULT_FILENAME, vllm_bench_argv, vllm_tokenizer_dir
 from perflab.errors import PerflabError, UsageError
+from perflab.plugins import PluginManager
 
 __all__ = ["BUILTIN_BACKENDS", "available_backends", "get_backend", "run_vllm_bench_serve", "vllm_bench_argv",
            "vllm_tokenizer_dir"]
@@ -111,7 +112,7 @@ def run_vllm_bench_serve(req: BenchRequest, *, executable: list[str] | None = No
 BUILTIN_BACKENDS: dict[str, Driver] = {"perflab": _perflab, "vllm-bench": run_vllm_bench_serve}
 
 
-def available_backends(pm: Any = None) -> dict[str, Driver]:
+def available_backends(pm: PluginManager | None = None) -> dict[str, Driver]:
     """Built-in backends plus those registered by plugins (``pm``: a loaded PluginManager).
 
     A plugin registering a name that is already taken is ignored with a warning in
@@ -135,7 +136,7 @@ def available_backends(pm: Any = None) -> dict[str, Driver]:
     return backends
 
 
-def get_backend(name: str, pm: Any = None) -> Driver:
+def get_backend(name: str, pm: PluginManager | None = None) -> Driver:
     """The driver called ``name``; plugins are loaded only for a name not built in."""
     if name in BUILTIN_BACKENDS:
         return BUILTIN_BACKENDS[name]
