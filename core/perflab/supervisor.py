@@ -977,15 +977,13 @@ class EngineInstance:
         await anyio.to_thread.run_sync(self._call_teardown_hooks, spec)
 
     def _call_teardown_hooks(self, spec: LaunchSpec) -> None:
-        # Each implementation separately: one plugin's failure must not skip the others.
-        for impl in self.pm.hook.perflab_teardown.get_hookimpls():
-            kwargs = {"engine": self.engine, "launch": spec, "workdir": self.workdir}
-            try:
-                impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
-            except HookDeadlineExceeded as exc:  # what it should have cleaned may still be there
-                self.outcome.leftovers.append(str(exc))
-            except Exception as exc:
-                self.outcome.leftovers.append(f"teardown hook of plugin {impl.plugin_name} failed: {type(exc).__name__}: {exc}")
+        rec = self.pm.engine(self.engine)
+        try:
+            rec.engine.teardown(spec, self.workdir)
+        except HookDeadlineExceeded as exc:  # what it should have cleaned may still be there
+            self.outcome.leftovers.append(str(exc))
+        except Exception as exc:
+            self.outcome.leftovers.append(f"teardown hook of plugin {rec.plugin} failed: {type(exc).__name__}: {exc}")
 
     def kill_now(self) -> None:
         """SIGKILL everything this launch started, synchronously (atexit, third Ctrl-C)."""

@@ -183,10 +183,10 @@ def launches_script(instances: Sequence[Any], describe_file: Callable[[str, str]
 
 
 def plugin_file_describer(pm: Any, engine: str) -> Callable[[str, str], list[str] | None]:
-    """The engine's ``perflab_describe_file`` hook as ``describe(path, content)``."""
+    """The engine's ``describe_file`` method as ``describe(path, content)``."""
 
     def describe(path: str, content: str) -> list[str] | None:
-        return pm.hook.perflab_describe_file(engine=engine, path=path, content=content)  # type: ignore[no-any-return]
+        return pm.engine(engine).engine.describe_file(path, content)  # type: ignore[no-any-return]
 
     return describe
 
@@ -311,7 +311,7 @@ async def reset_prefix_cache(pm: Any, engine: str, launch: LaunchSpec, base_url:
     import httpx
 
     # off the event loop: a plugin's hook may take up to its deadline (perflab.hookspecs)
-    reset = await anyio.to_thread.run_sync(lambda: pm.hook.perflab_cache_reset(engine=engine, launch=launch))
+    reset = await anyio.to_thread.run_sync(lambda: pm.engine(engine).engine.cache_reset(launch))
     if reset is None:
         return None
     url = base_url.rstrip("/") + reset.path
