@@ -64,7 +64,7 @@ def test_no_hook_takes_an_engine_and_no_plugin_guards_an_engine_name() -> None:
     assert specs and not [n for n, f in specs.items() if "engine" in inspect.signature(f).parameters]
     assert not [m for m in EnginePlugin.METHODS if "engine" in inspect.signature(getattr(EnginePlugin, m)).parameters]
     root = Path(__file__).resolve().parents[1]
-    guard = re.compile(r"\bengine\s*[!=]=\s*(self\.info\.name|ENGINE\b|[\"'])")
+    guard = re.compile(r"(?<![.\w])engine\s*[!=]=\s*(self\.info\.name|ENGINE\b|[\"'])")
     files = [*(root / "core").rglob("*.py"), *(root / "plugins").rglob("*.py"),
              *(root / "tests" / "external_plugins").rglob("*.py")]
     guarded = [f"{f.relative_to(root)}:{i}" for f in files
