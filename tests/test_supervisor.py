@@ -298,7 +298,7 @@ class Fake:
         self.script = write_fake_engine(tmp_path)
         self.gpu_dir = tmp_path / "gpu"
         self.gpu_dir.mkdir()
-        self.teardown_calls: list[dict[str, Any]] = []
+        self.teardown_calls: list[dict[str, Any]] = plugin_kw.pop("teardown_calls", [])
         self.pm = make_pm(fake_plugin(self.script, teardown_calls=self.teardown_calls, **plugin_kw))
         self.signal_dir = tmp_path / "signals"
         self.signal_dir.mkdir()
