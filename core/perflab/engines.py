@@ -33,11 +33,12 @@ def engine_version(pm: PluginManager, engine: str, env: Mapping[str, str]) -> st
 
 
 def metrics_endpoint(pm: PluginManager, engine: str, launch: LaunchSpec) -> MetricsEndpoint | None:
-    """Where ``launch`` serves its Prometheus metrics (the optional ``perflab_metrics_endpoint``
-    hook); None when the engine's plugin names none (nothing is scraped)."""
-    answer = pm.engine(engine).engine.metrics(launch)
+    """Where ``launch`` serves its Prometheus metrics (the engine's optional ``metrics``); None
+    when the engine names none or is not registered (nothing is scraped)."""
+    rec = pm.engines.get(engine)
+    answer = rec.engine.metrics(launch) if rec is not None else None
     if answer is not None and not isinstance(answer, MetricsEndpoint):
-        raise PerflabError(f"the {engine} plugin's perflab_metrics_endpoint returned {type(answer).__name__}, not a MetricsEndpoint")
+        raise PerflabError(f"the {engine} plugin's metrics() returned {type(answer).__name__}, not a MetricsEndpoint")
     return answer
 
 
@@ -171,7 +172,8 @@ def with_address(spec: LaunchSpec, flags: tuple[str, ...]) -> LaunchSpec:
 
 
 def readiness(pm: PluginManager, engine: str, launch: LaunchSpec) -> Readiness:
-    return pm.engine(engine).engine.readiness(launch) or DEFAULT_READINESS
+    rec = pm.engines.get(engine)  # not registered (a launch replayed without its plugin): the default
+    return (rec.engine.readiness(launch) if rec is not None else None) or DEFAULT_READINESS
 
 
 def classify_crash(pm: PluginManager, engine: str, exit_code: int | None, log_tail: str) -> CrashCause:
@@ -179,7 +181,8 @@ def classify_crash(pm: PluginManager, engine: str, exit_code: int | None, log_ta
     for a signal, else ``unknown`` quoting the first exception line (see perflab.crashes)."""
     from perflab.crashes import fallback_cause, with_signal
 
-    cause = pm.engine(engine).engine.classify_crash(exit_code, log_tail)
+    rec = pm.engines.get(engine)
+    cause = rec.engine.classify_crash(exit_code, log_tail) if rec is not None else None
     if cause is not None:
         return with_signal(cause, exit_code)
     return fallback_cause(exit_code, log_tail)

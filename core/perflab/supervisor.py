@@ -977,7 +977,9 @@ class EngineInstance:
         await anyio.to_thread.run_sync(self._call_teardown_hooks, spec)
 
     def _call_teardown_hooks(self, spec: LaunchSpec) -> None:
-        rec = self.pm.engine(self.engine)
+        rec = self.pm.engines.get(self.engine)
+        if rec is None:
+            return
         try:
             rec.engine.teardown(spec, self.workdir)
         except HookDeadlineExceeded as exc:  # what it should have cleaned may still be there

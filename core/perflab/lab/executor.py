@@ -186,7 +186,8 @@ def plugin_file_describer(pm: Any, engine: str) -> Callable[[str, str], list[str
     """The engine's ``describe_file`` method as ``describe(path, content)``."""
 
     def describe(path: str, content: str) -> list[str] | None:
-        return pm.engine(engine).engine.describe_file(path, content)  # type: ignore[no-any-return]
+        rec = pm.engines.get(engine)
+        return rec.engine.describe_file(path, content) if rec is not None else None  # type: ignore[no-any-return]
 
     return describe
 
@@ -311,7 +312,7 @@ async def reset_prefix_cache(pm: Any, engine: str, launch: LaunchSpec, base_url:
     import httpx
 
     # off the event loop: a plugin's hook may take up to its deadline (perflab.hookspecs)
-    reset = await anyio.to_thread.run_sync(lambda: pm.engine(engine).engine.cache_reset(launch))
+    reset = await anyio.to_thread.run_sync(lambda: pm.engines[engine].engine.cache_reset(launch) if engine in pm.engines else None)
     if reset is None:
         return None
     url = base_url.rstrip("/") + reset.path
