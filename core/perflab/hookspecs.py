@@ -56,9 +56,9 @@ HOOKSPEC_VERSION = 2
 #: How long one call of each hook may take, in seconds. A call past its deadline is abandoned
 #: (Python cannot kill a thread: it runs on in a daemon thread that ends with perflab) and
 #: reported as that plugin's fault in one line (:class:`perflab.errors.HookDeadlineExceeded`):
-#: a question the core needed answered (``perflab_build_launch``) fails that launch; a hook
+#: a question the core needed answered (``build_launch``) fails that launch; a hook
 #: whose failure the core can absorb is skipped (a hardware probe becomes an error line); a
-#: ``perflab_teardown`` past its deadline is a teardown leftover, which stops a study cleanly
+#: ``teardown`` past its deadline is a teardown leftover, which stops a study cleanly
 #: after perflab's own process-tree teardown has run. Pure hooks get seconds; hooks that may
 #: run a tool (``--version``, ``npu-smi``) or clean files get more.
 HOOK_DEADLINES_S: Mapping[str, float] = MappingProxyType({

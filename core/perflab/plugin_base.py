@@ -151,10 +151,10 @@ class EnginePlugin:
     #: metadata says it; empty: the executable is never run
     version_output: ClassVar[tuple[re.Pattern[str], ...]] = ()
     #: how to empty the engine's prefix cache between measurements (the optional
-    #: ``perflab_cache_reset`` hook); None: the engine cannot, the lab does not try
+    #: ``cache_reset`` engine method); None: the engine cannot, the lab does not try
     prefix_cache_reset: ClassVar[CacheReset | None] = None
     #: where the engine serves its Prometheus metrics and what its names mean (the optional
-    #: ``perflab_metrics_endpoint`` hook); None: the lab scrapes nothing
+    #: ``metrics`` engine method); None: the lab scrapes nothing
     metrics_endpoint: ClassVar[MetricsEndpoint | None] = None
 
     # ------------------------------------------------------------------ registration

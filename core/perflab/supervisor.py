@@ -235,7 +235,7 @@ class EngineInstance:
         which ``perflab ps``/``perflab kill`` match (default: the workdir and the log's name).
     :param launch: a launch already built (one rank of a multi-node group,
         :class:`perflab.supervisor_group.EngineGroup`, which did the preflight): it is started
-        as it is, without the plugin's preflight or ``perflab_build_launch``.
+        as it is, without the plugin's preflight or ``build_launch``.
     :param serving: False for a rank that serves no HTTP (a multi-node group's rank >= 1): it
         is ``ready`` once started, never probed, and its launch's main port is not its own.
     :param abort: an event that ends the wait for readiness (another rank of the group died).

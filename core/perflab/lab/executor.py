@@ -142,7 +142,7 @@ def serving_script(launches: Sequence[LaunchSpec], describe_file: Callable[[str,
     """The "Serving script" box: environment exports and the command, as the seeds print it.
 
     A file the plugin wrote (MindIE's config.json) is shown by what it sets —
-    ``describe_file(path, content)``, the plugin's optional ``perflab_describe_file`` hook — and
+    ``describe_file(path, content)``, the plugin's optional ``describe_file`` engine method — and
     paths inside the run directory become ``$PWD/<name>``: the script must not point into a
     study directory."""
     first = launches[0]
@@ -306,7 +306,7 @@ class ResetProblem:
 
 async def reset_prefix_cache(pm: Any, engine: str, launch: LaunchSpec, base_url: str,
                              env: dict[str, str] | None = None) -> ResetProblem | None:
-    """Empty the engine's prefix cache through its ``perflab_cache_reset`` hook; None when it
+    """Empty the engine's prefix cache through its ``cache_reset`` engine method; None when it
     was reset or the engine declares no reset (nothing to do), else what went wrong. ``env``:
     the lab's environment (an API key there is sent as the engine's clients send it)."""
     import httpx

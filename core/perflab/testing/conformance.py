@@ -154,7 +154,7 @@ class EngineConformance:
         from perflab.engines import build_launch
 
         config = ServeConfig(**{"model": self.model, "port": 18123, **changes})
-        if config.node_count > 1:  # the serving rank of a group (perflab_build_group_launch)
+        if config.node_count > 1:  # the serving rank of a group (build_group_launch)
             return self._build_group(pm, hardware, tmp, config)[0]
         return build_launch(pm, self.engine, config, hardware, tmp, None)
 
