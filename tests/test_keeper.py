@@ -399,7 +399,7 @@ def test_a_cache_location_the_engine_is_given_is_kept() -> None:
     assert kept_caches({"LOGNAME": "lo", "USER": "us"}, "/var/t") == {"TORCHINDUCTOR_CACHE_DIR": "/var/t/torchinductor_lo"}
 
 
-def test_no_private_tmpdir_where_a_socket_would_no_longer_fit(tmp_path: Path) -> None:
+def test_no_private_tmpdir_where_a_socket_would_no_longer_fit() -> None:
     from perflab.lifecycle.keeper import SOCKET_NAME_LEN, SOCKET_PATH_MAX, TMP_PREFIX, private_tmpdir
 
     short = Path(tempfile.mkdtemp(prefix="pk-"))
@@ -410,13 +410,17 @@ def test_no_private_tmpdir_where_a_socket_would_no_longer_fit(tmp_path: Path) ->
         shutil.rmtree(short)
     # a parent in which a uuid-named socket fits, but not one more directory down
     room = SOCKET_PATH_MAX - 1 - SOCKET_NAME_LEN
-    deep = tmp_path
-    while len(str(deep)) < room - 10:
-        deep = deep / ("d" * min(40, room - 10 - len(str(deep))))
-    deep.mkdir(parents=True, exist_ok=True)
-    assert len(str(deep)) + 1 + SOCKET_NAME_LEN <= SOCKET_PATH_MAX
-    assert private_tmpdir({"TMPDIR": str(deep)}) is None
-    assert list(deep.iterdir()) == []  # the one it tried is not left behind
+    base = Path(tempfile.mkdtemp(prefix="pk-"))  # short: pytest's tmp_path (under xdist too) may be past the room
+    try:
+        deep = base
+        while len(str(deep)) < room - 10:
+            deep = deep / ("d" * min(40, room - 10 - len(str(deep))))
+        deep.mkdir(parents=True, exist_ok=True)
+        assert len(str(deep)) + 1 + SOCKET_NAME_LEN <= SOCKET_PATH_MAX
+        assert private_tmpdir({"TMPDIR": str(deep)}) is None
+        assert list(deep.iterdir()) == []  # the one it tried is not left behind
+    finally:
+        shutil.rmtree(base)
 
 
 # A leader that holds POSIX shared memory, as vLLM's processes do (multiprocessing's

@@ -8,12 +8,12 @@ from perflab.hookspecs import HOOKSPEC_VERSION, hookimpl
 from perflab.plugin_base import EnginePlugin, Maps, Refuses
 from perflab.types import (
     Accelerator,
+    CacheReset,
     CrashCause,
     EngineInfo,
     FileSpec,
     GroupNode,
     HardwareSnapshot,
-    CacheReset,
     HttpProbe,
     LaunchSpec,
     MetricsEndpoint,
@@ -28,13 +28,13 @@ __version__ = "0.1.0"
 __all__ = [
     "HOOKSPEC_VERSION",
     "Accelerator",
+    "CacheReset",
     "CrashCause",
     "EngineInfo",
     "EnginePlugin",
     "FileSpec",
     "GroupNode",
     "HardwareSnapshot",
-    "CacheReset",
     "HttpProbe",
     "LaunchSpec",
     "Maps",

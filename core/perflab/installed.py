@@ -86,8 +86,7 @@ def environment_site_packages(executable: Path) -> list[str]:
 
 
 def _unique(paths: Iterable[str]) -> list[str]:
-    seen: set[str] = set()
-    return [p for p in paths if p and not (p in seen or seen.add(p))]
+    return list(dict.fromkeys(p for p in paths if p))  # first occurrences, in order
 
 
 def search_path(env: Mapping[str, str], executable: str | None = None) -> list[str]:

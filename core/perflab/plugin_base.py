@@ -44,8 +44,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from perflab.errors import UnsupportedOption, UsageError
 from perflab.hookspecs import hookimpl
-from perflab.types import (CacheReset, CrashCause, EngineInfo, HardwareSnapshot, LaunchSpec, MetricsEndpoint,
-                           NodeGroup, Readiness, ServeConfig, Unsupported)
+from perflab.types import (
+    CacheReset,
+    CrashCause,
+    EngineInfo,
+    HardwareSnapshot,
+    LaunchSpec,
+    MetricsEndpoint,
+    NodeGroup,
+    Readiness,
+    ServeConfig,
+    Unsupported,
+)
 
 if TYPE_CHECKING:
     from perflab.crashes import Signature

@@ -243,7 +243,8 @@ class PluginManager:
         for caller in self.pm.get_hookcallers(plugin) or []:
             for impl in caller.get_hookimpls():
                 if impl.plugin is plugin:
-                    impl.function = self._bounded(impl.function, name, caller.name)
+                    # pluggy declares it Final; the deadline wraps the implementation in place
+                    impl.function = self._bounded(impl.function, name, caller.name)  # type: ignore[misc]
 
     def _bounded(self, fn: Callable[..., Any], plugin: str, hook: str) -> Callable[..., Any]:
         deadline = self.deadline(hook)

@@ -28,7 +28,7 @@ import re
 import shlex
 import threading
 import urllib.parse
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -288,7 +288,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
 
 def redact_env(env: Mapping[str, Any]) -> dict[str, Any]:
     """An environment with the values of secret-looking keys masked."""
-    return redact_obj(dict(env), "env")  # type: ignore[no-any-return]
+    return redact_obj(dict(env), "env")
 
 
 def redact_obj(value: Any, _parent: str | None = None) -> Any:
@@ -313,9 +313,9 @@ def redact_obj(value: Any, _parent: str | None = None) -> Any:
     return value
 
 
-def structlog_processor(logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def structlog_processor(logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> Mapping[str, Any]:
     """A structlog processor: the event with its secrets masked (before anything renders it)."""
-    return redact_obj(event_dict)  # type: ignore[no-any-return]
+    return redact_obj(event_dict)
 
 
 # ================================================================== the engine's API key
@@ -360,7 +360,7 @@ def write_text(path: Path, text: str) -> Path:
     path = Path(path)
     clean = scrub(text)
     path.write_text(clean, encoding="utf-8")
-    if clean != text or MASK in clean and active():
+    if clean != text or (MASK in clean and active()):
         os.chmod(path, 0o600)
     return path
 

@@ -39,24 +39,31 @@ import structlog
 
 from perflab import engines as engine_hooks
 from perflab import redact
+from perflab.crashes import is_notable
 from perflab.errors import HookDeadlineExceeded, UnsupportedOption
 from perflab.hardware import CPU_KIND
-from perflab.crashes import is_notable
 from perflab.lifecycle import procs, registry
 from perflab.lifecycle.output import OutputPump
 from perflab.lifecycle.ports import (
     connect_host,
-    held as ports_held,
-    hold as ports_hold,
     pick_free_port,
     port_is_free,
     port_owners,
     taken_ports,
-    unhold as ports_unhold,
     wait_ports_free,
+)
+from perflab.lifecycle.ports import (
+    held as ports_held,
+)
+from perflab.lifecycle.ports import (
+    hold as ports_hold,
+)
+from perflab.lifecycle.ports import (
+    unhold as ports_unhold,
 )
 from perflab.lifecycle.readiness_probe import Kick, ProbeRefused, ProbeState, http_probes_pass, poll_until_ready
 from perflab.lifecycle.registry import install_signal_handlers, signal_guard, teardown_all
+from perflab.plugins import PluginManager
 from perflab.status import Status
 from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig, Unsupported, to_jsonable
 
@@ -67,7 +74,6 @@ __all__ = [
     "install_signal_handlers",
     "pick_free_port",
     "signal_guard",
-    "supervise",
     "teardown_all",
 ]
 
@@ -143,7 +149,7 @@ class LaunchOutcome:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        return redact.redact_obj({  # type: ignore[no-any-return]
+        return redact.redact_obj({
             "state": self.state,
             "cause": self.cause.name if self.cause else None,
             "reason": self.reason,
@@ -243,7 +249,7 @@ class EngineInstance:
 
     def __init__(
         self,
-        pm: Any,
+        pm: PluginManager,
         engine: str,
         config: ServeConfig,
         *,

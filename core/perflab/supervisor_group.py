@@ -40,6 +40,7 @@ import structlog
 from perflab import engines as engine_hooks
 from perflab.errors import UnsupportedOption
 from perflab.lifecycle.ports import pick_free_port
+from perflab.plugins import PluginManager
 from perflab.status import Status
 from perflab.supervisor import DEFAULT_GRACE_S, EngineInstance, LaunchOutcome, in_thread
 from perflab.types import GroupNode, HardwareSnapshot, LaunchSpec, NodeGroup, ServeConfig, Unsupported
@@ -161,7 +162,7 @@ class EngineGroup:
 
     def __init__(
         self,
-        pm: Any,
+        pm: PluginManager,
         engine: str,
         config: ServeConfig,
         *,

@@ -57,7 +57,7 @@ def hidden(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("hidden").resolve()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # gone when this file is: later tests on the worker count their children
 def cluster(tmp_path_factory: pytest.TempPathFactory, hidden: Path) -> Iterator[NetnsCluster]:
     log = tmp_path_factory.mktemp("ray") / "cluster.log"
     with NetnsCluster(NODES, log=log, hide=[hidden]) as c:

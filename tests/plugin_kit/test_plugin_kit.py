@@ -13,10 +13,11 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from perflab import hookspecs
+from perflab import EnginePlugin, hookspecs
 from perflab.plugins import PluginManager, check_compatibility, module_plugin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,3 +211,66 @@ def test_every_hook_is_exercised_by_a_test(hook: str) -> None:
     found = [p for p in (REPO / "tests").rglob("*.py") if p != here and hook in p.read_text(errors="ignore")]
     found += [p for p in (REPO / "core" / "perflab" / "testing").rglob("*.py") if hook in p.read_text()]
     assert found, f"no test mentions {hook}"
+
+
+def _call(name: str, fn: Any) -> str:
+    """``name(a, b)``: how the guide spells a call, with the required parameters only (those
+    with a default are optional to know about)."""
+    import inspect
+
+    params = [p.name for p in inspect.signature(fn).parameters.values()
+              if p.name != "self" and p.default is inspect.Parameter.empty]
+    return f"{name}({', '.join(params)})"
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_every_hook_signature_is_in_the_plugin_guide(hook: str) -> None:
+    """Datasette-style: the guide spells each hook's full parameter list, so a signature change
+    fails here until the guide follows."""
+    doc = (REPO / "docs" / "writing-plugins.md").read_text()
+    call = _call(hook, getattr(hookspecs, hook))
+    assert call in doc, f"docs/writing-plugins.md does not spell {call}"
+
+
+ENGINE_METHODS = sorted(
+    n for n, v in vars(EnginePlugin).items()
+    if callable(v) and not n.startswith(("_", "perflab_")) and n != "implemented_hooks"
+)
+
+
+@pytest.mark.parametrize("method", ENGINE_METHODS)
+def test_every_engine_method_is_in_the_plugin_guide(method: str) -> None:
+    """Every method a plugin overrides or calls on the base class, spelled as it is declared."""
+    doc = (REPO / "docs" / "writing-plugins.md").read_text()
+    call = _call(method, getattr(EnginePlugin, method))
+    assert call in doc, f"docs/writing-plugins.md does not spell {call}"
+
+
+def test_the_guide_lists_every_serve_config_field_with_its_kind() -> None:
+    """The guide's ServeConfig table is the declaration's (perflab.types.serve_options())."""
+    import re
+
+    from perflab.types import serve_options
+
+    doc = (REPO / "docs" / "writing-plugins.md").read_text()
+    section = doc.split("### The `ServeConfig` fields", 1)[1].split("\n### ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \| (\w+) \|$", section, re.M)
+    assert rows == [(o.name, o.kind) for o in serve_options()]
+
+
+def test_a_stand_in_that_rejects_a_flag_is_named_as_the_cause(tmp_path: Path) -> None:
+    """The full-cycle failure says first that the stand-in lacks a flag the plugin passes (the
+    gap met when a TGI plugin was written from the scaffold), and is silent otherwise."""
+    from types import SimpleNamespace
+
+    from perflab.testing.conformance import stand_in_hint
+
+    log = tmp_path / "engine.log"
+    log.write_text("usage: text-generation-launcher [-h]\n"
+                   "text-generation-launcher: error: unrecognized arguments: --max-batch-prefill-tokens 4096\n")
+    hint = stand_in_hint(SimpleNamespace(log=log))
+    assert "unrecognized arguments: --max-batch-prefill-tokens 4096" in hint
+    assert "stand-in's argument parser" in hint
+    log.write_text("srv listening\n")
+    assert stand_in_hint(SimpleNamespace(log=log)) == ""
+    assert stand_in_hint(SimpleNamespace(log=None)) == ""

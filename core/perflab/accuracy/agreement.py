@@ -156,10 +156,12 @@ async def collect(base_url: str, model: str, *, concurrency: int, api_key: str |
                 return
             answers[prompt_id] = parse_answer(prompt_id, body if isinstance(body, Mapping) else {}, api)
 
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, trust_env=False) as client:
-        async with anyio.create_task_group() as tg:
-            for prompt_id, prompt in prompts:
-                tg.start_soon(one, client, prompt_id, prompt)
+    async with (
+        httpx.AsyncClient(timeout=timeout_s, limits=limits, trust_env=False) as client,
+        anyio.create_task_group() as tg,
+    ):
+        for prompt_id, prompt in prompts:
+            tg.start_soon(one, client, prompt_id, prompt)
     ordered = tuple(answers[pid] for pid, _ in prompts)
     failed = [a for a in ordered if a.error is not None]
     if failed:

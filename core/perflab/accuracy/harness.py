@@ -316,8 +316,8 @@ def configure_logging(verbose: bool = False) -> None:
             h._perflab_stderr = True  # type: ignore[attr-defined]
             lm_log.addHandler(h)
         elif not verbose:
-            for h in stream:
-                lm_log.removeHandler(h)
+            for old in stream:
+                lm_log.removeHandler(old)
         _state["configured"] = True
 
 
@@ -332,14 +332,14 @@ def _quiet_progress_bars() -> None:
     from tqdm import tqdm
     from tqdm.asyncio import tqdm_asyncio
 
-    class QuietTqdm(tqdm):  # type: ignore[misc]
+    class QuietTqdm(tqdm):
         _perflab_quiet = True
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = kwargs.get("disable", False) or not _state["verbose"]
             super().__init__(*args, **kwargs)
 
-    class QuietTqdmAsyncio(tqdm_asyncio):  # type: ignore[misc]
+    class QuietTqdmAsyncio(tqdm_asyncio):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = kwargs.get("disable", False) or not _state["verbose"]
             super().__init__(*args, **kwargs)
@@ -397,6 +397,7 @@ def _lm_classes() -> dict[str, type]:
     class Watched:
         _stop: threading.Event
         _progress: Callable[[int, int], None] | None
+        _header: dict[str, str]  # lm-eval's API model's (the class this one is mixed into)
         _done = 0
         _total = 0
 
@@ -432,7 +433,7 @@ def _lm_classes() -> dict[str, type]:
                     # lm-eval turns a choice it cannot read into an empty answer: a wrong one
                     if not _readable_choice(choice, chat=isinstance(self, LocalChatCompletion)):
                         raise _NotACompletion(f"a choice without its answer: {_one_line(json.dumps(choice, default=str), 120)}")
-            return super().parse_generations(outputs=outputs, **kwargs)  # type: ignore[misc,no-any-return]
+            return super().parse_generations(outputs=outputs, **kwargs)  # type: ignore[misc]
 
         async def get_batched_requests(self, *args: Any, **kwargs: Any) -> Any:
             # lm-eval gathers the requests on a loop of its own (asyncio.run): when one fails
@@ -453,10 +454,10 @@ def _lm_classes() -> dict[str, type]:
             self._tick(1)
             return out
 
-    class Chat(Watched, LocalChatCompletion):  # type: ignore[misc]
+    class Chat(Watched, LocalChatCompletion):
         pass
 
-    class Completions(Watched, LocalCompletionsAPI):  # type: ignore[misc]
+    class Completions(Watched, LocalCompletionsAPI):
         pass
 
     return {"chat": Chat, "completions": Completions}
@@ -576,7 +577,7 @@ def _request_failure(exc: BaseException, endpoint: str, timeout_s: float, respon
     import aiohttp
     import requests
 
-    if isinstance(exc, aiohttp.ClientResponseError) or isinstance(exc, requests.HTTPError):
+    if isinstance(exc, (aiohttp.ClientResponseError, requests.HTTPError)):
         status = exc.status if isinstance(exc, aiohttp.ClientResponseError) else getattr(exc.response, "status_code", "?")
         detail = _server_message(response) or (exc.message if isinstance(exc, aiohttp.ClientResponseError) else "")
         return EndpointFailed(endpoint, f"answered an evaluation request with HTTP {status}" + (f": {detail}" if detail else ""))
@@ -789,7 +790,7 @@ async def _in_daemon_thread(fn: Callable[[], EvalResult]) -> EvalResult:
     await done.wait()
     ok, value = outcome[0]
     if ok:
-        return value  # type: ignore[no-any-return]
+        return value
     raise value
 
 

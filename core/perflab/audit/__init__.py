@@ -177,7 +177,8 @@ def study_results(report: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str,
                 continue
             load = ", ".join(f"{k}={v}" for k, v in (p.get("load") or {}).items())
             reps = [x for x in p.get("repeats") or [] if isinstance(x, Mapping)]
-            for k, rep in enumerate(reps if len(reps) > 1 else [p.get("metrics")], 1):
+            runs: list[Any] = reps if len(reps) > 1 else [p.get("metrics")]
+            for k, rep in enumerate(runs, 1):
                 if isinstance(rep, Mapping):
                     yield f"{where} load {load}" + (f" repeat {k}" if len(reps) > 1 else ""), rep, None
 
@@ -238,7 +239,7 @@ def markdown_section(audit: Audit) -> list[str]:
         out += [f"`perflab audit` found {len(audit.findings)} inconsistencies in {what}:", "",
                 "| Rule | Where | Finding |", "|------|-------|---------|"]
         out += [f"| {f.rule} | {f.where} | {f.message} |" for f in audit.findings]
-    return out + [""]
+    return [*out, ""]
 
 
 # --------------------------------------------------------------------------- paths
@@ -257,8 +258,8 @@ def audit_store(path: Path) -> Audit:
     import anyio
 
     from perflab.lab.report import build_json, render_markdown, report_context
-    from perflab.lab.stored import stored_outcome
     from perflab.lab.store import Store
+    from perflab.lab.stored import stored_outcome
 
     store = Store.open_existing(path)  # a one-line UsageError when it is no study
     try:

@@ -18,6 +18,7 @@ its own tolerance (see each rule). The tolerances are listed in
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -65,7 +66,7 @@ class Issue:
 class Num:
     """A number as it was written: ``value`` ± ``half`` (half a unit of its last digit)."""
 
-    __slots__ = ("value", "half")
+    __slots__ = ("half", "value")
 
     def __init__(self, value: float, half: float = 0.0) -> None:
         self.value, self.half = float(value), float(half)
@@ -280,14 +281,13 @@ def check_stat_order(r: ResultView) -> list[Issue]:
         label = m.upper()
         stats: list[tuple[str, Num]] = []
         mean, median = r.num(f"mean_{m}_ms"), r.num(f"median_{m}_ms")
-        pcts = sorted(((float(g.group(1)), k) for k in r.metrics if (g := _PCT_RE.match(k)) and g.group(2) == m))
-        pvals = [(p, r.num(k)) for p, k in pcts]
-        pvals = [(p, v) for p, v in pvals if v is not None]
+        pcts = sorted((float(g.group(1)), k) for k in r.metrics if (g := _PCT_RE.match(k)) and g.group(2) == m)
+        pvals = [(p, v) for p, k in pcts if (v := r.num(k)) is not None]
         p99 = next((v for p, v in pvals if p == 99.0), None)
         # percentiles, the median among them (P50), in increasing order
         chain = sorted([*((p, f"P{p:g}", v) for p, v in pvals), *([(50.0, "median", median)] if median else [])],
                        key=lambda t: t[0])
-        for (_, na, a), (_, nb, b) in zip(chain, chain[1:], strict=False):
+        for (_, na, a), (_, nb, b) in itertools.pairwise(chain):
             if _gt(a, b):
                 out.append(Issue("stat-order", f"{na} {label} {_f(a.value)} ms > {nb} {label} {_f(b.value)} ms "
                                                "(percentiles cannot decrease)"))
@@ -315,9 +315,9 @@ def check_stat_order(r: ResultView) -> list[Issue]:
                     out.append(Issue("stat-order", f"{name} {label} {_f(v.value)} ms outside its requests' "
                                                    f"[min {_f(lo)}, max {_f(hi)}] ms"))
         for key in (f"mean_{m}_ms", f"median_{m}_ms"):
-            v = r.num(key)
-            if v is not None and v.hi < 0:
-                out.append(Issue("stat-order", f"{key} is negative ({_f(v.value)} ms)"))
+            stat = r.num(key)
+            if stat is not None and stat.hi < 0:
+                out.append(Issue("stat-order", f"{key} is negative ({_f(stat.value)} ms)"))
     return out
 
 

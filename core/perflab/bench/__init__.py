@@ -32,6 +32,7 @@ from perflab.bench.result import (
     parse_result_blocks,
 )
 from perflab.bench.trace import RequestTrace
+from perflab.plugins import PluginManager
 
 if TYPE_CHECKING:  # the runner is imported when a benchmark runs, not at start-up
     from perflab.bench.runner import RunMarks
@@ -58,7 +59,7 @@ async def run_benchmark(
     *,
     progress: Callable[[int, int], None] | None = None,
     backend: str = "perflab",
-    pm: Any = None,
+    pm: PluginManager | None = None,
     cancel: threading.Event | None = None,
 ) -> BenchResult:
     """Benchmark ``req`` and return the result (raises :class:`perflab.errors.PerflabError`).
@@ -122,7 +123,7 @@ def run_benchmark_sync(
     return run(req, progress, cancel, observe, marks)
 
 
-def available_backends(pm: Any = None) -> dict[str, Callable[[BenchRequest], BenchResult]]:
+def available_backends(pm: PluginManager | None = None) -> dict[str, Callable[[BenchRequest], BenchResult]]:
     from perflab.bench.backends import available_backends as _available
 
     return _available(pm)

@@ -39,13 +39,18 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import os
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from perflab.bench.request import SHAREGPT_MAX_PROMPT_LEN, SYNTHETIC_SHAREGPT_MEANS, BenchRequest, expected_prompt_tokens
+from perflab.bench.request import (
+    SHAREGPT_MAX_PROMPT_LEN,
+    SYNTHETIC_SHAREGPT_MEANS,
+    BenchRequest,
+    expected_prompt_tokens,
+)
 from perflab.bench.tokenizer import Tokenizer
 from perflab.errors import UsageError
 

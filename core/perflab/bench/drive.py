@@ -35,9 +35,8 @@ from time import perf_counter, process_time
 from typing import Any, TypeVar
 
 from perflab.bench.cancel import POLL_S
-from perflab.bench.trace import CANCELLED, STALLED
 from perflab.bench.client import Prepared, make_client
-from perflab.bench.trace import Capture, RequestTrace
+from perflab.bench.trace import CANCELLED, STALLED, Capture, RequestTrace
 
 T = TypeVar("T")
 
@@ -207,7 +206,7 @@ async def drive(
     # many answered all of it]
     ended = [0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0]
     heard = [0.0]  # the latest byte received on a request that has ended (the stall watchdog's)
-    counted: dict[int, list[int]] = {}  # open request -> [reads counted, events in them]
+    counted: dict[int, list[Any]] = {}  # open request -> [reads counted, events in them, last event's time]
     stamp: list[float | None] = [None, None]  # the latest engine-clock stamp seen, the earliest arrival (clock)
     answers = _Answers(prompt_lens, sum(prompt_lens[p.index] for p in plan.prepared) if prompt_lens is not None else 0,
                        output_caps, [p.index for p in plan.prepared])
@@ -411,7 +410,7 @@ class _Answers:
         if self.cap_open is not None and self.caps is not None:
             self.cap_open -= self.caps[index] or 0
 
-    def open_requests(self, counted: dict[int, list[int]]) -> OpenRequests | None:
+    def open_requests(self, counted: dict[int, list[Any]]) -> OpenRequests | None:
         """The open requests in the order sent (:class:`OpenRequests`); None without caps."""
         if self.cap_open is None or self.caps is None:
             return None
@@ -443,7 +442,7 @@ class _Answers:
 
 
 async def _observe(observe: Observer, every: float, start: Callable[[], float], tasks: list[asyncio.Task[None]],
-                   open_caps: set[Capture], ended: list[Any], counted: dict[int, list[int]], clock: Clock | None,
+                   open_caps: set[Capture], ended: list[Any], counted: dict[int, list[Any]], clock: Clock | None,
                    stamp: list[float | None], answers: _Answers, cancel: threading.Event | None = None) -> None:
     """The observation task: returns only once the observer has set ``cancel`` (the run then
     stops at once, not at the cancel watcher's next poll); otherwise it is cancelled with the

@@ -138,8 +138,8 @@ def compute_metrics(
     if goodput:
         limits = {k: v / 1000.0 for k, v in goodput.items()}
         for t, tpot in zip(ok, all_tpots, strict=True):
-            values = {"ttft": t.ttft, "tpot": tpot, "e2el": t.latency}
-            if all(values[k] <= limit for k, limit in limits.items()):
+            figures = {"ttft": t.ttft, "tpot": tpot, "e2el": t.latency}
+            if all(figures[k] <= limit for k, limit in limits.items()):
                 good += 1
 
     out: dict[str, float | int | None] = {

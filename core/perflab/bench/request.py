@@ -223,9 +223,9 @@ class BenchRequest:
         bad = [m for m in self.percentile_metrics if m not in PERCENTILE_METRICS]
         if bad:
             raise UsageError(f"--percentile-metrics {','.join(bad)}: expected some of {','.join(PERCENTILE_METRICS)}")
-        for name, value in self.goodput:
+        for name, limit in self.goodput:
             if name not in GOODPUT_METRICS:
-                raise UsageError(f"--goodput {name}:{value}: the metric must be one of {', '.join(GOODPUT_METRICS)}")
+                raise UsageError(f"--goodput {name}:{limit}: the metric must be one of {', '.join(GOODPUT_METRICS)}")
             if value < 0:
                 raise UsageError(f"--goodput {name}:{value}: the SLO must be >= 0 milliseconds")
         return self

@@ -279,7 +279,7 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     rate = req.request_rate * time_scale  # real requests per second
     offsets = arrival_offsets(len(prepared), rate, req.burstiness, req.seed)
     stall_real = req.stall_s / time_scale if req.stall_s else None  # stall_s is engine time
-    if stall_real is not None and simulated and time_scale > 1:
+    if req.stall_s and stall_real is not None and simulated and time_scale > 1:
         # the simulated engine shares this host with the client: a loaded host pauses it for a
         # second or two with nothing wrong with the configuration — at x40 a minute of engine time
         stall_real = max(stall_real, min(req.stall_s, SIM_STALL_FLOOR_S))
@@ -302,7 +302,7 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     else:
         watch: Observer | None = None
         if observe is not None:  # the observer converts to engine time with the scale in use (the server's)
-            warmed = {"warm_step_s": warm_step[0], "warm_batch": _warm_batch(req)} if warm_step else {}
+            warmed: dict[str, Any] = {"warm_step_s": warm_step[0], "warm_batch": _warm_batch(req)} if warm_step else {}
 
             def watch(o: Observation) -> None:
                 observe(dataclasses.replace(o, time_scale=time_scale, **warmed))

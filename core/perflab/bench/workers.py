@@ -179,9 +179,10 @@ def run_workers(
                     if procs[i].poll() is not None:
                         raise PerflabError(f"benchmark worker {i} died (exit code {procs[i].returncode})")
                 continue
-            for conn in ready:
-                i = pending[id(conn)]
-                msg = _recv(conn, procs[i])  # type: ignore[arg-type]
+            for got in ready:
+                i = pending[id(got)]
+                conn = conns[i]  # the ready one itself, typed as a Connection
+                msg = _recv(conn, procs[i])
                 if msg[0] == "progress":
                     counts[i] = msg[1]
                     if progress is not None:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from perflab import __version__
+
+if TYPE_CHECKING:  # loaded on first use (get_pm): the CLI starts without pluggy's plugins
+    from perflab.plugins import PluginManager
 
 # name -> "module:attribute", imported on first use
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -66,7 +70,7 @@ def cli(ctx: click.Context, strict: bool) -> None:
     ctx.obj["strict"] = strict
 
 
-def get_pm(ctx: click.Context | None = None):  # type: ignore[no-untyped-def]
+def get_pm(ctx: click.Context | None = None) -> PluginManager:
     """The plugin manager for this invocation (loaded once, honouring --strict)."""
     from perflab.plugins import load
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from perflab.audit import Audit
 from perflab.audit.rules import RULES
 
 _RULES_HELP = "\n".join(f"  {r.name:<17} {r.checks}" for r in RULES)
@@ -37,7 +38,7 @@ def audit(ctx: click.Context, paths: tuple[Path, ...], as_json: bool) -> None:
         ctx.exit(1)
 
 
-def _print_table(result) -> None:  # type: ignore[no-untyped-def]
+def _print_table(result: Audit) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -204,7 +205,7 @@ def _pair(item: str, what: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def _progress_printer():  # type: ignore[no-untyped-def]
+def _progress_printer() -> Callable[[int, int], None]:
     def progress(done: int, total: int) -> None:
         sys.stderr.write(f"\rperflab bench: {done}/{total} requests done")
         sys.stderr.flush()

@@ -300,7 +300,7 @@ def render_command(
         click.secho(f"{u.severity}: {u.what}: {u.why}{src}", fg=color, err=True)
 
 
-def _group_launches(pm: Any, engine: str, config: ServeConfig, snapshot: HardwareSnapshot, workdir: Path,
+def _group_launches(pm: PluginManager, engine: str, config: ServeConfig, snapshot: HardwareSnapshot, workdir: Path,
                     version: str | None) -> tuple[NodeGroup, list[LaunchSpec]]:
     """The group and the launches of a ``nodes`` > 1 configuration (one per node, in rank order) as
     ``perflab launch``/``run`` would start them on this machine (rank addresses 127.0.0.1, a free

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -175,7 +176,7 @@ def _version() -> str:
     return __version__
 
 
-def _progress_printer():  # type: ignore[no-untyped-def]
+def _progress_printer() -> Callable[[int, int], None]:
     def progress(done: int, total: int) -> None:
         sys.stderr.write(f"\rperflab eval: {done}/{total} answers")
         sys.stderr.flush()

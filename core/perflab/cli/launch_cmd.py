@@ -20,6 +20,7 @@ import structlog
 
 from perflab import redact
 from perflab.cli.options import hardware_option, json_option, pop_serve_config, serve_options
+from perflab.plugins import PluginManager
 from perflab.status import Status
 
 # Exit statuses (also in --help and docs/lifecycle.md).
@@ -134,7 +135,7 @@ def launch(ctx: click.Context, engine: str, hardware: str, check: bool, force: b
     sys.exit(code)  # not ctx.exit(): perflab.cli.main runs click in non-standalone mode
 
 
-async def _launch(pm: Any, engine: str, config: Any, snapshot: Any, env: dict[str, str], workdir: Path, force: bool,
+async def _launch(pm: PluginManager, engine: str, config: Any, snapshot: Any, env: dict[str, str], workdir: Path, force: bool,
                   startup_timeout: float | None, grace: float, check: bool, as_json: bool) -> int:
     from perflab.supervisor import EngineInstance, signal_guard
     from perflab.supervisor_group import EngineGroup
@@ -144,18 +145,17 @@ async def _launch(pm: Any, engine: str, config: Any, snapshot: Any, env: dict[st
     kind = EngineGroup if config.node_count > 1 else EngineInstance
     inst = kind(pm, engine, config, hardware=snapshot, env=env, workdir=workdir, force=force,
                 startup_timeout=startup_timeout, grace=grace)
-    async with signal_guard() as guard:
-        async with inst:
-            o = inst.outcome
-            if o.state is Status.READY:
-                if check:
-                    check_result = await _check(inst)
-                else:
-                    if not as_json:
-                        click.echo(f"{inst.base_url}  (model {inst.launch.served_model_name}; "  # type: ignore[union-attr]
-                                   f"log {o.log}) — Ctrl-C to stop")
-                    _err(f"perflab: {engine} ready in {o.ready_s:.1f} s at {inst.base_url}; Ctrl-C to stop")
-                    await inst.died.wait()
+    async with signal_guard() as guard, inst:
+        o = inst.outcome
+        if o.state is Status.READY:
+            if check:
+                check_result = await _check(inst)
+            else:
+                if not as_json:
+                    click.echo(f"{inst.base_url}  (model {inst.launch.served_model_name}; "  # type: ignore[union-attr]
+                               f"log {o.log}) — Ctrl-C to stop")
+                _err(f"perflab: {engine} ready in {o.ready_s:.1f} s at {inst.base_url}; Ctrl-C to stop")
+                await inst.died.wait()
     o = inst.outcome
     result = o.to_json()
     if check_result is not None:

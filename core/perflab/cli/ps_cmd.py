@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -48,7 +49,8 @@ def ps(as_json: bool) -> None:
                      ",".join(map(str, e.ports)) or "-", _age(now - e.started), owner, e.command[:60]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        # strict=False: the last column is not padded, so it has no width
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
 
 
 @click.command("kill")
@@ -78,7 +80,7 @@ def kill(study_dir: Path | None, all_orphans: bool, grace: float | None, dry_run
         chosen = [e for e in find_engines() if e.marker.study == study]
     else:
         chosen = [e for e in find_engines() if e.orphan]
-    results = []
+    results: list[dict[str, Any]] = []
     for e in chosen:
         entry = e.to_json()
         if not dry_run:
@@ -100,9 +102,9 @@ def kill(study_dir: Path | None, all_orphans: bool, grace: float | None, dry_run
             verb = "would stop" if dry_run else "stopped"
             line = f"{verb} pid {r['pid']} ({r['study']} run {r['run']}, {len(r['pids'])} process(es))"
             if r.get("killed"):
-                line += f"; SIGKILL needed: {'; '.join(r['killed'])}"  # type: ignore[arg-type]
+                line += f"; SIGKILL needed: {'; '.join(r['killed'])}"
             click.echo(line)
-            for left in r.get("leftovers") or []:  # type: ignore[union-attr]
+            for left in r.get("leftovers") or []:
                 click.echo(f"  still alive: {left}", err=True)
     if any(r.get("leftovers") for r in results):
         raise click.exceptions.Exit(7)

@@ -12,14 +12,16 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
+from typing import cast
 
+from perflab.plugins import PluginManager
 from perflab.simenv import HARDWARE_ENV
 from perflab.types import Accelerator, HardwareSnapshot
 
 CPU_KIND = "cpu"  # perflab.hardware.cpu.KIND (not imported: that module imports this one)
 
 
-def probe(pm, env: Mapping[str, str] | None = None) -> HardwareSnapshot:  # type: ignore[no-untyped-def]
+def probe(pm: PluginManager, env: Mapping[str, str] | None = None) -> HardwareSnapshot:
     """Ask every hardware plugin; a failing probe becomes an error line, not an exception."""
     env = dict(os.environ if env is None else env)
     accelerators: list[Accelerator] = []
@@ -30,7 +32,8 @@ def probe(pm, env: Mapping[str, str] | None = None) -> HardwareSnapshot:  # type
         except Exception as exc:  # one broken probe must not hide the others
             errors.append(f"{impl.plugin_name}: {type(exc).__name__}: {exc}")
             continue
-        accelerators.extend(found or [])
+        # pluggy types an implementation's result as object: the hookspec's, a list of Accelerator
+        accelerators.extend(cast("list[Accelerator]", found or []))
     if any(a.kind != CPU_KIND for a in accelerators):
         accelerators = [a for a in accelerators if a.kind != CPU_KIND]
     sim = env.get(HARDWARE_ENV) or None
@@ -43,7 +46,7 @@ def probe(pm, env: Mapping[str, str] | None = None) -> HardwareSnapshot:  # type
     )
 
 
-def resolve(pm, spec: str = "auto", base_env: Mapping[str, str] | None = None) -> tuple[HardwareSnapshot, dict[str, str]]:  # type: ignore[no-untyped-def]
+def resolve(pm: PluginManager, spec: str = "auto", base_env: Mapping[str, str] | None = None) -> tuple[HardwareSnapshot, dict[str, str]]:
     """Turn ``--hardware auto|sim:NAME`` into (snapshot, environment to launch engines with).
 
     ``sim:NAME`` activates the simulator: its stand-in executables come first on ``PATH``

@@ -185,22 +185,22 @@ def probe_cpu(root: Path = Path("/"), allowed: Iterable[int] | None = None) -> l
 
     out: list[Accelerator] = []
     for node, mem_text, cpus_text in nodes:
-        cpus = parse_cpulist(cpus_text)
+        node_cpus = parse_cpulist(cpus_text)
         if allowed_set is not None:
-            cpus = [c for c in cpus if c in allowed_set]
-        if not cpus:
+            node_cpus = [c for c in node_cpus if c in allowed_set]
+        if not node_cpus:
             continue  # a node this process may not run on
-        mem = node_memory(parse_meminfo(mem_text), limit, usage)
+        node_mem = node_memory(parse_meminfo(mem_text), limit, usage)
         out.append(
             Accelerator(
                 vendor=info.vendor,
                 kind=KIND,
                 index=node,
                 name=info.model,
-                memory_total_mib=mem.total // MIB,
-                memory_used_mib=(mem.total - mem.available) // MIB,
-                cores=len(cpus),
-                cpu_list=format_cpulist(cpus),
+                memory_total_mib=node_mem.total // MIB,
+                memory_used_mib=(node_mem.total - node_mem.available) // MIB,
+                cores=len(node_cpus),
+                cpu_list=format_cpulist(node_cpus),
                 features=features,
                 source=SOURCE,
             )

@@ -377,6 +377,8 @@ def merge(info: NpuInfo, mapping_rows: Sequence[ChipMapping]) -> list[MergedChip
         seen.add(key)
         m = by_key.get(key)
         logic = m.logic_id if m is not None else (None if mapping else n)
+        total: int | None
+        used: int | None
         if row.hbm_total_mb:
             total, used = row.hbm_total_mb, row.hbm_used_mb
         else:  # 310 / 310P: no HBM, the DDR is the device memory

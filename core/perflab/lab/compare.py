@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -236,8 +237,8 @@ def load_study(path: Path) -> StudyView:
     import anyio
 
     from perflab.lab.report import report_context
-    from perflab.lab.stored import StoreMeasure, stored_plan
     from perflab.lab.store import Store
+    from perflab.lab.stored import StoreMeasure, stored_plan
     from perflab.lab.study import conduct
 
     directory = _study_dir(path)
@@ -391,7 +392,7 @@ def _decisions(a: StudyView, b: StudyView) -> list[Decision]:
         return Decision(what, ta, tb, ka != kb)
 
     names = list(dict.fromkeys([s.name for s in a.outcome.steps] + [s.name for s in b.outcome.steps]))
-    out = [decision(f"step: {name}", lambda v, n=name: step_choice(v, n)) for name in names]  # type: ignore[misc]
+    out = [decision(f"step: {name}", partial(step_choice, name=name)) for name in names]
     out.append(decision("winner engine", winner))
     out.append(decision("optimized configuration", optimized))
     return out

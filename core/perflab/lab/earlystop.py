@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -306,7 +307,8 @@ class EarlyStop:
         upper confidence bound (the full-method estimate of a stopped run)."""
         last = self._last
         self.unmet = self.premises()
-        if last is None or self.unmet is not None:
+        # (premises() holds only with the open requests and the warm-up's step known: said again for mypy)
+        if last is None or self.unmet is not None or last.open_requests is None or last.warm_step_s is None:
             return None
         span = self.queue_windows()
         if len(span) < FORECAST_WINDOWS + 1:
@@ -442,12 +444,12 @@ class EarlyStop:
             if last[-1].arrived >= self.n:
                 return  # every request has arrived: the queue can only drain from here
             lat = [w.latency_ms for w in last]
-            growing = all(b.queue > a.queue for a, b in zip(last, last[1:], strict=False))
-            slower = all(a is not None and b is not None and b > a for a, b in zip(lat, lat[1:], strict=False))
+            growing = all(b.queue > a.queue for a, b in itertools.pairwise(last))
+            slower = all(a is not None and b is not None and b > a for a, b in itertools.pairwise(lat))
             if growing and slower and last[-1].queue >= 2 * max(1, last[0].queue):
                 self._stop("over-saturated", queue=[w.queue for w in last],
                            latency_ms=[round(x or 0.0, 1) for x in lat], windows=len(last),
-                           window_s=round(sum(b.elapsed - a.elapsed for a, b in zip(last, last[1:], strict=False))
+                           window_s=round(sum(b.elapsed - a.elapsed for a, b in itertools.pairwise(last))
                                           / SATURATION_WINDOWS, 3))
 
     def estimated_full_s(self) -> float:

@@ -36,13 +36,14 @@ from perflab import redact
 from perflab.lab.accuracy import ACCURACY_PROFILE, AccuracyJob, AccuracyRunner
 from perflab.lab.decide import DecideBy, LoadKind, Slo
 from perflab.lab.earlystop import EarlyStop, tokens_per_event
+from perflab.lab.options import Configuration, replica_devices
+from perflab.lab.plan import Plan, Profile
+from perflab.lab.store import ProfileMeasurement, RunRecord, file_stem, write_json
 from perflab.observe import TimedRun, Watcher, Watching
 from perflab.observe import watch as observe_watch
 from perflab.observe.energy import observed_extras
 from perflab.observe.telemetry import ENGINE_T, Telemetry
-from perflab.lab.options import Configuration, replica_devices
-from perflab.lab.plan import Plan, Profile
-from perflab.lab.store import ProfileMeasurement, RunRecord, file_stem, write_json
+from perflab.plugins import PluginManager
 from perflab.simenv import STATE_ENV as SIM_STATE_ENV
 from perflab.simenv import TIME_SCALE_ENV as SIM_TIME_SCALE_ENV
 from perflab.status import Status
@@ -83,7 +84,7 @@ def engine_environment(env: Mapping[str, str]) -> dict[str, str]:
 class LabContext:
     """Everything a run needs that does not change during a study."""
 
-    pm: Any  # perflab.plugins.PluginManager
+    pm: PluginManager
     plan: Plan
     hardware: HardwareSnapshot
     env: dict[str, str]
@@ -182,7 +183,7 @@ def launches_script(instances: Sequence[Any], describe_file: Callable[[str, str]
     return serving_script([inst.launch for inst in instances], describe_file, workdir)
 
 
-def plugin_file_describer(pm: Any, engine: str) -> Callable[[str, str], list[str] | None]:
+def plugin_file_describer(pm: PluginManager, engine: str) -> Callable[[str, str], list[str] | None]:
     """The engine's ``describe_file`` method as ``describe(path, content)``."""
 
     def describe(path: str, content: str) -> list[str] | None:
@@ -304,7 +305,7 @@ class ResetProblem:
     missing: bool = False
 
 
-async def reset_prefix_cache(pm: Any, engine: str, launch: LaunchSpec, base_url: str,
+async def reset_prefix_cache(pm: PluginManager, engine: str, launch: LaunchSpec, base_url: str,
                              env: dict[str, str] | None = None) -> ResetProblem | None:
     """Empty the engine's prefix cache through its ``cache_reset`` engine method; None when it
     was reset or the engine declares no reset (nothing to do), else what went wrong. ``env``:
@@ -364,10 +365,10 @@ def mean_metrics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The repeats' metrics: numeric keys averaged, the others from the first repeat."""
     out = dict(runs[0])
     for key, value in runs[0].items():
-        values = [r.get(key) for r in runs]
+        values: list[Any] = [r.get(key) for r in runs]
         if isinstance(value, (int, float)) and not isinstance(value, bool) and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            out[key] = statistics.fmean(float(v) for v in values)  # type: ignore[arg-type]
+            out[key] = statistics.fmean(float(v) for v in values)
     return out
 
 
@@ -377,11 +378,11 @@ def relative_noise(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     if len(runs) < 2:
         return {}
     out: dict[str, float] = {}
-    for key, value in runs[0].items():
-        values = [r.get(key) for r in runs]
+    for key in runs[0]:
+        values: list[Any] = [r.get(key) for r in runs]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             continue
-        floats = [float(v) for v in values]  # type: ignore[arg-type]
+        floats = [float(v) for v in values]
         mean = statistics.fmean(floats)
         if mean == 0 or not math.isfinite(mean) or not all(math.isfinite(v) for v in floats):
             continue
@@ -581,7 +582,7 @@ class Executor:
         from perflab.engines import build_launch
 
         try:
-            spec = build_launch(self.ctx.pm, config.engine, config.serve_config(devices=(device_sets or [None])[0]),
+            spec = build_launch(self.ctx.pm, config.engine, config.serve_config(devices=device_sets[0] if device_sets else None),
                                 self.ctx.hardware, run_dir, self.ctx.versions.get(config.engine))
         except Exception:  # a plugin that cannot express it (UnsupportedOption): no script to show
             return None
@@ -597,9 +598,7 @@ class Executor:
         main profile was measured, stopped early included), the plan's accuracy measurement
         (stored as the measurement :data:`~perflab.lab.accuracy.ACCURACY_PROFILE`); never
         stopped early, and its time is the launch's, so engine-hours count it."""
-        from perflab.supervisor import EngineInstance
 
-        plan = self.ctx.plan
         engine = config.engine
         version = self.ctx.versions.get(engine)
         await self._settle()
@@ -694,15 +693,16 @@ class Executor:
                 # nodes > 1: one process per node rank, supervised as one engine (perflab.supervisor_group)
                 group = sc.node_count > 1
                 kind = EngineGroup if group else EngineInstance
-                placed = ({"nodes": self.group.nodes, "start_rank": self.group.start_rank}
-                          if group and self.group is not None else {})
+                placed: dict[str, Any] = ({"nodes": self.group.nodes, "start_rank": self.group.start_rank}
+                                          if group and self.group is not None else {})
+                if plan.timeouts.teardown_s is not None:
+                    placed["grace"] = plan.timeouts.teardown_s
                 inst = kind(
                     self.ctx.pm, engine, sc, hardware=self.ctx.hardware,
                     env=self._env(), workdir=workdir, startup_timeout=plan.timeouts.startup_s, version=version,
                     # the engine's PERFLAB_INSTANCE marker names its study and run (perflab ps / kill);
                     # run_dir is <study>/runs/<NNN-label> (Store.begin_run), or its stage on a node
                     scope=(self.study_dir or run_dir.parent.parent, run_dir.name if workdir == run_dir else f"{run_dir.name}.{workdir.name}"),
-                    **({"grace": plan.timeouts.teardown_s} if plan.timeouts.teardown_s is not None else {}),
                     **placed,
                 )
                 await stack.enter_async_context(inst)

@@ -34,9 +34,9 @@ from markdown.treeprocessors import Treeprocessor
 
 from perflab import redact
 from perflab.lab.decide import LoadKind
+from perflab.lab.store import file_stem
 from perflab.observe import OBSERVED_KEYS, Sample, timed_run
 from perflab.observe.telemetry import ENGINE_T
-from perflab.lab.store import file_stem
 
 if TYPE_CHECKING:
     from perflab.lab.report import ReportContext
@@ -145,7 +145,9 @@ class _EmbedImages(Extension):
 class _InlineTagsProcessor(HtmlInlineProcessor):
     """Python-Markdown's inline HTML, for :data:`INLINE_TAGS` only; any other tag stays text."""
 
-    def handleMatch(self, m: re.Match[str], data: str) -> tuple[Any, int, int]:  # noqa: N802 (its name)
+    # InlineProcessor's signature, which its stubs declare over Pattern's with the same ignore
+    def handleMatch(  # type: ignore[override]  # noqa: N802 (its name)
+            self, m: re.Match[str], data: str) -> tuple[Any, int | None, int | None]:
         tag = re.match(r"</?([A-Za-z][A-Za-z0-9]*)", m.group(1))
         if tag is not None and tag[1].lower() in INLINE_TAGS:
             return super().handleMatch(m, data)
@@ -197,7 +199,7 @@ def load_curves_section(o: StudyOutcome, ctx: ReportContext) -> list[str]:
                 figure(svg, f"{prof.label}: {', '.join(y for _, y, _ in figures)} against the {load_name}, one "
                        f"line per configuration{slo_text}.", f"Load curves: {prof.label}"),
                 ""]
-    return ["## Load Curves", ""] + out if out else []
+    return ["## Load Curves", "", *out] if out else []
 
 
 # --------------------------------------------------------------------------- engine metrics and telemetry
@@ -296,7 +298,7 @@ def summary_table(key: str, rows: Sequence[tuple[str, Any]]) -> list[str]:
     for label, s in have:
         flat = dict(flatten(s))
         out.append(f"| {_cell(label)} | " + " | ".join(fmt(flat.get(c)) for c in columns) + " |")
-    return out + [""]
+    return [*out, ""]
 
 
 #: ``observe-<profile><suffix>.json``: the suffix is the executor's (a sweep's or search's load

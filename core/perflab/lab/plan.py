@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -28,7 +29,15 @@ import yaml
 from perflab import redact
 from perflab.bench.request import MAX_NUM_PROMPTS
 from perflab.errors import UsageError
-from perflab.lab.accuracy import ACCURACY_KEYS, ACCURACY_PROFILE, APIS, NEVER_LOSSLESS, AccuracyJob, AccuracySpec, is_lossless
+from perflab.lab.accuracy import (
+    ACCURACY_KEYS,
+    ACCURACY_PROFILE,
+    APIS,
+    NEVER_LOSSLESS,
+    AccuracyJob,
+    AccuracySpec,
+    is_lossless,
+)
 from perflab.lab.decide import SLO_KEYS, DecideBy, Decision, Guards, LoadKind, Slo, is_latency_metric
 from perflab.lab.options import PLAN_OPTIONS, Configuration, apply_delta, normalise
 from perflab.observe.energy import COST_KEYS, DEFAULT_CURRENCY, Cost
@@ -305,7 +314,7 @@ class Plan:
     # simulation.engine_versions: engine -> version the simulated engines report (empty: the
     # simulated machine's defaults, the seeds' versions)
     sim_engine_versions: Mapping[str, str] = field(default_factory=dict)
-    decision: Decision = Decision()  # decide_by, slo, search, repeats, warmup, early_stop
+    decision: Decision = field(default_factory=Decision)  # decide_by, slo, search, repeats, warmup, early_stop
     cost: Cost | None = None  # cost: {per_accelerator_hour, currency}; None: no cost figures
     accuracy: AccuracySpec | None = None  # accuracy: the gate (perflab.lab.accuracy); None: no accuracy runs
 
@@ -708,7 +717,7 @@ def _candidates(p: _Problems, where: str, value: Any, known: set[str] | None, co
         if data is None:
             continue
         _unknown_keys(p, key, data, COMBINATION_KEYS if combination else CANDIDATE_KEYS)
-        name = data.get("name")
+        name: Any = data.get("name")  # a str once _str accepts it
         if _str(p, f"{key}.name", name) is _BAD:
             continue
         if name in names:
@@ -1014,7 +1023,7 @@ def _sweep(p: _Problems, key: str, value: Any) -> Any:
         for v in loads)
     if not ok:
         return _expected(p, f"{key}.{name}", loads, f"a list of 1 to {_limit('sweep')} {what}")
-    if any(b <= a for a, b in zip(loads, loads[1:])):
+    if any(b <= a for a, b in itertools.pairwise(loads)):
         return _expected(p, f"{key}.{name}", loads, f"{what} in ascending order, each once")
     return Sweep(kind, tuple(int(v) if integer else float(v) for v in loads))
 

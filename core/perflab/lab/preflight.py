@@ -23,6 +23,7 @@ from typing import Any
 from perflab.errors import UsageError
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Plan, Profile
+from perflab.plugins import PluginManager
 
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions", "max_seq_len")
 
@@ -111,14 +112,13 @@ def too_long(config: Configuration, profiles: list[Profile], model_ctx: int | No
     return out
 
 
-def refuse_owned_flags(pm: Any, plan: Plan) -> None:
+def refuse_owned_flags(pm: PluginManager, plan: Plan) -> None:
     """Refuse, before anything starts, every ``extra_args`` of the plan that sets a flag perflab
     owns on an engine it may run on (:func:`perflab.engines.owned_flag_problems`, the check
     every launch makes): such a plan used to fail at that configuration's launch, after the
     others had run. One UsageError line naming each place."""
     from perflab.engines import owned_flag_problems
-    from perflab.lab.plan import WINNER
-    from perflab.lab.plan import engines_of
+    from perflab.lab.plan import WINNER, engines_of
 
     everywhere = engines_of(plan)
     places: list[tuple[str, tuple[str, ...], Mapping[str, Any]]] = [

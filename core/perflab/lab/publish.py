@@ -14,7 +14,15 @@ from perflab import redact
 from perflab.audit import audit_written_report
 from perflab.lab.chart import write_chart, write_pareto
 from perflab.lab.html import write_html
-from perflab.lab.report import CHART_NAME, PARETO_NAME, ReportContext, build_json, pareto_data, render_markdown, title_of
+from perflab.lab.report import (
+    CHART_NAME,
+    PARETO_NAME,
+    ReportContext,
+    build_json,
+    pareto_data,
+    render_markdown,
+    title_of,
+)
 from perflab.lab.store import write_atomic, write_json
 from perflab.lab.study import StudyOutcome
 

@@ -75,6 +75,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -84,17 +85,37 @@ from typing import Any
 
 import anyio
 import ray
-import structlog
 import ray.exceptions
+import structlog
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from perflab.errors import PerflabError, UsageError
-from perflab.lab.backend import Demand, Files, Finished, LocalBackend, Lost, Measured, Placed, Point, Sink, State, Ticket
-from perflab.lab.executor import LabContext, engine_environment, key_salt, launch_environment, study_environment, study_time_scale
+from perflab.errors import UsageError
+from perflab.lab.backend import (
+    Demand,
+    Files,
+    Finished,
+    LocalBackend,
+    Lost,
+    Measured,
+    Placed,
+    Point,
+    Sink,
+    State,
+    Ticket,
+)
+from perflab.lab.executor import (
+    LabContext,
+    engine_environment,
+    key_salt,
+    launch_environment,
+    study_environment,
+    study_time_scale,
+)
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Plan
 from perflab.lab.shipping import Stage, forget_study, study_stage
+from perflab.plugins import PluginManager
 from perflab.status import Status
 from perflab.supervisor import LaunchOutcome
 from perflab.supervisor_group import GroupPlacement, RankLaunch
@@ -160,7 +181,7 @@ def _activate(plan: Plan, study_dir: Path, node_id: str, spec: str) -> dict[str,
     return env
 
 
-def _probe(pm: Any, plan: Plan, study_dir: Path, node_id: str, spec: str) -> tuple[Any, dict[str, str], dict[str, str | None]]:
+def _probe(pm: PluginManager, plan: Plan, study_dir: Path, node_id: str, spec: str) -> tuple[Any, dict[str, str], dict[str, str | None]]:
     from perflab.engines import engine_version
     from perflab.hardware import probe
     from perflab.lab.plan import engines_of
@@ -171,7 +192,7 @@ def _probe(pm: Any, plan: Plan, study_dir: Path, node_id: str, spec: str) -> tup
     return snapshot, env, versions
 
 
-def software(pm: Any) -> dict[str, Any]:
+def software(pm: PluginManager) -> dict[str, Any]:
     """perflab's and its plugins' versions: every node must run the driver's."""
     import perflab
 
@@ -654,7 +675,7 @@ def strategy(demand: Demand) -> str:
     return "STRICT_SPREAD" if demand.nodes > 1 else "STRICT_PACK"
 
 
-def local_node(pm: Any, plan: Plan, study_dir: Path) -> dict[str, Any]:
+def local_node(pm: PluginManager, plan: Plan, study_dir: Path) -> dict[str, Any]:
     """``ray.init`` arguments of the local Ray started without ``--ray-address``: for a
     simulated plan, the simulated machine's devices as Ray resources and its label (Ray would
     find no GPU on this host); for real hardware, Ray's own detection."""
@@ -709,12 +730,12 @@ class RayCluster:
         self.by_node = {r["node_id"]: {"snapshot": r["snapshot"], "engines": r["engines"]} for r in reports}
 
     @classmethod
-    def connect(cls, pm: Any, plan: Plan, study_dir: Path, address: str | None) -> RayCluster:
+    def connect(cls, pm: PluginManager, plan: Plan, study_dir: Path, address: str | None) -> RayCluster:
         """Join (or start) Ray and check its nodes for this study; blocking (run it in a thread)."""
         study_dir = study_dir.resolve()
         if not ray.is_initialized():
             # without an address: a local Ray for this study (this machine, one node), stopped with it
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="warning",
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                      configure_logging=False, namespace="perflab",
                      **(local_node(pm, plan, study_dir) if address is None else {}))
         started = address is None
@@ -1047,4 +1068,4 @@ class RayBackend(LocalBackend):
                 self._give_back(shape, pg, reusable and node_id is not None and node_id not in self.lost_nodes)
 
 
-__all__ = ["Agent", "Bundle", "RankLost", "RayGroup", "RemoteRank", "ClusterRefused", "RayBackend", "RayCluster", "SIM_LABEL", "check_reports", "node_report"]
+__all__ = ["SIM_LABEL", "Agent", "Bundle", "ClusterRefused", "RankLost", "RayBackend", "RayCluster", "RayGroup", "RemoteRank", "check_reports", "node_report"]

@@ -247,7 +247,8 @@ def measured_notes(res: ConfigResult) -> list[str]:
         lines.append(f"# Mean of {len(res.repeats)} repeats; spread (relative standard deviation): {spread or 'n/a'}")
     for pt in res.points:
         m = pt.get("metrics") or {}
-        met = {True: "; SLO met", False: "; SLO missed"}.get(pt.get("slo_met"), "")
+        slo_text: dict[Any, str] = {True: "; SLO met", False: "; SLO missed"}  # None: no SLO
+        met = slo_text.get(pt.get("slo_met"), "")
         figs = [("", "total_token_throughput", " tok/s"), ("mean TTFT ", "mean_ttft_ms", " ms"),
                 ("mean TPOT ", "mean_tpot_ms", " ms")]
         text = ", ".join(f"{name}{f'{v:.2f}' if (v := _num(m, key)) is not None else 'n/a'}{unit}"
@@ -363,7 +364,7 @@ def _conclusion(o: StudyOutcome, ctx: ReportContext) -> list[str]:
         out += ["", "!!! warning \"Incomplete study\"",
                 "    Some configurations were not measured (the run was interrupted or is still going). "
                 "Re-run the same `perflab run` command to finish it."]
-    return out + [""]
+    return [*out, ""]
 
 
 def _setup(o: StudyOutcome, ctx: ReportContext) -> list[str]:
@@ -381,12 +382,12 @@ def _setup(o: StudyOutcome, ctx: ReportContext) -> list[str]:
         for e in s.entries:
             if e.config.engine not in engines:
                 engines.append(e.config.engine)
-    for e in (o.baseline.config.engine,):
-        if e not in engines:
-            engines.append(e)
-    for e in engines:
-        v = ctx.versions.get(e)
-        out.append(f"- {ctx.name(e)}: {'v' + v.lstrip('v') if v else 'version not detected'}")
+    for engine in (o.baseline.config.engine,):
+        if engine not in engines:
+            engines.append(engine)
+    for engine in engines:
+        v = ctx.versions.get(engine)
+        out.append(f"- {ctx.name(engine)}: {'v' + v.lstrip('v') if v else 'version not detected'}")
     out += ["", "### Benchmark Dataset", ""]
     for i, p in enumerate(plan.profiles, 1):
         main = " (main profile: engine selection and optimizations)" if p.name == plan.main_profile else ""
@@ -404,7 +405,7 @@ def _setup(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     if ctx.simulated and ctx.time_scale != 1.0:
         out += ["", f"Simulated time ran {ctx.time_scale:g}× faster than wall-clock time; every duration, latency "
                 "and throughput in this report is in simulated (real-hardware) time."]
-    return out + [""]
+    return [*out, ""]
 
 
 def engine_hours_line(h: Mapping[str, float]) -> str:
@@ -471,7 +472,7 @@ def accuracy_price(block: Mapping[str, Any], reference: bool = False) -> str:
 
 def accuracy_rows(o: StudyOutcome) -> list[dict[str, Any]]:
     """Every measured configuration's accuracy verdict (report.json's ``accuracy.rows``)."""
-    return [{"label": e.label, "engine": e.config.engine, "eligible": e.eligible, "note": e.note, **e.accuracy}
+    return [{"label": e.label, "engine": e.config.engine, "eligible": e.eligible, "note": e.note, **(e.accuracy or {})}
             for e in _accuracy_entries(o)]
 
 
@@ -512,7 +513,7 @@ def _accuracy_section(o: StudyOutcome) -> list[str]:
     if any((e.accuracy or {}).get("simulated") for e in rows):
         out += ["", "Scores marked (simulated) come from perflab's simulated engines' accuracy model "
                 "(docs/simulator.md gives each effect's published source), not from a real model."]
-    return out + [""]
+    return [*out, ""]
 
 
 def not_eligible(o: StudyOutcome) -> list[str]:
@@ -557,7 +558,7 @@ def _slo_section(o: StudyOutcome) -> list[str]:
         if res.status is Status.STOPPED_EARLY:
             fig += " (stopped early)"
         out.append(f"| {_md_escape(e.label)} | {fig} | " + " | ".join([*cells, verdict]) + " |")
-    out += ["", f"The percentiles are those of the figures the configuration is ranked by"
+    out += ["", "The percentiles are those of the figures the configuration is ranked by"
             + (" (for capacity: at the highest load meeting the SLO, or the lowest load probed when none did)."
                if rank.decide_by.metric == "capacity" else ".")]
     throughput = Ranking()
@@ -568,7 +569,7 @@ def _slo_section(o: StudyOutcome) -> list[str]:
         out += ["", f"Of the figures above, {winner_tp.label} has the highest total token throughput "
                 f"({throughput.text(winner_tp.result)}): deciding by throughput would favour it; under the SLO, "
                 f"{o.optimized.label} is the choice."]
-    return out + [""]
+    return [*out, ""]
 
 
 def _entry_lines(e: Entry, ctx: ReportContext) -> list[str]:
@@ -585,7 +586,7 @@ def _entry_lines(e: Entry, ctx: ReportContext) -> list[str]:
 def _step(step: Step, ctx: ReportContext) -> list[str]:
     out = [f"### {step.title}", ""]
     if step.skipped:
-        return out + [step.skipped, ""]
+        return [*out, step.skipped, ""]
     for e in step.entries:
         out += _entry_lines(e, ctx)
     if step.statement:
@@ -642,7 +643,7 @@ def _summary(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     out += ["", f"Improvements are in {what} on the main profile, relative to the baseline; "
             "a step's best variant is adopted only when it beats the current best"
             + (" by more than the measured noise." if o.plan.decision.repeats > 1 else ".")]
-    return out + [""]
+    return [*out, ""]
 
 
 def _other(o: StudyOutcome, ctx: ReportContext) -> list[str]:
@@ -770,8 +771,8 @@ def _pareto_section(o: StudyOutcome, pareto: list[dict[str, Any]]) -> list[str]:
                          else f"{label} ({xs[0]:.1f} tok/s per user)")
         out.append(f"- {p['label']}: on the frontier: {'; '.join(parts)}.")
         if len(p["on_frontier"]) > 1:
-            out.append(f"  The curves cross: which configuration is best depends on the latency each user needs.")
-    return out + [""]
+            out.append("  The curves cross: which configuration is best depends on the latency each user needs.")
+    return [*out, ""]
 
 
 def title_of(o: StudyOutcome, ctx: ReportContext) -> str:

@@ -50,6 +50,7 @@ from perflab.lab.shipping import receive
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store, write_json
 from perflab.lab.stored import StoreMeasure, profile_key, stored_outcome
 from perflab.lab.study import ConfigResult, StudyOutcome, conduct
+from perflab.plugins import PluginManager
 from perflab.simenv import STATE_ENV as SIM_STATE_ENV
 from perflab.status import Status
 from perflab.types import to_jsonable
@@ -80,7 +81,8 @@ class LiveMeasure(StoreMeasure):
         super().__init__(store, salt, retry_failed, plan=plan)
         self.rerun_stopped = plan is not None and not plan.decision.early_stop
         if not hasattr(backend, "demand"):  # an executor (or a stand-in): run it in-process, one at a time
-            backend = LocalBackend(None, executor_factory=lambda ex=backend: ex)
+            executor = backend
+            backend = LocalBackend(None, executor_factory=lambda: executor)
         self.backend = backend
         self.on_event = on_event
         self.log = log
@@ -274,7 +276,7 @@ def result_summary(profiles: Sequence[Profile], results: Mapping[str, ConfigResu
     return "; ".join(f"{p.label}: {one(results[p.name])}" for p in profiles)
 
 
-def _display_names(pm: Any, engines: Sequence[str]) -> dict[str, str]:
+def _display_names(pm: PluginManager, engines: Sequence[str]) -> dict[str, str]:
     out = {}
     for e in engines:
         try:
@@ -301,7 +303,7 @@ def write_study_report(study_dir: Path) -> tuple[StudyOutcome, dict[str, Path]]:
 
 
 async def run_study(
-    pm: Any,
+    pm: PluginManager,
     plan: Plan,
     out_dir: Path,
     *,
@@ -377,7 +379,7 @@ def _claim(out_dir: Path, plan: Plan, lock: StudyLock, *, replace: bool) -> tupl
     return fresh, archived
 
 
-async def _run_locked(pm: Any, plan: Plan, out_dir: Path, *, retry_failed: bool, progress: Any,
+async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_failed: bool, progress: Any,
                       argv: list[str] | None, parallel: int | str = 1, cluster: Any = None) -> RunSummary:
     from perflab.engines import engine_version
     from perflab.hardware import resolve
@@ -519,7 +521,6 @@ def print_summary(summary: RunSummary, stream: Any = None) -> None:
         print(f"{kind.capitalize():9s} {path}", file=stream)
     if summary.exit_code:  # a study that ran but did not measure what its answer needs says so, and how it exits
         from perflab.lab.exits import describe
-
         from perflab.lab.report import not_eligible
 
         # measured but excluded (the accuracy gate, a guard): the line says so, not only the report

@@ -313,7 +313,7 @@ class Store:
     def _write_run_file(self, run_id: int) -> None:
         """The run's row, as run.json in its directory (what --rebuild reads)."""
         row = self.db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-        data = {k: row[k] for k in row.keys()}
+        data = {k: row[k] for k in row.keys()}  # noqa: SIM118 - a sqlite3.Row iterates its values
         for k in ("config", "profiles", "reasons", "cause"):
             data[k] = _loads(data[k])
         write_json(self.dir / row["dir"] / RUN_FILE, data)
@@ -460,7 +460,7 @@ class Store:
             res.reused = m["session_id"] != self.session_id
             res.metrics = _loads(m["metrics"])
             res.num_prompts = m["num_prompts"]
-            for k, v in (_loads(m["extra"] if "extra" in m.keys() else None) or {}).items():
+            for k, v in (_loads(m["extra"] if "extra" in m.keys() else None) or {}).items():  # noqa: SIM118 - a Row's keys
                 if k in EXTRA_FIELDS and v is not None:
                     setattr(res, k, v)
             if res.status.measured:  # ok or stopped early

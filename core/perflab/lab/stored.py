@@ -41,10 +41,9 @@ def profile_key(plan: Plan | None, profile: Profile) -> str:
         method["search"] = str(d.search)
     # a guard reading a percentile or a latency kind the bench does not report by default asks
     # for it: a stored measurement without it is measured again, not judged "not measured"
-    default = BenchRequest.__dataclass_fields__
-    extra_pcts = sorted(set(d.guards.percentiles()) - set(default["percentiles"].default)
+    extra_pcts = sorted(set(d.guards.percentiles()) - set(BenchRequest.percentiles)  # the class attribute: the default
                         - ({float(d.slo.percentile)} if d.slo else set()))
-    extra_kinds = sorted(set(d.guards.metrics()) - set(default["percentile_metrics"].default)
+    extra_kinds = sorted(set(d.guards.metrics()) - set(BenchRequest.percentile_metrics)
                          - ({k.removesuffix("_ms").split("_")[0] for k in d.slo.limits()} if d.slo else set()))
     if extra_pcts:
         method["percentiles"] = extra_pcts

@@ -25,7 +25,7 @@ fake one.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -165,7 +165,7 @@ class Ranking:
     """What ranks configurations: the plan's ``decide_by`` (:class:`perflab.lab.decide.Decision`)
     as the study's decisions, the summary table and the conclusion read it."""
 
-    decision: Decision = Decision()
+    decision: Decision = field(default_factory=Decision)
     min_improvement_pct: float = 0.0
 
     @property
@@ -425,10 +425,10 @@ class _Study:
                 beat = best if beat is None else (beat if best is None else max(beat, best))
             results[i] = await self.one(cfg, step, label, beat)
 
-        await self._all([lambda i=i: job(i) for i in range(len(jobs))], [cfg for cfg, _ in jobs])
+        await self._all([partial(job, i) for i in range(len(jobs))], [cfg for cfg, _ in jobs])
         return [r if r is not None else ConfigResult(Status.PENDING) for r in results]
 
-    async def _all(self, calls: list[Callable[[], Awaitable[None]]], configs: list[Configuration]) -> None:
+    async def _all(self, calls: Sequence[Callable[[], Coroutine[Any, Any, None]]], configs: Sequence[Configuration]) -> None:
         """Await ``calls`` — at once when the measure is concurrent. A configuration equal to
         an earlier one waits for it, so it is measured once and then reused, as in sequence.
         Once every call is handed to the backend, a slot the step leaves free is offered to
@@ -439,7 +439,8 @@ class _Study:
                 await call()
             return
         seen: set[str] = set()
-        first, again = [], []
+        first: list[Callable[[], Coroutine[Any, Any, None]]] = []
+        again: list[Callable[[], Coroutine[Any, Any, None]]] = []
         for call, cfg in zip(calls, configs, strict=True):
             key = repr(cfg.canonical())
             (again if key in seen else first).append(call)
@@ -736,7 +737,8 @@ class _Study:
                 if getattr(self.measure, "concurrent", False):
                     others = tuple(p for p in self.plan.profiles if p.name != self.plan.main_profile)
                     self._early = (self.plan.baseline_config(), others) if others else None
-                return await self._run()
+                outcome = await self._run()
+            return outcome
         except BaseExceptionGroup as group:
             raise _first_fault(group) from None
 
@@ -766,7 +768,10 @@ class _Study:
                 await early.wait()  # dispatched early: what it measured is reused
             cases_of[name] = await self.profiles_of(cfg, OTHER, name)
 
-        async def optimized(cfg: Configuration) -> None:
+        async def measure_group(cfg: Configuration, group: Sequence[Profile]) -> None:
+            await self.measure(cfg, group, step=OTHER, label=OPTIMIZED)
+
+        async def measure_optimized(cfg: Configuration) -> None:
             # the optimized configuration's final measurements across the slots left free
             # (one launch per slot, each measuring some of the profiles); the results are
             # the store's, read back per profile below, so the report is the same
@@ -780,13 +785,13 @@ class _Study:
             if groups:
                 async with anyio.create_task_group() as tg:
                     for group in groups:
-                        tg.start_soon(partial(self.measure, cfg, group, step=OTHER, label=OPTIMIZED))
+                        tg.start_soon(measure_group, cfg, group)
             await profiles(OPTIMIZED, cfg)
 
         todo = [(BASELINE, base_cfg)] + ([(OPTIMIZED, best.config)] if best is not None else [])
-        calls = [lambda: profiles(BASELINE, base_cfg)]
+        calls: list[Callable[[], Coroutine[Any, Any, None]]] = [partial(profiles, BASELINE, base_cfg)]
         if best is not None:
-            calls.append(lambda c=best.config: optimized(c))
+            calls.append(partial(measure_optimized, best.config))
         await self._all(calls, [cfg for _, cfg in todo])
         base_results = cases_of["Baseline"]
         self._baseline_main = base_results[plan.main_profile]

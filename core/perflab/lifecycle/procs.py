@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 import psutil
@@ -299,7 +299,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _read_first_report(fd: int, timeout: float) -> dict[str, object] | None:
+def _read_first_report(fd: int, timeout: float) -> dict[str, Any] | None:
     import select
 
     buf = b""
@@ -605,7 +605,7 @@ def stop_tree(tracker: ProcessTracker, grace: float, *, orphan_grace: float = OR
             report.killed.append(f"{names.get(p.pid) or describe(p)}: {why}")
         if cleaners:
             spared = {p.pid for p in cleaners}
-            _wait(lambda: all(p.pid in spared for p in tracker.alive()), kill_wait, sleep)
+            _wait(lambda: all(p.pid in spared for p in tracker.alive()), kill_wait, sleep)  # noqa: B023 - called now
             _wait(lambda: not tracker.alive(), CLEANUP_WAIT_S, sleep)
             continue
         _wait(lambda: not tracker.alive(), kill_wait, sleep)

@@ -92,7 +92,7 @@ class SignalGuard:
 
 
 @asynccontextmanager
-async def signal_guard(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)) -> AsyncIterator[SignalGuard]:
+async def signal_guard(signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)) -> AsyncIterator[SignalGuard]:
     """Run the body so that SIGINT/SIGTERM cancel it and every engine is torn down.
 
     The body is cancelled (not killed): ``async with EngineInstance(...)`` blocks inside it run

@@ -21,6 +21,7 @@ report shows of them.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ def _power_series(samples: Sequence[Sample]) -> list[tuple[float, float]]:
 
 
 def _trapezoid(pts: Sequence[tuple[float, float]]) -> float:
-    return sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(pts, pts[1:], strict=False))
+    return sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in itertools.pairwise(pts))
 
 
 def watched_energy(samples: Sequence[Sample]) -> tuple[float, float] | None:

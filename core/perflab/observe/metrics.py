@@ -40,6 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from perflab import redact
 from perflab.observe import Sample, timed_run
+from perflab.plugins import PluginManager
 from perflab.types import MetricsEndpoint
 
 log = structlog.get_logger(__name__)
@@ -113,7 +114,7 @@ def summarize(samples: Sequence[Sample], source: str = "/metrics") -> dict[str, 
             out[role] = {"peak": round(max(got), 4), "mean": round(fmean(got), 4)}
     preemptions = _delta(samples, "preemptions")
     if preemptions is not None:
-        out["preemptions"] = int(round(preemptions))
+        out["preemptions"] = round(preemptions)
     for key, (num, den), gauge in RATES:
         hits, total = _delta(samples, num), _delta(samples, den)
         # a rate gauge holds the engine's latest batches: at the first sample (before this
@@ -163,10 +164,12 @@ class MetricsWatcher:
 
     async def sample(self) -> Mapping[str, float] | None:
         texts: list[str | None] = [None] * len(self.targets)
-        async with httpx.AsyncClient(timeout=self.timeout_s, trust_env=False, verify=_tls()) as client:
-            async with anyio.create_task_group() as tg:
-                for i, target in enumerate(self.targets):
-                    tg.start_soon(self._get, client, target, texts, i)
+        async with (
+            httpx.AsyncClient(timeout=self.timeout_s, trust_env=False, verify=_tls()) as client,
+            anyio.create_task_group() as tg,
+        ):
+            for i, target in enumerate(self.targets):
+                tg.start_soon(self._get, client, target, texts, i)
         if any(t is None for t in texts):
             return None  # a replica missing: its counters would make the sums jump
         try:
@@ -197,7 +200,7 @@ def metrics_url(base_url: str, endpoint: MetricsEndpoint) -> str:
     return str(url.copy_with(path=endpoint.path, query=None))
 
 
-def metrics_watchers(pm: Any, engine: str, instances: Sequence[Any], env: Mapping[str, str] | None = None) -> list[MetricsWatcher]:
+def metrics_watchers(pm: PluginManager, engine: str, instances: Sequence[Any], env: Mapping[str, str] | None = None) -> list[MetricsWatcher]:
     """The watcher of a launch's engine metrics: one for all its replicas (``instances``: the
     running engines, each with ``launch`` and ``base_url``); none when the plugin names no
     endpoint. ``env``: the lab's environment (an API key there is sent as the bench sends it)."""

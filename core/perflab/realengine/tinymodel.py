@@ -145,10 +145,10 @@ def build_weights(out: Path, vocab_size: int) -> None:
 
     rng = np.random.default_rng(SEED)
 
-    def normal(*shape: int) -> "np.ndarray":
+    def normal(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
 
-    def ones(n: int) -> "np.ndarray":
+    def ones(n: int) -> np.ndarray:
         return np.ones((n,), dtype=np.float32)
 
     tensors = {"model.embed_tokens.weight": normal(vocab_size, HIDDEN), "model.norm.weight": ones(HIDDEN)}
@@ -178,7 +178,10 @@ def build(out: Path) -> Path:
 
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     vocab = tok.get_vocab_size()
-    build_config(out, vocab, eos_id=tok.token_to_id("<|im_end|>"), pad_id=tok.token_to_id("<|endoftext|>"))
+    eos_id, pad_id = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
+    if eos_id is None or pad_id is None:  # build_tokenizer always adds both
+        raise RuntimeError(f"{out / 'tokenizer.json'} lacks <|im_end|> or <|endoftext|>")
+    build_config(out, vocab, eos_id=eos_id, pad_id=pad_id)
     build_weights(out, vocab)
     return out
 

@@ -211,5 +211,12 @@ def activate(name: str, env: Mapping[str, str]) -> dict[str, str]:
 
 
 __all__ = [
-    "activate", "install_tree", "sim_root", "HARDWARE_ENV", "STATE_ENV", "TIME_SCALE_ENV", "FAULT_ENV", "ENGINE_VERSIONS_ENV",
+    "ENGINE_VERSIONS_ENV",
+    "FAULT_ENV",
+    "HARDWARE_ENV",
+    "STATE_ENV",
+    "TIME_SCALE_ENV",
+    "activate",
+    "install_tree",
+    "sim_root",
 ]

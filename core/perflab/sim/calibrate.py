@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from perflab.sim import catalog, models, perfmodel
+from perflab.sim.config import SimEngineConfig
 from perflab.sim.scheduler import OfflineResult, simulate
 from perflab.simenv import HARDWARE_ENV
 
@@ -184,7 +185,7 @@ ENGINE_CASES: tuple[EngineCase, ...] = (
 )
 
 
-def engine_config(case: EngineCase, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+def engine_config(case: EngineCase, env: dict[str, str] | None = None) -> SimEngineConfig:
     """The SimEngineConfig the simulated engine builds from the seed's command."""
     from perflab.sim.frontends import sglang, trtllm, vllm
 
@@ -198,7 +199,7 @@ def engine_config(case: EngineCase, env: dict[str, str] | None = None):  # type:
     raise ValueError(f"no front end {case.engine!r}")
 
 
-def run_engine(cfg, machine: str, workload: list[tuple[float, int, int]],  # type: ignore[no-untyped-def]
+def run_engine(cfg: SimEngineConfig, machine: str, workload: list[tuple[float, int, int]],
                max_concurrency: int | None = None) -> OfflineResult:
     """``workload`` through the scheduler and cost model of the engine configuration ``cfg``."""
     from perflab.sim import runtime
@@ -209,7 +210,7 @@ def run_engine(cfg, machine: str, workload: list[tuple[float, int, int]],  # typ
 
 
 def engine_rows(demo: bool = False, only: str | None = None) -> list[tuple[str, str, OfflineResult, float | None, float | None]]:
-    rows = []
+    rows: list[tuple[str, str, OfflineResult, float | None, float | None]] = []
     for case in ENGINE_CASES:
         if only and only.lower() not in case.label.lower():
             continue

@@ -28,8 +28,8 @@ from perflab.sim.faults import EXIT_DEADLINE_S, Faults
 from perflab.sim.server import HttpServer
 
 if TYPE_CHECKING:
-    from perflab.sim.routing import HttpApi
     from perflab.sim.perfmodel import Deployment
+    from perflab.sim.routing import HttpApi
 
 # vLLM's lines for the failures, used where the front end sets none
 CRASH_AT_START_LINES = (
@@ -299,7 +299,7 @@ class EngineLifecycle:
         say(fill(b.peer_lost_lines or group.PEER_LOST_LINES, host=host, port=port, rank=0), sys.stderr)
         return self._failed(1)
 
-    def _failed(self, code: int, die_signal: int | None | str = "fail") -> int:
+    def _failed(self, code: int, die_signal: int | str | None = "fail") -> int:
         """Exit status ``code`` — or, where the engine dies by a signal when it fails
         (``behaviour.fail_signal``: MindIE's killpg(SIGKILL)/abort(), SGLang's
         kill_process_tree), that signal: the workers are killed, then this process gets it."""

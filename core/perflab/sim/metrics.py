@@ -152,6 +152,12 @@ TOTALS = ("prefix_queries", "prefix_hits", "preemptions", "spec_drafts", "spec_d
 class EngineMetrics:
     """Counters and histograms an engine updates as it serves; ``render()`` is ``/metrics``."""
 
+    # the gauges every flavour's family table declares (set by name in __init__)
+    running: Gauge
+    waiting: Gauge
+    kv_usage: Gauge
+    hit_rate: Gauge
+
     def __init__(self, engine: str, model_name: str, ranks: int, max_model_len: int, spec: bool = False) -> None:
         self.engine = engine
         self.model_name = model_name

@@ -17,9 +17,16 @@ from perflab.sim.config import SimEngineConfig
 from perflab.sim.metrics import Snapshot
 from perflab.sim.scheduler import SimRequest
 from perflab.sim.server import Request, Response, Stream, json_response
-from perflab.sim.wire import VLLM_ENGINES, CompletionRequest, Generation, ServingEngine, Vocabulary, error_body, parse_request
+from perflab.sim.wire import (
+    VLLM_ENGINES,
+    CompletionRequest,
+    Generation,
+    ServingEngine,
+    Vocabulary,
+    error_body,
+    parse_request,
+)
 from perflab.simenv import SIM_CLOCK_BURST, SIM_CLOCK_HEADER, parse_loop
-
 
 # Paths that serve Prometheus text: vLLM/SGLang/MindIE ``/metrics``, trtllm-serve
 # ``/prometheus/metrics`` (tensorrt_llm/serve/openai_server.py).

@@ -43,16 +43,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from perflab.sim import accuracy, catalog, models, perfmodel
-from perflab.sim.config import EngineBehaviour, SimEngineConfig
 from perflab.sim.clock import ModelClock
+from perflab.sim.config import EngineBehaviour, SimEngineConfig
 from perflab.sim.faults import Faults, parse_faults, time_scale
 from perflab.sim.lifecycle import EngineLifecycle, die_by_signal, say
 from perflab.sim.load import PUBLISH_S, LoadMeter
 from perflab.sim.load import withdraw as load_withdraw
 from perflab.sim.metrics import EngineMetrics, Finished
+from perflab.sim.perfmodel import Deployment
 from perflab.sim.routing import HttpApi
 from perflab.sim.scheduler import Scheduler, SimRequest, StepResult
-from perflab.sim.perfmodel import Deployment
 from perflab.sim.wire import Generation, fingerprint
 from perflab.simenv import FAULT_ENV, HARDWARE_ENV, TIME_SCALE_ENV, fault_applies
 
@@ -385,8 +385,8 @@ class Engine(EngineLifecycle):
                     await self._wait(left)
                     continue
                 self._hold = None
-                for loop in self._loops.values():
-                    loop.owed = 0  # not come within LOOP_HOLD_MAX_S: the client stopped sending
+                for held in self._loops.values():
+                    held.owed = 0  # not come within LOOP_HOLD_MAX_S: the client stopped sending
                 self.clock.resume(hold.at)
             self._plan()
             if not self._due:

@@ -108,6 +108,7 @@ class CompletionRequest:
 
 def parse_request(body: Mapping[str, Any], chat: bool, max_model_len: int, eos_mean: float) -> CompletionRequest | str:
     """The request in ``body``, or vLLM's message for a 400 BadRequestError."""
+    text: str | None  # None: the prompt is token ids
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list):
@@ -124,7 +125,7 @@ def parse_request(body: Mapping[str, Any], chat: bool, max_model_len: int, eos_m
         return message
     cap = int(max_tokens) if max_tokens is not None else max_model_len - prompt_tokens
     if cap < 1:
-        return "max_tokens must be at least 1, got %d." % cap
+        return f"max_tokens must be at least 1, got {cap}."
     min_tokens = min(int(body.get("min_tokens") or 0), cap)
     if body.get("ignore_eos"):
         stop_at = cap

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from perflab.simenv import WORKER_ENV as ARGS_ENV
 
@@ -71,7 +72,7 @@ def spawn(
     )
 
 
-def main(args: Mapping[str, object]) -> None:
+def main(args: Mapping[str, Any]) -> None:  # the JSON the parent wrote
     from perflab.sim import state
 
     os.environ.pop(ARGS_ENV, None)
@@ -91,8 +92,8 @@ def main(args: Mapping[str, object]) -> None:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
     if directory is not None:
-        devices = [int(d) for d in args.get("devices", [])]  # type: ignore[union-attr]
-        mib = [int(m) for m in args.get("mib", [])]  # type: ignore[union-attr]
+        devices = [int(d) for d in args.get("devices", [])]
+        mib = [int(m) for m in args.get("mib", [])]
         state.register(directory, str(args["engine"]), title, devices, mib)
     while True:
         signal.pause()

@@ -49,7 +49,6 @@ from perflab.types import (
     serve_options,
 )
 
-
 #: A sample value of each ServeConfig field, for the ``serve_options`` checks: the changes made
 #: to the baseline configuration (the field, plus companions it needs). ``options`` has no
 #: engine-neutral sample that an engine could express (this one must be refused): a plugin that
@@ -436,7 +435,7 @@ class EngineConformance:
             return {"ready": state, "final": inst.outcome}
 
         result = anyio.run(cycle)
-        assert result["ready"] == "ready", result["final"].to_json()
+        assert result["ready"] == "ready", stand_in_hint(result["final"]) + str(result["final"].to_json())
         outcome = result["final"]
         assert not outcome.leftovers, outcome.leftovers
 

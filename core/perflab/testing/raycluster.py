@@ -85,7 +85,7 @@ def main(argv: list[str]) -> None:
             print(f"raycluster: {exc}", file=sys.stderr, flush=True)
     temp = next((a.split("=", 1)[1] for a in argv if a.startswith("--temp-dir=")), None)
     argv = [a for a in argv if not a.startswith(("--hide=", "--temp-dir="))]
-    where = {"temp_dir": temp} if temp else {}  # Ray's session directories (default /tmp/ray)
+    where: dict[str, Any] = {"temp_dir": temp} if temp else {}  # Ray's session directories (default /tmp/ray)
     if temp:
         # Cluster also writes the head's address to <default temp dir>/ray_current_cluster
         # (ray/cluster_utils.py add_node -> ray._private.utils.write_ray_address(), with no
@@ -98,7 +98,7 @@ def main(argv: list[str]) -> None:
     head, *workers = argv or ["a100-80g-x8:8"]
     cluster = Cluster(initialize_head=True, head_node_args={**_node_args(head), **where, "include_dashboard": False,
                                                              "_system_config": SYSTEM_CONFIG})
-    nodes = [cluster.head_node] + [cluster.add_node(**_node_args(w), **where) for w in workers]
+    nodes: list[Any] = [cluster.head_node, *(cluster.add_node(**_node_args(w), **where) for w in workers)]
     cluster.wait_for_nodes()
     print(json.dumps({"address": cluster.address, "nodes": [n.node_id for n in nodes], "hidden": hidden}), flush=True)
     try:
@@ -131,9 +131,9 @@ class NetnsCluster:
         self.temp_dir = tempfile.mkdtemp(prefix="plray-")
 
     def __enter__(self) -> NetnsCluster:
-        err: IO[str] | int = open(self.log, "a") if self.log else subprocess.DEVNULL  # noqa: SIM115
+        err: IO[str] | int = open(self.log, "a") if self.log else subprocess.DEVNULL
         for mount in ([True, False] if self.hide else [False]):  # no mount namespace here: the rest still runs
-            self.proc = subprocess.Popen(
+            proc = self.proc = subprocess.Popen(
                 ["unshare", "--net", *(["--mount"] if mount else []), self.python, "-m", "perflab.testing.raycluster",
                  *self.nodes, *(f"--hide={d}" for d in self.hide if mount), f"--temp-dir={self.temp_dir}"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=self._env())
@@ -143,7 +143,7 @@ class NetnsCluster:
                 break
             self.proc.wait()
         else:
-            raise RuntimeError(f"the Ray cluster did not start (exit {self.proc.returncode}; log: {self.log})")
+            raise RuntimeError(f"the Ray cluster did not start (exit {proc.returncode}; log: {self.log})")
         info = json.loads(line)
         self.address, self.node_ids = info["address"], info["nodes"]
         self.hidden = [Path(d) for d in info.get("hidden", [])]  # what the nodes really cannot see

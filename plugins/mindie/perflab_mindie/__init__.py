@@ -14,8 +14,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from perflab import (CrashCause, EngineInfo, EnginePlugin, HardwareSnapshot, HttpProbe,
-                     LaunchSpec, Maps, MetricsEndpoint, Readiness, Refuses, ServeConfig, Unsupported)
+from perflab import (
+    CrashCause,
+    EngineInfo,
+    EnginePlugin,
+    HardwareSnapshot,
+    HttpProbe,
+    LaunchSpec,
+    Maps,
+    MetricsEndpoint,
+    Readiness,
+    Refuses,
+    ServeConfig,
+    Unsupported,
+)
 
 ENGINE = "mindie"
 GUIDE = "https://github.com/Ascend/MindIE-LLM/tree/master/docs/zh/user_guide"

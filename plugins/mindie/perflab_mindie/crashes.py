@@ -14,6 +14,7 @@ first matching line is quoted.
 from __future__ import annotations
 
 import re
+
 from perflab.crashes import Signature, first_signature
 from perflab.types import CrashCause
 

@@ -13,8 +13,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perflab import (CacheReset, EngineInfo, EnginePlugin, HardwareSnapshot, HttpProbe, LaunchSpec, Maps, MetricsEndpoint,
-                     NodeGroup, Readiness, ServeConfig, Unsupported)
+from perflab import (
+    CacheReset,
+    EngineInfo,
+    EnginePlugin,
+    HardwareSnapshot,
+    HttpProbe,
+    LaunchSpec,
+    Maps,
+    MetricsEndpoint,
+    NodeGroup,
+    Readiness,
+    ServeConfig,
+    Unsupported,
+)
 
 ENGINE = "sglang"
 SERVER_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/server_args.py"

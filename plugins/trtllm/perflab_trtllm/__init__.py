@@ -14,8 +14,19 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from perflab import (EngineInfo, EnginePlugin, HardwareSnapshot, HttpProbe, LaunchSpec,
-                     Maps, MetricsEndpoint, Readiness, Refuses, ServeConfig, Unsupported)
+from perflab import (
+    EngineInfo,
+    EnginePlugin,
+    HardwareSnapshot,
+    HttpProbe,
+    LaunchSpec,
+    Maps,
+    MetricsEndpoint,
+    Readiness,
+    Refuses,
+    ServeConfig,
+    Unsupported,
+)
 
 ENGINE = "trtllm"
 SERVE = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/commands/serve.py"

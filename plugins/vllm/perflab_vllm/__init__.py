@@ -11,8 +11,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perflab import (CacheReset, CrashCause, EngineInfo, EnginePlugin, HardwareSnapshot,
-                     LaunchSpec, Maps, MetricsEndpoint, NodeGroup, Readiness, ServeConfig, Unsupported)
+from perflab import (
+    CacheReset,
+    CrashCause,
+    EngineInfo,
+    EnginePlugin,
+    HardwareSnapshot,
+    LaunchSpec,
+    Maps,
+    MetricsEndpoint,
+    NodeGroup,
+    Readiness,
+    ServeConfig,
+    Unsupported,
+)
 from perflab.types import serve_options
 
 if TYPE_CHECKING:

@@ -16,9 +16,8 @@ Every pattern quotes the engine's own message; ``source`` says where it comes fr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from perflab.crashes import SIGNAL_MEANINGS, Signature, earliest_line, root_exception_line, signal_name, signature

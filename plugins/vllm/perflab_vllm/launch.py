@@ -7,7 +7,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 from perflab.errors import UnsupportedOption
 from perflab.types import GroupNode, HardwareSnapshot, HttpProbe, LaunchSpec, NodeGroup, Readiness, ServeConfig
-
 from perflab_vllm.flags import EngineOption, serve_argv
 from perflab_vllm.version import served_version_warning
 

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from packaging.version import Version
+
 from perflab.types import HardwareSnapshot, ServeConfig, Unsupported
 from perflab_vllm.support import fp8_checkpoint_by_name, option_problems, parse_version
-
 from perflab_vllm_ascend.launch import ASCEND_OPTIONS
 
 REPO = "https://github.com/vllm-project/vllm-ascend"

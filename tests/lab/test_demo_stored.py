@@ -1,0 +1,111 @@
+"""The demo's decisions and figures equal a stored run (tests/fixtures/demo/decisions.json).
+
+A redesign must not move what `perflab demo` concludes. The digest keeps what a reader of the
+report acts on: each step's chosen configuration and statement, every entry's status,
+eligibility and accuracy verdict, and the figures of every measurement that ran to the end
+(vLLM bench serve's metrics, the conclusion's changes, the accuracy scores). Two figures are
+left out because they are wall-clock facts, not the simulated engines': the partial figures
+of a measurement stopped early (where early stop cuts depends on when the host's windows
+close) and the telemetry/server-metric samples (taken on the host's clock). Completed runs
+are measured on the engines' model clock; they agree between runs within FIGURE_RTOL.
+
+Regenerate after a deliberate change of the simulator or the demo plan:
+``python tests/lab/test_demo_stored.py --update STUDY_DIR`` (a study written by `perflab demo -o STUDY_DIR`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "demo" / "decisions.json"
+# model-clock figures of a completed run differ between two runs by < 0.05 % (measured: the
+# TensorRT-LLM stand-in 1872.33 vs 1871.51 tok/s; vLLM's agree to 1e-8)
+FIGURE_RTOL = 5e-3
+METRICS = ("completed", "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
+           "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2el_ms")
+
+
+def _entry(e: dict[str, Any]) -> dict[str, Any]:
+    r = e["result"]
+    acc = e.get("accuracy") or {}
+    out: dict[str, Any] = {"label": e["label"], "engine": e["engine"], "eligible": e["eligible"], "status": r["status"],
+                           "gate": acc.get("gate"), "score": acc.get("score")}
+    if r["status"] == "ok":
+        out["metrics"] = {k: r["metrics"][k] for k in METRICS if k in r["metrics"]}
+    return out
+
+
+def digest(report: dict[str, Any]) -> dict[str, Any]:
+    """What the demo decided and measured, without the wall-clock facts (module docstring)."""
+    steps = [{"name": s["name"], "chosen": s["chosen"], "adopted": s["adopted"], "skipped": s["skipped"],
+              "entries": [_entry(e) for e in s["entries"]]} for s in report["steps"]]
+    cases = [{"profile": c["profile"], "baseline": _entry({**c["baseline"], "label": "baseline", "engine": None,
+                                                          "eligible": None, "result": c["baseline"]}),
+              "optimized": _entry({**c["optimized"], "label": "optimized", "engine": None, "eligible": None,
+                                   "result": c["optimized"]})} for c in report["cases"]]
+    conclusion = [{k: c[k] for k in ("profile", "baseline_total_token_throughput", "optimized_total_token_throughput",
+                                      "baseline_mean_tpot_ms", "optimized_mean_tpot_ms", "change_pct")}
+                  for c in report["conclusion"]]
+    accuracy = [{k: r[k] for k in ("label", "engine", "eligible", "score", "baseline_score", "drop", "gate")}
+                | {"agreement": (r["agreement"] or {}).get("exact_match")} for r in report["accuracy"]["rows"]]
+    return {"recommended_command": report["recommended_command"], "complete": report["complete"],
+            "baseline": {"label": report["baseline"]["label"], "engine": report["baseline"]["engine"]},
+            "optimized": {"label": report["optimized"]["label"], "engine": report["optimized"]["engine"],
+                          "config": report["optimized"]["config"]},
+            "steps": steps, "cases": cases, "conclusion": conclusion, "accuracy": accuracy}
+
+
+def differences(stored: Any, now: Any, path: str = "") -> list[str]:
+    """Each place where ``now`` differs from ``stored`` (floats: beyond FIGURE_RTOL), one line each."""
+    if isinstance(stored, float) or isinstance(now, float):
+        if isinstance(stored, (int, float)) and isinstance(now, (int, float)) and \
+                math.isclose(stored, now, rel_tol=FIGURE_RTOL, abs_tol=1e-9):
+            return []
+        return [f"{path}: stored {stored!r}, now {now!r}"]
+    if isinstance(stored, dict) and isinstance(now, dict):
+        out = [f"{path}/{k}: {'only stored' if k in stored else 'only now'}" for k in sorted(set(stored) ^ set(now))]
+        for k in sorted(set(stored) & set(now)):
+            out += differences(stored[k], now[k], f"{path}/{k}")
+        return out
+    if isinstance(stored, list) and isinstance(now, list):
+        if len(stored) != len(now):
+            return [f"{path}: {len(stored)} items stored, {len(now)} now"]
+        return [d for i, (a, b) in enumerate(zip(stored, now, strict=True)) for d in differences(a, b, f"{path}[{i}]")]
+    return [] if stored == now else [f"{path}: stored {stored!r}, now {now!r}"]
+
+
+def test_differences_sees_a_changed_decision_and_a_moved_figure() -> None:
+    stored = {"chosen": "TensorRT-LLM", "metrics": {"total_token_throughput": 1872.33, "completed": 1000}}
+    assert differences(stored, json.loads(json.dumps(stored))) == []
+    assert differences(stored, {**stored, "chosen": "vLLM"}) == ["/chosen: stored 'TensorRT-LLM', now 'vLLM'"]
+    assert differences(stored, {**stored, "metrics": {"total_token_throughput": 1872.33 * 1.0001, "completed": 1000}}) == []
+    moved = differences(stored, {**stored, "metrics": {"total_token_throughput": 1872.33 * 1.01, "completed": 1000}})
+    assert moved and moved[0].startswith("/metrics/total_token_throughput")
+    assert differences(stored, {**stored, "metrics": {"total_token_throughput": 1872.33, "completed": 999}})
+
+
+@pytest.mark.slow
+def test_the_demo_decides_and_measures_what_the_stored_run_did(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "perflab", "demo", "-o", str(out), "--no-live", "--json"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    now = digest(json.loads((out / "report.json").read_text(encoding="utf-8")))
+    stored = json.loads(FIXTURE.read_text(encoding="utf-8"))
+    diffs = differences(stored, now)
+    assert not diffs, "the demo changed against tests/fixtures/demo/decisions.json:\n" + "\n".join(diffs[:40])
+
+
+if __name__ == "__main__":  # python tests/lab/test_demo_stored.py --update STUDY_DIR
+    if len(sys.argv) != 3 or sys.argv[1] != "--update":
+        sys.exit("usage: python tests/lab/test_demo_stored.py --update STUDY_DIR")
+    report = json.loads((Path(sys.argv[2]) / "report.json").read_text(encoding="utf-8"))
+    FIXTURE.write_text(json.dumps(digest(report), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    print(f"wrote {FIXTURE}")
