@@ -439,3 +439,15 @@ class EngineConformance:
         outcome = result["final"]
         assert not outcome.leftovers, outcome.leftovers
 
+
+
+def stand_in_hint(outcome: Any) -> str:
+    """The usual cause of a stand-in that never got ready, named first: an argparse stand-in
+    (the scaffold's) exits on a flag your ``build_launch`` passes that its parser lacks."""
+    log = outcome.log
+    text = log.read_text(errors="replace") if log is not None and Path(log).is_file() else ""
+    lines = [ln.strip() for ln in text.splitlines() if "unrecognized arguments" in ln]
+    if not lines:
+        return ""
+    return (f"the stand-in rejected the launch's argv ({lines[-1]}): add the flags your "
+            f"build_launch passes to the stand-in's argument parser\n")
