@@ -29,7 +29,7 @@ DEFAULT_READINESS = Readiness(http=(HttpProbe("/health"),), generation_path="/v1
 
 
 def engine_version(pm: PluginManager, engine: str, env: Mapping[str, str]) -> str | None:
-    return pm.engine(engine).engine.version(env)  # type: ignore[no-any-return]
+    return pm.engine(engine).engine.version(env)
 
 
 def metrics_endpoint(pm: PluginManager, engine: str, launch: LaunchSpec) -> MetricsEndpoint | None:

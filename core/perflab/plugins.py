@@ -78,7 +78,7 @@ class EngineRecord:
 
     @property
     def info(self) -> EngineInfo:
-        return self.engine.info  # type: ignore[no-any-return]
+        return self.engine.info
 
 
 class BoundedEngine:

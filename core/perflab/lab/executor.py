@@ -188,7 +188,7 @@ def plugin_file_describer(pm: PluginManager, engine: str) -> Callable[[str, str]
 
     def describe(path: str, content: str) -> list[str] | None:
         rec = pm.engines.get(engine)
-        return rec.engine.describe_file(path, content) if rec is not None else None  # type: ignore[no-any-return]
+        return rec.engine.describe_file(path, content) if rec is not None else None
 
     return describe
 
