@@ -13,26 +13,20 @@ from typing import Any
 import pytest
 
 import perflab.plugins
-from perflab import Accelerator, EngineInfo, FileSpec, LaunchSpec, Unsupported, hookimpl
+from perflab import Accelerator, EngineInfo, EnginePlugin, FileSpec, LaunchSpec, Unsupported, hookimpl
 from perflab.errors import UnsupportedOption
 from perflab.plugins import PluginManager, PluginRecord, module_plugin
 
 
-class ToyEngine:
-    """An engine plugin as small as the contract allows, plus a config file like MindIE's."""
+class ToyEngine(EnginePlugin):
+    """An engine as small as the contract allows, plus a config file like MindIE's."""
 
-    @hookimpl
-    def perflab_register_engines(self, register: Any) -> None:
-        register(EngineInfo(name="toy", display_name="Toy", accelerators=("cuda",), executable="toy-serve", default_port=8123))
+    info = EngineInfo(name="toy", display_name="Toy", accelerators=("cuda",), executable="toy-serve", default_port=8123)
 
-    @hookimpl
-    def perflab_engine_version(self, engine: str, env: Any) -> str | None:
-        return "1.2.3" if engine == "toy" else None
+    def version(self, env: Any) -> str | None:
+        return "1.2.3"
 
-    @hookimpl
-    def perflab_check_support(self, engine: str, config: Any) -> list[Unsupported] | None:
-        if engine != "toy":
-            return None
+    def check_support(self, config: Any, hardware: Any, version: str | None) -> list[Unsupported]:
         out = []
         if config.quantization == "fp8":
             out.append(Unsupported("quantization=fp8", "toy has no FP8 kernels", source="https://example.invalid/toy#fp8"))
@@ -40,10 +34,7 @@ class ToyEngine:
             out.append(Unsupported("prefix_caching", "slower on toy", severity="warning"))
         return out
 
-    @hookimpl
-    def perflab_build_launch(self, engine: str, config: Any, workdir: Path) -> LaunchSpec | None:
-        if engine != "toy":
-            return None
+    def build_launch(self, config: Any, hardware: Any, workdir: Path, version: str | None) -> LaunchSpec:
         if config.kv_cache_dtype == "fp4":
             raise UnsupportedOption("toy", "kv_cache_dtype=fp4", "toy keeps its KV cache in fp16")
         argv = ["toy-serve", config.model, "--host", config.host, "--port", str(config.port)]
@@ -57,25 +48,30 @@ class ToyEngine:
         )
 
 
-class BinaryEngine:
+class Bin(EnginePlugin):
     """An engine that is not a Python distribution: installed means on PATH."""
 
+    info = EngineInfo(name="bin", display_name="Bin", accelerators=("ascend",), executable="bin-serve-for-test")
+
+
+class Ghost(EnginePlugin):
+    info = EngineInfo(name="ghost", display_name="Ghost", accelerators=("cuda", "ascend"), executable="ghost-serve-absent")
+
+
+class BinaryEngine:
+    """One plugin registering two engines."""
+
     @hookimpl
     def perflab_register_engines(self, register: Any) -> None:
-        register(EngineInfo(name="bin", display_name="Bin", accelerators=("ascend",), executable="bin-serve-for-test"))
-        register(EngineInfo(name="ghost", display_name="Ghost", accelerators=("cuda", "ascend"), executable="ghost-serve-absent"))
+        register(Bin())
+        register(Ghost())
 
 
-class CrashingVersion:
-    @hookimpl
-    def perflab_register_engines(self, register: Any) -> None:
-        register(EngineInfo(name="flaky", display_name="Flaky", accelerators=("cuda",)))
+class CrashingVersion(EnginePlugin):
+    info = EngineInfo(name="flaky", display_name="Flaky", accelerators=("cuda",))
 
-    @hookimpl
-    def perflab_engine_version(self, engine: str) -> str | None:
-        if engine == "flaky":
-            raise OSError("metadata unreadable")
-        return None
+    def version(self, env: Any) -> str | None:
+        raise OSError("metadata unreadable")
 
 
 @hookimpl
@@ -127,7 +123,7 @@ def test_list_json_describes_engines_and_install_state(
     toy = by_name["toy"]
     assert (toy["distribution"], toy["plugin_version"], toy["accelerators"]) == ("perflab-plugin-toy", "0.3.0", ["cuda"])
     assert (toy["installed"], toy["engine_version"], toy["status"]) == (True, "1.2.3", "ok")
-    assert toy["hooks"] == ["perflab_build_launch", "perflab_check_support", "perflab_engine_version", "perflab_register_engines"]
+    assert toy["hooks"] == ["perflab_register_engines", "version", "check_support", "build_launch", "classify_crash"]
     assert (by_name["bin"]["installed"], by_name["bin"]["engine_version"]) == (True, None)
     assert (by_name["ghost"]["installed"], by_name["ghost"]["accelerators"]) == (False, ["cuda", "ascend"])
     assert {p["name"]: p["engines"] for p in data["plugins"]} == {"toy": ["toy"], "bin": ["bin", "ghost"]}

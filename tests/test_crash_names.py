@@ -146,7 +146,7 @@ def test_llamacpp_random_bytes_gguf_is_named_from_the_magic_line() -> None:
         "llama_model_load: error loading model: llama_model_loader: failed to load model from /models/x.gguf\n"
         "srv    load_model: failed to load model, '/models/x.gguf'\n"
     )
-    cause = mod.perflab_classify_crash(engine="llama-cpp", exit_code=1, log_tail=log)
+    cause = mod.LlamaCpp().classify_crash(1, log)
     assert cause.name == "not-a-gguf-file" and "invalid magic characters" in cause.line
 
 
@@ -162,7 +162,7 @@ def test_llamacpp_ready_patterns_match_the_real_server_lines() -> None:
     spec.loader.exec_module(mod)
     from perflab.types import LaunchSpec
 
-    ready = mod.perflab_readiness(engine="llama-cpp", launch=LaunchSpec(engine="llama-cpp", argv=("llama-server",), host="127.0.0.1", port=18080, served_model_name="m"))
+    ready = mod.LlamaCpp().readiness(LaunchSpec(engine="llama-cpp", argv=("llama-server",), host="127.0.0.1", port=18080, served_model_name="m"))
     lines = (Path(__file__).parent / "fixtures" / "real" / "llama-server" / "startup.log").read_text().splitlines()
     matched = [ln for ln in lines if any(re.search(p, ln) for p in ready.ready_log_patterns)]
     assert matched and matched[0].endswith("llama_server: model loaded")

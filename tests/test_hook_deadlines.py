@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from perflab import EngineInfo, hookimpl, hookspecs
+from perflab import EngineInfo, EnginePlugin, hookimpl, hookspecs
 from perflab.errors import HookDeadlineExceeded, UsageError
 from perflab.plugins import PluginManager, _spec_params, module_plugin
 from test_supervisor import Fake, marked_alive
@@ -42,17 +42,18 @@ def slowpoke(release: threading.Event, **hooks: bool) -> Any:
         release.wait(30)
 
     impls: dict[str, Any] = {}
-    if hooks.get("teardown"):
-        @hookimpl
-        def perflab_teardown(engine: str) -> None:
-            stuck()
-        impls["perflab_teardown"] = perflab_teardown
     if hooks.get("version"):
+        class Slow(EnginePlugin):
+            info = EngineInfo(name="slow", display_name="Slow", accelerators=("cuda",), executable="slow")
+
+            def version(self, env: Any) -> str | None:
+                stuck()
+                return None
+
         @hookimpl
-        def perflab_engine_version(engine: str) -> str | None:
-            stuck()
-            return None
-        impls["perflab_engine_version"] = perflab_engine_version
+        def perflab_register_engines(register: Any) -> None:
+            register(Slow())
+        impls["perflab_register_engines"] = perflab_register_engines
     if hooks.get("probe"):
         @hookimpl
         def perflab_probe_hardware() -> None:
@@ -67,21 +68,31 @@ def slowpoke(release: threading.Event, **hooks: bool) -> Any:
     return module_plugin("perflab_slowpoke", **impls)
 
 
+class BlockingCalls(list[dict[str, Any]]):
+    """The fake engine's teardown record, which blocks in ``append`` until ``release``: a stuck teardown."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__()
+        self.release = release
+
+    def append(self, item: dict[str, Any]) -> None:
+        super().append(item)
+        self.release.wait(30)
+
+
 @pytest.mark.anyio
 async def test_teardown_hook_past_its_deadline_is_named_and_the_launch_still_ends_clean(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: threading.Event) -> None:
     monkeypatch.setenv(hookspecs.DEADLINE_ENV, str(DEADLINE))
-    fake = Fake(tmp_path)
-    assert fake.pm.add_plugin(slowpoke(release, teardown=True), name="slowpoke").status == "ok"
+    fake = Fake(tmp_path, teardown_calls=BlockingCalls(release))
     async with fake.EngineInstance() as inst:
         assert inst.outcome.state == "ready"
-    # the hook blocks 30 s; its deadline is 2 s: the teardown ended long before
+    # the method blocks 30 s; its deadline is 2 s: the teardown ended long before
     assert inst.outcome.teardown_s is not None and inst.outcome.teardown_s < DEADLINE + 10, inst.outcome.teardown_s
-    stuck = [x for x in inst.outcome.leftovers if "slowpoke" in x]
-    assert len(stuck) == 1 and "perflab_teardown" in stuck[0] and f"{DEADLINE:g} s" in stuck[0], inst.outcome.leftovers
+    stuck = [x for x in inst.outcome.leftovers if "plugin fake" in x]
+    assert len(stuck) == 1 and "teardown" in stuck[0] and f"{DEADLINE:g} s" in stuck[0], inst.outcome.leftovers
     assert "\n" not in stuck[0]
-    assert fake.teardown_calls, "the other plugin's teardown hook still ran"
-    assert marked_alive(inst) == []  # perflab's own process-tree teardown ran before the hooks
+    assert marked_alive(inst) == []  # perflab's own process-tree teardown ran before the engine's
 
 
 def test_a_stuck_firstresult_hook_raises_naming_plugin_hook_and_deadline(release: threading.Event) -> None:
@@ -89,24 +100,30 @@ def test_a_stuck_firstresult_hook_raises_naming_plugin_hook_and_deadline(release
     assert pm.add_plugin(slowpoke(release, version=True), name="slowpoke").status == "ok"
     t0 = time.monotonic()
     with pytest.raises(HookDeadlineExceeded) as err:
-        pm.hook.perflab_engine_version(engine="fake", env={})
+        pm.engine("slow").engine.version({})
     assert time.monotonic() - t0 < 5
-    assert (err.value.plugin, err.value.hook, err.value.deadline_s) == ("slowpoke", "perflab_engine_version", 0.3)
-    assert re.search(r"plugin slowpoke: perflab_engine_version did not return within its deadline of 0.3 s", str(err.value))
+    assert (err.value.plugin, err.value.hook, err.value.deadline_s) == ("slowpoke", "version", 0.3)
+    assert re.search(r"plugin slowpoke: version did not return within its deadline of 0.3 s", str(err.value))
 
 
 def test_a_hook_keeps_its_result_and_its_exception_within_the_deadline() -> None:
+    class Quick(EnginePlugin):
+        info = EngineInfo(name="x", display_name="X", accelerators=("cuda",))
+
+        def version(self, env: Any) -> str | None:
+            if env.get("BOOM"):
+                raise ValueError("broken on purpose")
+            return "1.2.3"
+
     @hookimpl
-    def perflab_engine_version(engine: str) -> str | None:
-        if engine == "boom":
-            raise ValueError("broken on purpose")
-        return "1.2.3"
+    def perflab_register_engines(register: Any) -> None:
+        register(Quick())
 
     pm = PluginManager(entrypoints=False, builtins=False, hook_deadline_s=5)
-    pm.add_plugin(module_plugin("quick", perflab_engine_version=perflab_engine_version), name="quick")
-    assert pm.hook.perflab_engine_version(engine="x", env={}) == "1.2.3"
+    pm.add_plugin(module_plugin("quick", perflab_register_engines=perflab_register_engines), name="quick")
+    assert pm.engine("x").engine.version({}) == "1.2.3"
     with pytest.raises(ValueError, match="broken on purpose"):
-        pm.hook.perflab_engine_version(engine="boom", env={})
+        pm.engine("x").engine.version({"BOOM": "1"})
 
 
 def test_a_stuck_hardware_probe_is_an_error_line_and_the_others_still_answer(release: threading.Event) -> None:
@@ -134,7 +151,7 @@ def test_a_stuck_register_hook_is_a_load_error_and_registers_nothing_later(relea
 
 
 def test_every_hook_has_a_deadline_and_the_contract_docs_state_it() -> None:
-    assert set(hookspecs.HOOK_DEADLINES_S) == set(_spec_params())
+    assert set(hookspecs.HOOK_DEADLINES_S) == set(_spec_params()) | set(EnginePlugin.METHODS)
     text = DOCS.read_text()
     for hook, seconds in hookspecs.HOOK_DEADLINES_S.items():
         assert f"| `{hook}` | {seconds:g} s |" in text, f"docs/writing-plugins.md lacks the deadline row of {hook}"
@@ -145,6 +162,33 @@ def test_every_hook_has_a_deadline_and_the_contract_docs_state_it() -> None:
 def test_a_bad_deadline_override_is_a_usage_error(value: str) -> None:
     with pytest.raises(UsageError, match=hookspecs.DEADLINE_ENV):
         PluginManager(entrypoints=False, builtins=False, environ={hookspecs.DEADLINE_ENV: value})
+
+
+def slow_vllm(release: threading.Event, name: str, *, teardown: bool = False, build: bool = False) -> PluginManager:
+    """The installed plugins with vLLM's replaced by a third-party plugin ``name`` whose vLLM
+    engine blocks (until ``release``, 30 s at most) in teardown or in build_launch."""
+    import os
+
+    from perflab_vllm import plugin as vllm
+
+    class SlowVLLM(type(vllm)):  # type: ignore[misc]
+        def teardown(self, launch: Any, workdir: Path) -> None:
+            if teardown:
+                release.wait(30)
+            super().teardown(launch, workdir)
+
+        def build_launch(self, *args: Any) -> Any:
+            if build:
+                release.wait(30)
+            return super().build_launch(*args)
+
+    @hookimpl
+    def perflab_register_engines(register: Any) -> None:
+        register(SlowVLLM())
+
+    pm = PluginManager(environ={**os.environ, "PERFLAB_DISABLE_PLUGINS": "vllm"})
+    assert pm.add_plugin(module_plugin(name, perflab_register_engines=perflab_register_engines), name=name).status == "ok"
+    return pm
 
 
 STUDY = """
@@ -176,11 +220,9 @@ def test_a_study_with_a_stuck_teardown_hook_stops_cleanly_naming_the_plugin(
     from perflab.lab.plan import load_plan_text
     from perflab.lab.progress import StudyProgress
     from perflab.lab.runner import run_study
-    from perflab.plugins import load
 
     monkeypatch.setenv(hookspecs.DEADLINE_ENV, str(DEADLINE))
-    pm = load()
-    assert pm.add_plugin(slowpoke(release, teardown=True), name="slowpoke").status == "ok"
+    pm = slow_vllm(release, "slowpoke", teardown=True)
     plan = load_plan_text(STUDY, path="slow-teardown.yaml")
     out = tmp_path / "study"
     t0 = time.monotonic()
@@ -193,7 +235,7 @@ def test_a_study_with_a_stuck_teardown_hook_stops_cleanly_naming_the_plugin(
             summary, stop = None, exc
     assert time.monotonic() - t0 < 60  # not the 30 s hook per launch, twice over
     text = str(stop) if stop is not None else (out / "report.md").read_text()
-    assert "plugin slowpoke: perflab_teardown did not return within its deadline of 2 s" in text, (summary, text)
+    assert "plugin slowpoke: teardown did not return within its deadline of 2 s" in text, (summary, text)
     for p in psutil.process_iter():  # no engine of this study is left
         try:
             assert str(out) not in p.environ().get("PERFLAB_INSTANCE", "")
@@ -213,22 +255,16 @@ def test_a_stuck_launch_hook_stops_the_study_naming_the_plugin_and_the_run_is_in
     from perflab.lab.plan import load_plan_text
     from perflab.lab.progress import StudyProgress
     from perflab.lab.runner import run_study
-    from perflab.plugins import load
-
-    @hookimpl
-    def perflab_build_launch(engine: str) -> None:
-        release.wait(30)
 
     monkeypatch.setenv(hookspecs.DEADLINE_ENV, str(DEADLINE))
-    pm = load()
-    pm.add_plugin(module_plugin("slowbuild", perflab_build_launch=perflab_build_launch), name="slowbuild")
+    pm = slow_vllm(release, "slowbuild", build=True)
     plan = load_plan_text(STUDY, path="slow-build.yaml")
     out = tmp_path / "study"
     t0 = time.monotonic()
     with open(os.devnull, "w") as sink, pytest.raises(PerflabError) as err:
         anyio.run(lambda: run_study(pm, plan, out, progress=StudyProgress(plan.name, live=False, stream=sink)))
     assert time.monotonic() - t0 < 30
-    assert str(err.value).startswith("plugin slowbuild: perflab_build_launch did not return within its deadline of 2 s")
+    assert str(err.value).startswith("plugin slowbuild: build_launch did not return within its deadline of 2 s")
     assert "PERFLAB_DISABLE_PLUGINS=slowbuild" in str(err.value) and "\n" not in str(err.value)
     (run,) = (out / "runs").iterdir()
     assert json.loads((run / "outcome.json").read_text())["state"] == "interrupted"  # never the configuration's crash

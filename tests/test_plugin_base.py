@@ -1,4 +1,4 @@
-"""perflab.EnginePlugin: the engine-name guard, the defaults (version, devices, refusals,
+"""perflab.EnginePlugin: engines as objects (no engine argument, no name guard), the defaults (version, devices, refusals,
 crash signatures), the describe_file hook, and the serving script's address handling for
 plugins that declare it and module-style (contract v1) plugins that do not."""
 
@@ -52,20 +52,28 @@ def pm() -> PluginManager:
     return manager
 
 
-def test_every_hook_answers_only_for_its_engine() -> None:
-    toy = Toy()
+def test_no_hook_takes_an_engine_and_no_plugin_guards_an_engine_name() -> None:
+    """Contract v2: engines are objects; the core calls the registered one, so nothing asks
+    "is this mine?"."""
+    import inspect
+    import re
+
+    from perflab import hookspecs
+
+    specs = {n: f for n, f in vars(hookspecs).items() if n.startswith("perflab_") and callable(f)}
+    assert specs and not [n for n, f in specs.items() if "engine" in inspect.signature(f).parameters]
+    assert not [m for m in EnginePlugin.METHODS if "engine" in inspect.signature(getattr(EnginePlugin, m)).parameters]
+    root = Path(__file__).resolve().parents[1]
+    guard = re.compile(r"(?<![.\w])engine\s*[!=]=\s*(self\.info\.name|ENGINE\b|[\"'])")
+    files = [*(root / "core").rglob("*.py"), *(root / "plugins").rglob("*.py"),
+             *(root / "tests" / "external_plugins").rglob("*.py")]
+    guarded = [f"{f.relative_to(root)}:{i}" for f in files
+               for i, line in enumerate(f.read_text().splitlines(), 1) if guard.search(line)]
+    assert guarded == []
+    # the methods answer directly
     config = ServeConfig(model="m", port=1)
-    launch = LaunchSpec(engine="other", argv=("x",), host="h", port=1, served_model_name="m")
-    assert toy.perflab_engine_version("other", {}) is None
-    assert toy.perflab_check_support("other", config, H100, None) is None
-    assert toy.perflab_build_launch("other", config, H100, WORKDIR, None) is None
-    assert toy.perflab_readiness("other", launch) is None
-    assert toy.perflab_classify_crash("other", 1, "RepositoryNotFoundError: 404") is None
-    assert toy.perflab_describe_file("other", "a.ini", "x=1") is None
-    assert toy.perflab_teardown("other", launch, WORKDIR) is None
-    # ... and for its own engine the plain methods answer
-    assert toy.perflab_build_launch("toy", config, H100, WORKDIR, None).engine == "toy"
-    assert toy.perflab_describe_file("toy", "a.ini", "x=1") == ["x=1"]
+    assert Toy().build_launch(config, H100, WORKDIR, None).engine == "toy"
+    assert Toy().describe_file("a.ini", "x=1") == ["x=1"]
 
 
 def test_version_defaults_to_the_metadata_of_the_executables_environment(pm: PluginManager, tmp_path: Path) -> None:
@@ -108,10 +116,13 @@ def test_address_tokens_are_the_flags_with_their_values() -> None:
     assert address_tokens(argv, ("--host", "--port")) == ("--host", "::1", "--port=80")
 
 
-def test_describe_file_is_a_hook(pm: PluginManager) -> None:
-    assert pm.hook.perflab_describe_file(engine="toy", path="/run/toy.ini", content="[toy]\nthreads=4\n") == ["threads=4"]
-    assert pm.hook.perflab_describe_file(engine="toy", path="/run/other.json", content="{}") is None
-    assert pm.hook.perflab_describe_file(engine="nobody", path="/run/toy.ini", content="a=1") is None
+def test_describe_file_is_an_engine_method(pm: PluginManager) -> None:
+    from perflab.errors import UnknownEngine
+
+    assert pm.engine("toy").engine.describe_file("/run/toy.ini", "[toy]\nthreads=4\n") == ["threads=4"]
+    assert pm.engine("toy").engine.describe_file("/run/other.json", "{}") is None
+    with pytest.raises(UnknownEngine):
+        pm.engine("nobody")
 
 
 def test_serving_script_leaves_out_the_address_a_plugin_declares(pm: PluginManager) -> None:
@@ -130,23 +141,23 @@ def test_serving_script_leaves_out_the_address_a_plugin_declares(pm: PluginManag
     ]
 
 
-def test_serving_script_keeps_the_argv_of_a_module_style_plugin() -> None:
-    # Contract v1: a module with engine-guarded functions, no address_args, no describe_file.
+def test_serving_script_keeps_the_argv_of_an_engine_without_address_flags() -> None:
+    # A module plugin registering an engine that declares no address_flags and no describe_file.
+    class V1(EnginePlugin):
+        info = EngineInfo(name="v1", display_name="V1", accelerators=("cuda",))
+
+        def build_launch(self, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path,
+                         version: str | None) -> LaunchSpec:
+            return LaunchSpec(engine="v1", argv=(sys.executable, "-m", "srv", "--host", config.host, "--port", str(config.port)),
+                              host=config.host, port=int(config.port or 0), served_model_name=config.name,
+                              files=(FileSpec(path="/run/v1.cfg", content="x"),))
+
     @hookimpl
     def perflab_register_engines(register):  # type: ignore[no-untyped-def]
-        register(EngineInfo(name="v1", display_name="V1", accelerators=("cuda",)))
-
-    @hookimpl
-    def perflab_build_launch(engine, config):  # type: ignore[no-untyped-def]
-        if engine != "v1":
-            return None
-        return LaunchSpec(engine="v1", argv=(sys.executable, "-m", "srv", "--host", config.host, "--port", str(config.port)),
-                          host=config.host, port=config.port, served_model_name=config.name,
-                          files=(FileSpec(path="/run/v1.cfg", content="x"),))
+        register(V1())
 
     pm = PluginManager(entrypoints=False, builtins=False)
-    assert pm.add_plugin(module_plugin("perflab_v1_engine", perflab_register_engines=perflab_register_engines,
-                                       perflab_build_launch=perflab_build_launch)).status == "ok"
+    assert pm.add_plugin(module_plugin("perflab_v1_engine", perflab_register_engines=perflab_register_engines)).status == "ok"
     spec = build_launch(pm, "v1", ServeConfig(model="m", port=8123), H100, WORKDIR, None)
     assert spec.address_args == ()
     script = serving_script([spec], plugin_file_describer(pm, "v1"))
@@ -180,16 +191,15 @@ def test_a_refusal_of_some_values_is_left_to_the_launch() -> None:
 def test_engines_list_shows_only_the_hooks_a_plugin_really_answers(pm: PluginManager) -> None:
     """The base implements every hook; a no-op default (readiness, teardown) is not shown as the
     plugin's, an overridden one (describe_file) is."""
-    rec = next(r for r in pm.records if r.name == "toy")
-    assert "perflab_describe_file" in rec.hooks and "perflab_build_launch" in rec.hooks
-    assert "perflab_readiness" not in rec.hooks and "perflab_teardown" not in rec.hooks
+    methods = pm.engine("toy").engine.implemented()
+    assert "describe_file" in methods and "build_launch" in methods
+    assert "readiness" not in methods and "teardown" not in methods
 
     class Ready(Toy):
         def readiness(self, launch: LaunchSpec) -> None:
             return None
 
-    other = PluginManager(entrypoints=False, builtins=False).add_plugin(Ready(), name="ready")
-    assert "perflab_readiness" in other.hooks
+    assert "readiness" in Ready().implemented()
 
 
 def test_engines_list_shows_the_cache_reset_only_where_one_is_declared(pm: PluginManager) -> None:
@@ -197,14 +207,12 @@ def test_engines_list_shows_the_cache_reset_only_where_one_is_declared(pm: Plugi
     line) or overrides cache_reset."""
     from perflab.types import CacheReset
 
-    rec = next(r for r in pm.records if r.name == "toy")
-    assert "perflab_cache_reset" not in rec.hooks
+    assert "cache_reset" not in pm.engine("toy").engine.implemented()
 
     class Resets(Toy):
         prefix_cache_reset = CacheReset("/flush_cache", source="test")
 
-    other = PluginManager(entrypoints=False, builtins=False).add_plugin(Resets(), name="resets")
-    assert "perflab_cache_reset" in other.hooks
+    assert "cache_reset" in Resets().implemented()
     launch = LaunchSpec(engine="toy", argv=("toy",), host="127.0.0.1", port=1, served_model_name="m")
-    assert Resets().perflab_cache_reset(engine="toy", launch=launch) == CacheReset("/flush_cache", source="test")
-    assert Resets().perflab_cache_reset(engine="other", launch=launch) is None
+    assert Resets().cache_reset(launch) == CacheReset("/flush_cache", source="test")
+

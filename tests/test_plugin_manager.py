@@ -16,19 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from perflab import EngineInfo, hookimpl
+from perflab import Accelerator, EngineInfo, EnginePlugin, hookimpl
 from perflab.plugins import PluginManager, check_compatibility, module_plugin
 
 GOOD = """
-from perflab import EngineInfo, hookimpl
+from perflab import EngineInfo, EnginePlugin, hookimpl
+
+class Toy(EnginePlugin):
+    info = EngineInfo(name={engine!r}, display_name="Toy", accelerators=("cuda",), executable="toy-serve-absent")
+
+    def version(self, env):
+        return "9.9.9"
 
 @hookimpl
 def perflab_register_engines(register):
-    register(EngineInfo(name={engine!r}, display_name="Toy", accelerators=("cuda",), executable="toy-serve-absent"))
-
-@hookimpl
-def perflab_engine_version(engine, env):
-    return "9.9.9" if engine == {engine!r} else None
+    register(Toy())
 """
 
 BROKEN = 'raise RuntimeError("this plugin is broken on purpose")\n'
@@ -88,7 +90,7 @@ def test_plugin_raising_on_import_is_recorded_and_others_still_work(dists: Dists
     assert broken.error == "RuntimeError: this plugin is broken on purpose"
     assert pm.engine_names() == ["toy"]
     assert pm.engine("toy").distribution == "perflab-plugin-toy"
-    assert pm.hook.perflab_engine_version(engine="toy", env={}) == "9.9.9"
+    assert pm.engine("toy").engine.version({}) == "9.9.9"
     from perflab.errors import PluginLoadError
 
     with pytest.raises(PluginLoadError, match="perflab-plugin-broken: RuntimeError: this plugin is broken on purpose"):
@@ -232,10 +234,10 @@ def test_unknown_hook_is_incompatible() -> None:
 
 def test_extra_argument_is_incompatible() -> None:
     @hookimpl
-    def perflab_build_launch(engine, config, hardware, workdir, version, gpu_count):  # type: ignore[no-untyped-def]
+    def perflab_probe_hardware(env, gpu_count):  # type: ignore[no-untyped-def]
         return None
 
-    rec = _bare_pm().add_plugin(module_plugin("perflab_test_extra", perflab_build_launch=perflab_build_launch))
+    rec = _bare_pm().add_plugin(module_plugin("perflab_test_extra", perflab_probe_hardware=perflab_probe_hardware))
     assert rec.status == "incompatible"
     assert rec.error is not None and "gpu_count" in rec.error
 
@@ -247,18 +249,34 @@ def test_declared_contract_versions_are_checked() -> None:
 
 
 def test_fewer_arguments_are_fine_and_registration_works() -> None:
+    class Mini(EnginePlugin):
+        info = EngineInfo(name="mini", display_name="Mini", accelerators=("cuda",))
+
+        def version(self, env: object) -> str:
+            return "1"
+
     @hookimpl
     def perflab_register_engines(register):  # type: ignore[no-untyped-def]
-        register(EngineInfo(name="mini", display_name="Mini", accelerators=("cuda",)))
+        register(Mini())
 
     @hookimpl
-    def perflab_engine_version(engine):  # type: ignore[no-untyped-def]
-        return "1" if engine == "mini" else None
+    def perflab_probe_hardware():  # type: ignore[no-untyped-def]
+        return [Accelerator(vendor="toy", kind="cpu", index=0, name="toy", memory_total_mib=1)]
 
     pm = _bare_pm()
-    rec = pm.add_plugin(module_plugin("perflab_test_mini", perflab_register_engines=perflab_register_engines, perflab_engine_version=perflab_engine_version))
-    assert (rec.status, rec.engines, rec.hooks) == ("ok", ("mini",), ("perflab_engine_version", "perflab_register_engines"))
-    assert pm.hook.perflab_engine_version(engine="mini", env={}) == "1"
+    rec = pm.add_plugin(module_plugin("perflab_test_mini", perflab_register_engines=perflab_register_engines, perflab_probe_hardware=perflab_probe_hardware))
+    assert (rec.status, rec.engines, rec.hooks) == ("ok", ("mini",), ("perflab_probe_hardware", "perflab_register_engines"))
+    assert pm.engine("mini").engine.version({}) == "1"
+    assert [a.name for a in pm.hook.perflab_probe_hardware(env={})[0]] == ["toy"]
+
+
+def test_registering_an_engineinfo_instead_of_an_engine_is_a_load_error() -> None:
+    @hookimpl
+    def perflab_register_engines(register):  # type: ignore[no-untyped-def]
+        register(EngineInfo(name="old", display_name="Old", accelerators=("cuda",)))
+
+    rec = _bare_pm().add_plugin(module_plugin("perflab_test_old", perflab_register_engines=perflab_register_engines))
+    assert rec.status == "load-error" and rec.error is not None and "EnginePlugin" in rec.error
 
 
 def test_incompatible_plugin_is_listed_by_the_cli(dists: Dists) -> None:

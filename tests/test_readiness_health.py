@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import psutil
 import pytest
-from perflab import hookimpl
+from perflab import EnginePlugin, hookimpl
 from perflab.crashes import is_info
 from perflab.lifecycle import readiness_probe, registry
 from perflab.plugins import PluginManager, module_plugin
@@ -44,45 +44,35 @@ def anyio_backend() -> str:
 
 
 def replay_plugin() -> ModuleType:
+    class Replay(EnginePlugin):
+        info = EngineInfo(name=ENGINE, display_name="vLLM 0.32 replay", accelerators=("cpu",), executable=sys.executable)
+
+        def version(self, env: Any) -> str | None:
+            return "0.32.0-replay"
+
+        def build_launch(self, config: ServeConfig, hardware: Any, workdir: Path, version: str | None) -> LaunchSpec:
+            case = str(config.options["case"])
+            argv = [sys.executable, "-u", str(REPLAY), "--host", config.host, "--port", str(config.port),
+                    "--log", str(FAULTS / f"{case}.log")]
+            code = CASES[case]["exit_code"]
+            if code is not None:
+                argv += ["--exit-code", str(code)]
+            argv += [str(x) for x in config.options.get("args", ())]
+            return LaunchSpec(engine=ENGINE, argv=tuple(argv), host=config.host, port=int(config.port or 0),
+                              served_model_name=config.name)
+
+        def readiness(self, launch: LaunchSpec) -> Readiness | None:
+            # the real plugin's probes and ready patterns, with a test-sized start-up timeout
+            return dataclasses.replace(READINESS, startup_timeout_s=20.0)
+
+        def classify_crash(self, exit_code: int | None, log_tail: str) -> CrashCause | None:
+            return classify(log_tail)
+
     @hookimpl
     def perflab_register_engines(register: Any) -> None:
-        register(EngineInfo(name=ENGINE, display_name="vLLM 0.32 replay", accelerators=("cpu",), executable=sys.executable))
+        register(Replay())
 
-    @hookimpl
-    def perflab_engine_version(engine: str, env: Any) -> str | None:
-        return "0.32.0-replay" if engine == ENGINE else None
-
-    @hookimpl
-    def perflab_build_launch(engine: str, config: ServeConfig, workdir: Path) -> LaunchSpec | None:
-        if engine != ENGINE:
-            return None
-        case = str(config.options["case"])
-        argv = [sys.executable, "-u", str(REPLAY), "--host", config.host, "--port", str(config.port),
-                "--log", str(FAULTS / f"{case}.log")]
-        code = CASES[case]["exit_code"]
-        if code is not None:
-            argv += ["--exit-code", str(code)]
-        argv += [str(x) for x in config.options.get("args", ())]
-        return LaunchSpec(engine=ENGINE, argv=tuple(argv), host=config.host, port=int(config.port or 0),
-                          served_model_name=config.name)
-
-    @hookimpl
-    def perflab_readiness(engine: str, launch: LaunchSpec) -> Readiness | None:
-        # the real plugin's probes and ready patterns, with a test-sized start-up timeout
-        return dataclasses.replace(READINESS, startup_timeout_s=20.0) if engine == ENGINE else None
-
-    @hookimpl
-    def perflab_classify_crash(engine: str, exit_code: int | None, log_tail: str) -> CrashCause | None:
-        return classify(log_tail) if engine == ENGINE else None
-
-    return module_plugin(
-        "replay_plugin",
-        perflab_register_engines=perflab_register_engines,
-        perflab_engine_version=perflab_engine_version,
-        perflab_build_launch=perflab_build_launch,
-        perflab_readiness=perflab_readiness,
-        perflab_classify_crash=perflab_classify_crash,
-    )
+    return module_plugin("replay_plugin", perflab_register_engines=perflab_register_engines)
 
 
 @pytest.fixture

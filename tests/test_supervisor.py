@@ -26,7 +26,7 @@ import httpx
 import psutil
 import pytest
 
-from perflab import hookimpl
+from perflab import EnginePlugin, hookimpl
 from perflab.errors import UnsupportedOption
 from perflab.lifecycle import registry
 from perflab.plugins import PluginManager, module_plugin
@@ -217,53 +217,44 @@ def fake_plugin(script: Path, *, check: list[Unsupported] | None = None, files: 
                 startup_timeout: float = 20.0, version_check: Any = None) -> ModuleType:
     """An engine plugin for the fake engine. ``config.options['mode']`` picks its behaviour."""
 
+    class FakeEngine(EnginePlugin):
+        info = EngineInfo(name="fake", display_name="Fake", accelerators=("cuda",), executable=sys.executable)
+
+        def version(self, env: Any) -> str | None:
+            return "0.0-fake"
+
+        def check_support(self, config: ServeConfig, hardware: Any, version: str | None) -> list[Unsupported]:
+            return list(check or [])
+
+        def build_launch(self, config: ServeConfig, hardware: Any, workdir: Path, version: str | None) -> LaunchSpec:
+            if config.options.get("mode") == "unexpressible":
+                raise UnsupportedOption("fake", "mode=unexpressible", "the fake engine has no such flag")
+            argv = [executable or sys.executable, "-u", str(script), "--host", config.host, "--port", str(config.port),
+                    "--mode", str(config.options.get("mode", "normal"))]
+            return LaunchSpec(engine="fake", argv=tuple(argv), host=config.host, port=config.port,  # type: ignore[arg-type]
+                              served_model_name=config.name, files=files, extra_ports=extra_ports,
+                              env={"FAKE_PLUGIN_ENV": "1"})
+
+        def readiness(self, launch: LaunchSpec) -> Readiness | None:
+            return Readiness(http=(HttpProbe("/health"),), generation_path="/v1/completions",
+                             ready_log_patterns=(r"FAKE READY",), startup_timeout_s=startup_timeout,
+                             served_version_check=version_check)
+
+        def classify_crash(self, exit_code: int | None, log_tail: str) -> CrashCause | None:
+            m = re.search(r"^RuntimeError: fake failure.*$", log_tail, re.M)
+            if m:
+                return CrashCause("fake-failure", "the fake engine failed on purpose", line=m.group(0))
+            return None
+
+        def teardown(self, launch: LaunchSpec, workdir: Path) -> None:
+            if teardown_calls is not None:
+                teardown_calls.append({"engine": self.info.name, "port": launch.port, "workdir": workdir})
+            if teardown_raises:
+                raise RuntimeError("teardown hook exploded")
+
     @hookimpl
     def perflab_register_engines(register: Any) -> None:
-        register(EngineInfo(name="fake", display_name="Fake", accelerators=("cuda",), executable=sys.executable))
-
-    @hookimpl
-    def perflab_engine_version(engine: str, env: Any) -> str | None:
-        return "0.0-fake" if engine == "fake" else None
-
-    @hookimpl
-    def perflab_check_support(engine: str, config: ServeConfig) -> list[Unsupported] | None:
-        return list(check or []) if engine == "fake" else None
-
-    @hookimpl
-    def perflab_build_launch(engine: str, config: ServeConfig, workdir: Path) -> LaunchSpec | None:
-        if engine != "fake":
-            return None
-        if config.options.get("mode") == "unexpressible":
-            raise UnsupportedOption("fake", "mode=unexpressible", "the fake engine has no such flag")
-        argv = [executable or sys.executable, "-u", str(script), "--host", config.host, "--port", str(config.port),
-                "--mode", str(config.options.get("mode", "normal"))]
-        return LaunchSpec(engine="fake", argv=tuple(argv), host=config.host, port=config.port,  # type: ignore[arg-type]
-                          served_model_name=config.name, files=files, extra_ports=extra_ports,
-                          env={"FAKE_PLUGIN_ENV": "1"})
-
-    @hookimpl
-    def perflab_readiness(engine: str, launch: LaunchSpec) -> Readiness | None:
-        if engine != "fake":
-            return None
-        return Readiness(http=(HttpProbe("/health"),), generation_path="/v1/completions",
-                         ready_log_patterns=(r"FAKE READY",), startup_timeout_s=startup_timeout,
-                         served_version_check=version_check)
-
-    @hookimpl
-    def perflab_classify_crash(engine: str, exit_code: int | None, log_tail: str) -> CrashCause | None:
-        if engine != "fake":
-            return None
-        m = re.search(r"^RuntimeError: fake failure.*$", log_tail, re.M)
-        if m:
-            return CrashCause("fake-failure", "the fake engine failed on purpose", line=m.group(0))
-        return None
-
-    @hookimpl
-    def perflab_teardown(engine: str, launch: LaunchSpec, workdir: Path) -> None:
-        if teardown_calls is not None:
-            teardown_calls.append({"engine": engine, "port": launch.port, "workdir": workdir})
-        if teardown_raises:
-            raise RuntimeError("teardown hook exploded")
+        register(FakeEngine())
 
     @hookimpl
     def perflab_probe_hardware(env: Any) -> list[Accelerator] | None:
@@ -281,12 +272,6 @@ def fake_plugin(script: Path, *, check: list[Unsupported] | None = None, files: 
     return module_plugin(
         "fake_plugin",
         perflab_register_engines=perflab_register_engines,
-        perflab_engine_version=perflab_engine_version,
-        perflab_check_support=perflab_check_support,
-        perflab_build_launch=perflab_build_launch,
-        perflab_readiness=perflab_readiness,
-        perflab_classify_crash=perflab_classify_crash,
-        perflab_teardown=perflab_teardown,
         perflab_probe_hardware=perflab_probe_hardware,
     )
 
@@ -313,7 +298,7 @@ class Fake:
         self.script = write_fake_engine(tmp_path)
         self.gpu_dir = tmp_path / "gpu"
         self.gpu_dir.mkdir()
-        self.teardown_calls: list[dict[str, Any]] = []
+        self.teardown_calls: list[dict[str, Any]] = plugin_kw.pop("teardown_calls", [])
         self.pm = make_pm(fake_plugin(self.script, teardown_calls=self.teardown_calls, **plugin_kw))
         self.signal_dir = tmp_path / "signals"
         self.signal_dir.mkdir()

@@ -6,10 +6,12 @@ supervisor, the CLI and the lab get the same answers (and the same errors).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
 from perflab.errors import PerflabError, UnsupportedOption, UsageError
+from perflab.plugin_base import address_tokens
 from perflab.plugins import PluginManager
 from perflab.types import (
     CrashCause,
@@ -27,16 +29,16 @@ DEFAULT_READINESS = Readiness(http=(HttpProbe("/health"),), generation_path="/v1
 
 
 def engine_version(pm: PluginManager, engine: str, env: Mapping[str, str]) -> str | None:
-    pm.engine(engine)
-    return pm.hook.perflab_engine_version(engine=engine, env=env)
+    return pm.engine(engine).engine.version(env)
 
 
 def metrics_endpoint(pm: PluginManager, engine: str, launch: LaunchSpec) -> MetricsEndpoint | None:
-    """Where ``launch`` serves its Prometheus metrics (the optional ``perflab_metrics_endpoint``
-    hook); None when the engine's plugin names none (nothing is scraped)."""
-    answer = pm.hook.perflab_metrics_endpoint(engine=engine, launch=launch)
+    """Where ``launch`` serves its Prometheus metrics (the engine's optional ``metrics``); None
+    when the engine names none or is not registered (nothing is scraped)."""
+    rec = pm.engines.get(engine)
+    answer = rec.engine.metrics(launch) if rec is not None else None
     if answer is not None and not isinstance(answer, MetricsEndpoint):
-        raise PerflabError(f"the {engine} plugin's perflab_metrics_endpoint returned {type(answer).__name__}, not a MetricsEndpoint")
+        raise PerflabError(f"the {engine} plugin's metrics() returned {type(answer).__name__}, not a MetricsEndpoint")
     return answer
 
 
@@ -85,13 +87,12 @@ def core_checks(pm: PluginManager, engine: str, config: ServeConfig, hardware: H
     return out
 
 
-GROUP_HOOK = "perflab_build_group_launch"
+GROUP_HOOK = "build_group_launch"
 
 
 def spans_nodes(pm: PluginManager, engine: str) -> bool:
-    """Whether ``engine``'s plugin builds multi-node launches (implements :data:`GROUP_HOOK`)."""
-    rec = pm.engine(engine)
-    return any(GROUP_HOOK in r.hooks for r in pm.records if r.name == rec.plugin)
+    """Whether ``engine`` builds multi-node launches (overrides :data:`GROUP_HOOK`)."""
+    return bool(pm.engine(engine).engine.spans_nodes())
 
 
 def nodes_refusal(pm: PluginManager, engine: str, config: ServeConfig) -> list[Unsupported]:
@@ -111,10 +112,9 @@ def check_support(
     hardware: HardwareSnapshot,
     version: str | None,
 ) -> list[Unsupported]:
-    """Every objection, the core's first, then each plugin's (all implementations)."""
+    """Every objection, the core's first, then the engine's."""
     out = [*nodes_refusal(pm, engine, config), *core_checks(pm, engine, config, hardware)]
-    for answer in pm.hook.perflab_check_support(engine=engine, config=config, hardware=hardware, version=version):
-        out.extend(answer or [])
+    out.extend(pm.engine(engine).engine.check_support(config, hardware, version) or [])
     return out
 
 
@@ -122,8 +122,8 @@ def owned_flags(pm: PluginManager, engine: str) -> tuple[str, ...]:
     """What perflab sets itself for every launch of ``engine``, so extra arguments may not: the
     plugin's ``address_flags`` (host and port, which perflab chooses and probes) and
     ``owned_args`` (MindIE's ``ServerConfig.port``: its extra arguments are config.json overrides)."""
-    plugin = pm.pm.get_plugin(pm.engine(engine).plugin)
-    return (*(getattr(plugin, "address_flags", ()) or ()), *(getattr(plugin, "owned_args", ()) or ()))
+    obj = pm.engine(engine).engine
+    return (*obj.address_flags, *obj.owned_args)
 
 
 def owned_flag_problems(pm: PluginManager, engine: str, extra_args: tuple[str, ...] | list[str]) -> list[str]:
@@ -153,20 +153,27 @@ def build_launch(
         raise UsageError("; ".join(problems))
     if config.port is None:
         config = config.replace(port=rec.info.default_port)
-    spec = pm.hook.perflab_build_launch(
-        engine=engine, config=config, hardware=hardware, workdir=workdir, version=version
-    )
+    spec = rec.engine.build_launch(config, hardware, workdir, version)
     if spec is None:
         raise PerflabError(
             f"plugin {rec.distribution or rec.plugin} registered engine {engine!r} but built no launch for it"
         )
     if not isinstance(spec, LaunchSpec) or not spec.argv or not all(isinstance(a, str) for a in spec.argv):
         raise PerflabError(f"plugin {rec.distribution or rec.plugin} returned an invalid launch spec for {engine!r}")
-    return spec
+    return with_address(spec, rec.engine.address_flags)
+
+
+def with_address(spec: LaunchSpec, flags: tuple[str, ...]) -> LaunchSpec:
+    """``spec`` with its ``address_args`` read from the argv's ``flags`` when the engine set none
+    (the serving script leaves those tokens out)."""
+    if not flags or spec.address_args:
+        return spec
+    return dataclasses.replace(spec, address_args=address_tokens(spec.argv, flags))
 
 
 def readiness(pm: PluginManager, engine: str, launch: LaunchSpec) -> Readiness:
-    return pm.hook.perflab_readiness(engine=engine, launch=launch) or DEFAULT_READINESS
+    rec = pm.engines.get(engine)  # not registered (a launch replayed without its plugin): the default
+    return (rec.engine.readiness(launch) if rec is not None else None) or DEFAULT_READINESS
 
 
 def classify_crash(pm: PluginManager, engine: str, exit_code: int | None, log_tail: str) -> CrashCause:
@@ -174,7 +181,8 @@ def classify_crash(pm: PluginManager, engine: str, exit_code: int | None, log_ta
     for a signal, else ``unknown`` quoting the first exception line (see perflab.crashes)."""
     from perflab.crashes import fallback_cause, with_signal
 
-    cause = pm.hook.perflab_classify_crash(engine=engine, exit_code=exit_code, log_tail=log_tail)
+    rec = pm.engines.get(engine)
+    cause = rec.engine.classify_crash(exit_code, log_tail) if rec is not None else None
     if cause is not None:
         return with_signal(cause, exit_code)
     return fallback_cause(exit_code, log_tail)
@@ -202,13 +210,11 @@ def build_group_launch(
     """One launch per rank of ``group`` (the plugin's :data:`GROUP_HOOK`); UnsupportedOption
     when the engine has none."""
     rec = pm.engine(engine)
-    specs = pm.hook.perflab_build_group_launch(
-        engine=engine, config=config, hardware=hardware, group=group, workdir=workdir, version=version
-    )
+    specs = rec.engine.build_group_launch(config, hardware, group, workdir, version)
     if specs is None:
         raise UnsupportedOption(engine, f"nodes={group.size}", f"its plugin has no multi-node launch ({GROUP_HOOK})")
     specs = list(specs)
     if len(specs) != group.size or not all(isinstance(s, LaunchSpec) and s.argv for s in specs):
         raise PerflabError(f"plugin {rec.distribution or rec.plugin} returned no valid launch per rank of a "
                            f"{group.size}-node group for {engine!r}")
-    return specs
+    return [with_address(s, rec.engine.address_flags) for s in specs]

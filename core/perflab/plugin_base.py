@@ -1,10 +1,9 @@
-"""The base class of an engine plugin: the engine-name guard, the lazy import and the defaults.
+"""The base class of an engine: the object a plugin registers, its defaults and helpers.
 
-pluggy registers instances as well as modules. An engine plugin subclasses
-:class:`EnginePlugin`, declares what it knows as class attributes, overrides the plain
-methods it needs (no ``engine`` argument: the base's hook implementations answer only for
-``info.name`` and return ``None`` for every other engine) and exposes one instance through
-its entry point::
+An engine plugin subclasses :class:`EnginePlugin`, declares what it knows as class
+attributes, overrides the methods it needs and exposes one instance through its entry point;
+that instance registers itself (``perflab_register_engines``) and the core calls its methods
+directly, so no method takes an engine name::
 
     # pyproject.toml
     [project.entry-points.perflab]
@@ -31,7 +30,6 @@ every set option the plugin :class:`Refuses`, :meth:`EnginePlugin.classify_crash
 ``crash_signatures`` then the core's shared ones, readiness ``None`` (the core's default), the
 prefix-cache reset from ``prefix_cache_reset`` (None: the engine is never reset), the Prometheus
 endpoint from ``metrics_endpoint`` (None: nothing is scraped).
-Module-style plugins (hook contract v1, functions with an ``engine`` argument) keep working.
 """
 
 from __future__ import annotations
@@ -140,9 +138,9 @@ def address_tokens(argv: Sequence[str], flags: Sequence[str]) -> tuple[str, ...]
 class EnginePlugin:
     """Subclass, set the class attributes, override the plain methods; register an instance."""
 
-    PERFLAB_HOOKSPEC_VERSIONS: ClassVar[tuple[int, ...]] = (1,)
+    PERFLAB_HOOKSPEC_VERSIONS: ClassVar[tuple[int, ...]] = (2,)
 
-    #: the engine this plugin provides (its name guards every hook)
+    #: the engine this object is (its registered name, display name, accelerators, ...)
     info: ClassVar[EngineInfo]
     #: the environment variable that selects devices (``CUDA_VISIBLE_DEVICES``,
     #: ``ASCEND_RT_VISIBLE_DEVICES``); None: the plugin selects devices itself
@@ -163,102 +161,48 @@ class EnginePlugin:
     #: metadata says it; empty: the executable is never run
     version_output: ClassVar[tuple[re.Pattern[str], ...]] = ()
     #: how to empty the engine's prefix cache between measurements (the optional
-    #: ``perflab_cache_reset`` hook); None: the engine cannot, the lab does not try
+    #: ``cache_reset`` engine method); None: the engine cannot, the lab does not try
     prefix_cache_reset: ClassVar[CacheReset | None] = None
     #: where the engine serves its Prometheus metrics and what its names mean (the optional
-    #: ``perflab_metrics_endpoint`` hook); None: the lab scrapes nothing
+    #: ``metrics`` engine method); None: the lab scrapes nothing
     metrics_endpoint: ClassVar[MetricsEndpoint | None] = None
 
-    # ------------------------------------------------------------------ the hooks (guarded)
+    # ------------------------------------------------------------------ registration
 
     @hookimpl
-    def perflab_register_engines(self, register: Callable[[EngineInfo], None]) -> None:
-        register(self.info)
+    def perflab_register_engines(self, register: Callable[[EnginePlugin], None]) -> None:
+        """An instance exposed as an entry point is its own plugin: it registers itself."""
+        register(self)
 
-    @hookimpl
-    def perflab_engine_version(self, engine: str, env: Mapping[str, str]) -> str | None:
-        return self.version(env) if engine == self.info.name else None
-
-    @hookimpl
-    def perflab_check_support(
-        self, engine: str, config: ServeConfig, hardware: HardwareSnapshot, version: str | None
-    ) -> list[Unsupported] | None:
-        return self.check_support(config, hardware, version) if engine == self.info.name else None
-
-    @hookimpl
-    def perflab_build_launch(
-        self, engine: str, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None
-    ) -> LaunchSpec | None:
-        if engine != self.info.name:
-            return None
-        spec = self.build_launch(config, hardware, workdir, version)
-        if self.address_flags and not spec.address_args:
-            spec = dataclasses.replace(spec, address_args=address_tokens(spec.argv, self.address_flags))
-        return spec
-
-    @hookimpl
-    def perflab_build_group_launch(
-        self, engine: str, config: ServeConfig, hardware: HardwareSnapshot, group: NodeGroup, workdir: Path,
-        version: str | None,
-    ) -> list[LaunchSpec] | None:
-        if engine != self.info.name:
-            return None
-        specs = self.build_group_launch(config, hardware, group, workdir, version)
-        if specs is None or not self.address_flags:
-            return specs
-        return [s if s.address_args else dataclasses.replace(s, address_args=address_tokens(s.argv, self.address_flags))
-                for s in specs]
-
-    @hookimpl
-    def perflab_readiness(self, engine: str, launch: LaunchSpec) -> Readiness | None:
-        return self.readiness(launch) if engine == self.info.name else None
-
-    @hookimpl
-    def perflab_classify_crash(self, engine: str, exit_code: int | None, log_tail: str) -> CrashCause | None:
-        return self.classify_crash(exit_code, log_tail) if engine == self.info.name else None
-
-    @hookimpl
-    def perflab_teardown(self, engine: str, launch: LaunchSpec, workdir: Path) -> None:
-        if engine == self.info.name:
-            self.teardown(launch, workdir)
-
-    @hookimpl
-    def perflab_describe_file(self, engine: str, path: str, content: str) -> list[str] | None:
-        return self.describe_file(path, content) if engine == self.info.name else None
-
-    @hookimpl
-    def perflab_cache_reset(self, engine: str, launch: LaunchSpec) -> CacheReset | None:
-        return self.cache_reset(launch) if engine == self.info.name else None
-
-    @hookimpl
-    def perflab_metrics_endpoint(self, engine: str, launch: LaunchSpec) -> MetricsEndpoint | None:
-        return self.metrics(launch) if engine == self.info.name else None
-
-    #: the plain methods whose base version does nothing (the core's own default applies):
-    #: a plugin that does not override one does not really implement its hook
+    #: the methods the core calls on a registered engine (each under its deadline,
+    #: :data:`perflab.hookspecs.HOOK_DEADLINES_S`)
+    METHODS: ClassVar[tuple[str, ...]] = (
+        "version", "check_support", "build_launch", "build_group_launch", "readiness", "classify_crash",
+        "teardown", "describe_file", "cache_reset", "metrics",
+    )
+    #: the methods whose base version does nothing (the core's own default applies): an engine
+    #: that does not override one does not really provide it
     #: (cache_reset, metrics: unless the class declares prefix_cache_reset, metrics_endpoint)
-    _NOOP_DEFAULTS: ClassVar[dict[str, str]] = {
-        "perflab_readiness": "readiness", "perflab_teardown": "teardown", "perflab_describe_file": "describe_file",
-        "perflab_cache_reset": "cache_reset", "perflab_metrics_endpoint": "metrics",
-        "perflab_build_group_launch": "build_group_launch",
-    }
-    #: the hooks a class attribute answers (without overriding the plain method)
-    _DECLARED_BY: ClassVar[dict[str, str]] = {
-        "perflab_cache_reset": "prefix_cache_reset", "perflab_metrics_endpoint": "metrics_endpoint",
-    }
+    NOOP_DEFAULTS: ClassVar[tuple[str, ...]] = (
+        "readiness", "teardown", "describe_file", "cache_reset", "metrics", "build_group_launch",
+    )
+    #: the methods a class attribute answers (without overriding the method)
+    DECLARED_BY: ClassVar[Mapping[str, str]] = {"cache_reset": "prefix_cache_reset", "metrics": "metrics_endpoint"}
 
-    def implemented_hooks(self, hooks: Iterable[str]) -> tuple[str, ...]:
-        """Of ``hooks`` (the guarded hookimpls), those this plugin really answers: what
-        ``perflab engines list`` shows."""
+    def implemented(self) -> tuple[str, ...]:
+        """The methods this engine really provides: what ``perflab engines list`` shows."""
 
-        def answers(hook: str) -> bool:
-            declared = self._DECLARED_BY.get(hook)
+        def answers(method: str) -> bool:
+            declared = self.DECLARED_BY.get(method)
             if declared is not None and getattr(self, declared) is not None:
                 return True
-            method = self._NOOP_DEFAULTS.get(hook)
-            return method is None or getattr(type(self), method) is not getattr(EnginePlugin, method)
+            return method not in self.NOOP_DEFAULTS or getattr(type(self), method) is not getattr(EnginePlugin, method)
 
-        return tuple(h for h in hooks if answers(h))
+        return tuple(m for m in self.METHODS if answers(m))
+
+    def spans_nodes(self) -> bool:
+        """Whether this engine builds multi-node launches (overrides ``build_group_launch``)."""
+        return "build_group_launch" in self.implemented()
 
     # ------------------------------------------------------------------ what a plugin overrides
 

@@ -71,10 +71,35 @@ class PluginRecord:
 
 @dataclass(frozen=True)
 class EngineRecord:
-    info: EngineInfo
+    engine: Any  # the registered EnginePlugin, its methods kept to their deadlines (BoundedEngine)
     plugin: str
     distribution: str | None
     version: str | None  # the plugin distribution's version
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.engine.info
+
+
+class BoundedEngine:
+    """An engine object whose core-called methods (``EnginePlugin.METHODS``) each run under
+    their deadline and are named as its plugin's fault past it; other attributes pass through."""
+
+    def __init__(self, engine: Any, plugin: str, deadline: Callable[[str], float]) -> None:
+        self.wrapped = engine
+        self.plugin = plugin
+        self.deadline = deadline
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.wrapped, name)
+        if name not in getattr(self.wrapped, "METHODS", ()) or not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return call_with_deadline(value, args, kwargs, plugin=self.plugin, hook=name,
+                                      deadline_s=self.deadline(name))
+
+        return call
 
 
 def _norm(name: str) -> str:
@@ -170,8 +195,7 @@ def _hooks_of(plugin: object) -> tuple[str, ...]:
             if a.startswith("perflab_") and hasattr(getattr(plugin, a), f"{hookspecs.PROJECT}_impl")
         )
     )
-    implemented = getattr(plugin, "implemented_hooks", None)  # an EnginePlugin: not its no-op defaults
-    return tuple(implemented(hooks)) if callable(implemented) else hooks
+    return hooks
 
 
 class PluginManager:
@@ -303,9 +327,9 @@ class PluginManager:
         if register_impl is not None:
             open_ = [True]  # a call abandoned at its deadline must not register anything later
 
-            def register(info: EngineInfo) -> None:
+            def register(engine: Any) -> None:
                 if open_[0]:
-                    self._register_engine(info, name, distribution, version, engines)
+                    self._register_engine(engine, name, distribution, version, engines)
 
             try:
                 call_with_deadline(register_impl, (register,), {}, plugin=name, hook="perflab_register_engines",
@@ -323,10 +347,13 @@ class PluginManager:
         return rec
 
     def _register_engine(
-        self, info: EngineInfo, plugin: str, dist: str | None, version: str | None, out: list[str]
+        self, engine: Any, plugin: str, dist: str | None, version: str | None, out: list[str]
     ) -> None:
-        if not isinstance(info, EngineInfo):
-            raise TypeError(f"register() takes an EngineInfo, got {type(info).__name__}")
+        from perflab.plugin_base import EnginePlugin  # here: plugin_base imports hookspecs, not the manager
+
+        if not isinstance(engine, EnginePlugin) or not isinstance(getattr(engine, "info", None), EngineInfo):
+            raise TypeError(f"register() takes an EnginePlugin with an EngineInfo, got {type(engine).__name__}")
+        info = engine.info
         existing = self.engines.get(info.name)
         if existing is not None:
             self.errors.append(
@@ -335,7 +362,7 @@ class PluginManager:
                 f"(uninstall one, or set PERFLAB_DISABLE_PLUGINS)"
             )
             return
-        self.engines[info.name] = EngineRecord(info, plugin, dist, version)
+        self.engines[info.name] = EngineRecord(BoundedEngine(engine, plugin, self.deadline), plugin, dist, version)
         out.append(info.name)
 
     # ------------------------------------------------------------------ queries

@@ -241,7 +241,7 @@ class EngineInstance:
         which ``perflab ps``/``perflab kill`` match (default: the workdir and the log's name).
     :param launch: a launch already built (one rank of a multi-node group,
         :class:`perflab.supervisor_group.EngineGroup`, which did the preflight): it is started
-        as it is, without the plugin's preflight or ``perflab_build_launch``.
+        as it is, without the plugin's preflight or ``build_launch``.
     :param serving: False for a rank that serves no HTTP (a multi-node group's rank >= 1): it
         is ``ready`` once started, never probed, and its launch's main port is not its own.
     :param abort: an event that ends the wait for readiness (another rank of the group died).
@@ -983,15 +983,15 @@ class EngineInstance:
         await anyio.to_thread.run_sync(self._call_teardown_hooks, spec)
 
     def _call_teardown_hooks(self, spec: LaunchSpec) -> None:
-        # Each implementation separately: one plugin's failure must not skip the others.
-        for impl in self.pm.hook.perflab_teardown.get_hookimpls():
-            kwargs = {"engine": self.engine, "launch": spec, "workdir": self.workdir}
-            try:
-                impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
-            except HookDeadlineExceeded as exc:  # what it should have cleaned may still be there
-                self.outcome.leftovers.append(str(exc))
-            except Exception as exc:
-                self.outcome.leftovers.append(f"teardown hook of plugin {impl.plugin_name} failed: {type(exc).__name__}: {exc}")
+        rec = self.pm.engines.get(self.engine)
+        if rec is None:
+            return
+        try:
+            rec.engine.teardown(spec, self.workdir)
+        except HookDeadlineExceeded as exc:  # what it should have cleaned may still be there
+            self.outcome.leftovers.append(str(exc))
+        except Exception as exc:
+            self.outcome.leftovers.append(f"teardown hook of plugin {rec.plugin} failed: {type(exc).__name__}: {exc}")
 
     def kill_now(self) -> None:
         """SIGKILL everything this launch started, synchronously (atexit, third Ctrl-C)."""

@@ -1,5 +1,5 @@
 """A multi-node engine supervised as one: one :class:`~perflab.supervisor.EngineInstance` per node
-rank, started from the plugin's ``perflab_build_group_launch``.
+rank, started from the plugin's ``build_group_launch``.
 
 The group keeps the supervisor's promises for every rank (each rank is an ``EngineInstance``:
 its exit awaited, its process tree and ports checked at teardown) and adds what a group needs:
@@ -94,7 +94,7 @@ class RankLaunch:
     rank: int
     engine: str
     config: ServeConfig  # the group's config with this node's devices
-    launch: LaunchSpec  # the plugin's launch of this rank (perflab_build_group_launch)
+    launch: LaunchSpec  # the plugin's launch of this rank (build_group_launch)
     workdir: Path  # the run directory (a Ray agent runs the rank in a stage of its node's: perflab.lab.shipping)
     log_name: str
     scope: tuple[str, str]  # (study, run id) of the rank's PERFLAB_INSTANCE marker

@@ -197,7 +197,7 @@ class ServeConfig:
     dp: int | None = field(default=None, metadata=_opt("pos_int", "Data-parallel size."))
     nodes: int | None = field(default=None, metadata=_opt(
         "pos_int", "Nodes (machines) the engine spans; rank 0 serves (default 1).",
-        note="Above 1 the engine's plugin must build one launch per node (`perflab_build_group_launch`: SGLang, vLLM "
+        note="Above 1 the engine's plugin must build one launch per node (`build_group_launch`: SGLang, vLLM "
              "data parallel); tp/pp/dp are the whole group's sizes. See the user guide, Multi-node runs."))
     ep: int | None = field(default=None, metadata=_opt(  # vLLM only knows "on" (= tp * dp)
         "pos_int", "Expert-parallel size (vLLM: must equal tp×dp; it maps to --enable-expert-parallel)."))
@@ -315,7 +315,7 @@ class GroupNode:
 
 @dataclass(frozen=True)
 class NodeGroup:
-    """The nodes one multi-node launch spans (``perflab_build_group_launch``): rank 0 serves
+    """The nodes one multi-node launch spans (``build_group_launch``): rank 0 serves
     HTTP; ``rendezvous_port`` is the port on rank 0's address where the other ranks join
     (SGLang's ``--dist-init-addr HOST:PORT``, vLLM's ``--data-parallel-rpc-port``)."""
 
@@ -382,7 +382,7 @@ class HttpProbe:
 @dataclass(frozen=True)
 class CacheReset:
     """How to empty an engine's prefix cache between measurements (the optional
-    ``perflab_cache_reset`` hook): ``method`` ``path`` on the serving port must answer 2xx and,
+    ``cache_reset`` engine method): ``method`` ``path`` on the serving port must answer 2xx and,
     with ``success_field``, a JSON object whose field is true (vLLM answers 200
     ``{"success": false}`` while blocks are still held). An engine that registers the path only
     under a condition (vLLM: ``VLLM_SERVER_DEV_MODE=1``) says so in ``missing_hint``: a 404 is
@@ -398,7 +398,7 @@ class CacheReset:
 @dataclass(frozen=True)
 class MetricsEndpoint:
     """Where an engine serves its Prometheus metrics and which of its metric names mean what
-    (the optional ``perflab_metrics_endpoint`` hook). The lab scrapes ``GET path`` on ``port``
+    (the optional ``metrics`` engine method). The lab scrapes ``GET path`` on ``port``
     (None: the serving port) about every engine second of every measured benchmark and
     summarizes it as ``server_metrics`` (:mod:`perflab.observe.metrics`).
 

@@ -75,14 +75,17 @@ def test_plugins_declare_their_prefix_cache_reset() -> None:
 
     pm = load()
     launch = LaunchSpec(engine="x", argv=("x",), host="127.0.0.1", port=1, served_model_name="m")
-    answers = {e: pm.hook.perflab_cache_reset(engine=e, launch=launch) for e in ("vllm", "vllm-ascend", "sglang", "trtllm", "mindie")}
+    answers = {e: pm.engine(e).engine.cache_reset(launch) for e in ("vllm", "vllm-ascend", "sglang", "trtllm", "mindie")}
     assert answers["vllm"] == answers["vllm-ascend"]  # the same API server
     assert (answers["vllm"].method, answers["vllm"].path, answers["vllm"].success_field) == ("POST", "/reset_prefix_cache", "success")
     assert "VLLM_SERVER_DEV_MODE=1" in answers["vllm"].missing_hint
     assert (answers["sglang"].method, answers["sglang"].path) == ("POST", "/flush_cache")
     assert answers["trtllm"] is None and answers["mindie"] is None
     assert all(a is None or a.source for a in answers.values())  # cited
-    assert pm.hook.perflab_cache_reset(engine="no-such-engine", launch=launch) is None
+    from perflab.errors import UnknownEngine
+
+    with pytest.raises(UnknownEngine):
+        pm.engine("no-such-engine")
 
 
 def test_the_simulated_engines_answer_resets_as_the_real_ones(tmp_path: Path) -> None:

@@ -137,7 +137,7 @@ def test_an_engine_without_the_group_hook_is_refused_for_two_nodes(tmp_path: Pat
     assert not [u for u in one if "nodes" in u.what]
     two = [u for u in check_support(pm, "trtllm", ServeConfig(model="Qwen/Qwen3-8B", nodes=2), hw, None) if "nodes" in u.what]
     assert len(two) == 1 and two[0].severity == "error", two
-    assert two[0].what == "nodes=2" and "perflab_build_group_launch" in two[0].why and "\n" not in two[0].why
+    assert two[0].what == "nodes=2" and "build_group_launch" in two[0].why and "\n" not in two[0].why
     for engine in ("sglang", "vllm"):
         assert not [u for u in check_support(pm, engine, ServeConfig(model="Qwen/Qwen3-8B", nodes=2, dp=2), hw, None)
                     if "nodes" in u.what]

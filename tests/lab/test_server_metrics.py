@@ -38,7 +38,7 @@ def test_every_plugin_names_its_engines_metrics_with_a_source() -> None:
     from perflab.plugins import load
 
     pm = load()
-    got = {e: pm.hook.perflab_metrics_endpoint(engine=e, launch=_launch(e)) for e in ENGINES}
+    got = {e: pm.engine(e).engine.metrics(_launch(e)) for e in ENGINES}
     assert got["vllm"] == got["vllm-ascend"]  # the same API server and loggers
     assert got["vllm"].path == "/metrics" and got["vllm"].port is None
     assert got["vllm"].names()["preemptions"] == "vllm:num_preemptions"
@@ -47,12 +47,15 @@ def test_every_plugin_names_its_engines_metrics_with_a_source() -> None:
     assert sglang.names()["prefix_cache_hit_rate"] == "sglang:cache_hit_rate"
     assert "--enable-metrics" in sglang.missing_hint  # its /metrics exists only with the flag
     # MindIE: on the launch's metrics port (its second extra port), the documented names
-    mindie = pm.hook.perflab_metrics_endpoint(engine="mindie", launch=_launch("mindie", extra_ports=(8001, 8002)))
+    mindie = pm.engine("mindie").engine.metrics(_launch("mindie", extra_ports=(8001, 8002)))
     assert (mindie.path, mindie.port, mindie.names()["kv_cache_usage"]) == ("/metrics", 8002, "npu_cache_usage_perc")
     for endpoint in (got["vllm"], got["trtllm"], sglang, mindie):
         assert endpoint.source and {"kv_cache_usage", "running", "waiting"} <= set(endpoint.names())
         assert set(endpoint.names()) <= set(METRIC_ROLES)
-    assert pm.hook.perflab_metrics_endpoint(engine="no-such-engine", launch=_launch()) is None
+    from perflab.errors import UnknownEngine
+
+    with pytest.raises(UnknownEngine):
+        pm.engine("no-such-engine")
 
 
 def test_engines_list_shows_metrics_only_where_declared() -> None:
@@ -66,12 +69,8 @@ def test_engines_list_shows_metrics_only_where_declared() -> None:
     class Scraped(Toy):
         metrics_endpoint = MetricsEndpoint(running="toy_running", source="test")
 
-    plain = PluginManager(entrypoints=False, builtins=False).add_plugin(Toy(), name="toy")
-    scraped = PluginManager(entrypoints=False, builtins=False).add_plugin(Scraped(), name="scraped")
-    assert "perflab_metrics_endpoint" not in plain.hooks and "perflab_metrics_endpoint" in scraped.hooks
-    assert Scraped().perflab_metrics_endpoint(engine="other", launch=_launch()) is None
-    vllm = next(r for r in load().records if "vllm" in r.engines)
-    assert "metrics" in _short_hooks(list(vllm.hooks)).split(", ")
+    assert "metrics" not in Toy().implemented() and "metrics" in Scraped().implemented()
+    assert "metrics" in _short_hooks(list(load().engine("vllm").engine.implemented())).split(", ")
 
 
 # --------------------------------------------------------------------------- parsing a real engine's /metrics

@@ -114,7 +114,7 @@ INCOMPATIBLE = textwrap.dedent(
         register(EngineInfo(name="futuristic", display_name="F", accelerators=("cuda",)))
 
     @hookimpl
-    def perflab_build_launch(engine, config, hardware, workdir, quantum_flux):
+    def perflab_probe_hardware(env, quantum_flux):
         return None
 
     @hookimpl
@@ -153,15 +153,15 @@ def test_check_compatibility_names_the_problem() -> None:
         return None
 
     @hookimpl
-    def perflab_build_launch(engine, config, hardware, workdir, quantum_flux):  # noqa: ANN001, ANN202
+    def perflab_probe_hardware(env, quantum_flux):  # noqa: ANN001, ANN202
         return None
 
     assert "perflab_teleport_weights" in check_compatibility(module_plugin("a", perflab_teleport_weights=perflab_teleport_weights))
-    assert "quantum_flux" in check_compatibility(module_plugin("b", perflab_build_launch=perflab_build_launch))
+    assert "quantum_flux" in check_compatibility(module_plugin("b", perflab_probe_hardware=perflab_probe_hardware))
     old = module_plugin("c", PERFLAB_HOOKSPEC_VERSIONS=(0,))
     assert "version" in check_compatibility(old)
     pm = PluginManager(entrypoints=False, builtins=False)
-    rec = pm.add_plugin(module_plugin("b", perflab_build_launch=perflab_build_launch))
+    rec = pm.add_plugin(module_plugin("b", perflab_probe_hardware=perflab_probe_hardware))
     assert rec.status == "incompatible" and "quantum_flux" in rec.error
 
 

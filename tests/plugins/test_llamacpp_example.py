@@ -37,12 +37,16 @@ def plugin(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 
 def build(plugin, hw: HardwareSnapshot = CPU, **kw):  # type: ignore[no-untyped-def]
     kw.setdefault("port", 8080)
-    return plugin.perflab_build_launch("llama-cpp", ServeConfig(model="/models/tiny-llama.gguf", **kw), hw, Path("/tmp"))
+    return plugin.LlamaCpp().build_launch(ServeConfig(model="/models/tiny-llama.gguf", **kw), hw, Path("/tmp"), None)
+
+
+def check(plugin, config: ServeConfig, hw: HardwareSnapshot):  # type: ignore[no-untyped-def]
+    return plugin.LlamaCpp().check_support(config, hw, None)
 
 
 def test_ready_patterns_match_the_real_log_ready_lines_only(plugin) -> None:
     lines = (FIXTURES / "server.log").read_text().splitlines()
-    patterns = plugin.perflab_readiness("llama-cpp", build(plugin)).ready_log_patterns
+    patterns = plugin.LlamaCpp().readiness(build(plugin)).ready_log_patterns
     hits = [line for line in lines if any(re.search(p, line) for p in patterns)]
     # the two lines after which the server answers (a ready line only wakes the probes)
     assert hits == ["0.00.080.592 I srv  llama_server: model loaded",
@@ -70,8 +74,8 @@ def test_version_from_the_executable(plugin, tmp_path: Path) -> None:
     exe = tmp_path / "llama-server"
     exe.write_text("#!/bin/sh\necho 'version: 0.6.0-dev (build 1, commit abcdef0)' >&2\necho 'built with cc for x86_64-linux-gnu' >&2\n")
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    assert plugin.perflab_engine_version("llama-cpp", {"PATH": str(tmp_path)}) == "0.6.0-dev (build 1, commit abcdef0)"
-    assert plugin.perflab_engine_version("llama-cpp", {"PATH": str(tmp_path / "none")}) is None
+    assert plugin.LlamaCpp().version({"PATH": str(tmp_path)}) == "0.6.0-dev (build 1, commit abcdef0)"
+    assert plugin.LlamaCpp().version({"PATH": str(tmp_path / "none")}) is None
 
 
 def test_ctx_size_is_shared_by_the_slots(plugin) -> None:
@@ -93,13 +97,14 @@ def test_ctx_size_is_shared_by_the_slots(plugin) -> None:
 def test_runs_on_cpu(plugin) -> None:
     registered = []
     plugin.perflab_register_engines(registered.append)
-    (info,) = registered
+    (engine,) = registered
+    info = engine.info
     assert "cpu" in info.accelerators and info.accelerators[0] == "cuda"
     spec = build(plugin, CPU)
     assert "CUDA_VISIBLE_DEVICES" not in spec.env
-    refused = plugin.perflab_check_support("llama-cpp", ServeConfig(model="m.gguf", devices=(0,)), CPU)
+    refused = check(plugin, ServeConfig(model="m.gguf", devices=(0,)), CPU)
     assert [u.what for u in refused] == ["devices"]
-    assert plugin.perflab_check_support("llama-cpp", ServeConfig(model="m.gguf", devices=(0,)), GPUS) == []
+    assert check(plugin, ServeConfig(model="m.gguf", devices=(0,)), GPUS) == []
     assert build(plugin, GPUS, devices=(1,)).env["CUDA_VISIBLE_DEVICES"] == "1"
 
 
@@ -204,7 +209,7 @@ def test_gguf_tokenizers_not_rebuilt_are_a_preflight_warning(plugin, tmp_path: P
     path = _gguf(tmp_path / "m.gguf", kv)
     with pytest.raises(gguf.UnsupportedTokenizer, match=message):
         gguf.tokenizer_json(gguf.read_metadata(path))
-    (warning,) = plugin.perflab_check_support("llama-cpp", ServeConfig(model=str(path)), CPU)
+    (warning,) = check(plugin, ServeConfig(model=str(path)), CPU)
     assert (warning.what, warning.severity) == ("tokenizer", "warning") and "approximate" in warning.why
 
 
@@ -215,8 +220,8 @@ def test_not_a_gguf(plugin, tmp_path: Path) -> None:
     bad.write_bytes(b"PK\x03\x04 not gguf")
     with pytest.raises(gguf.GGUFError, match="not a GGUF"):
         gguf.read_metadata(bad)
-    assert [u.what for u in plugin.perflab_check_support("llama-cpp", ServeConfig(model=str(bad)), CPU)] == ["tokenizer"]
+    assert [u.what for u in check(plugin, ServeConfig(model=str(bad)), CPU)] == ["tokenizer"]
     tokens, merges = _tiny_bpe()
     good = _gguf(tmp_path / "ok.gguf", {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
                                           "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": merges})
-    assert plugin.perflab_check_support("llama-cpp", ServeConfig(model=str(good)), CPU) == []
+    assert check(plugin, ServeConfig(model=str(good)), CPU) == []

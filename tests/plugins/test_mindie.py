@@ -358,7 +358,7 @@ def test_crash_causes_are_named_with_the_matching_line(pm, name):
 
 
 def test_prefix_cache_info_lines_are_not_crashes(pm):
-    assert perflab_mindie.plugin.perflab_classify_crash(ENGINE, None, "[INFO] prefix cache hit rate 0.42\n") is None
+    assert perflab_mindie.plugin.classify_crash(None, "[INFO] prefix cache hit rate 0.42\n") is None
 
 
 # --------------------------------------------------------------------------- hooks
@@ -367,10 +367,8 @@ def test_prefix_cache_info_lines_are_not_crashes(pm):
 def test_registration_and_other_engines_are_not_answered(pm):
     info = pm.engine(ENGINE).info
     assert (info.accelerators, info.executable, info.default_port) == (("ascend",), "mindieservice_daemon", 1025)
-    config = ServeConfig(model="m", port=1025)
-    assert perflab_mindie.plugin.perflab_build_launch("vllm-ascend", config, NPU1, WORKDIR, None) is None
-    assert perflab_mindie.plugin.perflab_check_support("vllm-ascend", config, NPU1, None) is None
-    assert perflab_mindie.plugin.perflab_engine_version("vllm-ascend", {}) is None
+    # contract v2: the core calls this engine's own object, so no other engine's question reaches it
+    assert pm.engine(ENGINE).engine.wrapped is perflab_mindie.plugin
 
 
 def test_entry_point_module_is_import_light():

@@ -342,11 +342,7 @@ def test_registration_and_other_engines_are_not_answered(pm):
         ("tensorrt_llm", "tensorrt-llm"),
         8000,
     )
-    config = ServeConfig(model="m", port=1)
-    assert perflab_trtllm.plugin.perflab_build_launch("sglang", config, H100, WORKDIR, None) is None
-    assert perflab_trtllm.plugin.perflab_check_support("sglang", config, H100, None) is None
-    assert perflab_trtllm.plugin.perflab_readiness("sglang", build(pm, config)) is None
-    assert perflab_trtllm.plugin.perflab_classify_crash("sglang", 1, CRASHES["cuda-oom"]) is None
+    assert pm.engine("trtllm").engine.wrapped is perflab_trtllm.plugin  # the core calls this object
 
 
 def test_entry_point_module_is_import_light():

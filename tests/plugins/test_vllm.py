@@ -289,12 +289,12 @@ def test_entry_module_is_import_light() -> None:
     assert out.stdout.strip() == "['perflab_vllm']"
 
 
-def test_hooks_answer_only_for_vllm() -> None:
-    assert perflab_vllm.plugin.perflab_build_launch("sglang", ServeConfig(model="m", port=1), A100, Path("/tmp"), None) is None
-    assert perflab_vllm.plugin.perflab_check_support("sglang", ServeConfig(model="m"), A100, None) is None
-    assert perflab_vllm.plugin.perflab_classify_crash("sglang", 1, "CUDA out of memory") is None
-    assert perflab_vllm.plugin.perflab_engine_version("sglang", {}) is None
-    assert perflab_vllm.plugin.perflab_readiness("vllm-ascend", None) is None  # type: ignore[arg-type]
+def test_the_registered_vllm_engine_is_the_plugins_object() -> None:
+    from perflab.plugins import PluginManager
+
+    pm = PluginManager(entrypoints=True, builtins=False, environ={"PERFLAB_LOAD_PLUGINS": "vllm,vllm-ascend"})
+    assert pm.engine("vllm").engine.wrapped is perflab_vllm.plugin
+    assert pm.engine("vllm-ascend").engine.wrapped is not perflab_vllm.plugin  # a subclass, its own object
 
 
 # --------------------------------------------------------------------------- version
@@ -648,7 +648,7 @@ def test_harmless_lines_are_not_crashes(pm) -> None:
         "(EngineCore_DP0 pid=2) INFO 10-20 [parallel_state.py:1208] world_size=4 backend=nccl, NCCL version 2.27.3\n"
         "(APIServer pid=1) INFO 10-20 [api_server.py:1912] Starting vLLM API server 0 on http://127.0.0.1:8000\n"
     )
-    assert perflab_vllm.plugin.perflab_classify_crash("vllm", None, log) is None
+    assert perflab_vllm.plugin.classify_crash(None, log) is None
     assert engines.classify_crash(pm, "vllm", 1, log).name == "unknown"
 
 

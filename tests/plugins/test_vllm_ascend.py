@@ -126,12 +126,10 @@ def test_registration_readiness_and_isolation(pm) -> None:
     assert (info.accelerators, info.executable, info.distributions) == (("ascend",), "vllm", ("vllm-ascend",))
     r = engines.readiness(pm, "vllm-ascend", launch(pm, model="m"))
     assert [p.path for p in r.http] == ["/health", "/v1/models"] and r.generation_path == "/v1/completions"
-    assert perflab_vllm_ascend.plugin.perflab_build_launch("vllm", ServeConfig(model="m", port=1), A2, Path("/tmp"), None) is None
-    assert perflab_vllm_ascend.plugin.perflab_classify_crash("vllm", 1, "NPU out of memory") is None
-    # vLLM's plugin does not answer for vllm-ascend either (firstresult hooks must fall through)
     import perflab_vllm
 
-    assert perflab_vllm.plugin.perflab_build_launch("vllm-ascend", ServeConfig(model="m", port=1), A2, Path("/tmp"), None) is None
+    assert pm.engine("vllm-ascend").engine.wrapped is perflab_vllm_ascend.plugin
+    assert pm.engine("vllm").engine.wrapped is perflab_vllm.plugin
 
 
 def _vllm_venv(root: Path, *dists: tuple[str, str]) -> dict[str, str]:
@@ -251,7 +249,7 @@ def test_crash_causes(pm, name: str, log: str, needle: str) -> None:
 
 
 def test_unknown_log_is_left_to_the_core(pm) -> None:
-    assert perflab_vllm_ascend.plugin.perflab_classify_crash("vllm-ascend", 0, "INFO all good\n") is None
+    assert perflab_vllm_ascend.plugin.classify_crash(0, "INFO all good\n") is None
 
 
 # --------------------------------------------------------------------------- conformance kit

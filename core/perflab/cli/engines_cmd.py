@@ -77,7 +77,7 @@ def collect(pm: PluginManager, env: Mapping[str, str]) -> dict[str, Any]:
                 "distribution": rec.distribution,
                 "plugin_version": rec.version,
                 "accelerators": list(info.accelerators),
-                "hooks": list(plugin.hooks) if plugin else [],
+                "hooks": ["perflab_register_engines", *rec.engine.implemented()] if plugin else [],
                 "status": "ok",
                 "error": problem,
                 "installed": installed,
@@ -104,20 +104,20 @@ def collect(pm: PluginManager, env: Mapping[str, str]) -> dict[str, Any]:
     return {"engines": engines, "plugins": plugins, "errors": list(pm.errors)}
 
 
-# The lifecycle stage each hook serves (design.md's table), short enough for a table cell.
+# The lifecycle stage each hook or engine method serves (design.md's table), short enough for a table cell.
 _STAGES = {
     "perflab_register_engines": "register",
     "perflab_probe_hardware": "hardware",
-    "perflab_engine_version": "version",
-    "perflab_check_support": "preflight",
-    "perflab_build_launch": "launch",
-    "perflab_build_group_launch": "multi-node",
-    "perflab_readiness": "readiness",
-    "perflab_classify_crash": "crashes",
-    "perflab_teardown": "teardown",
-    "perflab_describe_file": "script",
-    "perflab_cache_reset": "cache",
-    "perflab_metrics_endpoint": "metrics",
+    "version": "version",
+    "check_support": "preflight",
+    "build_launch": "launch",
+    "build_group_launch": "multi-node",
+    "readiness": "readiness",
+    "classify_crash": "crashes",
+    "teardown": "teardown",
+    "describe_file": "script",
+    "cache_reset": "cache",
+    "metrics": "metrics",
     "perflab_register_bench_backends": "bench",
 }
 

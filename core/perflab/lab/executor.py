@@ -143,7 +143,7 @@ def serving_script(launches: Sequence[LaunchSpec], describe_file: Callable[[str,
     """The "Serving script" box: environment exports and the command, as the seeds print it.
 
     A file the plugin wrote (MindIE's config.json) is shown by what it sets —
-    ``describe_file(path, content)``, the plugin's optional ``perflab_describe_file`` hook — and
+    ``describe_file(path, content)``, the plugin's optional ``describe_file`` engine method — and
     paths inside the run directory become ``$PWD/<name>``: the script must not point into a
     study directory."""
     first = launches[0]
@@ -184,10 +184,11 @@ def launches_script(instances: Sequence[Any], describe_file: Callable[[str, str]
 
 
 def plugin_file_describer(pm: PluginManager, engine: str) -> Callable[[str, str], list[str] | None]:
-    """The engine's ``perflab_describe_file`` hook as ``describe(path, content)``."""
+    """The engine's ``describe_file`` method as ``describe(path, content)``."""
 
     def describe(path: str, content: str) -> list[str] | None:
-        return pm.hook.perflab_describe_file(engine=engine, path=path, content=content)
+        rec = pm.engines.get(engine)
+        return rec.engine.describe_file(path, content) if rec is not None else None
 
     return describe
 
@@ -306,13 +307,13 @@ class ResetProblem:
 
 async def reset_prefix_cache(pm: PluginManager, engine: str, launch: LaunchSpec, base_url: str,
                              env: dict[str, str] | None = None) -> ResetProblem | None:
-    """Empty the engine's prefix cache through its ``perflab_cache_reset`` hook; None when it
+    """Empty the engine's prefix cache through its ``cache_reset`` engine method; None when it
     was reset or the engine declares no reset (nothing to do), else what went wrong. ``env``:
     the lab's environment (an API key there is sent as the engine's clients send it)."""
     import httpx
 
     # off the event loop: a plugin's hook may take up to its deadline (perflab.hookspecs)
-    reset = await anyio.to_thread.run_sync(lambda: pm.hook.perflab_cache_reset(engine=engine, launch=launch))
+    reset = await anyio.to_thread.run_sync(lambda: pm.engines[engine].engine.cache_reset(launch) if engine in pm.engines else None)
     if reset is None:
         return None
     url = base_url.rstrip("/") + reset.path

@@ -1,7 +1,7 @@
 """The engine's own metrics during a benchmark (issue #13): the ``server_metrics`` watcher.
 
 The engine's plugin names its Prometheus endpoint and which of its metric names mean what
-(the optional ``perflab_metrics_endpoint`` hook, :class:`~perflab.types.MetricsEndpoint`).
+(the optional ``metrics`` engine method, :class:`~perflab.types.MetricsEndpoint`).
 :class:`MetricsWatcher` GETs that endpoint on every replica of a launch at each sample
 (:func:`perflab.observe.watch` paces it: about every engine second), parses the text with
 ``prometheus_client``'s parser and reduces it to one value per role

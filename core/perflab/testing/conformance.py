@@ -34,7 +34,7 @@ import pytest
 
 from perflab import hookspecs
 from perflab.errors import UnsupportedOption
-from perflab.plugin_base import Maps, Refuses
+from perflab.plugin_base import EnginePlugin, Maps, Refuses
 from perflab.plugins import PluginManager, check_compatibility
 from perflab.simenv import STATE_ENV
 from perflab.types import (
@@ -153,7 +153,7 @@ class EngineConformance:
         from perflab.engines import build_launch
 
         config = ServeConfig(**{"model": self.model, "port": 18123, **changes})
-        if config.node_count > 1:  # the serving rank of a group (perflab_build_group_launch)
+        if config.node_count > 1:  # the serving rank of a group (build_group_launch)
             return self._build_group(pm, hardware, tmp, config)[0]
         return build_launch(pm, self.engine, config, hardware, tmp, None)
 
@@ -167,10 +167,9 @@ class EngineConformance:
         return build_group_launch(pm, self.engine, config, hardware, group, tmp, None)
 
     def _serve_options(self, pm: PluginManager) -> Any:
-        plugin = pm.pm.get_plugin(pm.engines[self.engine].plugin)
-        options = getattr(plugin, "serve_options", None)
+        options = pm.engines[self.engine].engine.serve_options
         if not options:
-            pytest.skip("a module-style plugin (hook contract v1) declares no serve_options")
+            pytest.skip("the engine declares no serve_options")
         return options
 
     def _sample(self, name: str) -> dict[str, Any] | None:
@@ -197,7 +196,8 @@ class EngineConformance:
         assert check_compatibility(plugin) is None
         record = next(r for r in pm.records if r.name == pm.engines[self.engine].plugin)
         assert record.status == "ok", record.error
-        assert "perflab_build_launch" in record.hooks, "an engine plugin must implement perflab_build_launch"
+        assert type(pm.engines[self.engine].engine.wrapped).build_launch is not EnginePlugin.build_launch, \
+            "an engine must implement build_launch"
 
     def test_engine_info_is_well_formed(self, info: EngineInfo) -> None:
         assert re.fullmatch(r"[a-z0-9][a-z0-9._-]*", info.name), "engine names are lowercase, no spaces"
@@ -207,10 +207,10 @@ class EngineConformance:
 
     def test_version_hook_answers_without_importing_the_engine(self, pm: PluginManager, info: EngineInfo) -> None:
         before = set(sys.modules)
-        version = pm.hook.perflab_engine_version(engine=self.engine, env=dict(os.environ))
+        version = pm.engines[self.engine].engine.version(dict(os.environ))
         assert version is None or isinstance(version, str)
         heavy = {"torch", "vllm", "sglang", "tensorrt_llm"} & (set(sys.modules) - before)
-        assert not heavy, f"perflab_engine_version imported {sorted(heavy)}"
+        assert not heavy, f"version() imported {sorted(heavy)}"
 
     # ------------------------------------------------------------------ launch
 
@@ -340,7 +340,7 @@ class EngineConformance:
         an HTTP method and path on the serving port, cited."""
         from perflab.types import CacheReset
 
-        reset = pm.hook.perflab_cache_reset(engine=self.engine, launch=self._build(pm, hardware, tmp_path))
+        reset = pm.engines[self.engine].engine.cache_reset(self._build(pm, hardware, tmp_path))
         assert reset is None or isinstance(reset, CacheReset), f"expected a CacheReset or None, got {reset!r}"
         if reset is None:
             return
@@ -353,7 +353,7 @@ class EngineConformance:
         from perflab.types import MetricsEndpoint
 
         launch = self._build(pm, hardware, tmp_path)
-        endpoint = pm.hook.perflab_metrics_endpoint(engine=self.engine, launch=launch)
+        endpoint = pm.engines[self.engine].engine.metrics(launch)
         assert endpoint is None or isinstance(endpoint, MetricsEndpoint), f"expected a MetricsEndpoint or None, got {endpoint!r}"
         if endpoint is None:
             return
@@ -376,39 +376,26 @@ class EngineConformance:
         if not self.crash_samples:
             pytest.skip("no crash_samples given")
         for expected, tail in self.crash_samples.items():
-            cause = pm.hook.perflab_classify_crash(engine=self.engine, exit_code=1, log_tail=tail)
+            cause = pm.engines[self.engine].engine.classify_crash(1, tail)
             assert isinstance(cause, CrashCause), f"sample {expected!r} was not classified"
             assert cause.name == expected
             assert cause.explanation
             assert cause.line is None or cause.line in tail
 
     def test_unknown_logs_are_not_misclassified(self, pm: PluginManager, info: EngineInfo) -> None:
-        cause = pm.hook.perflab_classify_crash(engine=self.engine, exit_code=0, log_tail="INFO all good\n")
+        cause = pm.engines[self.engine].engine.classify_crash(0, "INFO all good\n")
         assert cause is None
 
-    def test_hooks_ignore_other_engines(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
-        plugin: Any = pm.pm.get_plugin(pm.engines[self.engine].plugin)
-        other = "perflab-conformance-other-engine"
-        config = ServeConfig(model=self.model, port=18123)
-        if hasattr(plugin, "perflab_build_launch"):
-            kw = _only(plugin.perflab_build_launch, engine=other, config=config, hardware=hardware, workdir=tmp_path, version=None)
-            assert plugin.perflab_build_launch(**kw) is None
-        if hasattr(plugin, "perflab_classify_crash"):
-            kw = _only(plugin.perflab_classify_crash, engine=other, exit_code=1, log_tail="Traceback\nRuntimeError: x")
-            assert plugin.perflab_classify_crash(**kw) is None
-        launch = LaunchSpec(engine=other, argv=("x",), host="127.0.0.1", port=18123, served_model_name="m")
-        others: dict[str, dict[str, Any]] = {
-            "perflab_engine_version": {"env": dict(os.environ)},
-            "perflab_check_support": {"config": config, "hardware": hardware, "version": None},
-            "perflab_readiness": {"launch": launch},
-            "perflab_describe_file": {"path": str(tmp_path / "config.json"), "content": "{}"},
-            "perflab_cache_reset": {"launch": launch},
-            "perflab_metrics_endpoint": {"launch": launch},
-        }
-        for hook, args in others.items():
-            if hasattr(plugin, hook):
-                impl = getattr(plugin, hook)
-                assert impl(**_only(impl, engine=other, **args)) is None, f"{hook} answered for another engine"
+    def test_engine_is_an_object_the_core_calls(self, pm: PluginManager) -> None:
+        """Contract v2: the registered engine is an EnginePlugin whose methods take no engine name."""
+        import inspect
+
+        from perflab.plugin_base import EnginePlugin
+
+        engine = pm.engines[self.engine].engine.wrapped
+        assert isinstance(engine, EnginePlugin)
+        for method in EnginePlugin.METHODS:
+            assert "engine" not in inspect.signature(getattr(engine, method)).parameters, f"{method} takes an engine"
 
     # ------------------------------------------------------------------ the full cycle
 
@@ -453,6 +440,7 @@ class EngineConformance:
         assert not outcome.leftovers, outcome.leftovers
 
 
+
 def stand_in_hint(outcome: Any) -> str:
     """The usual cause of a stand-in that never got ready, named first: an argparse stand-in
     (the scaffold's) exits on a flag your ``build_launch`` passes that its parser lacks."""
@@ -463,11 +451,3 @@ def stand_in_hint(outcome: Any) -> str:
         return ""
     return (f"the stand-in rejected the launch's argv ({lines[-1]}): add the flags your "
             f"build_launch passes to the stand-in's argument parser\n")
-
-
-def _only(fn: Any, **kw: Any) -> dict[str, Any]:
-    """pluggy lets an implementation omit parameters; call it the same way."""
-    import inspect
-
-    names = set(inspect.signature(fn).parameters)
-    return {k: v for k, v in kw.items() if k in names}

@@ -38,6 +38,7 @@ from pathlib import Path
 from perflab import (
     CrashCause,
     EngineInfo,
+    EnginePlugin,
     HardwareSnapshot,
     HttpProbe,
     LaunchSpec,
@@ -50,7 +51,7 @@ from perflab.errors import UnsupportedOption
 
 ENGINE = "llama-cpp"
 EXECUTABLE = "llama-server"
-PERFLAB_HOOKSPEC_VERSIONS = (1,)
+PERFLAB_HOOKSPEC_VERSIONS = (2,)
 SOURCE = "https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md"
 
 # KV cache types llama-server accepts for -ctk/-ctv (README, "allowed values").
@@ -84,11 +85,6 @@ CRASH_PATTERNS = [
 ]
 
 
-@hookimpl
-def perflab_register_engines(register):
-    register(EngineInfo(name=ENGINE, display_name="llama.cpp (llama-server)", accelerators=("cuda", "cpu"),
-                        description="llama.cpp's OpenAI-compatible server", executable=EXECUTABLE,
-                        homepage="https://github.com/ggml-org/llama.cpp", default_port=8080))
 
 
 def parse_version(text: str) -> str | None:
@@ -103,10 +99,8 @@ def parse_version(text: str) -> str | None:
     return f"{'b' if version.isdigit() else ''}{version} ({m.group('old_commit')})"
 
 
-@hookimpl
-def perflab_engine_version(engine: str, env: Mapping[str, str]) -> str | None:
-    if engine != ENGINE:
-        return None
+def find_version(env: Mapping[str, str]) -> str | None:
+    """``llama-server --version`` on ``env["PATH"]``, parsed; None when it is not there."""
     exe = shutil.which(EXECUTABLE, path=env.get("PATH"))
     if exe is None:
         return None
@@ -118,10 +112,7 @@ def perflab_engine_version(engine: str, env: Mapping[str, str]) -> str | None:
     return parse_version(out.stdout + out.stderr)
 
 
-@hookimpl
-def perflab_check_support(engine: str, config: ServeConfig, hardware: HardwareSnapshot) -> list[Unsupported] | None:
-    if engine != ENGINE:
-        return None
+def support_problems(config: ServeConfig, hardware: HardwareSnapshot) -> list[Unsupported]:
     out = []
     if config.devices is not None and hardware.of_kind("cpu") and not hardware.of_kind("cuda"):
         out.append(Unsupported("devices", "on CPU llama-server has no device selection (it uses the cores it may run on; "
@@ -167,10 +158,7 @@ def context_args(max_model_len: int | None, max_num_seqs: int | None) -> list[st
     return ["--ctx-size", str(max_model_len * slots), "--parallel", str(slots)]
 
 
-@hookimpl
-def perflab_build_launch(engine: str, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path) -> LaunchSpec | None:
-    if engine != ENGINE:
-        return None
+def launch(config: ServeConfig, hardware: HardwareSnapshot) -> LaunchSpec:
     argv = [EXECUTABLE, *_model_args(config.model), "--host", config.host, "--port", str(config.port)]
     if config.served_model_name:
         argv += ["--alias", config.served_model_name]
@@ -211,21 +199,37 @@ def perflab_build_launch(engine: str, config: ServeConfig, hardware: HardwareSna
                       served_model_name=config.name, env=env)
 
 
-@hookimpl
-def perflab_readiness(engine: str, launch: LaunchSpec) -> Readiness | None:
-    if engine != ENGINE:
+class LlamaCpp(EnginePlugin):
+    """llama-server as the object the core calls (hook contract v2)."""
+
+    PERFLAB_HOOKSPEC_VERSIONS = PERFLAB_HOOKSPEC_VERSIONS
+    info = EngineInfo(name=ENGINE, display_name="llama.cpp (llama-server)", accelerators=("cuda", "cpu"),
+                      description="llama.cpp's OpenAI-compatible server", executable=EXECUTABLE,
+                      homepage="https://github.com/ggml-org/llama.cpp", default_port=8080)
+
+    def version(self, env: Mapping[str, str]) -> str | None:
+        return find_version(env)
+
+    def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported]:
+        return support_problems(config, hardware)
+
+    def build_launch(self, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None) -> LaunchSpec:
+        return launch(config, hardware)
+
+    def readiness(self, launch: LaunchSpec) -> Readiness | None:
+        return Readiness(http=(HttpProbe("/health"), HttpProbe("/v1/models")), generation_path="/v1/completions",
+                         # a ready line only wakes the probes at once; it proves nothing by itself
+                         ready_log_patterns=(*READY_PATTERNS, r"llama_server: model loaded$"), startup_timeout_s=900)
+
+    def classify_crash(self, exit_code: int | None, log_tail: str) -> CrashCause | None:
+        for line in log_tail.splitlines():
+            for name, pattern, explanation, hint in CRASH_PATTERNS:
+                if re.search(pattern, line):
+                    return CrashCause(name, explanation, line=line, hint=hint, source=SOURCE)
         return None
-    return Readiness(http=(HttpProbe("/health"), HttpProbe("/v1/models")), generation_path="/v1/completions",
-                     # a ready line only wakes the probes at once; it proves nothing by itself
-                     ready_log_patterns=(*READY_PATTERNS, r"llama_server: model loaded$"), startup_timeout_s=900)
 
 
 @hookimpl
-def perflab_classify_crash(engine: str, exit_code: int | None, log_tail: str) -> CrashCause | None:
-    if engine != ENGINE:
-        return None
-    for line in log_tail.splitlines():
-        for name, pattern, explanation, hint in CRASH_PATTERNS:
-            if re.search(pattern, line):
-                return CrashCause(name, explanation, line=line, hint=hint, source=SOURCE)
-    return None
+def perflab_register_engines(register):
+    # the module is the plugin (its entry point); the engine is the object it registers
+    register(LlamaCpp())
