@@ -163,7 +163,7 @@ def test_simulated_catalog_machine_end_to_end(
 ) -> None:
     """`--hardware sim:NAME`: the built-in probes read the simulator's stand-ins (an
     `npu-smi` on PATH printing the real formats, an NVML shim) like real tools."""
-    from perflab.sim import catalog
+    from perflab_sim import catalog
 
     name = next(n for n in catalog.names() if catalog.get(n).kind == family and catalog.get(n).count > 1)
     machine = catalog.get(name)

@@ -1,4 +1,4 @@
-"""What the simulated engines answer (perflab.sim.answers, perflab.sim.accuracy), through a
+"""What the simulated engines answer (perflab_sim.answers, perflab_sim.accuracy), through a
 real simulated engine's HTTP API: the shipped task at the declared score, lossier options
 scoring lower by their declared drop, greedy answers with logprobs, and agreement against the
 noise floor (perflab.accuracy.agreement) — while the benchmarks' " tok" text stays as it was."""
@@ -17,8 +17,8 @@ import pytest
 from perflab.accuracy import agreement
 from perflab.accuracy.tasks import load_items
 from perflab.accuracy.types import Agreement, AnswerSet
-from perflab.sim import accuracy
-from perflab.sim.answers import Content, answers_correctly, solution, task_item, wrong_count
+from perflab_sim import accuracy
+from perflab_sim.answers import Content, answers_correctly, solution, task_item, wrong_count
 from test_runtime import READY, engine, sim_env  # noqa: F401 - sim_env is a fixture
 
 MODEL = "Qwen/Qwen3-32B"

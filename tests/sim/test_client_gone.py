@@ -138,8 +138,8 @@ def test_after_a_benchmark_cut_short_the_engine_answers_on_the_model_clock(sim_e
 # an engine whose scheduler driver fails at its first delivery (a bug planted in the simulator)
 BROKEN_DRIVER = """
 import sys
-from perflab.sim import wire
-from perflab.sim.runtime import config_from_json, serve
+from perflab_sim import wire
+from perflab_sim.runtime import config_from_json, serve
 
 def sink(self, n, finished):
     raise RuntimeError("a planted bug")

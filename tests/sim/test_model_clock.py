@@ -1,4 +1,4 @@
-"""The simulated engine's model clock (perflab.sim.clock) and the bench client's use of it:
+"""The simulated engine's model clock (perflab_sim.clock) and the bench client's use of it:
 stamps only when asked, trusted only from perflab's simulator, and — timed by them — a live
 benchmark gives the offline simulation's numbers."""
 
@@ -18,9 +18,9 @@ import pytest
 
 from perflab.bench import BenchRequest, run_benchmark_sync
 from perflab.bench.sse import SSEParser
-from perflab.sim.clock import ModelClock
-from perflab.sim.faults import MAX_LAG_S
-from perflab.simenv import SIM_CLOCK_COMMENT, format_clock, parse_clock
+from perflab_sim.clock import ModelClock
+from perflab_sim.faults import MAX_LAG_S
+from perflab_sim.env import SIM_CLOCK_COMMENT, format_clock, parse_clock
 
 SCALE = 20.0
 
@@ -109,8 +109,8 @@ def sim_vllm(tmp_path: Path) -> Iterator[str]:
 
 
 def test_a_live_benchmark_timed_by_the_model_clock_is_the_offline_simulation(sim_vllm: str) -> None:
-    from perflab.sim import calibrate
-    from perflab.sim.frontends import vllm
+    from perflab_sim import calibrate
+    from perflab_sim.frontends import vllm
 
     n, isl, osl = 200, 128, 16
     req = BenchRequest(base_urls=(sim_vllm,), model="Qwen/Qwen3-8B", dataset="random", random_input_len=isl,
@@ -180,14 +180,14 @@ def test_a_server_that_is_not_the_simulator_is_never_timed_by_stamps() -> None:
 def test_a_closed_loop_timed_by_the_model_clock_is_the_offline_simulation(
         sim_vllm: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``max_concurrency`` below the number of prompts: the next request goes out when one
-    ends. The engine holds its clock for it (perflab.simenv.SIM_CLOCK_LOOP), so the client's
+    ends. The engine holds its clock for it (perflab_sim.env.SIM_CLOCK_LOOP), so the client's
     reaction time — host milliseconds, ×20 in model time here — is not the engine's: the live
     run steps exactly as the offline scheduler, whose client reacts in no time; and a client
     slowed down on purpose (20 ms after each response before the next request: 0.4 s of model
     time each) measures the same."""
     from perflab.bench import drive
-    from perflab.sim import calibrate
-    from perflab.sim.frontends import vllm
+    from perflab_sim import calibrate
+    from perflab_sim.frontends import vllm
 
     n, c, isl, osl = 48, 6, 96, 24
     req = BenchRequest(base_urls=(sim_vllm,), model="Qwen/Qwen3-8B", dataset="random", random_input_len=isl,

@@ -30,7 +30,7 @@ import httpx
 from perflab.accuracy.types import Agreement, Answer, AnswerSet
 from perflab.errors import PerflabError, UsageError
 from perflab.redact import register, scrub
-from perflab.simenv import SIM_CLOCK_HEADER, clock_header_value
+from perflab_sim.env import SIM_CLOCK_HEADER, clock_header_value
 
 PROMPT_SET = "perflab-agreement-v1"
 
@@ -115,7 +115,7 @@ async def collect(base_url: str, model: str, *, concurrency: int, api_key: str |
     engine, never counted as a disagreement, which would reject the configuration for its
     accuracy. ``sim_clock``: the endpoint
     is a simulated engine; all prompts at once then arrive at one model time, as they would on
-    a real engine however slowly this host sends them (:data:`perflab.simenv.SIM_CLOCK_HEADER`)."""
+    a real engine however slowly this host sends them (:data:`perflab_sim.env.SIM_CLOCK_HEADER`)."""
     if api not in ("chat", "completions"):
         raise UsageError(f"agreement api {api!r}: expected 'chat' or 'completions'")
     if concurrency < 1:

@@ -59,7 +59,7 @@ from perflab.bench.schedule import arrival_offsets
 from perflab.bench.tokenizer import Tokenizer, load_tokenizer, tokenizer_spec
 from perflab.bench.trace import Capture, RequestTrace, parse_capture, sent_traces
 from perflab.errors import PerflabError
-from perflab.simenv import SIM_CLOCK_COMMENT, parse_clock
+from perflab_sim.env import SIM_CLOCK_COMMENT, parse_clock
 
 SIM_TIME_SCALE_HEADER = "x-perflab-sim-time-scale"
 SIM_FINGERPRINT = b"perflab-sim"
@@ -354,7 +354,7 @@ def _stall(req: BenchRequest, seen: StallSeen, time_scale: float, completed: int
 
 def model_clock_stamp(piece: bytes) -> tuple[float, float | None] | None:
     """The latest model-clock stamp (``: perflab-model-clock <t> <arrival>``, the simulator's
-    :data:`perflab.simenv.SIM_CLOCK_COMMENT`) in a received piece: ``(t, arrival)``; None if none."""
+    :data:`perflab_sim.env.SIM_CLOCK_COMMENT`) in a received piece: ``(t, arrival)``; None if none."""
     at = piece.rfind(SIM_CLOCK_COMMENT)
     if at < 0:
         return None

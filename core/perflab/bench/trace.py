@@ -18,7 +18,7 @@ from typing import Any
 
 from perflab.bench.sse import SSEParser
 from perflab.bench.tokenizer import Tokenizer
-from perflab.simenv import SIM_CLOCK_COMMENT, parse_clock
+from perflab_sim.env import SIM_CLOCK_COMMENT, parse_clock
 
 # a request's error when the run, not the server, ended it (declared here, with the request
 # record, so the cancel machinery above the result does not sit below the trace)
@@ -77,7 +77,7 @@ class RequestTrace:
     output_tokens_source: str = "usage"  # "usage" | "tokenizer" | "chunks"
     index: int = -1
     queue_time: float = 0.0  # waited for --max-concurrency (vLLM's client_queue_time)
-    # perflab's simulator only: the engine's model-clock stamps (perflab.simenv.SIM_CLOCK_COMMENT)
+    # perflab's simulator only: the engine's model-clock stamps (perflab_sim.env.SIM_CLOCK_COMMENT)
     # — the request's arrival and each output chunk's step end, absolute model seconds; None
     # when a chunk carrying output came without one. Used only when the lab knows the engine
     # is simulated (runner: BenchRequest.sim_clock and the probe's answer).

@@ -13,7 +13,7 @@ import os
 import socket
 from collections.abc import Mapping
 
-from perflab.simenv import HARDWARE_ENV
+from perflab_sim.env import HARDWARE_ENV
 from perflab.types import Accelerator, HardwareSnapshot
 
 CPU_KIND = "cpu"  # perflab.hardware.cpu.KIND (not imported: that module imports this one)
@@ -55,7 +55,7 @@ def resolve(pm, spec: str = "auto", base_env: Mapping[str, str] | None = None) -
     if spec == "auto":
         return probe(pm, env), env
     if spec.startswith("sim:"):
-        from perflab import sim
+        import perflab_sim as sim
 
         env = sim.activate(spec[4:], env)
         return probe(pm, env), env

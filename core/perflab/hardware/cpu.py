@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perflab.hookspecs import hookimpl
-from perflab.simenv import HARDWARE_ENV
+from perflab_sim.env import HARDWARE_ENV
 from perflab.types import Accelerator
 
 KIND = "cpu"

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 from perflab.hookspecs import hookimpl
-from perflab.simenv import HARDWARE_ENV
+from perflab_sim.env import HARDWARE_ENV
 from perflab.types import Accelerator
 
 INFO_TIMEOUT_S = 30.0  # npu-smi takes seconds on an 8-card server under load

@@ -3,7 +3,7 @@
 NVML is the library ``nvidia-smi`` itself uses, so names, UUIDs and memory figures are the
 ones users know. ``pynvml`` is imported inside the hook: importing this module (which every
 ``perflab`` command does, to register the hook) must stay cheap. In simulation
-(``PERFLAB_SIM_HARDWARE`` set) the same code reads :class:`perflab.sim.nvml.NvmlShim`, an
+(``PERFLAB_SIM_HARDWARE`` set) the same code reads :class:`perflab_sim.nvml.NvmlShim`, an
 object with pynvml's function names, so the probe runs unchanged against the simulator.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from perflab.hookspecs import hookimpl
-from perflab.simenv import HARDWARE_ENV
+from perflab_sim.env import HARDWARE_ENV
 from perflab.types import Accelerator
 
 _MIB = 1024 * 1024
@@ -37,7 +37,7 @@ def cuda_version_string(version: int) -> str:
 
 def load_nvml(env: Mapping[str, str]) -> Any | None:
     if env.get(HARDWARE_ENV):
-        from perflab.sim.nvml import NvmlShim
+        from perflab_sim.nvml import NvmlShim
 
         return NvmlShim(env)
     try:

@@ -43,8 +43,8 @@ from perflab.observe.telemetry import ENGINE_T, Telemetry
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, file_stem, write_json
-from perflab.simenv import STATE_ENV as SIM_STATE_ENV
-from perflab.simenv import TIME_SCALE_ENV as SIM_TIME_SCALE_ENV
+from perflab_sim.env import STATE_ENV as SIM_STATE_ENV
+from perflab_sim.env import TIME_SCALE_ENV as SIM_TIME_SCALE_ENV
 from perflab.status import Status
 from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Unsupported, to_jsonable
 

@@ -50,7 +50,7 @@ from perflab.lab.shipping import receive
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store, write_json
 from perflab.lab.stored import StoreMeasure, profile_key, stored_outcome
 from perflab.lab.study import ConfigResult, StudyOutcome, conduct
-from perflab.simenv import STATE_ENV as SIM_STATE_ENV
+from perflab_sim.env import STATE_ENV as SIM_STATE_ENV
 from perflab.status import Status
 from perflab.types import to_jsonable
 

@@ -36,7 +36,7 @@ from perflab import hookspecs
 from perflab.errors import UnsupportedOption
 from perflab.plugin_base import Maps, Refuses
 from perflab.plugins import PluginManager, check_compatibility
-from perflab.simenv import STATE_ENV
+from perflab_sim.env import STATE_ENV
 from perflab.types import (
     Accelerator,
     CrashCause,
