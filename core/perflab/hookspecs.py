@@ -150,6 +150,30 @@ def perflab_probe_hardware(env: Mapping[str, str]) -> list[Accelerator] | None:
     """
 
 
+@hookspec(firstresult=True)
+def perflab_activate_hardware(spec: str, env: Mapping[str, str]) -> dict[str, str] | None:
+    """Activate the hardware named by ``--hardware SPEC`` when ``spec`` is this plugin's own.
+
+    perflab handles ``auto`` itself; any other spec (such as ``sim:a100-80g-x8``) is offered to
+    the plugins, first answer wins. A plugin that owns the spec returns the environment to run
+    the probes and engines under (a copy of ``env`` with its changes, e.g. stand-in executables
+    first on ``PATH``); a plugin that does not returns ``None``. A spec nobody owns is a usage
+    error naming the package that provides it (:data:`perflab.hardware.PROVIDERS`).
+
+    :param spec: the ``--hardware`` value, e.g. ``"sim:a100-80g-x8"``.
+    :param env: the environment perflab would otherwise run under.
+    :returns: the environment to run under, or ``None``.
+
+    Example::
+
+        @hookimpl
+        def perflab_activate_hardware(spec, env):
+            if not spec.startswith("emu:"):
+                return None
+            return {**env, "PATH": f"{install_stand_ins(spec[4:])}:{env.get('PATH', '')}"}
+    """
+
+
 # --------------------------------------------------------------------------- version
 
 

@@ -184,9 +184,9 @@ def baseline(fast_env: dict[str, str]) -> Iterator[tuple[AnswerSet, Agreement]]:
     """The reference's answers one at a time, and the noise floor: those against all at once."""
     with _served(fast_env, MODEL) as e:
         assert e.read_until(READY)
-        first = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=1, sim_clock=True))
-        again = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=1, sim_clock=True))
-        loaded = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=len(agreement.PROMPTS), sim_clock=True))
+        first = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=1, server_clock=True))
+        again = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=1, server_clock=True))
+        loaded = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=len(agreement.PROMPTS), server_clock=True))
     assert agreement.compare(first, again) == Agreement(32, 100.0, None, 0.0)  # alone, greedy: identical
     yield first, agreement.compare(first, loaded)
 
@@ -216,7 +216,7 @@ def test_candidates_are_judged_against_the_floor(fast_env: dict[str, str], basel
     first, floor = baseline
     with _served(fast_env, model, **cfg) as e:
         assert e.read_until(READY)
-        answers = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=32, sim_clock=True))
+        answers = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=32, server_clock=True))
     candidate = agreement.compare(first, answers)
     assert agreement.judge(candidate, floor, MARGIN) is agrees, (candidate, floor)
     assert candidate.exact_match <= floor.exact_match or not agrees

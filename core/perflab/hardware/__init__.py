@@ -13,7 +13,7 @@ import os
 import socket
 from collections.abc import Mapping
 
-from perflab_sim.env import HARDWARE_ENV
+from perflab.hardware import emulation
 from perflab.types import Accelerator, HardwareSnapshot
 
 CPU_KIND = "cpu"  # perflab.hardware.cpu.KIND (not imported: that module imports this one)
@@ -33,7 +33,7 @@ def probe(pm, env: Mapping[str, str] | None = None) -> HardwareSnapshot:  # type
         accelerators.extend(found or [])
     if any(a.kind != CPU_KIND for a in accelerators):
         accelerators = [a for a in accelerators if a.kind != CPU_KIND]
-    sim = env.get(HARDWARE_ENV) or None
+    sim = emulation.machine(env)
     return HardwareSnapshot(
         accelerators=tuple(accelerators),
         simulated=sim is not None,
@@ -43,20 +43,27 @@ def probe(pm, env: Mapping[str, str] | None = None) -> HardwareSnapshot:  # type
     )
 
 
-def resolve(pm, spec: str = "auto", base_env: Mapping[str, str] | None = None) -> tuple[HardwareSnapshot, dict[str, str]]:  # type: ignore[no-untyped-def]
-    """Turn ``--hardware auto|sim:NAME`` into (snapshot, environment to launch engines with).
+#: --hardware prefixes a package outside the core provides -> how to install it (one line when missing)
+PROVIDERS: dict[str, str] = {"sim:": "perflab-sim (pip install perflab-sim, or ./plugins/sim from a perflab checkout)"}
 
-    ``sim:NAME`` activates the simulator: its stand-in executables come first on ``PATH``
-    (and ``PYTHONPATH``), and the same probes run against them.
+
+def resolve(pm, spec: str = "auto", base_env: Mapping[str, str] | None = None) -> tuple[HardwareSnapshot, dict[str, str]]:  # type: ignore[no-untyped-def]
+    """Turn ``--hardware auto|SPEC`` into (snapshot, environment to launch engines with).
+
+    ``auto`` probes this machine. Any other spec (``sim:NAME``: perflab-sim's simulated
+    machines) is activated by the plugin that owns it (``perflab_activate_hardware``), and the
+    same probes run under the environment it returns.
     """
     from perflab.errors import UsageError
 
     env = dict(os.environ if base_env is None else base_env)
     if spec == "auto":
         return probe(pm, env), env
-    if spec.startswith("sim:"):
-        import perflab_sim as sim
-
-        env = sim.activate(spec[4:], env)
+    activated = pm.hook.perflab_activate_hardware(spec=spec, env=env)
+    if activated is not None:
+        env = dict(activated)
         return probe(pm, env), env
+    for prefix, package in PROVIDERS.items():
+        if spec.startswith(prefix):
+            raise UsageError(f"--hardware {spec!r}: {prefix}... hardware is provided by {package}, which is not installed")
     raise UsageError(f"--hardware {spec!r}: expected 'auto' or 'sim:NAME' (e.g. sim:a100-80g-x8)")

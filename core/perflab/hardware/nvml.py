@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from perflab.hookspecs import hookimpl
-from perflab_sim.env import HARDWARE_ENV
+from perflab.hardware import emulation
 from perflab.types import Accelerator
 
 _MIB = 1024 * 1024
@@ -36,10 +36,9 @@ def cuda_version_string(version: int) -> str:
 
 
 def load_nvml(env: Mapping[str, str]) -> Any | None:
-    if env.get(HARDWARE_ENV):
-        from perflab_sim.nvml import NvmlShim
-
-        return NvmlShim(env)
+    emulated = emulation.nvml(env)
+    if emulated is not None:
+        return emulated
     try:
         import pynvml
     except ImportError:  # nvidia-ml-py not installed: no NVML, not an error
@@ -111,4 +110,4 @@ def perflab_probe_hardware(env: Mapping[str, str]) -> list[Accelerator] | None:
     nvml = load_nvml(env)
     if nvml is None:
         return None
-    return read_gpus(nvml, source="sim" if env.get(HARDWARE_ENV) else "nvml")
+    return read_gpus(nvml, source="sim" if emulation.machine(env) else "nvml")

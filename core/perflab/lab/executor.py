@@ -1013,7 +1013,7 @@ class Executor:
             base_urls=tuple(inst.base_url for inst in instances),
             headers=tuple(redact.auth_headers(launch.argv, {**self._env(), **launch.env}).items()),
             time_scale=self.ctx.time_scale if self.ctx.simulated else 1.0,
-            sim_clock=self.ctx.simulated,  # model-clock stamps: reproducible simulated numbers
+            server_clock=self.ctx.simulated,  # model-clock stamps: reproducible simulated numbers
             label=label,
         )
         if plan.timeouts.stall_s is not None:  # engine seconds; default: the bench's (60)

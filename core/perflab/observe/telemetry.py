@@ -46,7 +46,7 @@ import anyio.to_thread
 import structlog
 
 from perflab.observe import Sample
-from perflab_sim.env import HARDWARE_ENV
+from perflab.hardware import emulation
 
 log = structlog.get_logger(__name__)
 
@@ -338,7 +338,7 @@ class Telemetry:
         rest of the study, said once."""
         if source in self.problems:
             return {}
-        if not self.env.get(HARDWARE_ENV):
+        if not emulation.machine(self.env):
             return self._read(source, devices)
         # simulation: the reading and its engine_t must see one publication of the engines'
         # clock (the NVML shim's energy counter counts idle power over it)

@@ -5,7 +5,7 @@ and the schedulers' ``now`` add them up: that is the engine's *model time*. Wall
 paces it (a step of 50 ms is delivered 50 ms / time scale after the previous one), so a host
 that falls behind — another process on the cores, a flood of HTTP chunks at a high time
 scale — delays deliveries but never changes the model's numbers. Every streamed step carries
-its model time (``: perflab-model-clock <t> <arrival>``, :func:`perflab_sim.env.format_clock`),
+its model time (``: perflab-server-clock <t> <arrival>``, :func:`perflab.bench.serverclock.format_clock`),
 and perflab's bench client, when the lab knows the engine is simulated, measures TTFT, TPOT,
 ITL, E2EL and the run's duration from those stamps instead of its own receive times
 (docs/simulator.md "Reproducible time").

@@ -18,7 +18,7 @@ from perflab_sim.metrics import Snapshot
 from perflab_sim.scheduler import SimRequest
 from perflab_sim.server import Request, Response, Stream, json_response
 from perflab_sim.wire import VLLM_ENGINES, CompletionRequest, Generation, ServingEngine, Vocabulary, error_body, parse_request
-from perflab_sim.env import SIM_CLOCK_BURST, SIM_CLOCK_HEADER, parse_loop
+from perflab.bench.serverclock import SERVER_CLOCK_BURST, SERVER_CLOCK_HEADER, parse_loop
 
 
 # Paths that serve Prometheus text: vLLM/SGLang/MindIE ``/metrics``, trtllm-serve
@@ -233,10 +233,10 @@ class HttpApi:
         if not isinstance(request, CompletionRequest):
             return bad_request(request)
         gen = Generation(engine, request, request.model or self.cfg.served_model_names[0])
-        clock = req.headers.get(SIM_CLOCK_HEADER, "")  # model-clock stamps (perflab_sim.clock)
+        clock = req.headers.get(SERVER_CLOCK_HEADER, "")  # model-clock stamps (perflab_sim.clock)
         gen.stamp = bool(clock)
         kind, _, burst = clock.partition(" ")
-        gen.burst = burst if kind == SIM_CLOCK_BURST and burst else None
+        gen.burst = burst if kind == SERVER_CLOCK_BURST and burst else None
         gen.loop = parse_loop(clock)
         text = request.text
         hashes = tokenizer.block_hashes(text, self.cfg.block_size) if (self.cfg.prefix_caching and text) else ()

@@ -16,7 +16,7 @@ engine's flags into a :class:`perflab_sim.config.SimEngineConfig`.
    or SIGINT, then stops its workers and exits 0 within about a second. Simulated time is the
    engine's model clock (:mod:`perflab_sim.clock`): one driver delivers every data-parallel
    scheduler's steps in model-time order, paced by wall time; a request that asks for it
-   (``x-perflab-sim-clock``) gets each step's model time as an SSE comment.
+   (``x-perflab-server-clock``) gets each step's model time as an SSE comment.
 
 Steps 2 to 6 and the exit are :mod:`perflab_sim.lifecycle`'s; the HTTP routes
 :mod:`perflab_sim.routing`'s; the bodies (vLLM 0.32.0's) :mod:`perflab_sim.wire`'s; the time
@@ -104,7 +104,7 @@ def deployment(cfg: SimEngineConfig, env: Mapping[str, str] | None = None) -> De
     return Deployment(model, machine, visible[:world], knobs, memory, knobs.max_model_len or model.context_len)
 
 
-# An all-at-once batch (SIM_CLOCK_BURST) holds the model clock while its requests keep coming:
+# An all-at-once batch (SERVER_CLOCK_BURST) holds the model clock while its requests keep coming:
 # until none came for BURST_QUIET_S wall seconds, at most BURST_MAX_S after the first.
 BURST_QUIET_S = 0.1
 BURST_MAX_S = 5.0
@@ -127,7 +127,7 @@ class Burst:
         return min(self.last + BURST_QUIET_S, self.started + BURST_MAX_S) - now
 
 
-# A closed loop (SIM_CLOCK_LOOP) holds the model clock while a request it is owed has not come:
+# A closed loop (SERVER_CLOCK_LOOP) holds the model clock while a request it is owed has not come:
 # at most LOOP_HOLD_MAX_S wall seconds per hold (a client that stopped sending: the clock runs on)
 LOOP_HOLD_MAX_S = 1.0
 
@@ -188,7 +188,7 @@ class Engine(EngineLifecycle):
         self.step_end = self.clock.last  # model time of the step being delivered
         self._burst: Burst | None = None  # an all-at-once batch arriving: the clock is held
         self._bursts_seen: set[str] = set()
-        self._loops: dict[str, Loop] = {}  # closed loops by id (SIM_CLOCK_LOOP)
+        self._loops: dict[str, Loop] = {}  # closed loops by id (SERVER_CLOCK_LOOP)
         self._loop_of: dict[int, Loop] = {}  # id(SimRequest) -> its loop, while in flight
         self._hold: Hold | None = None  # the clock held for a closed loop's next requests
         self.lag_warned = False
@@ -443,7 +443,7 @@ class Engine(EngineLifecycle):
             self.lag_warned = True
             say([f"WARNING perflab-sim: the simulation runs behind {TIME_SCALE_ENV}={self.scale:g} "
                   "(CPU-bound); times measured by a wall clock are longer than the model's (the "
-                  "perflab-model-clock stamps are not). Lower the time scale."], sys.stderr)
+                  "perflab-server-clock stamps are not). Lower the time scale."], sys.stderr)
 
     async def _stats(self) -> None:
         last = time.monotonic()

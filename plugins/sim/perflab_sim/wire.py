@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from perflab_sim import answers, tokenizer
 from perflab_sim.config import SimEngineConfig
 from perflab_sim.scheduler import SimRequest
-from perflab_sim.env import format_clock
+from perflab.bench.serverclock import format_clock
 
 if TYPE_CHECKING:
     from perflab_sim.accuracy import Profile
@@ -196,7 +196,7 @@ class Generation:
         self.arrived_model = 0.0
         self.first_model: float | None = None
         self.last_model: float | None = None
-        self.stamp = False  # stream the model-clock stamps (the client asked: SIM_CLOCK_HEADER)
+        self.stamp = False  # stream the model-clock stamps (the client asked: SERVER_CLOCK_HEADER)
         self.burst: str | None = None  # the all-at-once batch it belongs to (one arrival time)
         self.loop: tuple[str, int, int] | None = None  # the closed loop it belongs to: (id, n, c)
         obj = "chat.completion.chunk" if chat else "text_completion"
