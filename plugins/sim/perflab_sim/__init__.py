@@ -42,7 +42,7 @@ from perflab_sim.env import ENGINE_VERSIONS_ENV, FAULT_ENV, HARDWARE_ENV, STATE_
 
 MIES_ENV = "MIES_INSTALL_PATH"
 
-_LAYOUT_VERSION = "2"  # bump when the generated tree changes shape
+_LAYOUT_VERSION = "3"  # bump when the generated tree changes shape (3: perflab_sim, its own distribution)
 
 # executable -> front-end module (its main(argv) returns the exit status)
 ENGINE_EXECUTABLES = {
