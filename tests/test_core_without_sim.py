@@ -41,3 +41,12 @@ def test_sim_hardware_without_the_simulator_names_its_package_in_one_line() -> N
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "perflab-sim" in lines[0] and "./plugins/sim" in lines[0], out.stderr
+
+
+def test_the_lab_imports_without_the_simulator() -> None:
+    """run, launch and bench load these modules: none may import perflab_sim at import time."""
+    code = ("import sys; sys.modules['perflab_sim'] = None\n"
+            "import perflab.lab.executor, perflab.lab.runner, perflab.lab.raybackend, perflab.bench.runner, "
+            "perflab.observe.telemetry, perflab.testing.conformance, perflab.cli")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

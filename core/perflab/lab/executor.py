@@ -43,8 +43,6 @@ from perflab.observe.telemetry import ENGINE_T, Telemetry
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.store import ProfileMeasurement, RunRecord, file_stem, write_json
-from perflab_sim.env import STATE_ENV as SIM_STATE_ENV
-from perflab_sim.env import TIME_SCALE_ENV as SIM_TIME_SCALE_ENV
 from perflab.status import Status
 from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Unsupported, to_jsonable
 
@@ -101,7 +99,9 @@ def launch_environment(ctx: LabContext) -> dict[str, str]:
     inherit, with the simulator's time scale."""
     env = engine_environment(ctx.env)
     if ctx.simulated:
-        env[SIM_TIME_SCALE_ENV] = f"{ctx.time_scale:g}"
+        from perflab_sim.env import TIME_SCALE_ENV  # simulated only: the core runs without perflab-sim
+
+        env[TIME_SCALE_ENV] = f"{ctx.time_scale:g}"
     return env
 
 
@@ -1272,6 +1272,8 @@ def study_environment(plan: Plan, out_dir: Path, environ: Mapping[str, str]) -> 
     """The environment a study resolves its hardware with (and launches engines from)."""
     env = dict(environ)
     if plan.hardware.startswith("sim:"):
+        from perflab_sim.env import STATE_ENV as SIM_STATE_ENV  # the core runs without perflab-sim
+
         # the plan's simulated engine versions (simulation.engine_versions), unless the user
         # set PERFLAB_SIM_ENGINE_VERSIONS explicitly
         for key, value in plan.sim_environment().items():
