@@ -78,6 +78,7 @@ HOOKSPEC_VERSION = 1
 HOOK_DEADLINES_S: Mapping[str, float] = MappingProxyType({
     "perflab_register_engines": 10.0,
     "perflab_probe_hardware": 30.0,
+    "perflab_activate_hardware": 60.0,  # may write a tree of stand-in executables
     "perflab_engine_version": 60.0,
     "perflab_check_support": 10.0,
     "perflab_build_launch": 10.0,
