@@ -145,7 +145,7 @@ def test_builtin_probes_find_npus_through_npu_smi_on_path(
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setenv("COLUMNS", "250")
     monkeypatch.delenv("PERFLAB_SIM_HARDWARE", raising=False)
-    monkeypatch.setenv("PERFLAB_LOAD_PLUGINS", "")  # engine plugins are not needed here
+    monkeypatch.setenv("PERFLAB_LOAD_PLUGINS", "sim")  # engine plugins are not needed here; the simulator is a plugin
     code, out, _ = invoke(["hardware", "--json"], capsys)
     assert code == 0
     accs = json.loads(out)["accelerators"]
@@ -163,11 +163,11 @@ def test_simulated_catalog_machine_end_to_end(
 ) -> None:
     """`--hardware sim:NAME`: the built-in probes read the simulator's stand-ins (an
     `npu-smi` on PATH printing the real formats, an NVML shim) like real tools."""
-    from perflab.sim import catalog
+    from perflab_sim import catalog
 
     name = next(n for n in catalog.names() if catalog.get(n).kind == family and catalog.get(n).count > 1)
     machine = catalog.get(name)
-    monkeypatch.setenv("PERFLAB_LOAD_PLUGINS", "")
+    monkeypatch.setenv("PERFLAB_LOAD_PLUGINS", "sim")  # only the simulator's plugin (it owns sim:)
     monkeypatch.delenv("PERFLAB_SIM_HARDWARE", raising=False)
     code, out, err = invoke(["hardware", "--hardware", f"sim:{name}", "--json"], capsys)
     assert code == 0, err

@@ -156,7 +156,11 @@ def test_builtin_cpu_probe_is_registered_and_silent_in_simulation(tmp_path: Path
 def test_sim_machines_keep_their_own_accelerators() -> None:
     from perflab.hardware import resolve
 
-    snapshot, _ = resolve(PluginManager(entrypoints=False), "sim:a100-80g-x8", {"PATH": "/usr/bin"})
+    import perflab_sim.plugin
+
+    pm = PluginManager(entrypoints=False)
+    pm.add_plugin(perflab_sim.plugin, name="sim")  # the simulator is a plugin: it owns sim:
+    snapshot, _ = resolve(pm, "sim:a100-80g-x8", {"PATH": "/usr/bin"})
     assert {a.kind for a in snapshot.accelerators} == {"cuda"} and len(snapshot.accelerators) == 8
 
 

@@ -1,7 +1,7 @@
 """``perflab launch``: exit codes, --json, --check, Ctrl-C/SIGTERM teardown.
 
 Two halves: the fake engine of tests/test_supervisor.py (always runs), and the issue's
-must-show cases against the simulator (``--hardware sim:...``), which need perflab.sim and
+must-show cases against the simulator (``--hardware sim:...``), which need perflab_sim and
 the engine plugins.
 """
 

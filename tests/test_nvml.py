@@ -181,7 +181,7 @@ def test_simulation_reads_the_shim(monkeypatch: pytest.MonkeyPatch) -> None:
             seen["env"] = env
             super().__init__([A100, A100])
 
-    monkeypatch.setitem(sys.modules, "perflab.sim.nvml", types.SimpleNamespace(NvmlShim=Shim))
+    monkeypatch.setitem(sys.modules, "perflab_sim.nvml", types.SimpleNamespace(NvmlShim=Shim))
     env = {"PERFLAB_SIM_HARDWARE": "a100-80g-x2"}
     gpus = nvml.perflab_probe_hardware(env=env)
     assert seen["env"] is env
@@ -200,7 +200,7 @@ def test_module_import_stays_cheap() -> None:
 def test_simulation_with_the_real_shim() -> None:
     """Every catalog machine through perflab's own NVML stand-in: CUDA machines show their
     GPUs (labelled "sim"), Ascend machines none."""
-    from perflab.sim import catalog
+    from perflab_sim import catalog
 
     for name in catalog.names():
         machine = catalog.get(name)

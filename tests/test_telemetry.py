@@ -17,9 +17,9 @@ import structlog
 from perflab.observe import Sample, Watcher, Watching, watch
 from perflab.observe import energy as en
 from perflab.observe import telemetry as tm
-from perflab.sim import catalog, load, npusmi
-from perflab.sim.nvml import NvmlShim
-from perflab.simenv import HARDWARE_ENV, STATE_ENV
+from perflab_sim import catalog, load, npusmi
+from perflab_sim.nvml import NvmlShim
+from perflab_sim.env import HARDWARE_ENV, STATE_ENV
 
 FIXTURES = Path(__file__).parent / "fixtures" / "npu-smi"
 
@@ -209,7 +209,7 @@ def test_the_timed_runs_energy_is_the_counters_between_its_marks() -> None:
 
 
 def test_npu_smi_watcher_runs_the_stand_in(tmp_path: Path) -> None:
-    from perflab import sim
+    import perflab_sim as sim
     from perflab.types import Accelerator
 
     env = sim.activate("910b3-x8", {"PATH": os.environ.get("PATH", ""), STATE_ENV: str(tmp_path / "state")})
@@ -403,7 +403,7 @@ def _launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cancel: bool) -> tu
     from perflab.lab.options import Configuration
     from perflab.lab.plan import load_plan_text
     from perflab.plugins import load as load_plugins
-    from perflab.simenv import ENGINE_VERSIONS_ENV, TIME_SCALE_ENV
+    from perflab_sim.env import ENGINE_VERSIONS_ENV, TIME_SCALE_ENV
 
     calls: list[tuple[NvmlShim, str]] = []  # the hardware probe and the machine check open their own
     init, shutdown = NvmlShim.nvmlInit, NvmlShim.nvmlShutdown

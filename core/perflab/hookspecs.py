@@ -64,6 +64,7 @@ HOOKSPEC_VERSION = 2
 HOOK_DEADLINES_S: Mapping[str, float] = MappingProxyType({
     "perflab_register_engines": 10.0,
     "perflab_probe_hardware": 30.0,
+    "perflab_activate_hardware": 60.0,  # may write a tree of stand-in executables
     "perflab_register_bench_backends": 10.0,
     # the Engine methods the core calls (perflab.plugin_base.EnginePlugin), by method name
     "version": 60.0,
@@ -139,6 +140,30 @@ def perflab_probe_hardware(env: Mapping[str, str]) -> list[Accelerator] | None:
                                  text=True, timeout=10, check=True).stdout
             return [Accelerator(vendor="amd", kind="rocm", index=d["gpu"], name=...,
                                 memory_total_mib=..., source="amd-smi") for d in json.loads(out)]
+    """
+
+
+@hookspec(firstresult=True)
+def perflab_activate_hardware(spec: str, env: Mapping[str, str]) -> dict[str, str] | None:
+    """Activate the hardware named by ``--hardware SPEC`` when ``spec`` is this plugin's own.
+
+    perflab handles ``auto`` itself; any other spec (such as ``sim:a100-80g-x8``) is offered to
+    the plugins, first answer wins. A plugin that owns the spec returns the environment to run
+    the probes and engines under (a copy of ``env`` with its changes, e.g. stand-in executables
+    first on ``PATH``); a plugin that does not returns ``None``. A spec nobody owns is a usage
+    error naming the package that provides it (:data:`perflab.hardware.PROVIDERS`).
+
+    :param spec: the ``--hardware`` value, e.g. ``"sim:a100-80g-x8"``.
+    :param env: the environment perflab would otherwise run under.
+    :returns: the environment to run under, or ``None``.
+
+    Example::
+
+        @hookimpl
+        def perflab_activate_hardware(spec, env):
+            if not spec.startswith("emu:"):
+                return None
+            return {**env, "PATH": f"{install_stand_ins(spec[4:])}:{env.get('PATH', '')}"}
     """
 
 

@@ -344,8 +344,8 @@ def test_perflab_eval_against_a_simulated_vllm(tmp_path: Path, capsys: pytest.Ca
     assert r["task"] == SHIPPED_TASK and r["metric"] == "exact_match" and r["samples"] == 60 and r["simulated"] is True
     # exactly the items the simulated model answers right (its accuracy model): lm-eval's 3-shot
     # chat prompts were recognised, answered and scored item by item
-    from perflab.sim.accuracy import profile
-    from perflab.sim.answers import answers_correctly
+    from perflab_sim.accuracy import profile
+    from perflab_sim.answers import answers_correctly
 
     plain = profile("Qwen/Qwen3-8B", None, None, None)
     right = sum(answers_correctly(item, plain) for item in load_items()[:60])

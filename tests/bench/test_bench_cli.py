@@ -384,7 +384,7 @@ def test_clock_auto_never_asks_a_real_engine_for_model_clock_stamps(
                              "--random-input-len", "8", "--random-output-len", "4", "--json")
     assert code == 0, err
     assert json.loads(out)["perflab"]["clock"] == "host"
-    assert fake_server.headers and all("x-perflab-sim-clock" not in h for h in fake_server.headers)
+    assert fake_server.headers and all("x-perflab-server-clock" not in h for h in fake_server.headers)
 
 
 def test_clock_option_against_the_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

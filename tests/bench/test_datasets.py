@@ -31,7 +31,7 @@ def req(**kw: object) -> BenchRequest:
 
 
 def sim_count(prompt: str) -> int:
-    """perflab's simulated engines' count (perflab.sim.tokenizer): whitespace words."""
+    """perflab's simulated engines' count (perflab_sim.tokenizer): whitespace words."""
     return max(1, len(prompt.split()))
 
 

@@ -24,9 +24,9 @@ from perflab.lab.decide import Decision
 from perflab.lab.executor import Executor, LabContext, reset_prefix_cache
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile, Timeouts
-from perflab.sim.perfmodel import CostModel, Knobs
-from perflab.sim.scheduler import Scheduler, SimRequest
-from perflab.simenv import ENGINE_VERSIONS_ENV, STATE_ENV, TIME_SCALE_ENV
+from perflab_sim.perfmodel import CostModel, Knobs
+from perflab_sim.scheduler import Scheduler, SimRequest
+from perflab_sim.env import ENGINE_VERSIONS_ENV, STATE_ENV, TIME_SCALE_ENV
 from perflab.status import Status
 from perflab.types import CacheReset, LaunchSpec
 

@@ -1,5 +1,5 @@
 """End to end: one plan run on the simulator at vLLM 0.11.0 and at 0.12.0 (the simulator's
-invented decode regression, perflab/sim/data/version_factors.json), then ``perflab compare
+invented decode regression, perflab_sim/data/version_factors.json), then ``perflab compare
 --json`` of the two studies."""
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ timeouts: {startup_s: 60, benchmark_s: 120}
 
 @pytest.mark.slow
 def test_a_study_without_power_readings_completes_and_says_so_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from perflab.sim.nvml import NvmlShim
+    from perflab_sim.nvml import NvmlShim
 
     def unsupported(self: NvmlShim, handle: object) -> int:
         raise NvmlShim.NVMLError(3)  # NVML_ERROR_NOT_SUPPORTED, as on boards without power readings

@@ -146,7 +146,7 @@ def test_foreign_memory_on_the_device_stops_the_study_naming_it(tmp_path: Path, 
     simulated machine's registry): nothing is launched, no crash recorded, exit 3, one line."""
     out = tmp_path / "study"
     sim_state = out / "sim-state"
-    holder = _child("import time; from pathlib import Path; from perflab.sim import state; "
+    holder = _child("import time; from pathlib import Path; from perflab_sim import state; "
                     f"state.register(Path({str(sim_state)!r}), 'foreign', 'python', [0], [60000]); "
                     "print('ready', flush=True); time.sleep(60)")
     try:
@@ -297,7 +297,7 @@ def test_a_holder_that_is_one_of_our_engines_is_named_by_study_and_run(tmp_path:
     (other / "study.db").touch()
     state = tmp_path / "sim-state"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import time; from pathlib import Path; from perflab.sim import state; "
+        [sys.executable, "-c", "import time; from pathlib import Path; from perflab_sim import state; "
          f"state.register(Path({str(state)!r}), 'vllm', 'python', [1], [30000]); print('ready', flush=True); "
          "time.sleep(60)"], cwd=run_dir, stdout=subprocess.PIPE, text=True)
     try:

@@ -422,7 +422,7 @@ def test_a_two_node_run_starts_each_rank_on_its_own_node(cluster: NetnsCluster, 
 
 @pytest.mark.slow
 def test_a_crash_on_rank_1_on_its_node_crashes_the_group_with_its_cause(cluster: NetnsCluster, tmp_path: Path) -> None:
-    from perflab.simenv import FAULT_ENV, FAULT_NODE_RANK_ENV, TIME_SCALE_ENV
+    from perflab_sim.env import FAULT_ENV, FAULT_NODE_RANK_ENV, TIME_SCALE_ENV
 
     env = f', env: {{{FAULT_ENV}: "crash-after:5", {FAULT_NODE_RANK_ENV}: "1", {TIME_SCALE_ENV}: "1"}}'
     rc, outcome, study, seen, err = _run_two_node(
@@ -442,7 +442,7 @@ def test_a_crash_on_rank_1_on_its_node_crashes_the_group_with_its_cause(cluster:
 
 @pytest.mark.slow
 def test_ctrl_c_stops_every_rank_of_a_group_on_every_node(cluster: NetnsCluster, tmp_path: Path) -> None:
-    from perflab.simenv import TIME_SCALE_ENV
+    from perflab_sim.env import TIME_SCALE_ENV
 
     plan = tmp_path / "group.yaml"
     plan.write_text(TWO_NODE_SGLANG.format(scale=1, env=f", env: {{{TIME_SCALE_ENV}: '1'}}", prompts=200,
@@ -473,7 +473,7 @@ def test_rank_1_s_agent_lost_interrupts_the_group_run(cluster: NetnsCluster, tmp
     the failed benchmark is no result; the re-queue, without that node, is refused (one A100
     node is left for two ranks); the keeper on rank 1's node took its engine down, rank 0's
     went with its group."""
-    from perflab.simenv import TIME_SCALE_ENV
+    from perflab_sim.env import TIME_SCALE_ENV
 
     plan = tmp_path / "group.yaml"
     plan.write_text(TWO_NODE_SGLANG.format(scale=1, env=f", env: {{{TIME_SCALE_ENV}: '1'}}", prompts=200, rate=", request_rate: 8"))
@@ -515,7 +515,7 @@ def test_a_node_lost_under_a_two_node_group_interrupts_the_run(cluster: NetnsClu
     (the node of rank 1 when it holds rank 1, else of rank 0). The run is interrupted, never
     crashed; its re-queue is refused in one line (one H100 node is left, the group needs two)
     instead of waiting forever; nothing of the study is left on the surviving node."""
-    from perflab.simenv import TIME_SCALE_ENV
+    from perflab_sim.env import TIME_SCALE_ENV
 
     plan = tmp_path / "group.yaml"
     plan.write_text(TWO_NODE_SGLANG.format(scale=1, env=f", env: {{{TIME_SCALE_ENV}: '1'}}", prompts=200, rate=", request_rate: 8")

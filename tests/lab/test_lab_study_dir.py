@@ -222,8 +222,8 @@ def test_the_user_guide_lists_the_exit_statuses_as_declared() -> None:
 
 def test_environment_fault_carries_its_status_in_json(tmp_path: Path) -> None:
     """A machine that is not ready stops the study with exit 3, and --json says so too."""
-    from perflab.sim import state
-    from perflab.simenv import STATE_ENV
+    from perflab_sim import state
+    from perflab_sim.env import STATE_ENV
 
     plan = plan_file(tmp_path, "p")
     plan.write_text(plan.read_text().replace("timeouts: {startup_s: 60, benchmark_s: 120}",

@@ -17,11 +17,11 @@ import anyio
 import psutil
 import pytest
 
-from perflab import sim
+import perflab_sim as sim
 from perflab.engines import build_group_launch, check_support
 from perflab.errors import UnsupportedOption
 from perflab.plugins import load
-from perflab.simenv import FAULT_ENV, FAULT_NODE_RANK_ENV, STATE_ENV, TIME_SCALE_ENV
+from perflab_sim.env import FAULT_ENV, FAULT_NODE_RANK_ENV, STATE_ENV, TIME_SCALE_ENV
 from perflab.status import Status
 from perflab.supervisor_group import EngineGroup, local_nodes
 from perflab.types import Accelerator, GroupNode, HardwareSnapshot, NodeGroup, ServeConfig

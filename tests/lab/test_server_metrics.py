@@ -248,7 +248,7 @@ async def _engine(tmp_path: Path, engine: str, hardware: str = "sim:h100-80g-x1"
     """A simulated engine launched by its plugin (as the lab launches it), torn down after."""
     from perflab.hardware import resolve
     from perflab.plugins import load
-    from perflab.simenv import ENGINE_VERSIONS_ENV, STATE_ENV, TIME_SCALE_ENV
+    from perflab_sim.env import ENGINE_VERSIONS_ENV, STATE_ENV, TIME_SCALE_ENV
     from perflab.supervisor import EngineInstance
     from perflab.types import ServeConfig
 
@@ -301,7 +301,7 @@ def test_speculative_decoding_acceptance_is_the_simulated_one(tmp_path: Path) ->
     what the simulator draws: with k drafts each accepted with probability a given the previous
     ones, (a + a² + ... + a^k) / k."""
     from perflab.lab.plan import Profile
-    from perflab.sim.perfmodel import default_acceptance
+    from perflab_sim.perfmodel import default_acceptance
 
     profile = Profile(name="spec", label="Spec", input_len=256, output_len=256, num_prompts=32, max_concurrency=16, seed=3)
     got = _measure(tmp_path, "vllm", profile, speculative_config={"method": "eagle", "model": "x", "num_speculative_tokens": 3})

@@ -1,4 +1,4 @@
-"""What the simulated engines answer (perflab.sim.answers, perflab.sim.accuracy), through a
+"""What the simulated engines answer (perflab_sim.answers, perflab_sim.accuracy), through a
 real simulated engine's HTTP API: the shipped task at the declared score, lossier options
 scoring lower by their declared drop, greedy answers with logprobs, and agreement against the
 noise floor (perflab.accuracy.agreement) — while the benchmarks' " tok" text stays as it was."""
@@ -17,8 +17,8 @@ import pytest
 from perflab.accuracy import agreement
 from perflab.accuracy.tasks import load_items
 from perflab.accuracy.types import Agreement, AnswerSet
-from perflab.sim import accuracy
-from perflab.sim.answers import Content, answers_correctly, solution, task_item, wrong_count
+from perflab_sim import accuracy
+from perflab_sim.answers import Content, answers_correctly, solution, task_item, wrong_count
 from test_runtime import READY, engine, sim_env  # noqa: F401 - sim_env is a fixture
 
 MODEL = "Qwen/Qwen3-32B"
@@ -184,9 +184,9 @@ def baseline(fast_env: dict[str, str]) -> Iterator[tuple[AnswerSet, Agreement]]:
     """The reference's answers one at a time, and the noise floor: those against all at once."""
     with _served(fast_env, MODEL) as e:
         assert e.read_until(READY)
-        first = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=1, sim_clock=True))
-        again = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=1, sim_clock=True))
-        loaded = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=len(agreement.PROMPTS), sim_clock=True))
+        first = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=1, server_clock=True))
+        again = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=1, server_clock=True))
+        loaded = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=len(agreement.PROMPTS), server_clock=True))
     assert agreement.compare(first, again) == Agreement(32, 100.0, None, 0.0)  # alone, greedy: identical
     yield first, agreement.compare(first, loaded)
 
@@ -216,7 +216,7 @@ def test_candidates_are_judged_against_the_floor(fast_env: dict[str, str], basel
     first, floor = baseline
     with _served(fast_env, model, **cfg) as e:
         assert e.read_until(READY)
-        answers = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=32, sim_clock=True))
+        answers = anyio.run(lambda: agreement.collect(e.url, "m", concurrency=32, server_clock=True))
     candidate = agreement.compare(first, answers)
     assert agreement.judge(candidate, floor, MARGIN) is agrees, (candidate, floor)
     assert candidate.exact_match <= floor.exact_match or not agrees

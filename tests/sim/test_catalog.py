@@ -16,10 +16,10 @@ import psutil
 import pynvml
 import pytest
 
-from perflab import sim
+import perflab_sim as sim
 from perflab.errors import UsageError
-from perflab.sim import catalog, npusmi, state
-from perflab.sim.nvml import NvmlShim
+from perflab_sim import catalog, npusmi, state
+from perflab_sim.nvml import NvmlShim
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "npu-smi"
 
@@ -249,7 +249,7 @@ def test_npu_smi_errors_exit_non_zero(sim_tmp: Path) -> None:
         assert done.returncode != 0 and done.stderr.strip() and not done.stdout, args
     ok = subprocess.run(["npu-smi", "info", "-t", "board", "-i", "0", "-c", "0"], env=env, capture_output=True, text=True)
     assert ok.returncode == 0 and "VDie ID" in ok.stdout
-    cuda = subprocess.run([sys.executable, "-m", "perflab.sim.npusmi", "info"],
+    cuda = subprocess.run([sys.executable, "-m", "perflab_sim.npusmi", "info"],
                           env={**env, "PERFLAB_SIM_HARDWARE": "a100-80g-x1"}, capture_output=True, text=True)
     assert cuda.returncode != 0
 

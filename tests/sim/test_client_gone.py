@@ -102,7 +102,7 @@ def test_after_a_benchmark_cut_short_the_engine_answers_on_the_model_clock(sim_e
     """The lab's sequence: a model-clock benchmark stopped early (its cancel event, as
     perflab.lab.earlystop sets it) — a closed loop, then an all-at-once burst — and then the
     accuracy measurement's requests: agreement answers one at a time and all at once
-    (perflab.accuracy.agreement.collect with sim_clock) and the task through lm-eval."""
+    (perflab.accuracy.agreement.collect with server_clock) and the task through lm-eval."""
     from perflab.accuracy.agreement import PROMPTS, collect
     from perflab.accuracy.harness import evaluate
     from perflab.bench import BenchCancelled, BenchRequest, run_benchmark_sync
@@ -111,7 +111,7 @@ def test_after_a_benchmark_cut_short_the_engine_answers_on_the_model_clock(sim_e
     with engine({**sim_env, "PERFLAB_SIM_TIME_SCALE": "2"}) as e:
         assert e.read_until("Application startup complete")
         base = BenchRequest(base_urls=(e.url,), model=MODEL, dataset="random", random_input_len=64,
-                            random_output_len=4, num_prompts=2000, warmup=0, sim_clock=True)
+                            random_output_len=4, num_prompts=2000, warmup=0, server_clock=True)
         for req in (base.replace(max_concurrency=32), base):
             cancel = threading.Event()
             timer = threading.Timer(1.5, cancel.set)
@@ -124,8 +124,8 @@ def test_after_a_benchmark_cut_short_the_engine_answers_on_the_model_clock(sim_e
 
         async def accuracy() -> None:
             with_limit = 60.0
-            one = await asyncio.wait_for(collect(e.url, MODEL, concurrency=1, sim_clock=True, timeout_s=ANSWER_S), with_limit)
-            burst = await asyncio.wait_for(collect(e.url, MODEL, concurrency=len(PROMPTS), sim_clock=True,
+            one = await asyncio.wait_for(collect(e.url, MODEL, concurrency=1, server_clock=True, timeout_s=ANSWER_S), with_limit)
+            burst = await asyncio.wait_for(collect(e.url, MODEL, concurrency=len(PROMPTS), server_clock=True,
                                                    timeout_s=ANSWER_S), with_limit)
             assert all(a.error is None for a in (*one.answers, *burst.answers))
             scored = await asyncio.wait_for(evaluate(e.url, MODEL, limit=20, concurrency=8, timeout_s=ANSWER_S), with_limit)
@@ -138,8 +138,8 @@ def test_after_a_benchmark_cut_short_the_engine_answers_on_the_model_clock(sim_e
 # an engine whose scheduler driver fails at its first delivery (a bug planted in the simulator)
 BROKEN_DRIVER = """
 import sys
-from perflab.sim import wire
-from perflab.sim.runtime import config_from_json, serve
+from perflab_sim import wire
+from perflab_sim.runtime import config_from_json, serve
 
 def sink(self, n, finished):
     raise RuntimeError("a planted bug")

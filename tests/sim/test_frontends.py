@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from perflab.sim import calibrate, perfmodel, runtime, scheduler
-from perflab.sim.frontends import common, frontend_for, mindie, sglang, trtllm, vllm
-from perflab.sim.frontends.common import EngineExit
+from perflab_sim import calibrate, perfmodel, runtime, scheduler
+from perflab_sim.frontends import common, frontend_for, mindie, sglang, trtllm, vllm
+from perflab_sim.frontends.common import EngineExit
 
 FIXTURE_CONFIG = Path(__file__).resolve().parents[1] / "fixtures" / "mindie" / "config.json"
 CLEAN_ENV = {"PATH": os.environ.get("PATH", "")}
@@ -485,11 +485,11 @@ def test_mindie_needs_an_ascend_machine(tmp_path: Path) -> None:
 
 def test_frontend_for_argv() -> None:
     assert frontend_for(["/usr/bin/python3", "-m", "sglang.launch_server", "--model-path", "m"]) == (
-        "perflab.sim.frontends.sglang",
+        "perflab_sim.frontends.sglang",
         ["--model-path", "m"],
     )
-    assert frontend_for(["/x/bin/vllm", "serve", "m"]) == ("perflab.sim.frontends.vllm", ["serve", "m"])
-    assert frontend_for(["trtllm-serve", "m"])[0] == "perflab.sim.frontends.trtllm"
+    assert frontend_for(["/x/bin/vllm", "serve", "m"]) == ("perflab_sim.frontends.vllm", ["serve", "m"])
+    assert frontend_for(["trtllm-serve", "m"])[0] == "perflab_sim.frontends.trtllm"
     with pytest.raises(ValueError):
         frontend_for(["llama-server"])
 

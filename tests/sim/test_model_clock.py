@@ -1,4 +1,4 @@
-"""The simulated engine's model clock (perflab.sim.clock) and the bench client's use of it:
+"""The simulated engine's model clock (perflab_sim.clock) and the bench client's use of it:
 stamps only when asked, trusted only from perflab's simulator, and — timed by them — a live
 benchmark gives the offline simulation's numbers."""
 
@@ -18,9 +18,9 @@ import pytest
 
 from perflab.bench import BenchRequest, run_benchmark_sync
 from perflab.bench.sse import SSEParser
-from perflab.sim.clock import ModelClock
-from perflab.sim.faults import MAX_LAG_S
-from perflab.simenv import SIM_CLOCK_COMMENT, format_clock, parse_clock
+from perflab_sim.clock import ModelClock
+from perflab_sim.faults import MAX_LAG_S
+from perflab.bench.serverclock import SERVER_CLOCK_COMMENT, format_clock, parse_clock
 
 SCALE = 20.0
 
@@ -62,9 +62,9 @@ def test_model_clock_runs_with_wall_time_and_forgives_a_late_host() -> None:
 
 def test_clock_comment_round_trip_and_the_sse_parser_keeps_only_it() -> None:
     line = format_clock(123.4567891, 100.0)
-    assert line == b": perflab-model-clock 123.456789 100.000000\n"
+    assert line == b": perflab-server-clock 123.456789 100.000000\n"
     body = line + b'data: {"a":1}\n\n: ping\ndata: {"b":2}\n\n'
-    ev = SSEParser(clock_prefix=SIM_CLOCK_COMMENT).feed(body)
+    ev = SSEParser(clock_prefix=SERVER_CLOCK_COMMENT).feed(body)
     assert [e.data for e in ev] == [b'{"a":1}', b'{"b":2}']
     assert [parse_clock(e.clock) for e in ev if e.clock is not None] == [(123.456789, 100.0)] * 2
     assert all(e.clock is None for e in SSEParser().feed(body))  # not asked: comments stay ignored
@@ -109,15 +109,15 @@ def sim_vllm(tmp_path: Path) -> Iterator[str]:
 
 
 def test_a_live_benchmark_timed_by_the_model_clock_is_the_offline_simulation(sim_vllm: str) -> None:
-    from perflab.sim import calibrate
-    from perflab.sim.frontends import vllm
+    from perflab_sim import calibrate
+    from perflab_sim.frontends import vllm
 
     n, isl, osl = 200, 128, 16
     req = BenchRequest(base_urls=(sim_vllm,), model="Qwen/Qwen3-8B", dataset="random", random_input_len=isl,
-                       random_output_len=osl, num_prompts=n, sim_clock=True)
+                       random_output_len=osl, num_prompts=n, server_clock=True)
     model = run_benchmark_sync(req)
     assert model.info["clock"] == "model" and model.metrics["completed"] == n
-    host = run_benchmark_sync(req.replace(sim_clock=False))
+    host = run_benchmark_sync(req.replace(server_clock=False))
     assert host.info["clock"] == "host" and host.metrics["completed"] == n
 
     cfg = vllm.parse(["serve", "Qwen/Qwen3-8B", "--port", "0"], {"PERFLAB_SIM_HARDWARE": "h100-80g-x1"})
@@ -131,16 +131,16 @@ def test_a_live_benchmark_timed_by_the_model_clock_is_the_offline_simulation(sim
 
 
 def test_a_server_that_is_not_the_simulator_is_never_timed_by_stamps() -> None:
-    """A server streaming perflab-model-clock comments without being perflab's simulator (no
+    """A server streaming perflab-server-clock comments without being perflab's simulator (no
     x-perflab-sim-time-scale header, no perflab-sim fingerprint): the client times it by its
-    own clock even with sim_clock set, and ignores the stamps (here: 1000 s of TTFT)."""
+    own clock even with server_clock set, and ignores the stamps (here: 1000 s of TTFT)."""
     from aiohttp import web
 
     seen_headers: list[str | None] = []
 
     async def stream(request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        seen_headers.append(request.headers.get("x-perflab-sim-clock"))
+        seen_headers.append(request.headers.get("x-perflab-server-clock"))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         n = int(body.get("max_tokens") or 1)
@@ -163,7 +163,7 @@ def test_a_server_that_is_not_the_simulator_is_never_timed_by_stamps() -> None:
         try:
             req = BenchRequest(base_urls=(f"http://127.0.0.1:{port}",), model="m", backend="openai", dataset="random",
                                random_input_len=4, random_output_len=4, num_prompts=4, tokenizer="whitespace",
-                               sim_clock=True)
+                               server_clock=True)
             r = await asyncio.to_thread(run_benchmark_sync, req)
             return {"info": r.info, "metrics": r.metrics}
         finally:
@@ -180,18 +180,18 @@ def test_a_server_that_is_not_the_simulator_is_never_timed_by_stamps() -> None:
 def test_a_closed_loop_timed_by_the_model_clock_is_the_offline_simulation(
         sim_vllm: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``max_concurrency`` below the number of prompts: the next request goes out when one
-    ends. The engine holds its clock for it (perflab.simenv.SIM_CLOCK_LOOP), so the client's
+    ends. The engine holds its clock for it (perflab.bench.serverclock.SERVER_CLOCK_LOOP), so the client's
     reaction time — host milliseconds, ×20 in model time here — is not the engine's: the live
     run steps exactly as the offline scheduler, whose client reacts in no time; and a client
     slowed down on purpose (20 ms after each response before the next request: 0.4 s of model
     time each) measures the same."""
     from perflab.bench import drive
-    from perflab.sim import calibrate
-    from perflab.sim.frontends import vllm
+    from perflab_sim import calibrate
+    from perflab_sim.frontends import vllm
 
     n, c, isl, osl = 48, 6, 96, 24
     req = BenchRequest(base_urls=(sim_vllm,), model="Qwen/Qwen3-8B", dataset="random", random_input_len=isl,
-                       random_output_len=osl, num_prompts=n, max_concurrency=c, warmup=0, sim_clock=True)
+                       random_output_len=osl, num_prompts=n, max_concurrency=c, warmup=0, server_clock=True)
     cfg = vllm.parse(["serve", "Qwen/Qwen3-8B", "--port", "0"], {"PERFLAB_SIM_HARDWARE": "h100-80g-x1"})
     offline = calibrate.run_engine(cfg, "h100-80g-x1", [(0.0, isl, osl)] * n, max_concurrency=c)
 

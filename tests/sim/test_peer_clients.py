@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_runtime import MACHINE, Engine, free_port
 
-FRONT_END = "import sys; from perflab.sim.frontends import vllm; sys.exit(vllm.main(sys.argv[1:]))"
+FRONT_END = "import sys; from perflab_sim.frontends import vllm; sys.exit(vllm.main(sys.argv[1:]))"
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from perflab.sim import calibrate, catalog, models, perfmodel, tokenizer
-from perflab.sim.perfmodel import Knobs, StepShape
-from perflab.sim.scheduler import Scheduler, SimRequest, simulate
+from perflab_sim import calibrate, catalog, models, perfmodel, tokenizer
+from perflab_sim.perfmodel import Knobs, StepShape
+from perflab_sim.scheduler import Scheduler, SimRequest, simulate
 
 A100 = catalog.get("a100-80g-x1").chip
 H100 = catalog.get("h100-80g-x1").chip

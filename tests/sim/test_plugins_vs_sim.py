@@ -22,9 +22,9 @@ import pytest
 from perflab import engines, plugins
 from perflab.errors import UnsupportedOption
 from perflab.hardware import resolve
-from perflab.sim.config import SimEngineConfig
-from perflab.sim.frontends import frontend_for
-from perflab.sim.frontends.common import EngineExit
+from perflab_sim.config import SimEngineConfig
+from perflab_sim.frontends import frontend_for
+from perflab_sim.frontends.common import EngineExit
 from perflab.types import ServeConfig
 
 MACHINE = {"cuda": "sim:a100-80g-x8", "ascend": "sim:910b3-x8"}

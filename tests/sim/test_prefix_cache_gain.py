@@ -1,7 +1,7 @@
 """The simulator's prefix cache: a gain where prompts share prefixes, none where they don't.
 
 Seed 004's configuration (vLLM 0.17.1, Qwen3.5-9B, one H100, max_model_len 32768) with prefix
-caching on and off, driven offline (:func:`perflab.sim.scheduler.simulate`) with the prompts
+caching on and off, driven offline (:func:`perflab_sim.scheduler.simulate`) with the prompts
 the benchmark client sends, hashed as the simulated engine hashes them — deterministic, no
 host timing involved. vLLM V1 turns prefix caching on by default (``EngineArgs``:
 ``enable_prefix_caching`` None -> True), so seed 004's "Prefix Cache" candidate sets what the
@@ -17,9 +17,9 @@ import pytest
 from perflab.bench.datasets import Sample, build_samples
 from perflab.bench.request import BenchRequest
 from perflab.bench.tokenizer import WhitespaceTokenizer
-from perflab.sim import perfmodel, runtime, scheduler, tokenizer
-from perflab.sim.frontends import sglang, vllm
-from perflab.simenv import ENGINE_VERSIONS_ENV, HARDWARE_ENV
+from perflab_sim import perfmodel, runtime, scheduler, tokenizer
+from perflab_sim.frontends import sglang, vllm
+from perflab_sim.env import ENGINE_VERSIONS_ENV, HARDWARE_ENV
 
 ENV = {HARDWARE_ENV: "h100-80g-x1", ENGINE_VERSIONS_ENV: "vllm=0.17.1,sglang=0.5.9"}
 SEED004 = ["serve", "Qwen/Qwen3.5-9B", "--max-model-len", "32768"]

@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from perflab.sim import state
-from perflab.sim.nvml import NvmlShim
+from perflab_sim import state
+from perflab_sim.nvml import NvmlShim
 
 MACHINE = "a100-80g-x8"
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
@@ -124,7 +124,7 @@ def engine(env: dict[str, str], fault: str | None = None, **cfg: object) -> Iter
     if fault:
         run_env["PERFLAB_SIM_FAULT"] = fault
     proc = subprocess.Popen(
-        [sys.executable, "-m", "perflab.sim.runtime", json.dumps(config)],
+        [sys.executable, "-m", "perflab_sim.runtime", json.dumps(config)],
         env=run_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

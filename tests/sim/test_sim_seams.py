@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from perflab.sim import metrics
-from perflab.sim.config import EngineBehaviour
-from perflab.sim.frontends import sglang_args, vllm_args
-from perflab.sim.wire import CompletionRequest, parse_request
+from perflab_sim import metrics
+from perflab_sim.config import EngineBehaviour
+from perflab_sim.frontends import sglang_args, vllm_args
+from perflab_sim.wire import CompletionRequest, parse_request
 
 
 def test_behaviour_from_json_types_ports_and_lines() -> None:

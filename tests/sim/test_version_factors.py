@@ -1,4 +1,4 @@
-"""The simulator's version-dependent behaviour (perflab/sim/data/version_factors.json): the
+"""The simulator's version-dependent behaviour (perflab_sim/data/version_factors.json): the
 invented vLLM 0.12.0 decode regression that ``perflab compare`` is tested against."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from perflab.sim import perfmodel, runtime, scheduler
-from perflab.sim.frontends import common, sglang, vllm
+from perflab_sim import perfmodel, runtime, scheduler
+from perflab_sim.frontends import common, sglang, vllm
 
 CLEAN_ENV = {"PATH": os.environ.get("PATH", "")}  # no activated simulator (its dist-info) on the path
 

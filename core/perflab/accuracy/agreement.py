@@ -28,9 +28,9 @@ import anyio
 import httpx
 
 from perflab.accuracy.types import Agreement, Answer, AnswerSet
+from perflab.bench.serverclock import SERVER_CLOCK_HEADER, clock_header_value
 from perflab.errors import PerflabError, UsageError
 from perflab.redact import register, scrub
-from perflab.simenv import SIM_CLOCK_HEADER, clock_header_value
 
 PROMPT_SET = "perflab-agreement-v1"
 
@@ -108,14 +108,14 @@ def parse_answer(prompt_id: str, body: Mapping[str, Any], api: str) -> Answer:
 
 async def collect(base_url: str, model: str, *, concurrency: int, api_key: str | None = None, max_tokens: int = 32,
                   timeout_s: float = 120, api: str = "chat", prompts: Sequence[tuple[str, str]] = PROMPTS,
-                  headers: Mapping[str, str] | None = None, sim_clock: bool = False) -> AnswerSet:
+                  headers: Mapping[str, str] | None = None, server_clock: bool = False) -> AnswerSet:
     """The greedy answers of the endpoint at ``base_url`` to ``prompts``, ``concurrency`` at a
     time (``len(prompts)``: all at once). A request that fails (an HTTP error, a timeout, a
     body that is not JSON) is a one-line :class:`PerflabError`: a fault of the machine or the
     engine, never counted as a disagreement, which would reject the configuration for its
-    accuracy. ``sim_clock``: the endpoint
+    accuracy. ``server_clock``: the endpoint
     is a simulated engine; all prompts at once then arrive at one model time, as they would on
-    a real engine however slowly this host sends them (:data:`perflab.simenv.SIM_CLOCK_HEADER`)."""
+    a real engine however slowly this host sends them (:data:`perflab.bench.serverclock.SERVER_CLOCK_HEADER`)."""
     if api not in ("chat", "completions"):
         raise UsageError(f"agreement api {api!r}: expected 'chat' or 'completions'")
     if concurrency < 1:
@@ -127,8 +127,8 @@ async def collect(base_url: str, model: str, *, concurrency: int, api_key: str |
     if api_key:
         register([api_key])  # masked in every message from here on
         hdrs["Authorization"] = f"Bearer {api_key}"
-    if sim_clock:
-        hdrs[SIM_CLOCK_HEADER] = clock_header_value(count=len(prompts), request_rate=math.inf,
+    if server_clock:
+        hdrs[SERVER_CLOCK_HEADER] = clock_header_value(count=len(prompts), request_rate=math.inf,
                                                     max_concurrency=concurrency, engines=1, tag=secrets.token_hex(4))
     answers: dict[str, Answer] = {}
     limiter = anyio.Semaphore(concurrency)

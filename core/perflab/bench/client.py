@@ -32,9 +32,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from perflab.bench.request import STREAM_DEADLINE_FLOOR_TOK_S, STREAM_DEADLINE_MIN_S, BenchRequest, stream_deadline_s
+from perflab.bench.serverclock import SERVER_CLOCK_HEADER, clock_header_value
 from perflab.bench.trace import Capture
 from perflab.errors import UsageError
-from perflab.simenv import SIM_CLOCK_HEADER, clock_header_value
 
 USER_AGENT = "perflab-bench"
 MAX_HEAD_BYTES = 64 * 1024
@@ -141,10 +141,10 @@ def request_headers(req: BenchRequest, count: int | None = None) -> list[tuple[s
     if api_key and not any(k.lower() == "authorization" for k, _ in req.headers):  # an explicit one wins
         headers.append(("Authorization", f"Bearer {api_key}"))
     headers.extend(req.headers)
-    if req.sim_clock:  # the lab knows the engine is simulated: ask for its model-clock stamps
+    if req.server_clock:  # the lab knows the engine is simulated: ask for its model-clock stamps
         # all prompts at once: one arrival time for the batch; a closed loop: no client reaction
-        # time in model time (perflab.simenv.clock_header_value; a new id per call: per run)
-        headers.append((SIM_CLOCK_HEADER, clock_header_value(
+        # time in model time (perflab.bench.serverclock.clock_header_value; a new id per call: per run)
+        headers.append((SERVER_CLOCK_HEADER, clock_header_value(
             count=req.num_prompts if count is None else count, request_rate=req.request_rate,
             max_concurrency=req.max_concurrency, engines=len(req.base_urls), tag=secrets.token_hex(4))))
     return headers

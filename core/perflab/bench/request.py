@@ -102,7 +102,7 @@ class BenchRequest:
     # the lab knows the engine is simulated (its hardware snapshot is): time requests by the
     # engine's model-clock stamps when the server proves to be perflab's simulator (the
     # probe), never by a real engine's; docs/simulator.md "Reproducible time"
-    sim_clock: bool = False
+    server_clock: bool = False
     profile: str | None = None
     keep_text: bool = False  # keep generated texts (for --save-detailed)
     # Stall watchdog: no byte on any open stream for this many seconds of *engine* time

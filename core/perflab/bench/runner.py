@@ -56,10 +56,10 @@ from perflab.bench.profiles import apply_profile
 from perflab.bench.request import BenchRequest
 from perflab.bench.result import BenchResult, Stall
 from perflab.bench.schedule import arrival_offsets
+from perflab.bench.serverclock import SERVER_CLOCK_COMMENT, parse_clock
 from perflab.bench.tokenizer import Tokenizer, load_tokenizer, tokenizer_spec
 from perflab.bench.trace import Capture, RequestTrace, parse_capture, sent_traces
 from perflab.errors import PerflabError
-from perflab.simenv import SIM_CLOCK_COMMENT, parse_clock
 
 SIM_TIME_SCALE_HEADER = "x-perflab-sim-time-scale"
 SIM_FINGERPRINT = b"perflab-sim"
@@ -87,7 +87,7 @@ class RunMarks(Protocol):
 def _probe_requests(req: BenchRequest, targets: list[Target]) -> list[Prepared]:
     payload = build_payload(req, "Hello", 1)
     # no model-clock request before the server proved to be perflab's simulator
-    headers = request_headers(req.replace(sim_clock=False), len(targets))
+    headers = request_headers(req.replace(server_clock=False), len(targets))
     run = secrets.token_hex(4)
     return [prepare(-1 - i, t, payload, headers, f"perflab-probe-{run}-{i}") for i, t in enumerate(targets)]
 
@@ -160,7 +160,7 @@ def _warmup(req: BenchRequest, first: Prepared, targets: list[Target], cancel: t
     if outcome.cancelled:
         raise BenchCancelled(None, "warm-up")
     traces = [parse_capture(c, prompt_len=0, tokenizer=None, check_counts=False) for c in outcome.captures]
-    timed = _on_model_clock(traces, 1.0) if req.sim_clock else None
+    timed = _on_model_clock(traces, 1.0) if req.server_clock else None
     if model is not None and timed is not None:
         model.append(timed[1])
     if step is not None:
@@ -267,8 +267,8 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     explicit_tok = load_tokenizer(req.tokenizer) if req.tokenizer not in (None, "", "auto") else None
     check(cancel, "tokenizer")
     simulated, server_scale = _probe(req, targets, cancel)
-    if req.sim_clock and not simulated:  # a real engine is never asked for model-clock stamps
-        req = req.replace(sim_clock=False)
+    if req.server_clock and not simulated:  # a real engine is never asked for model-clock stamps
+        req = req.replace(server_clock=False)
     time_scale = server_scale if server_scale is not None else req.time_scale
     tok = explicit_tok or load_tokenizer(None, model=req.model, simulated=simulated)
     check(cancel, "tokenizer")
@@ -306,13 +306,13 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
 
             def watch(o: Observation) -> None:
                 observe(dataclasses.replace(o, time_scale=time_scale, **warmed))
-        clock = model_clock_stamp if (req.sim_clock and simulated) else None  # early stop in engine time
+        clock = model_clock_stamp if (req.server_clock and simulated) else None  # early stop in engine time
         timed = _run_single(plan, prompt_lens, tok, keep_text, progress, cancel, watch, clock, caps)
     if marks is not None:
         marks.end()
 
     start = timed.start
-    model = _on_model_clock(timed.traces, time_scale) if (req.sim_clock and simulated) else None
+    model = _on_model_clock(timed.traces, time_scale) if (req.server_clock and simulated) else None
     if model is not None:
         traces, duration = model
     else:
@@ -353,12 +353,12 @@ def _stall(req: BenchRequest, seen: StallSeen, time_scale: float, completed: int
 
 
 def model_clock_stamp(piece: bytes) -> tuple[float, float | None] | None:
-    """The latest model-clock stamp (``: perflab-model-clock <t> <arrival>``, the simulator's
-    :data:`perflab.simenv.SIM_CLOCK_COMMENT`) in a received piece: ``(t, arrival)``; None if none."""
-    at = piece.rfind(SIM_CLOCK_COMMENT)
+    """The latest model-clock stamp (``: perflab-server-clock <t> <arrival>``, the simulator's
+    :data:`perflab.bench.serverclock.SERVER_CLOCK_COMMENT`) in a received piece: ``(t, arrival)``; None if none."""
+    at = piece.rfind(SERVER_CLOCK_COMMENT)
     if at < 0:
         return None
-    line = piece[at + len(SIM_CLOCK_COMMENT):].split(b"\n", 1)[0]
+    line = piece[at + len(SERVER_CLOCK_COMMENT):].split(b"\n", 1)[0]
     return parse_clock(line.strip())
 
 

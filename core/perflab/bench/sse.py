@@ -29,7 +29,7 @@ class SSEParser:
     ``clock_prefix``: comment lines starting with ``:`` + optional space + this prefix are kept
     (the rest of the line, stripped) and every event from then on carries the last one as
     ``clock`` — perflab's simulator stamps its steps this way
-    (:data:`perflab.simenv.SIM_CLOCK_COMMENT`); other comments stay ignored.
+    (:data:`perflab.bench.serverclock.SERVER_CLOCK_COMMENT`); other comments stay ignored.
     """
 
     __slots__ = ("_buf", "_clock", "_clock_prefix", "_data", "_event", "_has_data", "_skip_lf")

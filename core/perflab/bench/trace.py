@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from perflab.bench.serverclock import SERVER_CLOCK_COMMENT, parse_clock
 from perflab.bench.sse import SSEParser
 from perflab.bench.tokenizer import Tokenizer
-from perflab.simenv import SIM_CLOCK_COMMENT, parse_clock
 
 # a request's error when the run, not the server, ended it (declared here, with the request
 # record, so the cancel machinery above the result does not sit below the trace)
@@ -77,10 +77,10 @@ class RequestTrace:
     output_tokens_source: str = "usage"  # "usage" | "tokenizer" | "chunks"
     index: int = -1
     queue_time: float = 0.0  # waited for --max-concurrency (vLLM's client_queue_time)
-    # perflab's simulator only: the engine's model-clock stamps (perflab.simenv.SIM_CLOCK_COMMENT)
+    # the server-clock protocol: the server's own stamps (perflab.bench.serverclock.SERVER_CLOCK_COMMENT)
     # — the request's arrival and each output chunk's step end, absolute model seconds; None
     # when a chunk carrying output came without one. Used only when the lab knows the engine
-    # is simulated (runner: BenchRequest.sim_clock and the probe's answer).
+    # is simulated (runner: BenchRequest.server_clock and the probe's answer).
     model_arrival: float | None = None
     model_times: list[float] | None = None
     usage_mismatch: bool = False  # failed because the server's counts are impossible (USAGE_ERROR)
@@ -231,7 +231,7 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
         trace.error = _http_error(cap)
         return trace
 
-    parser = SSEParser(clock_prefix=SIM_CLOCK_COMMENT)
+    parser = SSEParser(clock_prefix=SERVER_CLOCK_COMMENT)
     times: list[float] = []
     stamps: list[float] | None = []  # model clock of the chunks carrying output (None: one had none)
     arrival: float | None = None

@@ -153,7 +153,7 @@ def bench(**kw: Any) -> None:
     if not values.get("model"):
         raise UsageError("--model is required (the model name the server serves)")
 
-    values["sim_clock"] = kw["clock"] == "auto"
+    values["server_clock"] = kw["clock"] == "auto"
     req = BenchRequest(base_urls=tuple(kw["base_urls"]), **values)
     req = apply_profile(req, explicit=set(values)).validate()
 

@@ -3,8 +3,8 @@
 The built-in probes live beside this file (``nvml.py`` for NVIDIA through nvidia-ml-py,
 ``npusmi.py`` for Huawei Ascend through ``npu-smi``, ``cpu.py`` for the host CPU); third
 parties add accelerator families with the same hook. The CPU is reported only when no probe
-found an accelerator: then it is the device CPU engines (vLLM's CPU build, llama.cpp) run on. In simulation (``PERFLAB_SIM_HARDWARE`` set in ``env``), the same probes
-run against perflab's stand-ins, so the parsing code is exercised exactly as on a real host.
+found an accelerator: then it is the device CPU engines (vLLM's CPU build, llama.cpp) run on. On a machine another plugin activates (``--hardware sim:NAME``: perflab-sim), the same probes
+run against its stand-ins, so the parsing code is exercised exactly as on a real host.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import socket
 from collections.abc import Mapping
 from typing import cast
 
+from perflab.hardware import emulation
 from perflab.plugins import PluginManager
-from perflab.simenv import HARDWARE_ENV
 from perflab.types import Accelerator, HardwareSnapshot
 
 CPU_KIND = "cpu"  # perflab.hardware.cpu.KIND (not imported: that module imports this one)
@@ -36,7 +36,7 @@ def probe(pm: PluginManager, env: Mapping[str, str] | None = None) -> HardwareSn
         accelerators.extend(cast("list[Accelerator]", found or []))
     if any(a.kind != CPU_KIND for a in accelerators):
         accelerators = [a for a in accelerators if a.kind != CPU_KIND]
-    sim = env.get(HARDWARE_ENV) or None
+    sim = emulation.machine(env)
     return HardwareSnapshot(
         accelerators=tuple(accelerators),
         simulated=sim is not None,
@@ -46,20 +46,27 @@ def probe(pm: PluginManager, env: Mapping[str, str] | None = None) -> HardwareSn
     )
 
 
-def resolve(pm: PluginManager, spec: str = "auto", base_env: Mapping[str, str] | None = None) -> tuple[HardwareSnapshot, dict[str, str]]:
-    """Turn ``--hardware auto|sim:NAME`` into (snapshot, environment to launch engines with).
+#: --hardware prefixes a package outside the core provides -> how to install it (one line when missing)
+PROVIDERS: dict[str, str] = {"sim:": "perflab-sim (pip install perflab-sim, or ./plugins/sim from a perflab checkout)"}
 
-    ``sim:NAME`` activates the simulator: its stand-in executables come first on ``PATH``
-    (and ``PYTHONPATH``), and the same probes run against them.
+
+def resolve(pm: PluginManager, spec: str = "auto", base_env: Mapping[str, str] | None = None) -> tuple[HardwareSnapshot, dict[str, str]]:
+    """Turn ``--hardware auto|SPEC`` into (snapshot, environment to launch engines with).
+
+    ``auto`` probes this machine. Any other spec (``sim:NAME``: perflab-sim's simulated
+    machines) is activated by the plugin that owns it (``perflab_activate_hardware``), and the
+    same probes run under the environment it returns.
     """
     from perflab.errors import UsageError
 
     env = dict(os.environ if base_env is None else base_env)
     if spec == "auto":
         return probe(pm, env), env
-    if spec.startswith("sim:"):
-        from perflab import sim
-
-        env = sim.activate(spec[4:], env)
+    activated = pm.hook.perflab_activate_hardware(spec=spec, env=env)
+    if activated is not None:
+        env = dict(activated)
         return probe(pm, env), env
+    for prefix, package in PROVIDERS.items():
+        if spec.startswith(prefix):
+            raise UsageError(f"--hardware {spec!r}: {prefix}... hardware is provided by {package}, which is not installed")
     raise UsageError(f"--hardware {spec!r}: expected 'auto' or 'sim:NAME' (e.g. sim:a100-80g-x8)")

@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from perflab.hardware import emulation
 from perflab.hookspecs import hookimpl
-from perflab.simenv import HARDWARE_ENV
 from perflab.types import Accelerator
 
 KIND = "cpu"
@@ -210,6 +210,6 @@ def probe_cpu(root: Path = Path("/"), allowed: Iterable[int] | None = None) -> l
 
 @hookimpl
 def perflab_probe_hardware(env: Mapping[str, str]) -> list[Accelerator] | None:
-    if env.get(HARDWARE_ENV):
+    if emulation.machine(env):
         return None  # a simulated machine has exactly the catalog's accelerators
     return probe_cpu()

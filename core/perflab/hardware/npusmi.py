@@ -15,8 +15,8 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 
+from perflab.hardware import emulation
 from perflab.hookspecs import hookimpl
-from perflab.simenv import HARDWARE_ENV
 from perflab.types import Accelerator
 
 INFO_TIMEOUT_S = 30.0  # npu-smi takes seconds on an 8-card server under load
@@ -117,4 +117,4 @@ def perflab_probe_hardware(env: Mapping[str, str]) -> list[Accelerator] | None:
     exe = shutil.which("npu-smi", path=env.get("PATH", os.defpath))
     if exe is None:
         return None
-    return read_npus(exe, env, source="sim" if env.get(HARDWARE_ENV) else "npu-smi")
+    return read_npus(exe, env, source="sim" if emulation.machine(env) else "npu-smi")

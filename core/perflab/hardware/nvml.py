@@ -3,7 +3,7 @@
 NVML is the library ``nvidia-smi`` itself uses, so names, UUIDs and memory figures are the
 ones users know. ``pynvml`` is imported inside the hook: importing this module (which every
 ``perflab`` command does, to register the hook) must stay cheap. In simulation
-(``PERFLAB_SIM_HARDWARE`` set) the same code reads :class:`perflab.sim.nvml.NvmlShim`, an
+(``PERFLAB_SIM_HARDWARE`` set) the same code reads :class:`perflab_sim.nvml.NvmlShim`, an
 object with pynvml's function names, so the probe runs unchanged against the simulator.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from perflab.hardware import emulation
 from perflab.hookspecs import hookimpl
-from perflab.simenv import HARDWARE_ENV
 from perflab.types import Accelerator
 
 _MIB = 1024 * 1024
@@ -36,10 +36,9 @@ def cuda_version_string(version: int) -> str:
 
 
 def load_nvml(env: Mapping[str, str]) -> Any | None:
-    if env.get(HARDWARE_ENV):
-        from perflab.sim.nvml import NvmlShim
-
-        return NvmlShim(env)
+    emulated = emulation.nvml(env)
+    if emulated is not None:
+        return emulated
     try:
         import pynvml
     except ImportError:  # nvidia-ml-py not installed: no NVML, not an error
@@ -111,4 +110,4 @@ def perflab_probe_hardware(env: Mapping[str, str]) -> list[Accelerator] | None:
     nvml = load_nvml(env)
     if nvml is None:
         return None
-    return read_gpus(nvml, source="sim" if env.get(HARDWARE_ENV) else "nvml")
+    return read_gpus(nvml, source="sim" if emulation.machine(env) else "nvml")

@@ -168,9 +168,9 @@ async def measure(job: AccuracyJob, runner: AccuracyRunner, base_url: str, model
             on_stage("collecting greedy answers (agreement" + (", twice: the noise floor)" if job.reference else ")"))
         passes = (1, all_at_once()) if job.reference else (all_at_once(),)
         for concurrency in passes:
-            # sim_clock: all at once arrive at one model time on a simulated engine, as on a real one
+            # server_clock: all at once arrive at one model time on a simulated engine, as on a real one
             sets.append(await runner.collect(base_url, model, concurrency=concurrency, api_key=api_key,
-                                             timeout_s=spec.timeout_s, api=spec.api, sim_clock=simulated))
+                                             timeout_s=spec.timeout_s, api=spec.api, server_clock=simulated))
     return {"job": job.to_json(), "eval": result.to_json() if result is not None else None,
             "answers": [s.to_json() for s in sets], "simulated": simulated,
             "seconds": round(time.monotonic() - began, 3)}

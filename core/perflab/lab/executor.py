@@ -44,8 +44,6 @@ from perflab.observe import watch as observe_watch
 from perflab.observe.energy import observed_extras
 from perflab.observe.telemetry import ENGINE_T, Telemetry
 from perflab.plugins import PluginManager
-from perflab.simenv import STATE_ENV as SIM_STATE_ENV
-from perflab.simenv import TIME_SCALE_ENV as SIM_TIME_SCALE_ENV
 from perflab.status import Status
 from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Unsupported, to_jsonable
 
@@ -102,7 +100,9 @@ def launch_environment(ctx: LabContext) -> dict[str, str]:
     inherit, with the simulator's time scale."""
     env = engine_environment(ctx.env)
     if ctx.simulated:
-        env[SIM_TIME_SCALE_ENV] = f"{ctx.time_scale:g}"
+        from perflab_sim.env import TIME_SCALE_ENV  # simulated only: the core runs without perflab-sim
+
+        env[TIME_SCALE_ENV] = f"{ctx.time_scale:g}"
     return env
 
 
@@ -1014,7 +1014,7 @@ class Executor:
             base_urls=tuple(inst.base_url for inst in instances),
             headers=tuple(redact.auth_headers(launch.argv, {**self._env(), **launch.env}).items()),
             time_scale=self.ctx.time_scale if self.ctx.simulated else 1.0,
-            sim_clock=self.ctx.simulated,  # model-clock stamps: reproducible simulated numbers
+            server_clock=self.ctx.simulated,  # model-clock stamps: reproducible simulated numbers
             label=label,
         )
         if plan.timeouts.stall_s is not None:  # engine seconds; default: the bench's (60)
@@ -1273,6 +1273,8 @@ def study_environment(plan: Plan, out_dir: Path, environ: Mapping[str, str]) -> 
     """The environment a study resolves its hardware with (and launches engines from)."""
     env = dict(environ)
     if plan.hardware.startswith("sim:"):
+        from perflab_sim.env import STATE_ENV as SIM_STATE_ENV  # the core runs without perflab-sim
+
         # the plan's simulated engine versions (simulation.engine_versions), unless the user
         # set PERFLAB_SIM_ENGINE_VERSIONS explicitly
         for key, value in plan.sim_environment().items():

@@ -439,7 +439,7 @@ def perflab_owner(pid: int) -> str | None:
 
 
 def _sim_holders(env: Mapping[str, str], kind: str, devices: Sequence[int]) -> list[DeviceHolder]:
-    from perflab.sim import state
+    from perflab_sim import state
 
     out = []
     for h in state.holders(state.state_dir(env)):

@@ -344,7 +344,7 @@ class Plan:
         adds it to the environment it activates ``sim:NAME`` hardware with)."""
         if not self.sim_engine_versions:
             return {}
-        from perflab.simenv import ENGINE_VERSIONS_ENV, format_versions
+        from perflab_sim.env import ENGINE_VERSIONS_ENV, format_versions
 
         return {ENGINE_VERSIONS_ENV: format_versions(self.sim_engine_versions)}
 
@@ -993,7 +993,7 @@ def _sim_engine_versions(p: _Problems, raw: Any) -> dict[str, str]:
     versions = _mapping(p, key, s["engine_versions"])
     if versions is None:
         return {}
-    from perflab import simenv as sim_versions
+    from perflab_sim import env as sim_versions
 
     out: dict[str, str] = {}
     for engine, version in versions.items():

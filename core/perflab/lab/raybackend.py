@@ -161,7 +161,7 @@ def _node_env(plan: Plan, study_dir: Path, node_id: str, state: Path | None = No
     ``state``: where the simulator's per-node state goes (default: the node's directory of
     the study, :func:`perflab.lab.shipping.study_stage` — never the study directory, which the
     node may not see)."""
-    from perflab.simenv import STATE_ENV
+    from perflab_sim.env import STATE_ENV
 
     env = engine_environment(os.environ)  # not Ray's RAY_* / *_VISIBLE_DEVICES (the probe sees the whole node)
     if plan.hardware.startswith("sim:"):
@@ -175,7 +175,7 @@ def _activate(plan: Plan, study_dir: Path, node_id: str, spec: str) -> dict[str,
     """The node's engine environment (a simulated node's stand-ins first on PATH)."""
     env = _node_env(plan, study_dir, node_id)
     if spec.startswith("sim:"):
-        from perflab import sim
+        import perflab_sim as sim
 
         env = sim.activate(spec[4:], env)
     return env

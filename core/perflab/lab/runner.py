@@ -51,7 +51,6 @@ from perflab.lab.store import ProfileMeasurement, RunRecord, Store, write_json
 from perflab.lab.stored import StoreMeasure, profile_key, stored_outcome
 from perflab.lab.study import ConfigResult, StudyOutcome, conduct
 from perflab.plugins import PluginManager
-from perflab.simenv import STATE_ENV as SIM_STATE_ENV
 from perflab.status import Status
 from perflab.types import to_jsonable
 
@@ -391,8 +390,11 @@ async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_fai
     redact.private_dir(out_dir)  # 0700 when the plan holds a secret
     base_env = study_environment(plan, out_dir, os.environ)
     snapshot, env = await anyio.to_thread.run_sync(resolve, pm, plan.hardware, base_env)
-    if SIM_STATE_ENV in base_env:
-        Path(base_env[SIM_STATE_ENV]).mkdir(parents=True, exist_ok=True)
+    if plan.hardware.startswith("sim:"):
+        from perflab_sim.env import STATE_ENV  # simulated only: the core runs without perflab-sim
+
+        if STATE_ENV in base_env:
+            Path(base_env[STATE_ENV]).mkdir(parents=True, exist_ok=True)
     time_scale = study_time_scale(plan, snapshot.simulated)
     engines = engines_of(plan)
     versions = {e: await anyio.to_thread.run_sync(engine_version, pm, e, env) for e in engines}

@@ -3,7 +3,7 @@ the SM clock of the devices a launch holds, sampled through NVML on NVIDIA GPUs 
 ``npu-smi`` on Huawei Ascend NPUs.
 
 The sources are the ones ``perflab hardware`` probes with (:mod:`perflab.hardware.nvml`'s
-``load_nvml``: pynvml, or the simulator's :class:`perflab.sim.nvml.NvmlShim` when
+``load_nvml``: pynvml, or the simulator's :class:`perflab_sim.nvml.NvmlShim` when
 ``PERFLAB_SIM_HARDWARE`` is set; :mod:`perflab.hardware.npusmi`'s ``npu-smi`` found on the
 environment's ``PATH``, the simulator's stand-in in simulation), so telemetry runs unchanged
 against the simulator. Every call blocks, so it runs in a worker thread.
@@ -45,8 +45,8 @@ import anyio
 import anyio.to_thread
 import structlog
 
+from perflab.hardware import emulation
 from perflab.observe import Sample
-from perflab.simenv import HARDWARE_ENV
 
 log = structlog.get_logger(__name__)
 
@@ -60,7 +60,7 @@ NPU_SMI_TIMEOUT_S = 10.0
 # the per-sample values, each as "<name>.<device index>"
 POWER, UTILIZATION, MEMORY, SM_CLOCK = "power_w", "utilization_pct", "memory_used_mib", "sm_clock_mhz"
 ENERGY = "energy_mj"  # NVML's total energy counter (millijoules since the driver loaded; Volta and later)
-# in simulation each sample also carries the simulated engines' model time (perflab.sim.load):
+# in simulation each sample also carries the simulated engines' model time (perflab_sim.load):
 # the clock the bench measures simulated durations on, which a host that falls behind the time
 # scale makes differ from the sample's wall-based ``t`` (perflab.observe.energy uses it)
 ENGINE_T = "engine_t"
@@ -338,11 +338,11 @@ class Telemetry:
         rest of the study, said once."""
         if source in self.problems:
             return {}
-        if not self.env.get(HARDWARE_ENV):
+        if not emulation.machine(self.env):
             return self._read(source, devices)
         # simulation: the reading and its engine_t must see one publication of the engines'
         # clock (the NVML shim's energy counter counts idle power over it)
-        from perflab.sim import load, state
+        from perflab_sim import load, state
 
         directory = state.state_dir(self.env)
         for _ in range(3):

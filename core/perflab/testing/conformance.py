@@ -36,7 +36,6 @@ from perflab import hookspecs
 from perflab.errors import UnsupportedOption
 from perflab.plugin_base import EnginePlugin, Maps, Refuses
 from perflab.plugins import PluginManager, check_compatibility
-from perflab.simenv import STATE_ENV
 from perflab.types import (
     Accelerator,
     CrashCause,
@@ -411,6 +410,7 @@ class EngineConformance:
         config = ServeConfig(model=self.model)
         if self.sim_hardware is not None:
             from perflab.hardware import resolve
+            from perflab_sim.env import STATE_ENV  # the simulated cycle needs perflab-sim
 
             # a private memory registry, so parallel simulations cannot disturb this one
             env[STATE_ENV] = str(tmp_path / "sim-state")

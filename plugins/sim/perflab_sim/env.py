@@ -1,0 +1,105 @@
+"""The simulator's environment variables, declared once: their names, what each means, and the
+format of the values other parts of perflab write (the time scale, the engine versions).
+
+Everything that reads or sets a ``PERFLAB_SIM_*`` variable imports the name from here: the
+simulator (:mod:`perflab_sim`), the hardware probes (:mod:`perflab.hardware`), the lab (the
+plan parser, the runner, the executor) and the conformance kit. This module imports nothing
+but the standard library and :mod:`perflab.errors`, so the plan parser and the hardware probes
+never load the simulator to learn a variable's name or check a value. docs/simulator.md lists
+:data:`VARIABLES` (a test keeps them in step).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+
+from perflab.errors import UsageError
+
+HARDWARE_ENV = "PERFLAB_SIM_HARDWARE"
+STATE_ENV = "PERFLAB_SIM_STATE_DIR"
+TIME_SCALE_ENV = "PERFLAB_SIM_TIME_SCALE"
+FAULT_ENV = "PERFLAB_SIM_FAULT"
+FAULT_NODE_RANK_ENV = "PERFLAB_SIM_FAULT_NODE_RANK"
+ENGINE_VERSIONS_ENV = "PERFLAB_SIM_ENGINE_VERSIONS"
+WORKER_ENV = "PERFLAB_SIM_WORKER"
+
+#: every PERFLAB_SIM_* variable -> its one-line meaning (docs/simulator.md lists these)
+VARIABLES: dict[str, str] = {
+    HARDWARE_ENV: "the catalog machine being simulated (e.g. h100-80g-x8); set: the probes and stand-ins simulate it",
+    STATE_ENV: "directory of the simulated device-memory registry (one JSON file per process holding memory)",
+    TIME_SCALE_ENV: "simulated seconds per real second, a positive number (default 1)",
+    FAULT_ENV: "faults a stand-in engine injects, comma separated (e.g. crash-after:3,ignore-sigterm)",
+    FAULT_NODE_RANK_ENV: "in a multi-node launch, the node rank whose process injects the faults (default: every rank)",
+    ENGINE_VERSIONS_ENV: "engine versions the simulated machine reports, e.g. vllm=0.17.1,sglang=0.5.9",
+    WORKER_ENV: "internal: a simulated worker process's arguments (JSON), set by the engine that spawns it",
+}
+
+
+def time_scale(env: Mapping[str, str]) -> float:
+    """``PERFLAB_SIM_TIME_SCALE`` in ``env`` (default 1); ValueError if not a positive number."""
+    raw = env.get(TIME_SCALE_ENV, "").strip()
+    if not raw:
+        return 1.0
+    scale = float(raw)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"{TIME_SCALE_ENV} must be a positive number, not {raw!r}")
+    return scale
+
+
+# PERFLAB_SIM_ENGINE_VERSIONS ------------------------------------------------------------------
+
+#: perflab's engine names a version may be set for
+KNOWN_ENGINES = ("vllm", "sglang", "trtllm", "vllm-ascend", "mindie")
+_ALIASES = {"tensorrt_llm": "trtllm", "tensorrt-llm": "trtllm", "vllm_ascend": "vllm-ascend"}
+_VERSION_RE = re.compile(r"^\d+(?:\.\d+)*[A-Za-z0-9.+-]*$")
+
+
+def engine_name(name: str) -> str:
+    """perflab's name for ``name`` (an engine or distribution name); UsageError if none."""
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in KNOWN_ENGINES:
+        raise UsageError(
+            f"{ENGINE_VERSIONS_ENV}: unknown engine {name.strip()!r} (expected one of: {', '.join(KNOWN_ENGINES)})"
+        )
+    return key
+
+
+def check_version(engine: str, version: object) -> str:
+    text = str(version).strip()
+    if not _VERSION_RE.match(text):
+        raise UsageError(f"{ENGINE_VERSIONS_ENV}: {engine}={text!r} is not a version (expected e.g. 0.17.1)")
+    return text
+
+
+def parse_versions(value: str | None) -> dict[str, str]:
+    """``"vllm=0.17.1,sglang=0.5.9"`` -> ``{"vllm": "0.17.1", "sglang": "0.5.9"}``."""
+    out: dict[str, str] = {}
+    for item in (value or "").split(","):
+        if not item.strip():
+            continue
+        name, sep, version = item.partition("=")
+        if not sep:
+            raise UsageError(f"{ENGINE_VERSIONS_ENV}: expected ENGINE=VERSION, got {item.strip()!r}")
+        engine = engine_name(name)
+        out[engine] = check_version(engine, version)
+    return out
+
+
+def format_versions(versions: Mapping[str, str]) -> str:
+    """The ``PERFLAB_SIM_ENGINE_VERSIONS`` value for ``versions`` (validated)."""
+    checked = {engine_name(k): check_version(k, v) for k, v in versions.items()}
+    return ",".join(f"{k}={v}" for k, v in sorted(checked.items()))
+
+
+def fault_applies(env: Mapping[str, str], node_rank: int) -> bool:
+    """Whether the process of node rank ``node_rank`` injects ``PERFLAB_SIM_FAULT``
+    (``PERFLAB_SIM_FAULT_NODE_RANK`` unset: every rank does); ValueError if it is not a rank."""
+    raw = env.get(FAULT_NODE_RANK_ENV, "").strip()
+    if not raw:
+        return True
+    if not raw.isdigit():
+        raise ValueError(f"{FAULT_NODE_RANK_ENV} must be a node rank (0, 1, ...), not {raw!r}")
+    return int(raw) == node_rank

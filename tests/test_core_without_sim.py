@@ -1,0 +1,52 @@
+"""The core runs without perflab-sim: `engines list` and `engines command` work, and
+`--hardware sim:...` says in one line which package provides it.
+
+A subprocess where the simulator cannot be imported (sys.modules entry None, its plugin
+disabled) stands for a venv without it: fast, and it fails on any import of perflab_sim the
+core makes on these paths. The fresh-venv test in test_plugin_manager.py installs the core
+wheel and a plugin wheel without perflab-sim and lists the engines.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+BLOCKED = (
+    "import sys; sys.modules['perflab_sim'] = None\n"  # as if perflab-sim were not installed
+    "from perflab.cli import main\n"
+    "sys.argv = ['perflab'] + sys.argv[1:]\n"
+    "main()\n"
+)
+
+
+def _perflab(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PERFLAB_DISABLE_PLUGINS": "perflab-sim"}
+    env.pop("PERFLAB_LOAD_PLUGINS", None)
+    return subprocess.run([sys.executable, "-c", BLOCKED, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_engines_list_and_command_without_the_simulator() -> None:
+    listed = _perflab("engines", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert "vllm" in listed.stdout
+    command = _perflab("engines", "command", "vllm", "--model", "Qwen/Qwen3-32B")
+    assert "vllm serve Qwen/Qwen3-32B" in command.stdout, command.stdout + command.stderr
+    assert "perflab_sim" not in command.stderr
+
+
+def test_sim_hardware_without_the_simulator_names_its_package_in_one_line() -> None:
+    out = _perflab("engines", "command", "vllm", "--model", "Qwen/Qwen3-32B", "--hardware", "sim:a100-80g-x8")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "perflab-sim" in lines[0] and "./plugins/sim" in lines[0], out.stderr
+
+
+def test_the_lab_imports_without_the_simulator() -> None:
+    """run, launch and bench load these modules: none may import perflab_sim at import time."""
+    code = ("import sys; sys.modules['perflab_sim'] = None\n"
+            "import perflab.lab.executor, perflab.lab.runner, perflab.lab.raybackend, perflab.bench.runner, "
+            "perflab.observe.telemetry, perflab.testing.conformance, perflab.cli")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
