@@ -50,3 +50,32 @@ def test_the_lab_imports_without_the_simulator() -> None:
             "perflab.observe.telemetry, perflab.testing.conformance, perflab.cli")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_third_party_plugin_activates_its_own_hardware_spec(monkeypatch) -> None:
+    """perflab_activate_hardware: the plugin owning the spec answers with the environment the
+    probes run under; a spec nobody owns is one usage error; `auto` is never offered."""
+    import pytest
+
+    from perflab import hookimpl
+    from perflab.errors import UsageError
+    from perflab.hardware import resolve
+    from perflab.plugins import PluginManager, module_plugin
+
+    offered: list[str] = []
+
+    @hookimpl
+    def perflab_activate_hardware(spec, env):
+        offered.append(spec)
+        return {**env, "EMU_MACHINE": spec[4:]} if spec.startswith("emu:") else None
+
+    monkeypatch.setenv("PERFLAB_LOAD_PLUGINS", "")  # only the plugin below (and the core's probes)
+    pm = PluginManager()
+    assert pm.add_plugin(module_plugin("perflab_emu", perflab_activate_hardware=perflab_activate_hardware)).status == "ok"
+    snapshot, env = resolve(pm, "emu:box-1", {"PATH": os.environ.get("PATH", "")})
+    assert env["EMU_MACHINE"] == "box-1" and offered == ["emu:box-1"]
+    assert snapshot.simulated is False  # activation alone does not make a machine simulated
+    with pytest.raises(UsageError, match="expected 'auto'"):
+        resolve(pm, "tpu:v5", {})
+    resolve(pm, "auto", {"PATH": os.environ.get("PATH", "")})
+    assert offered == ["emu:box-1", "tpu:v5"]
