@@ -54,6 +54,7 @@ from pathlib import Path
 MOVES: dict[str, str] = {
     # the contract plugins program against
     "perflab.hookspecs": "perflab.contract.hookspecs",
+    "perflab.markers": "perflab.contract.markers",
     "perflab.plugin_base": "perflab.contract.plugin_base",
     "perflab.types": "perflab.contract.types",
     "perflab.status": "perflab.contract.status",

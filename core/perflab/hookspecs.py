@@ -42,13 +42,14 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-import pluggy
+from perflab.markers import PROJECT as PROJECT  # the entry-point group and marker name
+from perflab.markers import hookimpl as hookimpl  # plugins import it from here too
+from perflab.markers import hookspec
 
 if TYPE_CHECKING:
     from perflab.plugin_base import EnginePlugin
     from perflab.types import Accelerator
 
-PROJECT = "perflab"
 #: 2: engines are objects (:class:`perflab.plugin_base.EnginePlugin`) registered through
 #: ``perflab_register_engines``; the ten hooks with an ``engine`` argument of version 1 are gone.
 HOOKSPEC_VERSION = 2
@@ -83,8 +84,6 @@ DEFAULT_HOOK_DEADLINE_S = 10.0
 #: Set to a number of seconds: every hook's deadline is at most that (tests, an impatient CI).
 DEADLINE_ENV = "PERFLAB_HOOK_DEADLINE_S"
 
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 # --------------------------------------------------------------------------- registration

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from perflab.errors import UnsupportedOption, UsageError
-from perflab.hookspecs import hookimpl
+from perflab.markers import hookimpl
 from perflab.types import (
     CacheReset,
     CrashCause,
