@@ -65,6 +65,7 @@ def resolve(pm: PluginManager, spec: str = "auto", base_env: Mapping[str, str] |
     activated = pm.hook.perflab_activate_hardware(spec=spec, env=env)
     if activated is not None:
         env = dict(activated)
+        env[emulation.SPEC_ENV] = spec  # what the activated environment stands for
         return probe(pm, env), env
     for prefix, package in PROVIDERS.items():
         if spec.startswith(prefix):

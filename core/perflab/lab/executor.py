@@ -774,7 +774,7 @@ class Executor:
         host = config.serve_config().host or "127.0.0.1"
 
         def check() -> list[Any]:
-            found = device_holders(self.ctx.env, self.ctx.simulated, by_kind, ports, host)
+            found = device_holders(self.ctx.env, by_kind, ports, host)
             if not found and not self.ctx.simulated:
                 found = self._invisible_holders(by_kind)
             return found

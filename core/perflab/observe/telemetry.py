@@ -45,7 +45,7 @@ import anyio
 import anyio.to_thread
 import structlog
 
-from perflab.hardware import emulation
+from perflab.hardware.standins import DEVICE_CLOCK_ENV, standin
 from perflab.observe import Sample
 
 log = structlog.get_logger(__name__)
@@ -338,17 +338,16 @@ class Telemetry:
         rest of the study, said once."""
         if source in self.problems:
             return {}
-        if not emulation.machine(self.env):
+        clock = standin(self.env, DEVICE_CLOCK_ENV)
+        if clock is None:
             return self._read(source, devices)
-        # simulation: the reading and its engine_t must see one publication of the engines'
-        # clock (the NVML shim's energy counter counts idle power over it)
-        from perflab_sim import load, state
-
-        directory = state.state_dir(self.env)
+        # engines keeping their own clock (a simulated machine): the reading and its engine_t
+        # must see one publication of that clock (the NVML stand-in's energy counter counts
+        # idle power over it)
         for _ in range(3):
-            before = load.model_time(directory, devices)
+            before = clock(self.env, devices)
             values = self._read(source, devices)
-            after = load.model_time(directory, devices)
+            after = clock(self.env, devices)
             if before == after:
                 break
         if values and after is not None:

@@ -37,6 +37,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from perflab.errors import PerflabError
+from perflab.hardware.emulation import SIM_PREFIX, SPEC_ENV
+from perflab.hardware.standins import DEVICE_CLOCK_ENV, DEVICE_MEMORY_ENV, NVML_ENV
 from perflab_sim import catalog, versions
 from perflab_sim.env import ENGINE_VERSIONS_ENV, FAULT_ENV, HARDWARE_ENV, STATE_ENV, TIME_SCALE_ENV
 
@@ -183,6 +185,21 @@ def _without_sim(value: str | None) -> list[str]:
     return [p for p in (value or "").split(os.pathsep) if p and not p.startswith(root)]
 
 
+#: the core's stand-in variables (perflab.hardware.standins) an activated machine sets
+STANDINS = {
+    NVML_ENV: "perflab_sim.nvml:NvmlShim",
+    DEVICE_CLOCK_ENV: "perflab_sim.plugin:device_clock",
+    DEVICE_MEMORY_ENV: "perflab_sim.plugin:device_memory",
+}
+
+
+def machine_env(name: str) -> dict[str, str]:
+    """The variables saying the simulated machine ``name`` is active, for the simulator and for
+    the core: the spec (perflab.hardware.emulation.SPEC_ENV) and the stand-ins (the simulated
+    NVML, engine clock and device memory, perflab.hardware.standins)."""
+    return {HARDWARE_ENV: name, SPEC_ENV: SIM_PREFIX + name, **STANDINS}
+
+
 def activate(name: str, env: Mapping[str, str]) -> dict[str, str]:
     """The environment that runs the simulated machine ``name`` (a catalog name).
 
@@ -202,7 +219,7 @@ def activate(name: str, env: Mapping[str, str]) -> dict[str, str]:
         state_dir = sim_root() / name / "state"
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         out[STATE_ENV] = str(state_dir)
-    out[HARDWARE_ENV] = name
+    out.update(machine_env(name))
     if machine.is_ascend:
         out[MIES_ENV] = str(tree / "mindie" / "latest" / "mindie-service")
     elif env.get(MIES_ENV, "").startswith(str(sim_root())):
@@ -211,6 +228,7 @@ def activate(name: str, env: Mapping[str, str]) -> dict[str, str]:
 
 
 __all__ = [
+    "machine_env",
     "ENGINE_VERSIONS_ENV",
     "FAULT_ENV",
     "HARDWARE_ENV",
