@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 
 from perflab_sim.catalog import ChipSpec, Machine
-from perflab_sim.models import ModelSpec
+from perflab.models import ModelSpec
 
 GIB = 1024**3
 
