@@ -17,6 +17,17 @@ from perflab.hardware.standins import NVML_ENV, standin
 SPEC_ENV = "PERFLAB_HARDWARE_SPEC"
 #: the spec prefix of simulated machines: reports mark them "(simulated)"
 SIM_PREFIX = "sim:"
+#: set by the lab before activating a spec other than ``auto``: the directory the activated
+#: machine keeps its state in for this study (one per node), so machines activated elsewhere on
+#: the host do not share it (perflab-sim: its device-memory registry)
+MACHINE_STATE_ENV = "PERFLAB_MACHINE_STATE_DIR"
+#: set in an activated environment whose engines run faster than real time: the name of the
+#: variable they take the time scale from (engine seconds per real second); the lab writes a
+#: plan's ``simulation.time_scale`` into it. Unset: the machine runs in real time
+TIME_SCALE_VAR_ENV = "PERFLAB_TIME_SCALE_VAR"
+#: set by the lab from a plan's ``simulation.engine_versions``: the engine versions an activated
+#: machine should report (``vllm=0.17.1,sglang=0.5.9``, :mod:`perflab.hardware.engine_versions`)
+ENGINE_VERSIONS_ENV = "PERFLAB_ENGINE_VERSIONS"
 
 
 def machine(env: Mapping[str, str]) -> str | None:

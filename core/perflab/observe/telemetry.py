@@ -3,8 +3,8 @@ the SM clock of the devices a launch holds, sampled through NVML on NVIDIA GPUs 
 ``npu-smi`` on Huawei Ascend NPUs.
 
 The sources are the ones ``perflab hardware`` probes with (:mod:`perflab.hardware.nvml`'s
-``load_nvml``: pynvml, or the simulator's :class:`perflab_sim.nvml.NvmlShim` when
-``PERFLAB_SIM_HARDWARE`` is set; :mod:`perflab.hardware.npusmi`'s ``npu-smi`` found on the
+``load_nvml``: pynvml, or the NVML stand-in an activated environment names,
+:mod:`perflab.hardware.standins`; :mod:`perflab.hardware.npusmi`'s ``npu-smi`` found on the
 environment's ``PATH``, the simulator's stand-in in simulation), so telemetry runs unchanged
 against the simulator. Every call blocks, so it runs in a worker thread.
 

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from perflab.errors import PerflabError
-from perflab.hardware.emulation import SIM_PREFIX, SPEC_ENV
+from perflab.hardware.emulation import MACHINE_STATE_ENV, SIM_PREFIX, SPEC_ENV, TIME_SCALE_VAR_ENV
 from perflab.hardware.standins import DEVICE_CLOCK_ENV, DEVICE_MEMORY_ENV, NVML_ENV
 from perflab_sim import catalog, versions
 from perflab_sim.env import ENGINE_VERSIONS_ENV, FAULT_ENV, HARDWARE_ENV, STATE_ENV, TIME_SCALE_ENV
@@ -197,7 +197,7 @@ def machine_env(name: str) -> dict[str, str]:
     """The variables saying the simulated machine ``name`` is active, for the simulator and for
     the core: the spec (perflab.hardware.emulation.SPEC_ENV) and the stand-ins (the simulated
     NVML, engine clock and device memory, perflab.hardware.standins)."""
-    return {HARDWARE_ENV: name, SPEC_ENV: SIM_PREFIX + name, **STANDINS}
+    return {HARDWARE_ENV: name, SPEC_ENV: SIM_PREFIX + name, TIME_SCALE_VAR_ENV: TIME_SCALE_ENV, **STANDINS}
 
 
 def activate(name: str, env: Mapping[str, str]) -> dict[str, str]:
@@ -215,7 +215,12 @@ def activate(name: str, env: Mapping[str, str]) -> dict[str, str]:
     out["PATH"] = os.pathsep.join([str(tree / "bin"), *_without_sim(env.get("PATH"))])
     out["PYTHONPATH"] = os.pathsep.join([str(tree / "python"), *_without_sim(env.get("PYTHONPATH"))])
     keep_state = env.get(STATE_ENV) and env.get(HARDWARE_ENV) in (None, "", name)
-    if not keep_state:
+    if keep_state:
+        pass  # the user's (or a test's) own registry wins
+    elif env.get(MACHINE_STATE_ENV):  # the lab's: the study's (node's) own registry
+        Path(env[MACHINE_STATE_ENV]).mkdir(parents=True, exist_ok=True)
+        out[STATE_ENV] = env[MACHINE_STATE_ENV]
+    else:
         state_dir = sim_root() / name / "state"
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         out[STATE_ENV] = str(state_dir)
