@@ -57,8 +57,6 @@ def resolve(pm: PluginManager, spec: str = "auto", base_env: Mapping[str, str] |
     machines) is activated by the plugin that owns it (``perflab_activate_hardware``), and the
     same probes run under the environment it returns.
     """
-    from perflab.errors import UsageError
-
     env = dict(os.environ if base_env is None else base_env)
     if spec == "auto":
         return probe(pm, env), env

@@ -233,7 +233,6 @@ def activate(name: str, env: Mapping[str, str]) -> dict[str, str]:
 
 
 __all__ = [
-    "machine_env",
     "ENGINE_VERSIONS_ENV",
     "FAULT_ENV",
     "HARDWARE_ENV",
@@ -241,5 +240,6 @@ __all__ = [
     "TIME_SCALE_ENV",
     "activate",
     "install_tree",
+    "machine_env",
     "sim_root",
 ]
