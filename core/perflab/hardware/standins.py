@@ -43,4 +43,4 @@ def standin(env: Mapping[str, str], variable: str) -> Callable[..., Any] | None:
     fn = getattr(importlib.import_module(module), attr)
     if not callable(fn):
         raise ValueError(f"{variable}={target!r}: {attr} is not callable")
-    return fn  # type: ignore[no-any-return]
+    return fn
