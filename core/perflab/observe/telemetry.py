@@ -60,7 +60,7 @@ NPU_SMI_TIMEOUT_S = 10.0
 # the per-sample values, each as "<name>.<device index>"
 POWER, UTILIZATION, MEMORY, SM_CLOCK = "power_w", "utilization_pct", "memory_used_mib", "sm_clock_mhz"
 ENERGY = "energy_mj"  # NVML's total energy counter (millijoules since the driver loaded; Volta and later)
-# where the engines keep their own clock (standins.DEVICE_CLOCK_ENV: a simulated machine) each sample
+# where the engines keep their own clock (standins.DEVICE_CLOCK_ENV: a simulated machine) each sample also carries it:
 # the clock the bench measures simulated durations on, which a host that falls behind the time
 # scale makes differ from the sample's wall-based ``t`` (perflab.observe.energy uses it)
 ENGINE_T = "engine_t"
