@@ -98,7 +98,7 @@ def test_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str
 
 def test_simulated_machines_say_so(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     use_probes(monkeypatch, gpus)
-    monkeypatch.setenv("PERFLAB_SIM_HARDWARE", "a100-80g-x8")
+    monkeypatch.setenv("PERFLAB_HARDWARE_SPEC", "sim:a100-80g-x8")  # as an activated environment says
     code, out, _ = invoke(["hardware"], capsys)
     assert code == 0 and "(simulated: a100-80g-x8)" in out
     code, out, _ = invoke(["hardware", "--json"], capsys)

@@ -150,7 +150,7 @@ def test_cpu_is_the_device_only_without_accelerators() -> None:
 def test_builtin_cpu_probe_is_registered_and_silent_in_simulation(tmp_path: Path) -> None:
     pm = PluginManager(entrypoints=False)
     assert "perflab.hardware.cpu" in {r.module for r in pm.records}
-    assert cpu.perflab_probe_hardware({"PERFLAB_SIM_HARDWARE": "a100-80g-x8"}) is None
+    assert cpu.perflab_probe_hardware({"PERFLAB_HARDWARE_SPEC": "sim:a100-80g-x8"}) is None
 
 
 def test_sim_machines_keep_their_own_accelerators() -> None:

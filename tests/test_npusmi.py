@@ -400,7 +400,7 @@ def test_probe_through_the_plugin_manager_reports_errors_and_sim_source(tmp_path
     pm.add_plugin(npusmi, name="npusmi", builtin=True)
     two_cards = "\n".join(read("910B_info-m.txt").splitlines()[:5])  # header, NPU 0 and 1 (+ Mcus)
     env, _ = fake_npu_smi(tmp_path, read("910B1-with-processes_info.txt"), two_cards)
-    snap = probe(pm, {**env, "PERFLAB_SIM_HARDWARE": "ascend-910b1-x2"})
+    snap = probe(pm, {**env, "PERFLAB_HARDWARE_SPEC": "sim:ascend-910b1-x2"})
     assert snap.simulated and snap.name == "ascend-910b1-x2"
     assert [(a.index, a.source) for a in snap.accelerators] == [(0, "sim"), (1, "sim")]
     (tmp_path / "broken").mkdir()

@@ -182,7 +182,9 @@ def test_simulation_reads_the_shim(monkeypatch: pytest.MonkeyPatch) -> None:
             super().__init__([A100, A100])
 
     monkeypatch.setitem(sys.modules, "perflab_sim.nvml", types.SimpleNamespace(NvmlShim=Shim))
-    env = {"PERFLAB_SIM_HARDWARE": "a100-80g-x2"}
+    from perflab_sim import machine_env
+
+    env = machine_env("a100-80g-x2")
     gpus = nvml.perflab_probe_hardware(env=env)
     assert seen["env"] is env
     assert gpus is not None and [(g.index, g.source) for g in gpus] == [(0, "sim"), (1, "sim")]
@@ -200,11 +202,11 @@ def test_module_import_stays_cheap() -> None:
 def test_simulation_with_the_real_shim() -> None:
     """Every catalog machine through perflab's own NVML stand-in: CUDA machines show their
     GPUs (labelled "sim"), Ascend machines none."""
-    from perflab_sim import catalog
+    from perflab_sim import catalog, machine_env
 
     for name in catalog.names():
         machine = catalog.get(name)
-        gpus = nvml.perflab_probe_hardware(env={"PERFLAB_SIM_HARDWARE": name})
+        gpus = nvml.perflab_probe_hardware(env=machine_env(name))
         if not machine.is_cuda:
             assert gpus == [], name
             continue

@@ -19,13 +19,14 @@ from perflab.observe import energy as en
 from perflab.observe import telemetry as tm
 from perflab_sim import catalog, load, npusmi
 from perflab_sim.nvml import NvmlShim
-from perflab_sim.env import HARDWARE_ENV, STATE_ENV
+from perflab_sim import machine_env
+from perflab_sim.env import STATE_ENV
 
 FIXTURES = Path(__file__).parent / "fixtures" / "npu-smi"
 
 
 def _env(tmp_path: Path, machine: str) -> dict[str, str]:
-    return {HARDWARE_ENV: machine, STATE_ENV: str(tmp_path / "state"), "PATH": os.environ.get("PATH", "")}
+    return {**machine_env(machine), STATE_ENV: str(tmp_path / "state"), "PATH": os.environ.get("PATH", "")}
 
 
 def _busy(tmp_path: Path, devices: list[int], busy_s: float, compute_s: float, mem_s: float, span: float = 1.0) -> None:

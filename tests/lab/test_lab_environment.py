@@ -22,11 +22,17 @@ main_profile: short
 
 def test_plan_engine_versions_reach_the_simulator_and_user_env_wins(tmp_path: Path) -> None:
     plan = load_plan_text(PLAN, known_engines={"vllm"})
-    env = study_environment(plan, tmp_path, {"PATH": "/usr/bin"})
-    assert env["PERFLAB_SIM_ENGINE_VERSIONS"] == "vllm=0.17.1"
+    import perflab_sim
+    from perflab_sim import catalog, versions
+
+    # what the simulator makes of the study's environment once it activates the plan's machine
+    machine = catalog.get("h100-80g-x1")
+    env = perflab_sim.activate(machine.name, study_environment(plan, tmp_path, {"PATH": "/usr/bin"}))
+    assert versions.for_machine(machine, env)["vllm"] == "0.17.1"
     assert env["PERFLAB_SIM_STATE_DIR"] == str((tmp_path / "sim-state").resolve())
-    mine = study_environment(plan, tmp_path, {"PERFLAB_SIM_ENGINE_VERSIONS": "vllm=0.11.0", "PERFLAB_SIM_STATE_DIR": "/x"})
-    assert mine["PERFLAB_SIM_ENGINE_VERSIONS"] == "vllm=0.11.0" and mine["PERFLAB_SIM_STATE_DIR"] == "/x"
+    mine = perflab_sim.activate(machine.name, study_environment(
+        plan, tmp_path, {"PERFLAB_SIM_ENGINE_VERSIONS": "vllm=0.11.0", "PERFLAB_SIM_STATE_DIR": "/x"}))
+    assert versions.for_machine(machine, mine)["vllm"] == "0.11.0" and mine["PERFLAB_SIM_STATE_DIR"] == "/x"
 
 
 def test_real_hardware_studies_get_no_simulator_variables(tmp_path: Path) -> None:

@@ -302,11 +302,14 @@ def test_a_holder_that_is_one_of_our_engines_is_named_by_study_and_run(tmp_path:
          "time.sleep(60)"], cwd=run_dir, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
-        found = device_holders({"PERFLAB_SIM_STATE_DIR": str(state)}, True, {"cuda": [0, 1]})
+        from perflab_sim import machine_env
+
+        env = {**machine_env("a100-80g-x8"), "PERFLAB_SIM_STATE_DIR": str(state)}  # a simulated machine's registry
+        found = device_holders(env, {"cuda": [0, 1]})
         assert [h.what for h in found] == ["cuda:1"]
         text = found[0].describe()
         assert f"pid {holder.pid}" in text and f"perflab study {other}, run runs/004-vllm-fp8" in text
-        assert device_holders({"PERFLAB_SIM_STATE_DIR": str(state)}, True, {"cuda": [0]}) == []
+        assert device_holders(env, {"cuda": [0]}) == []
     finally:
         _stop(holder)
 

@@ -148,7 +148,9 @@ def test_a_plans_engine_versions_reach_the_activated_machine(sim_tmp: Path) -> N
         "profiles: {short: {input_len: 128, output_len: 4, num_prompts: 10}}\n"
     )
     plan = load_plan_text(text, path=Path("plan.yaml"), known_engines=["vllm"])
-    assert plan.sim_environment() == {"PERFLAB_SIM_ENGINE_VERSIONS": "trtllm=1.3.0,vllm=0.16.0"}
+    from perflab.hardware.emulation import ENGINE_VERSIONS_ENV  # the lab's variable: the simulator reads it
+
+    assert plan.sim_environment() == {ENGINE_VERSIONS_ENV: "trtllm=1.3.0,vllm=0.16.0"}
     env = sim.activate("h100-80g-x1", {"PATH": "/usr/bin", **plan.sim_environment()})
     assert dist_versions(env) == {"vllm": "0.16.0", "sglang": "0.5.9", "tensorrt_llm": "1.3.0"}
     bad = text.replace("'0.16.0'", "0.16")

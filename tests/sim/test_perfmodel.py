@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from perflab_sim import calibrate, catalog, models, perfmodel, tokenizer
+from perflab import models
+from perflab_sim import calibrate, catalog, perfmodel, tokenizer
 from perflab_sim.perfmodel import Knobs, StepShape
 from perflab_sim.scheduler import Scheduler, SimRequest, simulate
 

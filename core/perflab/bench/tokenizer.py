@@ -3,7 +3,7 @@
 Three kinds, chosen by :func:`load_tokenizer` (``--tokenizer``):
 
 ``whitespace``
-    The rule of perflab's simulated engines (``perflab_sim.tokenizer``): a text is
+    The rule of perflab's simulated engines (perflab-sim's tokenizer): a text is
     ``len(text.split())`` tokens and every generated token is one word. Random prompts of N
     words are exactly N tokens on the simulator. The default when the server is perflab's
     simulator (it answers with the header ``x-perflab-sim-time-scale`` or

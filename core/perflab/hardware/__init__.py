@@ -57,15 +57,24 @@ def resolve(pm: PluginManager, spec: str = "auto", base_env: Mapping[str, str] |
     machines) is activated by the plugin that owns it (``perflab_activate_hardware``), and the
     same probes run under the environment it returns.
     """
-    from perflab.errors import UsageError
-
     env = dict(os.environ if base_env is None else base_env)
     if spec == "auto":
         return probe(pm, env), env
-    activated = pm.hook.perflab_activate_hardware(spec=spec, env=env)
+    env = activate(pm, spec, env)
+    return probe(pm, env), env
+
+
+def activate(pm: PluginManager, spec: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment the spec ``spec`` (not ``auto``) runs under, from the plugin that owns it
+    (``perflab_activate_hardware``), with :data:`emulation.SPEC_ENV` set to ``spec``; a
+    one-line UsageError when no installed plugin owns it."""
+    from perflab.errors import UsageError
+
+    activated = pm.hook.perflab_activate_hardware(spec=spec, env=dict(env))
     if activated is not None:
-        env = dict(activated)
-        return probe(pm, env), env
+        out = dict(activated)
+        out[emulation.SPEC_ENV] = spec  # what the activated environment stands for
+        return out
     for prefix, package in PROVIDERS.items():
         if spec.startswith(prefix):
             raise UsageError(f"--hardware {spec!r}: {prefix}... hardware is provided by {package}, which is not installed")

@@ -3,7 +3,7 @@
 NVML is the library ``nvidia-smi`` itself uses, so names, UUIDs and memory figures are the
 ones users know. ``pynvml`` is imported inside the hook: importing this module (which every
 ``perflab`` command does, to register the hook) must stay cheap. In simulation
-(``PERFLAB_SIM_HARDWARE`` set) the same code reads :class:`perflab_sim.nvml.NvmlShim`, an
+(an activated environment naming an NVML stand-in, :mod:`perflab.hardware.standins`) the same code reads perflab-sim's ``NvmlShim``, an
 object with pynvml's function names, so the probe runs unchanged against the simulator.
 """
 

@@ -97,12 +97,13 @@ class LabContext:
 def launch_environment(ctx: LabContext) -> dict[str, str]:
     """The environment every engine process of a run starts from (each rank of a multi-node
     group too, on its own node's context): the context's, less what an engine must not
-    inherit, with the simulator's time scale."""
-    env = engine_environment(ctx.env)
-    if ctx.simulated:
-        from perflab_sim.env import TIME_SCALE_ENV  # simulated only: the core runs without perflab-sim
+    inherit, with the time scale where the activated machine takes one (TIME_SCALE_VAR_ENV)."""
+    from perflab.hardware.emulation import TIME_SCALE_VAR_ENV
 
-        env[TIME_SCALE_ENV] = f"{ctx.time_scale:g}"
+    env = engine_environment(ctx.env)
+    scale_var = ctx.env.get(TIME_SCALE_VAR_ENV)
+    if scale_var:
+        env[scale_var] = f"{ctx.time_scale:g}"
     return env
 
 
@@ -774,7 +775,7 @@ class Executor:
         host = config.serve_config().host or "127.0.0.1"
 
         def check() -> list[Any]:
-            found = device_holders(self.ctx.env, self.ctx.simulated, by_kind, ports, host)
+            found = device_holders(self.ctx.env, by_kind, ports, host)
             if not found and not self.ctx.simulated:
                 found = self._invisible_holders(by_kind)
             return found
@@ -1271,21 +1272,24 @@ def key_salt(
 
 def study_environment(plan: Plan, out_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
     """The environment a study resolves its hardware with (and launches engines from)."""
-    env = dict(environ)
-    if plan.hardware.startswith("sim:"):
-        from perflab_sim.env import STATE_ENV as SIM_STATE_ENV  # the core runs without perflab-sim
+    from perflab.hardware.emulation import MACHINE_STATE_ENV
 
-        # the plan's simulated engine versions (simulation.engine_versions), unless the user
-        # set PERFLAB_SIM_ENGINE_VERSIONS explicitly
+    env = dict(environ)
+    if plan.hardware != "auto":
+        # the plan's engine versions for the activated machine (simulation.engine_versions)
         for key, value in plan.sim_environment().items():
             env.setdefault(key, value)
-        if SIM_STATE_ENV not in env:
-            # The simulated machine is the study's own: its device-memory registry lives in the
-            # study directory, so simulations elsewhere on this host cannot take its memory.
-            env[SIM_STATE_ENV] = str((out_dir / "sim-state").resolve())
+        if MACHINE_STATE_ENV not in env:
+            # The activated machine is the study's own: its state (a simulated machine's
+            # device-memory registry) lives in the study directory, so machines activated
+            # elsewhere on this host cannot take its memory.
+            env[MACHINE_STATE_ENV] = str((out_dir / "sim-state").resolve())
     return env
 
 
-def study_time_scale(plan: Plan, simulated: bool) -> float:
-    """How much faster than real time a study's engines run (a simulated machine's ``time_scale``)."""
-    return plan.time_scale if simulated else 1.0
+def study_time_scale(plan: Plan, env: Mapping[str, str]) -> float:
+    """How much faster than real time a study's engines run: the plan's ``time_scale`` where the
+    activated environment ``env`` says its engines take one (TIME_SCALE_VAR_ENV), else 1."""
+    from perflab.hardware.emulation import TIME_SCALE_VAR_ENV
+
+    return plan.time_scale if env.get(TIME_SCALE_VAR_ENV) else 1.0

@@ -438,16 +438,11 @@ def perflab_owner(pid: int) -> str | None:
     return None
 
 
-def _sim_holders(env: Mapping[str, str], kind: str, devices: Sequence[int]) -> list[DeviceHolder]:
-    from perflab_sim import state
-
-    out = []
-    for h in state.holders(state.state_dir(env)):
-        for d in devices:
-            mib = h.on(d)
-            if mib:
-                out.append(DeviceHolder(f"{kind}:{d}", h.pid, _command(h.pid) or h.name, mib, perflab_owner(h.pid)))
-    return out
+def _standin_holders(memory: Any, env: Mapping[str, str], kind: str, devices: Sequence[int]) -> list[DeviceHolder]:
+    """Holders as the activated environment's device-memory stand-in reports them
+    (:data:`perflab.hardware.standins.DEVICE_MEMORY_ENV`)."""
+    return [DeviceHolder(f"{kind}:{d}", pid, _command(pid) or name, mib, perflab_owner(pid))
+            for d, pid, name, mib in memory(env, devices)]
 
 
 def _nvml_holders(devices: Sequence[int]) -> list[DeviceHolder]:
@@ -526,17 +521,19 @@ def invisible_holders(start: Sequence[Accelerator], now: Sequence[Accelerator],
     return out
 
 
-def device_holders(env: Mapping[str, str], simulated: bool, devices_by_kind: Mapping[str, Sequence[int]],
+def device_holders(env: Mapping[str, str], devices_by_kind: Mapping[str, Sequence[int]],
                    ports: Iterable[int] = (), host: str = "127.0.0.1") -> list[DeviceHolder]:
     """Who holds the devices (and fixed ports) a launch needs; [] when the machine is ready."""
+    from perflab.hardware.standins import DEVICE_MEMORY_ENV, standin
     from perflab.lifecycle.ports import port_is_free, port_owners
 
+    memory = standin(env, DEVICE_MEMORY_ENV)  # an activated machine's own registry (perflab-sim)
     found: list[DeviceHolder] = []
     for kind, devices in devices_by_kind.items():
         if not devices:
             continue
-        if simulated:
-            found += _sim_holders(env, kind, devices)
+        if memory is not None:
+            found += _standin_holders(memory, env, kind, devices)
         elif kind == "cuda":
             found += _nvml_holders(devices)
         elif kind == "ascend":

@@ -339,12 +339,13 @@ class Plan:
         return self.engine_defaults(self.baseline.engine).with_delta(self.baseline.serve)
 
     def sim_environment(self) -> dict[str, str]:
-        """What the simulator's activation needs from the plan, as environment variables:
-        ``PERFLAB_SIM_ENGINE_VERSIONS`` when ``simulation.engine_versions`` is set (the lab
-        adds it to the environment it activates ``sim:NAME`` hardware with)."""
+        """What an activated machine needs from the plan, as environment variables:
+        :data:`perflab.hardware.emulation.ENGINE_VERSIONS_ENV` when ``simulation.engine_versions``
+        is set (the lab adds it to the environment it activates ``sim:NAME`` hardware with)."""
         if not self.sim_engine_versions:
             return {}
-        from perflab_sim.env import ENGINE_VERSIONS_ENV, format_versions
+        from perflab.hardware.emulation import ENGINE_VERSIONS_ENV
+        from perflab.hardware.engine_versions import format_versions
 
         return {ENGINE_VERSIONS_ENV: format_versions(self.sim_engine_versions)}
 
@@ -993,7 +994,7 @@ def _sim_engine_versions(p: _Problems, raw: Any) -> dict[str, str]:
     versions = _mapping(p, key, s["engine_versions"])
     if versions is None:
         return {}
-    from perflab_sim import env as sim_versions
+    from perflab.hardware import engine_versions as sim_versions
 
     out: dict[str, str] = {}
     for engine, version in versions.items():

@@ -55,7 +55,7 @@ def model_context(model: str, *, simulated: bool, env: Mapping[str, str] | None 
     if local.is_dir():
         return _from_config_json(local / "config.json")
     if simulated:
-        from perflab_sim.models import UnknownModel, lookup
+        from perflab.models import UnknownModel, lookup
 
         try:
             return lookup(model).context_len

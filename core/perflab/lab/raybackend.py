@@ -161,24 +161,24 @@ def _node_env(plan: Plan, study_dir: Path, node_id: str, state: Path | None = No
     ``state``: where the simulator's per-node state goes (default: the node's directory of
     the study, :func:`perflab.lab.shipping.study_stage` — never the study directory, which the
     node may not see)."""
-    from perflab_sim.env import STATE_ENV
+    from perflab.hardware.emulation import MACHINE_STATE_ENV
 
     env = engine_environment(os.environ)  # not Ray's RAY_* / *_VISIBLE_DEVICES (the probe sees the whole node)
-    if plan.hardware.startswith("sim:"):
-        # each simulated node is its own machine: its own device-memory registry, on the node
-        env[STATE_ENV] = str((state or study_stage(study_dir) / "sim-state") / node_id[:12])
-        Path(env[STATE_ENV]).mkdir(parents=True, exist_ok=True)
+    if plan.hardware != "auto":
+        # each activated node is its own machine: its own state (a simulated node's
+        # device-memory registry), on the node
+        env[MACHINE_STATE_ENV] = str((state or study_stage(study_dir) / "sim-state") / node_id[:12])
+        Path(env[MACHINE_STATE_ENV]).mkdir(parents=True, exist_ok=True)
     return study_environment(plan, study_dir, env)
 
 
-def _activate(plan: Plan, study_dir: Path, node_id: str, spec: str) -> dict[str, str]:
-    """The node's engine environment (a simulated node's stand-ins first on PATH)."""
-    env = _node_env(plan, study_dir, node_id)
-    if spec.startswith("sim:"):
-        import perflab_sim as sim
+def _activate(pm: PluginManager, plan: Plan, study_dir: Path, node_id: str, spec: str) -> dict[str, str]:
+    """The node's engine environment (a simulated node's stand-ins first on PATH), as
+    :func:`perflab.hardware.resolve` activates it (``perflab_activate_hardware``)."""
+    from perflab.hardware import activate
 
-        env = sim.activate(spec[4:], env)
-    return env
+    env = _node_env(plan, study_dir, node_id)
+    return env if spec == "auto" else activate(pm, spec, env)
 
 
 def _probe(pm: PluginManager, plan: Plan, study_dir: Path, node_id: str, spec: str) -> tuple[Any, dict[str, str], dict[str, str | None]]:
@@ -186,7 +186,7 @@ def _probe(pm: PluginManager, plan: Plan, study_dir: Path, node_id: str, spec: s
     from perflab.hardware import probe
     from perflab.lab.plan import engines_of
 
-    env = _activate(plan, study_dir, node_id, spec)  # as perflab.hardware.resolve does
+    env = _activate(pm, plan, study_dir, node_id, spec)  # as perflab.hardware.resolve does
     snapshot = probe(pm, env)
     versions = {e: engine_version(pm, e, env) for e in engines_of(plan)}
     return snapshot, env, versions
@@ -202,7 +202,7 @@ def software(pm: PluginManager) -> dict[str, Any]:
 
 def machine_class(plan: Plan, snapshot: Any) -> str:
     """What the store's keys are salted with for this machine (``key_salt``'s hardware)."""
-    salt = key_salt(plan.hardware, study_time_scale(plan, snapshot.simulated), snapshot.simulated, snapshot.accelerators)
+    salt = key_salt(plan.hardware, plan.time_scale, snapshot.simulated, snapshot.accelerators)  # only its hardware is read
     return json.dumps(salt["hardware"])
 
 
@@ -407,8 +407,8 @@ class Agent:
         # probed again for every run
         report = reports[self.node_id]
         snapshot, versions = report["snapshot"], dict(report["engines"])
-        env = _activate(plan, Path(study_dir), self.node_id, spec)
-        self.ctx = LabContext(self.pm, plan, snapshot, env, versions, study_time_scale(plan, snapshot.simulated))
+        env = _activate(self.pm, plan, Path(study_dir), self.node_id, spec)
+        self.ctx = LabContext(self.pm, plan, snapshot, env, versions, study_time_scale(plan, env))
         self.node = f"{socket.gethostname()}/{self.node_id[:8]}"
         self._tasks: dict[int, asyncio.Task[Any]] = {}  # run id -> its executor's run
         self._ranks: dict[str, _HeldRank] = {}  # "<run id>:<rank>" -> a group's rank started on this node

@@ -26,6 +26,7 @@ import anyio
 
 from perflab import redact
 from perflab.errors import HookDeadlineExceeded, PerflabError, UnknownEngine
+from perflab.hardware.emulation import MACHINE_STATE_ENV
 from perflab.lab.accuracy import ACCURACY_PROFILE
 from perflab.lab.backend import Event, Files, Finished, LocalBackend, Lost, Measured, Placed, Point, Ticket
 from perflab.lab.executor import LabContext, key_salt, study_environment, study_time_scale
@@ -390,12 +391,9 @@ async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_fai
     redact.private_dir(out_dir)  # 0700 when the plan holds a secret
     base_env = study_environment(plan, out_dir, os.environ)
     snapshot, env = await anyio.to_thread.run_sync(resolve, pm, plan.hardware, base_env)
-    if plan.hardware.startswith("sim:"):
-        from perflab_sim.env import STATE_ENV  # simulated only: the core runs without perflab-sim
-
-        if STATE_ENV in base_env:
-            Path(base_env[STATE_ENV]).mkdir(parents=True, exist_ok=True)
-    time_scale = study_time_scale(plan, snapshot.simulated)
+    if MACHINE_STATE_ENV in base_env:
+        Path(base_env[MACHINE_STATE_ENV]).mkdir(parents=True, exist_ok=True)
+    time_scale = study_time_scale(plan, env)
     engines = engines_of(plan)
     versions = {e: await anyio.to_thread.run_sync(engine_version, pm, e, env) for e in engines}
     if cluster is not None:  # the study's machine is the Ray nodes': their own snapshot and versions

@@ -3,8 +3,8 @@ the SM clock of the devices a launch holds, sampled through NVML on NVIDIA GPUs 
 ``npu-smi`` on Huawei Ascend NPUs.
 
 The sources are the ones ``perflab hardware`` probes with (:mod:`perflab.hardware.nvml`'s
-``load_nvml``: pynvml, or the simulator's :class:`perflab_sim.nvml.NvmlShim` when
-``PERFLAB_SIM_HARDWARE`` is set; :mod:`perflab.hardware.npusmi`'s ``npu-smi`` found on the
+``load_nvml``: pynvml, or the NVML stand-in an activated environment names,
+:mod:`perflab.hardware.standins`; :mod:`perflab.hardware.npusmi`'s ``npu-smi`` found on the
 environment's ``PATH``, the simulator's stand-in in simulation), so telemetry runs unchanged
 against the simulator. Every call blocks, so it runs in a worker thread.
 
@@ -45,7 +45,7 @@ import anyio
 import anyio.to_thread
 import structlog
 
-from perflab.hardware import emulation
+from perflab.hardware.standins import DEVICE_CLOCK_ENV, standin
 from perflab.observe import Sample
 
 log = structlog.get_logger(__name__)
@@ -60,7 +60,7 @@ NPU_SMI_TIMEOUT_S = 10.0
 # the per-sample values, each as "<name>.<device index>"
 POWER, UTILIZATION, MEMORY, SM_CLOCK = "power_w", "utilization_pct", "memory_used_mib", "sm_clock_mhz"
 ENERGY = "energy_mj"  # NVML's total energy counter (millijoules since the driver loaded; Volta and later)
-# in simulation each sample also carries the simulated engines' model time (perflab_sim.load):
+# where the engines keep their own clock (standins.DEVICE_CLOCK_ENV: a simulated machine) each sample also carries it:
 # the clock the bench measures simulated durations on, which a host that falls behind the time
 # scale makes differ from the sample's wall-based ``t`` (perflab.observe.energy uses it)
 ENGINE_T = "engine_t"
@@ -338,17 +338,16 @@ class Telemetry:
         rest of the study, said once."""
         if source in self.problems:
             return {}
-        if not emulation.machine(self.env):
+        clock = standin(self.env, DEVICE_CLOCK_ENV)
+        if clock is None:
             return self._read(source, devices)
-        # simulation: the reading and its engine_t must see one publication of the engines'
-        # clock (the NVML shim's energy counter counts idle power over it)
-        from perflab_sim import load, state
-
-        directory = state.state_dir(self.env)
+        # engines keeping their own clock (a simulated machine): the reading and its engine_t
+        # must see one publication of that clock (the NVML stand-in's energy counter counts
+        # idle power over it)
         for _ in range(3):
-            before = load.model_time(directory, devices)
+            before = clock(self.env, devices)
             values = self._read(source, devices)
-            after = load.model_time(directory, devices)
+            after = clock(self.env, devices)
             if before == after:
                 break
         if values and after is not None:

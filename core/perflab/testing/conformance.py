@@ -410,10 +410,10 @@ class EngineConformance:
         config = ServeConfig(model=self.model)
         if self.sim_hardware is not None:
             from perflab.hardware import resolve
-            from perflab_sim.env import STATE_ENV  # the simulated cycle needs perflab-sim
+            from perflab.hardware.emulation import MACHINE_STATE_ENV
 
             # a private memory registry, so parallel simulations cannot disturb this one
-            env[STATE_ENV] = str(tmp_path / "sim-state")
+            env[MACHINE_STATE_ENV] = str(tmp_path / "sim-state")
             cycle_hardware, env = resolve(pm, f"sim:{self.sim_hardware}", env)
             config = config.replace(max_model_len=4096)
         else:

@@ -37,6 +37,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from perflab.errors import PerflabError
+from perflab.hardware.emulation import MACHINE_STATE_ENV, SIM_PREFIX, SPEC_ENV, TIME_SCALE_VAR_ENV
+from perflab.hardware.standins import DEVICE_CLOCK_ENV, DEVICE_MEMORY_ENV, NVML_ENV
 from perflab_sim import catalog, versions
 from perflab_sim.env import ENGINE_VERSIONS_ENV, FAULT_ENV, HARDWARE_ENV, STATE_ENV, TIME_SCALE_ENV
 
@@ -183,6 +185,21 @@ def _without_sim(value: str | None) -> list[str]:
     return [p for p in (value or "").split(os.pathsep) if p and not p.startswith(root)]
 
 
+#: the core's stand-in variables (perflab.hardware.standins) an activated machine sets
+STANDINS = {
+    NVML_ENV: "perflab_sim.nvml:NvmlShim",
+    DEVICE_CLOCK_ENV: "perflab_sim.plugin:device_clock",
+    DEVICE_MEMORY_ENV: "perflab_sim.plugin:device_memory",
+}
+
+
+def machine_env(name: str) -> dict[str, str]:
+    """The variables saying the simulated machine ``name`` is active, for the simulator and for
+    the core: the spec (perflab.hardware.emulation.SPEC_ENV) and the stand-ins (the simulated
+    NVML, engine clock and device memory, perflab.hardware.standins)."""
+    return {HARDWARE_ENV: name, SPEC_ENV: SIM_PREFIX + name, TIME_SCALE_VAR_ENV: TIME_SCALE_ENV, **STANDINS}
+
+
 def activate(name: str, env: Mapping[str, str]) -> dict[str, str]:
     """The environment that runs the simulated machine ``name`` (a catalog name).
 
@@ -198,11 +215,16 @@ def activate(name: str, env: Mapping[str, str]) -> dict[str, str]:
     out["PATH"] = os.pathsep.join([str(tree / "bin"), *_without_sim(env.get("PATH"))])
     out["PYTHONPATH"] = os.pathsep.join([str(tree / "python"), *_without_sim(env.get("PYTHONPATH"))])
     keep_state = env.get(STATE_ENV) and env.get(HARDWARE_ENV) in (None, "", name)
-    if not keep_state:
+    if keep_state:
+        pass  # the user's (or a test's) own registry wins
+    elif env.get(MACHINE_STATE_ENV):  # the lab's: the study's (node's) own registry
+        Path(env[MACHINE_STATE_ENV]).mkdir(parents=True, exist_ok=True)
+        out[STATE_ENV] = env[MACHINE_STATE_ENV]
+    else:
         state_dir = sim_root() / name / "state"
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         out[STATE_ENV] = str(state_dir)
-    out[HARDWARE_ENV] = name
+    out.update(machine_env(name))
     if machine.is_ascend:
         out[MIES_ENV] = str(tree / "mindie" / "latest" / "mindie-service")
     elif env.get(MIES_ENV, "").startswith(str(sim_root())):
@@ -218,5 +240,6 @@ __all__ = [
     "TIME_SCALE_ENV",
     "activate",
     "install_tree",
+    "machine_env",
     "sim_root",
 ]

@@ -75,7 +75,7 @@ BASE_SCORES: dict[str, BaseScore] = {
 # Models without a published figure in these sources: Qwen3-32B's, an assumption.
 DEFAULT_BASE = "Qwen/Qwen3-32B"
 
-# Quantization methods (the simulator's normalised names, perflab_sim.models / frontends).
+# Quantization methods (the simulator's normalised names, perflab.models / frontends).
 _INT4 = Effect(
     "INT4 weights (W4A16)", drop=round(87.64 - 85.97, 2), diverge=0.35, late=False, logprob_noise=0.08,
     source=REDHAT_W4A16,

@@ -26,7 +26,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from perflab_sim import catalog, models, perfmodel
+from perflab import models
+from perflab_sim import catalog, perfmodel
 from perflab_sim.config import SimEngineConfig
 from perflab_sim.env import HARDWARE_ENV
 from perflab_sim.scheduler import OfflineResult, simulate

@@ -12,10 +12,10 @@ never load the simulator to learn a variable's name or check a value. docs/simul
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 
-from perflab.errors import UsageError
+from perflab.hardware import engine_versions
+from perflab.hardware.engine_versions import KNOWN_ENGINES as KNOWN_ENGINES  # re-exported (versions.py)
 
 HARDWARE_ENV = "PERFLAB_SIM_HARDWARE"
 STATE_ENV = "PERFLAB_SIM_STATE_DIR"
@@ -48,50 +48,20 @@ def time_scale(env: Mapping[str, str]) -> float:
     return scale
 
 
-# PERFLAB_SIM_ENGINE_VERSIONS ------------------------------------------------------------------
-
-#: perflab's engine names a version may be set for
-KNOWN_ENGINES = ("vllm", "sglang", "trtllm", "vllm-ascend", "mindie")
-_ALIASES = {"tensorrt_llm": "trtllm", "tensorrt-llm": "trtllm", "vllm_ascend": "vllm-ascend"}
-_VERSION_RE = re.compile(r"^\d+(?:\.\d+)*[A-Za-z0-9.+-]*$")
+# PERFLAB_SIM_ENGINE_VERSIONS: the value format is the core's (perflab.hardware.engine_versions),
+# errors name this variable
 
 
 def engine_name(name: str) -> str:
-    """perflab's name for ``name`` (an engine or distribution name); UsageError if none."""
-    key = name.strip().lower()
-    key = _ALIASES.get(key, key)
-    if key not in KNOWN_ENGINES:
-        raise UsageError(
-            f"{ENGINE_VERSIONS_ENV}: unknown engine {name.strip()!r} (expected one of: {', '.join(KNOWN_ENGINES)})"
-        )
-    return key
+    return engine_versions.engine_name(name, ENGINE_VERSIONS_ENV)
 
 
-def check_version(engine: str, version: object) -> str:
-    text = str(version).strip()
-    if not _VERSION_RE.match(text):
-        raise UsageError(f"{ENGINE_VERSIONS_ENV}: {engine}={text!r} is not a version (expected e.g. 0.17.1)")
-    return text
-
-
-def parse_versions(value: str | None) -> dict[str, str]:
-    """``"vllm=0.17.1,sglang=0.5.9"`` -> ``{"vllm": "0.17.1", "sglang": "0.5.9"}``."""
-    out: dict[str, str] = {}
-    for item in (value or "").split(","):
-        if not item.strip():
-            continue
-        name, sep, version = item.partition("=")
-        if not sep:
-            raise UsageError(f"{ENGINE_VERSIONS_ENV}: expected ENGINE=VERSION, got {item.strip()!r}")
-        engine = engine_name(name)
-        out[engine] = check_version(engine, version)
-    return out
+def parse_versions(value: str | None, source: str = ENGINE_VERSIONS_ENV) -> dict[str, str]:
+    return engine_versions.parse_versions(value, source)
 
 
 def format_versions(versions: Mapping[str, str]) -> str:
-    """The ``PERFLAB_SIM_ENGINE_VERSIONS`` value for ``versions`` (validated)."""
-    checked = {engine_name(k): check_version(k, v) for k, v in versions.items()}
-    return ",".join(f"{k}={v}" for k, v in sorted(checked.items()))
+    return engine_versions.format_versions(versions, ENGINE_VERSIONS_ENV)
 
 
 def fault_applies(env: Mapping[str, str], node_rank: int) -> bool:

@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from perflab.models import ModelSpec
 from perflab_sim.catalog import ChipSpec, Machine
-from perflab_sim.models import ModelSpec
 
 GIB = 1024**3
 

@@ -42,7 +42,8 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
-from perflab_sim import accuracy, catalog, models, perfmodel
+from perflab import models
+from perflab_sim import accuracy, catalog, perfmodel
 from perflab_sim.clock import ModelClock
 from perflab_sim.config import EngineBehaviour, SimEngineConfig
 from perflab_sim.env import FAULT_ENV, HARDWARE_ENV, TIME_SCALE_ENV, fault_applies

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from perflab.hardware.emulation import ENGINE_VERSIONS_ENV as LAB_VERSIONS_ENV
 from perflab_sim import catalog
 from perflab_sim.env import ENGINE_VERSIONS_ENV, KNOWN_ENGINES, engine_name, format_versions, parse_versions
 
@@ -30,7 +31,10 @@ def for_machine(machine: catalog.Machine, env: Mapping[str, str]) -> dict[str, s
     ``PERFLAB_SIM_ENGINE_VERSIONS`` in ``env`` for the engines it runs."""
     versions = dict(machine.engine_versions)
     runs = catalog.ENGINES_BY_KIND[machine.kind]
-    for engine, version in parse_versions(env.get(ENGINE_VERSIONS_ENV)).items():
+    # PERFLAB_SIM_ENGINE_VERSIONS set by the user wins over the lab's (a plan's
+    # simulation.engine_versions, perflab.hardware.emulation.ENGINE_VERSIONS_ENV)
+    source = ENGINE_VERSIONS_ENV if ENGINE_VERSIONS_ENV in env else LAB_VERSIONS_ENV
+    for engine, version in parse_versions(env.get(source), source).items():
         if engine in runs:
             versions[engine] = version
     return versions

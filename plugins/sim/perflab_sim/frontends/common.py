@@ -234,14 +234,14 @@ def ffn_sizes(model_name: str) -> tuple[int, int | None] | None:
 
 
 def lookup_model(name: str) -> Any:
-    """``perflab_sim.models.lookup``; raises ``perflab_sim.models.UnknownModel``."""
-    from perflab_sim import models
+    """``perflab.models.lookup``; raises ``perflab.models.UnknownModel``."""
+    from perflab import models
 
     return models.lookup(name)
 
 
 def unknown_model_error() -> type[Exception]:
-    from perflab_sim import models
+    from perflab import models
 
     return models.UnknownModel
 

@@ -1,4 +1,9 @@
-"""The models the simulator can "serve": their shapes, looked up by Hugging Face id.
+"""Model facts, declared once: the shapes of the models perflab knows, looked up by Hugging Face id.
+
+Facts about a model (its layers, heads, context length, parameter count), not about a
+simulator: the lab's preflight reads the context length of a model it cannot find on disk
+(:mod:`perflab.lab.preflight`), and perflab-sim serves these models (its performance model
+reads the shapes).
 
 A name resolves by its last path component, case-insensitively, so the Hugging Face id
 (``Qwen/Qwen3-32B``), a bare name (``Qwen3-30B-A3B``, as in MindIE configs) and a local weight
