@@ -2,10 +2,11 @@
 format of the values other parts of perflab write (the time scale, the engine versions).
 
 Everything that reads or sets a ``PERFLAB_SIM_*`` variable imports the name from here: the
-simulator (:mod:`perflab_sim`), the hardware probes (:mod:`perflab.hardware`), the lab (the
-plan parser, the runner, the executor) and the conformance kit. This module imports nothing
-but the standard library and :mod:`perflab.errors`, so the plan parser and the hardware probes
-never load the simulator to learn a variable's name or check a value. docs/simulator.md lists
+simulator's stand-ins, probes and tools, and the simulator's tests. The core names none of them
+(it reaches an activated machine through :mod:`perflab.hardware.standins`). This module imports
+nothing of the simulator, only the standard library, :mod:`perflab.errors` and the core's
+engine-versions format (:mod:`perflab.hardware.engine_versions`), so a stand-in learns a
+variable's name without loading the simulator. docs/simulator.md lists
 :data:`VARIABLES` (a test keeps them in step).
 """
 
