@@ -90,7 +90,7 @@ def test_the_lab_benchmarks_a_local_model_with_its_own_tokenizer(tmp_path: Path,
     from perflab.lab.decide import Decision
 
     # an engine that cannot reset its prefix cache and serves no metrics endpoint
-    no_reset = SimpleNamespace(engines={}, hook=SimpleNamespace(perflab_cache_reset=lambda **kw: None, perflab_metrics_endpoint=lambda **kw: None),
+    no_reset = SimpleNamespace(engines={},  # no registered engine: no cache reset, no metrics endpoint
                                engine=lambda name: SimpleNamespace(info=SimpleNamespace(accelerators=())))
     ctx = LabContext(pm=no_reset, plan=SimpleNamespace(timeouts=Timeouts(benchmark_s=30.0), decision=Decision(),
                                                            min_improvement_pct=0.0, cost=None),  # type: ignore[arg-type]
