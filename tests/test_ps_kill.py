@@ -292,7 +292,13 @@ def test_perflab_kill_on_a_running_study_records_the_run_interrupted_not_crashed
             time.sleep(0.1)
         killed = perflab("kill", str(study))
         assert killed.returncode == 0, killed.stderr
-        _, err = proc.communicate(timeout=60)
+        assert "stopped pid" in killed.stdout, f"kill found no engine of the running study: {killed.stdout!r}"
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired as exc:
+            log = (study / "study.log").read_text(encoding="utf-8", errors="replace")[-4000:]
+            raise AssertionError(f"perflab run went on after `perflab kill` ({killed.stdout.strip()});\n"
+                                 f"stderr: {exc.stderr!r}\nstudy.log tail:\n{log}") from exc
     finally:
         if proc.poll() is None:
             proc.kill()
