@@ -37,8 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from perflab.lab.earlystop import STEADY_UNTIL
-
+from perflab.lab.run.earlystop import STEADY_UNTIL
 
 
 def decisions(report: dict[str, Any]) -> dict[str, Any]:

@@ -57,7 +57,7 @@ class Setup:
     """What supervise() needs for one engine kind, and the fault / mode spelling."""
 
     def __init__(self, kind: str, tmp: Path) -> None:
-        from perflab.types import ServeConfig
+        from perflab.contract.types import ServeConfig
 
         self.kind, self.tmp = kind, tmp
         if kind == "fake":

@@ -1,4 +1,4 @@
-"""What shipping a run's files from a Ray node to the driver costs (perflab.lab.shipping): an
+"""What shipping a run's files from a Ray node to the driver costs (perflab.lab.run.backends.shipping): an
 engine log of each size written into a stage, shipped whole (``final``) and written into a run
 directory by the driver's ``receive`` — the Files events, the bytes that travel (a log over
 ``SHIP_CAP`` travels as its head and tail) and the time, Ray's transport not included.
@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from perflab.lab.shipping import Stage, receive
+from perflab.lab.run.backends.shipping import Stage, receive
 
 
 def main() -> None:

@@ -41,11 +41,11 @@ def rsd(values: list[float]) -> float:
 
 async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from perflab.bench import run_benchmark_sync
+    from perflab.contract.types import ServeConfig
     from perflab.hardware import resolve
     from perflab.lab.demo import demo_plan
     from perflab.plugins import load
     from perflab.supervisor import EngineInstance
-    from perflab.types import ServeConfig
 
     state = workdir / "sim-state"
     state.mkdir()

@@ -14,7 +14,7 @@ import pytest
 
 import perflab.plugins
 from perflab import Accelerator, EngineInfo, EnginePlugin, FileSpec, LaunchSpec, Unsupported, hookimpl
-from perflab.errors import UnsupportedOption
+from perflab.contract.errors import UnsupportedOption
 from perflab.plugins import PluginManager, PluginRecord, module_plugin
 
 

@@ -46,7 +46,7 @@ def test_sim_hardware_without_the_simulator_names_its_package_in_one_line() -> N
 def test_the_lab_imports_without_the_simulator() -> None:
     """run, launch and bench load these modules: none may import perflab_sim at import time."""
     code = ("import sys; sys.modules['perflab_sim'] = None\n"
-            "import perflab.lab.executor, perflab.lab.runner, perflab.lab.raybackend, perflab.bench.runner, "
+            "import perflab.lab.run.executor, perflab.lab.run.runner, perflab.lab.run.backends.ray, perflab.bench.runner, "
             "perflab.observe.telemetry, perflab.testing.conformance, perflab.cli")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -58,7 +58,7 @@ def test_a_third_party_plugin_activates_its_own_hardware_spec(monkeypatch) -> No
     import pytest
 
     from perflab import hookimpl
-    from perflab.errors import UsageError
+    from perflab.contract.errors import UsageError
     from perflab.hardware import resolve
     from perflab.plugins import PluginManager, module_plugin
 

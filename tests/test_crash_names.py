@@ -13,7 +13,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from perflab import crashes
+
+from perflab.contract import crashes
 from perflab.engines import classify_crash
 from perflab.lifecycle.output import OutputPump
 from perflab.plugins import load
@@ -160,7 +161,7 @@ def test_llamacpp_ready_patterns_match_the_real_server_lines() -> None:
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    from perflab.types import LaunchSpec
+    from perflab.contract.types import LaunchSpec
 
     ready = mod.LlamaCpp().readiness(LaunchSpec(engine="llama-cpp", argv=("llama-server",), host="127.0.0.1", port=18080, served_model_name="m"))
     lines = (Path(__file__).parent / "fixtures" / "real" / "llama-server" / "startup.log").read_text().splitlines()

@@ -154,9 +154,8 @@ def test_builtin_cpu_probe_is_registered_and_silent_in_simulation(tmp_path: Path
 
 
 def test_sim_machines_keep_their_own_accelerators() -> None:
-    from perflab.hardware import resolve
-
     import perflab_sim.plugin
+    from perflab.hardware import resolve
 
     pm = PluginManager(entrypoints=False)
     pm.add_plugin(perflab_sim.plugin, name="sim")  # the simulator is a plugin: it owns sim:
@@ -193,8 +192,8 @@ def test_real_machine_probe_is_consistent() -> None:
 def test_host_ram_is_never_a_teardown_leftover() -> None:
     # Every process on the machine uses the CPU's RAM: the supervisor's "memory not released"
     # check compares accelerators only (a real vLLM CPU launch was flagged by other work).
+    from perflab.contract.types import HardwareSnapshot
     from perflab.supervisor import _memory_by_device
-    from perflab.types import HardwareSnapshot
 
     snap = HardwareSnapshot(accelerators=(NODE, GPU))
     assert _memory_by_device(snap, ("cuda", "cpu"), None) == {("cuda", 0): (0, 81920)}

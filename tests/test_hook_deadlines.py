@@ -1,4 +1,4 @@
-"""Every hook call has a deadline (perflab.hookspecs.HOOK_DEADLINES_S): a third-party plugin whose
+"""Every hook call has a deadline (perflab.contract.hookspecs.HOOK_DEADLINES_S): a third-party plugin whose
 hook never returns is named as that plugin's fault in one line, and perflab goes on (or, for a
 teardown, records a leftover after its own process-tree teardown ran) with no process left."""
 
@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from perflab import EngineInfo, EnginePlugin, hookimpl, hookspecs
-from perflab.errors import HookDeadlineExceeded, UsageError
-from perflab.plugins import PluginManager, _spec_params, module_plugin
 from test_supervisor import Fake, marked_alive
+
+from perflab import EngineInfo, EnginePlugin, hookimpl
+from perflab.contract import hookspecs
+from perflab.contract.errors import HookDeadlineExceeded, UsageError
+from perflab.plugins import PluginManager, _spec_params, module_plugin
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "writing-plugins.md"
 DEADLINE = 2.0  # short for the test, long enough for the fake engine's own (instant) hooks on a loaded host
@@ -219,7 +220,7 @@ def test_a_study_with_a_stuck_teardown_hook_stops_cleanly_naming_the_plugin(
 
     from perflab.lab.plan import load_plan_text
     from perflab.lab.progress import StudyProgress
-    from perflab.lab.runner import run_study
+    from perflab.lab.run.runner import run_study
 
     monkeypatch.setenv(hookspecs.DEADLINE_ENV, str(DEADLINE))
     pm = slow_vllm(release, "slowpoke", teardown=True)
@@ -251,10 +252,10 @@ def test_a_stuck_launch_hook_stops_the_study_naming_the_plugin_and_the_run_is_in
 
     import anyio
 
-    from perflab.errors import PerflabError
+    from perflab.contract.errors import PerflabError
     from perflab.lab.plan import load_plan_text
     from perflab.lab.progress import StudyProgress
-    from perflab.lab.runner import run_study
+    from perflab.lab.run.runner import run_study
 
     monkeypatch.setenv(hookspecs.DEADLINE_ENV, str(DEADLINE))
     pm = slow_vllm(release, "slowbuild", build=True)

@@ -25,10 +25,10 @@ import httpx
 import psutil
 import pytest
 from click.testing import CliRunner
+from test_supervisor import Fake, write_fake_engine
 
 from perflab.cli import cli
-from perflab.types import Unsupported
-from test_supervisor import Fake, write_fake_engine
+from perflab.contract.types import Unsupported
 
 TESTS_DIR = Path(__file__).parent
 PY = sys.executable
@@ -127,7 +127,7 @@ def test_default_workdir_is_fresh_under_perflab_runs(tmp_path: Path, monkeypatch
 
 def test_unknown_engine_is_a_one_line_usage_error(tmp_path: Path) -> None:
     fake = Fake(tmp_path)
-    from perflab.errors import UsageError
+    from perflab.contract.errors import UsageError
 
     with pytest.raises(UsageError, match="unknown engine 'nope'"):
         run_cli(fake.pm, ["nope", "--model", "m", "--check"])
@@ -148,7 +148,7 @@ sys.path.insert(0, {tests!r})
 from pathlib import Path
 from test_supervisor import fake_plugin, make_pm
 from perflab.cli import cli
-from perflab.errors import PerflabError
+from perflab.contract.errors import PerflabError
 pm = make_pm(fake_plugin(Path({script!r})))
 try:
     cli.main(args=sys.argv[1:], prog_name="perflab", standalone_mode=False, obj={{"pm": pm}})
@@ -371,11 +371,11 @@ FAULTS = {
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_sim_fault_is_named_detected_fast_and_cleaned_up(tmp_path: Path, fault: str) -> None:
+    from perflab.contract.types import ServeConfig
     from perflab.hardware import resolve
     from perflab.lifecycle.ports import port_is_free
     from perflab.plugins import load
     from perflab.supervisor import EngineInstance
-    from perflab.types import ServeConfig
 
     expected, startup_timeout, requests = FAULTS[fault]
     pm = load()

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from perflab.contract.types import Accelerator
 from perflab.hardware import nvml
-from perflab.types import Accelerator
 
 GIB = 1024**3
 

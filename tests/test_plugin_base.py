@@ -11,11 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from perflab import EngineInfo, EnginePlugin, FileSpec, HardwareSnapshot, LaunchSpec, Maps, Refuses, ServeConfig, hookimpl
+from perflab import (
+    EngineInfo,
+    EnginePlugin,
+    FileSpec,
+    HardwareSnapshot,
+    LaunchSpec,
+    Maps,
+    Refuses,
+    ServeConfig,
+    hookimpl,
+)
+from perflab.contract.errors import UnsupportedOption, UsageError
+from perflab.contract.plugin_base import address_tokens
 from perflab.engines import build_launch, check_support, classify_crash, engine_version
-from perflab.errors import UnsupportedOption, UsageError
-from perflab.lab.executor import plugin_file_describer, serving_script
-from perflab.plugin_base import address_tokens
+from perflab.lab.run.executor import plugin_file_describer, serving_script
 from perflab.plugins import PluginManager, module_plugin
 from perflab.testing import sample_hardware
 
@@ -58,7 +68,7 @@ def test_no_hook_takes_an_engine_and_no_plugin_guards_an_engine_name() -> None:
     import inspect
     import re
 
-    from perflab import hookspecs
+    from perflab.contract import hookspecs
 
     specs = {n: f for n, f in vars(hookspecs).items() if n.startswith("perflab_") and callable(f)}
     assert specs and not [n for n, f in specs.items() if "engine" in inspect.signature(f).parameters]
@@ -117,7 +127,7 @@ def test_address_tokens_are_the_flags_with_their_values() -> None:
 
 
 def test_describe_file_is_an_engine_method(pm: PluginManager) -> None:
-    from perflab.errors import UnknownEngine
+    from perflab.contract.errors import UnknownEngine
 
     assert pm.engine("toy").engine.describe_file("/run/toy.ini", "[toy]\nthreads=4\n") == ["threads=4"]
     assert pm.engine("toy").engine.describe_file("/run/other.json", "{}") is None
@@ -205,7 +215,7 @@ def test_engines_list_shows_only_the_hooks_a_plugin_really_answers(pm: PluginMan
 def test_engines_list_shows_the_cache_reset_only_where_one_is_declared(pm: PluginManager) -> None:
     """perflab_cache_reset is the base's no-op unless the class declares prefix_cache_reset (one
     line) or overrides cache_reset."""
-    from perflab.types import CacheReset
+    from perflab.contract.types import CacheReset
 
     assert "cache_reset" not in pm.engine("toy").engine.implemented()
 

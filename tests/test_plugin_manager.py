@@ -91,7 +91,7 @@ def test_plugin_raising_on_import_is_recorded_and_others_still_work(dists: Dists
     assert pm.engine_names() == ["toy"]
     assert pm.engine("toy").distribution == "perflab-plugin-toy"
     assert pm.engine("toy").engine.version({}) == "9.9.9"
-    from perflab.errors import PluginLoadError
+    from perflab.contract.errors import PluginLoadError
 
     with pytest.raises(PluginLoadError, match="perflab-plugin-broken: RuntimeError: this plugin is broken on purpose"):
         PluginManager(environ=only("broken", "toy"), strict=True)

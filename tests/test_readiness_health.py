@@ -22,12 +22,13 @@ from typing import Any
 import anyio
 import psutil
 import pytest
+
 from perflab import EnginePlugin, hookimpl
-from perflab.crashes import is_info
+from perflab.contract.crashes import is_info
+from perflab.contract.types import CrashCause, EngineInfo, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig
 from perflab.lifecycle import readiness_probe, registry
 from perflab.plugins import PluginManager, module_plugin
 from perflab.supervisor import EngineInstance
-from perflab.types import CrashCause, EngineInfo, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig
 from perflab_vllm.crashes import classify
 from perflab_vllm.launch import READINESS
 

@@ -204,10 +204,10 @@ def test_supervised_sim_vllm_receives_the_real_secrets_and_requires_the_key(tmp_
     with and without the key as the real vLLM 0.32 did (tests/fixtures/real/...-api-key), the
     readiness probe passes with the key, and launch.json / the engine log / the outcome hold
     only ***."""
+    from perflab.contract.types import ServeConfig
     from perflab.hardware import resolve
     from perflab.plugins import load
     from perflab.supervisor import EngineInstance
-    from perflab.types import ServeConfig
 
     captured = json.loads((REAL / "responses.json").read_text())
     key, tok = captured["secrets"]
@@ -250,7 +250,7 @@ def test_supervised_sim_vllm_receives_the_real_secrets_and_requires_the_key(tmp_
 
 
 def test_short_numbers_are_not_scrubbed_but_dataclasses_are() -> None:
-    from perflab.types import CrashCause
+    from perflab.contract.types import CrashCause
 
     key = _secret("sk-")
     redact.register(["8000", key])
@@ -275,7 +275,7 @@ def test_bench_client_sends_the_engines_key_once(monkeypatch: pytest.MonkeyPatch
 
 
 def test_study_log_masks_secrets_in_tracebacks(tmp_path: Path) -> None:
-    from perflab.lab.studylog import study_logging
+    from perflab.lab.store.studylog import study_logging
 
     key = _secret("sk-")
     redact.register([key])
@@ -289,7 +289,7 @@ def test_study_log_masks_secrets_in_tracebacks(tmp_path: Path) -> None:
 
 
 def test_plan_errors_do_not_quote_a_secret() -> None:
-    from perflab.errors import UsageError
+    from perflab.contract.errors import UsageError
 
     key = _secret("sk-")
     text = (f"name: s\nmodel: m\nengines: [vllm]\nserve:\n  env: {{HF_TOKEN: {key}}}\n  max_num_seqs: {key}\n"

@@ -13,12 +13,12 @@ import pytest
 from click.testing import CliRunner
 
 from perflab.cli import options as cli_options
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
+from perflab.contract.types import OPTION_KINDS, OptionKind, ServeConfig, ServeOption, serve_options
 from perflab.lab import options as lab_options
 from perflab.lab import plan as lab_plan
 from perflab.lab.options import LAB_OPTIONS, PLAN_OPTIONS, Configuration, apply_delta, options_table, with_options_table
 from perflab.lab.plan import load_plan_text
-from perflab.types import OPTION_KINDS, OptionKind, ServeConfig, ServeOption, serve_options
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -210,7 +210,7 @@ def test_a_new_field_fails_each_plugins_conformance_until_the_plugin_maps_it(mon
     """The worked example of docs/adding-a-serving-option.md: declaring ``enforce_eager`` on
     ServeConfig makes every engine plugin's conformance fail, naming the field, until its
     ``serve_options`` table maps or refuses it."""
-    from perflab.plugin_base import Maps
+    from perflab.contract.plugin_base import Maps
     from perflab.plugins import PluginManager
     from perflab.testing import conformance
 

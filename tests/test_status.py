@@ -1,4 +1,4 @@
-"""perflab.status.Status: one status vocabulary, its facts on the members, strings on disk."""
+"""perflab.contract.status.Status: one status vocabulary, its facts on the members, strings on disk."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from perflab.contract.status import Blame, Status
+from perflab.contract.types import CrashCause
 from perflab.lab.options import Configuration
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store, rebuild
-from perflab.status import Blame, Status
 from perflab.supervisor import STATES
-from perflab.types import CrashCause
 
 # what earlier versions wrote in run.json / measurement-*.json / outcome.json / study.db
 WRITTEN_BEFORE = ("preflight", "launching", "waiting-ready", "ready", "tearing-down", "done", "running", "ok",

@@ -27,11 +27,8 @@ import psutil
 import pytest
 
 from perflab import EnginePlugin, hookimpl
-from perflab.errors import UnsupportedOption
-from perflab.lifecycle import registry
-from perflab.plugins import PluginManager, module_plugin
-from perflab.supervisor import STATES, EngineInstance, pick_free_port, signal_guard
-from perflab.types import (
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.types import (
     Accelerator,
     CrashCause,
     EngineInfo,
@@ -42,6 +39,9 @@ from perflab.types import (
     ServeConfig,
     Unsupported,
 )
+from perflab.lifecycle import registry
+from perflab.plugins import PluginManager, module_plugin
+from perflab.supervisor import STATES, EngineInstance, pick_free_port, signal_guard
 
 FAKE_ENGINE_SRC = r'''
 import http.server, json, os, signal, socket, subprocess, sys, threading, time
@@ -857,7 +857,7 @@ def test_install_signal_handlers_makes_sigterm_act_like_ctrl_c() -> None:
 
 @pytest.mark.anyio
 async def test_errors_propagate_unwrapped_after_teardown(fake: Fake) -> None:
-    from perflab.errors import UsageError
+    from perflab.contract.errors import UsageError
 
     with pytest.raises(KeyError, match="from the body"):  # not an ExceptionGroup
         async with signal_guard(signals=(signal.SIGUSR1,)):

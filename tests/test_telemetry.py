@@ -3,9 +3,8 @@ and npu-smi watchers read it, npu-smi's power and usage formats parse, energy an
 
 from __future__ import annotations
 
-import time
-
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,9 @@ import structlog
 from perflab.observe import Sample, Watcher, Watching, watch
 from perflab.observe import energy as en
 from perflab.observe import telemetry as tm
-from perflab_sim import catalog, load, npusmi
-from perflab_sim.nvml import NvmlShim
-from perflab_sim import machine_env
+from perflab_sim import catalog, load, machine_env, npusmi
 from perflab_sim.env import STATE_ENV
+from perflab_sim.nvml import NvmlShim
 
 FIXTURES = Path(__file__).parent / "fixtures" / "npu-smi"
 
@@ -211,7 +209,7 @@ def test_the_timed_runs_energy_is_the_counters_between_its_marks() -> None:
 
 def test_npu_smi_watcher_runs_the_stand_in(tmp_path: Path) -> None:
     import perflab_sim as sim
-    from perflab.types import Accelerator
+    from perflab.contract.types import Accelerator
 
     env = sim.activate("910b3-x8", {"PATH": os.environ.get("PATH", ""), STATE_ENV: str(tmp_path / "state")})
     chips = [Accelerator(vendor="huawei", kind="ascend", index=i, name="Ascend 910B3", memory_total_mib=65536,
@@ -338,8 +336,8 @@ def test_observed_extras_and_report_lines() -> None:
                      "cost": {"per_million_output_tokens": 5.0, "currency": "USD", "per_accelerator_hour": 3.6}}
     assert en.observed_extras({}, metrics, None, 1) == {}
 
+    from perflab.contract.status import Status
     from perflab.lab.study import ConfigResult
-    from perflab.status import Status
 
     res = ConfigResult(Status.OK, metrics=metrics, observed={**extra, tm.KEY: tm.summarize(samples[tm.KEY], "nvml", [0, 1])})
     bare = ConfigResult(Status.OK, metrics=metrics)
@@ -400,9 +398,9 @@ def _launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cancel: bool) -> tu
     import threading
 
     from perflab.hardware import resolve
-    from perflab.lab.executor import Executor, LabContext
     from perflab.lab.options import Configuration
     from perflab.lab.plan import load_plan_text
+    from perflab.lab.run.executor import Executor, LabContext
     from perflab.plugins import load as load_plugins
     from perflab_sim.env import ENGINE_VERSIONS_ENV, TIME_SCALE_ENV
 

@@ -4,9 +4,9 @@ Kept import-light: ``perflab engines list`` must start fast, so this module impo
 the hook markers and the boundary types.
 """
 
-from perflab.hookspecs import HOOKSPEC_VERSION, hookimpl
-from perflab.plugin_base import EnginePlugin, Maps, Refuses
-from perflab.types import (
+from perflab.contract.hookspecs import HOOKSPEC_VERSION, hookimpl
+from perflab.contract.plugin_base import EnginePlugin, Maps, Refuses
+from perflab.contract.types import (
     Accelerator,
     CacheReset,
     CrashCause,

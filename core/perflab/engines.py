@@ -10,10 +10,9 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
-from perflab.errors import PerflabError, UnsupportedOption, UsageError
-from perflab.plugin_base import address_tokens
-from perflab.plugins import PluginManager
-from perflab.types import (
+from perflab.contract.errors import PerflabError, UnsupportedOption, UsageError
+from perflab.contract.plugin_base import address_tokens
+from perflab.contract.types import (
     CrashCause,
     HardwareSnapshot,
     HttpProbe,
@@ -24,6 +23,7 @@ from perflab.types import (
     ServeConfig,
     Unsupported,
 )
+from perflab.plugins import PluginManager
 
 DEFAULT_READINESS = Readiness(http=(HttpProbe("/health"),), generation_path="/v1/completions")
 
@@ -178,8 +178,8 @@ def readiness(pm: PluginManager, engine: str, launch: LaunchSpec) -> Readiness:
 
 def classify_crash(pm: PluginManager, engine: str, exit_code: int | None, log_tail: str) -> CrashCause:
     """The plugin's named cause (noting a death by signal), or the core's: ``killed-by-signal``
-    for a signal, else ``unknown`` quoting the first exception line (see perflab.crashes)."""
-    from perflab.crashes import fallback_cause, with_signal
+    for a signal, else ``unknown`` quoting the first exception line (see perflab.contract.crashes)."""
+    from perflab.contract.crashes import fallback_cause, with_signal
 
     rec = pm.engines.get(engine)
     cause = rec.engine.classify_crash(exit_code, log_tail) if rec is not None else None

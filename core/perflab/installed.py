@@ -1,7 +1,7 @@
 """Whether an engine is installed, and which version: found without importing the engine.
 
 One implementation for every engine plugin (the default of
-:meth:`perflab.plugin_base.EnginePlugin.version`), from what its :class:`~perflab.types.EngineInfo`
+:meth:`perflab.contract.plugin_base.EnginePlugin.version`), from what its :class:`~perflab.contract.types.EngineInfo`
 declares: ``executable`` (the program perflab launches) and ``distributions`` (the Python
 distributions whose version is the engine's, in the order they are trusted).
 

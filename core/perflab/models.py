@@ -2,7 +2,7 @@
 
 Facts about a model (its layers, heads, context length, parameter count), not about a
 simulator: the lab's preflight reads the context length of a model it cannot find on disk
-(:mod:`perflab.lab.preflight`), and perflab-sim serves these models (its performance model
+(:mod:`perflab.lab.run.preflight`), and perflab-sim serves these models (its performance model
 reads the shapes).
 
 A name resolves by its last path component, case-insensitively, so the Hugging Face id

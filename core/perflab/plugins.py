@@ -10,8 +10,8 @@ Environment:
   distribution names (``perflab-plugin-vllm``) or entry-point names (``vllm``): only those.
 * ``PERFLAB_DISABLE_PLUGINS`` — a comma list of the same names never to load (never
   imported; recorded with status ``disabled`` so ``perflab engines list`` shows them).
-* ``PERFLAB_HOOK_DEADLINE_S`` (:data:`perflab.hookspecs.DEADLINE_ENV`) — seconds: no hook
-  call may take longer (each hook's own deadline is :data:`perflab.hookspecs.HOOK_DEADLINES_S`).
+* ``PERFLAB_HOOK_DEADLINE_S`` (:data:`perflab.contract.hookspecs.DEADLINE_ENV`) — seconds: no hook
+  call may take longer (each hook's own deadline is :data:`perflab.contract.hookspecs.HOOK_DEADLINES_S`).
 
 Every hook implementation is wrapped at registration so that each call, whoever makes it
 (``pm.hook.X(...)`` or a loop over ``get_hookimpls()``), runs under its hook's deadline.
@@ -38,9 +38,9 @@ from typing import Any, Literal
 
 import pluggy
 
-from perflab import hookspecs
-from perflab.errors import HookDeadlineExceeded, PluginLoadError, UnknownEngine, UsageError
-from perflab.types import EngineInfo
+from perflab.contract import hookspecs
+from perflab.contract.errors import HookDeadlineExceeded, PluginLoadError, UnknownEngine, UsageError
+from perflab.contract.types import EngineInfo
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "perflab.hardware.nvml",
@@ -117,7 +117,7 @@ def call_with_deadline(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Ma
     """``fn(*args, **kwargs)`` in a daemon thread, waited for at most ``deadline_s`` seconds.
 
     Its result or exception is the caller's; past the deadline it raises
-    :class:`~perflab.errors.HookDeadlineExceeded`. The thread cannot be killed (Python has no
+    :class:`~perflab.contract.errors.HookDeadlineExceeded`. The thread cannot be killed (Python has no
     way to): it is abandoned, and being a daemon it never holds perflab's exit.
     """
     box: dict[str, Any] = {}
@@ -349,7 +349,7 @@ class PluginManager:
     def _register_engine(
         self, engine: Any, plugin: str, dist: str | None, version: str | None, out: list[str]
     ) -> None:
-        from perflab.plugin_base import EnginePlugin  # here: plugin_base imports hookspecs, not the manager
+        from perflab.contract.plugin_base import EnginePlugin  # here: plugin_base imports hookspecs, not the manager
 
         if not isinstance(engine, EnginePlugin) or not isinstance(getattr(engine, "info", None), EngineInfo):
             raise TypeError(f"register() takes an EnginePlugin with an EngineInfo, got {type(engine).__name__}")

@@ -195,14 +195,14 @@ def register_env(env: Mapping[str, Any]) -> None:
 
 
 def register_config(config: Any) -> None:
-    """The secrets of a :class:`~perflab.types.ServeConfig`: its env, extra args and options."""
+    """The secrets of a :class:`~perflab.contract.types.ServeConfig`: its env, extra args and options."""
     register(env_secrets(getattr(config, "extra_env", {}) or {}))
     register(argv_secrets(tuple(getattr(config, "extra_args", ()) or ())))
     register(secrets_in({"engine_options": dict(getattr(config, "options", {}) or {})}))
 
 
 def register_launch(spec: Any) -> None:
-    """The secrets of a :class:`~perflab.types.LaunchSpec`: its argv and env."""
+    """The secrets of a :class:`~perflab.contract.types.LaunchSpec`: its argv and env."""
     register(argv_secrets(tuple(spec.argv)))
     register(env_secrets(spec.env))
 

@@ -12,7 +12,7 @@ ports and accelerator memory are checked afterwards)::
             ...  # benchmark engine.base_url; engine.died is set the moment it exits
     # here it is torn down: engine.outcome.state is "done" (or "crashed"), teardown_s is set
 
-States (:class:`perflab.status.Status`; ``LaunchOutcome.transitions`` records each with its time)::
+States (:class:`perflab.contract.status.Status`; ``LaunchOutcome.transitions`` records each with its time)::
 
     preflight -> launching -> waiting-ready -> ready -> tearing-down -> done
         |            |              |            |
@@ -39,8 +39,18 @@ import structlog
 
 from perflab import engines as engine_hooks
 from perflab import redact
-from perflab.crashes import is_notable
-from perflab.errors import HookDeadlineExceeded, UnsupportedOption
+from perflab.contract.crashes import is_notable
+from perflab.contract.errors import HookDeadlineExceeded, UnsupportedOption
+from perflab.contract.status import Status
+from perflab.contract.types import (
+    CrashCause,
+    HardwareSnapshot,
+    LaunchSpec,
+    Readiness,
+    ServeConfig,
+    Unsupported,
+    to_jsonable,
+)
 from perflab.hardware import CPU_KIND
 from perflab.lifecycle import procs, registry
 from perflab.lifecycle.output import OutputPump
@@ -64,8 +74,6 @@ from perflab.lifecycle.ports import (
 from perflab.lifecycle.readiness_probe import Kick, ProbeRefused, ProbeState, http_probes_pass, poll_until_ready
 from perflab.lifecycle.registry import install_signal_handlers, signal_guard, teardown_all
 from perflab.plugins import PluginManager
-from perflab.status import Status
-from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Readiness, ServeConfig, Unsupported, to_jsonable
 
 __all__ = [
     "STATES",
@@ -79,7 +87,7 @@ __all__ = [
 
 log = structlog.get_logger("perflab.supervisor")
 
-STATES = Status.supervisor_states()  # a launch's states (the facts of each: perflab.status)
+STATES = Status.supervisor_states()  # a launch's states (the facts of each: perflab.contract.status)
 
 DEFAULT_GRACE_S = 10.0
 PORT_RELEASE_WAIT_S = 3.0  # after every process is gone the kernel frees listeners at once
@@ -89,7 +97,7 @@ TRACK_INTERVAL_S = 1.0  # how often descendants are snapshotted while the engine
 PORT_PICK_TRIES = 5
 # the crash signature (the plugins' perflab_crash_signatures) of an engine that could not bind
 # its port: another process holds it (the lab relaunches on a fresh port, then calls it an
-# environment fault: perflab.lab.executor)
+# environment fault: perflab.lab.run.executor)
 ADDRESS_IN_USE = "address-in-use"
 # After ready: the HTTP probes are repeated every HEALTH_INTERVAL_S. Failing answers (an HTTP
 # error status or a refused connection) for HEALTH_FAIL_S in a row (and HEALTH_FAILS probes)

@@ -18,7 +18,7 @@ a node would have). A backend that places ranks on real nodes passes :class:`Gro
 a ``start_rank`` (:class:`GroupPlacement`): the group then supervises a rank through a
 :class:`RankHandle` — start it, know when it died and why (its cause from its own log's crash
 signatures, classified where it runs), tear it down. :class:`~perflab.supervisor.EngineInstance`
-is the local handle; the Ray backend's is :class:`perflab.lab.raybackend.RemoteRank`, a rank
+is the local handle; the Ray backend's is :class:`perflab.lab.run.backends.ray.RemoteRank`, a rank
 started by another node's agent. Rank 0 always runs here: it serves and is probed here.
 See docs/reliability.md, "Multi-node groups".
 """
@@ -38,12 +38,12 @@ import anyio
 import structlog
 
 from perflab import engines as engine_hooks
-from perflab.errors import UnsupportedOption
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.status import Status
+from perflab.contract.types import GroupNode, HardwareSnapshot, LaunchSpec, NodeGroup, ServeConfig, Unsupported
 from perflab.lifecycle.ports import pick_free_port
 from perflab.plugins import PluginManager
-from perflab.status import Status
 from perflab.supervisor import DEFAULT_GRACE_S, EngineInstance, LaunchOutcome, in_thread
-from perflab.types import GroupNode, HardwareSnapshot, LaunchSpec, NodeGroup, ServeConfig, Unsupported
 
 log = structlog.get_logger("perflab.supervisor")
 
@@ -95,7 +95,7 @@ class RankLaunch:
     engine: str
     config: ServeConfig  # the group's config with this node's devices
     launch: LaunchSpec  # the plugin's launch of this rank (build_group_launch)
-    workdir: Path  # the run directory (a Ray agent runs the rank in a stage of its node's: perflab.lab.shipping)
+    workdir: Path  # the run directory (a Ray agent runs the rank in a stage of its node's: perflab.lab.run.backends.shipping)
     log_name: str
     scope: tuple[str, str]  # (study, run id) of the rank's PERFLAB_INSTANCE marker
     version: str | None

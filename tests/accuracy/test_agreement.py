@@ -14,11 +14,12 @@ from pathlib import Path
 import anyio
 import pytest
 from aiohttp import web
+
+from perflab import redact
 from perflab.accuracy import agreement
 from perflab.accuracy.agreement import PROMPT_SET, PROMPTS, compare, judge, parse_answer
 from perflab.accuracy.types import Agreement, Answer, AnswerSet
-from perflab import redact
-from perflab.errors import PerflabError, UsageError
+from perflab.contract.errors import PerflabError, UsageError
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "vllm-0.32.0-cpu" / "http"
 

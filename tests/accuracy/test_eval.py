@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.accuracy.conftest import FakeEvalServer
+
 from perflab import redact
 from perflab.accuracy import generate
 from perflab.accuracy.harness import resolve_task, result_from_lm_eval, shipped_yaml
 from perflab.accuracy.tasks import SHIPPED_TASK, load_items
 from perflab.cli import main
-
-from tests.accuracy.conftest import FakeEvalServer
 
 KEY = "sk-perflab-eval-7f3a9c"
 
@@ -295,7 +295,7 @@ def test_a_groups_score_is_its_aggregate_over_its_tasks() -> None:
 
 
 def test_a_metric_that_is_not_a_rate_is_refused() -> None:
-    from perflab.errors import PerflabError
+    from perflab.contract.errors import PerflabError
 
     res = {"results": {"wiki": {"word_perplexity,none": 17.2}}, "configs": {"wiki": {"output_type": "loglikelihood_rolling"}},
            "n-samples": {"wiki": {"effective": 3}}}
@@ -314,10 +314,11 @@ def test_perflab_eval_against_a_simulated_vllm(tmp_path: Path, capsys: pytest.Ca
     shipped task, a numeric score over >= 50 samples."""
     import anyio
     import anyio.to_thread
+
+    from perflab.contract.types import ServeConfig
     from perflab.hardware import resolve
     from perflab.plugins import load
     from perflab.supervisor import EngineInstance
-    from perflab.types import ServeConfig
 
     out: dict[str, Any] = {}
 
@@ -381,6 +382,7 @@ def test_a_caller_that_gives_up_is_not_kept_waiting(eval_server: FakeEvalServer)
     import time
 
     import anyio
+
     from perflab.accuracy.harness import evaluate
 
     async def go() -> float:
@@ -475,6 +477,7 @@ def test_the_callers_random_sequences_are_left_alone(eval_server: FakeEvalServer
 
     import anyio
     import numpy as np
+
     from perflab.accuracy.harness import evaluate
 
     random.seed(7)

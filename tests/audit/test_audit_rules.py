@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from perflab.audit.rules import RULE_NAMES, ResultView, check_result, check_table_row
+from perflab.lab.report.audit.rules import RULE_NAMES, ResultView, check_result, check_table_row
 
 
 def base() -> dict[str, Any]:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from perflab.audit import audit_paths
 from perflab.cli import main
+from perflab.lab.report.audit import audit_paths
 
 STUDIES = Path(__file__).resolve().parents[1] / "fixtures" / "seeds" / "studies"
 SEEDS = sorted(STUDIES.glob("*.txt"))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from perflab.audit import audit_paths
 from perflab.cli import main
+from perflab.lab.report.audit import audit_paths
 
 from .conftest import FakeOpenAIServer
 

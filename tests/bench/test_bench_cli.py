@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+
 from perflab import hookimpl
 from perflab.bench import (
     BenchRequest,
@@ -20,7 +21,7 @@ from perflab.bench import (
 )
 from perflab.bench.backends import run_vllm_bench_serve, vllm_bench_argv
 from perflab.cli import main
-from perflab.errors import PerflabError, UsageError
+from perflab.contract.errors import PerflabError, UsageError
 
 from .conftest import FakeOpenAIServer
 
@@ -393,10 +394,10 @@ def test_clock_option_against_the_simulator(tmp_path: Path, capsys: pytest.Captu
     import os
     import threading
 
+    from perflab.contract.types import ServeConfig
     from perflab.hardware import resolve
     from perflab.plugins import load
     from perflab.supervisor import EngineInstance
-    from perflab.types import ServeConfig
 
     state = tmp_path / "sim-state"
     state.mkdir()

@@ -18,10 +18,9 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+
 from perflab.bench import BenchRequest, parse_result_block, run_benchmark
 from perflab.cli import main
-
-
 
 SIM_HW = "sim:h100-80g-x1"
 TIME_SCALE = 20.0
@@ -29,10 +28,10 @@ TIME_SCALE = 20.0
 
 @asynccontextmanager
 async def simulated_vllm(tmp_path: Path) -> AsyncIterator[Any]:
+    from perflab.contract.types import ServeConfig
     from perflab.hardware import resolve
     from perflab.plugins import load
     from perflab.supervisor import EngineInstance
-    from perflab.types import ServeConfig
 
     state = tmp_path / "sim-state"  # our own simulated device memory: other runs must not collide
     state.mkdir()

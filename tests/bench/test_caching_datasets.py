@@ -8,10 +8,11 @@ from collections import Counter
 from typing import Any
 
 import pytest
+
 from perflab.bench.datasets import build_samples
 from perflab.bench.request import BenchRequest
 from perflab.bench.tokenizer import WhitespaceTokenizer
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 from perflab.lab.plan import Profile, load_plan_text
 
 
@@ -113,6 +114,7 @@ def test_plan_refuses_caching_keys_that_do_not_fit(profile: str, message: str) -
 
 def test_perflab_bench_flags_reach_the_request(monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
+
     import perflab.bench as bench
     from perflab.cli.bench_cmd import bench as bench_cli
 

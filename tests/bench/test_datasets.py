@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from perflab.bench.datasets import build_samples, is_valid_sequence
 from perflab.bench.profiles import PROFILES, apply_profile
 from perflab.bench.request import BenchRequest
@@ -17,7 +18,7 @@ from perflab.bench.tokenizer import (
     WhitespaceTokenizer,
     load_tokenizer,
 )
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 
 DATA = Path(__file__).parent / "data"
 SHAREGPT = DATA / "sharegpt_small.json"

@@ -12,7 +12,7 @@ from perflab.bench import BenchRequest, run_benchmark_sync
 from perflab.bench.datasets import check_memory, iter_samples
 from perflab.bench.request import MAX_NUM_PROMPTS
 from perflab.bench.tokenizer import WhitespaceTokenizer
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 
 
 def _req(**kw: object) -> BenchRequest:

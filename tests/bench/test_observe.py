@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+
 from perflab.bench import BenchCancelled, BenchRequest, run_benchmark_sync
 from perflab.bench.drive import Observation
 
@@ -156,7 +157,7 @@ def test_observations_count_the_tokens_of_streams_that_carry_several_per_event()
     tokens, and early stop counts tokens, not events — the run's own output token count."""
     import threading
 
-    from perflab.lab.earlystop import EarlyStop
+    from perflab.lab.run.earlystop import EarlyStop
 
     server = FakeOpenAIServer(gap_s=0.01).start()  # 4 tokens per event
     try:

@@ -23,10 +23,10 @@ STALL_S = 60.0  # engine seconds: 3 real seconds at scale 20
 
 @pytest.mark.slow
 def test_bench_on_a_hung_simulator_ends_stalled_within_stall_s_plus_10(tmp_path: Path) -> None:
+    from perflab.contract.types import ServeConfig
     from perflab.hardware import resolve
     from perflab.plugins import load
     from perflab.supervisor import EngineInstance
-    from perflab.types import ServeConfig
 
     state = tmp_path / "sim-state"
     state.mkdir()
@@ -89,7 +89,7 @@ warmup: 0
 def test_the_lab_names_a_stalled_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from perflab.lab.plan import load_plan_text
     from perflab.lab.progress import StudyProgress
-    from perflab.lab.runner import run_study
+    from perflab.lab.run.runner import run_study
     from perflab.plugins import load
 
     monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))

@@ -11,16 +11,17 @@ import time
 from pathlib import Path
 
 import pytest
+
 from perflab.bench import BenchRequest, BenchResult, run_benchmark_sync
 from perflab.bench.client import make_target, prepare
-from perflab.bench.runner import _prepare_all
 from perflab.bench.datasets import iter_samples
+from perflab.bench.runner import _prepare_all
 from perflab.bench.tokenizer import WhitespaceTokenizer
 from perflab.bench.trace import Capture, count_problem, parse_capture
 from perflab.cli.bench_cmd import EXIT_IMPOSSIBLE_COUNTS
-from perflab.lab.executor import Executor
+from perflab.contract.status import Status
 from perflab.lab.plan import Profile
-from perflab.status import Status
+from perflab.lab.run.executor import Executor
 
 from .conftest import FakeOpenAIServer
 from .test_bench_cli import run_cli

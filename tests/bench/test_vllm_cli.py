@@ -14,7 +14,7 @@ import pytest
 
 from perflab.bench.backends import run_vllm_bench_serve
 from perflab.bench.vllm_cli import SHAREGPT_FILE, vllm_bench_argv
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 from perflab.lab.plan import Profile
 
 # only the run needs these: where to send and where to write (and vLLM's defaults spelled out)

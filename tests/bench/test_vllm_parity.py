@@ -74,9 +74,9 @@ def test_the_lab_benchmarks_a_local_model_with_its_own_tokenizer(tmp_path: Path,
     and the served name (sent in requests) separately; before, it passed only the served
     name and real runs fell back to the approximate tokenizer (5206 input tokens for 3000)."""
     import perflab.bench as bench
-    from perflab.lab.executor import Executor, LabContext
     from perflab.lab.options import Configuration
     from perflab.lab.plan import Timeouts
+    from perflab.lab.run.executor import Executor, LabContext
 
     d = _tokenizer_dir(tmp_path)
     seen: list[BenchRequest] = []

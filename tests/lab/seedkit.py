@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from perflab.contract.status import Status
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile
 from perflab.lab.study import ConfigResult
-from perflab.status import Status
 
 SEEDS = Path(__file__).resolve().parents[1] / "fixtures" / "seeds"
 

@@ -15,7 +15,7 @@ def run_sim_study(plan_text: str, out: Path, parallel: int | str = 1, stream: An
     replace (``early_stop=False`` ...); ``parallel``: ``perflab run --parallel``. Returns the RunSummary."""
     from perflab.lab.plan import load_plan_text
     from perflab.lab.progress import StudyProgress
-    from perflab.lab.runner import run_study
+    from perflab.lab.run.runner import run_study
     from perflab.plugins import load
 
     plan = load_plan_text(plan_text, path=f"{out.name}.yaml")

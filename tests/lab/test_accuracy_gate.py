@@ -7,7 +7,6 @@ endpoint: these tests are about the lab, not about lm-eval (tests/accuracy cover
 from __future__ import annotations
 
 import io
-
 import json
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,9 @@ import anyio
 import pytest
 
 from perflab.accuracy.types import Answer, AnswerSet, EvalResult
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 from perflab.lab.accuracy import ACCURACY_PROFILE, AccuracyRunner, AccuracySpec, is_lossless
-from perflab.lab.plan import job_for
-from perflab.lab.plan import load_plan_text
+from perflab.lab.plan import job_for, load_plan_text
 
 PLAN = """
 name: acc-gate
@@ -239,7 +237,7 @@ def test_an_endpoint_failing_during_accuracy_is_that_runs_failure(tmp_path: Path
 def test_the_baseline_failing_its_accuracy_run_passes_nothing_and_says_why(tmp_path: Path, scripted: Scripted) -> None:
     import io
 
-    from perflab.lab.runner import print_summary
+    from perflab.lab.run.runner import print_summary
 
     scripted.fail.add("Qwen/Qwen3-8B")  # the baseline's evaluation fails: no score to judge any drop against
     summary, report = _study(tmp_path)
@@ -297,7 +295,7 @@ def test_the_accuracy_price_of_a_reference_does_not_read_as_agreement_with_anoth
 
 
 def test_resume_and_rebuild_keep_accuracy_and_do_not_measure_it_again(tmp_path: Path, scripted: Scripted) -> None:
-    from perflab.lab.runner import write_study_report
+    from perflab.lab.run.runner import write_study_report
     from perflab.lab.store import rebuild
 
     summary, first = _study(tmp_path)

@@ -20,15 +20,16 @@ import anyio
 import httpx
 import pytest
 import structlog.testing
+
+from perflab.contract.status import Status
+from perflab.contract.types import CacheReset, LaunchSpec
 from perflab.lab.decide import Decision
-from perflab.lab.executor import Executor, LabContext, reset_prefix_cache
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile, Timeouts
+from perflab.lab.run.executor import Executor, LabContext, reset_prefix_cache
+from perflab_sim.env import ENGINE_VERSIONS_ENV, STATE_ENV, TIME_SCALE_ENV
 from perflab_sim.perfmodel import CostModel, Knobs
 from perflab_sim.scheduler import Scheduler, SimRequest
-from perflab_sim.env import ENGINE_VERSIONS_ENV, STATE_ENV, TIME_SCALE_ENV
-from perflab.status import Status
-from perflab.types import CacheReset, LaunchSpec
 
 SIM_HW = "sim:h100-80g-x1"
 TIME_SCALE = 20.0
@@ -37,10 +38,10 @@ DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
 
 @asynccontextmanager
 async def simulated(tmp_path: Path, engine: str, extra_env: Mapping[str, str] = {}) -> AsyncIterator[Any]:
+    from perflab.contract.types import ServeConfig
     from perflab.hardware import resolve
     from perflab.plugins import load
     from perflab.supervisor import EngineInstance
-    from perflab.types import ServeConfig
 
     state = tmp_path / f"sim-state-{engine}"
     state.mkdir(exist_ok=True)
@@ -82,7 +83,7 @@ def test_plugins_declare_their_prefix_cache_reset() -> None:
     assert (answers["sglang"].method, answers["sglang"].path) == ("POST", "/flush_cache")
     assert answers["trtllm"] is None and answers["mindie"] is None
     assert all(a is None or a.source for a in answers.values())  # cited
-    from perflab.errors import UnknownEngine
+    from perflab.contract.errors import UnknownEngine
 
     with pytest.raises(UnknownEngine):
         pm.engine("no-such-engine")

@@ -9,8 +9,8 @@ import json
 import anyio
 
 from perflab.lab.plan import load_plan_text
-from perflab.lab.publish import write_report
 from perflab.lab.report import ReportContext
+from perflab.lab.report.publish import write_report
 from perflab.lab.study import conduct
 
 CTX = ReportContext(display={"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"},

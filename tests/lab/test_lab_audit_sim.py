@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from perflab.audit import audit_paths
 from simstudy import run_sim_study
+
+from perflab.lab.report.audit import audit_paths
 
 # two repeats (each audited on its own), a load curve (each point), goodput with an SLO (the
 # conclusion's figure changes): the shapes a report can take
@@ -68,6 +68,6 @@ def test_sim_study_report_is_audited_and_clean(tmp_path: Path) -> None:
 
 
 def _wheres(report):  # type: ignore[no-untyped-def]
-    from perflab.audit import study_results
+    from perflab.lab.report.audit import study_results
 
     return [w for w, _, _ in study_results(report)]

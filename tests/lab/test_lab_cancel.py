@@ -66,9 +66,10 @@ def _rows(db: Path, sql: str, *args: object) -> list[tuple]:
 @pytest.mark.slow
 def test_engine_death_and_time_budget_stop_the_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import anyio
+
     from perflab.lab.plan import load_plan_text
     from perflab.lab.progress import StudyProgress
-    from perflab.lab.runner import run_study
+    from perflab.lab.run.runner import run_study
     from perflab.plugins import load
 
     monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))
@@ -206,9 +207,10 @@ def test_a_crash_at_all_at_once_load_is_named_from_the_engines_line_not_our_canc
     """400 streams open when the engine dies: perflab cancels them all, and the cause it records
     is the engine's own root line, never the CancelledError of its own cancellation."""
     import anyio
+
     from perflab.lab.plan import load_plan_text
     from perflab.lab.progress import StudyProgress
-    from perflab.lab.runner import run_study
+    from perflab.lab.run.runner import run_study
     from perflab.plugins import load
 
     monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))

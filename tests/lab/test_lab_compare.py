@@ -1,4 +1,4 @@
-"""``perflab compare``'s logic (perflab.lab.compare): deltas and their direction, the noise
+"""``perflab compare``'s logic (perflab.lab.report.compare): deltas and their direction, the noise
 rule, pairing by configuration and profile key, status changes, decisions, one-sided entries."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from perflab.errors import UsageError
-from perflab.lab.compare import METRICS, Change, StudyView, compare, metric_delta, same_plan
+from perflab.contract.errors import UsageError
+from perflab.contract.status import Status
 from perflab.lab.plan import load_plan_text
+from perflab.lab.report.compare import METRICS, Change, StudyView, compare, metric_delta, same_plan
 from perflab.lab.study import ConfigResult, conduct
-from perflab.status import Status
 
 PLAN = """
 name: cmp

@@ -12,7 +12,7 @@ import pytest
 from perflab.cli import main as perflab_main
 from perflab.lab.options import Configuration
 from perflab.lab.plan import load_plan
-from perflab.lab.preflight import model_context, tokens_needed, too_long
+from perflab.lab.run.preflight import model_context, tokens_needed, too_long
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -10,12 +10,12 @@ from typing import Any
 import anyio
 import pytest
 
+from perflab.contract.status import Status
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile, load_plan_text
-from perflab.lab.publish import write_report
 from perflab.lab.report import ReportContext, build_json, pareto_data, pareto_front, render_markdown
+from perflab.lab.report.publish import write_report
 from perflab.lab.study import ConfigResult, conduct
-from perflab.status import Status
 
 CTX = ReportContext(display={"vllm": "vLLM", "sglang": "SGLang"}, simulated=True, hardware_spec="sim:h100-80g-x1",
                     engine_hours={"spent": 0.42, "full_method_estimate": 0.71, "saved_pct": 40.8})

@@ -149,7 +149,7 @@ def test_demo_plan_decisions(tmp_path):
 
     from perflab.lab.demo import demo_plan
     from perflab.lab.progress import StudyProgress
-    from perflab.lab.runner import run_study
+    from perflab.lab.run.runner import run_study
     from perflab.plugins import load
 
     pm = load()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from perflab.lab.plan import load_plan_text
-from perflab.lab.executor import key_salt, study_environment
+from perflab.lab.run.executor import key_salt, study_environment
 
 PLAN = """
 name: env-check

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from perflab.lab.integrity import MachineNotReady
-
 from simstudy import run_sim_study
+
+from perflab.lab.store.integrity import MachineNotReady
 
 PLAN = """
 name: port-lost

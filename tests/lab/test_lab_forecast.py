@@ -1,4 +1,4 @@
-"""Early stop's forecast (perflab.lab.earlystop: EarlyStop.forecast, replay, drain_floor).
+"""Early stop's forecast (perflab.lab.run.earlystop: EarlyStop.forecast, replay, drain_floor).
 
 A run that sends every request at once ends when its last request ends, and which request
 that is and when it starts are known to the client: the engine takes requests first come,
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from perflab.bench.drive import Observation, OpenRequests
-from perflab.lab.earlystop import FORECAST_MARGIN, EarlyStop, drain_floor, replay
+from perflab.lab.run.earlystop import FORECAST_MARGIN, EarlyStop, drain_floor, replay
 from perflab.lab.study import stopped_early_text
 
 

@@ -13,15 +13,15 @@ from typing import Any
 
 import anyio
 import pytest
+from seedkit import SEED_002_PLAN, SeedMeasure, seed_002_key
 
-from perflab.lab.html import HTML_NAME, observe_files
+from perflab.contract.status import Status
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile, load_plan_text
-from perflab.lab.publish import write_report
 from perflab.lab.report import ReportContext
+from perflab.lab.report.html import HTML_NAME, observe_files
+from perflab.lab.report.publish import write_report
 from perflab.lab.study import ConfigResult, conduct
-from perflab.status import Status
-from seedkit import SEED_002_PLAN, SeedMeasure, seed_002_key
 
 DISPLAY = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 A100 = {"accelerators": [{"name": "NVIDIA A100-SXM4-80GB", "memory_total_mib": 81920, "compute_capability": [8, 0],
@@ -261,7 +261,7 @@ def test_report_html_tables_and_absent_keys(tmp_path):
 
 def test_missing_chart_is_said_not_broken(tmp_path):
     """A chart that is not beside the report (deleted, or report.md copied elsewhere) is named, not a broken image."""
-    from perflab.lab.html import render_html
+    from perflab.lab.report.html import render_html
 
     o, paths = _study(tmp_path, SeedMeasure(seed_002_key))
     (tmp_path / "chart.png").unlink()
@@ -286,8 +286,9 @@ timeouts: {startup_s: 60, benchmark_s: 120}
 def test_run_and_report_html_on_the_simulator(tmp_path, chromium, capsys):
     """`perflab run` writes report.html; `perflab report DIR --html` rewrites it and prints its path;
     the page of a real (simulated) study with a load sweep renders in Chromium."""
-    from perflab.cli import main
     from simstudy import run_sim_study
+
+    from perflab.cli import main
 
     out = tmp_path / "study"
     summary = run_sim_study(SWEEP_PLAN, out)
@@ -317,7 +318,7 @@ def test_run_and_report_html_on_the_simulator(tmp_path, chromium, capsys):
 def test_names_and_devices():
     """Figures are named from the agreed keys with their units; a sample's per-device values
     become one mean per quantity (one line per configuration, whatever the accelerators)."""
-    from perflab.lab.html import flatten, header, per_device_mean
+    from perflab.lab.report.html import flatten, header, per_device_mean
 
     assert header("power_w.mean") == "power (W) mean" and header("kv_cache_usage.peak") == "kv cache usage peak"
     assert header("memory_used_mib.peak") == "memory used (MiB) peak" and header("preemptions") == "preemptions"
@@ -332,7 +333,7 @@ def test_names_and_devices():
 def test_text_that_looks_like_html_stays_text(tmp_path):
     """report.md's coloured spans and <br> are HTML; a crash line's `<frozen runpy>` or an
     engine's `<script>` is text (shown, never run: the page's CSP allows its own script only)."""
-    from perflab.lab.html import render_html
+    from perflab.lab.report.html import render_html
 
     o, paths = _study(tmp_path, SeedMeasure(seed_002_key))
     md = paths["markdown"].read_text().replace(

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from perflab.cli import main as perflab_main
-from perflab.errors import UsageError
-from perflab.lab.integrity import LOCK_NAME, StudyLock, StudyLocked
+from perflab.contract.errors import UsageError
 from perflab.lab.plan import load_plan_text
+from perflab.lab.store.integrity import LOCK_NAME, StudyLock, StudyLocked
 
 TINY = """
 name: tiny
@@ -124,7 +124,7 @@ def test_second_run_on_the_same_directory_exits_2_naming_the_holder(tmp_path: Pa
 
 
 def test_the_lock_is_per_directory_and_dies_with_its_process(tmp_path: Path) -> None:
-    holder = _child(f"import sys, time; from perflab.lab.integrity import StudyLock; l = StudyLock({str(tmp_path)!r}); "
+    holder = _child(f"import sys, time; from perflab.lab.store.integrity import StudyLock; l = StudyLock({str(tmp_path)!r}); "
                     "l.acquire(); print('ready', flush=True); time.sleep(60)")
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
@@ -289,7 +289,7 @@ def test_new_runs_never_land_in_an_existing_run_directory(tmp_path: Path) -> Non
 
 
 def test_a_holder_that_is_one_of_our_engines_is_named_by_study_and_run(tmp_path: Path) -> None:
-    from perflab.lab.integrity import device_holders
+    from perflab.lab.store.integrity import device_holders
 
     other = tmp_path / "other-study"
     run_dir = other / "runs" / "004-vllm-fp8"
@@ -319,8 +319,8 @@ def test_memory_no_visible_process_holds_is_a_holder_on_an_accelerator_never_in_
     someone perflab cannot see (another container). Host RAM is not: every process uses it, and
     a VM that reports freed pages to its host shows the previous engine's memory as in use for
     a minute after it exited (seen on the real vLLM CPU lane: 626-876 MiB, a 30-60 s wait)."""
-    from perflab.lab.integrity import invisible_holders
-    from perflab.types import Accelerator
+    from perflab.contract.types import Accelerator
+    from perflab.lab.store.integrity import invisible_holders
 
     def acc(kind: str, used: int, index: int = 0) -> Accelerator:
         return Accelerator(vendor="v", kind=kind, index=index, name=kind, memory_total_mib=24_000, memory_used_mib=used)
@@ -339,7 +339,7 @@ def test_memory_no_visible_process_holds_is_a_holder_on_an_accelerator_never_in_
 def test_a_full_or_read_only_study_db_is_named_in_the_one_line(tmp_path: Path, text: str, what: str) -> None:
     # was: "cannot write the study (the disk is full: database or disk is full)" -- sqlite's text
     # names no file, so the line named none (issue 24.4: a full disk names the file)
-    from perflab.lab.integrity import storage_fault
+    from perflab.lab.store.integrity import storage_fault
 
     fault = storage_fault(sqlite3.OperationalError(text), tmp_path)
     assert fault is not None

@@ -4,7 +4,6 @@ max-load search, the early stop's decisions, what the store keeps and the engine
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 import sqlite3
@@ -13,14 +12,15 @@ from pathlib import Path
 
 import anyio
 import pytest
+
 from perflab.bench.drive import Observation
+from perflab.contract.status import Status
 from perflab.lab.decide import LoadKind, Slo
-from perflab.lab.earlystop import FRAMING_EVENTS, MIN_ANSWERED, WINDOW_ENGINE_S, EarlyStop, tokens_per_event
-from perflab.lab.executor import MAX_PROBES, at_load, mean_metrics, relative_noise, search_loads, slo_margin
 from perflab.lab.plan import load_plan_text
-from perflab.lab.stored import profile_key
+from perflab.lab.report.stored import profile_key
+from perflab.lab.run.earlystop import FRAMING_EVENTS, MIN_ANSWERED, WINDOW_ENGINE_S, EarlyStop, tokens_per_event
+from perflab.lab.run.executor import MAX_PROBES, at_load, mean_metrics, relative_noise, search_loads, slo_margin
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store
-from perflab.status import Status
 
 # ---------------------------------------------------------------------- repeats
 
@@ -222,7 +222,7 @@ def test_lost_needs_a_figure_to_beat_and_a_known_token_count_per_event() -> None
 
 
 def test_tokens_per_event_follows_speculative_decoding() -> None:
-    from perflab.types import ServeConfig
+    from perflab.contract.types import ServeConfig
 
     assert tokens_per_event(ServeConfig(model="m")) == 1.0
     assert tokens_per_event(ServeConfig(model="m", speculative_config={"method": "mtp", "num_speculative_tokens": 4})) == 5.0
@@ -372,9 +372,9 @@ def test_an_older_study_db_gains_the_new_columns(tmp_path: Path) -> None:
 ])
 def test_no_early_stop_reaches_the_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                                          argv: list[str], plan_key: str, expected: bool) -> None:
-    import perflab.lab.runner as runner
+    import perflab.lab.run.runner as runner
     from perflab.cli import main as perflab_main
-    from perflab.lab.runner import RunSummary
+    from perflab.lab.run.runner import RunSummary
 
     seen = []
 

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from perflab.lab.executor import MAX_PROBES
-from perflab.lab.exits import RunExit
-
 from simstudy import run_sim_study
+
+from perflab.lab.exits import RunExit
+from perflab.lab.run.executor import MAX_PROBES
 
 PLAN = """
 name: measure-sim

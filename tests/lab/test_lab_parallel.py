@@ -19,14 +19,13 @@ from pathlib import Path
 import anyio
 import psutil
 import pytest
-
-from perflab.errors import UsageError
-from perflab.lab.backend import Demand, DeviceLedger, auto_parallel, parse_parallel
-from perflab.lab.plan import load_plan_text
-from perflab.lab.study import ConfigResult, conduct
-from perflab.status import Status
-
 from simstudy import run_sim_study
+
+from perflab.contract.errors import UsageError
+from perflab.contract.status import Status
+from perflab.lab.plan import load_plan_text
+from perflab.lab.run.backends.local import Demand, DeviceLedger, auto_parallel, parse_parallel
+from perflab.lab.study import ConfigResult, conduct
 
 EIGHT = {"cuda": tuple(range(8))}
 
@@ -317,7 +316,7 @@ def test_progress_shows_every_running_configuration() -> None:
 def test_a_fault_in_one_concurrent_run_is_raised_as_itself() -> None:
     """A sibling's busy machine stops the study with its own one-line error (exit 3), not an
     exception group; the siblings are cancelled."""
-    from perflab.lab.integrity import MachineNotReady
+    from perflab.lab.store.integrity import MachineNotReady
 
     cancelled: list[str] = []
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 from perflab.lab.options import Configuration, apply_delta, merge_extra_args, replica_devices
 from perflab.lab.plan import load_plan, load_plan_text
 

@@ -20,17 +20,24 @@ from pathlib import Path
 
 import psutil
 import pytest
+from simstudy import run_sim_study
 
-from perflab.lab.backend import Demand
-from perflab.lab.executor import INHERITED_NOT_PASSED, engine_environment
+from perflab.contract.types import Accelerator, HardwareSnapshot
 from perflab.lab.plan import load_plan_text
-from perflab.lab.raybackend import (RAY_RESOURCE, SIM_LABEL, ClusterRefused, RayCluster, bundles, check_reports,
-                                    node_spec, strategy)
-from perflab.types import Accelerator, HardwareSnapshot
+from perflab.lab.run.backends.local import Demand
+from perflab.lab.run.backends.ray import (
+    RAY_RESOURCE,
+    SIM_LABEL,
+    ClusterRefused,
+    RayCluster,
+    bundles,
+    check_reports,
+    node_spec,
+    strategy,
+)
+from perflab.lab.run.executor import INHERITED_NOT_PASSED, engine_environment
 from perflab.lifecycle.procs import MARKER_ENV, Marker
 from perflab.testing.raycluster import NetnsCluster
-
-from simstudy import run_sim_study
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED_001 = ROOT / "examples" / "seed-001-qwen3-235b-a22b-a100.yaml"
@@ -231,7 +238,7 @@ def test_a_study_the_nodes_cannot_see_gets_every_run_file_back(cluster: NetnsClu
     """The study directory is where the nodes cannot see it (nothing shared): the agents run
     into stages on their nodes and ship the run files back; the driver's study has every file
     a local run has, the same decisions and cases, and no stage is left on the nodes."""
-    from perflab.lab.shipping import stage_root, study_tag
+    from perflab.lab.run.backends.shipping import stage_root, study_tag
 
     assert cluster.hidden == [hidden], f"the nodes could not be kept from {hidden} (see {cluster.log})"
     plan = tmp_path / "files.yaml"

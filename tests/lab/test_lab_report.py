@@ -6,12 +6,12 @@ import json
 
 import anyio
 
+from perflab.contract.status import Status
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile, load_plan_text
-from perflab.lab.publish import write_report
 from perflab.lab.report import ReportContext, build_json, render_markdown
+from perflab.lab.report.publish import write_report
 from perflab.lab.study import ConfigResult, conduct
-from perflab.status import Status
 
 DISPLAY = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 A100 = {"accelerators": [{"name": "NVIDIA A100-SXM4-80GB", "memory_total_mib": 81920, "compute_capability": [8, 0],

@@ -13,14 +13,14 @@ import anyio
 import pytest
 
 from perflab.bench.trace import CANCELLED
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
+from perflab.contract.status import Status
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile, load_plan_text
-from perflab.lab.publish import write_report
 from perflab.lab.report import ReportContext, _entry_lines, build_json, render_markdown
+from perflab.lab.report.publish import write_report
 from perflab.lab.study import ConfigResult, Entry, conduct, stopped_early_text
 from perflab.observe import END, START, Sample, Watching
-from perflab.status import Status
 
 # --------------------------------------------------------------------------- 9: stopped-early blocks
 
@@ -44,7 +44,7 @@ DECIDED = {"reason": "lost", "completed": 233, "num_prompts": 1000, "elapsed_s":
 
 
 def _stopped_entry(partial: Any) -> Entry:
-    from perflab.lab.executor import stopped_early_record
+    from perflab.lab.run.executor import stopped_early_record
 
     metrics, info = stopped_early_record(DECIDED, partial, 1000)
     res = ConfigResult(Status.STOPPED_EARLY, metrics, 1000, stopped_early=info)
@@ -68,7 +68,7 @@ def test_a_stopped_block_counts_requests_cut_short_as_no_failure_and_agrees_with
 
 
 def test_a_stopped_record_keeps_the_decisions_counts_for_diagnosis() -> None:
-    from perflab.lab.executor import stopped_early_record
+    from perflab.lab.run.executor import stopped_early_record
 
     metrics, info = stopped_early_record(DECIDED, _partial(235, 765), 1000)
     assert metrics is not None and metrics["failed"] == 0 and metrics["completed"] == 235
@@ -84,7 +84,7 @@ def test_a_stopped_record_keeps_the_decisions_counts_for_diagnosis() -> None:
 def test_the_progress_line_of_several_profiles_names_each_profile() -> None:
     """"benchmarking Very Long Prompt" was followed by "✓ Baseline: 1660.51 tok/s", the reused
     main profile's figure."""
-    from perflab.lab.runner import result_summary
+    from perflab.lab.run.runner import result_summary
 
     plan = load_plan_text("""
 name: p
@@ -108,7 +108,7 @@ def test_engine_metrics_series_are_on_the_benchmarks_own_time_axis(tmp_path: Pat
     host running the simulator behind its scale stretches. Measured in the demo (runs/001-vllm,
     ShareGPT, 235.89 s): on the engines' clock running > 0 spans 17.7 s to 245.1 s (the end mark,
     where the client had read the last response on a loaded host, at 494 s)."""
-    from perflab.lab.html import load_series
+    from perflab.lab.report.html import load_series
     from perflab.observe.telemetry import ENGINE_T
 
     w = Watching()
@@ -252,8 +252,8 @@ def test_a_guard_reading_what_the_bench_does_not_report_by_default_asks_for_it_a
     so: a study resumed with such a guard measures again rather than calling it "not measured"."""
     from types import SimpleNamespace as NS
 
-    from perflab.lab.executor import Executor
-    from perflab.lab.stored import profile_key
+    from perflab.lab.report.stored import profile_key
+    from perflab.lab.run.executor import Executor
 
     plain = load_plan_text(PLAN.format(extra=""))
     p99 = load_plan_text(PLAN.format(extra="guards: {p99_tpot_ms: 900}"))

@@ -70,7 +70,7 @@ class Watching(StudyProgress):
 
 def _run(plan_text: str, out: Path, progress: Watching) -> Any:
     from perflab.lab.plan import load_plan_text
-    from perflab.lab.runner import run_study
+    from perflab.lab.run.runner import run_study
     from perflab.plugins import load
 
     plan = load_plan_text(plan_text, path=f"{out.name}.yaml")

@@ -1,5 +1,5 @@
 """A run's files staged on a node without the study directory and shipped to the driver
-(issue #14, Ray without a shared filesystem): perflab.lab.shipping, and the driver's side in
+(issue #14, Ray without a shared filesystem): perflab.lab.run.backends.shipping, and the driver's side in
 LiveMeasure. The Ray cluster's end-to-end runs are in test_lab_ray.py."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import anyio
 import pytest
 import structlog
 
-from perflab.lab import shipping
-from perflab.lab.backend import Demand, FilePart, Files, Finished, Placed, Sink, State, Ticket
+from perflab.contract.status import Status
 from perflab.lab.plan import load_plan_text
-from perflab.lab.runner import LiveMeasure
-from perflab.lab.shipping import Stage, UnsafePath, receive, target
+from perflab.lab.run.backends import shipping
+from perflab.lab.run.backends.local import Demand, FilePart, Files, Finished, Placed, Sink, State, Ticket
+from perflab.lab.run.backends.shipping import Stage, UnsafePath, receive, target
+from perflab.lab.run.runner import LiveMeasure
 from perflab.lab.store import RunRecord, Store, write_json
-from perflab.status import Status
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REAL_LOG = FIXTURES / "real" / "vllm-0.32.0-cpu" / "serve-default.log"  # a real vLLM 0.32.0 (CPU) log

@@ -37,7 +37,7 @@ def _twin() -> Plan:
 
 def _study(plan: Plan, out: Path):
     from perflab.lab.progress import StudyProgress
-    from perflab.lab.runner import run_study
+    from perflab.lab.run.runner import run_study
     from perflab.plugins import load
 
     with open(os.devnull, "w") as sink:

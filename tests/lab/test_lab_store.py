@@ -7,14 +7,14 @@ import sqlite3
 import anyio
 import pytest
 
+from perflab.contract.status import Status
+from perflab.contract.types import CrashCause, Unsupported
 from perflab.lab.options import Configuration
 from perflab.lab.plan import load_plan_text
-from perflab.lab.runner import LiveMeasure
-from perflab.lab.stored import StoreMeasure
+from perflab.lab.report.stored import StoreMeasure
+from perflab.lab.run.runner import LiveMeasure
 from perflab.lab.store import ProfileMeasurement, RunRecord, Store
 from perflab.lab.study import conduct
-from perflab.status import Status
-from perflab.types import CrashCause, Unsupported
 
 CFG = Configuration("vllm", {"model": "m"})
 
@@ -162,7 +162,7 @@ profiles:
 
 
 class FakeExecutor:
-    """Stands in for perflab.lab.executor.Executor: records calls, invents throughput."""
+    """Stands in for perflab.lab.run.executor.Executor: records calls, invents throughput."""
 
     def __init__(self, stop_after: int | None = None, broken: str | None = None) -> None:
         self.calls: list[tuple[str, dict, tuple[str, ...]]] = []
@@ -243,7 +243,7 @@ def test_store_measure_reports_pending_for_missing(tmp_path):
 def test_a_perflab_bug_is_recorded_interrupted_with_its_reason_and_never_reused(tmp_path):
     """A plugin or client bug is perflab's fault, not the configuration's: the run is
     'interrupted' (with the reason), the study stops with one line, and a resume measures it."""
-    from perflab.errors import PerflabError
+    from perflab.contract.errors import PerflabError
 
     with pytest.raises(PerflabError, match=r"perflab failed while measuring .*RuntimeError: plugin bug"):
         _study(tmp_path, FakeExecutor(broken="sglang"))
@@ -267,7 +267,7 @@ class LeakyExecutor(FakeExecutor):
 
 
 def test_a_teardown_leftover_stops_the_study_keeping_the_measurement(tmp_path):
-    from perflab.lab.integrity import MachineNotReady
+    from perflab.lab.store.integrity import MachineNotReady
 
     with pytest.raises(MachineNotReady, match=r"teardown of vllm left something behind: port 8000 .* pid 4242") as exc:
         _study(tmp_path, LeakyExecutor())

@@ -5,10 +5,10 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from perflab.contract.status import Status
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Profile, load_plan_text
 from perflab.lab.study import ConfigResult, conduct
-from perflab.status import Status
 
 DISPLAY = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}.get
 

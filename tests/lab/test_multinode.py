@@ -18,13 +18,13 @@ import psutil
 import pytest
 
 import perflab_sim as sim
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.status import Status
+from perflab.contract.types import Accelerator, GroupNode, HardwareSnapshot, NodeGroup, ServeConfig
 from perflab.engines import build_group_launch, check_support
-from perflab.errors import UnsupportedOption
 from perflab.plugins import load
-from perflab_sim.env import FAULT_ENV, FAULT_NODE_RANK_ENV, STATE_ENV, TIME_SCALE_ENV
-from perflab.status import Status
 from perflab.supervisor_group import EngineGroup, local_nodes
-from perflab.types import Accelerator, GroupNode, HardwareSnapshot, NodeGroup, ServeConfig
+from perflab_sim.env import FAULT_ENV, FAULT_NODE_RANK_ENV, STATE_ENV, TIME_SCALE_ENV
 
 TAG_ENV = "PERFLAB_MULTINODE_TEST_TAG"
 

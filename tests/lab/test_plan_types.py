@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 from perflab.lab.plan import LIMITS, parse_plan
 
 KNOWN = ["vllm", "vllm-ascend", "sglang", "trtllm", "mindie"]
@@ -236,7 +236,7 @@ profiles: {p: {input_len: 8, output_len: 2, num_prompts: 4}}
 
 def test_an_extra_arg_setting_a_flag_perflab_owns_is_refused_for_every_engine_it_may_run_on() -> None:
     from perflab.lab.plan import load_plan_text
-    from perflab.lab.preflight import refuse_owned_flags
+    from perflab.lab.run.preflight import refuse_owned_flags
     from perflab.plugins import load
 
     pm = load()
@@ -261,10 +261,10 @@ def test_a_launch_of_any_engine_refuses_an_owned_flag_in_its_extra_args(tmp_path
                                                                         args: tuple[str, ...], owned: str) -> None:
     """The check a plan gets is the one every launch makes; SGLang's, TensorRT-LLM's and MindIE's
     plugins had none of their own (the engine got a second port, or MindIE's config.json another)."""
+    from perflab.contract.types import ServeConfig
     from perflab.engines import build_launch
     from perflab.hardware import resolve
     from perflab.plugins import load
-    from perflab.types import ServeConfig
 
     pm = load()
     hardware, _ = resolve(pm, "sim:a100-80g-x8")

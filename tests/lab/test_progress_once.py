@@ -6,13 +6,12 @@ the progress lines show what they claim)."""
 from __future__ import annotations
 
 import anyio
+from test_lab_store import PLAN, FakeExecutor, _Log
 
 from perflab.lab.plan import load_plan_text
-from perflab.lab.runner import LiveMeasure
+from perflab.lab.run.runner import LiveMeasure
 from perflab.lab.store import Store
 from perflab.lab.study import conduct
-
-from test_lab_store import PLAN, FakeExecutor, _Log
 
 
 def _results(tmp_path, plan_text: str) -> list[tuple[str, str]]:

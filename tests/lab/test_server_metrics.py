@@ -19,9 +19,10 @@ from typing import Any
 import anyio
 import pytest
 import structlog.testing
+
+from perflab.contract.types import METRIC_ROLES, LaunchSpec, MetricsEndpoint
 from perflab.observe import END, START, Sample
 from perflab.observe.metrics import MetricsWatcher, Target, metrics_url, metrics_watchers, parse, summarize
-from perflab.types import METRIC_ROLES, LaunchSpec, MetricsEndpoint
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "vllm-0.32.0-cpu" / "metrics-idle.txt"
 ENGINES = ("vllm", "vllm-ascend", "sglang", "trtllm", "mindie")
@@ -52,7 +53,7 @@ def test_every_plugin_names_its_engines_metrics_with_a_source() -> None:
     for endpoint in (got["vllm"], got["trtllm"], sglang, mindie):
         assert endpoint.source and {"kv_cache_usage", "running", "waiting"} <= set(endpoint.names())
         assert set(endpoint.names()) <= set(METRIC_ROLES)
-    from perflab.errors import UnknownEngine
+    from perflab.contract.errors import UnknownEngine
 
     with pytest.raises(UnknownEngine):
         pm.engine("no-such-engine")
@@ -204,11 +205,11 @@ def test_scrapes_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_watcher_and_executor_against_a_simulated_vllm(tmp_path: Path) -> None:
     """The watcher scrapes a running simulated vLLM (its /metrics under vLLM's names), and the
     executor's benchmark carries the summary in ``observed`` and the series in the run dir."""
-    from perflab.lab.executor import Executor
+    from test_cache_state import _ctx, simulated
+
     from perflab.lab.options import Configuration
     from perflab.lab.plan import Profile
-
-    from test_cache_state import _ctx, simulated
+    from perflab.lab.run.executor import Executor
 
     profile = Profile(name="shared", label="Shared", dataset="prefix-repetition", input_len=64, prefix_len=512,
                       num_prefixes=2, output_len=256, num_prompts=64, max_concurrency=16, seed=3)
@@ -246,11 +247,11 @@ SIM_SCALE = "50"
 @asynccontextmanager
 async def _engine(tmp_path: Path, engine: str, hardware: str = "sim:h100-80g-x1", **serve: Any) -> AsyncIterator[Any]:
     """A simulated engine launched by its plugin (as the lab launches it), torn down after."""
+    from perflab.contract.types import ServeConfig
     from perflab.hardware import resolve
     from perflab.plugins import load
-    from perflab_sim.env import ENGINE_VERSIONS_ENV, STATE_ENV, TIME_SCALE_ENV
     from perflab.supervisor import EngineInstance
-    from perflab.types import ServeConfig
+    from perflab_sim.env import ENGINE_VERSIONS_ENV, STATE_ENV, TIME_SCALE_ENV
 
     state = tmp_path / f"sim-state-{engine}"
     state.mkdir(exist_ok=True)
@@ -268,9 +269,9 @@ async def _engine(tmp_path: Path, engine: str, hardware: str = "sim:h100-80g-x1"
 def _measure(tmp_path: Path, engine: str, profile: Any, hardware: str = "sim:h100-80g-x1", **serve: Any) -> dict[str, Any]:
     """One measured benchmark of ``profile`` on a simulated engine: its ``server_metrics``."""
     from perflab.lab.decide import Decision
-    from perflab.lab.executor import Executor, LabContext
     from perflab.lab.options import Configuration
     from perflab.lab.plan import Timeouts
+    from perflab.lab.run.executor import Executor, LabContext
 
     async def go() -> dict[str, Any]:
         async with _engine(tmp_path, engine, hardware, **serve) as s:

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from perflab import EnginePlugin, hookspecs
+from perflab import EnginePlugin
+from perflab.contract import hookspecs
 from perflab.plugins import PluginManager, check_compatibility, module_plugin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -175,7 +176,7 @@ def test_deprecated_hooks_warn_through_pluggy(monkeypatch: pytest.MonkeyPatch) -
     def perflab_old_hook(engine):  # noqa: ANN001, ANN202
         """Old."""
 
-    # the core reads its specs from perflab.hookspecs: add a deprecated one there for this test
+    # the core reads its specs from perflab.contract.hookspecs: add a deprecated one there for this test
     monkeypatch.setattr(hookspecs, "perflab_old_hook", perflab_old_hook, raising=False)
 
     @hookimpl
@@ -247,10 +248,10 @@ def test_every_engine_method_is_in_the_plugin_guide(method: str) -> None:
 
 
 def test_the_guide_lists_every_serve_config_field_with_its_kind() -> None:
-    """The guide's ServeConfig table is the declaration's (perflab.types.serve_options())."""
+    """The guide's ServeConfig table is the declaration's (perflab.contract.types.serve_options())."""
     import re
 
-    from perflab.types import serve_options
+    from perflab.contract.types import serve_options
 
     doc = (REPO / "docs" / "writing-plugins.md").read_text()
     section = doc.split("### The `ServeConfig` fields", 1)[1].split("\n### ", 1)[0]

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from perflab.contract.types import Accelerator, HardwareSnapshot
 from perflab.plugins import PluginManager, load
-from perflab.types import Accelerator, HardwareSnapshot
 
 SEEDS = Path(__file__).resolve().parents[1] / "fixtures" / "seeds"
 WORKDIR = Path("/nonexistent/perflab-run")  # build_launch is pure: nothing is written

@@ -10,11 +10,11 @@ import sys
 from typing import Any
 
 import pytest
-from perflab import engines
-from perflab.errors import UnsupportedOption
-from perflab.types import HardwareSnapshot, HttpProbe, ServeConfig
 
 import perflab_mindie
+from perflab import engines
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.types import HardwareSnapshot, HttpProbe, ServeConfig
 from perflab_mindie.config_json import load_template
 from perflab_mindie.version import parse_version_info
 
@@ -435,7 +435,7 @@ def test_model_context_from_the_weights_config_json(pm, tmp_path):
 
 
 def test_serving_script_lists_the_keys_perflab_set_not_a_study_path(pm, tmp_path):
-    from perflab.lab.executor import plugin_file_describer, serving_script
+    from perflab.lab.run.executor import plugin_file_describer, serving_script
 
     run_dir = tmp_path / "study" / "runs" / "001-mindie"
     spec = engines.build_launch(pm, ENGINE, ServeConfig(model="Qwen/Qwen3-30B-A3B", tp=2, port=1025), _sim_npus(8),

@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 import pytest
-from perflab import engines
-from perflab.errors import UnsupportedOption
-from perflab.types import HardwareSnapshot, HttpProbe, ServeConfig
 
 import perflab_sglang
+from perflab import engines
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.types import HardwareSnapshot, HttpProbe, ServeConfig
 
 from .conftest import WORKDIR, dist_info, gpus, seed_records, split_equals, without_host_port
 

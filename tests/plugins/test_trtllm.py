@@ -11,11 +11,11 @@ import sys
 
 import pytest
 import yaml
-from perflab import engines
-from perflab.errors import UnsupportedOption
-from perflab.types import HardwareSnapshot, HttpProbe, ServeConfig
 
 import perflab_trtllm
+from perflab import engines
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.types import HardwareSnapshot, HttpProbe, ServeConfig
 from perflab.installed import parse_version_output
 from perflab_trtllm import VERSION_OUTPUT
 

@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import perflab_vllm
 import pytest
+
+import perflab_vllm
 from perflab import engines
-from perflab.errors import UnsupportedOption, UsageError
-from perflab.types import Accelerator, HardwareSnapshot, HttpProbe, ServeConfig
+from perflab.contract.errors import UnsupportedOption, UsageError
+from perflab.contract.types import Accelerator, HardwareSnapshot, HttpProbe, ServeConfig
 
 from .conftest import KV_CACHE_LOG, dist_info, gpus, normalise, seed_records, seed_summaries, shell_argv
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import perflab_vllm_ascend
 import pytest
+
+import perflab_vllm_ascend
 from perflab import engines
-from perflab.errors import UnsupportedOption, UsageError
-from perflab.types import HardwareSnapshot, ServeConfig
+from perflab.contract.errors import UnsupportedOption, UsageError
+from perflab.contract.types import HardwareSnapshot, ServeConfig
 
 from .conftest import KV_CACHE_LOG, dist_info, gpus, normalise, npus, seed_records, seed_summaries, shell_argv
 

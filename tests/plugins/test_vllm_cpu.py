@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from perflab import engines
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
+from perflab.contract.types import Accelerator, HardwareSnapshot, ServeConfig
 from perflab.plugins import load
-from perflab.types import Accelerator, HardwareSnapshot, ServeConfig
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real" / "vllm-0.32.0-cpu"
 REAL_LOG = REAL / "serve-default-memory-fraction.log"
@@ -162,6 +163,7 @@ def test_served_version_cross_check_over_http(tmp_path: Path) -> None:
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     import anyio
+
     from perflab_vllm.version import served_version_warning
 
     body = (REAL / "version.json").read_bytes()

@@ -20,7 +20,6 @@ import httpx
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from reallab import Proc, RealLab, free_port
 
 from perflab.realengine import VLLM_CPU_SERVE_ARGS
@@ -179,7 +178,7 @@ def _observed_run(base_url: str, model: Path) -> list:
     """What early stop is told during a run against the real engine (perflab.bench.drive's
     Observation): every count it bounds the rest of the run with holds on vLLM's own stream."""
     from perflab.bench import BenchRequest, run_benchmark_sync
-    from perflab.lab.earlystop import FRAMING_EVENTS
+    from perflab.lab.run.earlystop import FRAMING_EVENTS
 
     seen: list = []
     req = BenchRequest(base_urls=(base_url,), model="tiny", tokenizer=str(model), random_input_len=48,
@@ -296,7 +295,7 @@ def test_early_stop_bound_and_forecast_hold_on_the_real_engine(lab: RealLab) -> 
     (A ``--max-num-seqs 4`` variant to be stopped as lost is left out: in one CI run the
     starved client's observations came 228 s apart, so it ran to its end.)
     """
-    from perflab.lab.earlystop import FORECAST_MARGIN, LAG_MAX_S
+    from perflab.lab.run.earlystop import FORECAST_MARGIN, LAG_MAX_S
 
     out = lab.tmp / "study"
     plan = _plan(lab, "{label: Varied, input_len: 32, output_len: 128, range_ratio: 0.9, num_prompts: 2000, seed: 3}",

@@ -17,7 +17,7 @@ import pynvml
 import pytest
 
 import perflab_sim as sim
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 from perflab_sim import catalog, npusmi, state
 from perflab_sim.nvml import NvmlShim
 

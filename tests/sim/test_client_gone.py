@@ -100,7 +100,7 @@ def test_a_request_reset_while_it_runs_leaves_the_batch_at_once(sim_env: dict[st
 @pytest.mark.slow
 def test_after_a_benchmark_cut_short_the_engine_answers_on_the_model_clock(sim_env: dict[str, str]) -> None:  # noqa: F811
     """The lab's sequence: a model-clock benchmark stopped early (its cancel event, as
-    perflab.lab.earlystop sets it) — a closed loop, then an all-at-once burst — and then the
+    perflab.lab.run.earlystop sets it) — a closed loop, then an all-at-once burst — and then the
     accuracy measurement's requests: agreement answers one at a time and all at once
     (perflab.accuracy.agreement.collect with server_clock) and the task through lm-eval."""
     from perflab.accuracy.agreement import PROMPTS, collect

@@ -17,10 +17,10 @@ import anyio.to_thread
 import pytest
 
 from perflab.bench import BenchRequest, run_benchmark_sync
+from perflab.bench.serverclock import SERVER_CLOCK_COMMENT, format_clock, parse_clock
 from perflab.bench.sse import SSEParser
 from perflab_sim.clock import ModelClock
 from perflab_sim.faults import MAX_LAG_S
-from perflab.bench.serverclock import SERVER_CLOCK_COMMENT, format_clock, parse_clock
 
 SCALE = 20.0
 
@@ -74,10 +74,10 @@ def test_clock_comment_round_trip_and_the_sse_parser_keeps_only_it() -> None:
 @pytest.fixture
 def sim_vllm(tmp_path: Path) -> Iterator[str]:
     """A simulated vLLM (Qwen3-8B on one H100) at time scale 20, launched by the supervisor."""
+    from perflab.contract.types import ServeConfig
     from perflab.hardware import resolve
     from perflab.plugins import load
     from perflab.supervisor import EngineInstance
-    from perflab.types import ServeConfig
 
     state = tmp_path / "sim-state"
     state.mkdir()

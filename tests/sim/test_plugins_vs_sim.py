@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from perflab import engines, plugins
-from perflab.errors import UnsupportedOption
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.types import ServeConfig
 from perflab.hardware import resolve
 from perflab_sim.config import SimEngineConfig
 from perflab_sim.frontends import frontend_for
 from perflab_sim.frontends.common import EngineExit
-from perflab.types import ServeConfig
 
 MACHINE = {"cuda": "sim:a100-80g-x8", "ascend": "sim:910b3-x8"}
 DENSE = "Qwen/Qwen3-8B"

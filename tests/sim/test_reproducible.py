@@ -34,7 +34,7 @@ KEYS = ("total_token_throughput", "mean_tpot_ms", "p99_ttft_ms")
 def _study(root: Path) -> dict[str, Any]:
     from perflab.lab.plan import load_plan_text
     from perflab.lab.progress import StudyProgress
-    from perflab.lab.runner import run_study
+    from perflab.lab.run.runner import run_study
     from perflab.plugins import load
 
     pm = load()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from perflab.contract.errors import UsageError
 from perflab_sim import env as simenv
-from perflab.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,16 +37,17 @@ def test_no_other_module_spells_a_variable_name() -> None:
 
 
 def test_simenv_loads_nothing_of_the_simulator() -> None:
-    """env.py imports nothing of the simulator: the standard library, perflab.errors and the core's
+    """env.py imports nothing of the simulator: the standard library, perflab.contract.errors and the core's
     engine-versions format only (importing it by module path runs the package's __init__: read
     its imports)."""
     import ast
+
     import perflab_sim.env as mod
     tree = ast.parse(Path(mod.__file__).read_text())
     names = [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
     names += [n.module or "" for n in tree.body if isinstance(n, ast.ImportFrom)]
     assert not [n for n in names if n.startswith("perflab_sim")]
-    assert {n for n in names if n.startswith("perflab")} <= {"perflab.errors", "perflab.hardware",
+    assert {n for n in names if n.startswith("perflab")} <= {"perflab.contract.errors", "perflab.hardware",
                                                              "perflab.hardware.engine_versions"}
 
 

@@ -29,7 +29,7 @@ import httpx
 
 from perflab.accuracy.types import Agreement, Answer, AnswerSet
 from perflab.bench.serverclock import SERVER_CLOCK_HEADER, clock_header_value
-from perflab.errors import PerflabError, UsageError
+from perflab.contract.errors import PerflabError, UsageError
 from perflab.redact import register, scrub
 
 PROMPT_SET = "perflab-agreement-v1"

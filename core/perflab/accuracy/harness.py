@@ -54,7 +54,7 @@ import anyio.lowlevel
 from perflab import __version__, redact
 from perflab.accuracy.tasks import SHIPPED_TASK
 from perflab.accuracy.types import EvalResult
-from perflab.errors import PerflabError, UsageError
+from perflab.contract.errors import PerflabError, UsageError
 
 INSTALL_HINT = "pip install 'perflab[accuracy]'"
 # lm-eval[api]'s own imports (lm_eval/models/api_models.py) and the datasets loader

@@ -62,7 +62,7 @@ async def run_benchmark(
     pm: PluginManager | None = None,
     cancel: threading.Event | None = None,
 ) -> BenchResult:
-    """Benchmark ``req`` and return the result (raises :class:`perflab.errors.PerflabError`).
+    """Benchmark ``req`` and return the result (raises :class:`perflab.contract.errors.PerflabError`).
 
     The run happens in a worker thread with its own event loop (uvloop when installed), so
     the caller's loop — asyncio or trio through anyio — stays responsive and does not skew

@@ -33,7 +33,7 @@ from perflab.bench.profiles import apply_profile
 from perflab.bench.request import BenchRequest
 from perflab.bench.result import BenchResult
 from perflab.bench.vllm_cli import RESULT_FILENAME, vllm_bench_argv, vllm_tokenizer_dir
-from perflab.errors import PerflabError, UsageError
+from perflab.contract.errors import PerflabError, UsageError
 from perflab.plugins import PluginManager
 
 __all__ = ["BUILTIN_BACKENDS", "available_backends", "get_backend", "run_vllm_bench_serve", "vllm_bench_argv",

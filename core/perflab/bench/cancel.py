@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from perflab.errors import PerflabError
+from perflab.contract.errors import PerflabError
 
 if TYPE_CHECKING:
     from perflab.bench.result import BenchResult

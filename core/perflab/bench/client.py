@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 from perflab.bench.request import STREAM_DEADLINE_FLOOR_TOK_S, STREAM_DEADLINE_MIN_S, BenchRequest, stream_deadline_s
 from perflab.bench.serverclock import SERVER_CLOCK_HEADER, clock_header_value
 from perflab.bench.trace import Capture
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 
 USER_AGENT = "perflab-bench"
 MAX_HEAD_BYTES = 64 * 1024

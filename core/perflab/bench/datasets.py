@@ -52,7 +52,7 @@ from perflab.bench.request import (
     expected_prompt_tokens,
 )
 from perflab.bench.tokenizer import Tokenizer
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 
 SHAREGPT_MIN_LEN = 4
 SHAREGPT_MAX_TOTAL_LEN = 2048

@@ -5,7 +5,7 @@ Runs in one event loop (uvloop when installed) — in the caller's process, or i
 A run given a ``cancel`` event stops when it is set (see :mod:`perflab.bench.cancel`).
 
 Observation (``observe``): a caller that wants to watch a run while it goes (the lab's early
-stop, :mod:`perflab.lab.earlystop`) gets an :class:`Observation` every ``observe_s`` real
+stop, :mod:`perflab.lab.run.earlystop`) gets an :class:`Observation` every ``observe_s`` real
 seconds from one task — cumulative counts only (requests arrived, completed, in flight,
 streamed events, summed latency), so nothing is done per chunk. To stop the run it sets the
 ``cancel`` event, and the run ends as a cancelled one does: no request or thread is left.

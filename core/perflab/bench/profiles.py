@@ -25,7 +25,7 @@ from collections.abc import Collection
 from typing import Any
 
 from perflab.bench.request import BenchRequest
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 
 _SEED004 = {"seed": 42, "backend": "openai-chat"}
 _VLLM_SEEDS = {"seed": 42, "backend": "openai-chat", "request_rate": float("inf")}

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 
 BACKENDS = ("openai-chat", "openai")
 DEFAULT_ENDPOINTS = {"openai-chat": "/v1/chat/completions", "openai": "/v1/completions"}

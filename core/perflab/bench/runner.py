@@ -59,7 +59,7 @@ from perflab.bench.schedule import arrival_offsets
 from perflab.bench.serverclock import SERVER_CLOCK_COMMENT, parse_clock
 from perflab.bench.tokenizer import Tokenizer, load_tokenizer, tokenizer_spec
 from perflab.bench.trace import Capture, RequestTrace, parse_capture, sent_traces
-from perflab.errors import PerflabError
+from perflab.contract.errors import PerflabError
 
 SIM_TIME_SCALE_HEADER = "x-perflab-sim-time-scale"
 SIM_FINGERPRINT = b"perflab-sim"

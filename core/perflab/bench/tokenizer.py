@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 
 # Common English words that are one token (with their leading space) in GPT-2, Llama-3 and
 # Qwen2/3 vocabularies; prompts made of them have about one token per word on any server.

@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from perflab.bench.request import BenchRequest
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 
 RESULT_FILENAME = "perflab-vllm-bench.json"
 # vLLM's --dataset-name for perflab's datasets; synthetic-sharegpt has no vLLM counterpart

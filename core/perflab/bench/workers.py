@@ -32,7 +32,7 @@ from time import perf_counter
 from perflab.bench.cancel import POLL_S, BenchCancelled
 from perflab.bench.drive import LoadPlan, StallSeen, compact_with, drive, frozen_gc, run_in_new_loop
 from perflab.bench.trace import Capture, RequestTrace, parse_capture, sent_traces
-from perflab.errors import PerflabError
+from perflab.contract.errors import PerflabError
 
 START_LEAD_S = 0.2  # between "all workers ready" and the common start
 PROGRESS_EVERY_S = 0.25

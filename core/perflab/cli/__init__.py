@@ -1,7 +1,7 @@
 """perflab's command line.
 
 Sub-commands live in their own modules and are imported only when invoked, so that
-``perflab engines list`` starts fast. User mistakes (:class:`perflab.errors.PerflabError`)
+``perflab engines list`` starts fast. User mistakes (:class:`perflab.contract.errors.PerflabError`)
 print one line on stderr, never a traceback.
 """
 
@@ -83,7 +83,7 @@ def get_pm(ctx: click.Context | None = None) -> PluginManager:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from perflab.errors import PerflabError
+    from perflab.contract.errors import PerflabError
 
     try:
         rv = cli.main(args=argv, prog_name="perflab", standalone_mode=False)

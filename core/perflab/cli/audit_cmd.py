@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from perflab.audit import Audit
-from perflab.audit.rules import RULES
+from perflab.lab.report.audit import Audit
+from perflab.lab.report.audit.rules import RULES
 
 _RULES_HELP = "\n".join(f"  {r.name:<17} {r.checks}" for r in RULES)
 
@@ -27,7 +27,7 @@ def audit(ctx: click.Context, paths: tuple[Path, ...], as_json: bool) -> None:
     Exit status: 0 when everything is consistent, 1 when something is not, 2 when a path
     cannot be read.
     """
-    from perflab.audit import audit_paths
+    from perflab.lab.report.audit import audit_paths
 
     result = audit_paths(paths)
     if as_json:

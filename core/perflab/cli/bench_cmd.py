@@ -11,7 +11,7 @@ import click
 
 from perflab.bench.request import DATASETS, STREAM_DEADLINE_FLOOR_TOK_S, STREAM_DEADLINE_MIN_S
 from perflab.cli.options import parse_json_object
-from perflab.errors import PerflabError, UsageError
+from perflab.contract.errors import PerflabError, UsageError
 
 # Options whose tokens may follow them without repeating the flag, as argparse's nargs="+"
 # in vllm bench serve: --goodput ttft:500 tpot:50 e2el:20000.

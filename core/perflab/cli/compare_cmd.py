@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from perflab import redact
-from perflab.lab.compare import DEFAULT_TAIL_THRESHOLD_PCT, DEFAULT_THRESHOLD_PCT, Change, Comparison
+from perflab.lab.report.compare import DEFAULT_TAIL_THRESHOLD_PCT, DEFAULT_THRESHOLD_PCT, Change, Comparison
 
 
 @click.command("compare")
@@ -37,7 +37,7 @@ def compare(study_a: Path, study_b: Path, threshold_pct: float, tail_threshold_p
 
     Exit status: 0 when nothing regressed, 1 when something did, 2 on a usage error.
     """
-    from perflab.lab.compare import compare_studies
+    from perflab.lab.report.compare import compare_studies
 
     result = compare_studies(study_a, study_b, threshold_pct, tail_threshold_pct)
     for w in result.warnings:

@@ -18,12 +18,12 @@ import click
 
 from perflab import redact
 from perflab.cli.options import hardware_option, json_option, pop_serve_config, serve_options
-from perflab.errors import PerflabError
+from perflab.contract.errors import PerflabError
 from perflab.plugins import FINE
 
 if TYPE_CHECKING:
+    from perflab.contract.types import GroupNode, HardwareSnapshot, LaunchSpec, NodeGroup, ServeConfig, Unsupported
     from perflab.plugins import PluginManager
-    from perflab.types import GroupNode, HardwareSnapshot, LaunchSpec, NodeGroup, ServeConfig, Unsupported
 
 NO_ENGINE = "-"
 
@@ -305,10 +305,10 @@ def _group_launches(pm: PluginManager, engine: str, config: ServeConfig, snapsho
     """The group and the launches of a ``nodes`` > 1 configuration (one per node, in rank order) as
     ``perflab launch``/``run`` would start them on this machine (rank addresses 127.0.0.1, a free
     rendezvous port; perflab.supervisor_group)."""
+    from perflab.contract.types import NodeGroup
     from perflab.engines import build_group_launch
     from perflab.lifecycle.ports import pick_free_port
     from perflab.supervisor_group import local_nodes
-    from perflab.types import NodeGroup
 
     rec = pm.engine(engine)
     config = config if config.port is not None else config.replace(port=rec.info.default_port)

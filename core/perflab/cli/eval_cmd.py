@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from perflab.accuracy.tasks import SHIPPED_TASK
-from perflab.errors import PerflabError, UsageError
+from perflab.contract.errors import PerflabError, UsageError
 
 # Exit codes of `perflab eval` (docs/user-guide.md, "Accuracy"): 0 scored; 1 the endpoint
 # failed the evaluation (unreachable, HTTP errors, timeouts) or lm-eval did; 2 a usage error

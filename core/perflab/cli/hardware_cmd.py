@@ -8,7 +8,7 @@ import json
 import click
 
 from perflab.cli.options import hardware_option, json_option
-from perflab.types import Accelerator, HardwareSnapshot, to_jsonable
+from perflab.contract.types import Accelerator, HardwareSnapshot, to_jsonable
 
 NOTHING_FOUND = "No NVIDIA GPU (NVML), Ascend NPU (npu-smi) or readable CPU (/proc/cpuinfo) found on this machine."
 

@@ -21,10 +21,10 @@ def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, 
 
     import anyio
 
-    from perflab.errors import PerflabError
+    from perflab.contract.errors import PerflabError
     from perflab.lab import exits
     from perflab.lab.progress import StudyProgress
-    from perflab.lab.runner import default_out, print_summary, run_study
+    from perflab.lab.run.runner import default_out, print_summary, run_study
 
     if hardware:  # --hardware: the plan's hardware, from here on (the study stores it as hardware_spec)
         plan = dataclasses.replace(plan, hardware=hardware)
@@ -64,7 +64,7 @@ def _run(ctx: click.Context, plan: Any, out: Path | None, hardware: str | None, 
     else:
         print_summary(summary)
     # No thread outlives the study: Ctrl-C cancels the running benchmark and waits for it
-    # (perflab.lab.executor), so the exit is a plain one.
+    # (perflab.lab.run.executor), so the exit is a plain one.
     if summary.exit_code:
         raise click.exceptions.Exit(int(summary.exit_code))
 
@@ -106,7 +106,7 @@ def _run_epilog() -> str:
 @_live_option
 @_early_stop_option
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="Where runs execute: local = this machine (perflab.lab.backend.LocalBackend); ray = the nodes "
+              help="Where runs execute: local = this machine (perflab.lab.run.backends.local.LocalBackend); ray = the nodes "
                    "of a Ray cluster of the plan's machine, as many runs at once as they fit (needs perflab[ray]; "
                    "docs/user-guide.md, 'Running on Ray').")
 @click.option("--ray-address", metavar="ADDR", default=None,
@@ -129,19 +129,19 @@ def run(ctx: click.Context, plan_file: Path, out: Path | None, replace: bool, ha
     step run side by side on disjoint device sets (docs/user-guide.md, "Parallel runs"). With
     --executor ray, they run on the nodes of a Ray cluster (docs/user-guide.md, "Running on Ray").
     """
-    from perflab.lab.backend import parse_parallel
     from perflab.lab.plan import load_plan
+    from perflab.lab.run.backends.local import parse_parallel
 
     n = parse_parallel(parallel)  # a mistake is one line, before anything is loaded
     if ray_address is not None and executor != "ray":
-        from perflab.errors import UsageError
+        from perflab.contract.errors import UsageError
 
         raise UsageError("--ray-address needs --executor ray")
     if executor == "ray":
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
-            from perflab.errors import UsageError
+            from perflab.contract.errors import UsageError
 
             raise UsageError("--executor ray needs Ray: pip install 'perflab[ray]'")
     pm = get_pm(ctx)
@@ -167,21 +167,21 @@ def report(study_dir: Path, as_json: bool, as_html: bool, rebuild: bool) -> None
     ran; it needs no network and prints without cutting a chart.
 
     Reads without the study lock: it works while `perflab run` is still going."""
-    from perflab.lab.runner import write_study_report
+    from perflab.lab.run.runner import write_study_report
 
     if as_json and as_html:
-        from perflab.errors import UsageError
+        from perflab.contract.errors import UsageError
 
         raise UsageError("--json and --html: choose one (--json prints report.json, --html report.html's path)")
 
     if rebuild:
         import sqlite3
 
-        from perflab.lab.integrity import StudyLock, write_fault
         from perflab.lab.store import rebuild as rebuild_db
+        from perflab.lab.store.integrity import StudyLock, write_fault
 
         if not study_dir.is_dir():
-            from perflab.errors import UsageError
+            from perflab.contract.errors import UsageError
 
             raise UsageError(f"{study_dir}: no such study directory")
         try:
@@ -228,8 +228,8 @@ def demo(ctx: click.Context, out: Path, fresh: bool, replace: bool, as_json: boo
     if (missing := harness_missing()) is not None:
         click.echo(f"perflab demo: {missing}; the accuracy gate keeps its agreement check only", err=True)
     if fresh and out.exists():
-        from perflab.errors import UsageError
-        from perflab.lab.integrity import check_plan
+        from perflab.contract.errors import UsageError
+        from perflab.lab.store.integrity import check_plan
 
         if not (out / "study.db").exists():
             raise UsageError(f"--fresh: {out} is not a study directory; refusing to delete it")

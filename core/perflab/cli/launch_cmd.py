@@ -20,8 +20,8 @@ import structlog
 
 from perflab import redact
 from perflab.cli.options import hardware_option, json_option, pop_serve_config, serve_options
+from perflab.contract.status import Status
 from perflab.plugins import PluginManager
-from perflab.status import Status
 
 # Exit statuses (also in --help and docs/lifecycle.md).
 EXIT_OK = 0

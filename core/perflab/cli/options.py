@@ -1,7 +1,7 @@
 """The engine-neutral serving options shared by `engines command`, `launch` and plan files.
 
-Each option is one field of :class:`perflab.types.ServeConfig`, declared there once
-(:func:`perflab.types.serve_options`); this module derives the click options and turns their
+Each option is one field of :class:`perflab.contract.types.ServeConfig`, declared there once
+(:func:`perflab.contract.types.serve_options`); this module derives the click options and turns their
 values back into a ServeConfig. The plugins map those fields to their engine's real flags or
 config keys.
 """
@@ -14,10 +14,10 @@ from typing import Any
 
 import click
 
+from perflab.contract.errors import UsageError
+from perflab.contract.types import ServeConfig, ServeOption
+from perflab.contract.types import serve_options as declared_options
 from perflab.engines import parse_env_pairs
-from perflab.errors import UsageError
-from perflab.types import ServeConfig, ServeOption
-from perflab.types import serve_options as declared_options
 
 
 def parse_devices(value: str | None) -> tuple[int, ...] | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 
 
 def _age(seconds: float) -> str:

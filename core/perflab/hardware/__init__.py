@@ -14,9 +14,9 @@ import socket
 from collections.abc import Mapping
 from typing import cast
 
+from perflab.contract.types import Accelerator, HardwareSnapshot
 from perflab.hardware import emulation
 from perflab.plugins import PluginManager
-from perflab.types import Accelerator, HardwareSnapshot
 
 CPU_KIND = "cpu"  # perflab.hardware.cpu.KIND (not imported: that module imports this one)
 
@@ -68,7 +68,7 @@ def activate(pm: PluginManager, spec: str, env: Mapping[str, str]) -> dict[str, 
     """The environment the spec ``spec`` (not ``auto``) runs under, from the plugin that owns it
     (``perflab_activate_hardware``), with :data:`emulation.SPEC_ENV` set to ``spec``; a
     one-line UsageError when no installed plugin owns it."""
-    from perflab.errors import UsageError
+    from perflab.contract.errors import UsageError
 
     activated = pm.hook.perflab_activate_hardware(spec=spec, env=dict(env))
     if activated is not None:

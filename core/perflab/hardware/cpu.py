@@ -29,9 +29,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from perflab.contract.hookspecs import hookimpl
+from perflab.contract.types import Accelerator
 from perflab.hardware import emulation
-from perflab.hookspecs import hookimpl
-from perflab.types import Accelerator
 
 KIND = "cpu"
 SOURCE = "procfs"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 from perflab.hardware.emulation import ENGINE_VERSIONS_ENV
 
 #: perflab's engine names a version may be set for

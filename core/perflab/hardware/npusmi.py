@@ -15,9 +15,9 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 
+from perflab.contract.hookspecs import hookimpl
+from perflab.contract.types import Accelerator
 from perflab.hardware import emulation
-from perflab.hookspecs import hookimpl
-from perflab.types import Accelerator
 
 INFO_TIMEOUT_S = 30.0  # npu-smi takes seconds on an 8-card server under load
 DETAIL_TIMEOUT_S = 15.0

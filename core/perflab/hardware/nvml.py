@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from perflab.contract.hookspecs import hookimpl
+from perflab.contract.types import Accelerator
 from perflab.hardware import emulation
-from perflab.hookspecs import hookimpl
-from perflab.types import Accelerator
 
 _MIB = 1024 * 1024
 

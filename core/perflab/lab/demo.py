@@ -81,7 +81,7 @@ TASK_LINE = "  task: perflab_arith\n"
 def harness_missing() -> str | None:
     """Why the demo cannot score its task (lm-eval is not installed), or None."""
     from perflab.accuracy.harness import ensure_available
-    from perflab.errors import PerflabError
+    from perflab.contract.errors import PerflabError
 
     try:
         ensure_available()

@@ -1,6 +1,6 @@
 """Serving options as plan files write them, and the configurations built from them.
 
-A plan speaks in the engine-neutral option names declared on :class:`perflab.types.ServeConfig`
+A plan speaks in the engine-neutral option names declared on :class:`perflab.contract.types.ServeConfig`
 (``tp``, ``max_batched_tokens``, ``prefix_caching`` ...; their ``plan_key``: ``env`` for
 ``extra_env``, ``engine_options`` for ``options``) plus ``replicas``, a lab-level option: N
 identical instances on disjoint device sets. Options are plain dictionaries while a study
@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 from perflab import redact
-from perflab.types import ServeConfig, ServeOption, serve_options
+from perflab.contract.types import ServeConfig, ServeOption, serve_options
 
 #: the lab-level options, declared like ServeConfig's but on no ServeConfig field
 LAB_OPTIONS: tuple[ServeOption, ...] = (

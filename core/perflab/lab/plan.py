@@ -2,7 +2,7 @@
 
 One schema, documented in ``docs/plan-reference.md``, read from YAML (``.yaml``/``.yml``) or
 TOML (``.toml``). :func:`load_plan` checks the whole file and reports every problem at once,
-each with its key and what was expected, as one :class:`~perflab.errors.UsageError` line:
+each with its key and what was expected, as one :class:`~perflab.contract.errors.UsageError` line:
 
     plan.yaml: 2 problems: engines[1]: unknown engine 'foo' (expected one of: sglang, trtllm,
     vllm); profiles.short.num_prompts: expected a positive integer, got 'many'
@@ -28,7 +28,7 @@ import yaml
 
 from perflab import redact
 from perflab.bench.request import MAX_NUM_PROMPTS
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 from perflab.lab.accuracy import (
     ACCURACY_KEYS,
     ACCURACY_PROFILE,
@@ -283,7 +283,7 @@ class Timeouts:
     teardown_s: float | None = None  # grace between SIGTERM and SIGKILL; None: the supervisor's
     stall_s: float | None = None  # no token on any open stream this long (engine time): stalled; None: the bench's 60
     # how long a launch waits for its devices (memory, fixed ports) to be free of other
-    # processes before the study stops as "machine not ready" (perflab.lab.integrity)
+    # processes before the study stops as "machine not ready" (perflab.lab.store.integrity)
     device_wait_s: float = 60.0
 
 
@@ -494,7 +494,7 @@ def _devices(p: _Problems, key: str, value: Any, what: str) -> Any:
     return value
 
 
-# an option's kind (perflab.types.OPTION_KINDS) -> its check: the value, or _BAD with the problem added
+# an option's kind (perflab.contract.types.OPTION_KINDS) -> its check: the value, or _BAD with the problem added
 _KIND_CHECKS = {
     "str": _str, "pos_int": _pos_int, "bool": _bool, "fraction": _fraction, "port": _port,
     "json": _plain_mapping, "options": _plain_mapping, "env": _env, "args": _args, "devices": _devices,
@@ -967,7 +967,7 @@ def _accuracy(p: _Problems, raw: Any, check_available: bool, base_dir: Path | No
         return None
     if spec.task is not None and check_available:
         from perflab.accuracy.harness import ensure_available
-        from perflab.errors import PerflabError
+        from perflab.contract.errors import PerflabError
 
         try:
             ensure_available()

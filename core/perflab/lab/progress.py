@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perflab import redact
-from perflab.status import Status
+from perflab.contract.status import Status
 
 _MARK = {Status.OK: ("✓", "green"), "reused": ("↺", "cyan"), Status.UNSUPPORTED: ("⊘", "yellow"),
          Status.STOPPED_EARLY: ("⏹", "cyan"), Status.CRASHED: ("✗", "red"), Status.TIMEOUT: ("✗", "red"), Status.FAILED: ("✗", "red"),
@@ -100,7 +100,7 @@ class StudyProgress:
             r = self._run(f)
             r.devices = ",".join(str(d) for d in f.get("devices") or [])
             node = f.get("node")
-            where = f" node {node}" if node and node != "local" else ""  # a Ray node (perflab.lab.raybackend)
+            where = f" node {node}" if node and node != "local" else ""  # a Ray node (perflab.lab.run.backends.ray)
             if r.devices or where:
                 self._line(f"   {label}: on{where}" + (f" devices {r.devices}" if r.devices else ""))
         elif kind == "requeued":  # its Ray node or agent was lost: launched once more elsewhere
@@ -108,7 +108,7 @@ class StudyProgress:
             self._line(f"   {label}: lost with its node; re-queued")
         elif kind == "relaunch":  # its engine lost its port to another process: once more, on a fresh one
             self._line(f"   {label}: {f.get('why', 'relaunched')}; launching it once more on a fresh port")
-        elif kind == "point-reused":  # a load point an interrupted run finished (perflab.lab.executor)
+        elif kind == "point-reused":  # a load point an interrupted run finished (perflab.lab.run.executor)
             self._line(f"   {label}: {f.get('profile', '')} at {f.get('point', '')}: kept from the interrupted run")
         elif kind == "launch":
             self._run(f).state = "launching" + (f" replica {f['replica']}/{f['replicas']}" if f.get("replicas", 1) > 1 else "")
@@ -125,7 +125,7 @@ class StudyProgress:
             r = self._run(f)
             r.state, r.profile, r.done, r.total = "benchmarking", f.get("profile", ""), 0, int(f.get("total") or 0)
             self._line(f"   {label}: benchmarking {r.profile} ({r.total} prompts)")
-        elif kind == "accuracy":  # the plan's accuracy measurement (perflab.lab.executor): "evaluating accuracy (...)"
+        elif kind == "accuracy":  # the plan's accuracy measurement (perflab.lab.run.executor): "evaluating accuracy (...)"
             r = self._run(f)
             r.state = str(f.get("what", "accuracy"))
             self._line(f"   {label}: {r.state}")
@@ -136,7 +136,7 @@ class StudyProgress:
             r.done, r.total = int(f.get("done") or 0), int(f.get("total") or r.total)
         elif kind == "teardown":
             self._run(f).state = "tearing down"
-        elif kind == "waiting":  # the devices it needs are held by someone else (perflab.lab.integrity)
+        elif kind == "waiting":  # the devices it needs are held by someone else (perflab.lab.store.integrity)
             self._run(f).state = "waiting for the machine"
             self._line(f"   {label}: waiting for the machine: {'; '.join(f.get('holders') or [])}")
         elif kind == "result":
@@ -151,7 +151,7 @@ class StudyProgress:
             self._live.update(self._render())
 
     def log_listener(self, event: str, fields: dict[str, Any]) -> None:
-        """structlog hands every event here (see :mod:`perflab.lab.studylog`)."""
+        """structlog hands every event here (see :mod:`perflab.lab.store.studylog`)."""
         if event == "engine.state":
             self.event("engine.state", **fields)
 

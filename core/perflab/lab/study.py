@@ -33,13 +33,13 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from perflab.contract.status import Status
 from perflab.lab import accuracy as acc
 from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, Regression, latency_regressions, pct_name
 from perflab.lab.measured import MeasurementExtras
 from perflab.lab.options import Configuration
 from perflab.lab.plan import WINNER, Candidate, Plan, Profile, reference_config
 from perflab.observe import OBSERVED_KEYS
-from perflab.status import Status
 
 
 @dataclass
@@ -126,7 +126,7 @@ def stopped_early_text(info: Mapping[str, Any] | None) -> str:
     1647 tok/s, below the 1667 it needed to be adopted; the 1702.10 tok/s measured is the rate
     of those 43 s only, not the full run's`` (the bound), ``... its open requests, first come
     first served, end ~220 s in at the earliest, so it could reach at most 1790 tok/s ...`` (the
-    forecast). The counts are the measured part's (:func:`perflab.lab.executor.stopped_early_record`),
+    forecast). The counts are the measured part's (:func:`perflab.lab.run.executor.stopped_early_record`),
     those of its result block; any other record reads as its reason and figures."""
     info = dict(info or {})
     reason = str(info.pop("reason", "") or "no reason recorded")

@@ -5,7 +5,7 @@ prints it, and so that nothing is lost if perflab itself is killed.
 
 Crash classification reads :meth:`OutputPump.scan_text`: every *notable* line of the whole
 output as it streamed (by default everything but INFO/DEBUG lines, see
-:func:`perflab.crashes.is_notable`; the first ``keep_max`` of them) merged in log order with
+:func:`perflab.contract.crashes.is_notable`; the first ``keep_max`` of them) merged in log order with
 the last ``tail_lines`` lines. Under load an engine prints thousands of request lines after
 its root-cause error; a tail alone would have lost it.
 """
@@ -24,7 +24,7 @@ from typing import IO
 import anyio
 
 from perflab import redact
-from perflab.crashes import is_notable
+from perflab.contract.crashes import is_notable
 
 MAX_LINE = 64 * 1024  # a line longer than this is split (progress bars without newlines)
 KEPT_LINE_MAX = 4096  # notable lines are kept this long at most (2000 of them: at most 8 MiB)

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import httpx
 
-from perflab.types import LaunchSpec, Readiness
+from perflab.contract.types import LaunchSpec, Readiness
 
 PROBE_TIMEOUT_S = 2.0  # one health request; a healthy engine answers in milliseconds
 GENERATION_TIMEOUT_S = 30.0  # the first generation may compile kernels / warm up caches

@@ -1,11 +1,11 @@
 """The engine's own metrics during a benchmark (issue #13): the ``server_metrics`` watcher.
 
 The engine's plugin names its Prometheus endpoint and which of its metric names mean what
-(the optional ``metrics`` engine method, :class:`~perflab.types.MetricsEndpoint`).
+(the optional ``metrics`` engine method, :class:`~perflab.contract.types.MetricsEndpoint`).
 :class:`MetricsWatcher` GETs that endpoint on every replica of a launch at each sample
 (:func:`perflab.observe.watch` paces it: about every engine second), parses the text with
 ``prometheus_client``'s parser and reduces it to one value per role
-(:data:`~perflab.types.METRIC_ROLES`): counts and counters are summed over their label sets
+(:data:`~perflab.contract.types.METRIC_ROLES`): counts and counters are summed over their label sets
 (vLLM's data-parallel ranks, ``finished_reason`` ...) and over the replicas; the KV-cache usage
 is the fullest rank's (a full rank is what preempts); a hit-rate or acceptance gauge is the
 mean of its series.
@@ -39,9 +39,9 @@ import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from perflab import redact
+from perflab.contract.types import MetricsEndpoint
 from perflab.observe import Sample, timed_run
 from perflab.plugins import PluginManager
-from perflab.types import MetricsEndpoint
 
 log = structlog.get_logger(__name__)
 

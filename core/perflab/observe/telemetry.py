@@ -290,7 +290,7 @@ class Telemetry:
 
     def __init__(self, env: Mapping[str, str], accelerators: Sequence[Any]) -> None:
         self.env = dict(env)
-        self.accelerators = list(accelerators)  # perflab.types.Accelerator of the study's machine
+        self.accelerators = list(accelerators)  # perflab.contract.types.Accelerator of the study's machine
         self.problems: dict[str, str] = {}  # source -> why it gives nothing (said once)
         self._nvml: Any = None
         self._nvml_open = False

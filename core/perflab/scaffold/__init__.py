@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from perflab import __version__
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 
 TEMPLATE_PACKAGE = "perflab.scaffold.templates"
 # template file -> path in the generated package (module dir renamed per plugin)
@@ -60,8 +60,8 @@ TEMPLATE_MAPS = frozenset({"model", "host", "port", "devices", "extra_args", "ex
 
 def refused_options() -> str:
     """The template's ``serve_options`` lines for the options it does not map, one per
-    ServeConfig field (:func:`perflab.types.serve_options`), so a new plugin starts complete."""
-    from perflab.types import serve_options
+    ServeConfig field (:func:`perflab.contract.types.serve_options`), so a new plugin starts complete."""
+    from perflab.contract.types import serve_options
 
     return "\n".join(f'        "{o.name}": Refuses(NO_FLAG, DOCS),' for o in serve_options() if o.name not in TEMPLATE_MAPS)
 

@@ -32,11 +32,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from perflab import hookspecs
-from perflab.errors import UnsupportedOption
-from perflab.plugin_base import EnginePlugin, Maps, Refuses
-from perflab.plugins import PluginManager, check_compatibility
-from perflab.types import (
+from perflab.contract import hookspecs
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.plugin_base import EnginePlugin, Maps, Refuses
+from perflab.contract.types import (
     Accelerator,
     CrashCause,
     EngineInfo,
@@ -47,6 +46,7 @@ from perflab.types import (
     Unsupported,
     serve_options,
 )
+from perflab.plugins import PluginManager, check_compatibility
 
 #: A sample value of each ServeConfig field, for the ``serve_options`` checks: the changes made
 #: to the baseline configuration (the field, plus companions it needs). ``options`` has no
@@ -78,7 +78,7 @@ SERVE_OPTION_SAMPLES: dict[str, dict[str, Any]] = {
     "options": {"options": {"perflab_conformance_no_such_option": 1}},
 }
 #: The sample of an option the table above does not know yet (a newly declared field), by its
-#: kind (perflab.types.OPTION_KINDS); a json option has no neutral sample.
+#: kind (perflab.contract.types.OPTION_KINDS); a json option has no neutral sample.
 KIND_SAMPLES: dict[str, Any] = {
     "str": "conformance", "pos_int": 2, "bool": True, "fraction": 0.5, "port": 18124, "devices": (1,),
     "args": ("--conformance-flag",), "env": {"PERFLAB_CONFORMANCE": "1"}, "options": {"perflab_conformance_no_such_option": 1},
@@ -157,8 +157,8 @@ class EngineConformance:
         return build_launch(pm, self.engine, config, hardware, tmp, None)
 
     def _build_group(self, pm: PluginManager, hardware: HardwareSnapshot, tmp: Path, config: ServeConfig) -> list[LaunchSpec]:
+        from perflab.contract.types import GroupNode, NodeGroup
         from perflab.engines import build_group_launch
-        from perflab.types import GroupNode, NodeGroup
 
         per = config.devices_per_node
         group = NodeGroup(tuple(GroupNode(r, f"10.0.0.{r + 1}", f"node{r}", tuple(range(per))) for r in range(config.node_count)),
@@ -337,7 +337,7 @@ class EngineConformance:
     def test_cache_reset_is_well_formed(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
         """The optional prefix-cache reset: None (the engine has none; the lab notes it once), or
         an HTTP method and path on the serving port, cited."""
-        from perflab.types import CacheReset
+        from perflab.contract.types import CacheReset
 
         reset = pm.engines[self.engine].engine.cache_reset(self._build(pm, hardware, tmp_path))
         assert reset is None or isinstance(reset, CacheReset), f"expected a CacheReset or None, got {reset!r}"
@@ -349,7 +349,7 @@ class EngineConformance:
     def test_metrics_endpoint_is_well_formed(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
         """The optional Prometheus endpoint: None (nothing is scraped), or a path (and a port
         when not the serving one), at least one metric name, and where the names come from."""
-        from perflab.types import MetricsEndpoint
+        from perflab.contract.types import MetricsEndpoint
 
         launch = self._build(pm, hardware, tmp_path)
         endpoint = pm.engines[self.engine].engine.metrics(launch)
@@ -389,7 +389,7 @@ class EngineConformance:
         """Contract v2: the registered engine is an EnginePlugin whose methods take no engine name."""
         import inspect
 
-        from perflab.plugin_base import EnginePlugin
+        from perflab.contract.plugin_base import EnginePlugin
 
         engine = pm.engines[self.engine].engine.wrapped
         assert isinstance(engine, EnginePlugin)

@@ -1,5 +1,5 @@
 """A local multi-node Ray cluster in a loopback-only network namespace, for tests and benchmarks
-of the Ray backend (:mod:`perflab.lab.raybackend`).
+of the Ray backend (:mod:`perflab.lab.run.backends.ray`).
 
 Ray advertises the host's interface address unless it cannot find one, so the cluster runs
 in its own network namespace with only ``lo`` up (``unshare --net``, util-linux; root): every node is
@@ -18,7 +18,7 @@ removes it with the cluster).
 runs in its own mount namespace (``unshare --mount``, private propagation) with an empty
 read-only tmpfs over ``DIR`` — while a driver joining from the host's mount namespace sees it:
 a study directory there is one the nodes cannot reach, as on a cluster without a shared
-filesystem (the Ray backend ships run files back, :mod:`perflab.lab.shipping`).
+filesystem (the Ray backend ships run files back, :mod:`perflab.lab.run.backends.shipping`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ OBJECT_STORE = 80 * 2**20  # the smallest Ray accepts; events are small
 
 
 def _node_args(spec: str) -> dict[str, Any]:
-    from perflab.lab.raybackend import SIM_LABEL
+    from perflab.lab.run.backends.ray import SIM_LABEL
 
     name, _, gpus = spec.partition(":")
     return {"num_cpus": 1, "num_gpus": int(gpus or 8), "labels": {SIM_LABEL: name}, "object_store_memory": OBJECT_STORE}

@@ -16,7 +16,7 @@ data_parallel.md, expert_parallel.md, enable_reasoning.md). Mapping:
   MindIE requires maxPrefillTokens >= maxInputTokenLen (config_manager_impl.cpp).
   Without max_model_len, the template's maxSeqLen 2560 / maxInputTokenLen 2048 would fail every
   longer prompt (seed 000's 4000- and 32000-token workloads failed 100 %), so when the model's
-  context is known (perflab.lab.preflight.model_context: the weights' config.json, the HF
+  context is known (perflab.lab.run.preflight.model_context: the weights' config.json, the HF
   cache, or the simulator's registry) it is used, as GPUStack's MindIE backend does
   (gpustack/worker/backends/ascend_mindie.py: ``derived_max_seq_len = get_max_model_len(...)``
   for --max-seq-len; ``max_input_token_len`` defaults to ``min(max_seq_len, max_prefill_tokens)``
@@ -40,8 +40,8 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-from perflab.errors import UnsupportedOption
-from perflab.types import ServeConfig
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.types import ServeConfig
 from perflab_mindie.models import is_moe, names_quantization
 
 TEMPLATE = "config_template.json"

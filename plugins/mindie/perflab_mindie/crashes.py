@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import re
 
-from perflab.crashes import Signature, first_signature
-from perflab.types import CrashCause
+from perflab.contract.crashes import Signature, first_signature
+from perflab.contract.types import CrashCause
 
 REPO = "https://github.com/Ascend/MindIE-LLM/blob/master"
 

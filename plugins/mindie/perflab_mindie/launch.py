@@ -17,9 +17,9 @@ import ipaddress
 import json
 from pathlib import Path
 
-from perflab.errors import UnsupportedOption
-from perflab.plugin_base import fraction, refuse_unknown
-from perflab.types import FileSpec, HardwareSnapshot, LaunchSpec, ServeConfig
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.plugin_base import fraction, refuse_unknown
+from perflab.contract.types import FileSpec, HardwareSnapshot, LaunchSpec, ServeConfig
 from perflab_mindie.config_json import build_config
 from perflab_mindie.models import default_model_name, valid_model_name
 
@@ -60,7 +60,7 @@ def _port(name: str, value: object) -> int:
 
 
 def _model_context(model: str, hardware: HardwareSnapshot) -> int | None:
-    from perflab.lab.preflight import model_context
+    from perflab.lab.run.preflight import model_context
 
     return model_context(model, simulated=hardware.simulated)
 

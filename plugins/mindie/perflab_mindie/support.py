@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from perflab.types import HardwareSnapshot, ServeConfig, Unsupported
+from perflab.contract.types import HardwareSnapshot, ServeConfig, Unsupported
 from perflab_mindie.models import is_moe
 from perflab_mindie.version import release
 

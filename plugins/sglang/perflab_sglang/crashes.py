@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 
-from perflab.crashes import Signature
+from perflab.contract.crashes import Signature
 
 V = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt"
 
-#: most specific first; perflab.crashes.SHARED_SIGNATURES (model not found) are tried after these
+#: most specific first; perflab.contract.crashes.SHARED_SIGNATURES (model not found) are tried after these
 SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "fp8-unsupported-gpu",

@@ -18,9 +18,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping
 
-from perflab.errors import UnsupportedOption
-from perflab.plugin_base import fraction, positive, refuse_unknown
-from perflab.types import GroupNode, LaunchSpec, NodeGroup, ServeConfig
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.plugin_base import fraction, positive, refuse_unknown
+from perflab.contract.types import GroupNode, LaunchSpec, NodeGroup, ServeConfig
 from perflab_sglang.speculative import speculative_args
 
 SERVER_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/server_args.py"

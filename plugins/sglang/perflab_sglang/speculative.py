@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from perflab.errors import UnsupportedOption
-from perflab.plugin_base import refuse_unknown
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.plugin_base import refuse_unknown
 
 SERVER_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/server_args.py"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from perflab.plugin_base import checkpoint_tagged, min_sm_refusal
-from perflab.types import HardwareSnapshot, ServeConfig, Unsupported
+from perflab.contract.plugin_base import checkpoint_tagged, min_sm_refusal
+from perflab.contract.types import HardwareSnapshot, ServeConfig, Unsupported
 
 # Seed 001: "Running SGLang with FP8 quantization on A100 GPUs does not work." SGLang's FP8
 # Triton kernels use the fp8e4nv type, which Triton supports only from SM89 (Ada/Hopper):

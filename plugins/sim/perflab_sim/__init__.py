@@ -36,7 +36,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from perflab.errors import PerflabError
+from perflab.contract.errors import PerflabError
 from perflab.hardware.emulation import MACHINE_STATE_ENV, SIM_PREFIX, SPEC_ENV, TIME_SCALE_VAR_ENV
 from perflab.hardware.standins import DEVICE_CLOCK_ENV, DEVICE_MEMORY_ENV, NVML_ENV
 from perflab_sim import catalog, versions
@@ -203,7 +203,7 @@ def machine_env(name: str) -> dict[str, str]:
 def activate(name: str, env: Mapping[str, str]) -> dict[str, str]:
     """The environment that runs the simulated machine ``name`` (a catalog name).
 
-    Raises :class:`perflab.errors.UsageError` naming the catalog for an unknown name, or for
+    Raises :class:`perflab.contract.errors.UsageError` naming the catalog for an unknown name, or for
     a malformed ``PERFLAB_SIM_ENGINE_VERSIONS`` in ``env`` (the engine versions to simulate;
     default: the machine's, the seeds'). ``PERFLAB_SIM_STATE_DIR`` already set in ``env`` for
     the same machine (or with no machine set) is kept, so a test can isolate its memory

@@ -28,7 +28,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ format of the values other parts of perflab write (the time scale, the engine ve
 Everything that reads or sets a ``PERFLAB_SIM_*`` variable imports the name from here: the
 simulator's stand-ins, probes and tools, and the simulator's tests. The core names none of them
 (it reaches an activated machine through :mod:`perflab.hardware.standins`). This module imports
-nothing of the simulator, only the standard library, :mod:`perflab.errors` and the core's
+nothing of the simulator, only the standard library, :mod:`perflab.contract.errors` and the core's
 engine-versions format (:mod:`perflab.hardware.engine_versions`), so a stand-in learns a
 variable's name without loading the simulator. docs/simulator.md lists
 :data:`VARIABLES` (a test keeps them in step).

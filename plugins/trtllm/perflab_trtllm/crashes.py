@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 
-from perflab.crashes import Signature
+from perflab.contract.crashes import Signature
 
 REPO = "https://github.com/NVIDIA/TensorRT-LLM/blob/main"
 
-#: most specific first; perflab.crashes.SHARED_SIGNATURES (model not found) are tried after these
+#: most specific first; perflab.contract.crashes.SHARED_SIGNATURES (model not found) are tried after these
 SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "fp8-block-scaling-unsupported-sm",

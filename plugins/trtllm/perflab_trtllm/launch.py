@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from perflab.errors import UnsupportedOption
-from perflab.plugin_base import fraction, positive, refuse_unknown
-from perflab.types import FileSpec, LaunchSpec, ServeConfig
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.plugin_base import fraction, positive, refuse_unknown
+from perflab.contract.types import FileSpec, LaunchSpec, ServeConfig
 from perflab_trtllm.speculative import speculative_config
 
 SERVE = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/commands/serve.py"

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from perflab.errors import UnsupportedOption
-from perflab.plugin_base import refuse_unknown
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.plugin_base import refuse_unknown
 
 LLM_ARGS = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/llmapi/llm_args.py"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from perflab.plugin_base import checkpoint_tagged, min_sm_refusal, weights_what
-from perflab.types import HardwareSnapshot, ServeConfig, Unsupported
+from perflab.contract.plugin_base import checkpoint_tagged, min_sm_refusal, weights_what
+from perflab.contract.types import HardwareSnapshot, ServeConfig, Unsupported
 
 # cpp/tensorrt_llm/thop/fp8BlockScalingGemm.cpp dispatches on the SM version (89 Ada, 90
 # Hopper, 100/120 Blackwell; early 1.x releases only 90) and otherwise fails with

@@ -25,7 +25,7 @@ from perflab import (
     ServeConfig,
     Unsupported,
 )
-from perflab.types import serve_options
+from perflab.contract.types import serve_options
 
 if TYPE_CHECKING:
     from perflab_vllm.flags import EngineOption

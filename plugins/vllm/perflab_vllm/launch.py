@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from perflab.errors import UnsupportedOption
-from perflab.types import GroupNode, HardwareSnapshot, HttpProbe, LaunchSpec, NodeGroup, Readiness, ServeConfig
+from perflab.contract.errors import UnsupportedOption
+from perflab.contract.types import GroupNode, HardwareSnapshot, HttpProbe, LaunchSpec, NodeGroup, Readiness, ServeConfig
 from perflab_vllm.flags import EngineOption, serve_argv
 from perflab_vllm.version import served_version_warning
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from packaging.version import InvalidVersion, Version
 
-from perflab.errors import PerflabError
-from perflab.types import HardwareSnapshot, ServeConfig, Unsupported
+from perflab.contract.errors import PerflabError
+from perflab.contract.types import HardwareSnapshot, ServeConfig, Unsupported
 from perflab_vllm.flags import CPU_WORKER, EngineOption, expert_parallel_enabled, option_args
 
 QUANT_REGISTRY = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/model_executor/layers/quantization/__init__.py"

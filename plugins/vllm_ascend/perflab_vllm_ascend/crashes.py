@@ -5,7 +5,7 @@ One scan over the log for the first root cause of either kind (see perflab_vllm.
 
 from __future__ import annotations
 
-from perflab.types import CrashCause
+from perflab.contract.types import CrashCause
 from perflab_vllm.crashes import VLLM_ROOT_CAUSES, VLLM_WRAPPERS, CrashPattern, classify, pattern
 
 ASCEND_ROOT_CAUSES: tuple[CrashPattern, ...] = (

@@ -12,7 +12,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from perflab.types import HardwareSnapshot, ServeConfig, Unsupported
+from perflab.contract.types import HardwareSnapshot, ServeConfig, Unsupported
 from perflab_vllm.support import fp8_checkpoint_by_name, option_problems, parse_version
 from perflab_vllm_ascend.launch import ASCEND_OPTIONS
 

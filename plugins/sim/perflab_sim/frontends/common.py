@@ -176,7 +176,7 @@ def sim_machine(env: Mapping[str, str]) -> SimMachine:
     Not set or unknown: :class:`EngineExit` (status 1), since a stand-in run outside the
     simulator has no hardware at all.
     """
-    from perflab.errors import PerflabError
+    from perflab.contract.errors import PerflabError
     from perflab_sim import catalog
 
     name = env.get(HARDWARE_ENV)

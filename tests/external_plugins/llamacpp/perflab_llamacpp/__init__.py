@@ -47,7 +47,7 @@ from perflab import (
     Unsupported,
     hookimpl,
 )
-from perflab.errors import UnsupportedOption
+from perflab.contract.errors import UnsupportedOption
 
 ENGINE = "llama-cpp"
 EXECUTABLE = "llama-server"

@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from perflab import redact
-from perflab.lab.integrity import DB_NAME, META_FILE
+from perflab.contract.status import Status
+from perflab.contract.types import CrashCause, Unsupported, to_jsonable
 from perflab.lab.measured import EXTRA_FIELDS, MeasurementExtras
+from perflab.lab.store.integrity import DB_NAME, META_FILE
 from perflab.lab.study import ConfigResult
-from perflab.status import Status
-from perflab.types import CrashCause, Unsupported, to_jsonable
 
 SCHEMA_VERSION = 1
 
@@ -106,7 +106,7 @@ CREATE TABLE IF NOT EXISTS points (
     run_id      INTEGER NOT NULL REFERENCES runs(id),
     config_key  TEXT NOT NULL,
     profile_key TEXT NOT NULL,
-    point       TEXT NOT NULL,   -- the load point of a curve: "max_concurrency=16" (perflab.lab.executor.point_name)
+    point       TEXT NOT NULL,   -- the load point of a curve: "max_concurrency=16" (perflab.lab.run.executor.point_name)
     data        TEXT NOT NULL,   -- JSON: its measurement (status, metrics, num_prompts, error, extras)
     created     REAL NOT NULL
 );
@@ -208,7 +208,7 @@ class Store:
     """The SQLite index of one study directory."""
 
     def __init__(self, directory: Path, *, readonly: bool = False) -> None:
-        from perflab.lab.integrity import storage_fault
+        from perflab.lab.store.integrity import storage_fault
 
         self.dir = Path(directory)
         self.session_id: int | None = None
@@ -245,7 +245,7 @@ class Store:
     @classmethod
     def open_existing(cls, directory: Path) -> Store:
         """Open a study to read it (``perflab report``: no lock, no schema writes)."""
-        from perflab.errors import UsageError
+        from perflab.contract.errors import UsageError
 
         if not (Path(directory) / DB_NAME).is_file():
             if run_dirs(Path(directory)):
@@ -590,7 +590,7 @@ def rebuild(directory: Path) -> dict[str, int]:
     (their process is gone: the caller holds the study lock) become interrupted. Returns the
     counts of runs and measurements indexed.
     """
-    from perflab.errors import UsageError
+    from perflab.contract.errors import UsageError
 
     directory = Path(directory)
     meta_path = directory / META_FILE

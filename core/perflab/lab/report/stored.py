@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from perflab.bench.request import BenchRequest
+from perflab.contract.status import Status
 from perflab.lab.accuracy import AccuracyJob
 from perflab.lab.decide import DecideBy
 from perflab.lab.options import Configuration
@@ -21,7 +22,6 @@ from perflab.lab.plan import Plan, Profile, job_for, load_plan_text
 from perflab.lab.report import report_context
 from perflab.lab.store import Store
 from perflab.lab.study import ConfigResult, StudyOutcome, conduct
-from perflab.status import Status
 
 
 def profile_key(plan: Plan | None, profile: Profile) -> str:
@@ -112,7 +112,7 @@ def stored_plan(store: Store) -> Plan:
     text = store.get_meta("plan_text")
     name = store.get_meta("plan_path") or "plan.yaml"
     if text is None:
-        from perflab.errors import UsageError
+        from perflab.contract.errors import UsageError
 
         raise UsageError(f"{store.dir}: the study has no stored plan; re-run `perflab run PLAN --out {store.dir}`")
     plan = load_plan_text(text, path=name, check_files=False)

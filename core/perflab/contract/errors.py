@@ -36,7 +36,7 @@ class PluginLoadError(PerflabError):
 
 
 class HookDeadlineExceeded(PerflabError):
-    """A plugin's hook did not return within its deadline (:data:`perflab.hookspecs.HOOK_DEADLINES_S`):
+    """A plugin's hook did not return within its deadline (:data:`perflab.contract.hookspecs.HOOK_DEADLINES_S`):
     the plugin's fault, never the configuration's. Python cannot stop a thread, so the call is
     abandoned in its daemon thread, which ends with perflab's process at the latest."""
 

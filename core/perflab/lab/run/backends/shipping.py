@@ -3,7 +3,7 @@
 
 A remote agent never writes into the study directory: it runs the executor into a
 :class:`Stage` — a private (0700) directory under the node's temp dir, named by study and run
-— and ships what the run wrote there back to the driver as :class:`~perflab.lab.backend.Files`
+— and ships what the run wrote there back to the driver as :class:`~perflab.lab.run.backends.local.Files`
 events, whenever the run reaches a point worth keeping (the engine is ready, each profile is
 measured, the run ends), so a node lost mid-run loses only what it wrote since. The driver,
 the only writer of the study, puts them in the run directory (:func:`receive`). The stage is
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from perflab.errors import PerflabError
-from perflab.lab.backend import FilePart, Files
+from perflab.contract.errors import PerflabError
+from perflab.lab.run.backends.local import FilePart, Files
 
 CHUNK = 1 << 20  # bytes in one shipped part at most
 SHIP_CAP = 64 << 20  # a file larger than this is shipped as its head and tail, with a marker

@@ -14,7 +14,7 @@ How a study runs on Ray
   node); an unlabelled node is probed for real (``auto``). Refused before the study starts,
   with one line: no node of the plan's machine; nodes of that kind in more than one machine
   class (A100 and H100 results never mix: the store's keys are salted with the class,
-  :func:`perflab.lab.executor.key_salt`); a perflab or plugin version different from the
+  :func:`perflab.lab.run.executor.key_salt`); a perflab or plugin version different from the
   driver's, or engine versions that differ between nodes; a demand of the plan's engines that
   the nodes' Ray resources can never meet.
 * :class:`RayBackend` gives each ticket one placement group (one bundle of the demand's
@@ -22,16 +22,16 @@ How a study runs on Ray
   machine). A task in that bundle (:func:`granted`) reads the device ids Ray reserved
   (``ray.get_runtime_context().get_accelerator_ids()``); the node's :class:`Agent` actor (one
   per node for the study's life, started at its first run: a fresh Ray worker and perflab's
-  import cost seconds per launch) runs today's :class:`~perflab.lab.executor.Executor` against
+  import cost seconds per launch) runs today's :class:`~perflab.lab.run.executor.Executor` against
   its node's snapshot with those ids as the configuration's devices, so the plugins keep
   writing ``CUDA_VISIBLE_DEVICES`` / ``ASCEND_RT_VISIBLE_DEVICES``. The placement group holds
   the devices until the run is over.
   The engine's environment has no inherited ``RAY_*`` / ``*_VISIBLE_DEVICES``
-  (:data:`perflab.lab.executor.INHERITED_NOT_PASSED`).
+  (:data:`perflab.lab.run.executor.INHERITED_NOT_PASSED`).
 * The agent's ``run`` is a Ray streaming generator: every event (placed, running, each
   measured profile, the final record) reaches the driver as it happens; the driver is the
-  only writer of the study store (:class:`perflab.lab.runner.LiveMeasure`).
-* A lost agent or node (``RayActorError``, ``NodeDiedError``...) is a :class:`~perflab.lab.backend.Lost`
+  only writer of the study store (:class:`perflab.lab.run.runner.LiveMeasure`).
+* A lost agent or node (``RayActorError``, ``NodeDiedError``...) is a :class:`~perflab.lab.run.backends.local.Lost`
   event: the driver records the run ``interrupted`` (never crashed), keeps the profiles
   already streamed and hands the ticket back once (``requeue_lost``); the next placement
   excludes the lost node. A cancellation (Ctrl-C) asks the agent to tear the run's engines
@@ -41,8 +41,8 @@ How a study runs on Ray
   end with the driver.
 * No shared filesystem is needed: an agent never writes into the study directory (its node
   may not see it). It runs the executor into a private stage on its node
-  (:class:`perflab.lab.shipping.Stage`, under the node's temp dir, named by study and run) and
-  ships the run's files back as :class:`~perflab.lab.backend.Files` events — when the engine
+  (:class:`perflab.lab.run.backends.shipping.Stage`, under the node's temp dir, named by study and run) and
+  ships the run's files back as :class:`~perflab.lab.run.backends.local.Files` events — when the engine
   is ready, with each measured profile, and at the end — so a lost node loses only what it
   wrote since; the driver writes them into the run directory. The stage is removed when the
   run is over (failed or cancelled too). Always, not only where the study directory is out
@@ -50,7 +50,7 @@ How a study runs on Ray
   cannot mistake a directory of its own at the same path for the driver's. The engines'
   ``PERFLAB_INSTANCE`` markers still name the driver's study (``perflab ps``/``kill`` on a
   node find them by it). The simulator's per-node state lives in the node's directory of the
-  study too (:func:`perflab.lab.shipping.study_stage`), removed from every node at the end
+  study too (:func:`perflab.lab.run.backends.shipping.study_stage`), removed from every node at the end
   of the study (:meth:`RayCluster.close`).
 * Multi-node engines (a configuration with ``nodes`` N > 1, issue #14 item 5): the demand is
   N nodes of ``devices_per_node`` devices; the placement group has one bundle per node,
@@ -90,8 +90,12 @@ import structlog
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from perflab.errors import UsageError
-from perflab.lab.backend import (
+from perflab.contract.errors import UsageError
+from perflab.contract.status import Status
+from perflab.contract.types import CrashCause, GroupNode
+from perflab.lab.options import Configuration
+from perflab.lab.plan import Plan
+from perflab.lab.run.backends.local import (
     Demand,
     Files,
     Finished,
@@ -104,7 +108,8 @@ from perflab.lab.backend import (
     State,
     Ticket,
 )
-from perflab.lab.executor import (
+from perflab.lab.run.backends.shipping import Stage, forget_study, study_stage
+from perflab.lab.run.executor import (
     LabContext,
     engine_environment,
     key_salt,
@@ -112,14 +117,9 @@ from perflab.lab.executor import (
     study_environment,
     study_time_scale,
 )
-from perflab.lab.options import Configuration
-from perflab.lab.plan import Plan
-from perflab.lab.shipping import Stage, forget_study, study_stage
 from perflab.plugins import PluginManager
-from perflab.status import Status
 from perflab.supervisor import LaunchOutcome
 from perflab.supervisor_group import GroupPlacement, RankLaunch
-from perflab.types import CrashCause, GroupNode
 
 log = structlog.get_logger("perflab.lab")
 
@@ -159,7 +159,7 @@ def node_spec(labels: Mapping[str, str]) -> str:
 def _node_env(plan: Plan, study_dir: Path, node_id: str, state: Path | None = None) -> dict[str, str]:
     """The environment a node resolves its hardware with and launches engines from.
     ``state``: where the simulator's per-node state goes (default: the node's directory of
-    the study, :func:`perflab.lab.shipping.study_stage` — never the study directory, which the
+    the study, :func:`perflab.lab.run.backends.shipping.study_stage` — never the study directory, which the
     node may not see)."""
     from perflab.hardware.emulation import MACHINE_STATE_ENV
 
@@ -208,8 +208,8 @@ def machine_class(plan: Plan, snapshot: Any) -> str:
 
 def node_report(plan: Plan, study_dir: str, spec: str) -> dict[str, Any]:
     """Run on a node (a task pinned to it): what the driver checks before the study starts."""
+    from perflab.contract.types import to_jsonable
     from perflab.plugins import load
-    from perflab.types import to_jsonable
 
     pm = load()
     node_id = ray.get_runtime_context().get_node_id()
@@ -412,18 +412,18 @@ class Agent:
         self.node = f"{socket.gethostname()}/{self.node_id[:8]}"
         self._tasks: dict[int, asyncio.Task[Any]] = {}  # run id -> its executor's run
         self._ranks: dict[str, _HeldRank] = {}  # "<run id>:<rank>" -> a group's rank started on this node
-        self._stages: dict[int, Stage] = {}  # run id -> its stage (perflab.lab.shipping)
+        self._stages: dict[int, Stage] = {}  # run id -> its stage (perflab.lab.run.backends.shipping)
         self._rank_stages: dict[str, Stage] = {}  # "<run id>:<rank>" -> a rank's stage, until shipped
 
     async def run(self, ticket: Ticket, devices: tuple[int, ...],
                   group: RayGroup | None = None) -> AsyncIterator[Any]:
         """One run; ``group``: a multi-node run's placement, this node being rank 0's.
 
-        The executor runs into a stage on this node (:class:`perflab.lab.shipping.Stage`),
+        The executor runs into a stage on this node (:class:`perflab.lab.run.backends.shipping.Stage`),
         never into the driver's study directory (which this node may not see); what it writes
         there goes to the driver as Files events when the engine is ready, with each measured
         profile and at the end. The stage is removed when the run is over, however it ends."""
-        from perflab.lab.executor import Executor
+        from perflab.lab.run.executor import Executor
 
         stage = self._stages[ticket.run_id] = Stage(ticket.run_dir, node=self.node, suffix=f"@{self.node_id[:12]}")
         task: asyncio.Future[Any] | None = None

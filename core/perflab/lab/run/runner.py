@@ -3,8 +3,8 @@
 The runner resolves the hardware, opens the study directory's store, and runs
 :func:`perflab.lab.study.conduct` with a ``measure`` that first looks in the store (a
 configuration measured by an earlier invocation is reused) and otherwise hands it to a
-backend (:mod:`perflab.lab.backend`: the local one runs the
-:class:`~perflab.lab.executor.Executor` here, ``--parallel`` configurations of a step at once)
+backend (:mod:`perflab.lab.run.backends.local`: the local one runs the
+:class:`~perflab.lab.run.executor.Executor` here, ``--parallel`` configurations of a step at once)
 and stores what the backend streams back. Ctrl-C (SIGINT) or SIGTERM cancels the study: every
 engine is torn down, what was measured stays in the store, and the same command resumes.
 """
@@ -25,13 +25,22 @@ from typing import Any
 import anyio
 
 from perflab import redact
-from perflab.errors import HookDeadlineExceeded, PerflabError, UnknownEngine
+from perflab.contract.errors import HookDeadlineExceeded, PerflabError, UnknownEngine
+from perflab.contract.status import Status
+from perflab.contract.types import to_jsonable
 from perflab.hardware.emulation import MACHINE_STATE_ENV
 from perflab.lab.accuracy import ACCURACY_PROFILE
-from perflab.lab.backend import Event, Files, Finished, LocalBackend, Lost, Measured, Placed, Point, Ticket
-from perflab.lab.executor import LabContext, key_salt, study_environment, study_time_scale
 from perflab.lab.exits import RunExit, interrupted_status, outcome_status
-from perflab.lab.integrity import (
+from perflab.lab.options import Configuration
+from perflab.lab.plan import Plan, Profile, engines_of
+from perflab.lab.report import report_context
+from perflab.lab.report.publish import write_report
+from perflab.lab.report.stored import StoreMeasure, profile_key, stored_outcome
+from perflab.lab.run.backends.local import Event, Files, Finished, LocalBackend, Lost, Measured, Placed, Point, Ticket
+from perflab.lab.run.backends.shipping import receive
+from perflab.lab.run.executor import LabContext, key_salt, study_environment, study_time_scale
+from perflab.lab.store import ProfileMeasurement, RunRecord, Store, write_json
+from perflab.lab.store.integrity import (
     PLAN_IDENTITY_META,
     MachineNotReady,
     PlanMismatch,
@@ -43,17 +52,8 @@ from perflab.lab.integrity import (
     plan_identity,
     write_fault,
 )
-from perflab.lab.options import Configuration
-from perflab.lab.plan import Plan, Profile, engines_of
-from perflab.lab.publish import write_report
-from perflab.lab.report import report_context
-from perflab.lab.shipping import receive
-from perflab.lab.store import ProfileMeasurement, RunRecord, Store, write_json
-from perflab.lab.stored import StoreMeasure, profile_key, stored_outcome
 from perflab.lab.study import ConfigResult, StudyOutcome, conduct
 from perflab.plugins import PluginManager
-from perflab.status import Status
-from perflab.types import to_jsonable
 
 
 @dataclass
@@ -72,7 +72,7 @@ class RunSummary:
 
 class LiveMeasure(StoreMeasure):
     """``measure`` that runs what the store does not have yet, through a backend
-    (:mod:`perflab.lab.backend`); it is the driver: the only writer of the store, it stores
+    (:mod:`perflab.lab.run.backends.local`); it is the driver: the only writer of the store, it stores
     each profile's measurement as the backend streams it. Several calls may run at once (a
     study step's configurations, when the backend's ``parallel`` > 1)."""
 
@@ -320,12 +320,12 @@ async def run_study(
     after recording what happened (never as a configuration's result). ``plan.hardware`` is
     the machine (``perflab run --hardware`` has replaced the plan's own). ``parallel``: how
     many configurations of one step may run at once on disjoint devices (``"auto"``: as many
-    as fit; :class:`perflab.lab.backend.LocalBackend`). ``executor="ray"``: the runs go to the
+    as fit; :class:`perflab.lab.run.backends.local.LocalBackend`). ``executor="ray"``: the runs go to the
     nodes of a Ray cluster (``ray_address``; None: a local Ray for the study;
-    :mod:`perflab.lab.raybackend`). The directory belongs to one plan: another plan's study
-    there is refused (:class:`~perflab.lab.integrity.PlanMismatch`, exit 2) unless ``replace``,
+    :mod:`perflab.lab.run.backends.ray`). The directory belongs to one plan: another plan's study
+    there is refused (:class:`~perflab.lab.store.integrity.PlanMismatch`, exit 2) unless ``replace``,
     which moves it aside to ``<out>.replaced-<time>`` first (as it does a study of this plan)."""
-    from perflab.lab.preflight import refuse_owned_flags
+    from perflab.lab.run.preflight import refuse_owned_flags
 
     refuse_owned_flags(pm, plan)  # a plan error: refused before the study directory exists
     out_dir = Path(out_dir)
@@ -338,8 +338,8 @@ async def run_study(
     cluster = None
     try:
         lock, archived = _claim(out_dir, plan, lock, replace=replace)
-        if executor == "ray":  # join Ray and check its nodes for this study (perflab.lab.raybackend)
-            from perflab.lab.raybackend import RayCluster
+        if executor == "ray":  # join Ray and check its nodes for this study (perflab.lab.run.backends.ray)
+            from perflab.lab.run.backends.ray import RayCluster
 
             cluster = await anyio.to_thread.run_sync(RayCluster.connect, pm, plan, out_dir, ray_address)
         summary = await _run_locked(pm, plan, out_dir, retry_failed=retry_failed, progress=progress, argv=argv,
@@ -384,7 +384,7 @@ async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_fai
     from perflab.engines import engine_version
     from perflab.hardware import resolve
     from perflab.lab.progress import StudyProgress
-    from perflab.lab.studylog import study_logging
+    from perflab.lab.store.studylog import study_logging
     from perflab.supervisor import signal_guard
 
     redact.register(redact.secrets_in(plan))  # env / --api-key values: written as *** everywhere
@@ -433,7 +433,7 @@ async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_fai
                  time_scale=time_scale, versions=versions, retry_failed=retry_failed)
         backend: LocalBackend
         if cluster is not None:
-            from perflab.lab.raybackend import RayBackend
+            from perflab.lab.run.backends.ray import RayBackend
 
             backend = RayBackend(ctx, cluster, on_event=ui.event)
             log.info("lab.ray", nodes=cluster.names, machine=plan.hardware, parallel=backend.parallel)

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Plan, Profile
 from perflab.plugins import PluginManager

@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from perflab.errors import PerflabError, UsageError
+from perflab.contract.errors import PerflabError, UsageError
 from perflab.lab.exits import RunExit
 
 if TYPE_CHECKING:
+    from perflab.contract.types import Accelerator
     from perflab.lab.plan import Plan
-    from perflab.types import Accelerator
 
 # a study directory's files: the store's index and its meta mirror (declared here, below the
 # store, because these checks read them without opening a Store)
@@ -274,8 +274,8 @@ def plan_frame(plan: Plan) -> dict[str, Any]:
     read from its text with the known secrets masked — as the study stores it — so that a
     secret never decides and the stored copy compares equal to its own file."""
     from perflab import redact
+    from perflab.contract.types import to_jsonable
     from perflab.lab.plan import load_plan_text
-    from perflab.types import to_jsonable
 
     if plan.text:
         with contextlib.suppress(PerflabError):
@@ -427,7 +427,7 @@ def perflab_owner(pid: int) -> str | None:
             env = proc.environ()
             if MARKER_ENV in env:
                 # its marker names the study and run (an engine a Ray agent runs in a stage on
-                # its node has no study directory around it: perflab.lab.shipping)
+                # its node has no study directory around it: perflab.lab.run.backends.shipping)
                 marker = Marker.parse(env[MARKER_ENV])
                 if marker is not None:
                     return f"perflab study {marker.study}, run runs/{marker.run}"

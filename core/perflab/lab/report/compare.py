@@ -7,7 +7,7 @@ report shows: every step's entries (main profile) and the baseline and optimized
 configuration on every profile. A measurement is paired with the other study's by its
 configuration key (:meth:`perflab.lab.options.Configuration.key` without the study's salt: the
 engine and its options, not the machine or the engine version) and its profile key
-(:func:`perflab.lab.stored.profile_key`). For each pair, the change in every headline metric
+(:func:`perflab.lab.report.stored.profile_key`). For each pair, the change in every headline metric
 (:data:`METRICS`, each with its direction) is computed, and a change for the worse is a
 **regression** when it exceeds the threshold (``--threshold``, default
 :data:`DEFAULT_THRESHOLD_PCT` %; ``--tail-threshold``, default :data:`DEFAULT_TAIL_THRESHOLD_PCT` %,
@@ -31,10 +31,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
+from perflab.contract.status import Status
 from perflab.lab.plan import Plan, Profile
 from perflab.lab.study import ConfigResult, Entry, StudyOutcome, pct
-from perflab.status import Status
 
 __all__ = [
     "DEFAULT_TAIL_THRESHOLD_PCT", "DEFAULT_THRESHOLD_PCT", "METRICS", "Change", "Comparison", "Decision", "Measured", "Metric", "MetricDelta", "Pair",
@@ -200,7 +200,7 @@ class StudyView:
 
 
 def _measured(plan: Plan, outcome: StudyOutcome) -> dict[tuple[str, str], Measured]:
-    from perflab.lab.stored import profile_key
+    from perflab.lab.report.stored import profile_key
 
     out: dict[tuple[str, str], Measured] = {}
 
@@ -237,8 +237,8 @@ def load_study(path: Path) -> StudyView:
     import anyio
 
     from perflab.lab.report import report_context
+    from perflab.lab.report.stored import StoreMeasure, stored_plan
     from perflab.lab.store import Store
-    from perflab.lab.stored import StoreMeasure, stored_plan
     from perflab.lab.study import conduct
 
     directory = _study_dir(path)

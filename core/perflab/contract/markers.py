@@ -1,7 +1,7 @@
 """pluggy's markers for perflab's hooks, declared once below everything that uses them.
 
-:mod:`perflab.hookspecs` declares the hooks with :data:`hookspec`; plugins (and the engine base
-class, :mod:`perflab.plugin_base`) implement them with :data:`hookimpl`. They live here rather
+:mod:`perflab.contract.hookspecs` declares the hooks with :data:`hookspec`; plugins (and the engine base
+class, :mod:`perflab.contract.plugin_base`) implement them with :data:`hookimpl`. They live here rather
 than in the hookspecs so that the engine base can be imported by the hookspecs' annotations
 without an import cycle.
 """

@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from perflab.errors import UnsupportedOption, UsageError
-from perflab.markers import hookimpl
-from perflab.types import (
+from perflab.contract.errors import UnsupportedOption, UsageError
+from perflab.contract.markers import hookimpl
+from perflab.contract.types import (
     CacheReset,
     CrashCause,
     EngineInfo,
@@ -58,7 +58,7 @@ from perflab.types import (
 )
 
 if TYPE_CHECKING:
-    from perflab.crashes import Signature
+    from perflab.contract.crashes import Signature
 
 #: NVML (and so perflab's device indexes) numbers GPUs in PCI bus order; CUDA's default order
 #: is "fastest first". Without this, --devices 0 could be another GPU for the engine.
@@ -175,7 +175,7 @@ class EnginePlugin:
         register(self)
 
     #: the methods the core calls on a registered engine (each under its deadline,
-    #: :data:`perflab.hookspecs.HOOK_DEADLINES_S`)
+    #: :data:`perflab.contract.hookspecs.HOOK_DEADLINES_S`)
     METHODS: ClassVar[tuple[str, ...]] = (
         "version", "check_support", "build_launch", "build_group_launch", "readiness", "classify_crash",
         "teardown", "describe_file", "cache_reset", "metrics",
@@ -232,7 +232,7 @@ class EnginePlugin:
 
     def classify_crash(self, exit_code: int | None, log_tail: str) -> CrashCause | None:
         """The first of ``crash_signatures`` + the core's shared ones found in the log."""
-        from perflab.crashes import SHARED_SIGNATURES, first_signature
+        from perflab.contract.crashes import SHARED_SIGNATURES, first_signature
 
         own = self.crash_signatures
         if isinstance(own, str):
@@ -266,7 +266,7 @@ class EnginePlugin:
         ]
 
     def raise_refused(self, config: ServeConfig) -> None:
-        """Raise :class:`~perflab.errors.UnsupportedOption` for the first set option this plugin
+        """Raise :class:`~perflab.contract.errors.UnsupportedOption` for the first set option this plugin
         :class:`Refuses` (for ``build_launch``: a forced launch must not drop it silently)."""
         for problem in self.refused(config):
             raise UnsupportedOption(self.info.name, problem.what, problem.why)

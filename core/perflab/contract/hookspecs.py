@@ -9,7 +9,7 @@ exposed through an entry point in the group ``perflab``::
     myengine = "perflab_myengine:plugin"   # an instance of a perflab.EnginePlugin subclass
 
 An engine is an object: an instance of a :class:`perflab.EnginePlugin` subclass
-(:mod:`perflab.plugin_base`) registered through :func:`perflab_register_engines`. The core
+(:mod:`perflab.contract.plugin_base`) registered through :func:`perflab_register_engines`. The core
 calls its plain methods directly (no hook takes an engine name, so no plugin guards one);
 the base class brings defaults for version detection, device visibility, option refusal and
 crash signatures. Hooks here are what is not one engine's: registration, hardware probes,
@@ -17,7 +17,7 @@ benchmark backends.
 
 Conventions
 -----------
-* Values crossing the boundary are the frozen dataclasses of :mod:`perflab.types`.
+* Values crossing the boundary are the frozen dataclasses of :mod:`perflab.contract.types`.
 * Hooks and engine methods never import the engine (torch, vllm, ...) into perflab's
   process, never start processes except where a method says so, and never use ``shell=True``.
 * A hook may omit trailing parameters it does not need: pluggy passes only the arguments an
@@ -42,21 +42,21 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from perflab.markers import PROJECT as PROJECT  # the entry-point group and marker name
-from perflab.markers import hookimpl as hookimpl  # plugins import it from here too
-from perflab.markers import hookspec
+from perflab.contract.markers import PROJECT as PROJECT  # the entry-point group and marker name
+from perflab.contract.markers import hookimpl as hookimpl  # plugins import it from here too
+from perflab.contract.markers import hookspec
 
 if TYPE_CHECKING:
-    from perflab.plugin_base import EnginePlugin
-    from perflab.types import Accelerator
+    from perflab.contract.plugin_base import EnginePlugin
+    from perflab.contract.types import Accelerator
 
-#: 2: engines are objects (:class:`perflab.plugin_base.EnginePlugin`) registered through
+#: 2: engines are objects (:class:`perflab.contract.plugin_base.EnginePlugin`) registered through
 #: ``perflab_register_engines``; the ten hooks with an ``engine`` argument of version 1 are gone.
 HOOKSPEC_VERSION = 2
 
 #: How long one call of each hook may take, in seconds. A call past its deadline is abandoned
 #: (Python cannot kill a thread: it runs on in a daemon thread that ends with perflab) and
-#: reported as that plugin's fault in one line (:class:`perflab.errors.HookDeadlineExceeded`):
+#: reported as that plugin's fault in one line (:class:`perflab.contract.errors.HookDeadlineExceeded`):
 #: a question the core needed answered (``build_launch``) fails that launch; a hook
 #: whose failure the core can absorb is skipped (a hardware probe becomes an error line); a
 #: ``teardown`` past its deadline is a teardown leftover, which stops a study cleanly
@@ -67,7 +67,7 @@ HOOK_DEADLINES_S: Mapping[str, float] = MappingProxyType({
     "perflab_probe_hardware": 30.0,
     "perflab_activate_hardware": 60.0,  # may write a tree of stand-in executables
     "perflab_register_bench_backends": 10.0,
-    # the Engine methods the core calls (perflab.plugin_base.EnginePlugin), by method name
+    # the Engine methods the core calls (perflab.contract.plugin_base.EnginePlugin), by method name
     "version": 60.0,
     "check_support": 10.0,
     "build_launch": 10.0,
@@ -126,7 +126,7 @@ def perflab_probe_hardware(env: Mapping[str, str]) -> list[Accelerator] | None:
 
     :param env: the environment to run tools with (``PATH`` decides which ``npu-smi``
         runs; in simulation it points at perflab's stand-ins).
-    :returns: a list of :class:`~perflab.types.Accelerator`, or ``None``.
+    :returns: a list of :class:`~perflab.contract.types.Accelerator`, or ``None``.
 
     Example::
 

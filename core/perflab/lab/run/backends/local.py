@@ -1,6 +1,6 @@
 """Where a study's runs execute: the backend interface, and the local backend (issue #14).
 
-The driver (:class:`perflab.lab.runner.LiveMeasure`, in the ``perflab run`` process) is the
+The driver (:class:`perflab.lab.run.runner.LiveMeasure`, in the ``perflab run`` process) is the
 only writer of the study store. For each launch it opens a run (``Store.begin_run``), hands
 a backend a :class:`Ticket` — the run id and directory, the configuration, its profiles and
 its :class:`Demand` (accelerator kind and chip, devices per node, nodes) — and consumes the
@@ -15,7 +15,7 @@ backend's stream of events as they come:
               measures only the curve's other points;
 ``Files``     files the run wrote on a node without the study directory (a remote backend's
               agent stages them there): the driver writes them into the run directory
-              (:mod:`perflab.lab.shipping`);
+              (:mod:`perflab.lab.run.backends.shipping`);
 ``Finished``  the run's final :class:`~perflab.lab.store.RunRecord`;
 ``Lost``      the run was lost (a remote agent or node died): the driver records it as
               ``interrupted`` — never as a result — and may re-queue the ticket.
@@ -23,7 +23,7 @@ backend's stream of events as they come:
 The stream is a callback (``sink(event)``), called in the driver's event loop, and
 :meth:`Backend.run` returns once the run is over. A fault of the environment or of perflab
 itself (a busy device, a full disk, a plugin bug) is raised from :meth:`Backend.run` as
-today's :class:`~perflab.lab.executor.Executor` raises it; a cancellation (Ctrl-C) cancels
+today's :class:`~perflab.lab.run.executor.Executor` raises it; a cancellation (Ctrl-C) cancels
 :meth:`Backend.run`, which tears its engines down before it re-raises.
 
 :class:`LocalBackend` runs today's executor in this process. Its :class:`DeviceLedger` holds
@@ -115,14 +115,14 @@ class Measured:
 @dataclass(frozen=True)
 class Point:
     profile: str
-    point: str  # perflab.lab.executor.point_name: "max_concurrency=16"
+    point: str  # perflab.lab.run.executor.point_name: "max_concurrency=16"
     measurement: ProfileMeasurement
     reused: bool = False  # taken from Ticket.known_points, not measured by this run
 
 
 @dataclass(frozen=True)
 class FilePart:
-    """Bytes of one file of a run, shipped from the node that wrote it (perflab.lab.shipping).
+    """Bytes of one file of a run, shipped from the node that wrote it (perflab.lab.run.backends.shipping).
 
     ``path``: relative to the run directory, ``/``-separated (the driver refuses one that would
     land outside it). ``whole``: a record (JSON) shipped whole: its parts go into a temp file
@@ -290,14 +290,14 @@ def auto_parallel(devices: dict[str, tuple[int, ...]]) -> int:
 
 
 class LocalBackend:
-    """Runs tickets on this machine with today's :class:`~perflab.lab.executor.Executor`,
+    """Runs tickets on this machine with today's :class:`~perflab.lab.run.executor.Executor`,
     ``parallel`` at a time on disjoint device sets."""
 
     node = "local"
 
     def __init__(self, ctx: Any, *, parallel: int | str = 1, on_event: Any = None,
                  executor_factory: Callable[[], Any] | None = None) -> None:
-        from perflab.lab.executor import Executor
+        from perflab.lab.run.executor import Executor
         from perflab.observe.telemetry import Telemetry
 
         self.ctx = ctx  # None: a stand-in executor without a machine (tests)
@@ -372,7 +372,7 @@ class LocalBackend:
 
 def parse_parallel(value: str) -> int | str:
     """``--parallel``: a positive count or ``auto`` (a user mistake is one line)."""
-    from perflab.errors import UsageError
+    from perflab.contract.errors import UsageError
 
     if value == AUTO:
         return AUTO

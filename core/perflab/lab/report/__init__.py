@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perflab import __version__
+from perflab.contract.status import Status
 from perflab.lab.decide import Regression
 from perflab.lab.study import ConfigResult, Entry, Ranking, Step, StudyOutcome, slo_label, stopped_early_text
 from perflab.observe import energy
-from perflab.status import Status
 
 if TYPE_CHECKING:
     from perflab.lab.store import Store

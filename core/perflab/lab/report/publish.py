@@ -1,7 +1,7 @@
 """A study's report files: report.md, report.json, chart.png, pareto.png and report.html.
 
-Above :mod:`perflab.lab.report` (the Markdown and JSON), :mod:`perflab.lab.chart`,
-:mod:`perflab.lab.html` and :mod:`perflab.audit` (which checks the page before it is
+Above :mod:`perflab.lab.report` (the Markdown and JSON), :mod:`perflab.lab.report.chart`,
+:mod:`perflab.lab.report.html` and :mod:`perflab.lab.report.audit` (which checks the page before it is
 written): those read the report's context and rendering from below, never this writer.
 """
 
@@ -11,9 +11,6 @@ import json
 from pathlib import Path
 
 from perflab import redact
-from perflab.audit import audit_written_report
-from perflab.lab.chart import write_chart, write_pareto
-from perflab.lab.html import write_html
 from perflab.lab.report import (
     CHART_NAME,
     PARETO_NAME,
@@ -23,6 +20,9 @@ from perflab.lab.report import (
     render_markdown,
     title_of,
 )
+from perflab.lab.report.audit import audit_written_report
+from perflab.lab.report.chart import write_chart, write_pareto
+from perflab.lab.report.html import write_html
 from perflab.lab.store import write_atomic, write_json
 from perflab.lab.study import StudyOutcome
 
@@ -41,7 +41,7 @@ def write_report(o: StudyOutcome, ctx: ReportContext, directory: Path) -> dict[s
     text = redact.scrub(markdown)
     write_atomic(paths["markdown"], text)
     write_json(paths["json"], data)
-    paths["html"] = write_html(text, o, ctx, directory)  # report.md's text with the charts, one page (perflab.lab.html)
+    paths["html"] = write_html(text, o, ctx, directory)  # report.md's text with the charts, one page (perflab.lab.report.html)
     return paths
 
 

@@ -24,7 +24,7 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from perflab.types import CrashCause
+from perflab.contract.types import CrashCause
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def signature(name: str, regex: str, explanation: str, hint: str, source: str) -
 #: (huggingface_hub's RepositoryNotFoundError / GatedRepoError / HFValidationError, transformers'
 #: "is not a local folder and is not a valid model identifier" and "does not appear to have a
 #: file named config.json"), identical in SGLang's and TensorRT-LLM's logs. The default
-#: :meth:`perflab.plugin_base.EnginePlugin.classify_crash` tries them after a plugin's own.
+#: :meth:`perflab.contract.plugin_base.EnginePlugin.classify_crash` tries them after a plugin's own.
 MODEL_NOT_FOUND = signature(
     "model-not-found",
     r"RepositoryNotFoundError|Repository Not Found for url|is not a local folder and is not a valid model identifier"

@@ -92,7 +92,7 @@ def render_html(markdown_text: str, o: StudyOutcome, ctx: ReportContext, directo
     md = markdown.Markdown(extensions=[*MD_EXTENSIONS, _EmbedImages(directory), _InlineTags()],
                            extension_configs={"toc": {"toc_depth": "2-3"}})
     content = md.convert(text)
-    source = resources.files("perflab.lab").joinpath("templates/report.html").read_text(encoding="utf-8")
+    source = resources.files("perflab.lab.report").joinpath("templates/report.html").read_text(encoding="utf-8")
     # the page's own script is the only one allowed to run (by its hash, in the page's CSP)
     script = re.search(r"<script>(.*?)</script>", source, re.S)
     if script is None:
@@ -176,8 +176,8 @@ def figure(svg: str, caption: str, alt: str) -> str:
 def load_curves_section(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     """Per profile measured at several loads (a sweep, a max-load search's probes): the
     benchmark's figures against the load, one line per configuration."""
-    from perflab.lab.chart import load_curves_svg
     from perflab.lab.report import results_by_profile
+    from perflab.lab.report.chart import load_curves_svg
     from perflab.lab.study import slo_label
 
     slo = o.plan.decision.slo
@@ -302,7 +302,7 @@ def summary_table(key: str, rows: Sequence[tuple[str, Any]]) -> list[str]:
 
 
 #: ``observe-<profile><suffix>.json``: the suffix is the executor's (a sweep's or search's load
-#: ``-<kind>-<value>``, a repeat's ``-r<n>``; perflab.lab.executor.Executor._repeated)
+#: ``-<kind>-<value>``, a repeat's ``-r<n>``; perflab.lab.run.executor.Executor._repeated)
 def _observe_re(profile: str) -> re.Pattern[str]:
     kinds = "|".join(re.escape(str(k)) for k in LoadKind)
     return re.compile(rf"^observe-{re.escape(file_stem(profile))}(?:-(?P<kind>{kinds})-(?P<value>[0-9.e+]+))?"
@@ -376,7 +376,7 @@ def load_series(run_dir: Path, profile: str) -> tuple[dict[str, list[tuple[float
 
 def series_charts(profile: str, profile_label: str, rows: Sequence[tuple[str, ConfigResult]], directory: Path) -> list[str]:
     """Per watcher key, one chart of the samples over time: a panel per value, a line per configuration."""
-    from perflab.lab.chart import series_svg
+    from perflab.lab.report.chart import series_svg
 
     per_key: dict[str, list[tuple[str, list[tuple[float, dict[str, float]]]]]] = {}
     bounds: dict[str, list[float]] = {}

@@ -116,7 +116,7 @@ def write_pareto(pareto: Sequence[dict[str, Any]], ctx: ReportContext, slo: Slo,
 
 
 # --------------------------------------------------------------------------- report.html's SVG charts
-# Vector charts for the HTML report (perflab.lab.html): SVG text with its glyphs drawn as paths
+# Vector charts for the HTML report (perflab.lab.report.html): SVG text with its glyphs drawn as paths
 # (matplotlib's default svg.fonttype), so the page needs no font; the page embeds each one as a
 # data: URI, which keeps the ids of one chart from colliding with another's.
 

@@ -33,19 +33,19 @@ import anyio.to_thread
 import structlog
 
 from perflab import redact
+from perflab.contract.status import Status
+from perflab.contract.types import CrashCause, HardwareSnapshot, LaunchSpec, Unsupported, to_jsonable
 from perflab.lab.accuracy import ACCURACY_PROFILE, AccuracyJob, AccuracyRunner
 from perflab.lab.decide import DecideBy, LoadKind, Slo
-from perflab.lab.earlystop import EarlyStop, tokens_per_event
 from perflab.lab.options import Configuration, replica_devices
 from perflab.lab.plan import Plan, Profile
+from perflab.lab.run.earlystop import EarlyStop, tokens_per_event
 from perflab.lab.store import ProfileMeasurement, RunRecord, file_stem, write_json
 from perflab.observe import TimedRun, Watcher, Watching
 from perflab.observe import watch as observe_watch
 from perflab.observe.energy import observed_extras
 from perflab.observe.telemetry import ENGINE_T, Telemetry
 from perflab.plugins import PluginManager
-from perflab.status import Status
-from perflab.types import CrashCause, HardwareSnapshot, LaunchSpec, Unsupported, to_jsonable
 
 if TYPE_CHECKING:
     from perflab.supervisor_group import GroupPlacement
@@ -313,7 +313,7 @@ async def reset_prefix_cache(pm: PluginManager, engine: str, launch: LaunchSpec,
     the lab's environment (an API key there is sent as the engine's clients send it)."""
     import httpx
 
-    # off the event loop: a plugin's hook may take up to its deadline (perflab.hookspecs)
+    # off the event loop: a plugin's hook may take up to its deadline (perflab.contract.hookspecs)
     reset = await anyio.to_thread.run_sync(lambda: pm.engines[engine].engine.cache_reset(launch) if engine in pm.engines else None)
     if reset is None:
         return None
@@ -527,7 +527,7 @@ class Executor:
         self._stale: list[threading.Event] = []
         # engines whose launches serve no prefix-cache reset, already noted in the study log
         self._reset_noted: set[str] = set()
-        # the devices a backend placed this run on (perflab.lab.backend.LocalBackend's ledger),
+        # the devices a backend placed this run on (perflab.lab.run.backends.local.LocalBackend's ledger),
         # used as the configuration's devices when it pins none; None: the engine's default
         self.placement: tuple[int, ...] | None = None
         # a multi-node configuration's nodes as a backend placed them (the Ray backend: one
@@ -536,7 +536,7 @@ class Executor:
         self.group: GroupPlacement | None = None
         # the study an engine's PERFLAB_INSTANCE marker names (perflab ps / kill); None: the run
         # directory's <study>/runs/<run> — a Ray agent runs into a staging directory on its node
-        # (perflab.lab.shipping) and names the driver's study
+        # (perflab.lab.run.backends.shipping) and names the driver's study
         self.study_dir: Path | None = None
         # the accelerators' telemetry sources, opened once a study (when first sampled); what
         # is missing is said once; a backend shares one among its runs' executors
@@ -564,7 +564,7 @@ class Executor:
         return plugin_file_describer(self.ctx.pm, engine)
 
     async def _settle(self) -> None:
-        for done in list(self._stale):  # the list may be shared with concurrent runs (perflab.lab.backend)
+        for done in list(self._stale):  # the list may be shared with concurrent runs (perflab.lab.run.backends.local)
             await anyio.to_thread.run_sync(done.wait, abandon_on_cancel=True)
             if done in self._stale:
                 self._stale.remove(done)
@@ -729,14 +729,14 @@ class Executor:
     def _invisible_holders(self, by_kind: dict[str, list[int]]) -> list[Any]:
         """Device memory in use that no visible process holds (:func:`invisible_holders`)."""
         from perflab.hardware import probe
-        from perflab.lab.integrity import invisible_holders
+        from perflab.lab.store.integrity import invisible_holders
 
         return invisible_holders(self.ctx.hardware.accelerators, probe(self.ctx.pm, self.ctx.env).accelerators, by_kind)
 
     def _refuse_too_long(self, rec: RunRecord, config: Configuration, profiles: Sequence[Profile]) -> list[Profile]:
         """Refuse (as unsupported measurements, with the reason) the profiles whose prompt +
         output exceed the configuration's context limit; return the others."""
-        from perflab.lab.preflight import model_context, too_long
+        from perflab.lab.run.preflight import model_context, too_long
 
         model = config.serve_config().model
         ctx_len = model_context(model, simulated=self.ctx.simulated, env=self.ctx.env)
@@ -767,7 +767,7 @@ class Executor:
     async def _machine_ready(self, config: Configuration, device_sets: list[tuple[int, ...]] | None, label: str) -> None:
         """Wait (timeouts.device_wait_s) until no other process holds the devices or the fixed
         port this launch needs; else raise MachineNotReady naming the holders."""
-        from perflab.lab.integrity import device_holders, wait_until_ready
+        from perflab.lab.store.integrity import device_holders, wait_until_ready
 
         by_kind = self._devices_by_kind(config, device_sets)
         port = config.serve_config().port
@@ -839,7 +839,7 @@ class Executor:
         stored as the measurement :data:`ACCURACY_PROFILE`. The endpoint failing is this run's
         failure, as a benchmark's would be; the engine dying ends the run crashed."""
         from perflab.accuracy.harness import AccuracyUnavailable
-        from perflab.errors import UsageError
+        from perflab.contract.errors import UsageError
         from perflab.lab import accuracy as acc
 
         inst = instances[0]

@@ -5,7 +5,7 @@ results in the study's Store), ``vllm bench serve
 --save-result`` JSON files (perflab's ``bench --save-result`` writes the same), and Markdown
 study pages in the seeds' format (their "Serving Benchmark Result" blocks, parsed by
 :func:`perflab.bench.result.result_blocks_at`, and their tables with ``(+x%)`` changes), and
-applies :data:`perflab.audit.rules.RULES` to each result and table row. Every report perflab
+applies :data:`perflab.lab.report.audit.rules.RULES` to each result and table row. Every report perflab
 writes is audited the same way before it is written (:func:`audit_report`).
 """
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perflab.audit.rules import RULE_NAMES, RULES, ResultView, check_result, check_table_row
-from perflab.errors import UsageError
+from perflab.contract.errors import UsageError
+from perflab.lab.report.audit.rules import RULE_NAMES, RULES, ResultView, check_result, check_table_row
 
 __all__ = ["RULES", "RULE_NAMES", "Audit", "Finding", "audit_paths", "audit_report", "audit_written_report", "markdown_section"]
 
@@ -258,8 +258,8 @@ def audit_store(path: Path) -> Audit:
     import anyio
 
     from perflab.lab.report import build_json, render_markdown, report_context
+    from perflab.lab.report.stored import stored_outcome
     from perflab.lab.store import Store
-    from perflab.lab.stored import stored_outcome
 
     store = Store.open_existing(path)  # a one-line UsageError when it is no study
     try:
