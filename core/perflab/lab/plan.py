@@ -27,10 +27,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from perflab import redact
-from perflab.bench.request import MAX_NUM_PROMPTS
 from perflab.contract.errors import UsageError
+from perflab.lab import plan_schema as schema
 from perflab.lab.accuracy import (
-    ACCURACY_KEYS,
     ACCURACY_PROFILE,
     APIS,
     NEVER_LOSSLESS,
@@ -38,46 +37,30 @@ from perflab.lab.accuracy import (
     AccuracySpec,
     is_lossless,
 )
-from perflab.lab.decide import SLO_KEYS, DecideBy, Decision, Guards, LoadKind, Slo, is_latency_metric
-from perflab.lab.options import PLAN_OPTIONS, Configuration, apply_delta, normalise
-from perflab.observe.energy import COST_KEYS, DEFAULT_CURRENCY, Cost
+from perflab.lab.decide import DecideBy, Decision, Guards, LoadKind, Slo, is_latency_metric
+from perflab.lab.options import PLAN_OPTIONS, Configuration, PlanServe, apply_delta, normalise
+from perflab.lab.plan_schema import BACKENDS, COMBINATION_BASES, DATASETS, DEFAULT_OBJECTIVE, LIMITS
+from perflab.observe.energy import DEFAULT_CURRENCY, Cost
 
 if TYPE_CHECKING:
     from perflab.bench.request import BenchRequest
 
-DEFAULT_OBJECTIVE = "Achieve high throughput under high-concurrency request scenarios."
 WINNER = "winner"  # in an `engines:` list: the engine of the current best configuration
 
-TOP_KEYS = (
-    "version", "name", "title", "objective", "model", "hardware", "engines", "serve", "engine_serve",
-    "baseline", "candidates", "combinations", "profiles", "main_profile", "min_success_rate",
-    "min_improvement_pct", "timeouts", "simulation", "notes",
-    # how the study decides (perflab.lab.decide)
-    "decide_by", "slo", "search", "repeats", "warmup", "early_stop", "guards",
-    # what an accelerator-hour costs: cost per million output tokens (perflab.observe.energy)
-    "cost",
-    # the accuracy gate: task score and agreement of every configuration (perflab.lab.accuracy)
-    "accuracy",
-)
-MODEL_KEYS = ("id", "path", "name", "metadata")
-BASELINE_KEYS = ("engine", "serve", "label")
-CANDIDATE_KEYS = ("name", "engines", "variants", "set", "engine_set", "description")
-COMBINATION_KEYS = ("name", "engines", "variants", "of", "set", "engine_set", "base", "description")
-VARIANT_KEYS = ("name", "set", "engine_set", "engines", "of")
-PROFILE_KEYS = (
-    "label", "dataset", "dataset_path", "input_len", "output_len", "num_prompts", "request_rate",
-    "max_concurrency", "seed", "backend", "endpoint", "burstiness", "range_ratio", "sweep",
-    # workloads that show caching (perflab.bench.datasets): a shared prefix, conversations
-    "prefix_len", "num_prefixes", "turns",
-)
-TIMEOUT_KEYS = ("startup_s", "benchmark_s", "teardown_s", "stall_s", "device_wait_s")
-SIMULATION_KEYS = ("time_scale", "engine_versions")
-# perflab.bench's datasets: "synthetic-sharegpt" is ShareGPT-like conversations generated
-# locally (no dataset file needed), for studies where the real ShareGPT file is not at hand
-# locally; "prefix-repetition" (num_prefixes shared prefixes of prefix_len tokens, each
-# followed by input_len tokens of its own) and "multi-turn" (conversations of `turns` turns,
-# each prompt the conversation so far) show what prefix caching does
-DATASETS = ("random", "sharegpt", "synthetic-sharegpt", "prefix-repetition", "multi-turn")
+# Each section's keys, as the plan schema declares them (perflab.lab.plan_schema)
+TOP_KEYS = schema.keys(schema.PlanDocument)
+MODEL_KEYS = schema.keys(schema.ModelSection)
+BASELINE_KEYS = schema.keys(schema.Baseline)
+CANDIDATE_KEYS = schema.keys(schema.Candidate)
+COMBINATION_KEYS = schema.keys(schema.Combination)
+VARIANT_KEYS = schema.keys(schema.CombinationVariant)  # a candidate's variants: all but "of"
+CANDIDATE_VARIANT_KEYS = schema.keys(schema.Variant)
+PROFILE_KEYS = schema.keys(schema.Profile)
+TIMEOUT_KEYS = schema.keys(schema.Timeouts)
+SIMULATION_KEYS = schema.keys(schema.Simulation)
+SLO_SECTION_KEYS = schema.keys(schema.Slo)
+COST_SECTION_KEYS = schema.keys(schema.Cost)
+ACCURACY_SECTION_KEYS = schema.keys(schema.Accuracy)
 # the profile keys each dataset needs (input_len: the prompt's own tokens after a shared prefix,
 # or each new user message of a conversation)
 DATASET_NEEDS: Mapping[str, tuple[str, ...]] = {
@@ -89,35 +72,6 @@ DATASET_NEEDS: Mapping[str, tuple[str, ...]] = {
 DATASET_ONLY: Mapping[str, tuple[str, ...]] = {
     "prefix_len": ("random", "prefix-repetition"), "num_prefixes": ("prefix-repetition",), "turns": ("multi-turn",),
 }
-BACKENDS = ("openai-chat", "openai")
-#: The largest value each number of a plan may take, declared once (docs/plan-reference.md
-#: states them). Past these a number is a typo, not a study (``num_prompts: 1000000000000``
-#: used to launch an engine and then fail its benchmark): refused when the plan is read.
-LIMITS: Mapping[str, float] = MappingProxyType({
-    # a profile's workload
-    "num_prompts": MAX_NUM_PROMPTS,  # the benchmark's own limit (perflab bench --num-prompts)
-    "input_len": 10_000_000, "output_len": 10_000_000, "prefix_len": 10_000_000,  # tokens
-    "max_concurrency": 1_000_000,
-    "num_prefixes": 1_000_000,
-    "turns": 10_000,
-    "request_rate": 1_000_000.0,  # requests per second ('inf': every request at once)
-    "burstiness": 1_000.0,
-    "seed": 2**63 - 1,  # and at least -2**63: what SQLite and JSON readers hold
-    "sweep": 100,  # load points of one curve
-    # how the study runs and decides
-    "repeats": 100,
-    "warmup": 1_000_000,
-    "timeout_s": 7 * 24 * 3600.0,  # every timeouts.* key: a week
-    "slo_ms": 24 * 3600 * 1000.0,  # every slo limit: a day
-    "min_improvement_pct": 10_000.0,
-    "time_scale": 10_000.0,
-    "per_accelerator_hour": 1_000_000.0,
-    # the accuracy gate (accuracy:)
-    "accuracy_limit": 1_000_000,  # items of the task
-    "accuracy_concurrency": 10_000,  # the task's requests in flight
-    "accuracy_points": 100.0,  # max_drop and agreement_margin: points of a 0..100 score
-})
-COMBINATION_BASES = ("best", "engine-defaults")
 
 
 # --------------------------------------------------------------------------- the plan
@@ -140,18 +94,18 @@ class Profile:
 
     name: str
     label: str
-    dataset: str = "random"
+    dataset: str = schema.default(schema.Profile, "dataset")
     dataset_path: str | None = None
     input_len: int | None = None
     output_len: int | None = None
-    num_prompts: int = 1000
-    request_rate: float = math.inf
+    num_prompts: int = schema.default(schema.Profile, "num_prompts")
+    request_rate: float = float(schema.default(schema.Profile, "request_rate"))  # "inf"
     max_concurrency: int | None = None
-    seed: int = 42
-    backend: str = "openai-chat"
+    seed: int = schema.default(schema.Profile, "seed")
+    backend: str = schema.default(schema.Profile, "backend")
     endpoint: str | None = None
-    burstiness: float = 1.0
-    range_ratio: float = 0.0
+    burstiness: float = schema.default(schema.Profile, "burstiness")
+    range_ratio: float = schema.default(schema.Profile, "range_ratio")
     sweep: Sweep | None = None  # a load curve instead of one load point
     prefix_len: int | None = None  # shared prefix tokens (random: one for all; prefix-repetition: each prefix)
     num_prefixes: int | None = None  # prefix-repetition: distinct shared prefixes (default 10)
@@ -279,12 +233,12 @@ class Baseline:
 @dataclass(frozen=True)
 class Timeouts:
     startup_s: float | None = None  # None: the engine plugin's own readiness timeout
-    benchmark_s: float = 7200.0
+    benchmark_s: float = schema.default(schema.Timeouts, "benchmark_s")
     teardown_s: float | None = None  # grace between SIGTERM and SIGKILL; None: the supervisor's
     stall_s: float | None = None  # no token on any open stream this long (engine time): stalled; None: the bench's 60
     # how long a launch waits for its devices (memory, fixed ports) to be free of other
     # processes before the study stops as "machine not ready" (perflab.lab.store.integrity)
-    device_wait_s: float = 60.0
+    device_wait_s: float = schema.default(schema.Timeouts, "device_wait_s")
 
 
 @dataclass(frozen=True)
@@ -295,19 +249,19 @@ class Plan:
     profiles: tuple[Profile, ...]
     main_profile: str
     baseline: Baseline
+    serve: PlanServe  # what every configuration starts from: the model and the plan's serve options
     path: Path | None = None
     text: str = ""
     title: str | None = None
     objective: str = DEFAULT_OBJECTIVE
     model_name: str | None = None
     model_metadata: Mapping[str, Any] = field(default_factory=dict)
-    hardware: str = "auto"
-    serve: Mapping[str, Any] = field(default_factory=dict)
+    hardware: str = schema.default(schema.PlanDocument, "hardware")
     engine_serve: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     candidates: tuple[Candidate, ...] = ()
     combinations: tuple[Candidate, ...] = ()
-    min_success_rate: float = 0.9
-    min_improvement_pct: float = 0.0
+    min_success_rate: float = schema.default(schema.PlanDocument, "min_success_rate")
+    min_improvement_pct: float = schema.default(schema.PlanDocument, "min_improvement_pct")
     timeouts: Timeouts = Timeouts()
     time_scale: float = 1.0
     notes: tuple[str, ...] = ()
@@ -331,7 +285,7 @@ class Plan:
 
     def engine_defaults(self, engine: str) -> Configuration:
         """An engine "on defaults": the model plus the plan's common and per-engine options."""
-        opts = apply_delta({"model": self.model}, self.serve)
+        opts = self.serve.plan_options()
         opts = apply_delta(opts, self.engine_serve.get(engine, {}))
         return Configuration(engine, opts)
 
@@ -685,7 +639,7 @@ def _variant(p: _Problems, key: str, value: Any, known: set[str] | None, combina
     data = _mapping(p, key, value, "a mapping with name and set")
     if data is None:
         return None
-    _unknown_keys(p, key, data, VARIANT_KEYS if combination else tuple(k for k in VARIANT_KEYS if k != "of"))
+    _unknown_keys(p, key, data, VARIANT_KEYS if combination else CANDIDATE_VARIANT_KEYS)
     name = data.get("name", default_name)
     if _str(p, f"{key}.name", name) is _BAD:
         name = default_name
@@ -882,7 +836,7 @@ def _cost(p: _Problems, raw: Any) -> Cost | None:
     c = _mapping(p, "cost", raw, "a mapping such as {per_accelerator_hour: 2.50, currency: USD}")
     if c is None:
         return None
-    _unknown_keys(p, "cost", c, COST_KEYS)
+    _unknown_keys(p, "cost", c, COST_SECTION_KEYS)
     if "per_accelerator_hour" not in c:
         p.add("cost.per_accelerator_hour", "missing; expected the price of one accelerator for one hour, e.g. 2.50")
         return None
@@ -906,7 +860,7 @@ def _accuracy(p: _Problems, raw: Any, check_available: bool, base_dir: Path | No
     a = _mapping(p, "accuracy", raw, "a mapping such as {task: perflab_arith, max_drop: 1.0, agreement: true}")
     if a is None:
         return None
-    _unknown_keys(p, "accuracy", a, ACCURACY_KEYS)
+    _unknown_keys(p, "accuracy", a, ACCURACY_SECTION_KEYS)
     kw: dict[str, Any] = {}
     ok = True
     if "task" in a:
@@ -1039,9 +993,9 @@ def _decision(p: _Problems, data: Mapping[str, Any]) -> Decision:
         kw["decide_by"] = DecideBy(raw)
     slo = _mapping(p, "slo", data.get("slo"), "a mapping such as {tpot_ms: 50, percentile: 99}")
     if slo is not None:
-        _unknown_keys(p, "slo", slo, SLO_KEYS)
+        _unknown_keys(p, "slo", slo, SLO_SECTION_KEYS)
         limits: dict[str, Any] = {}
-        for name in SLO_KEYS:
+        for name in SLO_SECTION_KEYS:
             if name not in slo:
                 continue
             if name == "percentile":
@@ -1052,7 +1006,7 @@ def _decision(p: _Problems, data: Mapping[str, Any]) -> Decision:
             if v is not _BAD:
                 limits[name] = float(v)
         kw["slo"] = Slo(**limits)
-        if not kw["slo"] and not any(k in slo for k in SLO_KEYS if k != "percentile"):
+        if not kw["slo"] and not any(k in slo for k in SLO_SECTION_KEYS if k != "percentile"):
             p.add("slo", "expected at least one limit: ttft_ms, tpot_ms or e2el_ms")
     decide_by = kw.get("decide_by")
     if decide_by is not None and decide_by.needs_slo and slo is None:
@@ -1155,7 +1109,7 @@ def parse_plan(
         p.add("version", f"expected 1, got {_show(data['version'])}")
 
     model_id, model_name, metadata = _model(p, data.get("model"), base_dir, check_files)
-    hardware = data.get("hardware", "auto")
+    hardware = data.get("hardware", schema.default(schema.PlanDocument, "hardware"))
     if not isinstance(hardware, str) or not (hardware == "auto" or (hardware.startswith("sim:") and len(hardware) > 4)):
         p.add("hardware", f"expected 'auto' or 'sim:NAME' (e.g. sim:a100-80g-x8), got {_show(hardware)}")
     engines = _engine_list(p, "engines", data.get("engines"), known, allow_winner=False)
@@ -1171,9 +1125,9 @@ def parse_plan(
     _check_combination_refs(p, candidates, combinations)
     profiles = _profiles(p, data.get("profiles"), base_dir, check_files)
     main_profile = _main_profile(p, data, profiles)
-    min_success = _number(p, "min_success_rate", _fraction_or_percent(data.get("min_success_rate", 0.9)),
+    min_success = _number(p, "min_success_rate", _fraction_or_percent(data.get("min_success_rate", Plan.min_success_rate)),
                           "a fraction in [0, 1] such as 0.9 (or '90%')", 0.0, 1.0)
-    min_improvement = _number(p, "min_improvement_pct", data.get("min_improvement_pct", 0.0),
+    min_improvement = _number(p, "min_improvement_pct", data.get("min_improvement_pct", Plan.min_improvement_pct),
                               f"a non-negative percentage of at most {_limit('min_improvement_pct')}", 0.0,
                               LIMITS["min_improvement_pct"])
     timeouts = _timeouts(p, data.get("timeouts"))
@@ -1214,7 +1168,7 @@ def parse_plan(
         model_name=model_name,
         model_metadata=MappingProxyType(dict(metadata)),
         hardware=hardware,
-        serve=MappingProxyType(serve),
+        serve=PlanServe.from_plan(model_id, serve),
         engine_serve=MappingProxyType({k: MappingProxyType(v) for k, v in engine_serve.items()}),
         candidates=tuple(candidates),
         combinations=tuple(combinations),
