@@ -14,6 +14,7 @@ schema): :data:`LIMITS` is collected from the schema, so a limit is written once
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
@@ -31,7 +32,7 @@ from perflab.lab.decide import Slo as SloLimits
 from perflab.lab.options import PLAN_OPTIONS
 from perflab.observe.energy import DEFAULT_CURRENCY
 
-__all__ = ["DATASETS", "DEFAULT_OBJECTIVE", "LIMITS", "SCHEMA_ID", "PlanDocument", "default", "json_schema", "keys"]
+__all__ = ["DATASETS", "DEFAULT_OBJECTIVE", "LIMITS", "PlanDocument", "default", "json_schema", "keys", "schema_text"]
 
 DEFAULT_OBJECTIVE = "Achieve high throughput under high-concurrency request scenarios."
 # perflab.bench's datasets: "synthetic-sharegpt" is ShareGPT-like conversations generated
@@ -41,7 +42,6 @@ DEFAULT_OBJECTIVE = "Achieve high throughput under high-concurrency request scen
 DATASETS = ("random", "sharegpt", "synthetic-sharegpt", "prefix-repetition", "multi-turn")
 BACKENDS = ("openai-chat", "openai")
 COMBINATION_BASES = ("best", "engine-defaults")
-SCHEMA_ID = "https://perflab.dev/schemas/plan.schema.json"
 
 _LIMIT_KEY = "x-perflab-limit"
 _WEEK_S = 7 * 24 * 3600.0
@@ -367,7 +367,12 @@ def default(model: type[BaseModel], key: str) -> Any:
 def json_schema() -> dict[str, Any]:
     """The plan document as JSON Schema (draft 2020-12), for editors and validators."""
     schema = PlanDocument.model_json_schema()
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID, **schema}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+def schema_text() -> str:
+    """:func:`json_schema` as the file ``perflab plan schema`` writes (docs/plan.schema.json)."""
+    return json.dumps(json_schema(), indent=2) + "\n"
 
 
 def _limits_in(node: Any) -> Iterator[tuple[str, float]]:
