@@ -14,12 +14,11 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from test_plan_types import FULL, FULL_BY_PATH, KNOWN, _key_text, _set
 
 from perflab.contract.errors import UsageError
 from perflab.lab.plan import parse_plan
 from perflab.lab.plan_schema import json_schema, schema_text
-
-from test_plan_types import FULL, FULL_BY_PATH, KNOWN, _key_text, _set
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json_schema()
