@@ -1,11 +1,16 @@
 """Plan files: what a study compares, on what, with which workloads.
 
-One schema, documented in ``docs/plan-reference.md``, read from YAML (``.yaml``/``.yml``) or
-TOML (``.toml``). :func:`load_plan` checks the whole file and reports every problem at once,
+One schema, declared in :mod:`perflab.lab.plan_schema` (each section's keys, limits and defaults
+come from there) and documented in ``docs/plan-reference.md``, read from YAML (``.yaml``/``.yml``)
+or TOML (``.toml``). :func:`load_plan` checks the whole file and reports every problem at once,
 each with its key and what was expected, as one :class:`~perflab.contract.errors.UsageError` line:
 
     plan.yaml: 2 problems: engines[1]: unknown engine 'foo' (expected one of: sglang, trtllm,
     vllm); profiles.short.num_prompts: expected a positive integer, got 'many'
+
+The checks of values here are written by hand, to say what was expected in words (and the
+lower bounds with them); what no schema can state is checked here only: engines that are
+installed, files that exist, references between sections, what each dataset needs.
 """
 
 from __future__ import annotations
