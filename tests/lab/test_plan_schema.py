@@ -198,6 +198,35 @@ def test_the_schema_states_the_limits_the_parser_enforces() -> None:
     assert named == set(LIMITS)
 
 
+@pytest.mark.parametrize(("path", "ok", "bad"), [
+    (("timeouts", "device_wait_s"), 0, -1),
+    (("timeouts", "benchmark_s"), 0.5, 0),
+    (("simulation", "time_scale"), 1, 0.99),
+    (("profiles", "short", "range_ratio"), 0.0, 1.0),
+    (("profiles", "short", "burstiness"), 0.001, 0),
+    (("profiles", "short", "seed"), -(2**63), -(2**63) - 1),
+    (("profiles", "curve", "sweep", "max_concurrency"), [1, 1_000_000], [0, 4]),
+    (("slo", "percentile"), 100, 0),
+    (("min_success_rate",), "100%", 1.01),
+    (("min_improvement_pct",), 0, -0.5),
+    (("warmup",), 0, -1),
+    (("cost", "currency"), "eur", "USD\n"),
+    (("accuracy", "max_drop"), 0, -1),
+    (("guards", "latency_regression_pct"), 0, -1),
+    (("profiles", "short", "request_rate"), 0.5, float("nan")),
+    (("timeouts", "stall_s"), 1, float("nan")),
+], ids=lambda v: _key_text(v) if isinstance(v, tuple) else None)
+def test_the_parser_takes_its_bounds_from_the_schema(path: tuple[Any, ...], ok: Any, bad: Any) -> None:
+    """The parser asks the schema's models whether a number is within bounds: the same bound on
+    both sides of the line, and in the JSON Schema editors read."""
+    parse_plan(_set(FULL, path, ok), known_engines=KNOWN, check_files=False)
+    with pytest.raises(UsageError, match=re.escape(_key_text(path))):
+        parse_plan(_set(FULL, path, bad), known_engines=KNOWN, check_files=False)
+    if bad == bad:  # JSON has no NaN
+        assert _errors(_set(FULL, path, bad))
+    assert not _errors(_set(FULL, path, ok))
+
+
 def _walk(node: Any) -> list[dict[str, Any]]:
     if isinstance(node, dict):
         return [node, *(n for v in node.values() for n in _walk(v))]

@@ -48,6 +48,8 @@ from perflab.lab.plan_schema import BACKENDS, COMBINATION_BASES, DATASETS, DEFAU
 from perflab.observe.energy import DEFAULT_CURRENCY, Cost
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from perflab.bench.request import BenchRequest
 
 WINNER = "winner"  # in an `engines:` list: the engine of the current best configuration
@@ -376,23 +378,29 @@ def _str(p: _Problems, key: str, value: Any, what: str = "a string") -> Any:
     return _expected(p, key, value, what)
 
 
-def _pos_int(p: _Problems, key: str, value: Any, what: str = "a positive integer", limit: str | None = None) -> Any:
-    """A positive integer; ``limit``: its LIMITS entry, the largest it may be."""
-    hi = LIMITS[limit] if limit is not None else math.inf
+# a section's model and one of its keys: the type and bounds the schema declares for it
+Declared = tuple[type["BaseModel"], str]
+
+
+def _pos_int(p: _Problems, key: str, value: Any, what: str = "a positive integer",
+             declared: Declared | None = None) -> Any:
+    """A positive integer, within the bounds ``declared`` in the schema (its limit the largest it may be)."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        if value <= hi:
+        if declared is None or schema.fits(*declared, value):
             return value
-        what = f"{what} of at most {_limit(limit or '')}"
+        what = f"{what} of at most {_limit(schema.limit_of(*declared))}"
     return _expected(p, key, value, what)
 
 
-def _number(p: _Problems, key: str, value: Any, what: str, lo: float | None = None, hi: float | None = None,
-            lo_open: bool = False) -> Any:
+def _number(p: _Problems, key: str, value: Any, what: str, declared: Declared | None = None,
+            lo: float | None = None, lo_open: bool = False) -> Any:
+    """A number within the bounds ``declared`` in the schema (or, for a key whose name the
+    schema does not fix, at least ``lo``); ``what`` says them in words."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    if ok and declared is not None:
+        ok = schema.fits(*declared, value)
     if ok and lo is not None:
         ok = value > lo if lo_open else value >= lo
-    if ok and hi is not None:
-        ok = value <= hi
     return float(value) if ok else _expected(p, key, value, what)
 
 
@@ -401,7 +409,8 @@ def _bool(p: _Problems, key: str, value: Any, what: str) -> Any:
 
 
 def _fraction(p: _Problems, key: str, value: Any, what: str) -> Any:
-    return _number(p, key, value, what, 0.0, 1.0, lo_open=True)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value <= 1.0
+    return float(value) if ok else _expected(p, key, value, what)
 
 
 def _port(p: _Problems, key: str, value: Any, what: str) -> Any:
@@ -556,16 +565,16 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
         kw["dataset"] = dataset
         for n in ("input_len", "output_len", "max_concurrency", "prefix_len", "num_prefixes", "turns"):
             if spec.get(n) is not None:
-                v = _pos_int(p, f"{key}.{n}", spec[n], limit=n)
+                v = _pos_int(p, f"{key}.{n}", spec[n], declared=(schema.Profile, n))
                 ok &= v is not _BAD
                 kw[n] = v
         if "num_prompts" in spec:
-            v = _pos_int(p, f"{key}.num_prompts", spec["num_prompts"], limit="num_prompts")
+            v = _pos_int(p, f"{key}.num_prompts", spec["num_prompts"], declared=(schema.Profile, "num_prompts"))
             ok &= v is not _BAD
             kw["num_prompts"] = v
         if "seed" in spec:
             v = spec["seed"]
-            if not isinstance(v, int) or isinstance(v, bool) or not -LIMITS["seed"] - 1 <= v <= LIMITS["seed"]:
+            if not isinstance(v, int) or isinstance(v, bool) or not schema.fits(schema.Profile, "seed", v):
                 p.add(f"{key}.seed", f"expected a 64-bit integer, got {_typename(v)} {_show(v)}")
                 ok = False
             kw["seed"] = v
@@ -577,17 +586,16 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
                 kw["request_rate"] = math.inf
             else:
                 r = _number(p, f"{key}.request_rate", v, "a positive number of requests per second (at most "
-                            f"{_limit('request_rate')}) or 'inf'", 0.0, hi=LIMITS["request_rate"],
-                            lo_open=True)
+                            f"{_limit('request_rate')}) or 'inf'", (schema.Profile, "request_rate"))
                 ok &= r is not _BAD
                 kw["request_rate"] = r
         if "burstiness" in spec:
             r = _number(p, f"{key}.burstiness", spec["burstiness"], f"a positive number of at most {_limit('burstiness')}",
-                        0.0, LIMITS["burstiness"], lo_open=True)
+                        (schema.Profile, "burstiness"))
             ok &= r is not _BAD
             kw["burstiness"] = r
         if "range_ratio" in spec:
-            r = _number(p, f"{key}.range_ratio", spec["range_ratio"], "a number in [0, 1)", 0.0, 0.999999)
+            r = _number(p, f"{key}.range_ratio", spec["range_ratio"], "a number in [0, 1)", (schema.Profile, "range_ratio"))
             ok &= r is not _BAD
             kw["range_ratio"] = r
         if "backend" in spec:
@@ -817,8 +825,7 @@ def _timeouts(p: _Problems, raw: Any) -> Timeouts:
         if k in t:
             zero_ok = k == "device_wait_s"  # 0: do not wait, stop at once
             v = _number(p, f"timeouts.{k}", t[k], ("a non-negative number of seconds" if zero_ok else
-                        "a positive number of seconds") + f" of at most {_limit('timeout_s')}", 0.0, LIMITS["timeout_s"],
-                        lo_open=not zero_ok)
+                        "a positive number of seconds") + f" of at most {_limit('timeout_s')}", (schema.Timeouts, k))
             if v is not _BAD:
                 values[k] = v
     return Timeouts(**values)
@@ -832,7 +839,8 @@ def _time_scale(p: _Problems, raw: Any) -> float:
     if "time_scale" not in s:
         return 1.0
     v = _number(p, "simulation.time_scale", s["time_scale"],
-                f"a number from 1 to {_limit('time_scale')} (simulated seconds per real second)", 1.0, LIMITS["time_scale"])
+                f"a number from 1 to {_limit('time_scale')} (simulated seconds per real second)",
+                (schema.Simulation, "time_scale"))
     return 1.0 if v is _BAD else v
 
 
@@ -846,10 +854,10 @@ def _cost(p: _Problems, raw: Any) -> Cost | None:
         p.add("cost.per_accelerator_hour", "missing; expected the price of one accelerator for one hour, e.g. 2.50")
         return None
     price = _number(p, "cost.per_accelerator_hour", c["per_accelerator_hour"],
-                    f"a positive price per accelerator-hour of at most {_limit('per_accelerator_hour')}", 0.0,
-                    LIMITS["per_accelerator_hour"], lo_open=True)
+                    f"a positive price per accelerator-hour of at most {_limit('per_accelerator_hour')}",
+                    (schema.Cost, "per_accelerator_hour"))
     currency = c.get("currency", DEFAULT_CURRENCY)
-    if not isinstance(currency, str) or not re.fullmatch(r"[A-Za-z]{3}", currency):
+    if not isinstance(currency, str) or not schema.fits(schema.Cost, "currency", currency):
         p.add("cost.currency", f"expected a three-letter currency code such as USD or EUR, got {_show(currency)}")
         return None
     return None if price is _BAD else Cost(float(price), currency.upper())
@@ -876,15 +884,15 @@ def _accuracy(p: _Problems, raw: Any, check_available: bool, base_dir: Path | No
             path = Path(v).expanduser()  # a task file: relative to the plan, as dataset_path is
             v = str(base_dir / path if not path.is_absolute() and base_dir is not None else path)
         kw["task"] = v
-    for key, limit in (("limit", "accuracy_limit"), ("concurrency", "accuracy_concurrency")):
+    for key in ("limit", "concurrency"):
         if a.get(key) is not None:
-            v = _pos_int(p, f"accuracy.{key}", a[key], limit=limit)
+            v = _pos_int(p, f"accuracy.{key}", a[key], declared=(schema.Accuracy, key))
             ok &= v is not _BAD
             kw[key] = v
     for key in ("max_drop", "agreement_margin"):
         if key in a:
-            v = _number(p, f"accuracy.{key}", a[key], f"a number of points from 0 to {_limit('accuracy_points')}", 0.0,
-                        LIMITS["accuracy_points"])
+            v = _number(p, f"accuracy.{key}", a[key], f"a number of points from 0 to {_limit('accuracy_points')}",
+                        (schema.Accuracy, key))
             ok &= v is not _BAD
             kw[key] = v
     if "agreement" in a:
@@ -898,7 +906,7 @@ def _accuracy(p: _Problems, raw: Any, check_available: bool, base_dir: Path | No
         kw["api"] = a["api"]
     if "timeout_s" in a:
         v = _number(p, "accuracy.timeout_s", a["timeout_s"], f"a positive number of seconds of at most {_limit('timeout_s')}",
-                    0.0, LIMITS["timeout_s"], lo_open=True)
+                    (schema.Accuracy, "timeout_s"))
         ok &= v is not _BAD
         kw["timeout_s"] = v
     if "lossless" in a:
@@ -978,9 +986,7 @@ def _sweep(p: _Problems, key: str, value: Any) -> Any:
     kind = LoadKind(name)
     integer = kind is LoadKind.MAX_CONCURRENCY
     what = f"positive {'integers' if integer else 'numbers'} of at most {_limit(str(kind))}"
-    ok = isinstance(loads, list) and 0 < len(loads) <= LIMITS["sweep"] and all(
-        isinstance(v, int if integer else (int, float)) and not isinstance(v, bool) and 0 < v <= LIMITS[str(kind)]
-        for v in loads)
+    ok = isinstance(loads, list) and schema.fits(schema.Sweep, name, loads)
     if not ok:
         return _expected(p, f"{key}.{name}", loads, f"a list of 1 to {_limit('sweep')} {what}")
     if any(b <= a for a, b in itertools.pairwise(loads)):
@@ -1004,10 +1010,10 @@ def _decision(p: _Problems, data: Mapping[str, Any]) -> Decision:
             if name not in slo:
                 continue
             if name == "percentile":
-                v = _number(p, "slo.percentile", slo[name], "a percentile in (0, 100]", 0.0, 100.0, lo_open=True)
+                v = _number(p, "slo.percentile", slo[name], "a percentile in (0, 100]", (schema.Slo, name))
             else:
                 v = _number(p, f"slo.{name}", slo[name], f"a positive number of milliseconds of at most {_limit('slo_ms')}",
-                            0.0, LIMITS["slo_ms"], lo_open=True)
+                            (schema.Slo, name))
             if v is not _BAD:
                 limits[name] = float(v)
         kw["slo"] = Slo(**limits)
@@ -1022,12 +1028,12 @@ def _decision(p: _Problems, data: Mapping[str, Any]) -> Decision:
         else:
             kw["search"] = LoadKind(data["search"])
     if "repeats" in data:
-        v = _pos_int(p, "repeats", data["repeats"], limit="repeats")
+        v = _pos_int(p, "repeats", data["repeats"], declared=(schema.PlanDocument, "repeats"))
         if v is not _BAD:
             kw["repeats"] = v
     if "warmup" in data:
         v = data["warmup"]
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= LIMITS["warmup"]:
+        if not isinstance(v, int) or isinstance(v, bool) or not schema.fits(schema.PlanDocument, "warmup", v):
             p.add("warmup", f"expected a number of requests (0 to {_limit('warmup')}), got {_typename(v)} {_show(v)}")
         else:
             kw["warmup"] = v
@@ -1050,7 +1056,8 @@ def _guards(p: _Problems, raw: Any) -> Guards:
     limits: list[tuple[str, float]] = []
     for key, value in g.items():
         if key == "latency_regression_pct":
-            v = _number(p, "guards.latency_regression_pct", value, "a non-negative percentage such as 10", 0.0)
+            v = _number(p, "guards.latency_regression_pct", value, "a non-negative percentage such as 10",
+                        (schema.Guards, "latency_regression_pct"))
             if v is not _BAD:
                 kw["latency_regression_pct"] = v
         elif key == "max_regression":
@@ -1061,12 +1068,12 @@ def _guards(p: _Problems, raw: Any) -> Guards:
                     p.add(f"guards.max_regression.{k}", f"unknown metric; expected {metric}")
                     continue
                 v = _number(p, f"guards.max_regression.{k}", frac,
-                            "a non-negative fraction of the baseline's figure such as 0.2 (20 %)", 0.0)
+                            "a non-negative fraction of the baseline's figure such as 0.2 (20 %)", lo=0.0)
                 if v is not _BAD:
                     pairs.append((k, v))
             kw["max_regression"] = tuple(pairs)
         elif is_latency_metric(key):
-            v = _number(p, f"guards.{key}", value, "a positive number of milliseconds", 0.0, lo_open=True)
+            v = _number(p, f"guards.{key}", value, "a positive number of milliseconds", lo=0.0, lo_open=True)
             if v is not _BAD:
                 limits.append((key, v))
         else:
@@ -1131,10 +1138,10 @@ def parse_plan(
     profiles = _profiles(p, data.get("profiles"), base_dir, check_files)
     main_profile = _main_profile(p, data, profiles)
     min_success = _number(p, "min_success_rate", _fraction_or_percent(data.get("min_success_rate", Plan.min_success_rate)),
-                          "a fraction in [0, 1] such as 0.9 (or '90%')", 0.0, 1.0)
+                          "a fraction in [0, 1] such as 0.9 (or '90%')", (schema.PlanDocument, "min_success_rate"))
     min_improvement = _number(p, "min_improvement_pct", data.get("min_improvement_pct", Plan.min_improvement_pct),
-                              f"a non-negative percentage of at most {_limit('min_improvement_pct')}", 0.0,
-                              LIMITS["min_improvement_pct"])
+                              f"a non-negative percentage of at most {_limit('min_improvement_pct')}",
+                              (schema.PlanDocument, "min_improvement_pct"))
     timeouts = _timeouts(p, data.get("timeouts"))
     decision = replace(_decision(p, data), guards=_guards(p, data.get("guards")))
     time_scale = _time_scale(p, data.get("simulation"))
@@ -1146,7 +1153,7 @@ def parse_plan(
     title = _optional_str(p, data, "title", None)
     objective = _optional_str(p, data, "objective", DEFAULT_OBJECTIVE)
     name = _optional_str(p, data, "name", None, "a short study name")
-    if isinstance(name, str) and not STUDY_NAME.fullmatch(name):
+    if isinstance(name, str) and not re.fullmatch(schema.STUDY_NAME, name):
         # the name becomes perflab-studies/<name>: no separator, no '..', nothing hidden
         p.add("name", f"expected a short study name of letters, digits, '.', '_' or '-' (no '/', no '..'), got {_show(name)}")
     notes = data.get("notes", [])
@@ -1189,7 +1196,6 @@ def parse_plan(
     )
 
 
-STUDY_NAME = re.compile(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # A plan is a few hundred nodes; a document whose aliases expand past this is an attack
 # ("billion laughs"), refused before anything walks the expanded tree.
 MAX_YAML_NODES = 100_000

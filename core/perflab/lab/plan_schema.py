@@ -14,13 +14,14 @@ schema): :data:`LIMITS` is collected from the schema, so a limit is written once
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic.config import JsonDict
 
 from perflab.accuracy.tasks import SHIPPED_TASK
@@ -32,7 +33,8 @@ from perflab.lab.decide import Slo as SloLimits
 from perflab.lab.options import PLAN_OPTIONS
 from perflab.observe.energy import DEFAULT_CURRENCY
 
-__all__ = ["DATASETS", "DEFAULT_OBJECTIVE", "LIMITS", "PlanDocument", "default", "json_schema", "keys", "schema_text"]
+__all__ = ["DATASETS", "DEFAULT_OBJECTIVE", "LIMITS", "STUDY_NAME", "PlanDocument", "default", "fits", "json_schema", "keys",
+           "limit_of", "schema_text"]
 
 DEFAULT_OBJECTIVE = "Achieve high throughput under high-concurrency request scenarios."
 # perflab.bench's datasets: "synthetic-sharegpt" is ShareGPT-like conversations generated
@@ -62,7 +64,7 @@ def _dc_default(cls: Any, name: str) -> Any:
 
 class _Section(BaseModel):
     # an unknown key is a problem (the parser's "unknown key (did you mean ...?)")
-    model_config = ConfigDict(extra="forbid", frozen=True, regex_engine="python-re")  # the study name's look-ahead
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 # --------------------------------------------------------------------------- serving options
@@ -305,16 +307,18 @@ class Accuracy(_Section):
                              description="The whole accuracy measurement of one configuration (seconds).")
 
 
-_STUDY_NAME = "^(?!.*\\.\\.)[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+#: a study name: it becomes perflab-studies/<name> (no separator, no '..', nothing hidden)
+STUDY_NAME = "^(?!.*\\.\\.)[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 
 
 class PlanDocument(_Section):
     """A perflab plan: what a study compares, on what, with which workloads (docs/plan-reference.md)."""
 
-    model_config = ConfigDict(title="perflab plan")
+    # the study name's pattern has a look-ahead, which pydantic's default regex engine lacks
+    model_config = ConfigDict(title="perflab plan", regex_engine="python-re")
 
     version: Literal[1] = Field(1, description="The plan format's version.")
-    name: str | None = Field(None, pattern=_STUDY_NAME,
+    name: str | None = Field(None, pattern=STUDY_NAME,
                              description="Study name: default directory perflab-studies/<name> (default: the file's stem).")
     title: Text | None = Field(None, description="The report's title.")
     objective: Text = Field(DEFAULT_OBJECTIVE, description="What the study optimizes, for the report.")
@@ -362,6 +366,29 @@ def keys(model: type[BaseModel]) -> tuple[str, ...]:
 def default(model: type[BaseModel], key: str) -> Any:
     """A key's declared default."""
     return model.model_fields[key].default
+
+
+@functools.cache
+def _adapter(model: type[BaseModel], key: str) -> TypeAdapter[Any]:
+    return TypeAdapter(model.model_fields[key].rebuild_annotation(), config=model.model_config)
+
+
+def fits(model: type[BaseModel], key: str, value: Any) -> bool:
+    """``value`` is of the key's declared type, within its declared bounds (pydantic, strict:
+    nothing is coerced, a boolean is no number)."""
+    try:
+        _adapter(model, key).validate_python(value, strict=True)
+    except ValidationError:
+        return False
+    return True
+
+
+def limit_of(model: type[BaseModel], key: str) -> str:
+    """The name of the documented limit a key's upper bound is (a :data:`LIMITS` key)."""
+    extra = model.model_fields[key].json_schema_extra
+    if not isinstance(extra, Mapping) or not isinstance(extra.get(_LIMIT_KEY), str):
+        raise KeyError(f"{model.__name__}.{key} declares no limit")
+    return str(extra[_LIMIT_KEY])
 
 
 def json_schema() -> dict[str, Any]:
