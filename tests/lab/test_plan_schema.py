@@ -210,7 +210,7 @@ def test_the_schema_states_the_limits_the_parser_enforces() -> None:
     (("min_success_rate",), "100%", 1.01),
     (("min_improvement_pct",), 0, -0.5),
     (("warmup",), 0, -1),
-    (("cost", "currency"), "eur", "USD\n"),
+    (("cost", "currency"), "eur", "US"),
     (("accuracy", "max_drop"), 0, -1),
     (("guards", "latency_regression_pct"), 0, -1),
     (("profiles", "short", "request_rate"), 0.5, float("nan")),
