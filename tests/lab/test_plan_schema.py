@@ -295,3 +295,13 @@ def test_configurations_are_composed_from_the_typed_serve_as_from_its_keys() -> 
             assert got == expected and got.key() == expected.key(), engine
     assert parse_plan(_set(FULL, ("serve",), {"prefix_caching": False}), known_engines=KNOWN,
                       check_files=False).engine_defaults("vllm").options["prefix_caching"] is False
+
+
+def test_the_study_frame_names_the_serve_options_set() -> None:
+    """A study's frame (what a resumed plan must keep) holds the options the plan sets, so a
+    refusal names them, not every field of a ServeConfig."""
+    from perflab.lab.store.integrity import plan_frame
+
+    doc = _set(FULL, ("serve",), {"tp": 2, "prefix_caching": False})
+    frame = plan_frame(parse_plan(doc, known_engines=KNOWN, check_files=False))
+    assert frame["serve"] == {"model": "Qwen/Qwen3-32B", "tp": 2, "prefix_caching": False}
