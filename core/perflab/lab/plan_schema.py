@@ -62,6 +62,11 @@ def _dc_default(cls: Any, name: str) -> Any:
     return f.default
 
 
+def _absent(description: str) -> Any:
+    """A key that may be left out (the parser gives its absence a meaning) but not be null."""
+    return Field(None, description=description)
+
+
 class _Section(BaseModel):
     # an unknown key is a problem (the parser's "unknown key (did you mean ...?)")
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -106,7 +111,7 @@ ServeDefaults = _options_model("ServeDefaults", "Serving options every configura
 EngineName = Annotated[str, Field(min_length=1, description="An engine name (perflab engines list), or winner in steps.")]
 Engines = Annotated[EngineName | Annotated[list[EngineName], Field(min_length=1)],
                     Field(description="One engine or a list of engines.")]
-EngineSet = Annotated[dict[str, ServeDelta], Field(description="Engine name -> serving options for that engine only.")]  # type: ignore[valid-type]
+EngineSet = Annotated[dict[str, ServeDelta | None], Field(description="Engine name -> serving options for that engine only.")]  # type: ignore[valid-type]
 Text = Annotated[str, Field(min_length=1)]
 
 
@@ -117,16 +122,16 @@ class ModelSection(_Section):
 
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["id"]}, {"required": ["path"]}]})
 
-    id: Text | None = Field(None, description="Model id (Hugging Face), e.g. Qwen/Qwen3-32B.")
-    path: Text | None = Field(None, description="Local model directory (relative to the plan file).")
-    name: Text | None = Field(None, description="Display name in the report.")
+    id: Text = _absent("Model id (Hugging Face), e.g. Qwen/Qwen3-32B.")
+    path: Text = _absent("Local model directory (relative to the plan file).")
+    name: Text = _absent("Display name in the report.")
     metadata: dict[str, Any] | None = Field(None, description="Free-form, listed under Model in the report.")
 
 
 class Baseline(_Section):
     """The configuration every candidate is first compared with."""
 
-    engine: EngineName | None = Field(None, description="Default: the first of engines.")
+    engine: EngineName = _absent("Default: the first of engines.")
     serve: ServeDelta | None = Field(None, description="Options on top of the engine's defaults.")  # type: ignore[valid-type]
     label: Text | None = Field(None, description="The baseline's name in the report.")
 
@@ -138,7 +143,7 @@ _ENGINE_SET = "Engine name -> serving options this variant changes on that engin
 class Variant(_Section):
     """One named delta on the serving options, tried against the current best."""
 
-    name: Text | None = Field(None, description="Default: the step's name and the variant's number.")
+    name: Text = _absent("Default: the step's name and the variant's number.")
     set: ServeDelta | None = Field(None, description=_SET)  # type: ignore[valid-type]
     engine_set: EngineSet | None = Field(None, description=_ENGINE_SET)
     engines: Engines | None = Field(None, description="The engines it applies to (default: the step's).")
@@ -147,7 +152,7 @@ class Variant(_Section):
 class CombinationVariant(Variant):
     """A variant of a combination: candidate variants applied together, and/or a set."""
 
-    of: list[str] | None = Field(None, description="Candidate variants to combine: 'Candidate/Variant' or 'Candidate'.")
+    of: list[str] = _absent("Candidate variants to combine: 'Candidate/Variant' or 'Candidate'.")
 
 
 class Candidate(_Section):
@@ -155,10 +160,10 @@ class Candidate(_Section):
 
     name: Text = Field(description="The step's name (unique).")
     engines: Engines | None = Field(None, description="Engines it is tried on (default: [winner]).")
-    variants: Annotated[list[Variant], Field(min_length=1)] | None = Field(None, description="Alternatives, each tried.")
+    variants: Annotated[list[Variant], Field(min_length=1)] = _absent("Alternatives, each tried.")
     set: ServeDelta | None = Field(None, description=_SET)  # type: ignore[valid-type]
     engine_set: EngineSet | None = Field(None, description=_ENGINE_SET)
-    description: str | None = Field(None, description="What the step tries, for the report.")
+    description: str = _absent("What the step tries, for the report.")
 
 
 class Combination(_Section):
@@ -166,14 +171,13 @@ class Combination(_Section):
 
     name: Text = Field(description="The step's name (unique).")
     engines: Engines | None = Field(None, description="Engines it is tried on (default: [winner]).")
-    variants: Annotated[list[CombinationVariant], Field(min_length=1)] | None = Field(
-        None, description="Alternatives, each tried.")
-    of: list[str] | None = Field(None, description="Candidate variants to combine: 'Candidate/Variant' or 'Candidate'.")
+    variants: Annotated[list[CombinationVariant], Field(min_length=1)] = _absent("Alternatives, each tried.")
+    of: list[str] = _absent("Candidate variants to combine: 'Candidate/Variant' or 'Candidate'.")
     set: ServeDelta | None = Field(None, description=_SET)  # type: ignore[valid-type]
     engine_set: EngineSet | None = Field(None, description=_ENGINE_SET)
     base: Literal[COMBINATION_BASES] = Field(  # type: ignore[valid-type]
         "best", description="What the combination is applied to: the current best, or each engine's defaults.")
-    description: str | None = Field(None, description="What the step tries, for the report.")
+    description: str = _absent("What the step tries, for the report.")
 
 
 _MAX_CONCURRENCY = 1_000_000
@@ -197,9 +201,9 @@ class Sweep(_Section):
 class Profile(_Section):
     """One benchmark workload."""
 
-    label: Text | None = Field(None, description="Display name (default: the profile's key).")
+    label: Text = _absent("Display name (default: the profile's key).")
     dataset: Literal[DATASETS] = Field("random", description="Where the prompts come from.")  # type: ignore[valid-type]
-    dataset_path: Text | None = Field(None, description="A local dataset file (sharegpt), relative to the plan.")
+    dataset_path: Text = _absent("A local dataset file (sharegpt), relative to the plan.")
     input_len: int | None = Field(None, gt=0, le=_TOKENS, json_schema_extra=_tag("input_len"), description="Prompt tokens.")
     output_len: int | None = Field(None, gt=0, le=_TOKENS, json_schema_extra=_tag("output_len"), description="Output tokens.")
     num_prompts: int = Field(1000, gt=0, le=MAX_NUM_PROMPTS, json_schema_extra=_tag("num_prompts"), description="Requests sent.")
@@ -209,11 +213,11 @@ class Profile(_Section):
                                         description="Requests in flight at most.")
     seed: int = Field(42, ge=-(2**63), le=2**63 - 1, json_schema_extra=_tag("seed"), description="The workload's random seed.")
     backend: Literal[BACKENDS] = Field("openai-chat", description="The API the bench speaks.")  # type: ignore[valid-type]
-    endpoint: Text | None = Field(None, description="A path such as /v1/chat/completions.")
+    endpoint: Text = _absent("A path such as /v1/chat/completions.")
     burstiness: float = Field(1.0, gt=0, le=1_000.0, json_schema_extra=_tag("burstiness"),
                               description="Arrival burstiness (1: Poisson), as vllm bench serve's.")
     range_ratio: float = Field(0.0, ge=0, lt=1, description="random: lengths vary by this fraction.")
-    sweep: Sweep | None = Field(None, description="A load curve instead of one load point.")
+    sweep: Sweep = _absent("A load curve instead of one load point.")
     prefix_len: int | None = Field(None, gt=0, le=_TOKENS, json_schema_extra=_tag("prefix_len"),
                                    description="Shared prefix tokens (random, prefix-repetition).")
     num_prefixes: int | None = Field(None, gt=0, le=1_000_000, json_schema_extra=_tag("num_prefixes"),
@@ -248,7 +252,7 @@ class Simulation(_Section):
 _SLO_MS = 24 * 3600 * 1000.0
 # the limits' keys are SLO_METRICS' (perflab.lab.decide), beside the percentile they apply at
 _SLO_FIELDS: dict[str, Any] = {
-    key: (float | None, Field(None, gt=0, le=_SLO_MS, json_schema_extra=_tag("slo_ms"),
+    key: (float, Field(None, gt=0, le=_SLO_MS, json_schema_extra=_tag("slo_ms"),
                               description=f"Limit on the {key[:-3]} (ms)."))
     for key in SLO_METRICS
 }
@@ -298,11 +302,11 @@ class Accuracy(_Section):
     agreement_margin: float = Field(_dc_default(AccuracySpec, "agreement_margin"), ge=0,
                                     le=_POINTS, json_schema_extra=_tag("accuracy_points"),
                                     description="Points of exact match below the reference's noise floor.")
-    concurrency: int = Field(_dc_default(AccuracySpec, "concurrency"), gt=0,
+    concurrency: int | None = Field(_dc_default(AccuracySpec, "concurrency"), gt=0,
                              le=10_000, json_schema_extra=_tag("accuracy_concurrency"), description="The task's requests in flight.")
     api: Literal[APIS] = Field(_dc_default(AccuracySpec, "api"), description="The API lm-eval uses.")  # type: ignore[valid-type]
-    lossless: list[Literal[tuple(PLAN_OPTIONS)]] | None = Field(  # type: ignore[valid-type]
-        None, description="Serving options declared lossless beside the built-in ones.")
+    lossless: list[Literal[tuple(PLAN_OPTIONS)]] = _absent(  # type: ignore[valid-type]
+        "Serving options declared lossless beside the built-in ones.")
     timeout_s: float = Field(_dc_default(AccuracySpec, "timeout_s"), gt=0, le=_WEEK_S, json_schema_extra=_tag("timeout_s"),
                              description="The whole accuracy measurement of one configuration (seconds).")
 
@@ -321,7 +325,7 @@ class PlanDocument(_Section):
     name: str | None = Field(None, pattern=STUDY_NAME,
                              description="Study name: default directory perflab-studies/<name> (default: the file's stem).")
     title: Text | None = Field(None, description="The report's title.")
-    objective: Text = Field(DEFAULT_OBJECTIVE, description="What the study optimizes, for the report.")
+    objective: Text | None = Field(DEFAULT_OBJECTIVE, description="What the study optimizes, for the report.")
     model: Text | ModelSection = Field(description="A model id such as Qwen/Qwen3-32B, or {id|path, name, metadata}.")
     hardware: str = Field("auto", pattern="^(auto|sim:.+)$", description="auto, or sim:NAME (the simulator's machines).")
     engines: Engines = Field(description="The engines compared on their defaults.")
@@ -338,7 +342,7 @@ class PlanDocument(_Section):
                                        description="A change is adopted if it improves the figure by more than this.")
     timeouts: Timeouts | None = None
     simulation: Simulation | None = None
-    notes: list[str] | None = Field(None, description="Listed in the report.")
+    notes: list[str] = _absent("Listed in the report.")
     decide_by: Literal[tuple(DecideBy)] = Field(  # type: ignore[valid-type]
         str(_dc_default(Decision, "decide_by")), description="What ranks configurations.")
     slo: Slo | None = None  # type: ignore[valid-type]
