@@ -174,6 +174,8 @@ def test_an_unknown_key_fails_the_schema(path: tuple[Any, ...]) -> None:
     (("name",), "../escape"),
     (("hardware",), "gpu"),
     (("notes",), "one note"),
+    (("profiles", "short", "label"), "   "),  # blank
+    (("serve", "reasoning_parser"), ""),
 ], ids=lambda v: _key_text(v) if isinstance(v, tuple) else None)
 def test_a_wrong_type_or_value_fails_the_schema_and_the_parser(path: tuple[Any, ...], value: Any) -> None:
     doc = _set(FULL, path, value)

@@ -46,6 +46,7 @@ BACKENDS = ("openai-chat", "openai")
 COMBINATION_BASES = ("best", "engine-defaults")
 
 _LIMIT_KEY = "x-perflab-limit"
+_NOT_BLANK = "\\S"  # a string the parser takes: not blank
 _WEEK_S = 7 * 24 * 3600.0
 _TOKENS = 10_000_000
 
@@ -78,7 +79,7 @@ def _option_type(opt: ServeOption) -> Any:
     """The JSON-Schema-able type of one serving option's value, by its declared kind."""
     scalar = str | int | float | bool | None
     types: dict[str, Any] = {
-        "str": Annotated[str, Field(min_length=1)],
+        "str": Annotated[str, Field(pattern=_NOT_BLANK)],
         "pos_int": Annotated[int, Field(gt=0)],
         "bool": bool,
         "fraction": Annotated[float, Field(gt=0, le=1)],
@@ -112,7 +113,7 @@ EngineName = Annotated[str, Field(min_length=1, description="An engine name (per
 Engines = Annotated[EngineName | Annotated[list[EngineName], Field(min_length=1)],
                     Field(description="One engine or a list of engines.")]
 EngineSet = Annotated[dict[str, ServeDelta | None], Field(description="Engine name -> serving options for that engine only.")]  # type: ignore[valid-type]
-Text = Annotated[str, Field(min_length=1)]
+Text = Annotated[str, Field(pattern=_NOT_BLANK)]
 
 
 # --------------------------------------------------------------------------- sections
