@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic.config import JsonDict
+from pydantic.json_schema import GenerateJsonSchema
 
 from perflab.accuracy.tasks import SHIPPED_TASK
 from perflab.bench.request import MAX_NUM_PROMPTS
@@ -396,9 +397,15 @@ def limit_of(model: type[BaseModel], key: str) -> str:
     return str(extra[_LIMIT_KEY])
 
 
+class _Generator(GenerateJsonSchema):
+    # a key's title would be its name respelled ("Input Len"): editors show the key and its description
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+
 def json_schema() -> dict[str, Any]:
     """The plan document as JSON Schema (draft 2020-12), for editors and validators."""
-    schema = PlanDocument.model_json_schema()
+    schema = PlanDocument.model_json_schema(schema_generator=_Generator)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
 
 
