@@ -8,9 +8,10 @@ each with its key and what was expected, as one :class:`~perflab.contract.errors
     plan.yaml: 2 problems: engines[1]: unknown engine 'foo' (expected one of: sglang, trtllm,
     vllm); profiles.short.num_prompts: expected a positive integer, got 'many'
 
-The checks of values here are written by hand, to say what was expected in words (and the
-lower bounds with them); what no schema can state is checked here only: engines that are
-installed, files that exist, references between sections, what each dataset needs.
+Each value is checked here, with a message that says in words what was expected; whether a
+number (a sweep, a currency) is within what the schema declares is pydantic's answer
+(:func:`perflab.lab.plan_schema.fits`). What no schema can state is checked here only: engines
+that are installed, files that exist, references between sections, what each dataset needs.
 """
 
 from __future__ import annotations

@@ -208,11 +208,13 @@ class Profile(_Section):
     dataset_path: Text = _absent("A local dataset file (sharegpt), relative to the plan.")
     input_len: int | None = Field(None, gt=0, le=_TOKENS, json_schema_extra=_tag("input_len"), description="Prompt tokens.")
     output_len: int | None = Field(None, gt=0, le=_TOKENS, json_schema_extra=_tag("output_len"), description="Output tokens.")
+    # at most the benchmark's own limit (perflab bench --num-prompts)
     num_prompts: int = Field(1000, gt=0, le=MAX_NUM_PROMPTS, json_schema_extra=_tag("num_prompts"), description="Requests sent.")
     request_rate: Annotated[float, Field(gt=0, le=_REQUEST_RATE)] | Annotated[str, Field(pattern=_INF)] = Field(
         "inf", json_schema_extra=_tag("request_rate"), description="Requests per second, or 'inf' (every request at once).")
     max_concurrency: int | None = Field(None, gt=0, le=_MAX_CONCURRENCY, json_schema_extra=_tag("max_concurrency"),
                                         description="Requests in flight at most.")
+    # a 64-bit integer: what SQLite and JSON readers hold
     seed: int = Field(42, ge=-(2**63), le=2**63 - 1, json_schema_extra=_tag("seed"), description="The workload's random seed.")
     backend: Literal[BACKENDS] = Field("openai-chat", description="The API the bench speaks.")  # type: ignore[valid-type]
     endpoint: Text = _absent("A path such as /v1/chat/completions.")
