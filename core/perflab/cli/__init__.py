@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("perflab.cli.audit_cmd:audit", "Check benchmark results, studies and study pages for internal consistency."),
     "demo": ("perflab.cli.lab_cmd:demo", "Reproduce a scaled-down seed study on the simulator."),
     "compare": ("perflab.cli.compare_cmd:compare", "Compare two studies of one plan: changed metrics, regressions, decisions."),
+    "plan": ("perflab.cli.plan_cmd:plan", "Plan files: their JSON Schema, for editors that complete and check them."),
     "plugin": ("perflab.cli.plugin_cmd:plugin", "Create a new engine plugin package."),
     "ps": ("perflab.cli.ps_cmd:ps", "List the engines perflab started that are still running."),
     "kill": ("perflab.cli.ps_cmd:kill", "Stop the engines of a study directory, or every orphaned engine."),

@@ -27,7 +27,7 @@ from typing import Any
 from perflab import redact
 from perflab.contract.types import ServeConfig, ServeOption, serve_options
 
-#: the lab-level options, declared like ServeConfig's but on no ServeConfig field
+#: the lab-level options, declared like ServeConfig's; each is a field of :class:`PlanServe`
 LAB_OPTIONS: tuple[ServeOption, ...] = (
     ServeOption(
         "pos_int", "N identical instances on disjoint device sets; the benchmark spreads requests over all of "
@@ -44,6 +44,28 @@ PLAN_OPTIONS: Mapping[str, ServeOption] = MappingProxyType(
 LOSSLESS_OPTIONS: frozenset[str] = frozenset(k for k, o in PLAN_OPTIONS.items() if o.lossless)
 # plan key -> ServeConfig field, for the options that are one (not replicas)
 _SERVE_FIELD = {o.plan_key: o.name for o in serve_options() if o.plan_key is not None}
+
+
+@dataclass(frozen=True)
+class PlanServe(ServeConfig):
+    """A plan's ``serve``: the ServeConfig every configuration starts from (its model is the
+    plan's), with the lab-level options (:data:`LAB_OPTIONS`) beside ServeConfig's.
+    ``None`` (and an empty collection) is the engine's default, as on ServeConfig."""
+
+    replicas: int | None = None
+
+    def plan_options(self) -> dict[str, Any]:
+        """plan key -> value of every option set, in the form a study composes deltas onto
+        (:func:`apply_delta`, :class:`Configuration`): the model included."""
+        values = {o.plan_key: getattr(self, o.name) for o in (*serve_options(), *LAB_OPTIONS) if o.plan_key is not None}
+        return {k: normalise(k, v) for k, v in values.items() if v is not None and v != () and v != {}}
+
+    @classmethod
+    def from_plan(cls, model: str, options: Mapping[str, Any]) -> PlanServe:
+        """The typed form of checked plan options (plan key -> normalised value; ``None``:
+        the engine's default, as when the key is absent)."""
+        kw = {_SERVE_FIELD.get(k, k): v for k, v in options.items() if v is not None and k != "model"}
+        return cls(model=model, **kw)
 
 
 def _flag_groups(args: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:

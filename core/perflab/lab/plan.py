@@ -1,11 +1,17 @@
 """Plan files: what a study compares, on what, with which workloads.
 
-One schema, documented in ``docs/plan-reference.md``, read from YAML (``.yaml``/``.yml``) or
-TOML (``.toml``). :func:`load_plan` checks the whole file and reports every problem at once,
+One schema, declared in :mod:`perflab.lab.plan_schema` (each section's keys, limits and defaults
+come from there) and documented in ``docs/plan-reference.md``, read from YAML (``.yaml``/``.yml``)
+or TOML (``.toml``). :func:`load_plan` checks the whole file and reports every problem at once,
 each with its key and what was expected, as one :class:`~perflab.contract.errors.UsageError` line:
 
     plan.yaml: 2 problems: engines[1]: unknown engine 'foo' (expected one of: sglang, trtllm,
     vllm); profiles.short.num_prompts: expected a positive integer, got 'many'
+
+Each value is checked here, with a message that says in words what was expected; whether a
+number (a sweep, a currency) is within what the schema declares is pydantic's answer
+(:func:`perflab.lab.plan_schema.fits`). What no schema can state is checked here only: engines
+that are installed, files that exist, references between sections, what each dataset needs.
 """
 
 from __future__ import annotations
@@ -27,10 +33,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from perflab import redact
-from perflab.bench.request import MAX_NUM_PROMPTS
 from perflab.contract.errors import UsageError
+from perflab.lab import plan_schema as schema
 from perflab.lab.accuracy import (
-    ACCURACY_KEYS,
     ACCURACY_PROFILE,
     APIS,
     NEVER_LOSSLESS,
@@ -38,46 +43,32 @@ from perflab.lab.accuracy import (
     AccuracySpec,
     is_lossless,
 )
-from perflab.lab.decide import SLO_KEYS, DecideBy, Decision, Guards, LoadKind, Slo, is_latency_metric
-from perflab.lab.options import PLAN_OPTIONS, Configuration, apply_delta, normalise
-from perflab.observe.energy import COST_KEYS, DEFAULT_CURRENCY, Cost
+from perflab.lab.decide import DecideBy, Decision, Guards, LoadKind, Slo, is_latency_metric
+from perflab.lab.options import PLAN_OPTIONS, Configuration, PlanServe, apply_delta, normalise
+from perflab.lab.plan_schema import BACKENDS, COMBINATION_BASES, DATASETS, DEFAULT_OBJECTIVE, LIMITS
+from perflab.observe.energy import DEFAULT_CURRENCY, Cost
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from perflab.bench.request import BenchRequest
 
-DEFAULT_OBJECTIVE = "Achieve high throughput under high-concurrency request scenarios."
 WINNER = "winner"  # in an `engines:` list: the engine of the current best configuration
 
-TOP_KEYS = (
-    "version", "name", "title", "objective", "model", "hardware", "engines", "serve", "engine_serve",
-    "baseline", "candidates", "combinations", "profiles", "main_profile", "min_success_rate",
-    "min_improvement_pct", "timeouts", "simulation", "notes",
-    # how the study decides (perflab.lab.decide)
-    "decide_by", "slo", "search", "repeats", "warmup", "early_stop", "guards",
-    # what an accelerator-hour costs: cost per million output tokens (perflab.observe.energy)
-    "cost",
-    # the accuracy gate: task score and agreement of every configuration (perflab.lab.accuracy)
-    "accuracy",
-)
-MODEL_KEYS = ("id", "path", "name", "metadata")
-BASELINE_KEYS = ("engine", "serve", "label")
-CANDIDATE_KEYS = ("name", "engines", "variants", "set", "engine_set", "description")
-COMBINATION_KEYS = ("name", "engines", "variants", "of", "set", "engine_set", "base", "description")
-VARIANT_KEYS = ("name", "set", "engine_set", "engines", "of")
-PROFILE_KEYS = (
-    "label", "dataset", "dataset_path", "input_len", "output_len", "num_prompts", "request_rate",
-    "max_concurrency", "seed", "backend", "endpoint", "burstiness", "range_ratio", "sweep",
-    # workloads that show caching (perflab.bench.datasets): a shared prefix, conversations
-    "prefix_len", "num_prefixes", "turns",
-)
-TIMEOUT_KEYS = ("startup_s", "benchmark_s", "teardown_s", "stall_s", "device_wait_s")
-SIMULATION_KEYS = ("time_scale", "engine_versions")
-# perflab.bench's datasets: "synthetic-sharegpt" is ShareGPT-like conversations generated
-# locally (no dataset file needed), for studies where the real ShareGPT file is not at hand
-# locally; "prefix-repetition" (num_prefixes shared prefixes of prefix_len tokens, each
-# followed by input_len tokens of its own) and "multi-turn" (conversations of `turns` turns,
-# each prompt the conversation so far) show what prefix caching does
-DATASETS = ("random", "sharegpt", "synthetic-sharegpt", "prefix-repetition", "multi-turn")
+# Each section's keys, as the plan schema declares them (perflab.lab.plan_schema)
+TOP_KEYS = schema.keys(schema.PlanDocument)
+MODEL_KEYS = schema.keys(schema.ModelSection)
+BASELINE_KEYS = schema.keys(schema.Baseline)
+CANDIDATE_KEYS = schema.keys(schema.Candidate)
+COMBINATION_KEYS = schema.keys(schema.Combination)
+VARIANT_KEYS = schema.keys(schema.CombinationVariant)  # a candidate's variants: all but "of"
+CANDIDATE_VARIANT_KEYS = schema.keys(schema.Variant)
+PROFILE_KEYS = schema.keys(schema.Profile)
+TIMEOUT_KEYS = schema.keys(schema.Timeouts)
+SIMULATION_KEYS = schema.keys(schema.Simulation)
+SLO_SECTION_KEYS = schema.keys(schema.Slo)
+COST_SECTION_KEYS = schema.keys(schema.Cost)
+ACCURACY_SECTION_KEYS = schema.keys(schema.Accuracy)
 # the profile keys each dataset needs (input_len: the prompt's own tokens after a shared prefix,
 # or each new user message of a conversation)
 DATASET_NEEDS: Mapping[str, tuple[str, ...]] = {
@@ -89,35 +80,6 @@ DATASET_NEEDS: Mapping[str, tuple[str, ...]] = {
 DATASET_ONLY: Mapping[str, tuple[str, ...]] = {
     "prefix_len": ("random", "prefix-repetition"), "num_prefixes": ("prefix-repetition",), "turns": ("multi-turn",),
 }
-BACKENDS = ("openai-chat", "openai")
-#: The largest value each number of a plan may take, declared once (docs/plan-reference.md
-#: states them). Past these a number is a typo, not a study (``num_prompts: 1000000000000``
-#: used to launch an engine and then fail its benchmark): refused when the plan is read.
-LIMITS: Mapping[str, float] = MappingProxyType({
-    # a profile's workload
-    "num_prompts": MAX_NUM_PROMPTS,  # the benchmark's own limit (perflab bench --num-prompts)
-    "input_len": 10_000_000, "output_len": 10_000_000, "prefix_len": 10_000_000,  # tokens
-    "max_concurrency": 1_000_000,
-    "num_prefixes": 1_000_000,
-    "turns": 10_000,
-    "request_rate": 1_000_000.0,  # requests per second ('inf': every request at once)
-    "burstiness": 1_000.0,
-    "seed": 2**63 - 1,  # and at least -2**63: what SQLite and JSON readers hold
-    "sweep": 100,  # load points of one curve
-    # how the study runs and decides
-    "repeats": 100,
-    "warmup": 1_000_000,
-    "timeout_s": 7 * 24 * 3600.0,  # every timeouts.* key: a week
-    "slo_ms": 24 * 3600 * 1000.0,  # every slo limit: a day
-    "min_improvement_pct": 10_000.0,
-    "time_scale": 10_000.0,
-    "per_accelerator_hour": 1_000_000.0,
-    # the accuracy gate (accuracy:)
-    "accuracy_limit": 1_000_000,  # items of the task
-    "accuracy_concurrency": 10_000,  # the task's requests in flight
-    "accuracy_points": 100.0,  # max_drop and agreement_margin: points of a 0..100 score
-})
-COMBINATION_BASES = ("best", "engine-defaults")
 
 
 # --------------------------------------------------------------------------- the plan
@@ -140,18 +102,18 @@ class Profile:
 
     name: str
     label: str
-    dataset: str = "random"
+    dataset: str = schema.default(schema.Profile, "dataset")
     dataset_path: str | None = None
     input_len: int | None = None
     output_len: int | None = None
-    num_prompts: int = 1000
-    request_rate: float = math.inf
+    num_prompts: int = schema.default(schema.Profile, "num_prompts")
+    request_rate: float = float(schema.default(schema.Profile, "request_rate"))  # "inf"
     max_concurrency: int | None = None
-    seed: int = 42
-    backend: str = "openai-chat"
+    seed: int = schema.default(schema.Profile, "seed")
+    backend: str = schema.default(schema.Profile, "backend")
     endpoint: str | None = None
-    burstiness: float = 1.0
-    range_ratio: float = 0.0
+    burstiness: float = schema.default(schema.Profile, "burstiness")
+    range_ratio: float = schema.default(schema.Profile, "range_ratio")
     sweep: Sweep | None = None  # a load curve instead of one load point
     prefix_len: int | None = None  # shared prefix tokens (random: one for all; prefix-repetition: each prefix)
     num_prefixes: int | None = None  # prefix-repetition: distinct shared prefixes (default 10)
@@ -279,12 +241,12 @@ class Baseline:
 @dataclass(frozen=True)
 class Timeouts:
     startup_s: float | None = None  # None: the engine plugin's own readiness timeout
-    benchmark_s: float = 7200.0
+    benchmark_s: float = schema.default(schema.Timeouts, "benchmark_s")
     teardown_s: float | None = None  # grace between SIGTERM and SIGKILL; None: the supervisor's
     stall_s: float | None = None  # no token on any open stream this long (engine time): stalled; None: the bench's 60
     # how long a launch waits for its devices (memory, fixed ports) to be free of other
     # processes before the study stops as "machine not ready" (perflab.lab.store.integrity)
-    device_wait_s: float = 60.0
+    device_wait_s: float = schema.default(schema.Timeouts, "device_wait_s")
 
 
 @dataclass(frozen=True)
@@ -295,19 +257,19 @@ class Plan:
     profiles: tuple[Profile, ...]
     main_profile: str
     baseline: Baseline
+    serve: PlanServe  # what every configuration starts from: the model and the plan's serve options
     path: Path | None = None
     text: str = ""
     title: str | None = None
     objective: str = DEFAULT_OBJECTIVE
     model_name: str | None = None
     model_metadata: Mapping[str, Any] = field(default_factory=dict)
-    hardware: str = "auto"
-    serve: Mapping[str, Any] = field(default_factory=dict)
+    hardware: str = schema.default(schema.PlanDocument, "hardware")
     engine_serve: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     candidates: tuple[Candidate, ...] = ()
     combinations: tuple[Candidate, ...] = ()
-    min_success_rate: float = 0.9
-    min_improvement_pct: float = 0.0
+    min_success_rate: float = schema.default(schema.PlanDocument, "min_success_rate")
+    min_improvement_pct: float = schema.default(schema.PlanDocument, "min_improvement_pct")
     timeouts: Timeouts = Timeouts()
     time_scale: float = 1.0
     notes: tuple[str, ...] = ()
@@ -331,7 +293,7 @@ class Plan:
 
     def engine_defaults(self, engine: str) -> Configuration:
         """An engine "on defaults": the model plus the plan's common and per-engine options."""
-        opts = apply_delta({"model": self.model}, self.serve)
+        opts = self.serve.plan_options()
         opts = apply_delta(opts, self.engine_serve.get(engine, {}))
         return Configuration(engine, opts)
 
@@ -417,23 +379,29 @@ def _str(p: _Problems, key: str, value: Any, what: str = "a string") -> Any:
     return _expected(p, key, value, what)
 
 
-def _pos_int(p: _Problems, key: str, value: Any, what: str = "a positive integer", limit: str | None = None) -> Any:
-    """A positive integer; ``limit``: its LIMITS entry, the largest it may be."""
-    hi = LIMITS[limit] if limit is not None else math.inf
+# a section's model and one of its keys: the type and bounds the schema declares for it
+Declared = tuple[type["BaseModel"], str]
+
+
+def _pos_int(p: _Problems, key: str, value: Any, what: str = "a positive integer",
+             declared: Declared | None = None) -> Any:
+    """A positive integer, within the bounds ``declared`` in the schema (its limit the largest it may be)."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        if value <= hi:
+        if declared is None or schema.fits(*declared, value):
             return value
-        what = f"{what} of at most {_limit(limit or '')}"
+        what = f"{what} of at most {_limit(schema.limit_of(*declared))}"
     return _expected(p, key, value, what)
 
 
-def _number(p: _Problems, key: str, value: Any, what: str, lo: float | None = None, hi: float | None = None,
-            lo_open: bool = False) -> Any:
+def _number(p: _Problems, key: str, value: Any, what: str, declared: Declared | None = None,
+            lo: float | None = None, lo_open: bool = False) -> Any:
+    """A number within the bounds ``declared`` in the schema (or, for a key whose name the
+    schema does not fix, at least ``lo``); ``what`` says them in words."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    if ok and declared is not None:
+        ok = schema.fits(*declared, value)
     if ok and lo is not None:
         ok = value > lo if lo_open else value >= lo
-    if ok and hi is not None:
-        ok = value <= hi
     return float(value) if ok else _expected(p, key, value, what)
 
 
@@ -442,7 +410,8 @@ def _bool(p: _Problems, key: str, value: Any, what: str) -> Any:
 
 
 def _fraction(p: _Problems, key: str, value: Any, what: str) -> Any:
-    return _number(p, key, value, what, 0.0, 1.0, lo_open=True)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value <= 1.0
+    return float(value) if ok else _expected(p, key, value, what)
 
 
 def _port(p: _Problems, key: str, value: Any, what: str) -> Any:
@@ -597,16 +566,16 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
         kw["dataset"] = dataset
         for n in ("input_len", "output_len", "max_concurrency", "prefix_len", "num_prefixes", "turns"):
             if spec.get(n) is not None:
-                v = _pos_int(p, f"{key}.{n}", spec[n], limit=n)
+                v = _pos_int(p, f"{key}.{n}", spec[n], declared=(schema.Profile, n))
                 ok &= v is not _BAD
                 kw[n] = v
         if "num_prompts" in spec:
-            v = _pos_int(p, f"{key}.num_prompts", spec["num_prompts"], limit="num_prompts")
+            v = _pos_int(p, f"{key}.num_prompts", spec["num_prompts"], declared=(schema.Profile, "num_prompts"))
             ok &= v is not _BAD
             kw["num_prompts"] = v
         if "seed" in spec:
             v = spec["seed"]
-            if not isinstance(v, int) or isinstance(v, bool) or not -LIMITS["seed"] - 1 <= v <= LIMITS["seed"]:
+            if not isinstance(v, int) or isinstance(v, bool) or not schema.fits(schema.Profile, "seed", v):
                 p.add(f"{key}.seed", f"expected a 64-bit integer, got {_typename(v)} {_show(v)}")
                 ok = False
             kw["seed"] = v
@@ -618,17 +587,16 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
                 kw["request_rate"] = math.inf
             else:
                 r = _number(p, f"{key}.request_rate", v, "a positive number of requests per second (at most "
-                            f"{_limit('request_rate')}) or 'inf'", 0.0, hi=LIMITS["request_rate"],
-                            lo_open=True)
+                            f"{_limit('request_rate')}) or 'inf'", (schema.Profile, "request_rate"))
                 ok &= r is not _BAD
                 kw["request_rate"] = r
         if "burstiness" in spec:
             r = _number(p, f"{key}.burstiness", spec["burstiness"], f"a positive number of at most {_limit('burstiness')}",
-                        0.0, LIMITS["burstiness"], lo_open=True)
+                        (schema.Profile, "burstiness"))
             ok &= r is not _BAD
             kw["burstiness"] = r
         if "range_ratio" in spec:
-            r = _number(p, f"{key}.range_ratio", spec["range_ratio"], "a number in [0, 1)", 0.0, 0.999999)
+            r = _number(p, f"{key}.range_ratio", spec["range_ratio"], "a number in [0, 1)", (schema.Profile, "range_ratio"))
             ok &= r is not _BAD
             kw["range_ratio"] = r
         if "backend" in spec:
@@ -685,7 +653,7 @@ def _variant(p: _Problems, key: str, value: Any, known: set[str] | None, combina
     data = _mapping(p, key, value, "a mapping with name and set")
     if data is None:
         return None
-    _unknown_keys(p, key, data, VARIANT_KEYS if combination else tuple(k for k in VARIANT_KEYS if k != "of"))
+    _unknown_keys(p, key, data, VARIANT_KEYS if combination else CANDIDATE_VARIANT_KEYS)
     name = data.get("name", default_name)
     if _str(p, f"{key}.name", name) is _BAD:
         name = default_name
@@ -858,8 +826,7 @@ def _timeouts(p: _Problems, raw: Any) -> Timeouts:
         if k in t:
             zero_ok = k == "device_wait_s"  # 0: do not wait, stop at once
             v = _number(p, f"timeouts.{k}", t[k], ("a non-negative number of seconds" if zero_ok else
-                        "a positive number of seconds") + f" of at most {_limit('timeout_s')}", 0.0, LIMITS["timeout_s"],
-                        lo_open=not zero_ok)
+                        "a positive number of seconds") + f" of at most {_limit('timeout_s')}", (schema.Timeouts, k))
             if v is not _BAD:
                 values[k] = v
     return Timeouts(**values)
@@ -873,7 +840,8 @@ def _time_scale(p: _Problems, raw: Any) -> float:
     if "time_scale" not in s:
         return 1.0
     v = _number(p, "simulation.time_scale", s["time_scale"],
-                f"a number from 1 to {_limit('time_scale')} (simulated seconds per real second)", 1.0, LIMITS["time_scale"])
+                f"a number from 1 to {_limit('time_scale')} (simulated seconds per real second)",
+                (schema.Simulation, "time_scale"))
     return 1.0 if v is _BAD else v
 
 
@@ -882,15 +850,15 @@ def _cost(p: _Problems, raw: Any) -> Cost | None:
     c = _mapping(p, "cost", raw, "a mapping such as {per_accelerator_hour: 2.50, currency: USD}")
     if c is None:
         return None
-    _unknown_keys(p, "cost", c, COST_KEYS)
+    _unknown_keys(p, "cost", c, COST_SECTION_KEYS)
     if "per_accelerator_hour" not in c:
         p.add("cost.per_accelerator_hour", "missing; expected the price of one accelerator for one hour, e.g. 2.50")
         return None
     price = _number(p, "cost.per_accelerator_hour", c["per_accelerator_hour"],
-                    f"a positive price per accelerator-hour of at most {_limit('per_accelerator_hour')}", 0.0,
-                    LIMITS["per_accelerator_hour"], lo_open=True)
+                    f"a positive price per accelerator-hour of at most {_limit('per_accelerator_hour')}",
+                    (schema.Cost, "per_accelerator_hour"))
     currency = c.get("currency", DEFAULT_CURRENCY)
-    if not isinstance(currency, str) or not re.fullmatch(r"[A-Za-z]{3}", currency):
+    if not isinstance(currency, str) or not schema.fits(schema.Cost, "currency", currency):
         p.add("cost.currency", f"expected a three-letter currency code such as USD or EUR, got {_show(currency)}")
         return None
     return None if price is _BAD else Cost(float(price), currency.upper())
@@ -906,7 +874,7 @@ def _accuracy(p: _Problems, raw: Any, check_available: bool, base_dir: Path | No
     a = _mapping(p, "accuracy", raw, "a mapping such as {task: perflab_arith, max_drop: 1.0, agreement: true}")
     if a is None:
         return None
-    _unknown_keys(p, "accuracy", a, ACCURACY_KEYS)
+    _unknown_keys(p, "accuracy", a, ACCURACY_SECTION_KEYS)
     kw: dict[str, Any] = {}
     ok = True
     if "task" in a:
@@ -917,15 +885,15 @@ def _accuracy(p: _Problems, raw: Any, check_available: bool, base_dir: Path | No
             path = Path(v).expanduser()  # a task file: relative to the plan, as dataset_path is
             v = str(base_dir / path if not path.is_absolute() and base_dir is not None else path)
         kw["task"] = v
-    for key, limit in (("limit", "accuracy_limit"), ("concurrency", "accuracy_concurrency")):
+    for key in ("limit", "concurrency"):
         if a.get(key) is not None:
-            v = _pos_int(p, f"accuracy.{key}", a[key], limit=limit)
+            v = _pos_int(p, f"accuracy.{key}", a[key], declared=(schema.Accuracy, key))
             ok &= v is not _BAD
             kw[key] = v
     for key in ("max_drop", "agreement_margin"):
         if key in a:
-            v = _number(p, f"accuracy.{key}", a[key], f"a number of points from 0 to {_limit('accuracy_points')}", 0.0,
-                        LIMITS["accuracy_points"])
+            v = _number(p, f"accuracy.{key}", a[key], f"a number of points from 0 to {_limit('accuracy_points')}",
+                        (schema.Accuracy, key))
             ok &= v is not _BAD
             kw[key] = v
     if "agreement" in a:
@@ -939,7 +907,7 @@ def _accuracy(p: _Problems, raw: Any, check_available: bool, base_dir: Path | No
         kw["api"] = a["api"]
     if "timeout_s" in a:
         v = _number(p, "accuracy.timeout_s", a["timeout_s"], f"a positive number of seconds of at most {_limit('timeout_s')}",
-                    0.0, LIMITS["timeout_s"], lo_open=True)
+                    (schema.Accuracy, "timeout_s"))
         ok &= v is not _BAD
         kw["timeout_s"] = v
     if "lossless" in a:
@@ -1019,9 +987,7 @@ def _sweep(p: _Problems, key: str, value: Any) -> Any:
     kind = LoadKind(name)
     integer = kind is LoadKind.MAX_CONCURRENCY
     what = f"positive {'integers' if integer else 'numbers'} of at most {_limit(str(kind))}"
-    ok = isinstance(loads, list) and 0 < len(loads) <= LIMITS["sweep"] and all(
-        isinstance(v, int if integer else (int, float)) and not isinstance(v, bool) and 0 < v <= LIMITS[str(kind)]
-        for v in loads)
+    ok = isinstance(loads, list) and schema.fits(schema.Sweep, name, loads)
     if not ok:
         return _expected(p, f"{key}.{name}", loads, f"a list of 1 to {_limit('sweep')} {what}")
     if any(b <= a for a, b in itertools.pairwise(loads)):
@@ -1039,20 +1005,20 @@ def _decision(p: _Problems, data: Mapping[str, Any]) -> Decision:
         kw["decide_by"] = DecideBy(raw)
     slo = _mapping(p, "slo", data.get("slo"), "a mapping such as {tpot_ms: 50, percentile: 99}")
     if slo is not None:
-        _unknown_keys(p, "slo", slo, SLO_KEYS)
+        _unknown_keys(p, "slo", slo, SLO_SECTION_KEYS)
         limits: dict[str, Any] = {}
-        for name in SLO_KEYS:
+        for name in SLO_SECTION_KEYS:
             if name not in slo:
                 continue
             if name == "percentile":
-                v = _number(p, "slo.percentile", slo[name], "a percentile in (0, 100]", 0.0, 100.0, lo_open=True)
+                v = _number(p, "slo.percentile", slo[name], "a percentile in (0, 100]", (schema.Slo, name))
             else:
                 v = _number(p, f"slo.{name}", slo[name], f"a positive number of milliseconds of at most {_limit('slo_ms')}",
-                            0.0, LIMITS["slo_ms"], lo_open=True)
+                            (schema.Slo, name))
             if v is not _BAD:
                 limits[name] = float(v)
         kw["slo"] = Slo(**limits)
-        if not kw["slo"] and not any(k in slo for k in SLO_KEYS if k != "percentile"):
+        if not kw["slo"] and not any(k in slo for k in SLO_SECTION_KEYS if k != "percentile"):
             p.add("slo", "expected at least one limit: ttft_ms, tpot_ms or e2el_ms")
     decide_by = kw.get("decide_by")
     if decide_by is not None and decide_by.needs_slo and slo is None:
@@ -1063,12 +1029,12 @@ def _decision(p: _Problems, data: Mapping[str, Any]) -> Decision:
         else:
             kw["search"] = LoadKind(data["search"])
     if "repeats" in data:
-        v = _pos_int(p, "repeats", data["repeats"], limit="repeats")
+        v = _pos_int(p, "repeats", data["repeats"], declared=(schema.PlanDocument, "repeats"))
         if v is not _BAD:
             kw["repeats"] = v
     if "warmup" in data:
         v = data["warmup"]
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= LIMITS["warmup"]:
+        if not isinstance(v, int) or isinstance(v, bool) or not schema.fits(schema.PlanDocument, "warmup", v):
             p.add("warmup", f"expected a number of requests (0 to {_limit('warmup')}), got {_typename(v)} {_show(v)}")
         else:
             kw["warmup"] = v
@@ -1091,7 +1057,8 @@ def _guards(p: _Problems, raw: Any) -> Guards:
     limits: list[tuple[str, float]] = []
     for key, value in g.items():
         if key == "latency_regression_pct":
-            v = _number(p, "guards.latency_regression_pct", value, "a non-negative percentage such as 10", 0.0)
+            v = _number(p, "guards.latency_regression_pct", value, "a non-negative percentage such as 10",
+                        (schema.Guards, "latency_regression_pct"))
             if v is not _BAD:
                 kw["latency_regression_pct"] = v
         elif key == "max_regression":
@@ -1102,12 +1069,12 @@ def _guards(p: _Problems, raw: Any) -> Guards:
                     p.add(f"guards.max_regression.{k}", f"unknown metric; expected {metric}")
                     continue
                 v = _number(p, f"guards.max_regression.{k}", frac,
-                            "a non-negative fraction of the baseline's figure such as 0.2 (20 %)", 0.0)
+                            "a non-negative fraction of the baseline's figure such as 0.2 (20 %)", lo=0.0)
                 if v is not _BAD:
                     pairs.append((k, v))
             kw["max_regression"] = tuple(pairs)
         elif is_latency_metric(key):
-            v = _number(p, f"guards.{key}", value, "a positive number of milliseconds", 0.0, lo_open=True)
+            v = _number(p, f"guards.{key}", value, "a positive number of milliseconds", lo=0.0, lo_open=True)
             if v is not _BAD:
                 limits.append((key, v))
         else:
@@ -1155,7 +1122,7 @@ def parse_plan(
         p.add("version", f"expected 1, got {_show(data['version'])}")
 
     model_id, model_name, metadata = _model(p, data.get("model"), base_dir, check_files)
-    hardware = data.get("hardware", "auto")
+    hardware = data.get("hardware", schema.default(schema.PlanDocument, "hardware"))
     if not isinstance(hardware, str) or not (hardware == "auto" or (hardware.startswith("sim:") and len(hardware) > 4)):
         p.add("hardware", f"expected 'auto' or 'sim:NAME' (e.g. sim:a100-80g-x8), got {_show(hardware)}")
     engines = _engine_list(p, "engines", data.get("engines"), known, allow_winner=False)
@@ -1171,11 +1138,11 @@ def parse_plan(
     _check_combination_refs(p, candidates, combinations)
     profiles = _profiles(p, data.get("profiles"), base_dir, check_files)
     main_profile = _main_profile(p, data, profiles)
-    min_success = _number(p, "min_success_rate", _fraction_or_percent(data.get("min_success_rate", 0.9)),
-                          "a fraction in [0, 1] such as 0.9 (or '90%')", 0.0, 1.0)
-    min_improvement = _number(p, "min_improvement_pct", data.get("min_improvement_pct", 0.0),
-                              f"a non-negative percentage of at most {_limit('min_improvement_pct')}", 0.0,
-                              LIMITS["min_improvement_pct"])
+    min_success = _number(p, "min_success_rate", _fraction_or_percent(data.get("min_success_rate", Plan.min_success_rate)),
+                          "a fraction in [0, 1] such as 0.9 (or '90%')", (schema.PlanDocument, "min_success_rate"))
+    min_improvement = _number(p, "min_improvement_pct", data.get("min_improvement_pct", Plan.min_improvement_pct),
+                              f"a non-negative percentage of at most {_limit('min_improvement_pct')}",
+                              (schema.PlanDocument, "min_improvement_pct"))
     timeouts = _timeouts(p, data.get("timeouts"))
     decision = replace(_decision(p, data), guards=_guards(p, data.get("guards")))
     time_scale = _time_scale(p, data.get("simulation"))
@@ -1187,7 +1154,7 @@ def parse_plan(
     title = _optional_str(p, data, "title", None)
     objective = _optional_str(p, data, "objective", DEFAULT_OBJECTIVE)
     name = _optional_str(p, data, "name", None, "a short study name")
-    if isinstance(name, str) and not STUDY_NAME.fullmatch(name):
+    if isinstance(name, str) and not re.fullmatch(schema.STUDY_NAME, name):
         # the name becomes perflab-studies/<name>: no separator, no '..', nothing hidden
         p.add("name", f"expected a short study name of letters, digits, '.', '_' or '-' (no '/', no '..'), got {_show(name)}")
     notes = data.get("notes", [])
@@ -1214,7 +1181,7 @@ def parse_plan(
         model_name=model_name,
         model_metadata=MappingProxyType(dict(metadata)),
         hardware=hardware,
-        serve=MappingProxyType(serve),
+        serve=PlanServe.from_plan(model_id, serve),
         engine_serve=MappingProxyType({k: MappingProxyType(v) for k, v in engine_serve.items()}),
         candidates=tuple(candidates),
         combinations=tuple(combinations),
@@ -1230,7 +1197,6 @@ def parse_plan(
     )
 
 
-STUDY_NAME = re.compile(r"(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # A plan is a few hundred nodes; a document whose aliases expand past this is an attack
 # ("billion laughs"), refused before anything walks the expanded tree.
 MAX_YAML_NODES = 100_000

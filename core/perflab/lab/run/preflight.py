@@ -122,7 +122,7 @@ def refuse_owned_flags(pm: PluginManager, plan: Plan) -> None:
 
     everywhere = engines_of(plan)
     places: list[tuple[str, tuple[str, ...], Mapping[str, Any]]] = [
-        ("serve", tuple(everywhere), plan.serve),
+        ("serve", tuple(everywhere), plan.serve.plan_options()),
         *((f"engine_serve.{e}", (e,), opts) for e, opts in plan.engine_serve.items()),
         ("baseline.serve", (plan.baseline.engine,), plan.baseline.serve),
     ]

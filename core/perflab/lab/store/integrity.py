@@ -282,6 +282,7 @@ def plan_frame(plan: Plan) -> dict[str, Any]:
             plan = load_plan_text(redact.scrub_plan(plan.text), path=Path(plan.path.name if plan.path else "plan.yaml"),
                                   check_files=False)
     frame: dict[str, Any] = {f: to_jsonable(getattr(plan, f)) for f in FRAME_FIELDS}
+    frame["serve"] = to_jsonable(plan.serve.plan_options())  # the options set, not every field of a ServeConfig
     decision = to_jsonable(plan.decision)
     frame["decision"] = {k: v for k, v in decision.items() if k not in _FRAME_DECISION_SKIP}
     frame["profiles"] = {p.name: to_jsonable(p) for p in plan.profiles}
