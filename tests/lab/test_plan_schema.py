@@ -184,13 +184,6 @@ def test_a_wrong_type_or_value_fails_the_schema_and_the_parser(path: tuple[Any, 
         parse_plan(doc, known_engines=KNOWN, check_files=False)
 
 
-# What the parser lets through that the schema refuses, on purpose: YAML's true is the integer 1
-# to Python (version: true), and a null profile or combination is skipped by the parser where
-# an editor should say it is empty.
-PARSER_ONLY = {("version", "bool"), ("combinations[0]", "null"),
-               *((f"profiles.{name}", "null") for name in FULL["profiles"])}
-
-
 def test_the_schema_refuses_nothing_the_parser_accepts() -> None:
     """Every key of the full plan given every YAML type: a value the parser accepts validates
     (the schema never marks a plan perflab runs). The converse does not hold: engine names,
@@ -201,7 +194,7 @@ def test_the_schema_refuses_nothing_the_parser_accepts() -> None:
             if doc is FULL_BY_PATH and path[0] != "model":
                 continue
             for kind, value in WRONG.items():
-                if kind == "timestamp" or (_key_text(path), kind) in PARSER_ONLY:
+                if kind == "timestamp":
                     continue  # a date is no JSON value; the schema validates JSON-like documents
                 changed = _set(doc, path, value)
                 try:
@@ -335,3 +328,14 @@ def test_the_study_frame_names_the_serve_options_set() -> None:
     doc = _set(FULL, ("serve",), {"tp": 2, "prefix_caching": False})
     frame = plan_frame(parse_plan(doc, known_engines=KNOWN, check_files=False))
     assert frame["serve"] == {"model": "Qwen/Qwen3-32B", "tp": 2, "prefix_caching": False}
+
+
+@pytest.mark.parametrize("path", [("version",), ("combinations", 0), *(("profiles", n) for n in FULL["profiles"])],
+                         ids=_key_text)
+def test_what_the_schema_refuses_as_empty_or_not_an_integer_the_parser_refuses_too(path: tuple[Any, ...]) -> None:
+    """YAML's ``true`` is the integer 1 to Python; a bare ``name:`` or ``-`` is null: a plan
+    that left out a workload or a step must not run without it."""
+    doc = _set(FULL, path, True if path == ("version",) else None)
+    assert _errors(doc)
+    with pytest.raises(UsageError, match=re.escape(_key_text(path))):
+        parse_plan(doc, known_engines=KNOWN, check_files=False)

@@ -547,11 +547,12 @@ def _profiles(p: _Problems, value: Any, base_dir: Path | None, check_files: bool
     out: list[Profile] = []
     for name, spec in data.items():
         key = f"profiles.{name}"
-        spec = _mapping(p, key, spec, "a mapping (dataset, input_len, output_len, num_prompts ...)")
+        what = "a mapping (dataset, input_len, output_len, num_prompts ...)"
+        spec = _mapping(p, key, spec, what)
         if spec is None:
-            if not isinstance(data[name], Mapping):
-                continue
-            spec = {}
+            if data[name] is None:  # `name:` with nothing after it: a workload left out, not defaults
+                p.add(key, f"empty; expected {what}")
+            continue
         _unknown_keys(p, key, spec, PROFILE_KEYS)
         kw: dict[str, Any] = {"name": str(name), "label": str(name)}
         ok = True
@@ -682,8 +683,11 @@ def _candidates(p: _Problems, where: str, value: Any, known: set[str] | None, co
     names: set[str] = set()
     for i, item in enumerate(value):
         key = f"{where}[{i}]"
-        data = _mapping(p, key, item, "a mapping with name and set (or variants)")
+        what = "a mapping with name and set (or variants)"
+        data = _mapping(p, key, item, what)
         if data is None:
+            if item is None:  # a bare `-`: a step left out, which must not vanish from the study
+                p.add(key, f"empty; expected {what}")
             continue
         _unknown_keys(p, key, data, COMBINATION_KEYS if combination else CANDIDATE_KEYS)
         name: Any = data.get("name")  # a str once _str accepts it
@@ -1118,7 +1122,7 @@ def parse_plan(
     known = set(known_engines) if known_engines is not None else None
     base_dir = path.parent if path is not None else None
     _unknown_keys(p, "", data, TOP_KEYS)
-    if "version" in data and data["version"] != 1:
+    if "version" in data and (type(data["version"]) is not int or data["version"] != 1):  # YAML's true == 1
         p.add("version", f"expected 1, got {_show(data['version'])}")
 
     model_id, model_name, metadata = _model(p, data.get("model"), base_dir, check_files)
