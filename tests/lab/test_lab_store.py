@@ -276,3 +276,23 @@ def test_a_teardown_leftover_stops_the_study_keeping_the_measurement(tmp_path):
     assert [(r["engine"], r["state"]) for r in store.runs()] == [("vllm", "done")]  # one launch, then stop
     assert [m["status"] for m in store.measurements()] == [Status.OK]  # what it measured is kept
     store.close()
+
+
+def test_only_the_store_reads_the_run_directories_results() -> None:
+    """One source of truth for results: the store. The run directories are its durable log, so
+    no other module of the core names their result files (it would read results the store
+    does not know of, or miss its corrections)."""
+    import re
+    from pathlib import Path
+
+    import perflab
+
+    core = Path(perflab.__file__).parent
+    store = core / "lab" / "store" / "__init__.py"
+    names = re.compile(r"""["'](run\.json|measurement-[{*]|point-[{*])|\bRUN_FILE\b|_measurement_file|_point_file""")
+    readers = [f"{p.relative_to(core)}:{i}: {line.strip()}"
+               for p in sorted(core.rglob("*.py")) if p != store
+               for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+               if names.search(line) and not line.lstrip().startswith("#")]
+    assert not readers, readers
+    assert names.search(store.read_text(encoding="utf-8"))  # the pattern still matches what the store spells
