@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from perflab.contract import crashes
-from perflab.engines import classify_crash
 from perflab.lifecycle.output import OutputPump
 from perflab.plugins import load
 
@@ -37,7 +36,7 @@ def test_every_captured_log_has_an_expectation() -> None:
 def test_real_vllm_fault_is_named_from_its_root_line(pm, case: str) -> None:  # type: ignore[no-untyped-def]
     spec = CASES[case]
     log = (FAULTS / f"{case}.log").read_text()
-    cause = classify_crash(pm, "vllm", spec["exit_code"], log)
+    cause = pm.engine("vllm").classify_crash(spec["exit_code"], log)
     assert cause.name == spec["cause"], cause
     if spec["root"] is None:
         assert cause.line is None or ULIMIT not in cause.line, cause
@@ -62,7 +61,7 @@ def test_signal_deaths_are_named_with_what_they_usually_mean() -> None:
 
 def test_a_named_cause_notes_the_signal_it_died_of(pm) -> None:  # type: ignore[no-untyped-def]
     log = (FAULTS / "port-taken.log").read_text()
-    cause = classify_crash(pm, "vllm", -signal.SIGKILL, log)
+    cause = pm.engine("vllm").classify_crash(-signal.SIGKILL, log)
     assert cause.name == "address-in-use" and "killed by SIGKILL" in cause.explanation
 
 
@@ -113,7 +112,7 @@ def test_the_whole_output_is_scanned_not_a_tail(pm, tmp_path: Path) -> None:  # 
         assert "illegal memory access" not in pump.tail_text()
         text = pump.scan_text()
         assert text.count("\n") < 100  # INFO lines are not kept beyond the tail
-        cause = classify_crash(pm, "vllm", 1, text)
+        cause = pm.engine("vllm").classify_crash(1, text)
         assert cause.name == "cuda-illegal-memory-access" and "illegal memory access" in (cause.line or "")
     finally:
         os.close(w)
@@ -173,8 +172,8 @@ def test_a_vllm_worker_killed_by_a_signal_is_named_with_the_signal(pm) -> None: 
     """The executor's monitor names a dead worker and its exit code (amx-sigill.log: ``None``,
     the death seen before the code; in another run of the same fault, ``-4``)."""
     log = (FAULTS / "amx-sigill.log").read_text()
-    unknown = classify_crash(pm, "vllm", 0, log)
+    unknown = pm.engine("vllm").classify_crash(0, log)
     assert unknown.name == "worker-died" and "without an error of its own" in unknown.explanation
-    sigill = classify_crash(pm, "vllm", 0, log.replace("(exit code: None)", "(exit code: -4)"))
+    sigill = pm.engine("vllm").classify_crash(0, log.replace("(exit code: None)", "(exit code: -4)"))
     assert sigill.name == "worker-died" and "SIGILL" in sigill.explanation and "AMX" in sigill.explanation
     assert "(exit code: -4)" in (sigill.line or "")

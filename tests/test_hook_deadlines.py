@@ -127,6 +127,21 @@ def test_a_hook_keeps_its_result_and_its_exception_within_the_deadline() -> None
         pm.engine("x").engine.version({"BOOM": "1"})
 
 
+def test_every_engine_method_the_core_calls_keeps_its_deadline() -> None:
+    """BoundedEngine declares each of EnginePlugin.METHODS (typed, under its deadline) with the
+    base's parameters, and each has a deadline of its own: a method added to the contract
+    without one would be called unbounded, or not at all."""
+    import inspect
+
+    from perflab.plugins import BoundedEngine
+
+    for method in EnginePlugin.METHODS:
+        bounded = getattr(BoundedEngine, method, None)
+        assert callable(bounded), f"BoundedEngine does not declare {method}()"
+        assert list(inspect.signature(bounded).parameters) == list(inspect.signature(getattr(EnginePlugin, method)).parameters)
+        assert method in hookspecs.HOOK_DEADLINES_S
+
+
 def test_a_stuck_hardware_probe_is_an_error_line_and_the_others_still_answer(release: threading.Event) -> None:
     from perflab.hardware import probe
 

@@ -24,7 +24,6 @@ from perflab import (
 )
 from perflab.contract.errors import UnsupportedOption, UsageError
 from perflab.contract.plugin_base import address_tokens
-from perflab.engines import build_launch, check_support, classify_crash, engine_version
 from perflab.lab.run.executor import plugin_file_describer, serving_script
 from perflab.plugins import PluginManager, module_plugin
 from perflab.testing import sample_hardware
@@ -94,31 +93,31 @@ def test_version_defaults_to_the_metadata_of_the_executables_environment(pm: Plu
     exe.parent.mkdir()
     exe.write_text(f"#!{venv / 'bin' / 'python3'}\nraise SystemExit('never run')\n")
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    assert engine_version(pm, "toy", {"PATH": str(exe.parent), "PYTHONPATH": ""}) == "2.4.1"
+    assert pm.engine("toy").engine.version({"PATH": str(exe.parent), "PYTHONPATH": ""}) == "2.4.1"
     # metadata alone cannot be launched: without the executable on PATH, not installed
-    assert engine_version(pm, "toy", {"PATH": str(tmp_path / "nobin"), "PYTHONPATH": str(site)}) is None
+    assert pm.engine("toy").engine.version({"PATH": str(tmp_path / "nobin"), "PYTHONPATH": str(site)}) is None
 
 
 def test_refused_options_are_errors_in_preflight_and_in_the_launch(pm: PluginManager) -> None:
     config = ServeConfig(model="m", quantization="fp8")
-    (reason,) = check_support(pm, "toy", config, H100, None)
+    (reason,) = pm.engine("toy").check_support(config, H100, None)
     assert (reason.what, reason.why, reason.source, reason.severity) == ("quantization=fp8", "toy has no kernels", "toy.md", "error")
     with pytest.raises(UnsupportedOption, match="quantization=fp8"):
-        build_launch(pm, "toy", config, H100, WORKDIR, None)
-    assert check_support(pm, "toy", ServeConfig(model="m", tp=2), H100, None) == []
+        pm.engine("toy").build_launch(config, H100, WORKDIR, None)
+    assert pm.engine("toy").check_support(ServeConfig(model="m", tp=2), H100, None) == []
 
 
 def test_devices_set_the_declared_variable_in_pci_bus_order(pm: PluginManager) -> None:
-    spec = build_launch(pm, "toy", ServeConfig(model="m", devices=(2, 3), extra_env={"A": "1"}), H100, WORKDIR, None)
+    spec = pm.engine("toy").build_launch(ServeConfig(model="m", devices=(2, 3), extra_env={"A": "1"}), H100, WORKDIR, None)
     assert dict(spec.env) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "2,3", "A": "1"}
-    assert "CUDA_DEVICE_ORDER" not in build_launch(pm, "toy", ServeConfig(model="m"), H100, WORKDIR, None).env
+    assert "CUDA_DEVICE_ORDER" not in pm.engine("toy").build_launch(ServeConfig(model="m"), H100, WORKDIR, None).env
     with pytest.raises(UsageError, match="CUDA_VISIBLE_DEVICES=1 contradicts --devices 2"):
-        build_launch(pm, "toy", ServeConfig(model="m", devices=(2,), extra_env={"CUDA_VISIBLE_DEVICES": "1"}), H100, WORKDIR, None)
+        pm.engine("toy").build_launch(ServeConfig(model="m", devices=(2,), extra_env={"CUDA_VISIBLE_DEVICES": "1"}), H100, WORKDIR, None)
 
 
 def test_shared_crash_signatures_follow_the_plugins_own(pm: PluginManager) -> None:
     log = "INFO starting\nhuggingface_hub.errors.RepositoryNotFoundError: 404 Client Error\n"
-    assert classify_crash(pm, "toy", 1, log).name == "model-not-found"
+    assert pm.engine("toy").classify_crash(1, log).name == "model-not-found"
 
 
 def test_address_tokens_are_the_flags_with_their_values() -> None:
@@ -136,9 +135,9 @@ def test_describe_file_is_an_engine_method(pm: PluginManager) -> None:
 
 
 def test_serving_script_leaves_out_the_address_a_plugin_declares(pm: PluginManager) -> None:
-    spec = build_launch(pm, "toy", ServeConfig(model="m", tp=2, devices=(0,)), H100, WORKDIR, None)
+    spec = pm.engine("toy").build_launch(ServeConfig(model="m", tp=2, devices=(0,)), H100, WORKDIR, None)
     assert spec.address_args == ("--host", "127.0.0.1", "--port=9000")
-    replica = build_launch(pm, "toy", ServeConfig(model="m", tp=2, devices=(1,)), H100, WORKDIR, None)
+    replica = pm.engine("toy").build_launch(ServeConfig(model="m", tp=2, devices=(1,)), H100, WORKDIR, None)
     script = serving_script([spec, replica], plugin_file_describer(pm, "toy"), WORKDIR)
     assert script.splitlines() == [
         "# 2 replicas on disjoint devices; the benchmark spreads requests over all of them",
@@ -168,7 +167,7 @@ def test_serving_script_keeps_the_argv_of_an_engine_without_address_flags() -> N
 
     pm = PluginManager(entrypoints=False, builtins=False)
     assert pm.add_plugin(module_plugin("perflab_v1_engine", perflab_register_engines=perflab_register_engines)).status == "ok"
-    spec = build_launch(pm, "v1", ServeConfig(model="m", port=8123), H100, WORKDIR, None)
+    spec = pm.engine("v1").build_launch(ServeConfig(model="m", port=8123), H100, WORKDIR, None)
     assert spec.address_args == ()
     script = serving_script([spec], plugin_file_describer(pm, "v1"))
     assert script.splitlines() == [
@@ -181,7 +180,7 @@ def test_replica_lines_show_what_differs_without_study_paths(pm: PluginManager, 
     def replica(i: int) -> LaunchSpec:
         config = ServeConfig(model="m", devices=(i,), extra_env={"CFG": str(tmp_path / f"replica-{i + 1}" / "c.json"),
                                                                "HF_TOKEN": f"hf_secret{i}", "PERFLAB_X": str(i)})
-        return build_launch(pm, "toy", config, H100, tmp_path, None)
+        return pm.engine("toy").build_launch(config, H100, tmp_path, None)
 
     lines = serving_script([replica(0), replica(1)], None, tmp_path).splitlines()
     assert lines[-1] == """# replica 2: the same command with CUDA_VISIBLE_DEVICES=1, CFG="$PWD/replica-2/c.json", HF_TOKEN='***'"""

@@ -18,11 +18,17 @@ Every hook implementation is wrapped at registration so that each call, whoever 
 
 Built-in plugins (the NVML and npu-smi hardware probes) are always loaded; they are part of
 the core, not of an engine.
+
+A registered engine is an :class:`EngineRecord` (``pm.engine(name)``): the core calls its
+methods directly (``pm.engine("vllm").build_launch(...)``), which add the core's checks,
+defaults and validation to the engine object's answers (``rec.engine``, a :class:`BoundedEngine`
+keeping each call to its deadline).
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import importlib
 import importlib.metadata
 import inspect
@@ -31,16 +37,38 @@ import os
 import re
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
 import pluggy
 
 from perflab.contract import hookspecs
-from perflab.contract.errors import HookDeadlineExceeded, PluginLoadError, UnknownEngine, UsageError
-from perflab.contract.types import EngineInfo
+from perflab.contract.crashes import fallback_cause, with_signal
+from perflab.contract.errors import (
+    HookDeadlineExceeded,
+    PerflabError,
+    PluginLoadError,
+    UnknownEngine,
+    UnsupportedOption,
+    UsageError,
+)
+from perflab.contract.plugin_base import EnginePlugin, OptionMapping, address_tokens
+from perflab.contract.types import (
+    CacheReset,
+    CrashCause,
+    EngineInfo,
+    HardwareSnapshot,
+    HttpProbe,
+    LaunchSpec,
+    MetricsEndpoint,
+    NodeGroup,
+    Readiness,
+    ServeConfig,
+    Unsupported,
+)
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "perflab.hardware.nvml",
@@ -51,6 +79,10 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
 Status = Literal["ok", "load-error", "incompatible", "disabled"]
 # Statuses that are not a problem: ``disabled`` is the user's choice, not a broken plugin.
 FINE: tuple[Status, ...] = ("ok", "disabled")
+
+#: The engine method that builds a multi-node launch: an engine that does not override it runs
+#: on one node (errors name it so a plugin's author knows what to add).
+GROUP_LAUNCH = "build_group_launch"
 
 
 @dataclass(frozen=True)
@@ -69,9 +101,92 @@ class PluginRecord:
     warnings: tuple[str, ...] = ()  # deprecations (pluggy warn_on_impl) and other notes
 
 
+#: The readiness of an engine whose plugin names none: ``GET /health``, then a one-token completion.
+DEFAULT_READINESS = Readiness(http=(HttpProbe("/health"),), generation_path="/v1/completions")
+
+
+class BoundedEngine:
+    """A registered engine object as the core calls it: each method the core calls
+    (``EnginePlugin.METHODS``) runs under its deadline and is named as its plugin's fault past
+    it; the answers are the plugin's own (:class:`EngineRecord` adds the core's rules)."""
+
+    def __init__(self, engine: EnginePlugin, plugin: str, deadline: Callable[[str], float]) -> None:
+        self.wrapped = engine
+        self.plugin = plugin
+        self.deadline = deadline
+
+    def _call(self, method: str, *args: Any) -> Any:  # its callers declare what the method returns
+        return call_with_deadline(getattr(self.wrapped, method), args, {}, plugin=self.plugin, hook=method,
+                                  deadline_s=self.deadline(method))
+
+    # what the engine declares (class attributes, read as they are)
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.wrapped.info
+
+    @property
+    def serve_options(self) -> Mapping[str, OptionMapping]:
+        return self.wrapped.serve_options
+
+    @property
+    def address_flags(self) -> tuple[str, ...]:
+        return self.wrapped.address_flags
+
+    @property
+    def owned_args(self) -> tuple[str, ...]:
+        return self.wrapped.owned_args
+
+    def implemented(self) -> tuple[str, ...]:
+        return self.wrapped.implemented()
+
+    def spans_nodes(self) -> bool:
+        return self.wrapped.spans_nodes()
+
+    # the methods the core calls, each under its deadline
+
+    def version(self, env: Mapping[str, str]) -> str | None:
+        return self._call("version", env)
+
+    def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported] | None:
+        return self._call("check_support", config, hardware, version)
+
+    def build_launch(self, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path,
+                     version: str | None) -> LaunchSpec | None:
+        return self._call("build_launch", config, hardware, workdir, version)
+
+    def build_group_launch(self, config: ServeConfig, hardware: HardwareSnapshot, group: NodeGroup, workdir: Path,
+                           version: str | None) -> Sequence[LaunchSpec] | None:
+        return self._call("build_group_launch", config, hardware, group, workdir, version)
+
+    def readiness(self, launch: LaunchSpec) -> Readiness | None:
+        return self._call("readiness", launch)
+
+    def classify_crash(self, exit_code: int | None, log_tail: str) -> CrashCause | None:
+        return self._call("classify_crash", exit_code, log_tail)
+
+    def teardown(self, launch: LaunchSpec, workdir: Path) -> None:
+        self._call("teardown", launch, workdir)
+
+    def describe_file(self, path: str, content: str) -> list[str] | None:
+        return self._call("describe_file", path, content)
+
+    def cache_reset(self, launch: LaunchSpec) -> CacheReset | None:
+        return self._call("cache_reset", launch)
+
+    def metrics(self, launch: LaunchSpec) -> MetricsEndpoint | None:
+        return self._call("metrics", launch)
+
+
 @dataclass(frozen=True)
 class EngineRecord:
-    engine: Any  # the registered EnginePlugin, its methods kept to their deadlines (BoundedEngine)
+    """A registered engine as the core uses it: its object (``engine``, each method under its
+    deadline), who registered it, and the core's rules around the engine's answers, so the
+    supervisor, the CLI and the lab get the same answers and the same errors. A method
+    here adds something to the engine's (checks, defaults, validation); the engine's plain
+    answers are ``engine``'s."""
+
+    engine: BoundedEngine
     plugin: str
     distribution: str | None
     version: str | None  # the plugin distribution's version
@@ -80,26 +195,152 @@ class EngineRecord:
     def info(self) -> EngineInfo:
         return self.engine.info
 
+    @property
+    def provider(self) -> str:
+        """Who registered the engine, as errors name it: its distribution, else its plugin."""
+        return self.distribution or self.plugin
 
-class BoundedEngine:
-    """An engine object whose core-called methods (``EnginePlugin.METHODS``) each run under
-    their deadline and are named as its plugin's fault past it; other attributes pass through."""
+    # ------------------------------------------------------------------ preflight
 
-    def __init__(self, engine: Any, plugin: str, deadline: Callable[[str], float]) -> None:
-        self.wrapped = engine
-        self.plugin = plugin
-        self.deadline = deadline
+    def core_checks(self, config: ServeConfig, hardware: HardwareSnapshot) -> list[Unsupported]:
+        """Checks that hold for every engine: enough devices for the parallel sizes asked."""
+        info = self.info
+        out: list[Unsupported] = []
+        if not hardware.accelerators:
+            return out  # nothing probed (dry run on a laptop): no device arithmetic possible
+        pool = [a for a in hardware.accelerators if a.kind in info.accelerators]
+        if not pool:
+            kinds = sorted({a.kind for a in hardware.accelerators})
+            out.append(
+                Unsupported(
+                    "hardware",
+                    f"{info.display_name} runs on {'/'.join(info.accelerators)}; this machine has {'/'.join(kinds)}",
+                    source="perflab",
+                )
+            )
+            return out
+        if config.devices is not None:
+            known = {a.index for a in pool}
+            missing = [d for d in config.devices if d not in known]
+            if missing:
+                out.append(
+                    Unsupported(
+                        "devices",
+                        f"device(s) {', '.join(map(str, missing))} do not exist (have {', '.join(map(str, sorted(known)))})",
+                        source="perflab",
+                    )
+                )
+                return out
+            available = len(config.devices)
+        else:
+            available = len(pool)
+        if config.devices_per_node > available:
+            per_node = f" over {config.node_count} nodes: {config.devices_per_node} per node" if config.node_count > 1 else ""
+            out.append(
+                Unsupported(
+                    "parallel size",
+                    f"tp×pp×dp = {config.tp or 1}×{config.pp or 1}×{config.dp or 1} = {config.world_size} "
+                    f"needs {config.world_size} devices{per_node}, {available} available",
+                    source="perflab",
+                )
+            )
+        return out
 
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self.wrapped, name)
-        if name not in getattr(self.wrapped, "METHODS", ()) or not callable(value):
-            return value
+    def nodes_refusal(self, config: ServeConfig) -> list[Unsupported]:
+        """The one-line refusal of ``nodes`` above 1 for an engine whose plugin has no group launch."""
+        if config.node_count <= 1 or self.engine.spans_nodes():
+            return []
+        return [Unsupported(f"nodes={config.nodes}",
+                            f"{self.info.display_name} runs on one node in perflab: its plugin has no multi-node "
+                            f"launch ({GROUP_LAUNCH})",
+                            source="perflab")]
 
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return call_with_deadline(value, args, kwargs, plugin=self.plugin, hook=name,
-                                      deadline_s=self.deadline(name))
+    def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported]:
+        """Every objection, the core's first, then the engine's."""
+        out = [*self.nodes_refusal(config), *self.core_checks(config, hardware)]
+        out.extend(self.engine.check_support(config, hardware, version) or [])
+        return out
 
-        return call
+    def owned_flags(self) -> tuple[str, ...]:
+        """What perflab sets itself for every launch of the engine, so extra arguments may not: the
+        plugin's ``address_flags`` (host and port, which perflab chooses and probes) and
+        ``owned_args`` (MindIE's ``ServerConfig.port``: its extra arguments are config.json overrides)."""
+        return (*self.engine.address_flags, *self.engine.owned_args)
+
+    def owned_flag_problems(self, extra_args: Sequence[str]) -> list[str]:
+        """One line per extra argument that sets a flag perflab owns for the engine (``--port=18555``:
+        the engine would serve on another port than the one perflab chose and waits on)."""
+        owned = self.owned_flags()
+        out = []
+        for arg in extra_args:
+            name = arg.split("=", 1)[0]  # '--port=1' and '--port' '1' alike; 'ServerConfig.port=1'
+            if name in owned:
+                out.append(f"extra argument {arg!r}: perflab sets {name} itself for {self.info.name} "
+                           f"(it chooses the address it waits on); remove it")
+        return out
+
+    # ------------------------------------------------------------------ launch
+
+    def build_launch(self, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path,
+                     version: str | None) -> LaunchSpec:
+        """The engine's launch of ``config`` (its default port when none is set), checked: no
+        extra argument may set a flag perflab owns, and the plugin must return a valid argv."""
+        problems = self.owned_flag_problems(config.extra_args)
+        if problems:  # every engine, not only those whose plugin checks: the same refusal as a plan's
+            raise UsageError("; ".join(problems))
+        if config.port is None:
+            config = config.replace(port=self.info.default_port)
+        spec = self.engine.build_launch(config, hardware, workdir, version)
+        if spec is None:
+            raise PerflabError(f"plugin {self.provider} registered engine {self.info.name!r} but built no launch for it")
+        if not isinstance(spec, LaunchSpec) or not spec.argv or not all(isinstance(a, str) for a in spec.argv):
+            raise PerflabError(f"plugin {self.provider} returned an invalid launch spec for {self.info.name!r}")
+        return self.with_address(spec)
+
+    def build_group_launch(self, config: ServeConfig, hardware: HardwareSnapshot, group: NodeGroup, workdir: Path,
+                           version: str | None) -> list[LaunchSpec]:
+        """One launch per rank of ``group`` (the plugin's :data:`GROUP_LAUNCH`); UnsupportedOption
+        when the engine has none."""
+        specs = self.engine.build_group_launch(config, hardware, group, workdir, version)
+        if specs is None:
+            raise UnsupportedOption(self.info.name, f"nodes={group.size}",
+                                    f"its plugin has no multi-node launch ({GROUP_LAUNCH})")
+        specs = list(specs)
+        if len(specs) != group.size or not all(isinstance(s, LaunchSpec) and s.argv for s in specs):
+            raise PerflabError(f"plugin {self.provider} returned no valid launch per rank of a "
+                               f"{group.size}-node group for {self.info.name!r}")
+        return [self.with_address(s) for s in specs]
+
+    def with_address(self, spec: LaunchSpec) -> LaunchSpec:
+        """``spec`` with its ``address_args`` read from the argv's ``address_flags`` when the
+        engine set none (the serving script leaves those tokens out)."""
+        flags = self.engine.address_flags
+        if not flags or spec.address_args:
+            return spec
+        return dataclasses.replace(spec, address_args=address_tokens(spec.argv, flags))
+
+    # ------------------------------------------------------------------ serving, crashes
+
+    def readiness(self, launch: LaunchSpec) -> Readiness:
+        """How to tell ``launch`` serves: the plugin's answer, else :data:`DEFAULT_READINESS`."""
+        return self.engine.readiness(launch) or DEFAULT_READINESS
+
+    def classify_crash(self, exit_code: int | None, log_tail: str) -> CrashCause:
+        """The plugin's named cause (noting a death by signal), or the core's: ``killed-by-signal``
+        for a signal, else ``unknown`` quoting the first exception line (see perflab.contract.crashes)."""
+        cause = self.engine.classify_crash(exit_code, log_tail)
+        if cause is not None:
+            return with_signal(cause, exit_code)
+        return fallback_cause(exit_code, log_tail)
+
+    def metrics(self, launch: LaunchSpec) -> MetricsEndpoint | None:
+        """Where ``launch`` serves its Prometheus metrics (the engine's optional ``metrics``); None
+        when the engine names none (nothing is scraped)."""
+        answer = self.engine.metrics(launch)
+        if answer is not None and not isinstance(answer, MetricsEndpoint):
+            raise PerflabError(f"the {self.info.name} plugin's metrics() returned {type(answer).__name__}, "
+                               f"not a MetricsEndpoint")
+        return answer
 
 
 def _norm(name: str) -> str:
@@ -349,8 +590,6 @@ class PluginManager:
     def _register_engine(
         self, engine: Any, plugin: str, dist: str | None, version: str | None, out: list[str]
     ) -> None:
-        from perflab.contract.plugin_base import EnginePlugin  # here: plugin_base imports hookspecs, not the manager
-
         if not isinstance(engine, EnginePlugin) or not isinstance(getattr(engine, "info", None), EngineInfo):
             raise TypeError(f"register() takes an EnginePlugin with an EngineInfo, got {type(engine).__name__}")
         info = engine.info

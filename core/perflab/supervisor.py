@@ -30,14 +30,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
 import anyio
 import httpx
 import psutil
 import structlog
 
-from perflab import engines as engine_hooks
 from perflab import redact
 from perflab.contract.crashes import is_notable
 from perflab.contract.errors import HookDeadlineExceeded, UnsupportedOption
@@ -207,7 +206,11 @@ def _memory_by_device(
     }
 
 
-async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+
+
+async def in_thread(fn: Callable[[*Ts], T], *args: *Ts) -> T:
     """Run blocking plugin code (it may run ``engine --version``) off the event loop;
     Ctrl-C does not wait for it."""
     return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
@@ -370,11 +373,11 @@ class EngineInstance:
     async def _start(self) -> None:
         o = self.outcome
         self._transition(Status.PREFLIGHT, workdir=str(self.workdir))
-        self.pm.engine(self.engine)  # UnknownEngine: a usage error, raised
+        rec = self.pm.engine(self.engine)  # UnknownEngine: a usage error, raised
         if o.version is None:
-            o.version = await in_thread(engine_hooks.engine_version, self.pm, self.engine, self.env)
+            o.version = await in_thread(rec.engine.version, self.env)
         problems = [] if self._given is not None else await in_thread(
-            engine_hooks.check_support, self.pm, self.engine, self.config, self.hardware, o.version)
+            rec.check_support, self.config, self.hardware, o.version)
         o.reasons = tuple(u for u in problems if u.severity != "warning")
         o.warnings = tuple(u for u in problems if u.severity == "warning")
         for w in o.warnings:
@@ -392,7 +395,7 @@ class EngineInstance:
         self.launch = o.launch = spec
         redact.register_launch(spec)
         self.base_url = _connectable_url(spec) if self.serving else None
-        self.readiness = await in_thread(engine_hooks.readiness, self.pm, self.engine, spec) if self.serving else None
+        self.readiness = await in_thread(rec.readiness, spec) if self.serving else None
         self._write_files(spec)
 
         if self.settings.check_memory and self.hardware.accelerators:
@@ -448,6 +451,7 @@ class EngineInstance:
                                                  source="perflab"))
             self._transition(Status.UNSUPPORTED, reasons=[f"nodes={config.nodes}: needs an EngineGroup"])
             return None
+        rec = self.pm.engine(self.engine)
         picked = config.port is None
         for _ in range(PORT_PICK_TRIES if picked else 1):
             if picked:
@@ -456,12 +460,9 @@ class EngineInstance:
                 self._port_in_use([config.port])  # type: ignore[list-item]
                 return None
             try:
-                spec: LaunchSpec = await in_thread(
-                    engine_hooks.build_launch, self.pm, self.engine, config, self.hardware, self.workdir, o.version
-                )
+                spec: LaunchSpec = await in_thread(rec.build_launch, config, self.hardware, self.workdir, o.version)
             except UnsupportedOption as exc:
-                rec = self.pm.engine(self.engine)
-                o.reasons = (*o.reasons, Unsupported(exc.option, exc.why, source=rec.distribution or rec.plugin))
+                o.reasons = (*o.reasons, Unsupported(exc.option, exc.why, source=rec.provider))
                 self._transition(Status.UNSUPPORTED, reasons=[str(exc)])
                 return None
             # a port another engine of this study was given counts as taken: it may be loading
@@ -659,7 +660,7 @@ class EngineInstance:
         """The plugin's cause from the whole output's notable lines and the tail."""
         text = self._pump.scan_text() if self._pump is not None else ""
         try:
-            return engine_hooks.classify_crash(self.pm, self.engine, rc, text)
+            return self.pm.engine(self.engine).classify_crash(rc, text)
         except Exception as exc:  # a broken classifier must not hide the crash
             return CrashCause("unknown", f"the engine exited with code {rc} (crash classifier failed: {exc!r})")
 

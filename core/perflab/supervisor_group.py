@@ -37,7 +37,6 @@ from typing import Any, Protocol
 import anyio
 import structlog
 
-from perflab import engines as engine_hooks
 from perflab.contract.errors import UnsupportedOption
 from perflab.contract.status import Status
 from perflab.contract.types import GroupNode, HardwareSnapshot, LaunchSpec, NodeGroup, ServeConfig, Unsupported
@@ -276,8 +275,8 @@ class EngineGroup:
         self._transition(Status.PREFLIGHT, workdir=str(self.workdir), nodes=self.config.node_count)
         rec = self.pm.engine(self.engine)
         if o.version is None:
-            o.version = await in_thread(engine_hooks.engine_version, self.pm, self.engine, self.env)
-        problems = await in_thread(engine_hooks.check_support, self.pm, self.engine, self.config, self.hardware, o.version)
+            o.version = await in_thread(rec.engine.version, self.env)
+        problems = await in_thread(rec.check_support, self.config, self.hardware, o.version)
         o.reasons = tuple(u for u in problems if u.severity != "warning")
         o.warnings = tuple(u for u in problems if u.severity == "warning")
         if o.reasons and not self.force:
@@ -297,10 +296,9 @@ class EngineGroup:
         config = self.config.replace(port=port, nodes=self.group.size)
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            specs = await in_thread(engine_hooks.build_group_launch, self.pm, self.engine, config, self.hardware,
-                                     self.group, self.workdir, o.version)
+            specs = await in_thread(rec.build_group_launch, config, self.hardware, self.group, self.workdir, o.version)
         except UnsupportedOption as exc:
-            self._refuse(exc.option, exc.why, rec.distribution or rec.plugin)
+            self._refuse(exc.option, exc.why, rec.provider)
             return
         # rank 0 hosts the rendezvous: its port is rank 0's to bind and to free
         specs[0] = dataclasses.replace(specs[0], extra_ports=(*specs[0].extra_ports, rendezvous))

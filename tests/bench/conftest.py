@@ -15,7 +15,7 @@ tokens are counted by whitespace like the simulator. The ``model`` field picks a
   milliseconds and then written whole in one burst — tokens, usage and ``[DONE]`` — as the real
   vLLM CPU build answered 3000 requests at once with ``--max-num-seqs 4`` (its API server
   merges a request's deltas while it is behind);
-- ``sim``: adds the header ``x-perflab-sim-time-scale: <time_scale>``;
+- ``sim``: adds the header ``x-perflab-time-scale: <time_scale>`` (TIME_SCALE_HEADER);
 - ``lying-usage``: a normal stream whose usage says ``prompt_tokens: -5``,
   ``completion_tokens: 1000000`` (issue 24 item 8);
 - ``beyond-max-K``: K tokens more than max_tokens, usage counting them truly;
@@ -32,6 +32,8 @@ from collections.abc import Iterator
 
 import pytest
 from aiohttp import web
+
+from perflab.bench.serverclock import TIME_SCALE_HEADER
 
 
 class FakeOpenAIServer:
@@ -78,7 +80,7 @@ class FakeOpenAIServer:
             n = 1 << 62
         headers = {"Content-Type": "text/event-stream"}
         if model == "sim":
-            headers["x-perflab-sim-time-scale"] = repr(self.time_scale)
+            headers[TIME_SCALE_HEADER] = repr(self.time_scale)
         resp = web.StreamResponse(headers=headers)
         await resp.prepare(request)
 

@@ -380,7 +380,7 @@ def test_clock_auto_never_asks_a_real_engine_for_model_clock_stamps(
         fake_server: FakeOpenAIServer, capsys: pytest.CaptureFixture[str]) -> None:
     """``--clock auto`` (the default) asks for the simulator's model-clock stamps only once the
     test request proved the server is perflab's simulator: a server that is not (model "ok":
-    no ``x-perflab-sim-time-scale``) never sees the header, and is timed by the host clock."""
+    no ``x-perflab-time-scale``) never sees the header, and is timed by the host clock."""
     code, out, err = run_cli(capsys, "--base-url", fake_server.base_url, "--model", "ok", "--num-prompts", "6",
                              "--random-input-len", "8", "--random-output-len", "4", "--json")
     assert code == 0, err

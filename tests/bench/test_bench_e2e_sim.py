@@ -1,6 +1,6 @@
 """End to end: a simulated vLLM launched by perflab's supervisor, benchmarked by perflab.
 
-The simulator tokenizes by whitespace and tells clients so (``x-perflab-sim-time-scale``), so
+The simulator tokenizes by whitespace and tells clients so (``x-perflab-time-scale``), so
 the client picks the whitespace tokenizer and input lengths are exact: 200 prompts of 128
 tokens are 25600 input tokens. Simulated time runs 20x faster than real time; the client
 reads the scale from the same header and reports simulated durations.

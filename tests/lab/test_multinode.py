@@ -21,7 +21,6 @@ import perflab_sim as sim
 from perflab.contract.errors import UnsupportedOption
 from perflab.contract.status import Status
 from perflab.contract.types import Accelerator, GroupNode, HardwareSnapshot, NodeGroup, ServeConfig
-from perflab.engines import build_group_launch, check_support
 from perflab.plugins import load
 from perflab.supervisor_group import EngineGroup, local_nodes
 from perflab_sim.env import FAULT_ENV, FAULT_NODE_RANK_ENV, STATE_ENV, TIME_SCALE_ENV
@@ -133,16 +132,16 @@ def test_a_crash_on_rank_1_crashes_the_group_named_with_its_cause(tmp_path: Path
 def test_an_engine_without_the_group_hook_is_refused_for_two_nodes(tmp_path: Path) -> None:
     pm = load()
     hw = HardwareSnapshot()  # nothing probed: no device arithmetic, only the refusal
-    one = check_support(pm, "trtllm", ServeConfig(model="Qwen/Qwen3-8B", nodes=1), hw, None)
+    one = pm.engine("trtllm").check_support(ServeConfig(model="Qwen/Qwen3-8B", nodes=1), hw, None)
     assert not [u for u in one if "nodes" in u.what]
-    two = [u for u in check_support(pm, "trtllm", ServeConfig(model="Qwen/Qwen3-8B", nodes=2), hw, None) if "nodes" in u.what]
+    two = [u for u in pm.engine("trtllm").check_support(ServeConfig(model="Qwen/Qwen3-8B", nodes=2), hw, None) if "nodes" in u.what]
     assert len(two) == 1 and two[0].severity == "error", two
     assert two[0].what == "nodes=2" and "build_group_launch" in two[0].why and "\n" not in two[0].why
     for engine in ("sglang", "vllm"):
-        assert not [u for u in check_support(pm, engine, ServeConfig(model="Qwen/Qwen3-8B", nodes=2, dp=2), hw, None)
+        assert not [u for u in pm.engine(engine).check_support(ServeConfig(model="Qwen/Qwen3-8B", nodes=2, dp=2), hw, None)
                     if "nodes" in u.what]
     with pytest.raises(UnsupportedOption, match="nodes=2"):
-        build_group_launch(pm, "mindie", ServeConfig(model="m", nodes=2, port=1), hw,
+        pm.engine("mindie").build_group_launch(ServeConfig(model="m", nodes=2, port=1), hw,
                            NodeGroup((GroupNode(0, "a"), GroupNode(1, "b")), 2), tmp_path, None)
 
     # the group refuses it before anything starts
@@ -161,7 +160,7 @@ def test_vllm_data_parallel_launches_one_serve_per_node(tmp_path: Path) -> None:
     hw = HardwareSnapshot()
     group = NodeGroup((GroupNode(0, "10.99.48.128", "n0", (0, 1, 2, 3)), GroupNode(1, "10.99.48.129", "n1", (0, 1, 2, 3))), 13345)
     config = ServeConfig(model="Qwen/Qwen3-8B", tp=2, dp=4, nodes=2, port=8000)
-    head, other = build_group_launch(pm, "vllm", config, hw, group, tmp_path, None)
+    head, other = pm.engine("vllm").build_group_launch(config, hw, group, tmp_path, None)
     common = ["--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-address", "10.99.48.128",
               "--data-parallel-rpc-port", "13345"]
     for spec in (head, other):
@@ -175,7 +174,7 @@ def test_vllm_data_parallel_launches_one_serve_per_node(tmp_path: Path) -> None:
     # the serving script of rank 0 leaves out only the address perflab chose
     assert head.address_args == ("--host", "127.0.0.1", "--port", "8000")
     with pytest.raises(UnsupportedOption, match="dp=3 must be a multiple of the nodes"):
-        build_group_launch(pm, "vllm", config.replace(dp=3), hw, group, tmp_path, None)
+        pm.engine("vllm").build_group_launch(config.replace(dp=3), hw, group, tmp_path, None)
 
 
 def test_local_nodes_split_the_devices_and_refuse_too_few() -> None:
@@ -210,9 +209,8 @@ def test_simulated_rank_0_times_out_with_torch_text_when_a_rank_never_joins(tmp_
     assert "DistStoreError: Timed out after 2 seconds waiting for clients. 1/2 clients joined." in out, out
     assert head.returncode == -9
     pm = load()
-    from perflab.engines import classify_crash
 
-    assert classify_crash(pm, "sglang", head.returncode, out).name == "rendezvous-timeout"
+    assert pm.engine("sglang").classify_crash(head.returncode, out).name == "rendezvous-timeout"
 
 
 def test_simulated_joining_rank_times_out_when_rank_0_is_absent(tmp_path: Path) -> None:

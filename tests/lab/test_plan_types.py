@@ -262,14 +262,13 @@ def test_a_launch_of_any_engine_refuses_an_owned_flag_in_its_extra_args(tmp_path
     """The check a plan gets is the one every launch makes; SGLang's, TensorRT-LLM's and MindIE's
     plugins had none of their own (the engine got a second port, or MindIE's config.json another)."""
     from perflab.contract.types import ServeConfig
-    from perflab.engines import build_launch
     from perflab.hardware import resolve
     from perflab.plugins import load
 
     pm = load()
     hardware, _ = resolve(pm, "sim:a100-80g-x8")
     with pytest.raises(UsageError, match=f"perflab sets {owned} itself for {engine}"):
-        build_launch(pm, engine, ServeConfig(model="m", port=9000, extra_args=args), hardware, tmp_path, None)
+        pm.engine(engine).build_launch(ServeConfig(model="m", port=9000, extra_args=args), hardware, tmp_path, None)
 
 
 @pytest.mark.parametrize(("text", "key"), [

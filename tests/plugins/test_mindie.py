@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 import perflab_mindie
-from perflab import engines
 from perflab.contract.errors import UnsupportedOption
 from perflab.contract.types import HardwareSnapshot, HttpProbe, ServeConfig
 from perflab_mindie.config_json import load_template
@@ -28,7 +27,7 @@ A100 = gpus("A100", (8, 0), n=1)
 
 
 def build(pm, config: ServeConfig, hardware: HardwareSnapshot = NPU1, version: str | None = "2.1.RC1"):
-    return engines.build_launch(pm, ENGINE, config, hardware, WORKDIR, version)
+    return pm.engine(ENGINE).build_launch(config, hardware, WORKDIR, version)
 
 
 def document(spec) -> dict[str, Any]:
@@ -99,7 +98,7 @@ def test_quantized_seed_checkpoint_is_served_as_is(pm):
     spec = build(pm, SEED_COMMANDS["mindie serve vllm-ascend/Qwen3-8B-W8A8"].replace(port=1025))
     assert any("w8a8" in w for w in spec.warnings)
     assert (
-        engines.check_support(pm, ENGINE, SEED_COMMANDS["mindie serve vllm-ascend/Qwen3-8B-W8A8"], NPU1, "2.1.RC1")
+        pm.engine(ENGINE).check_support(SEED_COMMANDS["mindie serve vllm-ascend/Qwen3-8B-W8A8"], NPU1, "2.1.RC1")
         == []
     )
 
@@ -200,7 +199,7 @@ def test_max_model_len_raises_max_prefill_tokens_to_the_input_length(pm):
 
 def test_readiness_probes_management_health_and_business_models(pm):
     spec = build(pm, ServeConfig(model="m", port=5025))
-    ready = engines.readiness(pm, ENGINE, spec)
+    ready = pm.engine(ENGINE).readiness(spec)
     assert ready.http == (HttpProbe("/health", port=5026), HttpProbe("/v1/models"))
     assert ready.generation_path == "/v1/completions"
     assert any(re.search(p, "Daemon start success!") for p in ready.ready_log_patterns)
@@ -247,33 +246,33 @@ def test_chunked_prefill_lifts_the_prefill_token_floor(pm):
 @pytest.mark.parametrize("version", ["2.1.RC1", None])
 def test_prefix_caching_on_moe_is_refused_like_seed_000(pm, version):
     config = SEED_COMMANDS["mindie serve Qwen3-30B-A3B --enable-prefix-caching"]
-    reasons = engines.check_support(pm, ENGINE, config, NPU1, version)
+    reasons = pm.engine(ENGINE).check_support(config, NPU1, version)
     assert [(r.what, r.severity) for r in reasons] == [("prefix_caching", "error")]
     assert "MoE" in reasons[0].why and reasons[0].source.startswith("https://")
 
 
 def test_prefix_caching_checks(pm):
-    moe_newer = engines.check_support(
-        pm, ENGINE, ServeConfig(model="Qwen/Qwen3-235B-A22B", prefix_caching=True), NPU8, "2.3.0"
+    moe_newer = pm.engine(ENGINE).check_support(
+        ServeConfig(model="Qwen/Qwen3-235B-A22B", prefix_caching=True), NPU8, "2.3.0"
     )
     assert [r.severity for r in moe_newer] == ["warning"]
     assert (
-        engines.check_support(pm, ENGINE, ServeConfig(model="Qwen/Qwen3-32B", prefix_caching=True), NPU8, "2.1.RC1")
+        pm.engine(ENGINE).check_support(ServeConfig(model="Qwen/Qwen3-32B", prefix_caching=True), NPU8, "2.1.RC1")
         == []
     )
-    dp = engines.check_support(pm, ENGINE, ServeConfig(model="Qwen/Qwen3-32B", prefix_caching=True, dp=2), NPU8, None)
+    dp = pm.engine(ENGINE).check_support(ServeConfig(model="Qwen/Qwen3-32B", prefix_caching=True, dp=2), NPU8, None)
     assert [(r.what, r.severity) for r in dp] == [("prefix_caching", "error")] and "dp=2" in dp[0].why
 
 
 def test_chunked_prefill_checks(pm):
-    reasons = engines.check_support(
-        pm, ENGINE, ServeConfig(model="m", chunked_prefill=True, dp=2, speculative_config={"method": "mtp"}), NPU8, None
+    reasons = pm.engine(ENGINE).check_support(
+        ServeConfig(model="m", chunked_prefill=True, dp=2, speculative_config={"method": "mtp"}), NPU8, None
     )
     assert [(r.what, r.severity) for r in reasons] == [("chunked_prefill", "error")] * 2
 
 
 def test_non_ascend_hardware_is_refused_by_the_core(pm):
-    reasons = engines.check_support(pm, ENGINE, ServeConfig(model="m"), A100, None)
+    reasons = pm.engine(ENGINE).check_support(ServeConfig(model="m"), A100, None)
     assert [r.what for r in reasons] == ["hardware"]
 
 
@@ -294,11 +293,11 @@ def test_version_info_beside_mindie_service(pm, tmp_path):
     service = tmp_path / "mindie" / "latest" / "mindie-service"
     service.mkdir(parents=True)
     env = {"MIES_INSTALL_PATH": str(service)}
-    assert engines.engine_version(pm, ENGINE, env) is None
+    assert pm.engine(ENGINE).engine.version(env) is None
     (service.parent / "version.info").write_text(VERSION_INFO)  # the real layout
-    assert engines.engine_version(pm, ENGINE, env) == "2.1.RC1"
+    assert pm.engine(ENGINE).engine.version(env) == "2.1.RC1"
     (service / "version.info").write_text(VERSION_INFO.replace("2.1.RC1", "2.2.T1"))
-    assert engines.engine_version(pm, ENGINE, env) == "2.2.T1"
+    assert pm.engine(ENGINE).engine.version(env) == "2.2.T1"
 
 
 @pytest.mark.parametrize(
@@ -352,7 +351,7 @@ Daemon is killing, please wait about 5 seconds...
 
 @pytest.mark.parametrize("name", sorted(CRASHES))
 def test_crash_causes_are_named_with_the_matching_line(pm, name):
-    cause = engines.classify_crash(pm, ENGINE, 1, CRASHES[name])
+    cause = pm.engine(ENGINE).classify_crash(1, CRASHES[name])
     assert cause.name == name
     assert cause.line and cause.line in CRASHES[name] and cause.hint and cause.source
 
@@ -438,7 +437,7 @@ def test_serving_script_lists_the_keys_perflab_set_not_a_study_path(pm, tmp_path
     from perflab.lab.run.executor import plugin_file_describer, serving_script
 
     run_dir = tmp_path / "study" / "runs" / "001-mindie"
-    spec = engines.build_launch(pm, ENGINE, ServeConfig(model="Qwen/Qwen3-30B-A3B", tp=2, port=1025), _sim_npus(8),
+    spec = pm.engine(ENGINE).build_launch(ServeConfig(model="Qwen/Qwen3-30B-A3B", tp=2, port=1025), _sim_npus(8),
                                 run_dir, "2.1.RC1")
     script = serving_script([spec], plugin_file_describer(pm, ENGINE), run_dir)
     assert str(tmp_path) not in script

@@ -10,7 +10,6 @@ import sys
 import pytest
 
 import perflab_sglang
-from perflab import engines
 from perflab.contract.errors import UnsupportedOption
 from perflab.contract.types import HardwareSnapshot, HttpProbe, ServeConfig
 
@@ -23,7 +22,7 @@ H100 = gpus("NVIDIA H100 80GB HBM3", (9, 0), 1)
 
 
 def build(pm, config: ServeConfig, hardware: HardwareSnapshot = A100X8):
-    return engines.build_launch(pm, ENGINE, config, hardware, WORKDIR, "0.5.5.post1")
+    return pm.engine(ENGINE).build_launch(config, hardware, WORKDIR, "0.5.5.post1")
 
 
 def pairs(tokens: list[str]) -> list[tuple[str, str | None]]:
@@ -254,14 +253,14 @@ def test_inexpressible_options_are_refused(pm, changes, option):
     ],
 )
 def test_fp8_is_refused_below_sm89(pm, config):
-    reasons = engines.check_support(pm, ENGINE, config, A100X8, "0.5.5.post1")
+    reasons = pm.engine(ENGINE).check_support(config, A100X8, "0.5.5.post1")
     assert [(r.severity, "SM80" in r.why) for r in reasons] == [("error", True)]
     assert reasons[0].source.startswith("https://")
-    assert engines.check_support(pm, ENGINE, config.replace(tp=1), H100, "0.5.5.post1") == []
+    assert pm.engine(ENGINE).check_support(config.replace(tp=1), H100, "0.5.5.post1") == []
 
 
 def test_bf16_on_a100_has_no_objection(pm):
-    assert engines.check_support(pm, ENGINE, ServeConfig(model="Qwen/Qwen3-32B", tp=8), A100X8, None) == []
+    assert pm.engine(ENGINE).check_support(ServeConfig(model="Qwen/Qwen3-32B", tp=8), A100X8, None) == []
 
 
 # --------------------------------------------------------------------------- readiness
@@ -269,7 +268,7 @@ def test_bf16_on_a100_has_no_objection(pm):
 
 def test_readiness_uses_sglang_health_paths_and_ready_line(pm):
     spec = build(pm, ServeConfig(model="m"))
-    ready = engines.readiness(pm, ENGINE, spec)
+    ready = pm.engine(ENGINE).readiness(spec)
     assert ready.http == (HttpProbe("/health"), HttpProbe("/health_generate"))
     assert ready.generation_path == "/v1/completions"
     line = "[2025-11-20 10:00:00] The server is fired up and ready to roll!"
@@ -318,18 +317,18 @@ Repository Not Found for url: https://huggingface.co/api/models/Qwen/Qwen3-999B/
 
 @pytest.mark.parametrize("name", sorted(CRASHES))
 def test_crash_causes_are_named_with_the_matching_line(pm, name):
-    cause = engines.classify_crash(pm, ENGINE, 1, CRASHES[name])
+    cause = pm.engine(ENGINE).classify_crash(1, CRASHES[name])
     assert cause.name == name
     assert cause.line and cause.line in CRASHES[name] and cause.hint and cause.source
 
 
 def test_oom_wins_over_the_nccl_watchdog_it_causes(pm):
-    cause = engines.classify_crash(pm, ENGINE, 1, CRASHES["cuda-oom"])
+    cause = pm.engine(ENGINE).classify_crash(1, CRASHES["cuda-oom"])
     assert cause.line.startswith("torch.OutOfMemoryError")
 
 
 def test_unknown_crash_falls_back_to_the_core(pm):
-    cause = engines.classify_crash(pm, ENGINE, 3, "loading\nValueError: something new\n")
+    cause = pm.engine(ENGINE).classify_crash(3, "loading\nValueError: something new\n")
     assert cause.name == "unknown" and cause.line == "ValueError: something new"
 
 
@@ -337,9 +336,9 @@ def test_unknown_crash_falls_back_to_the_core(pm):
 
 
 def test_version_is_read_from_metadata_on_pythonpath(pm, tmp_path):
-    assert engines.engine_version(pm, ENGINE, {"PYTHONPATH": str(tmp_path)}) is None  # no sglang installed here
+    assert pm.engine(ENGINE).engine.version({"PYTHONPATH": str(tmp_path)}) is None  # no sglang installed here
     dist_info(tmp_path, "sglang", "0.5.5.post1")
-    assert engines.engine_version(pm, ENGINE, {"PYTHONPATH": f"/nonexistent:{tmp_path}"}) == "0.5.5.post1"
+    assert pm.engine(ENGINE).engine.version({"PYTHONPATH": f"/nonexistent:{tmp_path}"}) == "0.5.5.post1"
 
 
 def test_registration_and_other_engines_are_not_answered(pm):

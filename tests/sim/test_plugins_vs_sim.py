@@ -2,7 +2,7 @@
 must be one the engine accepts, and must mean what the plugin meant.
 
 For each engine the installed plugins register, a few serving configurations are built with
-``perflab.engines.build_launch`` on a simulated machine, the launch's files are written, and
+``pm.engine(name).build_launch`` on a simulated machine, the launch's files are written, and
 its argv (``python -m sglang.launch_server ARGS`` for SGLang) or MindIE's config.json is parsed
 by the front end the argv names. A case an engine cannot run is declared in the case
 (``refused_by``): the plugin must refuse it, by a preflight error or by ``UnsupportedOption``,
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from perflab import engines, plugins
+from perflab import plugins
 from perflab.contract.errors import UnsupportedOption
 from perflab.contract.types import ServeConfig
 from perflab.hardware import resolve
@@ -111,16 +111,16 @@ def test_plugin_launch_parses_in_the_simulator(
     info = pm.engine(engine).info
     kind = "ascend" if "ascend" in info.accelerators else "cuda"
     snapshot, env = machines[kind]
-    version = engines.engine_version(pm, engine, env)
+    version = pm.engine(engine).engine.version(env)
     port = free_ports(1)[0]
     config = ServeConfig(model=case.model, host="127.0.0.1", port=port, **case.options)
     if engine == "mindie" and case.model == DENSE and case.name == "tp":
         config = config.replace(model="Qwen/Qwen3-14B")
-    problems = [u for u in engines.check_support(pm, engine, config, snapshot, version) if u.severity == "error"]
+    problems = [u for u in pm.engine(engine).check_support(config, snapshot, version) if u.severity == "error"]
     refused = f"{problems[0].what}: {problems[0].why}" if problems else None
     if refused is None:
         try:
-            spec = engines.build_launch(pm, engine, config, snapshot, tmp_path, version)
+            spec = pm.engine(engine).build_launch(config, snapshot, tmp_path, version)
         except UnsupportedOption as exc:
             refused = str(exc)
     if engine in case.refused_by:

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from perflab.bench.serverclock import TIME_SCALE_HEADER
 from perflab_sim import state
 from perflab_sim.nvml import NvmlShim
 
@@ -203,7 +204,7 @@ def test_streams_chat_with_usage_and_stops_cleanly_on_sigterm(sim_env: dict[str,
         assert e.out.index(STARTUP) < e.out.index(READY)
         assert httpx.get(f"{e.url}/health").status_code == 200
         events, headers = stream_chat(e.url, words=30, max_tokens=12, ignore_eos=True)
-        assert headers["x-perflab-sim-time-scale"] == "20"
+        assert headers[TIME_SCALE_HEADER] == "20"
         content = "".join(ev["choices"][0]["delta"].get("content", "") for ev in events if ev["choices"])
         assert len(content.split()) == 12
         assert events[0]["choices"][0]["delta"]["role"] == "assistant"

@@ -4,7 +4,7 @@ Order of work (the timed part is only step 5)::
 
     1. profile and validation
     2. a one-token test request per endpoint (fails fast with the server's error; tells
-       whether the server is perflab's simulator and its time scale)
+       whether the server runs on a faster clock of its own, a simulator's, and its time scale)
     3. tokenizer, dataset, every request encoded to bytes, arrival times
     4. warm-up requests (not measured)
     5. the run, with the garbage collector's heap frozen; in --workers processes if asked
@@ -56,13 +56,11 @@ from perflab.bench.profiles import apply_profile
 from perflab.bench.request import BenchRequest
 from perflab.bench.result import BenchResult, Stall
 from perflab.bench.schedule import arrival_offsets
-from perflab.bench.serverclock import SERVER_CLOCK_COMMENT, parse_clock
+from perflab.bench.serverclock import SERVER_CLOCK_COMMENT, TIME_SCALE_HEADER, parse_clock
 from perflab.bench.tokenizer import Tokenizer, load_tokenizer, tokenizer_spec
 from perflab.bench.trace import Capture, RequestTrace, parse_capture, sent_traces
 from perflab.contract.errors import PerflabError
 
-SIM_TIME_SCALE_HEADER = "x-perflab-sim-time-scale"
-SIM_FINGERPRINT = b"perflab-sim"
 MAX_KEPT_ERRORS = 10
 PROBE_TIMEOUT_S = 60.0
 # the least real time without a byte before a *simulated* engine (time scale > 1) is called
@@ -93,7 +91,8 @@ def _probe_requests(req: BenchRequest, targets: list[Target]) -> list[Prepared]:
 
 
 def _probe(req: BenchRequest, targets: list[Target], cancel: threading.Event | None = None) -> tuple[bool, float | None]:
-    """Send one tiny request to every endpoint; (is perflab's simulator, its time scale)."""
+    """Send one tiny request to every endpoint; (does a server run on a clock of its own
+    (:data:`~perflab.bench.serverclock.TIME_SCALE_HEADER`), its time scale)."""
     probes = _probe_requests(req, targets)
     plan = LoadPlan(probes, [0.0] * len(probes), None, req.http_stack, min(req.timeout or PROBE_TIMEOUT_S, PROBE_TIMEOUT_S))
     outcome = run_in_new_loop(drive(plan, cancel=cancel))
@@ -105,15 +104,13 @@ def _probe(req: BenchRequest, targets: list[Target], cancel: threading.Event | N
         trace = parse_capture(cap, prompt_len=1, tokenizer=None, check_counts=False)  # the run checks counts
         if not trace.success:
             raise PerflabError(f"the test request to {target.url} failed: {trace.error}")
-        header = cap.headers.get(SIM_TIME_SCALE_HEADER)
+        header = cap.headers.get(TIME_SCALE_HEADER)
         if header is not None:
             simulated = True
             try:
                 scale = float(header)
             except ValueError:
-                raise PerflabError(f"{target.url} sent {SIM_TIME_SCALE_HEADER}: {header!r}, not a number") from None
-        if any(SIM_FINGERPRINT in piece for _, piece in cap.reads):
-            simulated = True
+                raise PerflabError(f"{target.url} sent {TIME_SCALE_HEADER}: {header!r}, not a number") from None
     return simulated, scale
 
 

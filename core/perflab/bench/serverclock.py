@@ -9,6 +9,9 @@ The bench (:mod:`perflab.bench.runner`) asks when the lab knows the server offer
 (``BenchRequest.server_clock``), times the run on those stamps, and verifies them (every
 request stamped, arrival before end). perflab's simulator (the perflab-sim distribution)
 offers it, so simulated numbers are reproducible however loaded the host is.
+
+A server whose clock runs faster than the host's (a simulator) also says so on every response
+(:data:`TIME_SCALE_HEADER`): the bench's probe reads it, and measures in the server's seconds.
 """
 
 from __future__ import annotations
@@ -34,6 +37,12 @@ SERVER_CLOCK_BURST = "burst"
 #: a request of the loop ends while fewer than ``n`` have arrived, until the next one does: the
 #: client's reaction time (host time, ×scale in model time) is not the engine's.
 SERVER_CLOCK_LOOP = "loop"
+#: response header of a server whose clock runs faster than real time, on every response: its
+#: value is the server's seconds per real second (``40``). The bench (its probe request) then
+#: sends ``request_rate × scale`` requests per real second, multiplies what it measures by the
+#: scale, and asks for the server-clock stamps when the lab asks for them; a server without it is
+#: timed by the host's clock.
+TIME_SCALE_HEADER = "x-perflab-time-scale"
 
 
 def clock_header_value(*, count: int, request_rate: float, max_concurrency: int | None, engines: int,

@@ -6,8 +6,8 @@ Three kinds, chosen by :func:`load_tokenizer` (``--tokenizer``):
     The rule of perflab's simulated engines (perflab-sim's tokenizer): a text is
     ``len(text.split())`` tokens and every generated token is one word. Random prompts of N
     words are exactly N tokens on the simulator. The default when the server is perflab's
-    simulator (it answers with the header ``x-perflab-sim-time-scale`` or
-    ``"system_fingerprint": "perflab-sim"``).
+    simulator (it answers with the header ``x-perflab-time-scale``,
+    :data:`perflab.bench.serverclock.TIME_SCALE_HEADER`).
 ``hf``
     A Hugging Face fast tokenizer read from a local ``tokenizer.json`` (or a model directory
     holding one) through the ``tokenizers`` library. Random prompts are built from token ids

@@ -45,10 +45,8 @@ def _engine_install(
     An engine that names Python ``distributions`` is installed only when its version hook
     found one: an executable on PATH is not enough (``vllm`` on PATH is not vLLM-Ascend).
     """
-    from perflab.engines import engine_version
-
     try:
-        version = engine_version(pm, name, env)
+        version = pm.engine(name).engine.version(env)
     except Exception as exc:  # a plugin bug must not hide the rest of the listing
         return False, None, f"version check failed: {type(exc).__name__}: {exc}"
     if version is not None:
@@ -306,7 +304,6 @@ def _group_launches(pm: PluginManager, engine: str, config: ServeConfig, snapsho
     ``perflab launch``/``run`` would start them on this machine (rank addresses 127.0.0.1, a free
     rendezvous port; perflab.supervisor_group)."""
     from perflab.contract.types import NodeGroup
-    from perflab.engines import build_group_launch
     from perflab.lifecycle.ports import pick_free_port
     from perflab.supervisor_group import local_nodes
 
@@ -314,7 +311,7 @@ def _group_launches(pm: PluginManager, engine: str, config: ServeConfig, snapsho
     config = config if config.port is not None else config.replace(port=rec.info.default_port)
     nodes = local_nodes(config, snapshot, rec.info.accelerators)
     group = NodeGroup(nodes, pick_free_port(nodes[0].address))
-    return group, build_group_launch(pm, engine, config, snapshot, group, workdir, version)
+    return group, rec.build_group_launch(config, snapshot, group, workdir, version)
 
 
 def _rendezvous(group: NodeGroup) -> str:
@@ -340,18 +337,17 @@ def engine_command(ctx: click.Context, engine: str, hardware: str, as_json: bool
     config.json), host and port, with the preflight's objections. Nothing is started or
     written."""
     from perflab.cli import get_pm
-    from perflab.engines import build_launch, check_support, engine_version
     from perflab.hardware import resolve
 
     pm = get_pm(ctx)
-    pm.engine(engine)  # unknown engine: one-line error before probing anything
+    rec = pm.engine(engine)  # unknown engine: one-line error before probing anything
     config = pop_serve_config(kwargs)
     snapshot, env = resolve(pm, hardware)
-    version = engine_version(pm, engine, env)
-    problems = check_support(pm, engine, config, snapshot, version)
+    version = rec.engine.version(env)
+    problems = rec.check_support(config, snapshot, version)
     workdir = dry_run_workdir(engine)
     group, ranks = _group_launches(pm, engine, config, snapshot, workdir, version) if config.node_count > 1 else (None, [])
-    launch = ranks[group.serving.rank] if group is not None else build_launch(pm, engine, config, snapshot, workdir, version)
+    launch = ranks[group.serving.rank] if group is not None else rec.build_launch(config, snapshot, workdir, version)
     redact.register_config(config)  # printed as ***
     for spec in ranks or [launch]:
         redact.register_launch(spec)

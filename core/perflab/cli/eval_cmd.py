@@ -133,18 +133,19 @@ def _result_dir(result_dir: str | None, filename: str | None) -> Path:
 
 
 def _is_simulated(base_url: str, api_key: str | None) -> bool:
-    """Whether the endpoint is perflab's simulator (it stamps every answer with its time scale,
-    as ``perflab bench`` recognises it)."""
+    """Whether the endpoint runs on a faster clock of its own, a simulator's (it stamps every
+    answer with its time scale, :data:`perflab.bench.serverclock.TIME_SCALE_HEADER`, as
+    ``perflab bench`` recognises it)."""
     import httpx
 
-    from perflab.bench.runner import SIM_TIME_SCALE_HEADER
+    from perflab.bench.serverclock import TIME_SCALE_HEADER
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         response = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=5.0)
     except (httpx.HTTPError, ValueError):
         return False
-    return SIM_TIME_SCALE_HEADER in response.headers
+    return TIME_SCALE_HEADER in response.headers
 
 
 def format_table(results: list[Any], *, simulated: bool = False) -> str:

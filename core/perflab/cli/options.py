@@ -17,7 +17,18 @@ import click
 from perflab.contract.errors import UsageError
 from perflab.contract.types import ServeConfig, ServeOption
 from perflab.contract.types import serve_options as declared_options
-from perflab.engines import parse_env_pairs
+
+
+def parse_env_pairs(pairs: tuple[str, ...] | list[str], what: str = "--env") -> dict[str, str]:
+    """``KEY=VALUE`` pairs (``--env``, ``--engine-option``) as a mapping; a pair without ``=`` or
+    without a key is a usage error."""
+    out: dict[str, str] = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{what} {p!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
 
 
 def parse_devices(value: str | None) -> tuple[int, ...] | None:

@@ -150,7 +150,7 @@ class EnginePlugin:
     address_flags: ClassVar[tuple[str, ...]] = ()
     #: other names an ``extra_args`` entry may not set (the part before ``=``), because perflab
     #: sets them for every launch (MindIE's ``ServerConfig.port=...`` overrides); with
-    #: ``address_flags``, what :func:`perflab.engines.owned_flags` refuses
+    #: ``address_flags``, what :meth:`perflab.plugins.EngineRecord.owned_flags` refuses
     owned_args: ClassVar[tuple[str, ...]] = ()
     #: the engine's own crash signatures, most specific first (the core's shared ones follow);
     #: or "module:NAME" of a tuple, imported on the first crash (keeps the plugin import-light)

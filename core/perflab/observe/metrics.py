@@ -203,13 +203,15 @@ def metrics_url(base_url: str, endpoint: MetricsEndpoint) -> str:
 def metrics_watchers(pm: PluginManager, engine: str, instances: Sequence[Any], env: Mapping[str, str] | None = None) -> list[MetricsWatcher]:
     """The watcher of a launch's engine metrics: one for all its replicas (``instances``: the
     running engines, each with ``launch`` and ``base_url``); none when the plugin names no
-    endpoint. ``env``: the lab's environment (an API key there is sent as the bench sends it)."""
-    from perflab.engines import metrics_endpoint
-
+    endpoint (or the engine is not registered). ``env``: the lab's environment (an API key there
+    is sent as the bench sends it)."""
+    rec = pm.engines.get(engine)
+    if rec is None:
+        return []
     targets: list[Target] = []
     endpoint: MetricsEndpoint | None = None
     for inst in instances:
-        found = metrics_endpoint(pm, engine, inst.launch)
+        found = rec.metrics(inst.launch)
         if found is None:
             continue
         endpoint = endpoint or found

@@ -149,21 +149,18 @@ class EngineConformance:
         return sample_hardware(info.accelerators[0] if info.accelerators else "cuda")
 
     def _build(self, pm: PluginManager, hardware: HardwareSnapshot, tmp: Path, **changes: Any) -> LaunchSpec:
-        from perflab.engines import build_launch
-
         config = ServeConfig(**{"model": self.model, "port": 18123, **changes})
         if config.node_count > 1:  # the serving rank of a group (build_group_launch)
             return self._build_group(pm, hardware, tmp, config)[0]
-        return build_launch(pm, self.engine, config, hardware, tmp, None)
+        return pm.engine(self.engine).build_launch(config, hardware, tmp, None)
 
     def _build_group(self, pm: PluginManager, hardware: HardwareSnapshot, tmp: Path, config: ServeConfig) -> list[LaunchSpec]:
         from perflab.contract.types import GroupNode, NodeGroup
-        from perflab.engines import build_group_launch
 
         per = config.devices_per_node
         group = NodeGroup(tuple(GroupNode(r, f"10.0.0.{r + 1}", f"node{r}", tuple(range(per))) for r in range(config.node_count)),
                           29500)
-        return build_group_launch(pm, self.engine, config, hardware, group, tmp, None)
+        return pm.engine(self.engine).build_group_launch(config, hardware, group, tmp, None)
 
     def _serve_options(self, pm: PluginManager) -> Any:
         options = pm.engines[self.engine].engine.serve_options
@@ -249,11 +246,9 @@ class EngineConformance:
             self._build(pm, hardware, tmp_path, options={"perflab_conformance_no_such_option": 1})
 
     def test_unsupported_configs_are_refused(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
-        from perflab.engines import check_support
-
         for changes in self.unsupported_configs:
             config = ServeConfig(model=self.model, port=18123, **changes)
-            reasons = [u for u in check_support(pm, self.engine, config, hardware, None) if u.severity == "error"]
+            reasons = [u for u in pm.engine(self.engine).check_support(config, hardware, None) if u.severity == "error"]
             if reasons:
                 continue
             with pytest.raises(UnsupportedOption):
@@ -303,12 +298,10 @@ class EngineConformance:
     def test_refused_serve_options_are_refused(
         self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path
     ) -> None:
-        from perflab.engines import check_support
-
         problems: list[str] = []
         for name, how, changes in self._samples(pm, Refuses, problems):
             config = ServeConfig(**{"model": self.model, "port": 18123, **changes})
-            if any(u.severity == "error" and name in u.what for u in check_support(pm, self.engine, config, hardware, None)):
+            if any(u.severity == "error" and name in u.what for u in pm.engine(self.engine).check_support(config, hardware, None)):
                 continue
             try:
                 self._build(pm, hardware, tmp_path, **changes)
@@ -322,10 +315,8 @@ class EngineConformance:
     # ------------------------------------------------------------------ readiness, preflight, crashes
 
     def test_readiness_probes_exist(self, pm: PluginManager, hardware: HardwareSnapshot, tmp_path: Path) -> None:
-        from perflab.engines import readiness
-
         spec = self._build(pm, hardware, tmp_path)
-        ready = readiness(pm, self.engine, spec)
+        ready = pm.engine(self.engine).readiness(spec)
         assert isinstance(ready, Readiness)
         assert ready.http or ready.generation_path, "give at least one HTTP probe or a generation path"
         for probe in ready.http:
@@ -362,11 +353,9 @@ class EngineConformance:
         assert endpoint.source, "say where the engine defines the names"
 
     def test_preflight_answers_are_well_formed(self, pm: PluginManager, hardware: HardwareSnapshot) -> None:
-        from perflab.engines import check_support
-
         for changes in [{}, *self.configs, {"quantization": "fp8"}]:
             config = ServeConfig(model=self.model, **changes)
-            for answer in check_support(pm, self.engine, config, hardware, None):
+            for answer in pm.engine(self.engine).check_support(config, hardware, None):
                 assert isinstance(answer, Unsupported)
                 assert answer.what and answer.why
                 assert answer.severity in ("error", "warning")

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from perflab.bench.serverclock import TIME_SCALE_HEADER
 from perflab_sim import group, state, worker
 from perflab_sim.config import EngineBehaviour, SimEngineConfig
 from perflab_sim.faults import EXIT_DEADLINE_S, Faults
@@ -353,7 +354,7 @@ class EngineLifecycle:
 
     async def _bind(self) -> bool:
         cfg = self.cfg
-        common = {"server": "perflab-sim", "x-perflab-sim-time-scale": f"{self.scale:g}"}
+        common = {"server": "perflab-sim", TIME_SCALE_HEADER: f"{self.scale:g}"}
         ports = [cfg.port, *cfg.extra_ports]
         # ports bound on an address of their own (MindIE's management and metrics ports
         # listen on managementIpAddress)

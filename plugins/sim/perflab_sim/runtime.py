@@ -21,8 +21,8 @@ engine's flags into a :class:`perflab_sim.config.SimEngineConfig`.
 Steps 2 to 6 and the exit are :mod:`perflab_sim.lifecycle`'s; the HTTP routes
 :mod:`perflab_sim.routing`'s; the bodies (vLLM 0.32.0's) :mod:`perflab_sim.wire`'s; the time
 scale (``PERFLAB_SIM_TIME_SCALE``: a step the performance model says takes 50 ms is delivered
-50 ms / scale after the previous one; responses carry it in the ``x-perflab-sim-time-scale``
-header) and the faults :mod:`perflab_sim.faults`'. This module holds what the engine runs on (:class:`Deployment`),
+50 ms / scale after the previous one; responses carry it in the ``x-perflab-time-scale``
+header, :data:`perflab.bench.serverclock.TIME_SCALE_HEADER`) and the faults :mod:`perflab_sim.faults`'. This module holds what the engine runs on (:class:`Deployment`),
 the engine's schedulers and metrics (:class:`Engine`), and :func:`serve`. Optional engine
 behaviour is ``cfg.behaviour`` (:class:`perflab_sim.config.EngineBehaviour`).
 """

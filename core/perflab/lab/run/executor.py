@@ -580,11 +580,10 @@ class Executor:
 
     def _script_without_launch(self, config: Configuration, device_sets: list[tuple[int, ...]] | None, run_dir: Path) -> str | None:
         """A refused configuration still shows what it would have run, when the plugin can build it."""
-        from perflab.engines import build_launch
-
         try:
-            spec = build_launch(self.ctx.pm, config.engine, config.serve_config(devices=device_sets[0] if device_sets else None),
-                                self.ctx.hardware, run_dir, self.ctx.versions.get(config.engine))
+            spec = self.ctx.pm.engine(config.engine).build_launch(
+                config.serve_config(devices=device_sets[0] if device_sets else None), self.ctx.hardware, run_dir,
+                self.ctx.versions.get(config.engine))
         except Exception:  # a plugin that cannot express it (UnsupportedOption): no script to show
             return None
         return serving_script([spec], self._describer(config.engine), run_dir)

@@ -114,10 +114,9 @@ def too_long(config: Configuration, profiles: list[Profile], model_ctx: int | No
 
 def refuse_owned_flags(pm: PluginManager, plan: Plan) -> None:
     """Refuse, before anything starts, every ``extra_args`` of the plan that sets a flag perflab
-    owns on an engine it may run on (:func:`perflab.engines.owned_flag_problems`, the check
+    owns on an engine it may run on (:meth:`perflab.plugins.EngineRecord.owned_flag_problems`, the check
     every launch makes): such a plan used to fail at that configuration's launch, after the
     others had run. One UsageError line naming each place."""
-    from perflab.engines import owned_flag_problems
     from perflab.lab.plan import WINNER, engines_of
 
     everywhere = engines_of(plan)
@@ -138,7 +137,7 @@ def refuse_owned_flags(pm: PluginManager, plan: Plan) -> None:
     for where, engines, options in places:
         args = tuple(options.get("extra_args") or ())
         for e in engines:
-            for line in owned_flag_problems(pm, e, args):
+            for line in pm.engine(e).owned_flag_problems(args):
                 if f"{where}: {line}" not in problems:
                     problems.append(f"{where}: {line}")
     if problems:

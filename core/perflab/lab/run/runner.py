@@ -381,7 +381,6 @@ def _claim(out_dir: Path, plan: Plan, lock: StudyLock, *, replace: bool) -> tupl
 
 async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_failed: bool, progress: Any,
                       argv: list[str] | None, parallel: int | str = 1, cluster: Any = None) -> RunSummary:
-    from perflab.engines import engine_version
     from perflab.hardware import resolve
     from perflab.lab.progress import StudyProgress
     from perflab.lab.store.studylog import study_logging
@@ -395,7 +394,7 @@ async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_fai
         Path(base_env[MACHINE_STATE_ENV]).mkdir(parents=True, exist_ok=True)
     time_scale = study_time_scale(plan, env)
     engines = engines_of(plan)
-    versions = {e: await anyio.to_thread.run_sync(engine_version, pm, e, env) for e in engines}
+    versions = {e: await anyio.to_thread.run_sync(pm.engine(e).engine.version, env) for e in engines}
     if cluster is not None:  # the study's machine is the Ray nodes': their own snapshot and versions
         snapshot, versions = cluster.snapshot, cluster.versions
     display = _display_names(pm, engines)

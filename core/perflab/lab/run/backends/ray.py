@@ -182,13 +182,12 @@ def _activate(pm: PluginManager, plan: Plan, study_dir: Path, node_id: str, spec
 
 
 def _probe(pm: PluginManager, plan: Plan, study_dir: Path, node_id: str, spec: str) -> tuple[Any, dict[str, str], dict[str, str | None]]:
-    from perflab.engines import engine_version
     from perflab.hardware import probe
     from perflab.lab.plan import engines_of
 
     env = _activate(pm, plan, study_dir, node_id, spec)  # as perflab.hardware.resolve does
     snapshot = probe(pm, env)
-    versions = {e: engine_version(pm, e, env) for e in engines_of(plan)}
+    versions = {e: pm.engine(e).engine.version(env) for e in engines_of(plan)}
     return snapshot, env, versions
 
 
