@@ -245,7 +245,8 @@ SIM_SCALE = "50"
 
 
 @asynccontextmanager
-async def _engine(tmp_path: Path, engine: str, hardware: str = "sim:h100-80g-x1", **serve: Any) -> AsyncIterator[Any]:
+async def _engine(tmp_path: Path, engine: str, hardware: str = "sim:h100-80g-x1", scale: str = SIM_SCALE,
+                  **serve: Any) -> AsyncIterator[Any]:
     """A simulated engine launched by its plugin (as the lab launches it), torn down after."""
     from perflab.contract.types import ServeConfig
     from perflab.hardware import resolve
@@ -256,7 +257,7 @@ async def _engine(tmp_path: Path, engine: str, hardware: str = "sim:h100-80g-x1"
     state = tmp_path / f"sim-state-{engine}"
     state.mkdir(exist_ok=True)
     pm = load()
-    env = {**os.environ, TIME_SCALE_ENV: SIM_SCALE, STATE_ENV: str(state), ENGINE_VERSIONS_ENV: "vllm=0.32.0"}
+    env = {**os.environ, TIME_SCALE_ENV: scale, STATE_ENV: str(state), ENGINE_VERSIONS_ENV: "vllm=0.32.0"}
     hw, env = resolve(pm, hardware, env)
     config = ServeConfig(**{"model": "Qwen/Qwen3-8B", **serve})
     async with EngineInstance(pm, engine, config, hardware=hw, env=env, workdir=tmp_path / f"run-{engine}", grace=2.0,
@@ -266,7 +267,8 @@ async def _engine(tmp_path: Path, engine: str, hardware: str = "sim:h100-80g-x1"
     assert inst.outcome.state == "done" and inst.outcome.leftovers == []
 
 
-def _measure(tmp_path: Path, engine: str, profile: Any, hardware: str = "sim:h100-80g-x1", **serve: Any) -> dict[str, Any]:
+def _measure(tmp_path: Path, engine: str, profile: Any, hardware: str = "sim:h100-80g-x1", scale: str = SIM_SCALE,
+             **serve: Any) -> dict[str, Any]:
     """One measured benchmark of ``profile`` on a simulated engine: its ``server_metrics``."""
     from perflab.lab.decide import Decision
     from perflab.lab.options import Configuration
@@ -274,10 +276,10 @@ def _measure(tmp_path: Path, engine: str, profile: Any, hardware: str = "sim:h10
     from perflab.lab.run.executor import Executor, LabContext
 
     async def go() -> dict[str, Any]:
-        async with _engine(tmp_path, engine, hardware, **serve) as s:
+        async with _engine(tmp_path, engine, hardware, scale, **serve) as s:
             plan = SimpleNamespace(timeouts=Timeouts(benchmark_s=120.0), decision=Decision(warmup=0), min_improvement_pct=0.0,
                                    cost=None)
-            ex = Executor(LabContext(pm=s.pm, plan=plan, hardware=s.hw, env=s.env, time_scale=float(SIM_SCALE)))  # type: ignore[arg-type]
+            ex = Executor(LabContext(pm=s.pm, plan=plan, hardware=s.hw, env=s.env, time_scale=float(scale)))  # type: ignore[arg-type]
             m = await ex._benchmark([s.inst], Configuration(engine, {"model": "Qwen/Qwen3-8B"}), profile, tmp_path, "run")
             assert m.status == "ok", m.error
             return {"m": m, "watchers": metrics_watchers(s.pm, engine, [s.inst], s.env)}
@@ -322,12 +324,15 @@ def test_sglang_and_mindie_gauges_under_their_own_names(tmp_path: Path) -> None:
 
     profile = Profile(name="shared", label="Shared", dataset="prefix-repetition", input_len=64, prefix_len=1024,
                       num_prefixes=2, output_len=256, num_prompts=48, max_concurrency=16, seed=3)
-    sglang = _measure(tmp_path, "sglang", profile, extra_args=("--enable-metrics",))
+    # x20, not x50: a gauge's peak needs samples inside the timed run, taken at most every
+    # observe.MIN_WALL_S of wall time; at x50 the run lasts a few of those, and a loaded host's
+    # late scrape left none inside it (peak 0)
+    sglang = _measure(tmp_path, "sglang", profile, scale="20", extra_args=("--enable-metrics",))
     sm = sglang["m"].observed["server_metrics"]
     assert sm["prefix_cache_hit_rate"] > 0.5 and sm["preemptions"] == 0 and sm["spec_decode_acceptance"] is None
     assert 0 < sm["kv_cache_usage"]["peak"] <= 1 and 1 <= sm["running"]["peak"] <= 16
     (tmp_path / "mindie").mkdir()
-    mindie = _measure(tmp_path / "mindie", "mindie", profile, "sim:910b3-x1", prefix_caching=True)
+    mindie = _measure(tmp_path / "mindie", "mindie", profile, "sim:910b3-x1", "20", prefix_caching=True)
     target = mindie["watchers"][0].targets[0].url
     assert target.endswith("/metrics") and ":" + str(mindie["watchers"][0].endpoint.port) in target
     sm = mindie["m"].observed["server_metrics"]
