@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from perflab import __version__
-from perflab.cli.logs import DEFAULT_LEVEL, LEVELS, level_for
-from perflab.cli.logs import configure as configure_logging
+from perflab.cli.logs import DEFAULT_LEVEL, LEVELS, level_for, logging_at
 
 if TYPE_CHECKING:  # loaded on first use (get_pm): the CLI starts without pluggy's plugins
     from perflab.plugins import PluginManager
@@ -80,7 +79,7 @@ def cli(ctx: click.Context, strict: bool, log_level: str | None, verbose: int) -
     ctx.ensure_object(dict)
     ctx.obj["strict"] = strict
     if ctx.invoked_subcommand not in UNLOGGED or log_level or verbose:
-        configure_logging(level_for(log_level and log_level.lower(), verbose))
+        ctx.with_resource(logging_at(level_for(log_level and log_level.lower(), verbose)))
 
 
 def get_pm(ctx: click.Context | None = None) -> PluginManager:

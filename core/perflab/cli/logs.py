@@ -1,5 +1,5 @@
 """The command line's log output: structlog configured once per invocation, by the ``perflab``
-group's ``--log-level`` / ``-v`` (:func:`perflab.cli.cli`).
+group's ``--log-level`` / ``-v`` (:func:`perflab.cli.cli`), for the invocation.
 
 Log lines go to stderr (stdout is for results and ``--json``), rendered for a reader, secrets
 scrubbed. The default shows warnings and errors only: the events a command logs as it works
@@ -10,7 +10,8 @@ records every event whatever the level (:mod:`perflab.lab.store.studylog`).
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 #: ``--log-level`` choices -> the logging module's numbers
 LEVELS: Mapping[str, int] = {"debug": 10, "info": 20, "warning": 30, "error": 40}
@@ -37,14 +38,16 @@ class StderrLogger:
     log = debug = info = warning = warn = error = critical = exception = fatal = msg
 
 
-def configure(level: str) -> None:
-    """Route structlog to stderr at ``level``. Always (re)configured: structlog's default logger
-    prints every level to stdout, which would corrupt ``--json``, and a configuration left by an
-    earlier in-process invocation is not this one's."""
+@contextmanager
+def logging_at(level: str) -> Iterator[None]:
+    """structlog routed to stderr at ``level`` for the block (a command's invocation), the
+    previous configuration restored after: structlog's default prints every level to stdout,
+    which would corrupt ``--json``, and a caller that runs commands in-process (a test) keeps its own."""
     import structlog
 
     from perflab import redact
 
+    old = structlog.get_config()
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
@@ -57,3 +60,7 @@ def configure(level: str) -> None:
         logger_factory=lambda *a: StderrLogger(),
         cache_logger_on_first_use=False,
     )
+    try:
+        yield
+    finally:
+        structlog.configure(**old)
