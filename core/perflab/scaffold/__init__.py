@@ -56,8 +56,8 @@ def names_for(name: str, executable: str | None = None) -> PluginNames:
 def check_free(names: PluginNames, engines: Mapping[str, str]) -> None:
     """UsageError (one line) when the new plugin's engine name is taken: by an installed engine
     (``engines``: engine name -> the distribution that provides it), by one of perflab's own
-    engines, or when a distribution of the package's name is already installed. Two plugins
-    registering one engine name cannot both load, and the new one would shadow nothing."""
+    engines, or when a distribution of the package's name is already installed: of two plugins
+    registering one engine name, perflab uses only one."""
     from importlib import metadata
 
     from perflab.hardware.engine_versions import ALIASES, KNOWN_ENGINES
