@@ -128,8 +128,8 @@ class BenchMetrics(Mapping[str, Any]):
             own = [f for f in fields(self) if not f.metadata.get("internal")]
             groups = {f.metadata["group"] for f in own if getattr(self, f.name) is not None}
             given = tuple(f.name for f in own if getattr(self, f.name) is not None
-                          or f.metadata.get("always", False)
-                          and f.metadata["group"] in groups)
+                          or (f.metadata.get("always", False)
+                          and f.metadata["group"] in groups))
             object.__setattr__(self, "order", given + tuple(k for k in self.extra if k not in given))
 
     @classmethod
@@ -138,6 +138,11 @@ class BenchMetrics(Mapping[str, Any]):
         known = {k: v for k, v in data.items() if k in FIELD_NAMES}
         extra = {k: v for k, v in data.items() if k not in FIELD_NAMES}
         return cls(**known, extra=extra, order=tuple(data))
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> BenchMetrics:
+        """``data`` as a record: itself when it is one, else read as :meth:`from_json` reads."""
+        return data if isinstance(data, BenchMetrics) else cls.from_json(data)
 
     def to_json(self) -> dict[str, Any]:
         """The metrics as vLLM's result file and perflab's store write them."""
@@ -174,6 +179,16 @@ FIELD_NAMES: frozenset[str] = frozenset(f.name for f in fields(BenchMetrics) if 
 """The record's metric and setting names: the only declaration of them."""
 SETTING_NAMES: frozenset[str] = frozenset(f.name for f in fields(BenchMetrics) if f.metadata.get("group") == "setting")
 """The run's settings among them (``model_id``, ``request_rate`` ...): not measured figures."""
+
+
+def read_metrics(data: Mapping[str, Any] | None) -> BenchMetrics | None:
+    """Stored metrics (None: none measured) as the record."""
+    return None if data is None else BenchMetrics.of(data)
+
+
+def metrics_json(metrics: BenchMetrics | None) -> dict[str, Any] | None:
+    """The record as stored (None: none measured)."""
+    return None if metrics is None else metrics.to_json()
 
 
 class _NameProbe:

@@ -304,8 +304,7 @@ class BenchResult:
     stall: Stall | None = None  # set when the stall watchdog stopped the run
 
     def __post_init__(self) -> None:
-        if not isinstance(self.metrics, BenchMetrics):  # a result file's metrics, as read
-            self.metrics = BenchMetrics.from_json(self.metrics)
+        self.metrics = BenchMetrics.of(self.metrics)  # a result file's metrics are read as the record
 
     @property
     def stalled(self) -> bool:
