@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from perflab.bench.request import BenchRequest
-from perflab.bench.result import BenchResult
 from perflab.bench.tokenizer import WhitespaceTokenizer
 from perflab.bench.trace import RequestTrace
 
