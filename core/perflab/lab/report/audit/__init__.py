@@ -268,7 +268,7 @@ def audit_store(path: Path) -> Audit:
     try:
         outcome = anyio.run(stored_outcome, store)
         ctx = report_context(store)
-        data = json.loads(json.dumps(build_json(outcome, ctx), default=str))
+        data = json.loads(json.dumps(build_json(outcome, ctx)))
         markdown = render_markdown(outcome, ctx)
     finally:
         store.close()
