@@ -203,8 +203,9 @@ class _NameProbe:
 def name_of(get: Callable[[BenchMetrics], object]) -> str:
     """The key of the field ``get`` reads: ``name_of(lambda m: m.mean_tpot_ms) == "mean_tpot_ms"``.
 
-    For tables and JSON keys that name a metric (report.json's ``baseline_mean_tpot_ms``,
-    compare's headline list): the name comes from the field, checked by mypy where it is used."""
+    For tables and keys that name a metric (compare's headline list, report.html's load
+    curves, the result block's lines): the name comes from the field, which mypy checks where
+    the getter is written."""
     name = get(cast(BenchMetrics, _NameProbe()))
     if not isinstance(name, str):
         raise TypeError("name_of: the getter must read one field of BenchMetrics")
