@@ -98,6 +98,7 @@ def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERFLAB_")}
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
     env["VIRTUAL_ENV"] = str(BIN.parent)
+    # a terminal's width, so the tables' names print unbroken (captured output would get rich's 80)
     env["COLUMNS"] = "120"
     return env
 
