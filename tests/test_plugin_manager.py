@@ -351,7 +351,7 @@ def test_mindie_wheel_in_a_fresh_venv_lists_exactly_mindie(tmp_path: Path) -> No
     shutil.copytree(REPO / "plugins" / "mindie", tmp_path / "src-mindie", ignore=_BUILD_JUNK)
     core = tmp_path / "src-core"
     shutil.copytree(REPO / "core", core / "core", ignore=_BUILD_JUNK)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
         shutil.copy2(REPO / name, core / name)
     wheels = tmp_path / "wheels"
     for src in (tmp_path / "src-mindie", core):

@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,14 +42,14 @@ def perflab(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
                           stdin=subprocess.DEVNULL)
 
 
-def of_study(study: Path) -> list[psutil.Process]:
-    """Live processes whose marker names this study directory."""
+def of_study(study: Path, run: str | None = None) -> list[psutil.Process]:
+    """Live processes whose marker names this study directory (and this run, if given)."""
     want = str(study.resolve())
     out = []
     for p in psutil.process_iter():
         try:
             m = procs.Marker.parse(p.environ().get(procs.MARKER_ENV))
-            if m is not None and m.study == want and p.status() != psutil.STATUS_ZOMBIE:
+            if m is not None and m.study == want and run in (None, m.run) and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
         except (psutil.Error, OSError):
             continue
@@ -208,6 +209,27 @@ def _rows(db: Path, sql: str) -> list[tuple[object, ...]]:
         return []
 
 
+def _long_run(study: Path) -> Path | None:
+    """The run directory of the launch that benchmarks LONG_PLAN's "long", once its engine has
+    served the benchmark's first tokens; else None. "main" is measured by another launch (the
+    engine-selection step's), torn down before this one starts: an engine of the study seen
+    right after "main" is measured may be that one going away, and between the two launches
+    there is none."""
+    for rel, profiles in _rows(study / "study.db", "SELECT dir, profiles FROM runs WHERE state = 'running'"):
+        run_dir = study / str(rel)
+        if "long" not in json.loads(str(profiles)) or not of_study(study, run_dir.name):
+            continue
+        try:
+            base_url = json.loads((run_dir / "launch.json").read_text())["base_url"]
+            with urllib.request.urlopen(f"{base_url}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except (OSError, ValueError, KeyError):  # not written yet, or not serving yet
+            return None
+        served = [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("vllm:prompt_tokens_total")]
+        return run_dir if sum(served) > 0 else None
+    return None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGHUP], ids=["kill-9", "sighup"])
 def test_a_killed_or_hung_up_perflab_run_leaves_no_engine(tmp_path: Path, how: int) -> None:
@@ -220,21 +242,13 @@ def test_a_killed_or_hung_up_perflab_run_leaves_no_engine(tmp_path: Path, how: i
                             start_new_session=True)  # like a shell's job; SIGHUP is what a closed SSH session sends
     try:
         deadline = time.monotonic() + 120
-        launch: dict[str, object] = {}
-        while not launch:  # mid-benchmark: "main" is measured and the same launch is running "long"
+        while (run_dir := _long_run(study)) is None:  # mid-benchmark: "long"'s launch serves it
             assert proc.poll() is None, f"perflab run exited early ({proc.returncode})"
             assert time.monotonic() < deadline, "the study did not reach its long benchmark"
             time.sleep(0.1)
-            measured = {r[0] for r in _rows(study / "study.db", "SELECT profile FROM measurements")}
-            engine = {p.pid for p in of_study(study)}
-            if "main" not in measured or not engine:
-                continue
-            for path in (study / "runs").glob("*/launch.json"):  # launch.json records the engine's pids
-                record = json.loads(path.read_text())
-                if record.get("pid") in engine:
-                    launch = record
+        launch = json.loads((run_dir / "launch.json").read_text())  # launch.json records the engine's pids
+        assert launch["pid"] in {p.pid for p in of_study(study, run_dir.name)}, launch
         assert isinstance(launch["keeper_pid"], int) and psutil.pid_exists(launch["keeper_pid"])
-        time.sleep(0.5)  # the long benchmark is under way
         t0 = time.monotonic()
         os.kill(proc.pid, how)
         left = wait_none(study, 5)
@@ -285,8 +299,7 @@ def test_perflab_kill_on_a_running_study_records_the_run_interrupted_not_crashed
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while not ({r[0] for r in _rows(study / "study.db", "SELECT profile FROM measurements")} >= {"main"}
-                   and of_study(study)):  # "main" measured, the same launch benchmarking "long"
+        while _long_run(study) is None:  # "main" measured, "long"'s launch serving it
             assert proc.poll() is None, f"perflab run exited early ({proc.returncode})"
             assert time.monotonic() < deadline, "the study did not reach its long benchmark"
             time.sleep(0.1)

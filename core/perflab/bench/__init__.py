@@ -10,7 +10,7 @@ bottleneck (docs/benchmark.md)::
                        max_concurrency=32)
     result = await run_benchmark(req)          # any anyio backend: runs in a worker thread
     print(result.format_block())
-    result.metrics["total_token_throughput"]   # vLLM --save-result field names
+    result.metrics.total_token_throughput   # vLLM --save-result field names (perflab.bench.metrics.BenchMetrics)
 
 To stop a benchmark from outside, pass ``cancel=threading.Event()`` and set it: the call
 raises :class:`BenchCancelled` within about half a second (see :mod:`perflab.bench.cancel`).

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from perflab.bench.metrics import BenchMetrics, name_of
 from perflab.bench.profiles import apply_profile
 from perflab.bench.request import BenchRequest
 from perflab.bench.result import BenchResult
@@ -54,19 +55,22 @@ def _perflab(req: BenchRequest) -> BenchResult:
 
 # --------------------------------------------------------------------------- vllm bench serve
 
-def _scale_metrics(data: Mapping[str, Any], factor: float) -> dict[str, Any]:
+_DURATION = name_of(lambda m: m.duration)
+_RATES = (name_of(lambda m: m.request_goodput), name_of(lambda m: m.max_output_tokens_per_s))
+
+
+def _scale_metrics(data: Mapping[str, Any], factor: float) -> BenchMetrics:
     """Durations × factor, rates ÷ factor: a run against a simulator ``factor`` times fast."""
     out = dict(data)
-    if factor == 1.0:
-        return out
-    for key, value in data.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            continue
-        if key.endswith("_ms") or key == "duration":
-            out[key] = value * factor
-        elif key.endswith("_throughput") or key in ("request_goodput", "max_output_tokens_per_s"):
-            out[key] = value / factor
-    return out
+    if factor != 1.0:
+        for key, value in data.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            if key.endswith("_ms") or key == _DURATION:
+                out[key] = value * factor
+            elif key.endswith("_throughput") or key in _RATES:
+                out[key] = value / factor
+    return BenchMetrics.from_json(out)
 
 
 def run_vllm_bench_serve(req: BenchRequest, *, executable: list[str] | None = None, env: Mapping[str, str] | None = None) -> BenchResult:

@@ -44,8 +44,8 @@ class BenchCancelled(PerflabError):
         if result is None:
             msg = f"the benchmark was cancelled before its timed run ({stage})"
         else:
-            done = int(result.metrics.get("completed") or 0)
-            msg = f"the benchmark was cancelled ({done} of {result.metrics.get('num_prompts')} requests completed)"
+            done = int(result.metrics.completed or 0)
+            msg = f"the benchmark was cancelled ({done} of {result.metrics.num_prompts} requests completed)"
         super().__init__(msg)
 
 

@@ -27,7 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from perflab.bench.metrics import percentile_key
+from perflab.bench.metrics import BenchMetrics, name_of, percentile_key
 from perflab.bench.trace import RequestTrace
 
 WIDTH = 50
@@ -46,25 +46,29 @@ DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")
 _PCT_KEY = re.compile(r"^p(\d+(?:\.\d+)?)_(?:ttft|tpot|itl|e2el)_ms$")
 
 # Throughput lines: (label, field, format) in block order.
-_HEAD_LINES: tuple[tuple[str, str, str], ...] = (
-    ("Successful requests:", "completed", "d"),
-    ("Failed requests:", "failed", "d"),
+_HEAD_LINES: tuple[tuple[str, str, str], ...] = tuple((label, name_of(get), fmt) for label, get, fmt in (
+    ("Successful requests:", lambda m: m.completed, "d"),
+    ("Failed requests:", lambda m: m.failed, "d"),
     # perflab's, only when not 0: failed requests whose server-reported token counts cannot be
     # true, and those of them that answered beyond max_tokens (perflab.bench.trace.count_problem)
-    ("Impossible token counts (failed):", "usage_mismatches", "d"),
-    ("Output beyond max_tokens (failed):", "over_max_tokens", "d"),
-    ("Maximum request concurrency:", "max_concurrency", "d"),
-    ("Request rate configured (RPS):", "request_rate", ".2f"),
-    ("Benchmark duration (s):", "duration", ".2f"),
-    ("Total input tokens:", "total_input_tokens", "d"),
-    ("Total generated tokens:", "total_output_tokens", "d"),
-    ("Request throughput (req/s):", "request_throughput", ".2f"),
-    ("Request goodput (req/s):", "request_goodput", ".2f"),
-    ("Output token throughput (tok/s):", "output_throughput", ".2f"),
-    ("Peak output token throughput (tok/s):", "max_output_tokens_per_s", ".2f"),
-    ("Peak concurrent requests:", "max_concurrent_requests", ".2f"),
-    ("Total Token throughput (tok/s):", "total_token_throughput", ".2f"),
-)
+    ("Impossible token counts (failed):", lambda m: m.usage_mismatches, "d"),
+    ("Output beyond max_tokens (failed):", lambda m: m.over_max_tokens, "d"),
+    ("Maximum request concurrency:", lambda m: m.max_concurrency, "d"),
+    ("Request rate configured (RPS):", lambda m: m.request_rate, ".2f"),
+    ("Benchmark duration (s):", lambda m: m.duration, ".2f"),
+    ("Total input tokens:", lambda m: m.total_input_tokens, "d"),
+    ("Total generated tokens:", lambda m: m.total_output_tokens, "d"),
+    ("Request throughput (req/s):", lambda m: m.request_throughput, ".2f"),
+    ("Request goodput (req/s):", lambda m: m.request_goodput, ".2f"),
+    ("Output token throughput (tok/s):", lambda m: m.output_throughput, ".2f"),
+    ("Peak output token throughput (tok/s):", lambda m: m.max_output_tokens_per_s, ".2f"),
+    ("Peak concurrent requests:", lambda m: m.max_concurrent_requests, ".2f"),
+    ("Total Token throughput (tok/s):", lambda m: m.total_token_throughput, ".2f"),
+))
+_FAILED, _TOTAL_TPS = name_of(lambda m: m.failed), name_of(lambda m: m.total_token_throughput)
+_CHECKS = (name_of(lambda m: m.usage_mismatches), name_of(lambda m: m.over_max_tokens))
+_CONCURRENCY, _RATE = name_of(lambda m: m.max_concurrency), name_of(lambda m: m.request_rate)
+_GOODPUT = name_of(lambda m: m.request_goodput)
 # The two layouts: vLLM 0.33 (vllm/benchmarks/serve.py benchmark(): "Failed requests:"
 # always, "Total token throughput (tok/s):") and vLLM 0.11, the seeds' ("Failed requests:"
 # never shown, "Total Token throughput (tok/s):"). A metrics dict says which through
@@ -77,7 +81,7 @@ def block_layout(metrics: Mapping[str, Any]) -> str:
     layout = metrics.get("block_layout")
     if layout in (LAYOUT_033, LAYOUT_011):
         return str(layout)
-    return LAYOUT_033 if "rtfx" in metrics else LAYOUT_011
+    return LAYOUT_033 if name_of(lambda m: m.rtfx) in metrics else LAYOUT_011
 
 
 def _line(label: str, value: Any, fmt: str) -> str:
@@ -91,16 +95,14 @@ def _line(label: str, value: Any, fmt: str) -> str:
 
 
 def _shown(key: str, value: Any, layout: str = LAYOUT_011) -> bool:
-    if key == "failed":
+    if key == _FAILED:
         return layout == LAYOUT_033 or bool(value)
-    if key in ("usage_mismatches", "over_max_tokens"):
+    if key in _CHECKS:
         return bool(value)
-    if key == "max_concurrency":
+    if key in (_CONCURRENCY, _GOODPUT):
         return value is not None
-    if key == "request_rate":
+    if key == _RATE:
         return value is not None and value != "inf" and not (isinstance(value, float) and math.isinf(value))
-    if key == "request_goodput":
-        return value is not None
     return True
 
 
@@ -140,10 +142,10 @@ def format_result_block(
     lines = ["{s:{c}^{n}}".format(s=BLOCK_TITLE, n=WIDTH, c="=")]
     for label, key, fmt in _HEAD_LINES:
         value = metrics.get(key)
-        if key == "failed" and value is None and layout == LAYOUT_033:
+        if key == _FAILED and value is None and layout == LAYOUT_033:
             value = 0
         if _shown(key, value, layout):
-            if key == "total_token_throughput" and layout == LAYOUT_033:
+            if key == _TOTAL_TPS and layout == LAYOUT_033:
                 label = "Total token throughput (tok/s):"
             lines.append(_line(label, value, fmt))
     for name in SECTION_ORDER:
@@ -183,17 +185,17 @@ def _num(text: str) -> float | None:
     return float(text)
 
 
-def parse_result_blocks(text: str) -> list[dict[str, Any]]:
+def parse_result_blocks(text: str) -> list[BenchMetrics]:
     """Every "Serving Benchmark Result" block in ``text`` (a log, a seed, a Markdown page)."""
     return [metrics for _, metrics in result_blocks_at(text)]
 
 
-def result_blocks_at(text: str) -> list[tuple[int, dict[str, Any]]]:
+def result_blocks_at(text: str) -> list[tuple[int, BenchMetrics]]:
     """Every block in ``text`` with the offset of its title line (``perflab audit`` says where)."""
     return [(m.start(), _parse_body(m.group(1))) for m in _BLOCK_RE.finditer(text)]
 
 
-def parse_result_block(text: str) -> dict[str, Any]:
+def parse_result_block(text: str) -> BenchMetrics:
     """The first "Serving Benchmark Result" block in ``text``, as vLLM-named metrics.
 
     Works on the block as printed and on text whose line breaks were lost (seed 004). ``N/A``
@@ -207,7 +209,7 @@ def parse_result_block(text: str) -> dict[str, Any]:
     return blocks[0]
 
 
-def _parse_body(body: str) -> dict[str, Any]:
+def _parse_body(body: str) -> BenchMetrics:
     out: dict[str, Any] = {}
     for label, key, fmt in _HEAD_LINES:
         # Case matters: "Output token throughput" must not match "Peak output token ...".
@@ -239,7 +241,7 @@ def _parse_body(body: str) -> dict[str, Any]:
     out["percentile_metrics"] = sections
     newer = "Total token throughput" in body or re.search(r"Failed requests:\s*0\b", body) is not None
     out["block_layout"] = LAYOUT_033 if newer else LAYOUT_011
-    return out
+    return BenchMetrics.from_json(out)
 
 
 # --------------------------------------------------------------------------- the result
@@ -292,7 +294,7 @@ class BenchResult:
     failed with the error ``"stalled"``. Not a full measurement: callers check ``stalled``.
     """
 
-    metrics: dict[str, Any]
+    metrics: BenchMetrics
     errors: list[str] = field(default_factory=list)  # the first failed requests' errors
     requests: list[RequestTrace] = field(default_factory=list)  # per request, in send order
     info: dict[str, Any] = field(default_factory=dict)  # perflab's details (tokenizer, workers, ...)
@@ -301,14 +303,17 @@ class BenchResult:
     cancelled: bool = False
     stall: Stall | None = None  # set when the stall watchdog stopped the run
 
+    def __post_init__(self) -> None:
+        self.metrics = BenchMetrics.of(self.metrics)  # a result file's metrics are read as the record
+
     @property
     def stalled(self) -> bool:
         return self.stall is not None
 
     @property
     def success_rate(self) -> float:
-        done = int(self.metrics.get("completed") or 0)
-        total = done + int(self.metrics.get("failed") or 0)
+        done = int(self.metrics.completed or 0)
+        total = done + int(self.metrics.failed or 0)
         return done / total if total else 0.0
 
     def format_block(self, percentiles: Sequence[float] | None = None) -> str:
@@ -320,14 +325,14 @@ class BenchResult:
 
     def to_json(self, *, detailed: bool = False) -> dict[str, Any]:
         """The ``--save-result`` JSON; ``detailed`` adds vLLM's ``--save-detailed`` lists."""
-        out = dict(self.metrics)
+        out = self.metrics.to_json()
         out.pop("block_layout", None)
         reqs = self.requests
         # vLLM 0.33 keeps these three without --save-detailed (vllm/benchmarks/serve.py:
         # they are not in its list of "fields with too many data points")
         out["latencies"] = [r.latency if r.success else 0.0 for r in reqs]
         out["queue_times"] = [r.queue_time for r in reqs]
-        out.setdefault("rtfx", 0.0)
+        out.setdefault(name_of(lambda m: m.rtfx), 0.0)
         out["errors"] = list(self.errors)
         if detailed:
             out["input_lens"] = [r.input_tokens for r in reqs]
@@ -343,11 +348,12 @@ class BenchResult:
     def default_filename(self) -> str:
         """vLLM's name: ``{label}-{rate}qps[-concurrency{N}]-{model}-{date}.json``."""
         m = self.metrics
-        label = m.get("label") or m.get("backend") or "perflab"
-        conc = f"-concurrency{m['max_concurrency']}" if m.get("max_concurrency") is not None else ""
-        model = str(m.get("model_id") or "model").rstrip("/").split("/")[-1]
-        date = m.get("date") or datetime.now().strftime("%Y%m%d-%H%M%S")
-        return f"{label}-{m.get('request_rate', 'inf')}qps{conc}-{model}-{date}.json"
+        label = m.label or m.backend or "perflab"
+        conc = f"-concurrency{m.max_concurrency}" if m.max_concurrency is not None else ""
+        model = str(m.model_id or "model").rstrip("/").split("/")[-1]
+        date = m.date or datetime.now().strftime("%Y%m%d-%H%M%S")
+        rate = m.request_rate if name_of(lambda m: m.request_rate) in m else "inf"
+        return f"{label}-{rate}qps{conc}-{model}-{date}.json"
 
     def save(self, result_dir: str | Path | None = None, filename: str | None = None, *, detailed: bool = False) -> Path:
         directory = Path(result_dir) if result_dir else Path.cwd()

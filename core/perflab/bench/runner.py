@@ -51,7 +51,7 @@ from perflab.bench.drive import (
     run_in_new_loop,
     split_plan,
 )
-from perflab.bench.metrics import compute_metrics
+from perflab.bench.metrics import BenchMetrics, compute_metrics
 from perflab.bench.profiles import apply_profile
 from perflab.bench.request import BenchRequest
 from perflab.bench.result import BenchResult, Stall
@@ -331,7 +331,7 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     if timed.stall is not None:
         # The engine stopped answering: returned (typed) so that callers can name it, saved
         # when asked with the stall recorded; never mistaken for a full run (result.stalled).
-        result.stall = _stall(req, timed.stall, time_scale, int(result.metrics.get("completed") or 0), "run")
+        result.stall = _stall(req, timed.stall, time_scale, int(result.metrics.completed or 0), "run")
         result.info.update(stalled=result.stall.to_json(), requests_not_recorded=len(plan.prepared) - len(traces))
     elif timed.cancelled:
         # Not a measurement of the server: never saved, never returned as a result.
@@ -393,25 +393,26 @@ def _make_result(
     time_scale: float,
     n_targets: int,
 ) -> BenchResult:
-    metrics: dict[str, Any] = {
-        "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
-        "endpoint_type": req.backend,
-        "backend": req.backend,
-        "label": req.label,
-        "model_id": req.model,
-        "tokenizer_id": tok.name,
-        "num_prompts": req.num_prompts,
-        "request_rate": req.request_rate if not math.isinf(req.request_rate) else "inf",
-        "burstiness": req.burstiness,
-        "max_concurrency": req.max_concurrency,
-    }
-    metrics.update(compute_metrics(traces, max(duration, 1e-9), percentiles=req.percentiles, goodput=req.goodput_dict or None))
+    settings = BenchMetrics(
+        date=datetime.now().strftime("%Y%m%d-%H%M%S"),
+        endpoint_type=req.backend,
+        backend=req.backend,
+        label=req.label,
+        model_id=req.model,
+        tokenizer_id=tok.name,
+        num_prompts=req.num_prompts,
+        request_rate=req.request_rate if not math.isinf(req.request_rate) else "inf",
+        burstiness=req.burstiness,
+        max_concurrency=req.max_concurrency,
+    )
+    figures = compute_metrics(traces, max(duration, 1e-9), percentiles=req.percentiles, goodput=req.goodput_dict or None)
     ok = [t for t in traces if t.success]
     with_server = sum(1 for t in ok if t.server_prompt_tokens is not None)
     mismatched = sum(1 for t in ok if t.server_prompt_tokens is not None and t.server_prompt_tokens != t.prompt_len)
     # requests failed for counts that cannot be true (perflab.bench.trace.count_problem)
-    metrics["usage_mismatches"] = sum(1 for t in traces if t.usage_mismatch)
-    metrics["over_max_tokens"] = sum(1 for t in traces if t.over_max_tokens)
+    checks = BenchMetrics(usage_mismatches=sum(1 for t in traces if t.usage_mismatch),
+                          over_max_tokens=sum(1 for t in traces if t.over_max_tokens))
+    metrics = settings.merged(figures).merged(checks)
     sources: dict[str, int] = {}
     for t in ok:
         sources[t.output_tokens_source] = sources.get(t.output_tokens_source, 0) + 1

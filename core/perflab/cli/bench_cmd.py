@@ -173,7 +173,7 @@ def bench(**kw: Any) -> None:
     else:
         click.echo(result.format_block())
     if result.errors:
-        failed = result.metrics.get("failed", 0)
+        failed = result.metrics.failed or 0
         click.echo(f"perflab: {failed} request(s) failed; first errors:", err=True)
         for err in result.errors[:5]:
             click.echo(f"  {err}", err=True)
@@ -182,18 +182,18 @@ def bench(**kw: Any) -> None:
     if result.stall is not None:
         click.echo(f"perflab: {result.stall.message()}", err=True)
         sys.exit(EXIT_STALLED)
-    impossible = int(result.metrics.get("usage_mismatches") or 0)
+    impossible = int(result.metrics.usage_mismatches or 0)
     if impossible:
-        over = int(result.metrics.get("over_max_tokens") or 0)
+        over = int(result.metrics.over_max_tokens or 0)
         beyond = f", {over} of them beyond max_tokens" if over else ""
         click.echo(f"perflab: the server reported impossible token counts for {impossible} request(s){beyond}; "
                    f"they count as failed; exit code {EXIT_IMPOSSIBLE_COUNTS}", err=True)
         sys.exit(EXIT_IMPOSSIBLE_COUNTS)
-    if not result.metrics.get("completed"):
-        raise PerflabError(f"all {result.metrics.get('failed', 0)} requests failed: {result.errors[0] if result.errors else 'no error recorded'}")
-    failed = int(result.metrics.get("failed") or 0)
+    if not result.metrics.completed:
+        raise PerflabError(f"all {result.metrics.failed or 0} requests failed: {result.errors[0] if result.errors else 'no error recorded'}")
+    failed = int(result.metrics.failed or 0)
     if failed:
-        total = failed + int(result.metrics.get("completed") or 0)
+        total = failed + int(result.metrics.completed or 0)
         click.echo(f"perflab: {failed} of {total} requests failed ({failed / total:.0%}); exit code {EXIT_SOME_FAILED}", err=True)
         sys.exit(EXIT_SOME_FAILED)
 

@@ -481,10 +481,10 @@ class CrashCause:
 
 def to_jsonable(value: Any) -> Any:
     """Turn a dataclass tree (with mapping proxies and tuples) into JSON-ready values."""
+    if isinstance(value, Mapping):  # first: a record that reads as a mapping is its keys, not its fields
+        return {str(k): to_jsonable(v) for k, v in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Mapping):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
     return value

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from perflab.bench.metrics import name_of
+
 __all__ = ["DEFAULT_WARMUP", "DecideBy", "Decision", "Guards", "LoadKind", "Regression", "Slo", "SloCheck",
            "is_latency_metric", "latency_regressions", "pct_name"]
 
@@ -54,7 +56,9 @@ class DecideBy(StrEnum):
     @property
     def metric(self) -> str:
         """The metrics key (or derived figure) a configuration is ranked by."""
-        return {"throughput": "total_token_throughput", "goodput": "request_goodput", "max-load": "capacity"}[self.value]
+        if self is DecideBy.THROUGHPUT:
+            return name_of(lambda m: m.total_token_throughput)
+        return name_of(lambda m: m.request_goodput) if self is DecideBy.GOODPUT else "capacity"
 
     @property
     def needs_slo(self) -> bool:

@@ -33,6 +33,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from perflab.bench.metrics import BenchMetrics, metrics_json, name_of, read_metrics
 from perflab.contract.status import Status
 from perflab.lab import accuracy as acc
 from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, Regression, latency_regressions, pct_name
@@ -49,7 +50,7 @@ class ConfigResult(MeasurementExtras):
     whose extras (repeats, noise, load points, capacity, ...) it inherits with their declaration."""
 
     status: Status
-    metrics: dict[str, Any] | None = None
+    metrics: BenchMetrics | None = None  # an accuracy measurement's: its record (ProfileMeasurement.metrics)
     num_prompts: int | None = None
     reasons: list[dict[str, Any]] = field(default_factory=list)  # Unsupported, as dicts
     cause: dict[str, Any] | None = None  # CrashCause, as a dict
@@ -67,22 +68,23 @@ class ConfigResult(MeasurementExtras):
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)  # a stored string ("crashed") becomes its member
+        self.metrics = read_metrics(self.metrics)
 
     @property
     def tps(self) -> float | None:
         if self.status is not Status.OK or not self.metrics:
             return None
-        v = self.metrics.get("total_token_throughput")
+        v = self.metrics.total_token_throughput
         return float(v) if v is not None else None
 
     @property
     def success_rate(self) -> float | None:
         if self.status is not Status.OK or not self.metrics:
             return None
-        done = self.metrics.get("completed")
+        done = self.metrics.completed
         if done is None:
             return None
-        asked = self.num_prompts or (done + (self.metrics.get("failed") or 0))
+        asked = self.num_prompts or (done + (self.metrics.failed or 0))
         return float(done) / asked if asked else 0.0
 
     def summary(self) -> str:
@@ -103,8 +105,9 @@ class ConfigResult(MeasurementExtras):
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "status": self.status, "metrics": self.metrics, "num_prompts": self.num_prompts,
-            "success_rate": self.success_rate, "total_token_throughput": self.tps, "reasons": self.reasons,
+            "status": self.status, "metrics": metrics_json(self.metrics), "num_prompts": self.num_prompts,
+            "success_rate": self.success_rate, name_of(lambda m: m.total_token_throughput): self.tps,
+            "reasons": self.reasons,
             "cause": self.cause, "error": self.error, "script": self.script, "version": self.version,
             "run_id": self.run_id, "run_dir": self.run_dir, "log": self.log, "replicas": self.replicas,
             # the extras as stored, but what was observed flat (one key per OBSERVED_KEYS)
@@ -517,7 +520,7 @@ class _Study:
 
         def measured(p: Profile) -> float | None:
             res = lookup(base_cfg, p) if lookup is not None else None
-            d = (res.metrics or {}).get("duration") if res is not None and res.status.measured else None
+            d = res.metrics.duration if res is not None and res.status.measured and res.metrics is not None else None
             return float(d) if isinstance(d, (int, float)) and d > 0 else None
 
         def volume(p: Profile) -> float | None:
@@ -821,7 +824,7 @@ class _Study:
 
 def _record(res: ConfigResult | None) -> dict[str, Any] | None:
     """An accuracy measurement's record (perflab.lab.accuracy.measure), when it was measured."""
-    return res.metrics if res is not None and res.status is Status.OK and res.metrics else None
+    return res.metrics.to_json() if res is not None and res.status is Status.OK and res.metrics else None
 
 
 def _rejected(step: Step) -> str:

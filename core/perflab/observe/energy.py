@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from perflab.bench.metrics import BenchMetrics
 from perflab.observe import Sample, timed_run
 from perflab.observe.telemetry import ENERGY, ENGINE_T, POWER, UTILIZATION, per_device, total_power_w
 from perflab.observe.telemetry import KEY as TELEMETRY
@@ -169,9 +170,9 @@ def observed_extras(samples: Mapping[str, Sequence[Sample]], metrics: Mapping[st
                     accelerators: int, warmup_requests: int = 0) -> dict[str, Any]:
     """A measurement's ``energy`` and ``cost`` (each only when it can be computed);
     ``warmup_requests``: the plan's ``warmup``, sent inside the watched time (:func:`energy`)."""
-    m = metrics or {}
-    duration, tokens = m.get("duration"), m.get("total_output_tokens")
-    sent = int(m.get("completed") or 0) + int(m.get("failed") or 0)
+    m = BenchMetrics.of(metrics or {})
+    duration, tokens = m.duration, m.total_output_tokens
+    sent = int(m.completed or 0) + int(m.failed or 0)
     out: dict[str, Any] = {}
     e = energy(samples.get(TELEMETRY) or [], duration, tokens, requests=sent or None, warmup_requests=warmup_requests)
     if e is not None:

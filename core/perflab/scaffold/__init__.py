@@ -23,6 +23,8 @@ TEMPLATE_PACKAGE = "perflab.scaffold.templates"
 FILES = {
     "pyproject.toml.tmpl": "pyproject.toml",
     "README.md.tmpl": "README.md",
+    "LICENSE": "LICENSE",
+    "MANIFEST.in.tmpl": "MANIFEST.in",
     "plugin.py.tmpl": "{module}/__init__.py",
     "test_conformance.py.tmpl": "tests/test_conformance.py",
     "stand_in_server.py.tmpl": "tests/stand_in_server.py",

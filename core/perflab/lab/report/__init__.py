@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perflab import __version__
+from perflab.bench.metrics import BenchMetrics, name_of
 from perflab.contract.status import Status
-from perflab.lab.decide import Regression
+from perflab.lab.decide import DecideBy, Regression
 from perflab.lab.report.blocks import callout, details
 from perflab.lab.study import ConfigResult, Entry, Ranking, Step, StudyOutcome, slo_label, stopped_early_text
 from perflab.observe import energy
@@ -98,17 +99,19 @@ def pct_span(value: float | None) -> str:
     return f'<span style="background-color:{colour};">({fmt_pct(value)})</span>'
 
 
-def _num(metrics: Mapping[str, Any] | None, key: str) -> float | None:
-    if not metrics:
-        return None
-    v = metrics.get(key)
+def _num(v: Any) -> float | None:
+    """A measured figure as a float; None when it is none (missing, NaN, not a number)."""
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v) else None
+
+
+def _tpot(res: ConfigResult | None) -> float | None:
+    return _num(res.metrics.mean_tpot_ms) if res is not None and res.metrics is not None else None
 
 
 def _tps_text(res: ConfigResult) -> str:
     tps = res.tps
     text = f"{tps:.2f}" if tps is not None else "n/a"
-    spread = res.noise.get("total_token_throughput")
+    spread = res.noise.get(name_of(lambda m: m.total_token_throughput))
     if tps is not None and len(res.repeats) > 1 and spread is not None:
         text += f" ±{spread:.1f}%"  # the mean of the repeats, with their relative spread
     if res.replicas > 1 and tps is not None:
@@ -128,10 +131,10 @@ def cell(res: ConfigResult | None, change: float | None = None, rank: Ranking | 
         return "-"
     if res.status is not Status.OK:
         return short_status(res)
-    tpot = _num(res.metrics, "mean_tpot_ms")
+    tpot = _tpot(res)
     span = f" {pct_span(change)}" if change is not None else ""
     tpot_s = f"{tpot:.2f}" if tpot is not None else "n/a"
-    tpot_reg = next((r for r in regressions if r.metric == "mean_tpot_ms"), None)
+    tpot_reg = next((r for r in regressions if r.metric == name_of(lambda m: m.mean_tpot_ms)), None)
     if tpot_reg is not None:  # worse is a rise here: red, with the rise
         tpot_s += f' <span style="background-color:{RED};">({fmt_pct(tpot_reg.change_pct)})</span>'
     text = f"Total TPS: {_tps_text(res)}{span}<br>Mean TPOT(ms): {tpot_s}"
@@ -243,13 +246,13 @@ def measured_notes(res: ConfigResult) -> list[str]:
         spread = ", ".join(f"{k} ±{v:.1f}%" for k, v in res.noise.items() if k in _SPREAD_KEYS)
         lines.append(f"# Mean of {len(res.repeats)} repeats; spread (relative standard deviation): {spread or 'n/a'}")
     for pt in res.points:
-        m = pt.get("metrics") or {}
+        m = BenchMetrics.of(pt.get("metrics") or {})
         slo_text: dict[Any, str] = {True: "; SLO met", False: "; SLO missed"}  # None: no SLO
         met = slo_text.get(pt.get("slo_met"), "")
-        figs = [("", "total_token_throughput", " tok/s"), ("mean TTFT ", "mean_ttft_ms", " ms"),
-                ("mean TPOT ", "mean_tpot_ms", " ms")]
-        text = ", ".join(f"{name}{f'{v:.2f}' if (v := _num(m, key)) is not None else 'n/a'}{unit}"
-                         for name, key, unit in figs)
+        figs = [("", m.total_token_throughput, " tok/s"), ("mean TTFT ", m.mean_ttft_ms, " ms"),
+                ("mean TPOT ", m.mean_tpot_ms, " ms")]
+        text = ", ".join(f"{name}{f'{v:.2f}' if (v := _num(raw)) is not None else 'n/a'}{unit}"
+                         for name, raw, unit in figs)
         lines.append(f"# Load {_load_text(pt.get('load') or {})}: {text}{met}")
     if res.capacity is not None:
         lines.append(f"# Capacity (the highest load meeting the SLO): {_fmt_load(res.capacity)}")
@@ -259,8 +262,9 @@ def measured_notes(res: ConfigResult) -> list[str]:
 
 
 #: the figures whose spread a result block shows (the ranking figures and the latencies)
-_SPREAD_KEYS = ("total_token_throughput", "output_throughput", "request_goodput", "request_throughput",
-                "mean_ttft_ms", "mean_tpot_ms", "capacity")
+_SPREAD_KEYS = (*(name_of(get) for get in (lambda m: m.total_token_throughput, lambda m: m.output_throughput,
+                                            lambda m: m.request_goodput, lambda m: m.request_throughput,
+                                            lambda m: m.mean_ttft_ms, lambda m: m.mean_tpot_ms)), "capacity")
 
 
 def script_of(entry: Entry, ctx: ReportContext) -> str:
@@ -601,7 +605,7 @@ def summary_rows(o: StudyOutcome, ctx: ReportContext) -> list[dict[str, Any]]:
         improvement = s.vs_baseline_pct if s.adopted else None
         r = o.rank
         if s.kind == "engine" and s.chosen is not None:
-            base_text = f"{_tps_text(o.baseline.result)} tok/s" if r.decide_by.metric == "total_token_throughput" \
+            base_text = f"{_tps_text(o.baseline.result)} tok/s" if r.decide_by is DecideBy.THROUGHPUT \
                 else r.text(o.baseline.result)
             detail = f"{s.chosen.label} ({r.text(s.chosen.result)}) vs baseline {o.baseline.label} ({base_text})"
         elif s.skipped:
@@ -723,8 +727,8 @@ def pareto_data(o: StudyOutcome) -> list[dict[str, Any]]:
             accs = accelerators_of(entry)
             pts = []
             for pt in res.points:
-                m = pt.get("metrics") or {}
-                tpot, otps = _num(m, "mean_tpot_ms"), _num(m, "output_throughput")
+                m = BenchMetrics.of(pt.get("metrics") or {})
+                tpot, otps = _num(m.mean_tpot_ms), _num(m.output_throughput)
                 if not tpot or otps is None:
                     continue
                 pts.append({"load": dict(pt.get("load") or {}), "per_user": 1000.0 / tpot,
@@ -833,7 +837,7 @@ def build_json(o: StudyOutcome, ctx: ReportContext) -> dict[str, Any]:
         "conclusion": [
             {"profile": c.profile.name, "label": c.profile.label,
              "baseline_total_token_throughput": c.baseline.tps,
-             "baseline_mean_tpot_ms": _num(c.baseline.metrics, "mean_tpot_ms"),
+             "baseline_mean_tpot_ms": _tpot(c.baseline),
              "baseline_ranking_figure": o.rank.value(c.baseline),
              "optimized_ranking_figure": o.rank.value(c.optimized) if c.optimized else None,
              "ranking_figure_change_pct": c.figure_change_pct(o.rank),
@@ -841,7 +845,7 @@ def build_json(o: StudyOutcome, ctx: ReportContext) -> dict[str, Any]:
              "optimized_slo": ([x.to_json() for x in plan.decision.slo.check(c.optimized.metrics)] or None)
              if c.optimized else None,
              "optimized_total_token_throughput": c.optimized.tps if c.optimized else None,
-             "optimized_mean_tpot_ms": _num(c.optimized.metrics, "mean_tpot_ms") if c.optimized else None,
+             "optimized_mean_tpot_ms": _tpot(c.optimized),
              "change_pct": c.change_pct,
              "baseline_success_rate": c.baseline.success_rate,
              "baseline_failures": _failures(c.baseline),

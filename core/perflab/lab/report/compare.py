@@ -31,6 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from perflab.bench.metrics import name_of
 from perflab.contract.errors import UsageError
 from perflab.contract.status import Status
 from perflab.lab.plan import Plan, Profile
@@ -70,7 +71,7 @@ class Metric:
             summary, name = self.key.split(".", 1)
             raw = (res.observed.get(summary) or {}).get(name)
         else:
-            raw = (res.metrics or {}).get(self.key)
+            raw = res.metrics.get(self.key) if res.metrics is not None else None
         if not isinstance(raw, (int, float)) or isinstance(raw, bool) or not math.isfinite(raw):
             return None
         return float(raw)
@@ -97,19 +98,19 @@ class Metric:
 #: cost appear only where they were measured (an SLO; ``decide_by: max-load``; accelerator
 #: telemetry; a plan ``cost:``).
 METRICS: tuple[Metric, ...] = (
-    Metric("total_token_throughput", "total tok/s", True),
-    Metric("output_throughput", "output tok/s", True),
-    Metric("request_throughput", "req/s", True),
-    Metric("request_goodput", "goodput req/s", True),
+    Metric(name_of(lambda m: m.total_token_throughput), "total tok/s", True),
+    Metric(name_of(lambda m: m.output_throughput), "output tok/s", True),
+    Metric(name_of(lambda m: m.request_throughput), "req/s", True),
+    Metric(name_of(lambda m: m.request_goodput), "goodput req/s", True),
     Metric("capacity", "capacity", True),
-    Metric("mean_ttft_ms", "mean TTFT ms", False),
-    Metric("p99_ttft_ms", "p99 TTFT ms", False),
-    Metric("mean_tpot_ms", "mean TPOT ms", False),
-    Metric("p99_tpot_ms", "p99 TPOT ms", False),
-    Metric("mean_itl_ms", "mean ITL ms", False),
-    Metric("p99_itl_ms", "p99 ITL ms", False),
-    Metric("mean_e2el_ms", "mean E2EL ms", False),
-    Metric("p99_e2el_ms", "p99 E2EL ms", False),
+    Metric(name_of(lambda m: m.mean_ttft_ms), "mean TTFT ms", False),
+    Metric(name_of(lambda m: m.p99_ttft_ms), "p99 TTFT ms", False),
+    Metric(name_of(lambda m: m.mean_tpot_ms), "mean TPOT ms", False),
+    Metric(name_of(lambda m: m.p99_tpot_ms), "p99 TPOT ms", False),
+    Metric(name_of(lambda m: m.mean_itl_ms), "mean ITL ms", False),
+    Metric(name_of(lambda m: m.p99_itl_ms), "p99 ITL ms", False),
+    Metric(name_of(lambda m: m.mean_e2el_ms), "mean E2EL ms", False),
+    Metric(name_of(lambda m: m.p99_e2el_ms), "p99 E2EL ms", False),
     Metric("energy.output_tokens_per_joule", "output tok/J", True),
     Metric("cost.per_million_output_tokens", "cost per M output tok", False),
 )

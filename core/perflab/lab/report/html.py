@@ -34,6 +34,7 @@ from markdown.inlinepatterns import HTML_RE, HtmlInlineProcessor
 from markdown.treeprocessors import Treeprocessor
 
 from perflab import redact
+from perflab.bench.metrics import name_of
 from perflab.lab.decide import LoadKind
 from perflab.lab.report.blocks import to_pymdown
 from perflab.lab.store import file_stem
@@ -59,9 +60,9 @@ INLINE_TAGS = frozenset({"span", "br", "b", "strong", "i", "em", "code", "sub", 
 
 #: the load curves' panels: (the benchmark's metric, axis label); with an SLO, its percentiles follow
 LOAD_FIGURES: tuple[tuple[str, str], ...] = (
-    ("total_token_throughput", "Total token throughput (tok/s)"),
-    ("mean_ttft_ms", "Mean TTFT (ms)"),
-    ("mean_tpot_ms", "Mean TPOT (ms)"),
+    (name_of(lambda m: m.total_token_throughput), "Total token throughput (tok/s)"),
+    (name_of(lambda m: m.mean_ttft_ms), "Mean TTFT (ms)"),
+    (name_of(lambda m: m.mean_tpot_ms), "Mean TPOT (ms)"),
 )
 
 #: how the report names each watched key (perflab.observe.OBSERVED_KEYS; others by their key)

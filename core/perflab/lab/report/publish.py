@@ -36,7 +36,7 @@ def write_report(o: StudyOutcome, ctx: ReportContext, directory: Path) -> dict[s
     pareto = pareto_data(o)
     if pareto:
         paths["pareto"] = write_pareto(pareto, ctx, o.plan.decision.slo, directory / PARETO_NAME, title=title_of(o, ctx))
-    data = json.loads(json.dumps(build_json(o, ctx), default=str))
+    data = json.loads(json.dumps(build_json(o, ctx)))
     markdown = audit_written_report(render_markdown(o, ctx), data)  # perflab audit: "Consistency check", "audit"
     text = redact.scrub(markdown)
     write_atomic(paths["markdown"], text)

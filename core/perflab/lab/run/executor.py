@@ -33,6 +33,8 @@ import anyio.to_thread
 import structlog
 
 from perflab import redact
+from perflab.bench.metrics import BenchMetrics, metrics_json, name_of
+from perflab.bench.result import BenchResult
 from perflab.contract.status import Status
 from perflab.contract.types import CrashCause, HardwareSnapshot, LaunchSpec, Unsupported, to_jsonable
 from perflab.lab.accuracy import ACCURACY_PROFILE, AccuracyJob, AccuracyRunner
@@ -195,7 +197,7 @@ def plugin_file_describer(pm: PluginManager, engine: str) -> Callable[[str, str]
 
 
 def stopped_early_record(decided: Mapping[str, Any], partial: Any,
-                         num_prompts: int | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+                         num_prompts: int | None) -> tuple[BenchMetrics | None, dict[str, Any]]:
     """The metrics and the ``stopped_early`` record of a benchmark the early stop ended, told in
     the same counts. The decision counted the requests completed when it was made; a few more
     complete while the client stops (144 in the block against "after 142 of 1000"), so the
@@ -209,42 +211,42 @@ def stopped_early_record(decided: Mapping[str, Any], partial: Any,
     info = dict(decided)
     if partial is None:
         return None, info
-    metrics = dict(partial.metrics)
+    measured = BenchMetrics.of(partial.metrics)
     traces = list(getattr(partial, "requests", None) or [])
     cut = sum(1 for t in traces if not t.success and t.error == CANCELLED)
-    completed, failed = int(metrics.get("completed") or 0), int(metrics.get("failed") or 0)
+    completed, failed = int(measured.completed or 0), int(measured.failed or 0)
     sent = completed + failed
     never = partial.info.get("requests_not_recorded") if isinstance(getattr(partial, "info", None), dict) else None
     if not isinstance(never, int):
         never = max(0, (num_prompts or sent) - sent)
-    metrics["failed"] = failed - cut
+    metrics = measured.merged({name_of(lambda m: m.failed): failed - cut})
     info["decided_at"] = {k: info[k] for k in ("completed", "elapsed_s") if k in info}
     info.update(completed=completed, cut_short=cut, never_sent=never)
-    duration = metrics.get("duration")
+    duration = metrics.duration
     if isinstance(duration, (int, float)) and "elapsed_s" in info:
         info["elapsed_s"] = round(float(duration), 3)
-    tps = metrics.get("total_token_throughput")
+    tps = metrics.total_token_throughput
     if isinstance(tps, (int, float)):
         info["partial_token_throughput"] = round(float(tps), 2)
     return metrics, info
 
 
-def _has_failures(result: Any) -> bool:
-    return result is not None and bool(result.metrics.get("failed"))
+def _has_failures(result: BenchResult | None) -> bool:
+    return result is not None and bool(result.metrics.failed)
 
 
 MAX_FAILURE_REASONS = 3
 
 
-def failure_summary(result: Any) -> str | None:
+def failure_summary(result: BenchResult) -> str | None:
     """"N of M requests failed: K × 'first error'; ..." — the distinct error messages of the
     failed requests, most frequent first, counted (None when every request succeeded)."""
     from collections import Counter
 
-    failed = int(result.metrics.get("failed") or 0)
+    failed = int(result.metrics.failed or 0)
     if not failed:
         return None
-    total = failed + int(result.metrics.get("completed") or 0)
+    total = failed + int(result.metrics.completed or 0)
     errors = [str(getattr(t, "error", "") or "unknown error").strip() for t in getattr(result, "requests", [])
               if not getattr(t, "success", True)]
     if not errors:  # no traces: the kept "request N: error" lines
@@ -256,8 +258,8 @@ def failure_summary(result: Any) -> str | None:
         f"; and {more} other error(s)" if more > 0 else "")
 
 
-def _completed(result: Any) -> int | None:
-    return None if result is None else int(result.metrics.get("completed") or 0)
+def _completed(result: BenchResult | None) -> int | None:
+    return None if result is None else int(result.metrics.completed or 0)
 
 
 def _last_log_line(path: str | Path | None) -> str | None:
@@ -362,7 +364,7 @@ async def _stall_cause(instances: Sequence[Any], stall: Any) -> StallCause:
 
 # ---------------------------------------------------------------------- repeats, loads, search
 
-def mean_metrics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def mean_metrics(runs: Sequence[Mapping[str, Any]]) -> BenchMetrics:
     """The repeats' metrics: numeric keys averaged, the others from the first repeat."""
     out = dict(runs[0])
     for key, value in runs[0].items():
@@ -370,7 +372,7 @@ def mean_metrics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             out[key] = statistics.fmean(float(v) for v in values)
-    return out
+    return BenchMetrics.from_json(out)
 
 
 def relative_noise(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -881,7 +883,7 @@ class Executor:
             m = ProfileMeasurement(Status.FAILED, error=error or "the accuracy measurement was cancelled")
             log.warning("lab.accuracy-failed", label=label, error=m.error)
         else:
-            m = ProfileMeasurement(Status.OK, metrics=record, num_prompts=(record.get("eval") or {}).get("samples"))
+            m = ProfileMeasurement(Status.OK, metrics=BenchMetrics.from_json(record), num_prompts=(record.get("eval") or {}).get("samples"))
         rec.measurements[ACCURACY_PROFILE] = m
         if self.on_measured is not None:
             self.on_measured(ACCURACY_PROFILE, m)
@@ -912,9 +914,9 @@ class Executor:
             suffix = tag + (f"-r{i + 1}" if n > 1 else "")
             m = await self._benchmark(instances, config, profile, run_dir, label, to_beat=to_beat, suffix=suffix)
             if m.status is not Status.OK:
-                m.repeats = [*runs, m.metrics] if m.metrics is not None and n > 1 else runs
+                m.repeats = [*runs, m.metrics.to_json()] if m.metrics is not None and n > 1 else runs
                 return m
-            runs.append(dict(m.metrics or {}))
+            runs.append(metrics_json(m.metrics) or {})
         if n == 1:
             return m
         return ProfileMeasurement(Status.OK, metrics=mean_metrics(runs), num_prompts=profile.num_prompts,
@@ -944,7 +946,7 @@ class Executor:
         met = None
         if slo:
             met = m.status is Status.OK and slo.met(m.metrics)
-        return {"load": {str(kind): _load_value(kind, value)}, "metrics": m.metrics, "repeats": m.repeats,
+        return {"load": {str(kind): _load_value(kind, value)}, "metrics": metrics_json(m.metrics), "repeats": m.repeats,
                 "noise": m.noise, "slo_met": met, "status": str(m.status), "stopped_early": m.stopped_early,
                 "error": m.error}
 
@@ -1127,7 +1129,7 @@ class Executor:
                 data.update(status=m.status, cancelled=measured is partial, error=m.error)
             if m.stopped_early is not None:
                 data["stopped_early"] = m.stopped_early
-            data["metrics"] = dict(measured.metrics)
+            data["metrics"] = measured.metrics.to_json()
             write_json(run_dir / f"bench-{file_stem(profile.name)}{suffix}.json", data)
         return m
 
@@ -1193,16 +1195,16 @@ class Executor:
             return ProfileMeasurement(Status.CRASHED, num_prompts=n, cause=dead[0].outcome.cause,
                                       error=f"the engine died during the {profile.label} benchmark{of}")
         if result is not None and result.stall is not None:  # the engine alive, its streams silent
-            return ProfileMeasurement(Status.STALLED, metrics=dict(result.metrics), num_prompts=n,
+            return ProfileMeasurement(Status.STALLED, metrics=result.metrics, num_prompts=n,
                                       error=f"{result.stall.message()} (the {profile.label} benchmark)")
         if result is None and timed_out:
             return ProfileMeasurement(Status.FAILED, num_prompts=n, error=f"the benchmark did not finish within {budget:g} s{of}")
         if result is None:
             return ProfileMeasurement(Status.FAILED, num_prompts=n, error=error or f"the benchmark was cancelled{of}")
-        if result.metrics.get("usage_mismatches"):  # the server's own figures cannot be trusted: no ranking figure
-            return ProfileMeasurement(Status.FAILED, metrics=dict(result.metrics), num_prompts=n,
+        if result.metrics.usage_mismatches:  # the server's own figures cannot be trusted: no ranking figure
+            return ProfileMeasurement(Status.FAILED, metrics=result.metrics, num_prompts=n,
                                       error=f"the server reported impossible token counts ({failure_summary(result)})")
-        return ProfileMeasurement(Status.OK, metrics=dict(result.metrics), num_prompts=n, error=failure_summary(result))
+        return ProfileMeasurement(Status.OK, metrics=result.metrics, num_prompts=n, error=failure_summary(result))
 
     def _write_outcome(self, run_dir: Path, rec: RunRecord, instances: list[Any]) -> None:
         outcome = {
@@ -1242,7 +1244,7 @@ def _host_seconds(result: Any, wall_s: float) -> float:
     otherwise."""
     if result is None or result.info.get("clock") != "model":
         return 0.0
-    duration = result.metrics.get("duration")
+    duration = result.metrics.duration
     scale = result.info.get("time_scale")
     if not isinstance(duration, (int, float)) or not scale:
         return 0.0

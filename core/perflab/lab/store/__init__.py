@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from perflab import redact
+from perflab.bench.metrics import BenchMetrics, metrics_json, read_metrics
 from perflab.contract.status import Status
 from perflab.contract.types import CrashCause, Unsupported, to_jsonable
 from perflab.lab.measured import EXTRA_FIELDS, MeasurementExtras
@@ -129,10 +130,15 @@ class ProfileMeasurement(MeasurementExtras):
     :class:`perflab.lab.measured.MeasurementExtras`', kept as :data:`EXTRA_FIELDS`."""
 
     status: Status  # ok | stopped-early | crashed | failed | stalled | unsupported (the workload does not fit)
-    metrics: dict[str, Any] | None = None
+    # the benchmark's; the accuracy measurement (perflab.lab.accuracy.ACCURACY_PROFILE) keeps its
+    # record here too, every key of it in ``extra`` (read by key, stored as it came)
+    metrics: BenchMetrics | None = None
     num_prompts: int | None = None
     error: str | None = None
     cause: CrashCause | None = None
+
+    def __post_init__(self) -> None:
+        self.metrics = read_metrics(self.metrics)
 
 
 @dataclass
@@ -190,7 +196,7 @@ def _point_file(profile: str, point: str) -> str:
 
 def _measurement_json(m: ProfileMeasurement) -> dict[str, Any]:
     """A measurement as a point's row and file keep it (a curve's point: measured, no cause)."""
-    return {"status": str(m.status), "metrics": m.metrics, "num_prompts": m.num_prompts, "error": m.error,
+    return {"status": str(m.status), "metrics": metrics_json(m.metrics), "num_prompts": m.num_prompts, "error": m.error,
             **to_jsonable(m.extra())}
 
 
@@ -343,13 +349,13 @@ class Store:
             self.db.execute(
                 "INSERT INTO measurements(run_id, config_key, profile_key, profile, status, metrics, num_prompts, error, cause,"
                 " created, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, config_key, profile_key, profile, str(m.status), json.dumps(m.metrics) if m.metrics is not None else None,
+                (run_id, config_key, profile_key, profile, str(m.status), json.dumps(metrics_json(m.metrics)) if m.metrics is not None else None,
                  m.num_prompts, redact.scrub(m.error or "") or None, _cause_json(m.cause), created,
                  json.dumps(m.extra(), default=str)),
             )
             write_json(self.dir / run_dir / _measurement_file(profile), {
                 "run_id": run_id, "config_key": config_key, "profile_key": profile_key, "profile": profile,
-                "status": str(m.status), "metrics": m.metrics, "num_prompts": m.num_prompts, "error": m.error,
+                "status": str(m.status), "metrics": metrics_json(m.metrics), "num_prompts": m.num_prompts, "error": m.error,
                 "cause": to_jsonable(m.cause), "created": created, **m.extra(),
             })
 
@@ -458,7 +464,7 @@ class Store:
             run = self.db.execute("SELECT * FROM runs WHERE id = ?", (m["run_id"],)).fetchone()
             res = self._result_from_run(run, m["status"])
             res.reused = m["session_id"] != self.session_id
-            res.metrics = _loads(m["metrics"])
+            res.metrics = read_metrics(_loads(m["metrics"]))
             res.num_prompts = m["num_prompts"]
             for k, v in (_loads(m["extra"] if "extra" in m.keys() else None) or {}).items():  # noqa: SIM118 - a Row's keys
                 if k in EXTRA_FIELDS and v is not None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perflab.bench.metrics import BenchMetrics, name_of
 from perflab.contract.errors import UsageError
 from perflab.lab.report.audit.rules import RULE_NAMES, RULES, ResultView, check_result, check_table_row
 
@@ -146,15 +147,16 @@ def audit_markdown(text: str, name: str, *, blocks: bool = True) -> Audit:
 
 
 def _is_bench_json(data: Any) -> bool:
-    return isinstance(data, Mapping) and "duration" in data and "completed" in data
+    return isinstance(data, Mapping) and name_of(lambda m: m.duration) in data and name_of(lambda m: m.completed) in data
 
 
 def audit_bench_json(data: Mapping[str, Any], name: str) -> Audit:
     """A ``vllm bench serve --save-result`` JSON (or perflab's, which has a ``perflab`` part)."""
     ours = isinstance(data.get("perflab"), Mapping) and data["perflab"].get("client") != "vllm-bench"
     details = {k: data[k] for k in DETAIL_KEYS if isinstance(data.get(k), list) and data[k]}
-    num_prompts = data.get("num_prompts") if isinstance(data.get("num_prompts"), int) else None
-    r = ResultView(data, peak_counting="exact" if ours else "buckets", num_prompts=num_prompts, details=details or None)
+    metrics = BenchMetrics.from_json(data)
+    num_prompts = metrics.num_prompts if isinstance(metrics.num_prompts, int) else None
+    r = ResultView(metrics, peak_counting="exact" if ours else "buckets", num_prompts=num_prompts, details=details or None)
     return Audit((name,), 1, 0, _findings(r, name))
 
 
@@ -204,13 +206,14 @@ def audit_report_json(report: Mapping[str, Any], name: str) -> Audit:
     findings: list[Finding] = []
     count = 0
     for where, metrics, n in study_results(report):
-        key = json.dumps(metrics, sort_keys=True, default=str)
+        key = json.dumps(BenchMetrics.of(metrics).to_json(), sort_keys=True)
         if key in seen:  # the same measurement shown in a step, a case and the conclusion
             continue
         seen.add(key)
         count += 1
         # perflab's lab measures with its own client: exact peak concurrency
-        findings += _findings(ResultView(metrics, peak_counting="exact", num_prompts=n), f"{name} {where}")
+        findings += _findings(ResultView(BenchMetrics.of(metrics), peak_counting="exact", num_prompts=n),
+                              f"{name} {where}")
     return Audit((name,), count, 0, tuple(findings))
 
 
@@ -265,7 +268,7 @@ def audit_store(path: Path) -> Audit:
     try:
         outcome = anyio.run(stored_outcome, store)
         ctx = report_context(store)
-        data = json.loads(json.dumps(build_json(outcome, ctx), default=str))
+        data = json.loads(json.dumps(build_json(outcome, ctx)))
         markdown = render_markdown(outcome, ctx)
     finally:
         store.close()

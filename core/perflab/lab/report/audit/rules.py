@@ -21,9 +21,11 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from perflab.bench.metrics import BenchMetrics, name_of, stat_name
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ def _pct(x: float, digits: int = 2) -> str:
 class ResultView:
     """One result's numbers with their precision, and how they were produced."""
 
-    metrics: Mapping[str, Any]
+    metrics: BenchMetrics
     printed: bool = False  # read from a printed block: floats ±0.005, seconds ±0.005 s
     # how max_concurrent_requests was counted: "exact" (perflab's client: the true overlap),
     # "buckets" (vLLM: requests touching a one-second bucket), "unknown" (a printed vLLM 0.33
@@ -116,6 +118,13 @@ class ResultView:
     peak_counting: str = "unknown"
     num_prompts: int | None = None
     details: Mapping[str, Any] | None = None  # per-request lists of a --save-result JSON
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "metrics", BenchMetrics.of(self.metrics))  # a report's or a file's, as read
+
+    def fig(self, get: Callable[[BenchMetrics], object]) -> Num | None:
+        """The figure ``get`` reads, with its precision (:meth:`num`)."""
+        return self.num(name_of(get))
 
     def num(self, key: str) -> Num | None:
         v = self.metrics.get(key)
@@ -129,20 +138,20 @@ class ResultView:
         return Num(v, 5.0 if seconds else 0.005)
 
     def sent(self) -> int | None:
-        done = self.metrics.get("completed")
+        done = self.metrics.completed
         if self.num_prompts:
             return int(self.num_prompts)
         if isinstance(done, (int, float)):
-            return int(done) + int(self.metrics.get("failed") or 0)
+            return int(done) + int(self.metrics.failed or 0)
         return None
 
     def concurrency(self) -> tuple[float, str] | None:
         """The most requests in flight at once: the configured cap, else the peak measured
         (vLLM's bucket count is ≥ the true overlap, so it bounds it too), else the requests."""
-        cap = self.metrics.get("max_concurrency")
+        cap = self.metrics.max_concurrency
         if isinstance(cap, (int, float)) and cap > 0:
             return float(cap), "max concurrency"
-        peak = self.num("max_concurrent_requests")
+        peak = self.fig(lambda m: m.max_concurrent_requests)
         if peak is not None and peak.value > 0:
             return peak.hi, "peak concurrent requests"
         sent = self.sent()
@@ -155,17 +164,19 @@ def _ratio_range(count: float, d: Num) -> tuple[float, float]:
 
 def check_throughput(r: ResultView) -> list[Issue]:
     out: list[Issue] = []
-    d = r.num("duration")
+    d = r.fig(lambda m: m.duration)
     if d is None or d.value <= 0:
         return out
-    tin, tout, done = r.num("total_input_tokens"), r.num("total_output_tokens"), r.num("completed")
-    for key, label, count, what in (
-        ("request_throughput", "request throughput", done, "requests"),
-        ("output_throughput", "output throughput", tout, "output tokens"),
-        ("total_token_throughput", "total token throughput", Num(tin.value + tout.value) if tin and tout else None,
-         "input+output tokens"),
-    ):
-        rep = r.num(key)
+    tin, tout = r.fig(lambda m: m.total_input_tokens), r.fig(lambda m: m.total_output_tokens)
+    done = r.fig(lambda m: m.completed)
+    figures: tuple[tuple[Callable[[BenchMetrics], object], str, Num | None, str], ...] = (
+        (lambda m: m.request_throughput, "request throughput", done, "requests"),
+        (lambda m: m.output_throughput, "output throughput", tout, "output tokens"),
+        (lambda m: m.total_token_throughput, "total token throughput",
+         Num(tin.value + tout.value) if tin and tout else None, "input+output tokens"),
+    )
+    for get, label, count, what in figures:
+        rep = r.fig(get)
         if rep is None or count is None:
             continue
         lo, hi = _ratio_range(count.value, d)
@@ -178,7 +189,7 @@ def check_throughput(r: ResultView) -> list[Issue]:
 
 def _tokens_per_request(r: ResultView) -> tuple[float, bool] | None:
     """Mean output tokens per completed request, and whether every request had that many."""
-    tout, done = r.metrics.get("total_output_tokens"), r.metrics.get("completed")
+    tout, done = r.metrics.total_output_tokens, r.metrics.completed
     if not isinstance(tout, (int, float)) or not isinstance(done, (int, float)) or done <= 0:
         return None
     n = tout / done
@@ -201,7 +212,7 @@ def _per_request_tpot(details: Mapping[str, Any]) -> float | None:
 
 
 def check_tpot_latency(r: ResultView) -> list[Issue]:
-    tpot, ttft, e2el = r.num("mean_tpot_ms"), r.num("mean_ttft_ms"), r.num("mean_e2el_ms")
+    tpot, ttft, e2el = r.fig(lambda m: m.mean_tpot_ms), r.fig(lambda m: m.mean_ttft_ms), r.fig(lambda m: m.mean_e2el_ms)
     per_req = r.details and _per_request_tpot(r.details)
     if tpot is not None and per_req:
         if abs(tpot.value - per_req) > tpot.half + per_req * EXACT_REL:
@@ -229,15 +240,15 @@ def check_tpot_latency(r: ResultView) -> list[Issue]:
 def check_latency_duration(r: ResultView) -> list[Issue]:
     """Σ E2EL = ∫ requests in flight dt ≤ concurrency × duration (Little's law as a bound).
     Without E2EL, a fixed output length gives it: E2EL = TTFT + TPOT × (n − 1) per request."""
-    d, done = r.num("duration"), r.metrics.get("completed")
+    d, done = r.fig(lambda m: m.duration), r.metrics.completed
     conc = r.concurrency()
     if d is None or not isinstance(done, (int, float)) or done <= 0 or conc is None:
         return []
-    e2el = r.num("mean_e2el_ms")
+    e2el = r.fig(lambda m: m.mean_e2el_ms)
     derived = ""
     if e2el is None:
         tpr = _tokens_per_request(r)
-        ttft, tpot = r.num("mean_ttft_ms"), r.num("mean_tpot_ms")
+        ttft, tpot = r.fig(lambda m: m.mean_ttft_ms), r.fig(lambda m: m.mean_tpot_ms)
         if tpr is None or not tpr[1] or ttft is None or tpot is None or tpr[0] <= 1:
             return []
         n = tpr[0]
@@ -280,7 +291,7 @@ def check_stat_order(r: ResultView) -> list[Issue]:
     for m in LATENCIES:
         label = m.upper()
         stats: list[tuple[str, Num]] = []
-        mean, median = r.num(f"mean_{m}_ms"), r.num(f"median_{m}_ms")
+        mean, median = r.num(stat_name("mean", m)), r.num(stat_name("median", m))
         pcts = sorted((float(g.group(1)), k) for k in r.metrics if (g := _PCT_RE.match(k)) and g.group(2) == m)
         pvals = [(p, v) for p, k in pcts if (v := r.num(k)) is not None]
         p99 = next((v for p, v in pvals if p == 99.0), None)
@@ -294,7 +305,7 @@ def check_stat_order(r: ResultView) -> list[Issue]:
         if mean is not None and p99 is not None and _gt(mean, p99):
             # mean ≤ 0.99·P99 + 0.01·(mean of the top 1 %): what the top 1 % would need
             top = (mean.value - 0.99 * p99.value) / 0.01
-            d = r.num("duration")
+            d = r.fig(lambda x: x.duration)
             if m != "itl":
                 out.append(Issue("stat-order", f"mean {label} {_f(mean.value)} ms > P99 {label} {_f(p99.value)} ms "
                                                f"(the slowest 1 % of requests would have to average {_f(top)} ms)"))
@@ -314,7 +325,7 @@ def check_stat_order(r: ResultView) -> list[Issue]:
                 if v.value < lo - slack or v.value > hi + slack:
                     out.append(Issue("stat-order", f"{name} {label} {_f(v.value)} ms outside its requests' "
                                                    f"[min {_f(lo)}, max {_f(hi)}] ms"))
-        for key in (f"mean_{m}_ms", f"median_{m}_ms"):
+        for key in (stat_name("mean", m), stat_name("median", m)):
             stat = r.num(key)
             if stat is not None and stat.hi < 0:
                 out.append(Issue("stat-order", f"{key} is negative ({_f(stat.value)} ms)"))
@@ -322,7 +333,7 @@ def check_stat_order(r: ResultView) -> list[Issue]:
 
 
 def check_peak_output(r: ResultView) -> list[Issue]:
-    peak, tout = r.num("max_output_tokens_per_s"), r.num("total_output_tokens")
+    peak, tout = r.fig(lambda m: m.max_output_tokens_per_s), r.fig(lambda m: m.total_output_tokens)
     if peak is None or tout is None:
         return []
     if peak.lo > tout.value * (1 + EXACT_REL):
@@ -331,7 +342,7 @@ def check_peak_output(r: ResultView) -> list[Issue]:
     # vLLM's peak concurrency counts the requests touching a one-second bucket: the bucket's
     # tokens come from those requests, each at most its length (known when fixed)
     tpr = _tokens_per_request(r)
-    conc = r.num("max_concurrent_requests")
+    conc = r.fig(lambda m: m.max_concurrent_requests)
     if r.peak_counting == "buckets" and tpr and tpr[1] and conc is not None and conc.value > 0:
         bound = conc.hi * tpr[0]
         if peak.lo > bound * (1 + EXACT_REL):
@@ -341,13 +352,13 @@ def check_peak_output(r: ResultView) -> list[Issue]:
 
 
 def check_peak_concurrency(r: ResultView) -> list[Issue]:
-    peak = r.num("max_concurrent_requests")
+    peak = r.fig(lambda m: m.max_concurrent_requests)
     if peak is None:
         return []
     sent = r.sent()
     if sent is not None and peak.lo > sent:
         return [Issue("peak-concurrency", f"peak concurrent requests {_f(peak.value)} > the {sent} requests sent")]
-    cap = r.metrics.get("max_concurrency")
+    cap = r.metrics.max_concurrency
     # vLLM counts a request in every second it touches, so back-to-back requests read as
     # concurrent (vllm/benchmarks/serve.py, "concurrent_requests_per_second"): only perflab's
     # exact count is held to the cap
