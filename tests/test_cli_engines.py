@@ -147,6 +147,40 @@ def test_list_table_shows_engines_and_problems(pm: PluginManager, capsys: pytest
     assert "--strict" in out
 
 
+class LongNamed(EnginePlugin):
+    """The longest first-party package name (perflab-plugin-vllm-ascend): 80 columns must not cut it."""
+
+    info = EngineInfo(name="vllm-ascend", display_name="vLLM-Ascend", accelerators=("ascend",),
+                      executable="vllm-absent-for-test")
+
+
+def test_list_table_fits_80_columns(pm: PluginManager, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    pm.add_plugin(LongNamed(), name="vllm-ascend", distribution="perflab-plugin-vllm-ascend", version="0.1.0")
+    pm.add_plugin(module_plugin("sim", perflab_activate_hardware=lambda spec, env: None), name="sim",
+                  distribution="perflab-sim", version="0.1.0")
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = invoke(["engines", "list"], capsys)
+    lines = out.splitlines()
+    assert code == 0 and max(map(len, lines)) <= 80
+    header = next(line for line in lines if line.lstrip().startswith("engine"))
+    assert header.split() == ["engine", "plugin", "·", "hooks", "runs", "on", "status", "installed"]
+    assert "perflab-plugin-vllm-ascend" in out and "perflab-plugin-toy" in out  # whole, never split
+    monkeypatch.setenv("COLUMNS", "300")  # a wide terminal: the hooks on one line, as before
+    code, out, _ = invoke(["engines", "list"], capsys)
+    assert "register, version, preflight, launch, crashes" in out
+
+
+def test_unknown_engine_gets_a_did_you_mean(pm: PluginManager, capsys: pytest.CaptureFixture[str]) -> None:
+    pm.add_plugin(LongNamed(), name="vllm-ascend", distribution="perflab-plugin-vllm-ascend", version="0.1.0")
+    code, out, err = invoke(["engines", "command", "vllm_ascend", "-m", "m"], capsys)
+    assert (code, out) == (2, "")
+    assert err.splitlines() == ["perflab: error: unknown engine 'vllm_ascend' (did you mean 'vllm-ascend'?) "
+                                "(installed engines: toy, vllm-ascend)"]
+    code, _, err = invoke(["launch", "tyo", "-m", "m"], capsys)
+    assert code == 2 and "unknown engine 'tyo' (did you mean 'toy'?)" in err
+
+
 def test_list_with_no_engine_plugin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     empty = PluginManager(entrypoints=False, builtins=False)
     monkeypatch.setattr(perflab.plugins, "load", lambda strict=None, **kw: empty)

@@ -184,3 +184,26 @@ def test_simulated_catalog_machine_end_to_end(
         assert all(a["compute_capability"] and a["cuda_driver_version"] for a in accs)
     code, out, _ = invoke(["hardware", "--hardware", f"sim:{name}"], capsys)
     assert code == 0 and f"(simulated: {name})" in out
+
+
+CPU = Accelerator(vendor="amd", kind="cpu", index=0, name="AMD EPYC", memory_total_mib=20826, memory_used_mib=638,
+                  source="procfs", cores=2, cpu_list="0-1",
+                  features=("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"))
+
+
+@hookimpl
+def cpu(env):  # type: ignore[no-untyped-def]
+    return [CPU]
+
+
+@pytest.mark.parametrize("probe", [gpus, npus, cpu])
+def test_table_fits_80_columns_with_its_headers_whole(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                      probe: object) -> None:
+    use_probes(monkeypatch, probe)
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = invoke(["hardware"], capsys)
+    lines = out.splitlines()
+    assert code == 0 and max(map(len, lines)) <= 80
+    heads = [line.split() for line in lines if line.lstrip().startswith(("accelerator", "#"))]
+    assert heads == [["accelerator", "memory", "MiB", "compute,", "chip"],
+                     ["#", "uuid", "·", "bus", "id", "used", "/", "total", "or", "cores", "·", "ISA", "driver"]]

@@ -113,6 +113,26 @@ def test_human_summary(tmp_path: Path) -> None:
     assert "run directory" in r.stderr
 
 
+def test_log_lines_only_when_asked(tmp_path: Path) -> None:
+    """Quiet by default (warnings only); -v shows the supervisor's structured log on stderr,
+    --log-level picks the level, and stdout stays the result (here JSON)."""
+    fake = Fake(tmp_path)
+    quiet = run_cli(fake.pm, [*fake_args(tmp_path), "--check"])
+    assert quiet.exit_code == 0, quiet.output
+    assert "engine.state" not in quiet.stderr and "run directory" in quiet.stderr
+
+    def launch(*flags: str) -> Any:
+        args = [*flags, "launch", *fake_args(tmp_path), "--check", "--json"]
+        return CliRunner().invoke(cli, args, obj={"pm": fake.pm}, catch_exceptions=False)
+
+    for flags in (["-v"], ["--log-level", "info"], ["--log-level", "DEBUG"]):
+        loud = launch(*flags)
+        assert loud.exit_code == 0, loud.output
+        assert re.search(r"\[info\s*\] engine\.state .* state=ready\b", loud.stderr), loud.stderr
+        assert json.loads(loud.stdout)["state"] == "done"  # the log never reaches stdout
+    assert "engine.state" not in launch("--log-level", "error").stderr
+
+
 def test_default_workdir_is_fresh_under_perflab_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = Fake(tmp_path)
     monkeypatch.chdir(tmp_path)

@@ -354,6 +354,22 @@ def test_observed_extras_and_report_lines() -> None:
                     "so there are no power or energy figures."]
 
 
+def test_the_summary_names_cost_only_when_a_price_is_configured() -> None:
+    from perflab.contract.status import Status
+    from perflab.lab.study import ConfigResult
+
+    metrics = {"duration": 10.0, "total_output_tokens": 4000}
+    samples = {tm.KEY: _samples((0.0, 200.0), (10.0, 200.0))}
+    unpriced = ConfigResult(Status.OK, metrics=metrics, observed=en.observed_extras(samples, metrics, None, accelerators=2))
+    first, hint = en.summary_lines(unpriced, unpriced, [unpriced], None)
+    assert first == ("Energy on the main profile: baseline 2 tok/J → optimized 2 tok/J "
+                     "(output tokens per joule of accelerator energy).")
+    assert "cost" not in first and hint.startswith("Give the plan a `cost:")
+    priced = ConfigResult(Status.OK, metrics=metrics, observed=en.observed_extras({}, metrics, en.Cost(3.6), accelerators=2))
+    assert en.summary_lines(priced, priced, [priced], en.Cost(3.6))[0] == (
+        "Cost on the main profile: baseline 5 USD/M tok → optimized 5 USD/M tok (cost per million output tokens).")
+
+
 # ------------------------------------------------------------------ closing: NVML shut down when the launches end
 
 

@@ -263,3 +263,17 @@ def test_a_measurement_stopped_early_is_a_status_change_not_metrics():
     sglang = next(p for p in c.pairs if p.a.label == "SGLang")
     assert not sglang.deltas and not sglang.regressed
     assert sglang.to_json()["status"] == {"a": "ok", "b": "stopped-early"}
+
+
+def test_the_table_prints_large_figures_plainly(capsys, monkeypatch):
+    from perflab.cli.compare_cmd import _print, figure_text
+
+    assert [figure_text(v) for v in (104600.0, 1_234_567.8, 12345.678, 0.4199, -250000.0)] == [
+        "104,600", "1,234,568", "12,345.68", "0.42", "-250,000"]
+    monkeypatch.setenv("COLUMNS", "200")
+    a = _study({"vllm": _metrics(104600.0, 11.6), "sglang": _metrics(2400.0, 12.0), "vllm 64": _metrics(2500.0, 11.6)})
+    b = _study({"vllm": _metrics(52300.0, 11.6), "sglang": _metrics(2400.0, 12.0), "vllm 64": _metrics(2500.0, 11.6)},
+               name="b")
+    _print(compare(a, b), show_all=False)
+    out = capsys.readouterr().out
+    assert "104,600" in out and "52,300" in out and "e+" not in out

@@ -167,7 +167,7 @@ def test_demo_plan_decisions(tmp_path):
     assert quant["TensorRT-LLM AWQ"].result.status == "crashed"
     assert "KeyError: 'weight'" in (quant["TensorRT-LLM AWQ"].result.cause or {}).get("line", "")
     md = (tmp_path / "demo" / "report.md").read_text()
-    assert md.startswith("# Optimizing Qwen3-32B") and '!!! warning "Simulated study"' in md
+    assert md.startswith("# Optimizing Qwen3-32B") and '> [!WARNING]\n> **Simulated study**' in md
     assert "# KeyError: 'weight'" in md and "SGLang's FP8" in md
     assert "trtllm-serve Qwen/Qwen3-32B" in md
     assert (tmp_path / "demo" / "chart.png").read_bytes().startswith(b"\x89PNG")

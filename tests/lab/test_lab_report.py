@@ -44,7 +44,7 @@ def test_seed_002_report(seed_002, seed_measure):
              "### Summary of Optimization Options", "### Other Benchmark Cases"]
     positions = [md.index(h) for h in heads]
     assert positions == sorted(positions)
-    assert md.index('!!! warning "Simulated study"') < md.index("## Conclusion")
+    assert md.index('> [!WARNING]\n> **Simulated study**') < md.index("## Conclusion")
 
     conclusion = _section(md, "## Conclusion")
     assert "![seed-002](chart.png)" in conclusion

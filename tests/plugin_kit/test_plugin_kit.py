@@ -93,6 +93,36 @@ def test_plugin_new_refuses_bad_names_and_existing_dirs(tmp_path: Path) -> None:
     assert again.returncode == 2 and "already exists" in again.stderr
 
 
+def test_plugin_new_refuses_a_name_an_engine_has(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import perflab.plugins
+    from perflab import EngineInfo
+    from perflab.cli import main
+
+    class Mine(EnginePlugin):
+        info = EngineInfo(name="mine", display_name="Mine", accelerators=("cuda",), executable="mine-serve")
+
+    pm = PluginManager(entrypoints=False, builtins=False)
+    pm.add_plugin(Mine(), name="mine", distribution="perflab-plugin-mine", version="1.0")
+    monkeypatch.setattr(perflab.plugins, "load", lambda strict=None, **kw: pm)
+
+    def new(name: str) -> tuple[int, str]:
+        try:
+            main(["plugin", "new", name, "--dir", str(tmp_path)])
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        return code, capsys.readouterr().err
+
+    for name, who in (("vllm", "perflab's own engine"), ("tensorrt-llm", "perflab's own engine 'trtllm'"),
+                      ("mine", "the engine of perflab-plugin-mine")):
+        code, err = new(name)
+        assert code == 2 and err.splitlines() == [f"perflab: error: plugin name {name!r} is taken: it is {who}; "
+                                                  f"choose another (e.g. {name}-custom)"]
+    assert list(tmp_path.iterdir()) == []  # nothing written
+    assert new("mine-custom")[0] == 0 and (tmp_path / "perflab-plugin-mine-custom").is_dir()
+
+
 def test_out_of_tree_llamacpp_plugin_passes_the_conformance_suite(tmp_path: Path) -> None:
     src = REPO / "tests" / "external_plugins" / "llamacpp"
     target = tmp_path / "site"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from perflab import __version__
+from perflab.cli.logs import DEFAULT_LEVEL, LEVELS, level_for, logging_at
 
 if TYPE_CHECKING:  # loaded on first use (get_pm): the CLI starts without pluggy's plugins
     from perflab.plugins import PluginManager
@@ -55,11 +56,19 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
+#: sub-commands that print through click alone and log nothing: unless asked (-v, --log-level),
+#: structlog is not configured for them, so `engines list --json` starts without loading it (and rich)
+UNLOGGED = frozenset({"engines"})
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="perflab")
 @click.option("--strict", is_flag=True, envvar="PERFLAB_STRICT_PLUGINS", help="Fail if any plugin fails to load (for CI).")
+@click.option("--log-level", type=click.Choice(list(LEVELS), case_sensitive=False), envvar="PERFLAB_LOG_LEVEL",
+              help=f"Log lines shown on stderr (default: {DEFAULT_LEVEL}; a study's study.log keeps every event).")
+@click.option("-v", "--verbose", count=True, help="Show the log: -v for info, -vv for debug (--log-level wins).")
 @click.pass_context
-def cli(ctx: click.Context, strict: bool) -> None:
+def cli(ctx: click.Context, strict: bool, log_level: str | None, verbose: int) -> None:
     """perflab: a performance lab for LLM inference engines.
 
     It probes the accelerators, launches each candidate engine (vLLM, vLLM-Ascend, SGLang,
@@ -69,6 +78,8 @@ def cli(ctx: click.Context, strict: bool) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["strict"] = strict
+    if ctx.invoked_subcommand not in UNLOGGED or log_level or verbose:
+        ctx.with_resource(logging_at(level_for(log_level and log_level.lower(), verbose)))
 
 
 def get_pm(ctx: click.Context | None = None) -> PluginManager:

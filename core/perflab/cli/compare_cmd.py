@@ -50,8 +50,10 @@ def compare(study_a: Path, study_b: Path, threshold_pct: float, tail_threshold_p
         raise click.exceptions.Exit(result.exit_code)
 
 
-def _fmt(v: float) -> str:
-    return f"{v:.2f}" if abs(v) < 1e5 else f"{v:.4g}"
+def figure_text(v: float) -> str:
+    """A metric's value as the table shows it: plain digits with thousands separators, never
+    an exponent (``104,600``, ``12,345.67``, ``0.42``)."""
+    return f"{v:,.2f}" if abs(v) < 1e5 else f"{v:,.0f}"
 
 
 def _print(c: Comparison, show_all: bool) -> None:
@@ -88,7 +90,7 @@ def _print(c: Comparison, show_all: bool) -> None:
         shown = [d for d in p.deltas if show_all or d.change is not Change.WITHIN_NOISE]
         for d in shown:
             change = "n/a" if d.change_pct is None else f"{d.change_pct:+.1f}%"
-            table.add_row(label if first else "", p.a.profile if first else "", d.metric.label, _fmt(d.a), _fmt(d.b),
+            table.add_row(label if first else "", p.a.profile if first else "", d.metric.label, figure_text(d.a), figure_text(d.b),
                           change, f"±{d.limit_pct:.1f}%", Text(str(d.change), style=style[d.change]))
             first = False
         if first:  # nothing changed beyond the limits

@@ -130,9 +130,14 @@ def _plugin_label(name: str, version: str | None) -> str:
     return f"{name} {version}" if version else name
 
 
+#: the plugin column's width at most, when the table must fit a narrow terminal (longer names fold)
+PLUGIN_WIDTH = 30
+
+
 def render_list(data: dict[str, Any]) -> None:
     from rich import box
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
     from rich.text import Text
 
@@ -168,12 +173,19 @@ def render_list(data: dict[str, Any]) -> None:
         if p["status"] == "ok" and p["engines"]:
             continue  # shown as engine rows
         if p["status"] == "ok":
-            status = Text("ok (registers no engine)", style="green")
+            status = Text("ok (no engine)", style="green")
         elif p["status"] == "disabled":  # not loaded, so which engines it registers is unknown
             status = Text("disabled (PERFLAB_DISABLE_PLUGINS)", style="dim")
         else:
             status = Text(f"{p['status']}: {p['error']}", style="red")
         table.add_row(NO_ENGINE, plugin_cell(p["distribution"] or p["module"], p["version"], p["hooks"]), "-", status, "")
+    if Measurement.get(console, console.options.update_width(10_000), table).maximum > console.width:
+        # too wide for the terminal (80 columns): left to rich, the plugin column would shrink until it
+        # cut its package names ("perflab-plugin-vllm-ascend"); as wide as the longest one instead, the
+        # version and the hooks wrapped below it, and the other columns wrap their words
+        names = [e["distribution"] or e["plugin"] for e in data["engines"]] + [
+            p["distribution"] or p["module"] for p in data["plugins"]]
+        table.columns[1].width = min(max(map(len, names), default=PLUGIN_WIDTH), PLUGIN_WIDTH)
     console.print(table)
     broken = [p for p in data["plugins"] if p["status"] not in FINE]
     for p in broken:

@@ -50,10 +50,10 @@ def render_table(snapshot: HardwareSnapshot) -> None:
         title=f"Accelerators on {describe(snapshot)} — read through {sources}", title_justify="left", box=box.SIMPLE_HEAD
     )
     table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("accelerator\nuuid · bus id", overflow="fold", min_width=26)
+    table.add_column("accelerator\nuuid · bus id", overflow="fold", min_width=22)
     table.add_column("memory MiB\nused / total", no_wrap=True)
     table.add_column("compute, chip\nor cores · ISA", overflow="fold")
-    table.add_column("driver")
+    table.add_column("driver", no_wrap=True)  # short, and a one-word header rich would crop at 80 columns
     for a in snapshot.accelerators:
         label = a.name if a.vendor.lower() in a.name.lower() else f"{a.name} ({a.vendor})"
         who = Text(label)

@@ -1,8 +1,9 @@
 """``perflab launch ENGINE``: start one engine, wait until it really serves, tear it down.
 
 Without ``--check`` it serves until Ctrl-C (or until the engine dies); with ``--check`` it
-sends one generation once ready, tears down and exits. Progress goes to stderr, the result
-(human summary or ``--json``) to stdout.
+sends one generation once ready, tears down and exits. Progress goes to stderr (with the
+supervisor's log lines under ``perflab -v launch``), the result (human summary or ``--json``)
+to stdout.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any
 import anyio
 import click
 import httpx
-import structlog
 
 from perflab import redact
 from perflab.cli.options import hardware_option, json_option, pop_serve_config, serve_options
@@ -46,34 +46,6 @@ Exit status:
   7    served, but teardown left something behind (process, port, accelerator memory)
   130  interrupted (Ctrl-C) before the engine was ready; 143 for SIGTERM
 """
-
-
-class _StderrLogger:
-    """structlog output on the *current* sys.stderr (stdout is for results / --json)."""
-
-    def msg(self, message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    log = debug = info = warning = warn = error = critical = exception = fatal = msg
-
-
-def _configure_logging(quiet: bool) -> None:
-    import logging
-
-    # Always (re)configure: structlog's default logger prints to stdout, which would corrupt
-    # --json output, and a configuration left by an earlier in-process caller is not ours.
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="%H:%M:%S"),
-            structlog.processors.format_exc_info,
-            redact.structlog_processor,  # after the traceback is text: it may quote a secret
-            structlog.dev.ConsoleRenderer(colors=False),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING if quiet else logging.INFO),
-        logger_factory=lambda *a: _StderrLogger(),
-        cache_logger_on_first_use=False,
-    )
 
 
 def _default_workdir(engine: str) -> Path:
@@ -121,7 +93,6 @@ def launch(ctx: click.Context, engine: str, hardware: str, check: bool, force: b
 
     config = pop_serve_config(kwargs)
     redact.register_config(config)  # before anything is printed or written
-    _configure_logging(quiet=as_json)
     pm = get_pm(ctx)
     pm.engine(engine)  # unknown engine: one-line usage error before anything else
     snapshot, env = resolve(pm, hardware)

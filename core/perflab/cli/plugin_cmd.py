@@ -19,7 +19,8 @@ def plugin() -> None:
 @click.option("--executable", help="The engine's server program (default: NAME).")
 @click.option("--force", is_flag=True, help="Overwrite an existing, non-empty package directory.")
 def new(name: str, directory: Path, executable: str | None, force: bool) -> None:
-    """Write a ready-to-install plugin package for engine NAME.
+    """Write a ready-to-install plugin package for engine NAME (a name no installed engine,
+    nor one of perflab's own, has).
 
     The package implements every engine hook for an OpenAI-compatible server binary, and its
     tests run perflab's conformance suite (including a launch/ready/teardown cycle against a
@@ -27,10 +28,12 @@ def new(name: str, directory: Path, executable: str | None, force: bool) -> None
 
     Example: perflab plugin new llama-cpp --executable llama-server
     """
-    from perflab.scaffold import create, names_for
+    from perflab.cli import get_pm
+    from perflab.scaffold import check_free, create, names_for
 
-    root = create(name, directory, executable, force)
     names = names_for(name, executable)
+    check_free(names, {engine: rec.provider for engine, rec in get_pm().engines.items()})
+    root = create(name, directory, executable, force)
     click.echo(f"Created {root}")
     click.echo(f"  engine {names.engine!r}, distribution {names.distribution}, module {names.module}")
     click.echo("Next:")

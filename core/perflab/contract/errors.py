@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(name: object, choices: Iterable[str]) -> str:
+    """`` (did you mean 'vllm'?)``: the choice closest to ``name`` (dashes and underscores and
+    case alike: ``max-num-seqs`` finds ``max_num_seqs``), or ``""`` when none is close."""
+    def norm(text: object) -> str:
+        return str(text).lower().replace("-", "_")
+
+    by_norm = {norm(c): c for c in choices}
+    hint = difflib.get_close_matches(norm(name), list(by_norm), n=1)
+    return f" (did you mean {by_norm[hint[0]]!r}?)" if hint else ""
+
 
 class PerflabError(Exception):
     """A user-facing error: ``str(exc)`` is a complete, actionable one-line message."""
@@ -28,7 +42,7 @@ class UnsupportedOption(PerflabError):
 class UnknownEngine(UsageError):
     def __init__(self, name: str, known: list[str]) -> None:
         known_s = ", ".join(sorted(known)) or "none installed"
-        super().__init__(f"unknown engine {name!r} (installed engines: {known_s})")
+        super().__init__(f"unknown engine {name!r}{did_you_mean(name, known)} (installed engines: {known_s})")
 
 
 class PluginLoadError(PerflabError):

@@ -16,7 +16,6 @@ that are installed, files that exist, references between sections, what each dat
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import itertools
 import json
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from perflab import redact
-from perflab.contract.errors import UsageError
+from perflab.contract.errors import UsageError, did_you_mean
 from perflab.lab import plan_schema as schema
 from perflab.lab.accuracy import (
     ACCURACY_PROFILE,
@@ -345,9 +344,8 @@ def _unknown_keys(p: _Problems, where: str, data: Mapping[str, Any], allowed: It
     for key in data:
         if key in allowed:
             continue
-        hint = difflib.get_close_matches(str(key).replace("-", "_"), allowed, n=1)
-        did = f" (did you mean {hint[0]!r}?)" if hint else ""
-        p.add(f"{where}.{key}" if where else str(key), f"unknown key{did}; expected one of: {', '.join(allowed)}")
+        p.add(f"{where}.{key}" if where else str(key),
+              f"unknown key{did_you_mean(key, allowed)}; expected one of: {', '.join(allowed)}")
 
 
 def _mapping(p: _Problems, key: str, value: Any, what: str = "a mapping") -> Mapping[str, Any] | None:
@@ -500,7 +498,8 @@ def _engine_set(p: _Problems, key: str, value: Any, known: set[str] | None) -> d
     out: dict[str, dict[str, Any]] = {}
     for engine, opts in (data or {}).items():
         if known is not None and engine not in known:
-            p.add(f"{key}.{engine}", f"unknown engine {engine!r} (expected one of: {', '.join(sorted(known))})")
+            p.add(f"{key}.{engine}", f"unknown engine {engine!r}{did_you_mean(engine, known)} "
+                  f"(expected one of: {', '.join(sorted(known))})")
             continue
         out[str(engine)] = _options(p, f"{key}.{engine}", opts)
     return out
@@ -525,7 +524,7 @@ def _engine_list(p: _Problems, key: str, value: Any, known: set[str] | None, all
             out.append(name)
             continue
         if known is not None and name not in known:
-            p.add(k, f"unknown engine {name!r} (expected one of: {', '.join(choices or [])})")
+            p.add(k, f"unknown engine {name!r}{did_you_mean(name, choices or [])} (expected one of: {', '.join(choices or [])})")
             continue
         if name in out:
             p.add(k, f"engine {name!r} is listed twice")
@@ -778,7 +777,7 @@ def _baseline(p: _Problems, raw: Any, engines: tuple[str, ...] | None, known: se
         return Baseline(engines[0]) if engines else None
     if isinstance(raw, str):
         if known is not None and raw not in known:
-            p.add("baseline", f"unknown engine {raw!r} (expected one of: {', '.join(sorted(known))})")
+            p.add("baseline", f"unknown engine {raw!r}{did_you_mean(raw, known)} (expected one of: {', '.join(sorted(known))})")
             return None
         return Baseline(raw)
     b = _mapping(p, "baseline", raw, "an engine name or {engine: ..., serve: {...}}")
@@ -787,7 +786,8 @@ def _baseline(p: _Problems, raw: Any, engines: tuple[str, ...] | None, known: se
     _unknown_keys(p, "baseline", b, BASELINE_KEYS)
     eng = b.get("engine", engines[0] if engines else None)
     if not isinstance(eng, str) or (known is not None and eng not in known):
-        p.add("baseline.engine", f"unknown engine {_show(eng)} (expected one of: {', '.join(sorted(known or []))})")
+        p.add("baseline.engine", f"unknown engine {_show(eng)}{did_you_mean(eng, known or []) if isinstance(eng, str) else ''} "
+              f"(expected one of: {', '.join(sorted(known or []))})")
         return None
     label = b.get("label")
     if label is not None and _str(p, "baseline.label", label) is _BAD:
@@ -922,9 +922,8 @@ def _accuracy(p: _Problems, raw: Any, check_available: bool, base_dir: Path | No
         else:
             for i, k in enumerate(v):
                 if k not in PLAN_OPTIONS:
-                    hint = difflib.get_close_matches(k, list(PLAN_OPTIONS), n=1)
-                    p.add(f"accuracy.lossless[{i}]", f"unknown serving option {k!r}"
-                          + (f" (did you mean {hint[0]!r}?)" if hint else "") + f"; expected one of: {', '.join(PLAN_OPTIONS)}")
+                    p.add(f"accuracy.lossless[{i}]", f"unknown serving option {k!r}{did_you_mean(k, PLAN_OPTIONS)}"
+                          f"; expected one of: {', '.join(PLAN_OPTIONS)}")
                     ok = False
                 elif k in NEVER_LOSSLESS:
                     p.add(f"accuracy.lossless[{i}]", f"{k!r} changes the weights or the precision the answers are "

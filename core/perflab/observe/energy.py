@@ -190,6 +190,13 @@ def _result(res: Any) -> Any:
     return getattr(res, "result", res)  # an Entry or a ConfigResult
 
 
+#: what :func:`efficiency_text` may show: (the observed key, its name, what its figure is)
+EFFICIENCY_FIGURES: tuple[tuple[str, str, str], ...] = (
+    ("energy", "energy", "output tokens per joule of accelerator energy"),
+    ("cost", "cost", "cost per million output tokens"),
+)
+
+
 def efficiency_text(res: Any) -> str | None:
     """``0.412 tok/J · 2.07 USD/M tok`` of a result (None: neither was measured)."""
     r = _result(res)
@@ -241,8 +248,11 @@ def summary_lines(baseline: Any, optimized: Any, results: Sequence[Any], price: 
     any_energy = any((getattr(r, "observed", None) or {}).get("energy") for r in measured)
     b, o = efficiency_text(baseline), efficiency_text(optimized) if optimized is not None else None
     if b or o:
-        lines.append(f"Energy and cost on the main profile: baseline {b or 'n/a'} → optimized {o or 'n/a'}"
-                     " (output tokens per joule of accelerator energy; cost per million output tokens).")
+        # name only the figures shown: a study without a price has no cost to explain
+        shown = [(name, unit) for key, name, unit in EFFICIENCY_FIGURES
+                 if any((getattr(_result(x), "observed", None) or {}).get(key) for x in (baseline, optimized))]
+        lines.append(f"{' and '.join(n for n, _ in shown).capitalize()} on the main profile: baseline {b or 'n/a'} → "
+                     f"optimized {o or 'n/a'} ({'; '.join(u for _, u in shown)}).")
     if not any_energy:
         any_telemetry = any((getattr(r, "observed", None) or {}).get(TELEMETRY) for r in measured)
         lines.append("No accelerator power was recorded (the devices do not report it), so there are no energy figures."

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import keyword
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -52,6 +53,28 @@ def names_for(name: str, executable: str | None = None) -> PluginNames:
         raise UsageError(f"--executable {exe!r}: expected a program name without path or spaces")
     display = " ".join(part.capitalize() for part in name.split("-"))
     return PluginNames(name, f"perflab-plugin-{name}", module, exe, display)
+
+
+def check_free(names: PluginNames, engines: Mapping[str, str]) -> None:
+    """UsageError (one line) when the new plugin's engine name is taken: by an installed engine
+    (``engines``: engine name -> the distribution that provides it), by one of perflab's own
+    engines, or when a distribution of the package's name is already installed: of two plugins
+    registering one engine name, perflab uses only one."""
+    from importlib import metadata
+
+    from perflab.hardware.engine_versions import ALIASES, KNOWN_ENGINES
+
+    taken = {**{e: "perflab's own engine" for e in KNOWN_ENGINES},
+             **{alias: f"perflab's own engine {engine!r}" for alias, engine in ALIASES.items()},
+             **{e: f"the engine of {dist}" for e, dist in engines.items()}}
+    who = taken.get(names.engine) or taken.get(names.engine.replace("-", "_"))
+    if who is None:
+        try:
+            metadata.distribution(names.distribution)
+        except metadata.PackageNotFoundError:
+            return
+        who = f"the engine of the installed {names.distribution}"
+    raise UsageError(f"plugin name {names.engine!r} is taken: it is {who}; choose another (e.g. {names.engine}-custom)")
 
 
 #: What the generated plugin maps itself (its FLAGS and the fixed entries of the template);

@@ -22,6 +22,7 @@ from perflab import __version__
 from perflab.bench.metrics import BenchMetrics, name_of
 from perflab.contract.status import Status
 from perflab.lab.decide import DecideBy, Regression
+from perflab.lab.report.blocks import callout, details
 from perflab.lab.study import ConfigResult, Entry, Ranking, Step, StudyOutcome, slo_label, stopped_early_text
 from perflab.observe import energy
 
@@ -179,10 +180,6 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _indent(text: str, prefix: str = "    ") -> str:
-    return "\n".join(prefix + line if line else "" for line in text.splitlines())
-
-
 def _fence(body: str, lang: str = "") -> str:
     return f"```{lang}\n{body}\n```"
 
@@ -279,7 +276,7 @@ def script_of(entry: Entry, ctx: ReportContext) -> str:
 
 
 def info_box(title: str, body: str, lang: str = "") -> str:
-    return f'??? info "{title}"\n{_indent(_fence(body, lang))}'
+    return "\n".join(details("info", title, _fence(body, lang)))
 
 
 def hardware_text(ctx: ReportContext) -> str:
@@ -336,7 +333,7 @@ def _conclusion(o: StudyOutcome, ctx: ReportContext) -> list[str]:
         goal = {"throughput": "throughput", "goodput": "goodput under the service-level objective",
                 "max-load": "the highest load meeting the service-level objective"}[str(o.rank.decide_by)]
         out += [f"Recommended configuration for optimizing {goal} of {plan.display_model} on {hardware_short(ctx)}:", "",
-                '???+ tip "Serving Command"', _indent(_fence(script_of(o.optimized, ctx), "bash")), ""]
+                *details("tip", "Serving Command", _fence(script_of(o.optimized, ctx), "bash"), open_=True), ""]
         if o.optimized.accuracy is not None:
             out += [f"Its accuracy price: {accuracy_price(o.optimized.accuracy, _is_reference(o, o.optimized))}.", ""]
     base_head = f"baseline ({o.baseline.label})"
@@ -358,16 +355,15 @@ def _conclusion(o: StudyOutcome, ctx: ReportContext) -> list[str]:
         out += ["", engine_hours_line(ctx.engine_hours)]
     for line in energy.summary_lines(o.baseline, o.optimized, [e for st in o.steps for e in st.entries], plan.cost):
         out += ["", line]
-    out += ["", "!!! note"]
     notes = list(NOTES) + list(plan.notes)
     if ctx.simulated:
         notes.append("The numbers come from perflab's simulated engines, not from real accelerators; they show the "
                      "method and the tooling, not the engines' real performance.")
-    out += [f"    {i}. {n}" for i, n in enumerate(notes, 1)]
+    out += ["", *callout("note", None, [f"{i}. {n}" for i, n in enumerate(notes, 1)])]
     if not o.complete:
-        out += ["", "!!! warning \"Incomplete study\"",
-                "    Some configurations were not measured (the run was interrupted or is still going). "
-                "Re-run the same `perflab run` command to finish it."]
+        out += ["", *callout("warning", "Incomplete study", [
+                "Some configurations were not measured (the run was interrupted or is still going). "
+                "Re-run the same `perflab run` command to finish it."])]
     return [*out, ""]
 
 
@@ -787,15 +783,14 @@ def title_of(o: StudyOutcome, ctx: ReportContext) -> str:
 def render_markdown(o: StudyOutcome, ctx: ReportContext) -> str:
     out = [f"# {title_of(o, ctx)}", ""]
     if ctx.simulated:
-        out += ['!!! warning "Simulated study"',
-                f"    Every number in this report was measured on perflab's simulated engines ({ctx.hardware_spec}), "
+        out += [*callout("warning", "Simulated study", [
+                f"Every number in this report was measured on perflab's simulated engines ({ctx.hardware_spec}), "
                 "not on real accelerators."
                 + (f" Simulated time ran {ctx.time_scale:g}× faster than real time; numbers are in simulated time."
-                   if ctx.time_scale != 1.0 else ""), ""]
+                   if ctx.time_scale != 1.0 else "")]), ""]
     if ctx.stop_reason:
-        out += ['!!! danger "The study stopped"', f"    {_md_escape(ctx.stop_reason)}"]
-        out += [f"    - {_md_escape(x)}" for x in ctx.leftovers]
-        out += [""]
+        out += [*callout("danger", "The study stopped",
+                         [_md_escape(ctx.stop_reason), *(f"- {_md_escape(x)}" for x in ctx.leftovers)]), ""]
     out += _conclusion(o, ctx)
     out += _setup(o, ctx)
     out += _accuracy_section(o)

@@ -1,8 +1,9 @@
 """``report.html``: the study's report as one self-contained page, readable offline and printable.
 
 One source of truth: the page is report.md's own Markdown (:func:`perflab.lab.report.render_markdown`)
-rendered by Python-Markdown (tables, admonitions, and PyMdown's collapsible ``???`` blocks with
-fenced code inside them), plus what a page can show and Markdown cannot: the load curves of the
+rendered by Python-Markdown (tables; report.md's GitHub callouts and ``<details>`` boxes as the
+seeds' admonitions and PyMdown's collapsible ``???`` blocks, through
+:func:`perflab.lab.report.blocks.to_pymdown`, with fenced code inside them), plus what a page can show and Markdown cannot: the load curves of the
 profiles measured at several loads, and per profile the engine metrics and accelerator telemetry
 sampled while each configuration ran (issue #13; the summaries of
 :data:`perflab.observe.OBSERVED_KEYS` from the results, the series from
@@ -35,6 +36,7 @@ from markdown.treeprocessors import Treeprocessor
 from perflab import redact
 from perflab.bench.metrics import name_of
 from perflab.lab.decide import LoadKind
+from perflab.lab.report.blocks import to_pymdown
 from perflab.lab.store import file_stem
 from perflab.observe import OBSERVED_KEYS, Sample, timed_run
 from perflab.observe.telemetry import ENGINE_T
@@ -45,8 +47,8 @@ if TYPE_CHECKING:
 
 HTML_NAME = "report.html"
 
-#: Python-Markdown extensions for report.md's syntax: pipe tables, ``!!! note`` admonitions,
-#: ``??? info "title"`` collapsible boxes (pymdownx.details) holding fenced code (pymdownx.superfences),
+#: Python-Markdown extensions for report.md's syntax (its boxes in PyMdown's, blocks.to_pymdown): pipe
+#: tables, ``!!! note`` admonitions, ``??? info "title"`` collapsible boxes (pymdownx.details) holding fenced code (pymdownx.superfences),
 #: heading ids and the table of contents (toc)
 MD_EXTENSIONS: tuple[str, ...] = ("tables", "admonition", "pymdownx.details", "pymdownx.superfences", "toc")
 
@@ -89,7 +91,7 @@ def render_html(markdown_text: str, o: StudyOutcome, ctx: ReportContext, directo
     if not sep:
         body, footer = markdown_text, ""
     extra = [*load_curves_section(o, ctx), *observed_section(o, ctx, directory)]
-    text = body.rstrip("\n") + "\n\n" + "\n".join(extra) + (f"\n---\n{footer}" if sep else "")
+    text = to_pymdown(body.rstrip("\n")) + "\n\n" + "\n".join(extra) + (f"\n---\n{footer}" if sep else "")
     md = markdown.Markdown(extensions=[*MD_EXTENSIONS, _EmbedImages(directory), _InlineTags()],
                            extension_configs={"toc": {"toc_depth": "2-3"}})
     content = md.convert(text)
