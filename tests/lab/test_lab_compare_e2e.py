@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from simstudy import run_sim_study
 
 PLAN = """
@@ -54,7 +53,7 @@ def test_compare_finds_the_simulated_vllm_regression(tmp_path: Path) -> None:
 
     vllm = pairs[("vLLM", "main")]
     assert vllm["version"] == {"a": "0.11.0", "b": "0.12.0"}
-    assert DECODE_METRICS <= set(vllm["regressions"])  # decode ~10 % slower
+    assert set(vllm["regressions"]) >= DECODE_METRICS  # decode ~10 % slower
     metrics = {m["metric"]: m for m in vllm["metrics"]}
     assert metrics["mean_tpot_ms"]["change_pct"] == pytest.approx(11.1, abs=2.0)
     for unaffected in ("mean_ttft_ms", "p99_ttft_ms"):  # prefill unchanged
@@ -70,7 +69,8 @@ def test_compare_finds_the_simulated_vllm_regression(tmp_path: Path) -> None:
     assert all("." in m["metric"] for m in moved), moved
     # (TensorRT-LLM's stand-in drifts by up to ~0.05 % between runs: well within 1 %)
     assert all(abs(m["change_pct"]) < 1.0 for m in trt["metrics"] if "." not in m["metric"]), trt["metrics"]
-    assert not pairs[("Baseline", "prefill")]["regressed"]  # 8 output tokens: prefill-bound, not decode
+    prefill = pairs[("Baseline", "prefill")]  # 8 output tokens: prefill-bound, not decode
+    assert not [m for m in prefill["regressions"] if "." not in m], prefill["regressions"]
 
     # the decisions: each step, the winner engine, the optimized configuration
     decisions = {d["what"]: d for d in data["decisions"]}
