@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -358,8 +359,9 @@ def _alive(p: psutil.Process) -> bool:
 
 
 class ExitClock:
-    """Records, independently of the supervisor, when a child process exits (waitid WNOWAIT
-    in a thread: it wakes at the exit without reaping, so the supervisor still reaps it)."""
+    """Records, independently of the supervisor, when the engine exits. The engine is the
+    keeper's child, not ours, so it is watched through a pidfd (readable at the exit, for any
+    process), in a thread."""
 
     def __init__(self) -> None:
         self.exited_at: float | None = None
@@ -367,9 +369,14 @@ class ExitClock:
     def watch(self, pid: int) -> None:
         def wait() -> None:
             try:
-                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-            except ChildProcessError:
-                pass
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self.exited_at = time.time()
+                return
+            try:
+                select.select([fd], [], [])
+            finally:
+                os.close(fd)
             self.exited_at = time.time()
 
         threading.Thread(target=wait, daemon=True).start()
