@@ -175,7 +175,10 @@ def choose_version(engine: str, display_name: str, versions: EngineVersions | No
     the plugin's newest. A version outside the plugin's range is used as it is, with a warning:
     the plugin builds it with the nearest end's spellings (:meth:`EngineVersions.nearest`)."""
     if asked is not None:
-        version_key(asked)  # a malformed version is a usage error, said once, here
+        try:
+            version_key(asked)  # a malformed version is a usage error, said once, here
+        except UsageError as exc:
+            raise UsageError(f"{ORIGIN_WORDS[origin]}: {engine}: {exc}") from None
         choice = VersionChoice(engine, asked.strip(), origin, installed)
     elif installed is not None:
         choice = VersionChoice(engine, installed, "installed", installed)

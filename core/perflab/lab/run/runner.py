@@ -28,6 +28,7 @@ from perflab import redact
 from perflab.contract.errors import HookDeadlineExceeded, PerflabError, UnknownEngine
 from perflab.contract.status import Status
 from perflab.contract.types import to_jsonable
+from perflab.contract.versions import VersionChoice
 from perflab.hardware.emulation import MACHINE_STATE_ENV
 from perflab.lab.accuracy import ACCURACY_PROFILE
 from perflab.lab.exits import RunExit, interrupted_status, outcome_status
@@ -379,6 +380,16 @@ def _claim(out_dir: Path, plan: Plan, lock: StudyLock, *, replace: bool) -> tupl
     return fresh, archived
 
 
+def _version_note(choice: VersionChoice) -> str | None:
+    """A study's warning about the version an engine's commands are built for: outside its
+    plugin's range, or the plan's while another one is installed here."""
+    if choice.origin == "plan" and choice.installed is not None and choice.installed != choice.version:
+        mismatch = (f"the plan builds {choice.engine}'s commands for {choice.version} (engine_versions), "
+                    f"but {choice.installed} is installed here")
+        return f"{mismatch}; {choice.warning}" if choice.warning else mismatch
+    return choice.warning
+
+
 async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_failed: bool, progress: Any,
                       argv: list[str] | None, parallel: int | str = 1, cluster: Any = None) -> RunSummary:
     from perflab.hardware import resolve
@@ -394,9 +405,15 @@ async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_fai
         Path(base_env[MACHINE_STATE_ENV]).mkdir(parents=True, exist_ok=True)
     time_scale = study_time_scale(plan, env)
     engines = engines_of(plan)
-    versions = {e: await anyio.to_thread.run_sync(pm.engine(e).engine.version, env) for e in engines}
+    choices = {e: await anyio.to_thread.run_sync(pm.engine(e).choose_version, env, plan.engine_versions.get(e), "plan")
+               for e in engines}
+    # the version each engine's commands are built for, recorded with every run: the plan's
+    # engine_versions, else the installed one (None: not installed, the plugin builds for its newest)
+    versions = {e: c.version if c.origin == "plan" else c.installed for e, c in choices.items()}
     if cluster is not None:  # the study's machine is the Ray nodes': their own snapshot and versions
-        snapshot, versions = cluster.snapshot, cluster.versions
+        snapshot = cluster.snapshot
+        versions = {**cluster.versions, **{e: v for e, v in plan.engine_versions.items() if e in versions}}
+    version_notes = [w for w in (_version_note(c) for c in choices.values()) if w]
     display = _display_names(pm, engines)
 
     store = Store(out_dir)
@@ -411,6 +428,7 @@ async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_fai
         "plan_text": redact.scrub_plan(plan.text), "plan_path": str(plan.path.resolve() if plan.path and plan.path.exists() else plan_copy),
         "hardware": to_jsonable(snapshot), "hardware_spec": plan.hardware, "simulated": snapshot.simulated,
         "time_scale": time_scale, "versions": versions, "display": display, "salt": salt, "last_state": "running",
+        "version_origins": {e: "plan" if e in plan.engine_versions else "installed" for e in engines},
         "stop_reason": None, "leftovers": [], PLAN_IDENTITY_META: plan_identity(plan),
     }.items():
         store.set_meta(key, value)
@@ -430,6 +448,8 @@ async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_fai
     with ui, study_logging(store.dir, ui.log_listener) as log:
         log.info("lab.start", plan=str(plan.path), out=str(store.dir), hardware=plan.hardware, simulated=snapshot.simulated,
                  time_scale=time_scale, versions=versions, retry_failed=retry_failed)
+        for note in version_notes:
+            log.warning("lab.engine-version", warning=note)
         backend: LocalBackend
         if cluster is not None:
             from perflab.lab.run.backends.ray import RayBackend
