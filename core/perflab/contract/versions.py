@@ -127,9 +127,10 @@ class EngineVersions:
             return default
         entry = self.spelling(option, version)
         if entry.how is None:
+            first = min((c for c in self.changes if c.option == option), key=lambda c: version_key(c.version))
+            gone = "" if entry is first else f", gone since {entry.version}"
             raise UnsupportedOption(engine, what or option,
-                                    f"not in {engine} {version or self.newest} (gone since {entry.version}: "
-                                    f"{entry.why}; {entry.source})")
+                                    f"not in {engine} {version or self.newest}{gone}: {entry.why} ({entry.source})")
         return entry.how
 
     def options(self) -> tuple[str, ...]:
