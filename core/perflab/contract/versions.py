@@ -98,7 +98,7 @@ class EngineVersions:
         nearest = self.nearest(version)
         if nearest == version:
             return None
-        side = "older than the oldest" if nearest == self.oldest else "newer than the newest"
+        side = "older than the oldest" if version_key(version) < version_key(self.oldest) else "newer than the newest"
         return (f"{display_name} {version} is {side} version perflab maps ({self.oldest} .. {self.newest}); "
                 f"its command lines are built with {display_name} {nearest}'s options")
 
