@@ -206,3 +206,21 @@ def test_a_plans_engine_versions_are_checked(versions: Any, problem: str) -> Non
     with pytest.raises(UsageError) as exc:
         parse_plan({**PLAN, "engine_versions": versions}, known_engines=KNOWN, check_files=False)
     assert problem in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("oldest", "newest", "changes", "problem"),
+    [
+        ("2.0", "1.0", (), "oldest 2.0 is newer than newest 1.0"),
+        ("1.0", "2.0", (Since("x", "1.1", "--x", SRC),), "'x' needs its spelling at the oldest version, 1.0"),
+        ("1.0", "2.0", (Since("x", "1.0", "--x", SRC), Since("x", "3.0", "--y", SRC)), "after the newest"),
+        ("1.0", "2.0", (Since("x", "1.0", "--x", SRC), Since("x", "1.0.0", "--y", SRC)), "twice at one version"),
+        ("1.0", "2.0", (Since("x", "1.0", None, SRC),), "a why where it cannot be said"),
+        ("1.0", "2.0", (Since("x", "1.0", "--x", ""),), "needs a source"),
+        ("1.0", "x", (), "'x' is not a version"),
+    ],
+)
+def test_a_malformed_declaration_fails_when_the_plugin_loads(oldest: str, newest: str, changes: tuple[Since, ...],
+                                                             problem: str) -> None:
+    with pytest.raises((ValueError, UsageError), match=problem):
+        EngineVersions(oldest, newest, SRC, changes)

@@ -84,6 +84,23 @@ class EngineVersions:
     source: str
     changes: tuple[Since, ...] = ()
 
+    def __post_init__(self) -> None:
+        # a malformed declaration is the plugin's bug: said when the plugin is loaded
+        low, high = version_key(self.oldest), version_key(self.newest)
+        if low > high:
+            raise ValueError(f"EngineVersions: oldest {self.oldest} is newer than newest {self.newest}")
+        for option in self.options():
+            entries = [c for c in self.changes if c.option == option]
+            keys = sorted(version_key(c.version) for c in entries)
+            if keys[0] != low:
+                raise ValueError(f"EngineVersions: {option!r} needs its spelling at the oldest version, {self.oldest}")
+            if keys[-1] > high or len(set(keys)) != len(keys):
+                raise ValueError(f"EngineVersions: {option!r} changes twice at one version or after the newest, "
+                                 f"{self.newest}")
+            if any((c.how is None and not c.why) or not c.source for c in entries):
+                raise ValueError(f"EngineVersions: every change of {option!r} needs a source, and a why where it "
+                                 "cannot be said")
+
     def nearest(self, version: str) -> str:
         """``version`` itself when it is in the range, else the nearest end of it."""
         key = version_key(version)
