@@ -224,3 +224,11 @@ def test_a_malformed_declaration_fails_when_the_plugin_loads(oldest: str, newest
                                                              problem: str) -> None:
     with pytest.raises((ValueError, UsageError), match=problem):
         EngineVersions(oldest, newest, SRC, changes)
+
+
+def test_engines_list_says_which_versions_each_plugin_maps(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = invoke(["engines", "list", "--json"], capsys)
+    assert code == 0, err
+    rows = {row["engine"]: row for row in json.loads(out)["engines"]}
+    assert rows["sglang"]["mapped_versions"] == {"oldest": "0.5.5.post1", "newest": "0.5.23"}
+    assert rows["vllm"]["mapped_versions"] == {"oldest": "0.11.0", "newest": "0.33.0"}

@@ -68,6 +68,7 @@ def collect(pm: PluginManager, env: Mapping[str, str]) -> dict[str, Any]:
         info = rec.info
         plugin = next((r for r in pm.records if r.name == rec.plugin and r.status == "ok"), None)
         installed, version, problem = _engine_install(pm, name, info.executable, env, info.distributions)
+        mapped = rec.engine.engine_versions
         engines.append(
             {
                 "engine": name,
@@ -81,6 +82,8 @@ def collect(pm: PluginManager, env: Mapping[str, str]) -> dict[str, Any]:
                 "error": problem,
                 "installed": installed,
                 "engine_version": version,
+                # the versions the plugin builds commands for (None: it declares none)
+                "mapped_versions": {"oldest": mapped.oldest, "newest": mapped.newest} if mapped else None,
                 "executable": info.executable,
                 "default_port": info.default_port,
             }
