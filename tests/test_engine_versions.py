@@ -176,6 +176,8 @@ def test_launch_says_the_version_it_built_for(tmp_path: Path, capsys: pytest.Cap
                             capsys)
     assert code == 3, err
     assert "perflab: sglang command built for 0.5.10 (--engine-version)" in err
+    # it runs here, where another SGLang is installed: said too
+    assert "warning: sglang's commands are built for 0.5.10 (--engine-version), but 0.5.5.post1 is installed here" in err
     data = json.loads(out)
     assert data["state"] == "unsupported" and "prompt_lookup_max" in data["reason"]
     assert data["engine_version"] == {"version": "0.5.10", "from": "asked", "installed": "0.5.5.post1", "warning": None}

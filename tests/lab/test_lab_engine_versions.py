@@ -32,6 +32,6 @@ timeouts: {startup_s: 60, benchmark_s: 120}
     assert store.get_meta("version_origins") == {"sglang": "plan"}
     runs = store.db.execute("SELECT version FROM runs").fetchall()
     assert runs and {r[0] for r in runs} == {"0.5.9"}
-    warning = "the plan builds sglang's commands for 0.5.9 (engine_versions), but 0.5.5.post1 is installed here"
+    warning = "sglang's commands are built for 0.5.9 (the plan's engine_versions), but 0.5.5.post1 is installed here"
     assert warning in (out / "study.log").read_text()
     assert "- SGLang: v0.5.9 (commands built for the plan's engine_versions)" in (out / "report.md").read_text()

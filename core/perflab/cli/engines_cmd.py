@@ -363,7 +363,7 @@ def engine_command(ctx: click.Context, engine: str, hardware: str, engine_versio
     config = pop_serve_config(kwargs)
     snapshot, env = resolve(pm, hardware)
     choice = rec.choose_version(env, engine_version)
-    if choice.warning:
+    if choice.warning:  # not the installed-version mismatch: printing a command for another machine is the point
         click.secho(f"warning: {choice.warning}", fg="yellow", err=True)
     version = choice.version
     problems = rec.check_support(config, snapshot, version)

@@ -101,8 +101,8 @@ def launch(ctx: click.Context, engine: str, hardware: str, engine_version: str |
     for problem in snapshot.errors:
         _err(f"perflab: warning: hardware probe: {problem}")
     choice = rec.choose_version(env, engine_version)
-    if choice.warning:
-        _err(f"perflab: warning: {choice.warning}")
+    for note in choice.notes:
+        _err(f"perflab: warning: {note}")
     _err(f"perflab: {engine} command built for {choice.label}")
     if workdir is None:
         workdir = _default_workdir(engine)

@@ -183,6 +183,18 @@ class VersionChoice:
         """``0.5.23 (--engine-version)``, as the CLI and the report say it."""
         return f"{self.version or '-'} ({ORIGIN_WORDS[self.origin]})"
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What to warn about: a version asked for that is not the one installed here (the
+        command may not run here), and a version outside the plugin's range."""
+        out = []
+        if self.origin in ("asked", "plan") and self.installed is not None and self.installed != self.version:
+            out.append(f"{self.engine}'s commands are built for {self.version} ({ORIGIN_WORDS[self.origin]}), "
+                       f"but {self.installed} is installed here")
+        if self.warning:
+            out.append(self.warning)
+        return tuple(out)
+
     def to_json(self) -> dict[str, str | None]:
         return {"version": self.version, "from": self.origin, "installed": self.installed, "warning": self.warning}
 

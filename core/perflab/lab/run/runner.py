@@ -28,7 +28,6 @@ from perflab import redact
 from perflab.contract.errors import HookDeadlineExceeded, PerflabError, UnknownEngine
 from perflab.contract.status import Status
 from perflab.contract.types import to_jsonable
-from perflab.contract.versions import VersionChoice
 from perflab.hardware.emulation import MACHINE_STATE_ENV
 from perflab.lab.accuracy import ACCURACY_PROFILE
 from perflab.lab.exits import RunExit, interrupted_status, outcome_status
@@ -380,16 +379,6 @@ def _claim(out_dir: Path, plan: Plan, lock: StudyLock, *, replace: bool) -> tupl
     return fresh, archived
 
 
-def _version_note(choice: VersionChoice) -> str | None:
-    """A study's warning about the version an engine's commands are built for: outside its
-    plugin's range, or the plan's while another one is installed here."""
-    if choice.origin == "plan" and choice.installed is not None and choice.installed != choice.version:
-        mismatch = (f"the plan builds {choice.engine}'s commands for {choice.version} (engine_versions), "
-                    f"but {choice.installed} is installed here")
-        return f"{mismatch}; {choice.warning}" if choice.warning else mismatch
-    return choice.warning
-
-
 async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_failed: bool, progress: Any,
                       argv: list[str] | None, parallel: int | str = 1, cluster: Any = None) -> RunSummary:
     from perflab.hardware import resolve
@@ -413,7 +402,7 @@ async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_fai
     if cluster is not None:  # the study's machine is the Ray nodes': their own snapshot and versions
         snapshot = cluster.snapshot
         versions = {**cluster.versions, **{e: v for e, v in plan.engine_versions.items() if e in versions}}
-    version_notes = [w for w in (_version_note(c) for c in choices.values()) if w]
+    version_notes = [note for c in choices.values() for note in c.notes]
     display = _display_names(pm, engines)
 
     store = Store(out_dir)
