@@ -8,7 +8,7 @@ of perflab starts without it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,104 +111,5 @@ def write_pareto(pareto: Sequence[dict[str, Any]], ctx: ReportContext, slo: Slo,
             ax.legend(fontsize=7, loc="best")
         fig.suptitle(title, fontsize=10)
         return _save(fig, path)
-    finally:
-        plt.close(fig)
-
-
-# --------------------------------------------------------------------------- report.html's SVG charts
-# Vector charts for the HTML report (perflab.lab.report.html): SVG text with its glyphs drawn as paths
-# (matplotlib's default svg.fonttype), so the page needs no font; the page embeds each one as a
-# data: URI, which keeps the ids of one chart from colliding with another's.
-
-
-def _svg(fig: Any) -> str:
-    import io
-
-    import matplotlib
-
-    fig.tight_layout()
-    buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "perflab"}):  # stable ids
-        fig.savefig(buf, format="svg")
-    return buf.getvalue()
-
-
-def _grid(n: int, *, width: float, height: float) -> tuple[Any, list[Any]]:
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    ncols = min(3, n)
-    nrows = -(-n // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), dpi=96, squeeze=False)
-    flat = list(axes.flat)
-    for ax in flat[n:]:
-        ax.set_visible(False)
-    return fig, flat[:n]
-
-
-def load_curves_svg(title: str, load_name: str, curves: Sequence[tuple[str, Sequence[dict[str, Any]]]],
-                    figures: Sequence[tuple[str, str, float | None]]) -> str:
-    """One panel per figure (``(metric key, axis label, limit or None)``) against the load, one
-    line per configuration (``(label, points)``, points as the executor records them: ``load``,
-    ``metrics``, ``slo_met``); the points that missed the SLO crossed, a limit dashed."""
-    import matplotlib.pyplot as plt
-
-    fig, axes = _grid(len(figures), width=4.3, height=3.1)
-    try:
-        for ax, (key, ylabel, limit) in zip(axes, figures, strict=True):
-            if limit is not None:
-                ax.axhline(limit, color="#c92a2a", linestyle="--", linewidth=1, label=f"limit {limit:g}")
-            for label, points in curves:
-                xy = [(float(next(iter(p["load"].values()))), float(v), p.get("slo_met")) for p in points
-                      if p.get("load") and isinstance(v := (p.get("metrics") or {}).get(key), (int, float))]
-                if not xy:
-                    continue
-                xy.sort()
-                (line,) = ax.plot([x for x, _, _ in xy], [y for _, y, _ in xy], marker="o", markersize=3,
-                                  linewidth=1.3, label=label)
-                missed = [(x, y) for x, y, met in xy if met is False]
-                if missed:
-                    ax.scatter([x for x, _ in missed], [y for _, y in missed], marker="x", s=36,
-                               color=line.get_color(), zorder=4)
-            ax.set_xlabel(load_name, fontsize=8)
-            ax.set_ylabel(ylabel, fontsize=8)
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=6, loc="best")
-        fig.suptitle(title, fontsize=9)
-        return _svg(fig)
-    finally:
-        plt.close(fig)
-
-
-def series_svg(title: str, series: Sequence[tuple[str, Sequence[tuple[float, Mapping[str, float]]]]],
-               names: Sequence[str], *, boundaries: Mapping[str, Sequence[float]] | None = None,
-               titles: Mapping[str, str] | None = None) -> str:
-    """Values over time: one panel per value name (titled ``titles[name]``), one line per
-    configuration (``(label, [(t, values)])``); ``boundaries``: per label, the times where one
-    benchmark of a launch ended and the next began (a sweep's loads, repeats), drawn as faint
-    vertical lines."""
-    import matplotlib.pyplot as plt
-
-    fig, axes = _grid(len(names), width=4.3, height=2.6)
-    try:
-        for ax, name in zip(axes, names, strict=True):
-            for label, samples in series:
-                pts = [(t, float(v[name])) for t, v in samples if isinstance(v.get(name), (int, float))]
-                if not pts:
-                    continue
-                (line,) = ax.plot([t for t, _ in pts], [y for _, y in pts], linewidth=1.1, label=label,
-                                  marker="." if len(pts) <= 40 else None, markersize=3)  # few samples: show each
-                for b in (boundaries or {}).get(label, ()):
-                    ax.axvline(b, color=line.get_color(), alpha=0.25, linewidth=0.8, linestyle=":")
-            ax.set_title((titles or {}).get(name, name), fontsize=8)
-            ax.set_xlabel("engine seconds", fontsize=7)
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=6, loc="best")
-        fig.suptitle(title, fontsize=9)
-        return _svg(fig)
     finally:
         plt.close(fig)
