@@ -40,7 +40,10 @@ def charts_available() -> bool:
 def inputs_digest(spec: Any) -> str:
     """What a chart is drawn from: ``spec`` (JSON), this module's code and matplotlib's version."""
     h = hashlib.sha256(Path(__file__).read_bytes())
-    h.update(importlib.metadata.version("matplotlib").encode())
+    try:
+        h.update(importlib.metadata.version("matplotlib").encode())
+    except importlib.metadata.PackageNotFoundError:  # importable without its metadata (vendored): the code decides
+        pass
     h.update(json.dumps(spec, sort_keys=True, default=str).encode())
     return h.hexdigest()
 
