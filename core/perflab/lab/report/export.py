@@ -31,7 +31,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TextIO
 
 from perflab.bench.metrics import BenchMetrics
 from perflab.contract.errors import UsageError, did_you_mean
@@ -258,7 +258,7 @@ def write_vllm_sweep(view: StudyView, root: Path) -> list[Path]:
 # --------------------------------------------------------------------------- the command
 
 
-def export(study: Path, fmt: str, out: Path | None, stdout: IO[str]) -> str | None:
+def export(study: Path, fmt: str, out: Path | None, stdout: TextIO) -> str | None:
     """Export ``study`` as ``fmt`` to ``out`` (None: ``stdout``). Returns what to tell the user
     on stderr (None: nothing, the data went to stdout)."""
     from perflab.lab.report.compare import load_study
@@ -289,7 +289,7 @@ def export(study: Path, fmt: str, out: Path | None, stdout: IO[str]) -> str | No
     if out is None:
         if isinstance(data, bytes):
             stdout.flush()
-            getattr(stdout, "buffer", stdout).write(data)
+            stdout.buffer.write(data)
         else:
             stdout.write(data)
         return None
