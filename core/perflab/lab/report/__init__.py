@@ -23,6 +23,7 @@ from perflab.bench.metrics import BenchMetrics, name_of
 from perflab.contract.status import Status
 from perflab.lab.decide import DecideBy, Regression
 from perflab.lab.report.blocks import callout, details
+from perflab.lab.report.schema import SCHEMA_VERSION
 from perflab.lab.study import ConfigResult, Entry, Ranking, Step, StudyOutcome, slo_label, stopped_early_text
 from perflab.observe import energy
 
@@ -810,6 +811,7 @@ def render_markdown(o: StudyOutcome, ctx: ReportContext) -> str:
 def build_json(o: StudyOutcome, ctx: ReportContext) -> dict[str, Any]:
     plan = o.plan
     return {
+        "schema_version": SCHEMA_VERSION,  # its structure: perflab.lab.report.schema (docs/report.schema.json)
         "perflab_version": __version__,
         "generated_at": ctx.generated_at,
         "title": title_of(o, ctx),
