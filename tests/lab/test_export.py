@@ -149,23 +149,24 @@ def test_vllm_sweep_is_what_vllms_plotter_reads(study: Path, tmp_path: Path,
     assert sorted(df["run_number"].tolist()) == [0] * 6 + [1] * 2
     assert df["request_rate"].tolist() == [float("inf")] * 8  # vLLM's "inf", as its reader converts it
     curve = vllm_reader.frame(data, var_x="max_concurrency", var_y="total_token_throughput",
-                              curve_by=["max_num_seqs"], filter_by="profile==curve")
-    assert sorted(zip(curve["max_concurrency"], curve["total_token_throughput"], strict=True)) == [
-        (1, 100.0), (1, pytest.approx(102.56)), (4, 400.0), (4, pytest.approx(410.24))]
+                              curve_by=["configuration"], filter_by="profile==curve")
+    assert sorted(zip(curve["configuration"], curve["max_concurrency"], curve["total_token_throughput"], strict=True)) == [
+        ("Baseline", 1, 100.0), ("Baseline", 4, 400.0),
+        ("Optimized", 1, pytest.approx(102.56)), ("Optimized", 4, pytest.approx(410.24))]
     by_seqs = vllm_reader.frame(data, curve_by=["max_num_seqs"], filter_by="profile==main")
     assert sorted(by_seqs["max_num_seqs"].fillna(0).tolist()) == [0, 0, 256, 256]
     with pytest.raises(ValueError, match="Cannot find var_x='nope'"):
         vllm_reader.frame(data, var_x="nope")
     # vLLM's directory names (SERVE-<serve comb>-BENCH-<bench comb>) and its failure files
     names = sorted(p.name for p in out.iterdir())
-    assert "SERVE--engine=vllm-model=m-BENCH--profile=main" in names
-    assert "SERVE--engine=vllm-model=m-BENCH--profile=curve-max_concurrency=4" in names
+    assert "SERVE--configuration=vLLM-engine=vllm-model=m-BENCH--profile=main" in names
+    assert "SERVE--configuration=Baseline-engine=vllm-model=m-BENCH--profile=curve-max_concurrency=4" in names
     failures = {p.parent.name: json.loads(p.read_text()) for p in out.rglob("run=0.failure.json")}
     assert {f["error_type"] for f in failures.values()} == {"unsupported", "crashed", "stopped-early"}
-    crashed = failures["SERVE--engine=trtllm-model=m-BENCH--profile=main"]
+    crashed = failures["SERVE--configuration=TensorRT-LLM-engine=trtllm-model=m-BENCH--profile=main"]
     assert set(crashed) == {"run_number", "error_type", "error", "serve_overrides", "bench_overrides"}
-    assert crashed["serve_overrides"] == {"engine": "trtllm", "model": "m"}
-    run = json.loads((out / "SERVE--engine=vllm-model=m-BENCH--profile=main" / "run=1.json").read_text())
+    assert crashed["serve_overrides"] == {"configuration": "TensorRT-LLM", "engine": "trtllm", "model": "m"}
+    run = json.loads((out / "SERVE--configuration=vLLM-engine=vllm-model=m-BENCH--profile=main" / "run=1.json").read_text())
     assert run["total_token_throughput"] == 101.0 and run["run_number"] == 1 and run["engine"] == "vllm"
 
 

@@ -225,9 +225,11 @@ def write_vllm_sweep(view: StudyView, root: Path) -> list[Path]:
     ``vllm bench sweep plot ROOT`` reads (vLLM 0.32.0: vllm/benchmarks/sweep/plot.py reads every
     ``**/summary.json`` under it, each a JSON list of run records; serve.py writes them).
 
-    A measurement is one combination: its serve parameters are the engine and its options, its
-    bench parameters the profile (and the load of a curve's point, one combination each, so
-    ``--curve-by engine --var-x max_concurrency`` draws the curves). Each run record is vLLM's
+    A measurement is one combination: its serve parameters are the configuration's label in the
+    report, its engine and its options, its bench parameters the profile (and the load of a
+    curve's point, one combination each, so ``--curve-by configuration --var-x max_concurrency``
+    draws the curves; an option a configuration leaves to the engine is absent, which the
+    plotter's grouping drops). Each run record is vLLM's
     result file (BenchMetrics' names are ``--save-result``'s) with ``run_number`` and those
     parameters merged in, as vLLM's ``_update_run_data`` does; with repeats, one run each (the
     plot's error bars). Only a complete measurement (``ok``) is a result: any other gets
@@ -235,7 +237,7 @@ def write_vllm_sweep(view: StudyView, root: Path) -> list[Path]:
     as ``error``. Returns the files written."""
     written: list[Path] = []
     for m in view.measured.values():
-        serve = {"engine": m.engine, **dict(m.config.get("options") or {})}
+        serve = {"configuration": m.label, "engine": m.engine, **dict(m.config.get("options") or {})}
         for load, status, metrics, repeats, why in _sweep_units(m):
             bench = {"profile": m.profile, **load}
             base = _comb_dir(root, serve, bench)
