@@ -18,9 +18,9 @@ import jsonschema
 import pytest
 from fakestudy import write_study
 
-from perflab.lab.report import build_json, render_markdown, report_context
+from perflab.lab.report import SCHEMA_VERSION, build_json, render_markdown, report_context
 from perflab.lab.report.audit import audit_written_report
-from perflab.lab.report.schema import SCHEMA_VERSION, ReportDocument, json_schema, schema_text
+from perflab.lab.report.schema import ReportDocument, json_schema, schema_text
 from perflab.lab.report.stored import stored_outcome
 from perflab.lab.store import Store
 

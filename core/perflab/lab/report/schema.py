@@ -1,14 +1,13 @@
-"""report.json's structure, declared once as pydantic models, and its version.
+"""report.json's structure, declared once as pydantic models.
 
-:data:`SCHEMA_VERSION` is written at the top of every report.json
-(:func:`perflab.lab.report.build_json`); the models below state each key and the type of its
-value, and from them comes the JSON Schema published as docs/report.schema.json
+:data:`perflab.lab.report.SCHEMA_VERSION` is written at the top of every report.json
+(:func:`perflab.lab.report.build_json`; declared there, so writing a report does not build
+these models); the models below state each key and the type of its value, and from them comes the JSON Schema published as docs/report.schema.json
 (``python tests/lab/test_report_schema.py --update`` regenerates it; that test checks that it
 is current and that a report's keys are the models'; tests/lab/test_demo_stored.py that the
 demo's report.json validates).
 
-Bump :data:`SCHEMA_VERSION` when a key is renamed or removed or its meaning changes; a key
-added is a new optional field of the same version. What is open-ended by nature stays an
+What is open-ended by nature stays an
 object here: a benchmark record (``vllm bench serve --save-result``'s names,
 :class:`perflab.bench.metrics.BenchMetrics`), the probed hardware, the plan's decision rules,
 the summaries of what was observed.
@@ -17,18 +16,15 @@ the summaries of what was observed.
 from __future__ import annotations
 
 import json
-from typing import Any, Final, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from perflab.contract.status import Status
 from perflab.lab.decide import DecideBy
+from perflab.lab.report import SCHEMA_VERSION, SchemaVersion
 
-__all__ = ["SCHEMA_VERSION", "ReportDocument", "SchemaVersion", "json_schema", "schema_text"]
-
-SchemaVersion = Literal[1]
-SCHEMA_VERSION: Final[int] = get_args(SchemaVersion)[0]
-"""report.json's ``schema_version``: the one value of :data:`SchemaVersion`."""
+__all__ = ["ReportDocument", "json_schema", "schema_text"]
 
 Object = dict[str, Any]
 
@@ -195,7 +191,7 @@ class ReportDocument(_Part):
     """A study's report.json, as ``perflab report`` writes it."""
 
     model_config = ConfigDict(extra="forbid", title="perflab report.json")
-    schema_version: SchemaVersion = Field(description="This document's version (perflab.lab.report.schema.SCHEMA_VERSION)")
+    schema_version: SchemaVersion = Field(description=f"This document's version: {SCHEMA_VERSION} (perflab.lab.report.SCHEMA_VERSION)")
     perflab_version: str
     generated_at: str
     title: str
