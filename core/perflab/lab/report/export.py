@@ -111,20 +111,20 @@ def rows(view: StudyView) -> list[dict[str, Any]]:
                 verdicts.setdefault(e.config.key(), e.accuracy)
     out = [_row(view, m, verdicts.get(m.config_key) if m.profile == view.plan.main_profile else None)
            for m in view.measured.values()]
-    seen: dict[str, None] = {}
+    seen: dict[str, int] = {}
     for r in out:
-        seen.update(dict.fromkeys(r))
-    columns = sorted(seen, key=lambda c: _section(c, seen))
+        for c in r:
+            seen.setdefault(c, len(seen))
+    columns = sorted(seen, key=lambda c: _section(c, seen[c]))
     return [{c: r.get(c) for c in columns} for r in out]
 
 
 _HEAD = ("study", "hardware", "simulated", "configuration_id", "configuration", "engine", "engine_version")
 
 
-def _section(column: str, seen: Mapping[str, None]) -> tuple[int, int | str]:
+def _section(column: str, order: int) -> tuple[int, int | str]:
     """A column's place: the head, the options (by name: every row's options together), the
-    profile, the status, the metrics, the accuracy; within a section, as first seen."""
-    order = list(seen).index(column)
+    profile, the status, the metrics, the accuracy; within a section, as first seen (``order``)."""
     if column in _HEAD:
         return 0, order
     if column.startswith("option."):
