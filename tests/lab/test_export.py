@@ -126,6 +126,16 @@ def test_parquet_reads_back_with_pandas(study: Path, tmp_path: Path, capsysbinar
     pd.testing.assert_frame_equal(piped, df)
 
 
+def test_parquet_keeps_a_column_that_mixes_text_and_numbers_as_text() -> None:
+    from perflab.lab.report.export import to_parquet
+
+    table = [{"request_rate": "inf", "option.x": True, "tps": 1}, {"request_rate": 4.0, "option.x": 2, "tps": 2.5},
+             {"request_rate": None, "option.x": None, "tps": None}]
+    df = pd.read_parquet(io.BytesIO(to_parquet(table)))
+    assert df["request_rate"].tolist()[:2] == ["inf", "4.0"] and df["option.x"].tolist()[:2] == ["True", "2"]
+    assert df["tps"].tolist()[:2] == [1.0, 2.5] and df.isna().iloc[2].all()
+
+
 def test_parquet_without_pyarrow_says_which_extra(study: Path, capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)

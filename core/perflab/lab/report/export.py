@@ -157,20 +157,17 @@ def to_jsonl(table: Iterable[Mapping[str, Any]], stream: IO[str]) -> None:
 
 
 def _one_type(table: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The rows with each column of one Parquet type: a column that mixes text with numbers
-    (``request_rate``: ``"inf"`` or a rate) holds text; ints beside floats are floats."""
+    """The rows with each column of one Parquet type: a column that mixes text, flags and
+    numbers (``request_rate``: ``"inf"`` or a rate; an option ``true`` here, ``2`` there) holds
+    text. (Ints beside floats pyarrow makes floats itself.)"""
     out = [dict(r) for r in table]
     for col in (table[0] if table else {}):
-        values = [r[col] for r in out if r[col] is not None]
-        kinds = {bool if isinstance(v, bool) else str if isinstance(v, str) else float for v in values}
+        kinds = {bool if isinstance(v, bool) else str if isinstance(v, str) else float
+                 for r in out if (v := r[col]) is not None}
         if len(kinds) > 1:
             for r in out:
                 if r[col] is not None:
                     r[col] = str(r[col])
-        elif kinds == {float}:
-            for r in out:
-                if r[col] is not None:
-                    r[col] = float(r[col])
     return out
 
 
