@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
 from perflab import __version__
 from perflab.bench.metrics import BenchMetrics, name_of
@@ -28,6 +28,12 @@ from perflab.observe import energy
 
 if TYPE_CHECKING:
     from perflab.lab.store import Store
+
+#: report.json's ``schema_version``: its keys and their types are perflab.lab.report.schema's
+#: (published as docs/report.schema.json, which states this one value); bump it when a key is
+#: renamed or removed or its meaning changes (a key added is an optional field of the same version)
+SchemaVersion = Literal[1]
+SCHEMA_VERSION: Final[int] = get_args(SchemaVersion)[0]
 
 GREEN = "lightgreen"
 RED = "#fbcaca"
@@ -819,6 +825,7 @@ def render_markdown(o: StudyOutcome, ctx: ReportContext, *, charts: bool = True)
 def build_json(o: StudyOutcome, ctx: ReportContext) -> dict[str, Any]:
     plan = o.plan
     return {
+        "schema_version": SCHEMA_VERSION,
         "perflab_version": __version__,
         "generated_at": ctx.generated_at,
         "title": title_of(o, ctx),
