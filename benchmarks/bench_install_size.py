@@ -13,10 +13,12 @@ distributions. The configurations:
 * ``core[charts,aiohttp]`` what the core depended on before both were extras
 
 In the ``core+plugins+sim`` environment it also imports the modules `perflab demo`, `run` and
-`report` load, so a module-level import of something only an extra provides is caught.
+`report` load, so a module-level import of something only an extra provides is caught, and
+with ``--demo`` runs `perflab demo` there: its report is written, and says in one line what
+the charts extra adds.
 The target: the core alone adds at most 60 MB (exit status 1 if not).
 
-    .venv/bin/python benchmarks/bench_install_size.py [--only core ...] [--target 60]
+    .venv/bin/python benchmarks/bench_install_size.py [--only core ...] [--demo] [--target 60]
 
 Run it with the project's own environment (`requirements.txt` installs the `wheel` and
 `setuptools` the wheels are built with, without build isolation).
@@ -97,7 +99,22 @@ def by_distribution(added: dict[str, int], directory: Path) -> dict[str, int]:
     return out
 
 
-def measure(name: str, requirements: list[str], workdir: Path, check_imports: bool) -> float:
+def run_demo(env: Path, workdir: Path, clean: dict[str, str]) -> None:
+    """`perflab demo` in ``env`` (no charts extra): the report is written and one line of it says
+    what perflab[charts] adds."""
+    out = workdir / "demo-study"
+    done = subprocess.run([str(env / "bin" / "perflab"), "demo", "--out", str(out)], env=clean, cwd=workdir,
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        sys.exit(f"perflab demo failed without the extras:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    report = (out / "report.md").read_text(encoding="utf-8")
+    said = [line for line in [*report.splitlines(), *done.stderr.splitlines()] if "perflab[charts]" in line]
+    if not said:
+        sys.exit("perflab demo wrote its report without saying what perflab[charts] adds")
+    print(f"{'':24s} perflab demo wrote its report; it says: {said[0].strip()}", flush=True)
+
+
+def measure(name: str, requirements: list[str], workdir: Path, check_imports: bool, demo: bool = False) -> float:
     env = workdir / name.replace("[", "-").replace("]", "").replace(",", "-").replace("+", "-")
     venv.EnvBuilder(with_pip=True, clear=True).create(env)
     python = env / "bin" / "python"
@@ -122,6 +139,8 @@ def measure(name: str, requirements: list[str], workdir: Path, check_imports: bo
         if done.returncode != 0:
             sys.exit(f"{name}: the demo's modules do not import without the extras:\n{done.stderr}")
         print(f"{'':24s} the demo's modules import; not installed: {', '.join(EXTRAS_ONLY)}", flush=True)
+        if demo:
+            run_demo(env, workdir, clean)
     return total
 
 
@@ -129,6 +148,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=["core", "core+plugins+sim", "core[charts]", "core[charts,aiohttp]"],
                         help="measure only these configurations")
+    parser.add_argument("--demo", action="store_true",
+                        help="also run `perflab demo` in the core+plugins+sim environment (a few minutes)")
     parser.add_argument("--target", type=float, default=60.0, help="the core alone adds at most this many MB (default 60)")
     args = parser.parse_args()
 
@@ -144,7 +165,7 @@ def main() -> None:
             "core[charts,aiohttp]": ([f"{core}[charts,aiohttp]"], False),
         }
         print(f"site-packages growth of a fresh venv (python {sys.version.split()[0]}), MB = 10^6 bytes", flush=True)
-        results = {name: measure(name, reqs, workdir, check) for name, (reqs, check) in configurations.items()
+        results = {name: measure(name, reqs, workdir, check, args.demo) for name, (reqs, check) in configurations.items()
                    if not args.only or name in args.only}
     if "core" in results and results["core"] > args.target:
         sys.exit(f"the core alone adds {results['core']:.1f} MB, above the target of {args.target:g} MB")
