@@ -23,7 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
+
+from perflab.lab.report.schema import json_schema
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "demo" / "decisions.json"
 # model-clock figures of a completed run differ between two runs on a quiet host by < 0.05 %
@@ -117,7 +120,10 @@ def test_the_demo_decides_and_measures_what_the_stored_run_did(tmp_path: Path) -
     proc = subprocess.run([sys.executable, "-m", "perflab", "demo", "-o", str(out), "--no-live", "--json"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    now = digest(json.loads((out / "report.json").read_text(encoding="utf-8")))
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    # the demo's report.json is what docs/report.schema.json says (tests/lab/test_report_schema.py)
+    jsonschema.validate(report, json_schema(), cls=jsonschema.Draft202012Validator)
+    now = digest(report)
     stored = json.loads(FIXTURE.read_text(encoding="utf-8"))
     diffs = differences(stored, now)
     assert not diffs, "the demo changed against tests/fixtures/demo/decisions.json:\n" + "\n".join(diffs[:40])

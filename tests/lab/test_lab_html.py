@@ -343,3 +343,52 @@ def test_text_that_looks_like_html_stays_text(tmp_path):
     assert 'File "&lt;frozen runpy&gt;", line 1 &lt;script&gt;alert(1)&lt;/script&gt;' in page
     assert '<span style="background-color:lightgreen;">(+18.7%)</span><br>' in page
     assert page.count("<script>") == 1 and "script-src 'sha256-" in page and not re.search(r"script-src[^;\"]*unsafe-inline", page)
+
+
+CHARTS_NOTE = "charts need `pip install 'perflab[charts]'`"
+
+
+def test_report_without_matplotlib_says_what_its_charts_need(tmp_path, monkeypatch):
+    """matplotlib made unimportable (perflab installed without its charts extra): the report is
+    written; where chart.png and pareto.png would be, report.md and report.html say in one line
+    what draws them; report.html's own charts (load curves, samples over time) need no matplotlib."""
+    import sys
+
+    for name in ["matplotlib", *(m for m in sys.modules if m.startswith("matplotlib."))]:
+        monkeypatch.setitem(sys.modules, name, None)
+    (tmp_path / "chart.png").write_bytes(b"an earlier run's chart")  # would show other figures: removed
+    _, paths = _study(tmp_path)
+    assert set(paths) == {"markdown", "json", "html"}
+    assert not (tmp_path / "chart.png").exists() and not (tmp_path / "pareto.png").exists()
+    md = paths["markdown"].read_text()
+    assert "](chart.png)" not in md and "](pareto.png)" not in md
+    lines = [line for line in md.splitlines() if CHARTS_NOTE in line]
+    assert lines == [f"*seed-002: {CHARTS_NOTE}*", f"*Pareto frontier: {CHARTS_NOTE}*"]
+    page = paths["html"].read_text()
+    assert page.count("charts need <code>pip install 'perflab[charts]'</code>") == 2
+    assert "is missing]" not in page
+    svgs = re.findall(r'<img src="data:image/svg\+xml;base64,[^"]+" alt="([^"]+)"', page)
+    assert "Load curves: ShareGPT" in svgs and len([a for a in svgs if " over time: " in a]) == 10
+
+
+def test_png_charts_are_drawn_again_only_when_their_figures_change(tmp_path, monkeypatch):
+    """chart.png carries the digest of what it was drawn from: writing the report of the same
+    figures again (a re-run of a finished study, `perflab report` twice) draws nothing."""
+    import dataclasses
+
+    import matplotlib.figure
+
+    from perflab.lab.report.chart import DIGEST_KEY, png_text
+
+    o, paths = _study(tmp_path, SeedMeasure(seed_002_key))
+    first, digest = paths["chart"].read_bytes(), png_text(paths["chart"])[DIGEST_KEY]
+    assert len(digest) == 64
+
+    def no_drawing(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("chart.png was drawn again for the same figures")
+
+    with monkeypatch.context() as m:
+        m.setattr(matplotlib.figure, "Figure", no_drawing)
+        assert write_report(o, CTX, tmp_path)["chart"].read_bytes() == first
+    again = write_report(o, dataclasses.replace(CTX, simulated=False), tmp_path)  # its title changes
+    assert again["chart"].read_bytes() != first and png_text(again["chart"])[DIGEST_KEY] != digest

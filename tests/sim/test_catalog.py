@@ -102,6 +102,25 @@ def test_activate_ascend_machine_with_mindie_install(sim_tmp: Path) -> None:
     assert "Ascend 910B3" in done.stdout
 
 
+def test_npu_smi_stand_in_answers_in_process_as_the_executable_does(sim_tmp: Path) -> None:
+    """The probe asks the activated machine's npu-smi in-process (PERFLAB_NPU_SMI): the same
+    accelerators as through the executable on PATH, one process per call; its errors are the
+    tool's (one line), never the probe's crash."""
+    import shutil
+
+    from perflab.hardware.npusmi import NpuSmiError, read_npus, run_npu_smi
+    from perflab.hardware.standins import NPU_SMI_ENV
+
+    env = sim.activate("910b3-x8", base_env(sim_tmp))
+    exe = shutil.which("npu-smi", path=env["PATH"])
+    assert exe is not None and env[NPU_SMI_ENV] == "perflab_sim.npusmi:answer"
+    through_process = read_npus(exe, {k: v for k, v in env.items() if k != NPU_SMI_ENV}, source="sim")
+    in_process = read_npus(exe, env, source="sim")
+    assert len(in_process) == 8 and in_process == through_process
+    with pytest.raises(NpuSmiError, match=r"^`.*npu-smi info -t bogus -i 0` failed: Error: unsupported type"):
+        run_npu_smi(exe, ["info", "-t", "bogus", "-i", "0"], env, 5.0)
+
+
 def test_activate_is_idempotent_and_race_safe(sim_tmp: Path) -> None:
     results: list[dict[str, str]] = []
     threads = [threading.Thread(target=lambda: results.append(sim.activate("h100-80g-x1", {}))) for _ in range(6)]

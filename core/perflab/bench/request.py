@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -217,6 +218,8 @@ class BenchRequest:
             raise UsageError(f"--time-scale {self.time_scale}: expected a positive factor")
         if self.http_stack not in HTTP_STACKS:
             raise UsageError(f"--http-stack {self.http_stack!r}: expected one of {', '.join(HTTP_STACKS)}")
+        if self.http_stack == "aiohttp" and importlib.util.find_spec("aiohttp") is None:  # an extra, not the core's
+            raise UsageError("--http-stack aiohttp needs aiohttp: pip install 'perflab[aiohttp]'")
         for p in self.percentiles:
             if not 0 < p < 100:
                 raise UsageError(f"--percentiles: {p} is not in (0, 100)")

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("perflab.cli.audit_cmd:audit", "Check benchmark results, studies and study pages for internal consistency."),
     "demo": ("perflab.cli.lab_cmd:demo", "Reproduce a scaled-down seed study on the simulator."),
     "compare": ("perflab.cli.compare_cmd:compare", "Compare two studies of one plan: changed metrics, regressions, decisions."),
+    "export": ("perflab.cli.export_cmd:export", "Export a study's measurements: csv, jsonl, parquet, or vLLM's sweep layout."),
     "plan": ("perflab.cli.plan_cmd:plan", "Plan files: their JSON Schema, for editors that complete and check them."),
     "plugin": ("perflab.cli.plugin_cmd:plugin", "Create a new engine plugin package."),
     "ps": ("perflab.cli.ps_cmd:ps", "List the engines perflab started that are still running."),

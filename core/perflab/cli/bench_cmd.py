@@ -100,7 +100,7 @@ EXIT_IMPOSSIBLE_COUNTS = 5
 @click.option("--result-dir", default=None, type=click.Path(file_okay=False), help="Directory for --save-result.")
 @click.option("--result-filename", default=None, help="File name for --save-result.")
 @click.option("--workers", type=int, default=None, help="Client processes (for loads one core cannot drive)  [default: 1]")
-@click.option("--http-stack", type=click.Choice(["raw", "aiohttp"]), default=None, help="HTTP client: raw (fastest) or aiohttp (proxies)  [default: raw]")
+@click.option("--http-stack", type=click.Choice(["raw", "aiohttp"]), default=None, help="HTTP client: raw (fastest) or aiohttp (proxies; needs perflab[aiohttp])  [default: raw]")
 @click.option("--time-scale", type=float, default=None, help="Simulated time compression (auto from perflab's simulator).")
 @click.option("--clock", type=click.Choice(["auto", "host"]), default="auto", help="How requests are timed: auto = by perflab's simulator's own model clock when the server proves to be it (reproducible whatever the host does), else by this host's clock; host = always this host's clock.")
 @click.option("--bench-backend", default="perflab", help="Benchmark driver: perflab, vllm-bench, or a plugin's.")

@@ -239,5 +239,5 @@ def demo(ctx: click.Context, out: Path, fresh: bool, replace: bool, as_json: boo
             shutil.rmtree(out)
     _run(ctx, plan, out, None, False, as_json, live, early_stop, replace=replace)
     if not as_json:
-        click.echo(f"\nThe demo's report is in {out / 'report.md'} (chart: {out / 'chart.png'}; "
-                   f"as one page: {out / 'report.html'}).")
+        chart = f"chart: {out / 'chart.png'}; " if (out / "chart.png").is_file() else ""  # none without matplotlib
+        click.echo(f"\nThe demo's report is in {out / 'report.md'} ({chart}as one page: {out / 'report.html'}).")

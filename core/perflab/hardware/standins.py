@@ -23,11 +23,18 @@ DEVICE_CLOCK_ENV = "PERFLAB_DEVICE_CLOCK"
 #: those devices (the stand-in for NVML's and npu-smi's process lists; the integrity check)
 DEVICE_MEMORY_ENV = "PERFLAB_DEVICE_MEMORY"
 
+#: ``callable(env, args) -> str``: what ``npu-smi *args`` prints on stdout, raising on what the
+#: tool would fail with; asked instead of running the ``npu-smi`` found on PATH (the Ascend probe
+#: and telemetry), which on an emulated machine is a Python process per call (ten per probe of an
+#: 8-NPU machine)
+NPU_SMI_ENV = "PERFLAB_NPU_SMI"
+
 #: every stand-in variable -> its meaning (docs/writing-plugins.md lists them)
 VARIABLES: dict[str, str] = {
     NVML_ENV: "module:callable(env) returning an object with pynvml's function names",
     DEVICE_CLOCK_ENV: "module:callable(env, devices) returning the engines' own clock on those devices, or None",
     DEVICE_MEMORY_ENV: "module:callable(env, devices) returning (device, pid, name, MiB) per process holding device memory",
+    NPU_SMI_ENV: "module:callable(env, args) returning what `npu-smi *args` prints on stdout",
 }
 
 

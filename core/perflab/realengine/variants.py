@@ -34,6 +34,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,8 +91,10 @@ def _key(src: Path, name: str) -> str:
     return h.hexdigest()[:12]
 
 
-def ensure_variant(env: RealEngineEnv, name: str, *, timeout: float = 300.0) -> Path:
-    """The model directory of variant ``name`` of ``env``'s tiny model, built once (seconds)."""
+def ensure_variant(env: RealEngineEnv, name: str, *, timeout: float = 300.0,
+                   progress: Callable[[str], None] | None = None) -> Path:
+    """The model directory of variant ``name`` of ``env``'s tiny model, built once (seconds,
+    told to ``progress`` first)."""
     if name not in VARIANTS:
         raise ValueError(f"unknown variant {name!r}: one of {', '.join(VARIANTS)}")
     base = env.root / "variants"
@@ -104,6 +107,8 @@ def ensure_variant(env: RealEngineEnv, name: str, *, timeout: float = 300.0) -> 
         for stale in base.glob(f"{name}-*"):  # an older recipe's, or a build cut short
             shutil.rmtree(stale, ignore_errors=True)
         partial = base / f".{target.name}.{os.getpid()}"
+        if progress is not None:
+            progress(f"building the {name} variant of the tiny model (~5 s)...")
         proc = subprocess.run([str(env.python), __file__, str(env.model), str(partial), name],
                               capture_output=True, text=True, timeout=timeout, check=False)
         if proc.returncode != 0:

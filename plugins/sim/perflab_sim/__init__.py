@@ -38,7 +38,7 @@ from pathlib import Path
 
 from perflab.contract.errors import PerflabError
 from perflab.hardware.emulation import MACHINE_STATE_ENV, SIM_PREFIX, SPEC_ENV, TIME_SCALE_VAR_ENV
-from perflab.hardware.standins import DEVICE_CLOCK_ENV, DEVICE_MEMORY_ENV, NVML_ENV
+from perflab.hardware.standins import DEVICE_CLOCK_ENV, DEVICE_MEMORY_ENV, NPU_SMI_ENV, NVML_ENV
 from perflab_sim import catalog, versions
 from perflab_sim.env import ENGINE_VERSIONS_ENV, FAULT_ENV, HARDWARE_ENV, STATE_ENV, TIME_SCALE_ENV
 
@@ -190,13 +190,14 @@ STANDINS = {
     NVML_ENV: "perflab_sim.nvml:NvmlShim",
     DEVICE_CLOCK_ENV: "perflab_sim.plugin:device_clock",
     DEVICE_MEMORY_ENV: "perflab_sim.plugin:device_memory",
+    NPU_SMI_ENV: "perflab_sim.npusmi:answer",
 }
 
 
 def machine_env(name: str) -> dict[str, str]:
     """The variables saying the simulated machine ``name`` is active, for the simulator and for
     the core: the spec (perflab.hardware.emulation.SPEC_ENV) and the stand-ins (the simulated
-    NVML, engine clock and device memory, perflab.hardware.standins)."""
+    NVML and npu-smi, engine clock and device memory, perflab.hardware.standins)."""
     return {HARDWARE_ENV: name, SPEC_ENV: SIM_PREFIX + name, TIME_SCALE_VAR_ENV: TIME_SCALE_ENV, **STANDINS}
 
 

@@ -331,6 +331,13 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> str:
     raise _Fail(f'Error: unsupported type "{kind}".\n{_USAGE}')
 
 
+def answer(env: Mapping[str, str], args: Sequence[str]) -> str:
+    """:data:`perflab.hardware.standins.NPU_SMI_ENV`: :func:`run` in the asking process, which
+    spares the probe and telemetry a Python process per call; the executable stays on PATH
+    for whatever else runs ``npu-smi``."""
+    return run(args, env)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         sys.stdout.write(run(sys.argv[1:] if argv is None else argv, os.environ))

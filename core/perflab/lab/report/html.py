@@ -8,8 +8,9 @@ profiles measured at several loads, and per profile the engine metrics and accel
 sampled while each configuration ran (issue #13; the summaries of
 :data:`perflab.observe.OBSERVED_KEYS` from the results, the series from
 ``runs/<run>/observe-<profile><suffix>.json``). Nothing is fetched: the CSS is inline, chart.png
-and pareto.png are embedded as data: URIs, the other charts are SVG data: URIs with their text
-drawn as paths, and the only script opens the collapsed boxes for printing.
+and pareto.png are embedded as data: URIs, the other charts are SVG data: URIs written without a
+plotting library (:mod:`perflab.lab.report.svgchart`), and the only script opens the collapsed
+boxes for printing.
 """
 
 from __future__ import annotations
@@ -180,7 +181,7 @@ def load_curves_section(o: StudyOutcome, ctx: ReportContext) -> list[str]:
     """Per profile measured at several loads (a sweep, a max-load search's probes): the
     benchmark's figures against the load, one line per configuration."""
     from perflab.lab.report import results_by_profile
-    from perflab.lab.report.chart import load_curves_svg
+    from perflab.lab.report.svgchart import load_curves_svg
     from perflab.lab.study import slo_label
 
     slo = o.plan.decision.slo
@@ -379,7 +380,7 @@ def load_series(run_dir: Path, profile: str) -> tuple[dict[str, list[tuple[float
 
 def series_charts(profile: str, profile_label: str, rows: Sequence[tuple[str, ConfigResult]], directory: Path) -> list[str]:
     """Per watcher key, one chart of the samples over time: a panel per value, a line per configuration."""
-    from perflab.lab.report.chart import series_svg
+    from perflab.lab.report.svgchart import series_svg
 
     per_key: dict[str, list[tuple[str, list[tuple[float, dict[str, float]]]]]] = {}
     bounds: dict[str, list[float]] = {}
