@@ -197,7 +197,9 @@ def test_command_json_is_exactly_the_launch(pm: PluginManager, capsys: pytest.Ca
     code, out, err = invoke(["engines", "command", "toy", "-m", "Qwen/Qwen3-8B", "--env", "A=1", "--json"], capsys)
     assert code == 0, err
     data = json.loads(out)
-    assert set(data) == {"engine", "argv", "env", "files", "host", "port", "preflight"}
+    assert set(data) == {"engine", "argv", "env", "files", "host", "port", "preflight", "engine_version"}
+    # the toy plugin maps no versions: the installed one, said where it came from
+    assert data["engine_version"] == {"version": "1.2.3", "from": "installed", "installed": "1.2.3", "warning": None}
     workdir = Path(tempfile.gettempdir()) / "perflab-dry-run-toy"
     assert data["engine"] == "toy"
     assert data["argv"] == ["toy-serve", "Qwen/Qwen3-8B", "--host", "127.0.0.1", "--port", "8123"]  # plugin's default port

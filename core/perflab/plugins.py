@@ -69,6 +69,7 @@ from perflab.contract.types import (
     ServeConfig,
     Unsupported,
 )
+from perflab.contract.versions import EngineVersions, Origin, VersionChoice, choose_version
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "perflab.hardware.nvml",
@@ -137,6 +138,10 @@ class BoundedEngine:
     def owned_args(self) -> tuple[str, ...]:
         return self.wrapped.owned_args
 
+    @property
+    def engine_versions(self) -> EngineVersions | None:
+        return self.wrapped.engine_versions
+
     def implemented(self) -> tuple[str, ...]:
         return self.wrapped.implemented()
 
@@ -199,6 +204,18 @@ class EngineRecord:
     def provider(self) -> str:
         """Who registered the engine, as errors name it: its distribution, else its plugin."""
         return self.distribution or self.plugin
+
+    # ------------------------------------------------------------------ version
+
+    def choose_version(self, env: Mapping[str, str], asked: str | None = None,
+                       origin: Origin = "asked") -> VersionChoice:
+        """The engine version to build command lines for: ``asked`` (``--engine-version``, or
+        the plan's ``engine_versions`` with ``origin="plan"``), else the version installed in
+        ``env``, else the newest the plugin maps (:func:`perflab.contract.versions.choose_version`).
+        The installed version is read even when one is asked for, so the two can be told apart."""
+        installed = self.engine.version(env)
+        return choose_version(self.info.name, self.info.display_name, self.engine.engine_versions, asked,
+                              None if installed is None else str(installed), origin)
 
     # ------------------------------------------------------------------ preflight
 

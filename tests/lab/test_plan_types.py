@@ -33,6 +33,7 @@ serve: {max_model_len: 32768, tp: 2, prefix_caching: true, mem_fraction: 0.9, kv
         served_model_name: qwen, pp: 1, dp: 1, nodes: 1, ep: 1, max_batched_tokens: 8192, max_num_seqs: 256,
         chunked_prefill: true, speculative_config: {method: ngram}, reasoning_parser: qwen3, quantization: awq}
 engine_serve: {sglang: {mem_fraction: 0.85}}
+engine_versions: {sglang: "0.5.23"}
 baseline: {engine: vllm, serve: {max_num_seqs: 256}, label: Defaults}
 candidates:
   - name: Quantization

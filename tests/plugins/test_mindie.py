@@ -446,3 +446,14 @@ def test_serving_script_lists_the_keys_perflab_set_not_a_study_path(pm, tmp_path
     assert "#   BackendConfig.ModelDeployConfig.ModelConfig.0.tp = 2" in script
     assert "ServerConfig.port" not in script  # perflab's chosen address, left out like --port
     assert "maxBatchSize" not in script  # unchanged template keys are not listed
+
+
+def test_only_the_seeds_mindie_is_mapped_and_another_release_is_said(pm):
+    """No config.json reference of another MindIE release could be read: 2.1.RC1 only, and the
+    version a command is built for says when it is another."""
+    versions = pm.engine("mindie").engine.engine_versions
+    assert (versions.oldest, versions.newest) == ("2.1.RC1", "2.1.RC1")
+    assert pm.engine("mindie").choose_version({}, "2.1.RC1").warning is None
+    warning = pm.engine("mindie").choose_version({}, "2.2.RC1").warning
+    assert warning == ("MindIE 2.2.RC1 is newer than the newest version perflab maps (2.1.RC1 .. 2.1.RC1); "
+                       "its command lines are built with MindIE 2.1.RC1's options")

@@ -371,4 +371,59 @@ class TestSglangConformance(EngineConformance):
     configs = [{"max_model_len": 4096}, {"tp": 2}, {"prefix_caching": False, "chunked_prefill": False}]
     unsupported_configs = [{"quantization": "ascend"}, {"speculative_config": {"method": "medusa"}}]
     crash_samples = CRASHES
-    serve_option_samples = {"options": {"options": {"python": "/usr/bin/python3"}}}
+    # the kit builds for the newest SGLang perflab maps (no version known), which has no n-gram
+    # match windows (prompt_lookup_max): the n-gram sample sets the trie depth instead
+    serve_option_samples = {"options": {"options": {"python": "/usr/bin/python3"}},
+                            "speculative_config": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                                                                          "max_trie_depth": 8}}}
+
+
+# --------------------------------------------------------------------------- per engine version
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4}
+
+
+def build_for(pm, version: str | None, **changes):
+    return pm.engine(ENGINE).build_launch(ServeConfig(model="m", **changes), A100X8, WORKDIR, version)
+
+
+@pytest.mark.parametrize("version", ["0.5.5.post1", "0.5.9"])
+def test_ngram_windows_and_branch_length_keep_their_old_spelling_up_to_0_5_9(pm, version):
+    spec = {**NGRAM, "prompt_lookup_max": 6, "prompt_lookup_min": 2, "max_trie_depth": 16}
+    flags = flags_of(build_for(pm, version, speculative_config=spec))
+    assert (flags["--speculative-ngram-max-match-window-size"], flags["--speculative-ngram-min-match-window-size"],
+            flags["--speculative-ngram-branch-length"]) == ("6", "2", "16")
+    assert "--speculative-ngram-max-trie-depth" not in flags
+
+
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.23", None])  # None: nothing known, the newest
+def test_from_0_5_10_the_trie_depth_is_spelled_anew_and_the_match_windows_are_refused(pm, version):
+    flags = flags_of(build_for(pm, version, speculative_config={**NGRAM, "max_trie_depth": 16}))
+    assert flags["--speculative-ngram-max-trie-depth"] == "16"
+    assert not any("match-window" in f or "branch-length" in f for f in flags)
+    for key in ("prompt_lookup_max", "prompt_lookup_min"):
+        with pytest.raises(UnsupportedOption, match=rf"speculative_config\.{key}: not in sglang .*gone since 0\.5\.10"):
+            build_for(pm, version, speculative_config={**NGRAM, key: 3})
+
+
+@pytest.mark.parametrize(
+    ("changes", "last_with", "first_without", "option"),
+    [
+        ({"quantization": "qoq"}, "0.5.15.post1", "0.5.16", "quantization=qoq"),
+        ({"quantization": "marlin"}, "0.5.19", "0.5.20", "quantization=marlin"),
+        ({"kv_cache_dtype": "fp4_e2m1"}, "0.5.20", "0.5.21", "kv_cache_dtype=fp4_e2m1"),
+    ],
+)
+def test_choices_later_releases_dropped_are_refused_from_then_on(pm, changes, last_with, first_without, option):
+    flags = flags_of(build_for(pm, last_with, **changes))
+    assert next(iter(changes.values())) in flags.values()
+    with pytest.raises(UnsupportedOption, match=rf"{re.escape(option)}: not in sglang {re.escape(first_without)}"):
+        build_for(pm, first_without, **changes)
+
+
+def test_the_version_range_and_every_change_cite_the_release_read():
+    versions = perflab_sglang.plugin.engine_versions
+    assert (versions.oldest, versions.newest) == ("0.5.5.post1", "0.5.23")
+    assert all(c.source and (c.how is not None or c.why) for c in versions.changes)
+    # a spelling valid in the oldest version is declared for every option that changes
+    assert {c.option for c in versions.changes if c.version == versions.oldest} == set(versions.options())

@@ -368,3 +368,16 @@ class TestTrtllmConformance(EngineConformance):
         "chunked_prefill": {"chunked_prefill": True},  # off by default
         "options": {"options": {"backend": "tensorrt"}},
     }
+
+
+def test_the_versions_mapped_run_from_the_seeds_to_the_newest_release(pm):
+    """TensorRT-LLM 1.2.0rc1 (the seeds') to 1.2.1 with no flag changed: a version outside is built
+    the same, with the core's warning."""
+    versions = perflab_trtllm.plugin.engine_versions
+    assert (versions.oldest, versions.newest, versions.changes) == ("1.2.0rc1", "1.2.1", ())
+    config = ServeConfig(model="m", port=8000, tp=2, max_model_len=4096, mem_fraction=0.8)
+    argvs = {pm.engine("trtllm").build_launch(config, gpus("NVIDIA H100 80GB HBM3", (9, 0)), WORKDIR, v).argv
+             for v in ("1.2.0rc1", "1.2.1", "1.4.0rc1", None)}
+    assert len(argvs) == 1
+    choice = pm.engine("trtllm").choose_version({}, "1.4.0rc1")
+    assert "TensorRT-LLM 1.4.0rc1 is newer than the newest version perflab maps (1.2.0rc1 .. 1.2.1)" in choice.warning

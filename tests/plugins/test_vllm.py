@@ -688,3 +688,16 @@ class TestVllmConformance(EngineConformance):
     # vLLM's EP size is tp×dp, so ep needs tp; options: an engine option of perflab_vllm.flags
     serve_option_samples = {"ep": {"tp": 2, "ep": 2}, "options": {"options": {"enforce_eager": True}}}
 
+
+
+def test_every_flag_is_the_same_from_the_seeds_vllm_to_the_newest_release(pm):
+    """No flag perflab emits changed between vLLM 0.11.0 and 0.33.0 (both read): one argv for both
+    ends, and for a version outside them (built as the nearest end, the core warns)."""
+    import perflab_vllm
+
+    versions = perflab_vllm.plugin.engine_versions
+    assert (versions.oldest, versions.newest, versions.changes) == ("0.11.0", "0.33.0", ())
+    config = ServeConfig(model="m", port=8000, tp=2, prefix_caching=False, options={"kv_cache_memory_bytes": 1 << 30})
+    argvs = {pm.engine("vllm").build_launch(config, H100, Path("/tmp/perflab-test"), v).argv
+             for v in ("0.11.0", "0.33.0", "0.40.0", None)}
+    assert len(argvs) == 1

@@ -267,3 +267,24 @@ class TestVllmAscendConformance(EngineConformance):
     unsupported_configs = [{"tp": 4, "ep": 2}, {"quantization": "awq"}, {"quantization": "fp8"}]
     crash_samples = {"npu-out-of-memory": NPU_OOM_LOG, "hccl-error": HCCL_LOG, "kv-cache-too-small": KV_CACHE_LOG}
     serve_option_samples = {"ep": {"tp": 2, "ep": 2}, "options": {"options": {"additional_config": {"pa_shape_list": [48]}}}}
+
+
+# --------------------------------------------------------------------------- per engine version
+
+
+def test_kv_cache_memory_bytes_only_from_the_vllm_that_has_it(pm):
+    """vLLM added --kv-cache-memory-bytes in 0.10.2 (absent in 0.10.1.1); vLLM-Ascend v0.9.1 runs
+    on vLLM 0.9.1, v0.10.2rc1 on 0.10.2."""
+    options = {"kv_cache_memory_bytes": 8 << 30}
+    argv = launch(pm, version="0.10.2rc1", model="m", options=options).argv
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(8 << 30)
+    with pytest.raises(UnsupportedOption, match=r"engine option 'kv_cache_memory_bytes': not in vllm-ascend 0\.9\.1: "
+                                                r"vLLM before 0\.10\.2 has no --kv-cache-memory-bytes"):
+        launch(pm, version="0.9.1", model="m", options=options)
+    assert "--kv-cache-memory-bytes" in launch(pm, version=None, model="m", options=options).argv  # the newest
+
+
+def test_the_versions_mapped_run_from_the_910b_seeds_to_the_newest_release():
+    versions = perflab_vllm_ascend.plugin.engine_versions
+    assert (versions.oldest, versions.newest) == ("0.9.1", "0.23.0.post1") and versions.options() == (
+        "options.kv_cache_memory_bytes",)

@@ -279,6 +279,31 @@ def test_sglang_maps_flags_and_defaults() -> None:
     assert sglang.parse(["--model-path", "Qwen/Qwen3-32B", "--chunked-prefill-size", "-1"], A100).chunked_prefill is False
 
 
+def test_sglang_from_0_5_10_parses_the_ngram_trie_flags_as_the_plugin_builds_them() -> None:
+    """The plugin's n-gram spellings per version (perflab_sglang.VERSIONS) are the ones the
+    simulated SGLang of that version parses: the match windows and branch length up to 0.5.9,
+    the trie depth (and no windows) from 0.5.10."""
+    from perflab import ServeConfig
+    from perflab_sglang.launch import build_argv
+
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 6, "max_trie_depth": 16}
+    for version in ("0.5.5.post1", "0.5.9"):
+        argv = build_argv(ServeConfig(model="Qwen/Qwen3-32B", port=30000, speculative_config=spec), version)[3:]
+        cfg = sglang.parse(argv, env_for("a100-80g-x1", PERFLAB_SIM_ENGINE_VERSIONS=f"sglang={version}"))
+        assert cfg.spec_method == "ngram" and cfg.spec_tokens == 4
+    newer = env_for("a100-80g-x1", PERFLAB_SIM_ENGINE_VERSIONS="sglang=0.5.23")
+    del spec["prompt_lookup_max"]
+    argv = build_argv(ServeConfig(model="Qwen/Qwen3-32B", port=30000, speculative_config=spec), "0.5.23")[3:]
+    assert "--speculative-ngram-max-trie-depth" in argv
+    cfg = sglang.parse(argv, newer)
+    assert cfg.spec_method == "ngram" and cfg.spec_tokens == 4
+    assert "its n-gram flags as 0.5.10 renamed them" in cfg.startup_lines[0]
+    exc = usage_error(sglang.parse, ["--model-path", "m", "--speculative-ngram-branch-length", "8"], newer)
+    assert "unrecognized arguments: --speculative-ngram-branch-length" in exc.stderr
+    cfg = sglang.parse(["--model-path", "Qwen/Qwen3-32B", "--speculative-algorithm", "NGRAM"], newer)
+    assert cfg.spec_tokens == 12  # 0.5.10's default draft count, without the match windows
+
+
 def test_sglang_usage_errors() -> None:
     exc = usage_error(sglang.parse, ["--model-path", "Qwen/Qwen3-32B", "--max-num-seqs", "8"], A100)
     assert exc.code == 2 and exc.stderr.startswith("usage: launch_server.py [-h] --model-path MODEL_PATH")

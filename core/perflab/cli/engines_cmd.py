@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from perflab import redact
-from perflab.cli.options import hardware_option, json_option, pop_serve_config, serve_options
+from perflab.cli.options import engine_version_option, hardware_option, json_option, pop_serve_config, serve_options
 from perflab.contract.errors import PerflabError
 from perflab.plugins import FINE
 
 if TYPE_CHECKING:
     from perflab.contract.types import GroupNode, HardwareSnapshot, LaunchSpec, NodeGroup, ServeConfig, Unsupported
+    from perflab.contract.versions import VersionChoice
     from perflab.plugins import PluginManager
 
 NO_ENGINE = "-"
@@ -67,6 +68,7 @@ def collect(pm: PluginManager, env: Mapping[str, str]) -> dict[str, Any]:
         info = rec.info
         plugin = next((r for r in pm.records if r.name == rec.plugin and r.status == "ok"), None)
         installed, version, problem = _engine_install(pm, name, info.executable, env, info.distributions)
+        mapped = rec.engine.engine_versions
         engines.append(
             {
                 "engine": name,
@@ -80,6 +82,8 @@ def collect(pm: PluginManager, env: Mapping[str, str]) -> dict[str, Any]:
                 "error": problem,
                 "installed": installed,
                 "engine_version": version,
+                # the versions the plugin builds commands for (None: it declares none)
+                "mapped_versions": {"oldest": mapped.oldest, "newest": mapped.newest} if mapped else None,
                 "executable": info.executable,
                 "default_port": info.default_port,
             }
@@ -271,7 +275,7 @@ def render_command(
     launch: LaunchSpec,
     workdir: Path,
     problems: list[Unsupported],
-    version: str | None,
+    version: VersionChoice,
     hardware: HardwareSnapshot,
     joins: str | None = None,
 ) -> None:
@@ -283,7 +287,7 @@ def render_command(
     where = describe_devices(hardware)
     if hardware.simulated:
         where += f", simulated {hardware.name}"
-    echo(f"# {engine} {version or '(not installed here)'} — {where}")
+    echo(f"# {engine} {version.label if version.version else '(not installed here)'} — {where}")
     if launch.env:
         echo("# environment:")
         for k, v in redact.redact_env(launch.env).items():
@@ -341,13 +345,16 @@ def _joins(group: NodeGroup, node: GroupNode) -> str | None:
 @click.argument("engine")
 @serve_options
 @hardware_option
+@engine_version_option
 @json_option
 @click.option("--check", is_flag=True, help="Exit with status 2 if the preflight finds an error.")
 @click.pass_context
-def engine_command(ctx: click.Context, engine: str, hardware: str, as_json: bool, check: bool, **kwargs: Any) -> None:
+def engine_command(ctx: click.Context, engine: str, hardware: str, engine_version: str | None, as_json: bool,
+                   check: bool, **kwargs: Any) -> None:
     """Print what perflab would run for ENGINE: argv, environment, files (MindIE's
     config.json), host and port, with the preflight's objections. Nothing is started or
-    written."""
+    written. The command is built for --engine-version, else the version installed here,
+    else the newest the plugin maps; the first line says which."""
     from perflab.cli import get_pm
     from perflab.hardware import resolve
 
@@ -355,7 +362,10 @@ def engine_command(ctx: click.Context, engine: str, hardware: str, as_json: bool
     rec = pm.engine(engine)  # unknown engine: one-line error before probing anything
     config = pop_serve_config(kwargs)
     snapshot, env = resolve(pm, hardware)
-    version = rec.engine.version(env)
+    choice = rec.choose_version(env, engine_version)
+    if choice.warning:  # not the installed-version mismatch: printing a command for another machine is the point
+        click.secho(f"warning: {choice.warning}", fg="yellow", err=True)
+    version = choice.version
     problems = rec.check_support(config, snapshot, version)
     workdir = dry_run_workdir(engine)
     group, ranks = _group_launches(pm, engine, config, snapshot, workdir, version) if config.node_count > 1 else (None, [])
@@ -369,6 +379,7 @@ def engine_command(ctx: click.Context, engine: str, hardware: str, as_json: bool
             out["rendezvous"] = _rendezvous(group)
             out["nodes"] = [{"rank": node.rank, "address": node.address, "serves": _joins(group, node) is None,
                              **launch_json(spec, workdir)} for node, spec in zip(group.nodes, ranks, strict=True)]
+        out["engine_version"] = choice.to_json()
         out["preflight"] = _preflight_json(problems)
         click.echo(json.dumps(redact.redact_obj(out), indent=2))
         for w in launch.warnings:  # stdout stays pure JSON
@@ -377,12 +388,12 @@ def engine_command(ctx: click.Context, engine: str, hardware: str, as_json: bool
         for err in snapshot.errors:
             click.secho(f"warning: hardware probe failed: {err}", fg="yellow", err=True)
         if group is None:
-            render_command(engine, launch, workdir, problems, version, snapshot)
+            render_command(engine, launch, workdir, problems, choice, snapshot)
         else:
             for node, spec in zip(group.nodes, ranks, strict=True):
                 joins = _joins(group, node)
                 click.echo(f"# ===== node rank {node.rank} of {group.size}" + (" (serves the API)" if joins is None else ""))
-                render_command(engine, spec, workdir, problems if spec is ranks[-1] else [], version, snapshot, joins)
+                render_command(engine, spec, workdir, problems if spec is ranks[-1] else [], choice, snapshot, joins)
     errors = [u for u in problems if u.severity == "error"]
     if check and errors:
         raise PreflightFailed(

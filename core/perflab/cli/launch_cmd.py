@@ -19,8 +19,9 @@ import click
 import httpx
 
 from perflab import redact
-from perflab.cli.options import hardware_option, json_option, pop_serve_config, serve_options
+from perflab.cli.options import engine_version_option, hardware_option, json_option, pop_serve_config, serve_options
 from perflab.contract.status import Status
+from perflab.contract.versions import ORIGIN_WORDS, VersionChoice
 from perflab.plugins import PluginManager
 
 # Exit statuses (also in --help and docs/lifecycle.md).
@@ -69,6 +70,7 @@ def _err(text: str) -> None:
 @click.argument("engine")
 @serve_options
 @hardware_option
+@engine_version_option
 @click.option("--check", is_flag=True, help="Once ready, send one generation, tear down and exit (no serving).")
 @click.option("--force", is_flag=True, help="Launch even if preflight says the configuration cannot work.")
 @json_option
@@ -79,8 +81,8 @@ def _err(text: str) -> None:
 @click.option("--grace", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="S",
               help="Seconds between SIGTERM and SIGKILL at teardown.")
 @click.pass_context
-def launch(ctx: click.Context, engine: str, hardware: str, check: bool, force: bool, as_json: bool,
-           startup_timeout: float | None, workdir: Path | None, grace: float, **kwargs: Any) -> None:
+def launch(ctx: click.Context, engine: str, hardware: str, engine_version: str | None, check: bool, force: bool,
+           as_json: bool, startup_timeout: float | None, workdir: Path | None, grace: float, **kwargs: Any) -> None:
     """Launch ENGINE, wait until it really serves (a generated token), tear it down on Ctrl-C.
 
     Readiness means every health probe answers and a one-token generation comes back; a
@@ -94,20 +96,25 @@ def launch(ctx: click.Context, engine: str, hardware: str, check: bool, force: b
     config = pop_serve_config(kwargs)
     redact.register_config(config)  # before anything is printed or written
     pm = get_pm(ctx)
-    pm.engine(engine)  # unknown engine: one-line usage error before anything else
+    rec = pm.engine(engine)  # unknown engine: one-line usage error before anything else
     snapshot, env = resolve(pm, hardware)
     for problem in snapshot.errors:
         _err(f"perflab: warning: hardware probe: {problem}")
+    choice = rec.choose_version(env, engine_version)
+    for note in choice.notes:
+        _err(f"perflab: warning: {note}")
+    _err(f"perflab: {engine} command built for {choice.label}")
     if workdir is None:
         workdir = _default_workdir(engine)
     redact.private_dir(workdir)  # 0700 when the launch has secrets
     _err(f"perflab: run directory {workdir}")
-    code = anyio.run(_launch, pm, engine, config, snapshot, env, workdir, force, startup_timeout, grace, check, as_json)
+    code = anyio.run(_launch, pm, engine, config, snapshot, env, workdir, force, startup_timeout, grace, check, as_json,
+                     choice)
     sys.exit(code)  # not ctx.exit(): perflab.cli.main runs click in non-standalone mode
 
 
 async def _launch(pm: PluginManager, engine: str, config: Any, snapshot: Any, env: dict[str, str], workdir: Path, force: bool,
-                  startup_timeout: float | None, grace: float, check: bool, as_json: bool) -> int:
+                  startup_timeout: float | None, grace: float, check: bool, as_json: bool, choice: VersionChoice) -> int:
     from perflab.supervisor import EngineInstance, signal_guard
     from perflab.supervisor_group import EngineGroup
 
@@ -115,7 +122,7 @@ async def _launch(pm: PluginManager, engine: str, config: Any, snapshot: Any, en
     # --nodes N: one process per node rank on this machine, supervised as one engine
     kind = EngineGroup if config.node_count > 1 else EngineInstance
     inst = kind(pm, engine, config, hardware=snapshot, env=env, workdir=workdir, force=force,
-                startup_timeout=startup_timeout, grace=grace)
+                startup_timeout=startup_timeout, grace=grace, version=choice.version)
     async with signal_guard() as guard, inst:
         o = inst.outcome
         if o.state is Status.READY:
@@ -129,6 +136,7 @@ async def _launch(pm: PluginManager, engine: str, config: Any, snapshot: Any, en
                 await inst.died.wait()
     o = inst.outcome
     result = o.to_json()
+    result["engine_version"] = choice.to_json()
     if check_result is not None:
         result["check"] = check_result
     if as_json:
@@ -167,6 +175,9 @@ def _exit_code(o: Any, check_result: dict[str, Any] | None, signal_code: int, ch
 
 def _print_summary(result: dict[str, Any], o: Any) -> None:
     click.echo(f"state:      {result['state']}" + (" (interrupted)" if result["interrupted"] else ""))
+    version = result["engine_version"]
+    if version["version"]:
+        click.echo(f"version:    {version['version']} ({ORIGIN_WORDS[version['from']]})")
     if result["cause"]:
         click.echo(f"cause:      {result['cause']}")
     if result["reason"]:

@@ -126,3 +126,9 @@ hardware_option = click.option(
     help="Probe this machine (auto), or simulate a catalog machine such as sim:a100-80g-x8.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of a table.")
+engine_version_option = click.option(
+    "--engine-version",
+    metavar="VERSION",
+    help="Build the command for this engine version (planning for another machine). "
+         "Default: the version installed here, else the newest the plugin maps.",
+)

@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 
 #: 2: engines are objects (:class:`perflab.contract.plugin_base.EnginePlugin`) registered through
 #: ``perflab_register_engines``; the ten hooks with an ``engine`` argument of version 1 are gone.
+#: Compatible additions within 2: ``EnginePlugin.engine_versions`` (optional; None keeps the old
+#: behaviour), and the ``version`` the engine methods receive may be one asked for
+#: (``--engine-version``, a plan's ``engine_versions``) rather than the installed one.
 HOOKSPEC_VERSION = 2
 
 #: How long one call of each hook may take, in seconds. A call past its deadline is abandoned

@@ -59,6 +59,7 @@ from perflab.contract.types import (
 
 if TYPE_CHECKING:
     from perflab.contract.crashes import Signature
+    from perflab.contract.versions import EngineVersions
 
 #: NVML (and so perflab's device indexes) numbers GPUs in PCI bus order; CUDA's default order
 #: is "fastest first". Without this, --devices 0 could be another GPU for the engine.
@@ -160,6 +161,10 @@ class EnginePlugin:
     #: patterns reading the version from ``EXECUTABLE --version`` when no distribution
     #: metadata says it; empty: the executable is never run
     version_output: ClassVar[tuple[re.Pattern[str], ...]] = ()
+    #: the engine versions this plugin builds commands for and the spellings that changed
+    #: between them (:mod:`perflab.contract.versions`); None: the plugin maps one version only,
+    #: and the core passes ``build_launch`` the installed version (or None)
+    engine_versions: ClassVar[EngineVersions | None] = None
     #: how to empty the engine's prefix cache between measurements (the optional
     #: ``cache_reset`` engine method); None: the engine cannot, the lab does not try
     prefix_cache_reset: ClassVar[CacheReset | None] = None

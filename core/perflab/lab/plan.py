@@ -265,6 +265,9 @@ class Plan:
     model_metadata: Mapping[str, Any] = field(default_factory=dict)
     hardware: str = schema.default(schema.PlanDocument, "hardware")
     engine_serve: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # engine_versions: engine -> the version its commands are built for (absent: the installed
+    # version, else the newest its plugin maps; perflab.contract.versions)
+    engine_versions: Mapping[str, str] = field(default_factory=dict)
     candidates: tuple[Candidate, ...] = ()
     combinations: tuple[Candidate, ...] = ()
     min_success_rate: float = schema.default(schema.PlanDocument, "min_success_rate")
@@ -957,6 +960,30 @@ def _check_task(task: str) -> None:
     check_task(task)
 
 
+def _engine_versions(p: _Problems, raw: Any, known: set[str] | None) -> dict[str, str]:
+    """``engine_versions: {sglang: "0.5.23"}``: a quoted version per registered engine."""
+    from perflab.contract.versions import version_key
+
+    data = _mapping(p, "engine_versions", raw, "a mapping of engine name to version")
+    out: dict[str, str] = {}
+    for engine, version in (data or {}).items():
+        where = f"engine_versions.{engine}"
+        if known is not None and engine not in known:
+            p.add(where, f"unknown engine {engine!r}{did_you_mean(engine, known)} (expected one of: {', '.join(sorted(known))})")
+            continue
+        if not isinstance(version, str):
+            # YAML reads 0.10 as the number 0.1: a version must be quoted to survive
+            p.add(where, f"expected a version string such as '0.5.23' (quote it), got {_show(version)}")
+            continue
+        try:
+            version_key(version)
+        except UsageError as exc:
+            p.add(where, str(exc))
+            continue
+        out[str(engine)] = version.strip()
+    return out
+
+
 def _sim_engine_versions(p: _Problems, raw: Any) -> dict[str, str]:
     if not isinstance(raw, Mapping) or "engine_versions" not in raw:
         return {}  # a simulation key that is not a mapping is reported once, by _time_scale
@@ -1135,6 +1162,7 @@ def parse_plan(
     if "model" in serve:
         p.add("serve.model", "set the model with the top-level model key")
     engine_serve = _engine_set(p, "engine_serve", data.get("engine_serve"), known)
+    engine_versions = _engine_versions(p, data.get("engine_versions"), known)
     baseline = _baseline(p, data.get("baseline"), engines, known)
     candidates = _candidates(p, "candidates", data.get("candidates"), known, combination=False)
     combinations = _candidates(p, "combinations", data.get("combinations"), known, combination=True)
@@ -1186,6 +1214,7 @@ def parse_plan(
         hardware=hardware,
         serve=PlanServe.from_plan(model_id, serve),
         engine_serve=MappingProxyType({k: MappingProxyType(v) for k, v in engine_serve.items()}),
+        engine_versions=MappingProxyType(engine_versions),
         candidates=tuple(candidates),
         combinations=tuple(combinations),
         min_success_rate=min_success,

@@ -335,6 +335,9 @@ class PlanDocument(_Section):
     engines: Engines = Field(description="The engines compared on their defaults.")
     serve: ServeDefaults | None = Field(None, description="Serving options every configuration gets.")  # type: ignore[valid-type]
     engine_serve: EngineSet | None = Field(None, description="Engine name -> options that engine always gets.")
+    engine_versions: dict[str, str] | None = Field(
+        None, description="Engine name -> the engine version its commands are built for (planning for another "
+                          "machine; default: the installed version, else the newest the plugin maps).")
     baseline: EngineName | Baseline | None = Field(None, description="An engine name, or {engine, serve, label}.")
     candidates: list[Candidate] | None = Field(None, description="Optimization steps, in order.")
     combinations: list[Combination] | None = Field(None, description="Candidate variants applied together.")

@@ -28,6 +28,7 @@ from perflab import (
     ServeConfig,
     Unsupported,
 )
+from perflab.contract.versions import EngineVersions
 
 ENGINE = "mindie"
 GUIDE = "https://github.com/Ascend/MindIE-LLM/tree/master/docs/zh/user_guide"
@@ -65,6 +66,10 @@ class MindIE(EnginePlugin):
     # the address perflab chose and probes (config_json.build_config): no extra_args override of it
     owned_args = tuple(f"ServerConfig.{k}" for k in ("ipAddress", "managementIpAddress", "port", "managementPort",
                                                       "metricsPort"))
+    # config.json's keys are those the seeds' MindIE 2.1.RC1 ran with (MindIE-LLM's user guide,
+    # PARAMS); no release-tagged config.json reference of another version could be read, so every
+    # other version is built as 2.1.RC1, with a warning
+    engine_versions = EngineVersions(oldest="2.1.RC1", newest="2.1.RC1", source=PARAMS)
     serve_options = {
         "model": Maps("ModelConfig[0].modelWeightPath", PARAMS),
         "served_model_name": Maps("ModelConfig[0].modelName", PARAMS),

@@ -7,6 +7,8 @@ never imported; its version comes from package metadata (perflab.installed).
 Every flag, ready line and error string comes from SGLang v0.5.5.post1 (the seeds' version),
 ``python/sglang/srt/server_args.py`` and ``python/sglang/srt/entrypoints/http_server.py``:
 https://github.com/sgl-project/sglang/tree/v0.5.5.post1/python/sglang/srt
+The flags and choices that changed up to the newest release are :data:`VERSIONS`, each read
+in the PyPI wheel of the release that changed it (``pip download --no-deps sglang==X``).
 """
 
 from __future__ import annotations
@@ -27,11 +29,56 @@ from perflab import (
     ServeConfig,
     Unsupported,
 )
+from perflab.contract.versions import EngineVersions, Since
 
 ENGINE = "sglang"
 SERVER_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/server_args.py"
 HTTP_SERVER = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/entrypoints/http_server.py"
 COLLECTOR = "https://github.com/sgl-project/sglang/blob/main/python/sglang/srt/metrics/collector.py"
+
+
+def _wheel(version: str, path: str) -> str:
+    return f"sglang {version} (PyPI wheel): python/sglang/srt/{path}"
+
+
+# 0.5.10 replaced the n-gram matcher's match windows with a trie: server_args.py dropped
+# --speculative-ngram-{min,max}-match-window-size and renamed --speculative-ngram-branch-length
+# to --speculative-ngram-max-trie-depth (default 18 both); 0.5.9 still has the 0.5.5 spellings
+_NGRAM_TRIE = _wheel("0.5.10", "server_args.py")
+_NO_WINDOWS = ("the n-gram matcher lost its match windows: it matches the last "
+               "--speculative-ngram-max-trie-depth tokens against its trie (which also bounds the drafts); "
+               "set speculative_config.max_trie_depth instead")
+
+#: The SGLang versions perflab builds commands for, and every spelling perflab uses that changed
+#: between them (perflab_sglang.launch and .speculative ask it by option name).
+VERSIONS = EngineVersions(
+    oldest="0.5.5.post1",
+    newest="0.5.23",
+    source="sglang 0.5.5.post1 .. 0.5.23 (PyPI wheels): srt/server_args.py, and from 0.5.14 srt/arg_groups/",
+    changes=(
+        Since("speculative_config.prompt_lookup_max", "0.5.5.post1", "--speculative-ngram-max-match-window-size",
+              SERVER_ARGS),
+        Since("speculative_config.prompt_lookup_max", "0.5.10", None, _NGRAM_TRIE, why=_NO_WINDOWS),
+        Since("speculative_config.prompt_lookup_min", "0.5.5.post1", "--speculative-ngram-min-match-window-size",
+              SERVER_ARGS),
+        Since("speculative_config.prompt_lookup_min", "0.5.10", None, _NGRAM_TRIE, why=_NO_WINDOWS),
+        Since("speculative_config.max_trie_depth", "0.5.5.post1", "--speculative-ngram-branch-length", SERVER_ARGS),
+        Since("speculative_config.max_trie_depth", "0.5.10", "--speculative-ngram-max-trie-depth", _NGRAM_TRIE),
+        # QUANTIZATION_CHOICES: qoq is gone from 0.5.16 (present in 0.5.15.post1), marlin from
+        # 0.5.20 (present in 0.5.19; gptq_marlin and awq_marlin remain)
+        Since("quantization=qoq", "0.5.5.post1", "qoq", SERVER_ARGS),
+        Since("quantization=qoq", "0.5.16", None, _wheel("0.5.16", "server_args.py"),
+              why="QUANTIZATION_CHOICES no longer lists qoq"),
+        Since("quantization=marlin", "0.5.5.post1", "marlin", SERVER_ARGS),
+        Since("quantization=marlin", "0.5.20", None, _wheel("0.5.20", "arg_groups/choices.py"),
+              why="QUANTIZATION_CHOICES no longer lists marlin (gptq_marlin and awq_marlin remain)"),
+        # --kv-cache-dtype choices: fp4_e2m1 is gone from 0.5.21 (present in 0.5.20, which added
+        # nvfp4 and fp4_mx_block16 beside it in 0.5.16)
+        Since("kv_cache_dtype=fp4_e2m1", "0.5.5.post1", "fp4_e2m1", SERVER_ARGS),
+        Since("kv_cache_dtype=fp4_e2m1", "0.5.21", None, _wheel("0.5.21", "arg_groups/fields/model.py"),
+              why="--kv-cache-dtype no longer accepts fp4_e2m1 (nvfp4 and fp4_mx_block16 are its FP4 recipes)"),
+    ),
+)
 
 
 class SGLang(EnginePlugin):
@@ -43,6 +90,7 @@ class SGLang(EnginePlugin):
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     address_flags = ("--host", "--port")
     crash_signatures = "perflab_sglang.crashes:SIGNATURES"
+    engine_versions = VERSIONS
     # http_server.py (v0.5.5.post1): @app.api_route("/flush_cache", methods=["GET", "POST"]) flushes
     # the radix cache; 400 while requests are running or waiting, 200 "Cache flushed." otherwise
     prefix_cache_reset = CacheReset("/flush_cache", "POST", source=HTTP_SERVER)
@@ -78,7 +126,8 @@ class SGLang(EnginePlugin):
         "kv_cache_dtype": Maps("--kv-cache-dtype (fp8 -> fp8_e4m3)", SERVER_ARGS),
         "prefix_caching": Maps("--disable-radix-cache when false", SERVER_ARGS),
         "chunked_prefill": Maps("--chunked-prefill-size -1 when false", SERVER_ARGS),
-        "speculative_config": Maps("--speculative-algorithm/-num-steps/-eagle-topk/-num-draft-tokens", SERVER_ARGS),
+        "speculative_config": Maps("--speculative-algorithm/-num-steps/-eagle-topk/-num-draft-tokens; n-gram "
+                                   "settings per version (VERSIONS)", SERVER_ARGS),
         "mem_fraction": Maps("--mem-fraction-static", SERVER_ARGS),
         "reasoning_parser": Maps("--reasoning-parser", SERVER_ARGS),
         "host": Maps("--host", SERVER_ARGS),
@@ -98,13 +147,13 @@ class SGLang(EnginePlugin):
     def build_launch(self, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None) -> LaunchSpec:
         from perflab_sglang.launch import build
 
-        return build(config, self.device_env(config))
+        return build(config, self.device_env(config), version)
 
     def build_group_launch(self, config: ServeConfig, hardware: HardwareSnapshot, group: NodeGroup, workdir: Path,
                            version: str | None) -> list[LaunchSpec]:
         from perflab_sglang.launch import build_group
 
-        return build_group(config, group, lambda node: self.device_env(config.replace(devices=node.devices)))
+        return build_group(config, group, lambda node: self.device_env(config.replace(devices=node.devices)), version)
 
     def readiness(self, launch: LaunchSpec) -> Readiness:
         # /health and /health_generate both run a one-token generation once the server is Up

@@ -1,7 +1,8 @@
 """ServeConfig -> ``python -m sglang.launch_server`` argv.
 
 Flag spellings are those of SGLang v0.5.5.post1 ``ServerArgs.add_cli_args``
-(python/sglang/srt/server_args.py). Choices:
+(python/sglang/srt/server_args.py), except where a later version changed them:
+perflab_sglang.VERSIONS, asked with the version the launch is for. Choices:
 
 * ``max_batched_tokens`` (vLLM's per-step token budget) -> ``--chunked-prefill-size N
   --max-prefill-tokens N``. SGLang's PrefillAdder stops adding prefill work at whichever of
@@ -21,11 +22,12 @@ from collections.abc import Callable, Mapping
 from perflab.contract.errors import UnsupportedOption
 from perflab.contract.plugin_base import fraction, positive, refuse_unknown
 from perflab.contract.types import GroupNode, LaunchSpec, NodeGroup, ServeConfig
+from perflab_sglang import VERSIONS
 from perflab_sglang.speculative import speculative_args
 
 SERVER_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/server_args.py"
 
-# QUANTIZATION_CHOICES in server_args.py (v0.5.5.post1)
+# QUANTIZATION_CHOICES in server_args.py (v0.5.5.post1); those later releases dropped are in VERSIONS
 QUANTIZATIONS = frozenset(
     {
         "awq", "fp8", "gptq", "marlin", "gptq_marlin", "awq_marlin", "bitsandbytes", "gguf",
@@ -52,7 +54,8 @@ def _positive(name: str, value: int) -> str:
     return positive("sglang", name, value)
 
 
-def build_argv(config: ServeConfig) -> list[str]:
+def build_argv(config: ServeConfig, version: str | None = None) -> list[str]:
+    """The argv for SGLang ``version`` (None: the newest perflab maps)."""
     refuse_unknown("sglang", config.options, OPTIONS, "option(s)",
                    f"the SGLang plugin knows only {', '.join(sorted(OPTIONS))}")
     python = str(config.options.get("python") or sys.executable)
@@ -84,7 +87,8 @@ def build_argv(config: ServeConfig) -> list[str]:
                 f"quantization={config.quantization}",
                 f"--quantization accepts {', '.join(sorted(QUANTIZATIONS))}",
             )
-        argv += ["--quantization", config.quantization]
+        q = config.quantization
+        argv += ["--quantization", VERSIONS.how("sglang", f"quantization={q}", version, default=q)]
     if config.kv_cache_dtype is not None:
         kv = KV_CACHE_DTYPES.get(config.kv_cache_dtype)
         if kv is None:
@@ -93,11 +97,12 @@ def build_argv(config: ServeConfig) -> list[str]:
                 f"kv_cache_dtype={config.kv_cache_dtype}",
                 f"--kv-cache-dtype accepts {', '.join(KV_CACHE_DTYPES)}",
             )
-        argv += ["--kv-cache-dtype", kv]
+        argv += ["--kv-cache-dtype", VERSIONS.how("sglang", f"kv_cache_dtype={kv}", version,
+                                                  f"kv_cache_dtype={config.kv_cache_dtype}", default=kv)]
     if config.prefix_caching is False:
         argv += ["--disable-radix-cache"]
     if config.speculative_config is not None:
-        argv += speculative_args(config.speculative_config)
+        argv += speculative_args(config.speculative_config, version)
     if config.mem_fraction is not None:
         argv += ["--mem-fraction-static", fraction("sglang", "mem_fraction", config.mem_fraction)]
     if config.reasoning_parser is not None:
@@ -106,11 +111,11 @@ def build_argv(config: ServeConfig) -> list[str]:
     return argv
 
 
-def build(config: ServeConfig, env: Mapping[str, str]) -> LaunchSpec:
-    """The launch, with ``env`` the device environment perflab_sglang.plugin made."""
+def build(config: ServeConfig, env: Mapping[str, str], version: str | None = None) -> LaunchSpec:
+    """The launch for SGLang ``version``, with ``env`` the device environment perflab_sglang.plugin made."""
     return LaunchSpec(
         engine="sglang",
-        argv=tuple(build_argv(config)),
+        argv=tuple(build_argv(config, version)),
         host=config.host,
         port=int(config.port or 30000),
         served_model_name=config.name,
@@ -118,14 +123,15 @@ def build(config: ServeConfig, env: Mapping[str, str]) -> LaunchSpec:
     )
 
 
-def build_group(config: ServeConfig, group: NodeGroup, env_for: Callable[[GroupNode], Mapping[str, str]]) -> list[LaunchSpec]:
+def build_group(config: ServeConfig, group: NodeGroup, env_for: Callable[[GroupNode], Mapping[str, str]],
+                version: str | None = None) -> list[LaunchSpec]:
     """One launch per node rank: the single-node argv plus ``--nnodes N --node-rank R
     --dist-init-addr HOST:PORT`` (server_args.py v0.5.5.post1: ``nnodes: int = 1``, ``node_rank:
     int = 0``, ``dist_init_addr: Optional[str]`` "The host address for initializing distributed
     backend (e.g., `192.168.0.2:25000`)"; ``--tp-size`` is the whole group's: each node runs
     tp/nnodes scheduler ranks). Rank 0 serves HTTP; launch_server.py on a node_rank >= 1 runs its
     schedulers only (no tokenizer manager, no HTTP server)."""
-    single = build_argv(config)
+    single = build_argv(config, version)
     head = f"{group.serving.address}:{group.rendezvous_port}"
     out = []
     for node in group.nodes:

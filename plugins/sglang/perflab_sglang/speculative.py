@@ -5,6 +5,11 @@ SGLang v0.5.5.post1 ``server_args.py``: ``--speculative-algorithm`` takes EAGLE,
 style models), STANDALONE (a separate draft model) or NGRAM. A chain of ``k`` draft tokens is
 ``--speculative-num-steps k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1``:
 with topk 1 SGLang forces num_draft_tokens = num_steps + 1 anyway.
+
+The n-gram settings changed spelling in 0.5.10 (perflab_sglang.VERSIONS): vLLM's
+``prompt_lookup_max``/``_min`` are the match windows up to 0.5.9 and have no equivalent after;
+``max_trie_depth`` (SGLang's own) is ``--speculative-ngram-branch-length`` up to 0.5.9 and
+``--speculative-ngram-max-trie-depth`` from 0.5.10.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 
 from perflab.contract.errors import UnsupportedOption
 from perflab.contract.plugin_base import refuse_unknown
+from perflab_sglang import VERSIONS
 
 SERVER_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.5.post1/python/sglang/srt/server_args.py"
 
@@ -44,6 +50,7 @@ KNOWN_KEYS = frozenset(
         "num_steps",
         "eagle_topk",
         "num_draft_tokens",
+        "max_trie_depth",
     }
 )
 
@@ -57,7 +64,12 @@ def _int(spec: Mapping[str, Any], key: str) -> int | None:
     return value
 
 
-def speculative_args(spec: Mapping[str, Any]) -> list[str]:
+def _ngram_flag(key: str, version: str | None) -> str:
+    return VERSIONS.how("sglang", f"speculative_config.{key}", version)
+
+
+def speculative_args(spec: Mapping[str, Any], version: str | None = None) -> list[str]:
+    """SGLang ``version``'s flags (None: the newest perflab maps) for ``spec``."""
     refuse_unknown("sglang", spec, KNOWN_KEYS, "speculative_config key(s)",
                    f"SGLang's speculative flags cover only {', '.join(sorted(KNOWN_KEYS))} ({SERVER_ARGS})")
     method = spec.get("method")
@@ -87,6 +99,7 @@ def speculative_args(spec: Mapping[str, Any]) -> list[str]:
     k = _int(spec, "num_speculative_tokens")
     steps, topk, draft = _int(spec, "num_steps"), _int(spec, "eagle_topk"), _int(spec, "num_draft_tokens")
     lookup_max, lookup_min = _int(spec, "prompt_lookup_max"), _int(spec, "prompt_lookup_min")
+    depth = _int(spec, "max_trie_depth")
     if algorithm == "NGRAM":
         if steps is not None or topk is not None:
             raise UnsupportedOption(
@@ -97,12 +110,18 @@ def speculative_args(spec: Mapping[str, Any]) -> list[str]:
         if draft is not None:
             args += ["--speculative-num-draft-tokens", str(draft)]
         if lookup_max is not None:
-            args += ["--speculative-ngram-max-match-window-size", str(lookup_max)]
+            args += [_ngram_flag("prompt_lookup_max", version), str(lookup_max)]
         if lookup_min is not None:
-            args += ["--speculative-ngram-min-match-window-size", str(lookup_min)]
+            args += [_ngram_flag("prompt_lookup_min", version), str(lookup_min)]
+        if depth is not None:
+            if depth < 2:  # "param_.max_trie_depth must be greater than 1" (0.5.23 kernels/jit/csrc/ngram_corpus/ngram.cpp)
+                raise UnsupportedOption("sglang", f"speculative_config.max_trie_depth={depth}", "must be at least 2")
+            args += [_ngram_flag("max_trie_depth", version), str(depth)]
         return args
     if lookup_max is not None or lookup_min is not None:
         raise UnsupportedOption("sglang", "speculative_config.prompt_lookup_*", f"only used by ngram, not {method}")
+    if depth is not None:
+        raise UnsupportedOption("sglang", "speculative_config.max_trie_depth", f"only used by ngram, not {method}")
     if k is not None:
         if steps is not None and steps != k:
             raise UnsupportedOption("sglang", "speculative_config", "num_speculative_tokens and num_steps disagree")

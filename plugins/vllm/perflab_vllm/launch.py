@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from perflab.contract.errors import UnsupportedOption
 from perflab.contract.types import GroupNode, HardwareSnapshot, HttpProbe, LaunchSpec, NodeGroup, Readiness, ServeConfig
+from perflab.contract.versions import EngineVersions
 from perflab_vllm.flags import EngineOption, serve_argv
 from perflab_vllm.version import served_version_warning
 
@@ -44,10 +45,12 @@ def on_cpu(hardware: HardwareSnapshot | None) -> bool:
     return hardware is not None and bool(hardware.of_kind("cpu")) and not hardware.of_kind("cuda")
 
 
-def build_launch(engine: str, config: ServeConfig, env: Mapping[str, str], options: Sequence[EngineOption]) -> LaunchSpec:
-    """``vllm serve`` for ``engine`` (vllm, vllm-ascend) with its options table; ``env`` is the
+def build_launch(engine: str, config: ServeConfig, env: Mapping[str, str], options: Sequence[EngineOption],
+                 version: str | None = None, versions: EngineVersions | None = None) -> LaunchSpec:
+    """``vllm serve`` for ``engine`` (vllm, vllm-ascend) with its options table, for the engine
+    ``version`` (its flags by ``versions``, the plugin's ``engine_versions``); ``env`` is the
     device environment the plugin made (EnginePlugin.device_env)."""
-    argv, warnings = serve_argv(engine, config, options)
+    argv, warnings = serve_argv(engine, config, options, version, versions)
     return LaunchSpec(
         engine=engine,
         argv=tuple(argv),
@@ -68,7 +71,8 @@ DP_DEPLOYMENT = "https://github.com/vllm-project/vllm/blob/v0.11.0/docs/serving/
 
 
 def build_group(engine: str, config: ServeConfig, group: NodeGroup, env_for: Callable[[GroupNode], Mapping[str, str]],
-                options: Sequence[EngineOption]) -> list[LaunchSpec]:
+                options: Sequence[EngineOption], version: str | None = None,
+                versions: EngineVersions | None = None) -> list[LaunchSpec]:
     """One ``vllm serve`` per node of ``group``: the data-parallel ranks split evenly over the
     nodes (``dp`` is the whole group's size and must be a multiple of the node count)."""
     dp = config.dp or 1
@@ -79,7 +83,7 @@ def build_group(engine: str, config: ServeConfig, group: NodeGroup, env_for: Cal
     local = dp // group.size
     out = []
     for node in group.nodes:
-        spec = build_launch(engine, config.replace(dp=dp), env_for(node), options)
+        spec = build_launch(engine, config.replace(dp=dp), env_for(node), options, version, versions)
         dp_args = ["--data-parallel-size-local", str(local), "--data-parallel-address", group.serving.address,
                    "--data-parallel-rpc-port", str(group.rendezvous_port)]
         if node.rank:

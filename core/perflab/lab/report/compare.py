@@ -259,13 +259,13 @@ def load_study(path: Path) -> StudyView:
 
 # Plan fields that say where, how fast or under which name a plan ran, not what it measures:
 # two studies that differ only in these ran the same plan.
-_CONTEXT_FIELDS = ("path", "text", "hardware", "time_scale", "sim_engine_versions", "notes", "title")
+_CONTEXT_FIELDS = ("path", "text", "hardware", "time_scale", "sim_engine_versions", "engine_versions", "notes", "title")
 
 
 def same_plan(a: Plan, b: Plan) -> bool:
     """Whether two plans measure the same thing (the machine and engine versions may differ)."""
     blank: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Plan) if f.name in _CONTEXT_FIELDS}
-    blank["sim_engine_versions"] = {}  # a default_factory field
+    blank["sim_engine_versions"] = blank["engine_versions"] = {}  # default_factory fields
     return dataclasses.replace(a, **blank) == dataclasses.replace(b, **blank)
 
 

@@ -394,9 +394,15 @@ async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_fai
         Path(base_env[MACHINE_STATE_ENV]).mkdir(parents=True, exist_ok=True)
     time_scale = study_time_scale(plan, env)
     engines = engines_of(plan)
-    versions = {e: await anyio.to_thread.run_sync(pm.engine(e).engine.version, env) for e in engines}
+    choices = {e: await anyio.to_thread.run_sync(pm.engine(e).choose_version, env, plan.engine_versions.get(e), "plan")
+               for e in engines}
+    # the version each engine's commands are built for, recorded with every run: the plan's
+    # engine_versions, else the installed one (None: not installed, the plugin builds for its newest)
+    versions = {e: c.version if c.origin == "plan" else c.installed for e, c in choices.items()}
     if cluster is not None:  # the study's machine is the Ray nodes': their own snapshot and versions
-        snapshot, versions = cluster.snapshot, cluster.versions
+        snapshot = cluster.snapshot
+        versions = {**cluster.versions, **{e: v for e, v in plan.engine_versions.items() if e in versions}}
+    version_notes = [note for c in choices.values() for note in c.notes]
     display = _display_names(pm, engines)
 
     store = Store(out_dir)
@@ -411,6 +417,7 @@ async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_fai
         "plan_text": redact.scrub_plan(plan.text), "plan_path": str(plan.path.resolve() if plan.path and plan.path.exists() else plan_copy),
         "hardware": to_jsonable(snapshot), "hardware_spec": plan.hardware, "simulated": snapshot.simulated,
         "time_scale": time_scale, "versions": versions, "display": display, "salt": salt, "last_state": "running",
+        "version_origins": {e: "plan" if e in plan.engine_versions else "installed" for e in engines},
         "stop_reason": None, "leftovers": [], PLAN_IDENTITY_META: plan_identity(plan),
     }.items():
         store.set_meta(key, value)
@@ -430,6 +437,8 @@ async def _run_locked(pm: PluginManager, plan: Plan, out_dir: Path, *, retry_fai
     with ui, study_logging(store.dir, ui.log_listener) as log:
         log.info("lab.start", plan=str(plan.path), out=str(store.dir), hardware=plan.hardware, simulated=snapshot.simulated,
                  time_scale=time_scale, versions=versions, retry_failed=retry_failed)
+        for note in version_notes:
+            log.warning("lab.engine-version", warning=note)
         backend: LocalBackend
         if cluster is not None:
             from perflab.lab.run.backends.ray import RayBackend

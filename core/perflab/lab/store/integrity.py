@@ -265,7 +265,7 @@ def stored_identity(study_dir: Path) -> tuple[dict[str, str], str] | None:
 # notes, the model's display name and metadata, cost, guards) and how a measurement is run,
 # not what it is (timeouts, early_stop: --retry-failed and --no-early-stop measure again).
 FRAME_FIELDS = ("engines", "baseline", "main_profile", "serve", "engine_serve", "min_success_rate",
-                "min_improvement_pct", "time_scale", "sim_engine_versions")
+                "min_improvement_pct", "time_scale", "sim_engine_versions", "engine_versions")
 _FRAME_DECISION_SKIP = ("early_stop", "guards")
 
 

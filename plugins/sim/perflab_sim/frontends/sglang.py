@@ -48,6 +48,16 @@ DEFAULT_VERSION = "0.5.5.post1"  # seeds 001/002
 KNOWN_OPTIONS = "0.5.5"
 PROG = "launch_server.py"  # argparse's prog: basename of sys.argv[0] under `python -m`
 
+# SGLang 0.5.10 replaced the n-gram matcher's match windows with a trie (server_args.py of the
+# 0.5.10 wheel against 0.5.9's): --speculative-ngram-{min,max}-match-window-size are gone and
+# --speculative-ngram-branch-length is --speculative-ngram-max-trie-depth (default 18 both). A
+# simulated 0.5.10 or later parses them so (perflab_sglang.VERSIONS builds them so).
+NGRAM_TRIE_SINCE = "0.5.10"
+NGRAM_WINDOWS = ("--speculative-ngram-min-match-window-size", "--speculative-ngram-max-match-window-size")
+NGRAM_RENAMED = {"--speculative-ngram-branch-length": "--speculative-ngram-max-trie-depth"}
+# 0.5.10's _handle_ngram: speculative_num_draft_tokens defaults to 12 (0.5.5: the max window, 12)
+NGRAM_DRAFTS = 12
+
 # --speculative-algorithm -> the runtime's method names
 SPEC_METHODS = {"NEXTN": "mtp", "EAGLE": "eagle", "EAGLE3": "eagle3", "STANDALONE": "draft_model", "NGRAM": "ngram"}
 
@@ -79,9 +89,19 @@ TYPES: dict[str, Any] = {
 }
 
 
-def build_parser() -> EngineArgumentParser:
+def ngram_trie(version: str) -> bool:
+    """Whether SGLang ``version`` has the n-gram trie's flags (0.5.10 on), not the match windows."""
+    return common.version_tuple(version) >= common.version_tuple(NGRAM_TRIE_SINCE)
+
+
+def build_parser(version: str = KNOWN_OPTIONS) -> EngineArgumentParser:
     parser = EngineArgumentParser(prog=PROG)
+    trie = ngram_trie(version)
     for opts, kw in V0_5_5:
+        if trie and opts[0] in NGRAM_WINDOWS:
+            continue
+        if trie:
+            opts = tuple(NGRAM_RENAMED.get(o, o) for o in opts)
         kw = dict(kw)
         if "type" in kw:
             kw["type"] = TYPES[kw["type"]]
@@ -187,7 +207,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> SimEngin
     env = dict(env or {})
     machine = common.sim_machine(env)
     version = common.engine_version("sglang", machine, env, DEFAULT_VERSION)
-    parser = build_parser()
+    parser = build_parser(version)
     note = version_note(version)
     try:
         ns = vars(parser.parse_args(_merge_config(list(argv), parser)))
@@ -206,8 +226,9 @@ def version_note(version: str) -> str | None:
     """The log line saying that ``version`` runs with 0.5.5's options, if it is not 0.5.5."""
     if common.version_tuple(version)[:3] == common.version_tuple(KNOWN_OPTIONS):
         return None
+    trie = f" (its n-gram flags as {NGRAM_TRIE_SINCE} renamed them)" if ngram_trie(version) else ""
     return SglangLog().line(
-        f"perflab simulator: SGLang {version} is simulated with the server options of SGLang {KNOWN_OPTIONS}, "
+        f"perflab simulator: SGLang {version} is simulated with the server options of SGLang {KNOWN_OPTIONS}{trie}, "
         "the only release the simulator knows"
     )
 
@@ -303,7 +324,8 @@ def _configure(a: dict[str, Any], machine: SimMachine, version: str) -> SimEngin
     if spec_method == "ngram":
         # NGRAM drafts speculative_num_draft_tokens per step (default: the max match window, 12)
         drafts = a.get("speculative_num_draft_tokens")
-        spec_tokens = int(drafts if drafts is not None else a["speculative_ngram_max_match_window_size"])
+        window = a.get("speculative_ngram_max_match_window_size", NGRAM_DRAFTS)  # absent from 0.5.10 on
+        spec_tokens = int(drafts if drafts is not None else window)
     elif spec_method:
         # EAGLE/NEXTN chains: num_steps drafts (auto-chosen 3 when unset, topk 1)
         steps = a.get("speculative_num_steps")
