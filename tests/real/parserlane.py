@@ -82,11 +82,16 @@ def _vllm_options() -> tuple[dict[str, Any], ...]:
     return tuple({"options": {o.key: values[o.key]}} for o in VLLM_OPTIONS)
 
 
-#: Engine-specific samples: the engine's own option table (SGLang's one option, ``python``, is
-#: the interpreter that runs it, no flag).
+def _sglang_own() -> tuple[dict[str, Any], ...]:
+    # SGLang's one option (``python``) is the interpreter that runs it, no flag; its own n-gram
+    # trie depth is a speculative_config key only the SGLang plugin knows
+    return ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 4, "max_trie_depth": 12}},)
+
+
+#: Engine-specific samples: the engine's own option table, or the keys only its plugin knows.
 ENGINE_OPTIONS: dict[str, Callable[[], tuple[dict[str, Any], ...]]] = {
     "vllm": _vllm_options,
-    "sglang": lambda: (),
+    "sglang": _sglang_own,
 }
 
 
@@ -152,7 +157,8 @@ def _sglang_means(c: ServeConfig) -> dict[str, Any]:
                 out["speculative_num_draft_tokens"] = k
             # the match windows, as SGLang named them up to 0.5.9
             for key, attr in (("prompt_lookup_max", "speculative_ngram_max_match_window_size"),
-                              ("prompt_lookup_min", "speculative_ngram_min_match_window_size")):
+                              ("prompt_lookup_min", "speculative_ngram_min_match_window_size"),
+                              ("max_trie_depth", "speculative_ngram_max_trie_depth")):
                 if key in spec:
                     out[attr] = spec[key]
         elif k is not None:  # a chain of k drafts: k steps of top-1, k+1 tokens verified
@@ -185,9 +191,7 @@ def combinations(engine: str) -> list[dict[str, Any]]:
     uncovered = declared - set(SAMPLES) - set(NOT_SAMPLED)
     assert not uncovered, f"serving options the parser lane has no sample for: {sorted(uncovered)}"
     axes = dict(SAMPLES)
-    extra = ENGINE_OPTIONS[engine]()
-    if extra:
-        axes["options"] = extra
+    axes[f"{engine}'s own"] = ENGINE_OPTIONS[engine]()
     singles = [dict(f) for frags in axes.values() for f in frags]
     pairs = []
     for n, (a, b) in enumerate(itertools.combinations(axes, 2)):
