@@ -58,6 +58,29 @@ SAMPLES: dict[str, tuple[dict[str, Any], ...]] = {
     "reasoning_parser": ({"reasoning_parser": "qwen3"}, {"reasoning_parser": "deepseek_r1"}),
 }
 
+#: Many options at once, as a seed's configuration sets them (and as ``engines command`` takes
+#: them: the lane's first check, :data:`EVERYTHING_CLI`).
+EVERYTHING: tuple[dict[str, Any], ...] = (
+    {"served_model_name": "chat", "tp": 2, "max_model_len": 32768, "max_batched_tokens": 8192,
+     "max_num_seqs": 128, "quantization": "fp8", "kv_cache_dtype": "fp8", "prefix_caching": False,
+     "chunked_prefill": True, "speculative_config": {"method": "mtp", "num_speculative_tokens": 2},
+     "mem_fraction": 0.85, "reasoning_parser": "qwen3"},
+    {"tp": 4, "pp": 2, "max_model_len": 8192, "max_batched_tokens": 4096, "chunked_prefill": False,
+     "prefix_caching": True, "kv_cache_dtype": "auto", "max_num_seqs": 64,
+     "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
+    {"tp": 2, "dp": 4, "ep": 8, "quantization": "awq", "max_model_len": 131072, "mem_fraction": 0.95,
+     "reasoning_parser": "deepseek_r1"},
+)
+#: ``perflab engines command``'s options for EVERYTHING[0]
+EVERYTHING_CLI: tuple[str, ...] = (
+    "--served-model-name", "chat", "--tp", "2", "--max-model-len", "32768", "--max-batched-tokens", "8192",
+    "--max-num-seqs", "128", "-q", "fp8", "--kv-cache-dtype", "fp8", "--no-prefix-caching", "--chunked-prefill",
+    "--speculative-config", '{"method":"mtp","num_speculative_tokens":2}', "--mem-fraction", "0.85",
+    "--reasoning-parser", "qwen3",
+)
+#: A flag no engine has: the parser must reject it, or the lane could not fail.
+CANARY = "--perflab-parser-lane-canary"
+
 #: The declared options not sampled above, and why.
 NOT_SAMPLED: dict[str, str] = {
     "model": "in every command line (checked in each)",
@@ -199,7 +222,7 @@ def combinations(engine: str) -> list[dict[str, Any]]:
         merged = _merge(fa, fb)
         if merged is not None:
             pairs.append(merged)
-    return [{}, *singles, *pairs]  # {} first: the baseline, the engine's defaults
+    return [{}, *singles, *pairs, *EVERYTHING]  # {} first: the baseline, the engine's defaults
 
 
 # --------------------------------------------------------------------------- one engine's lane
@@ -315,8 +338,9 @@ def run_lane(pm: PluginManager, env: RealEngineEnv, workdir: Path) -> LaneResult
     outcomes = build_all(pm, engine, env.version, model, hardware, workdir)
     built = [o for o in outcomes if o.argv is not None]
     started = time.monotonic()
-    results = parse(env, engine, [o.argv or [] for o in built])
+    *results, canary = parse(env, engine, [*(o.argv or [] for o in built), [*(built[0].argv or []), CANARY]])
     parse_s = time.monotonic() - started
+    assert not canary["ok"] and CANARY in canary["error"], f"{engine}'s parser accepted an unknown flag: {canary}"
     assert results[0]["ok"], f"{engine} rejected perflab's baseline command line: {results[0]['error']}"
     baseline = results[0]["values"]
     means = MEANS[engine]

@@ -10,12 +10,16 @@ the combinations tried and accepted per engine and version.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from parserlane import run_lane
+from click.testing import CliRunner
+from parserlane import EVERYTHING, EVERYTHING_CLI, HARDWARE, PORT, build_all, run_lane
 
+from perflab.cli import cli
+from perflab.hardware import resolve
 from perflab.plugins import load
 from perflab.realengine import RealEngineEnv
 
@@ -37,3 +41,19 @@ def test_the_engines_parser_reads_perflabs_command_lines(
     assert not result.failures, (
         f"{engine} {env.version}'s own parser disagrees with perflab on {len(result.failures)} of "
         f"{len(result.built)} command lines:\n" + "\n".join(result.failures))
+
+
+@pytest.mark.parametrize("engine", list(ENV_FIXTURES))
+def test_the_lane_builds_what_engines_command_prints(engine: str, tmp_path: Path) -> None:
+    """The lane's command lines are the ones a user gets: ``perflab engines command --json``."""
+    pm = load()
+    model = "Qwen/Qwen3-32B"
+    args = ["engines", "command", engine, "-m", model, "--port", str(PORT), "--hardware", HARDWARE, "--json",
+            *EVERYTHING_CLI]
+    result = CliRunner().invoke(cli, args, obj={"pm": pm}, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)["argv"]
+    hardware, env = resolve(pm, HARDWARE)
+    version = pm.engine(engine).engine.version(env)  # what engines command asks too
+    [outcome] = [o for o in build_all(pm, engine, version, model, hardware, tmp_path) if o.options == EVERYTHING[0]]
+    assert printed == outcome.argv
