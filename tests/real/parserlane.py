@@ -2,7 +2,7 @@
 
 Combinations come from perflab's own option declarations (``ServeConfig``'s fields, through
 :func:`perflab.contract.types.serve_options`, and an engine's own option table): every sampled
-value alone, then every pair of options. Each is built by the engine's plugin exactly as
+value alone, every pair of options, and a few seed-like configurations of many. Each is built by the engine's plugin exactly as
 ``perflab engines command`` and ``launch`` build it (``pm.engine(name)``: preflight, then
 ``build_launch``) for a simulated 8-GPU machine, and all of an engine's argvs are parsed in one
 subprocess under the engine's own Python (engine_parse.py). Each parsed value perflab set is
@@ -178,7 +178,8 @@ def _sglang_means(c: ServeConfig) -> dict[str, Any]:
         if spec["method"] == "ngram":
             if k is not None:  # an n-gram step drafts k tokens
                 out["speculative_num_draft_tokens"] = k
-            # the match windows, as SGLang named them up to 0.5.9
+            # the match windows (SGLang's names up to 0.5.9; 0.5.10 removed them) and the trie
+            # depth (its name from 0.5.10)
             for key, attr in (("prompt_lookup_max", "speculative_ngram_max_match_window_size"),
                               ("prompt_lookup_min", "speculative_ngram_min_match_window_size"),
                               ("max_trie_depth", "speculative_ngram_max_trie_depth")):
@@ -199,9 +200,7 @@ def _merge(*fragments: Mapping[str, Any]) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
     for frag in fragments:
         for key, value in frag.items():
-            if key in out and key == "options":
-                out[key] = {**out[key], **value}
-            elif key in out:
+            if key in out:
                 return None
             else:
                 out[key] = value
@@ -209,7 +208,8 @@ def _merge(*fragments: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def combinations(engine: str) -> list[dict[str, Any]]:
-    """Every sampled value alone, then every pair of options (values taken in turn)."""
+    """Every sampled value alone, every pair of options (their values taken in turn), then
+    :data:`EVERYTHING`."""
     declared = {o.name for o in serve_options()}
     uncovered = declared - set(SAMPLES) - set(NOT_SAMPLED)
     assert not uncovered, f"serving options the parser lane has no sample for: {sorted(uncovered)}"
