@@ -23,20 +23,24 @@ from pathlib import Path
 from typing import Any
 
 from perflab.contract.errors import PerflabError
-from perflab.contract.types import HardwareSnapshot, ServeConfig, serve_options
+from perflab.contract.types import HardwareSnapshot, NodeGroup, ServeConfig, serve_options
 from perflab.hardware import resolve
 from perflab.plugins import PluginManager
 from perflab.realengine import RealEngineEnv
+from perflab.supervisor_group import local_nodes
 
 PARSE_SCRIPT = Path(__file__).with_name("engine_parse.py")
 HARDWARE = "sim:h100-80g-x8"  # a machine every combination below fits (tp/pp/dp up to 8)
 DRAFT = "RedHatAI/Qwen3-32B-speculator.eagle3"
 PORT = 8123
+RENDEZVOUS_PORT = 29123  # fixed, so the argv is the same every run (a launch picks a free one)
 
 #: Values for each engine-neutral option, as ServeConfig fragments (ep brings the tp/dp it needs).
 SAMPLES: dict[str, tuple[dict[str, Any], ...]] = {
     "served_model_name": ({"served_model_name": "chat"},),
     "tp": ({"tp": 1}, {"tp": 2}, {"tp": 4}, {"tp": 8}),
+    # one command line per node (build_group_launch), each parsed; rank 0 serves
+    "nodes": ({"nodes": 2, "dp": 2}, {"nodes": 2, "tp": 2, "dp": 4}),
     "pp": ({"pp": 2}, {"pp": 4}),
     "dp": ({"dp": 2}, {"dp": 8}),
     "ep": ({"tp": 2, "dp": 2, "ep": 4}, {"tp": 4, "ep": 4}),
@@ -86,7 +90,6 @@ NOT_SAMPLED: dict[str, str] = {
     "model": "in every command line (checked in each)",
     "host": "in every command line (checked in each)",
     "port": "in every command line (checked in each)",
-    "nodes": "one launch per node (build_group_launch), not this lane's single launch",
     "devices": "an environment variable (CUDA_VISIBLE_DEVICES), no argument",
     "extra_env": "the engine's environment, no argument",
     "extra_args": "passed verbatim: what the user wrote, not what perflab builds",
@@ -193,6 +196,34 @@ def _sglang_means(c: ServeConfig) -> dict[str, Any]:
 MEANS: dict[str, Callable[[ServeConfig], dict[str, Any]]] = {"vllm": _vllm_means, "sglang": _sglang_means}
 
 
+@dataclass(frozen=True)
+class Rank:
+    """One node's command line of a multi-node launch."""
+
+    rank: int
+    size: int
+    address: str  # rank 0's, where the others join
+    port: int
+
+
+def _vllm_rank_means(c: ServeConfig, r: Rank) -> dict[str, Any]:
+    # vLLM's data-parallel deployment: each node runs dp/nodes ranks; the others run headless
+    local = (c.dp or 1) // r.size
+    out: dict[str, Any] = {"data_parallel_size_local": local, "data_parallel_address": r.address,
+                           "data_parallel_rpc_port": r.port}
+    if r.rank:
+        out.update(headless=True, data_parallel_start_rank=r.rank * local)
+    return out
+
+
+def _sglang_rank_means(c: ServeConfig, r: Rank) -> dict[str, Any]:
+    return {"nnodes": r.size, "node_rank": r.rank, "dist_init_addr": f"{r.address}:{r.port}"}
+
+
+RANK_MEANS: dict[str, Callable[[ServeConfig, Rank], dict[str, Any]]] = {
+    "vllm": _vllm_rank_means, "sglang": _sglang_rank_means}
+
+
 # --------------------------------------------------------------------------- combinations
 
 def _merge(*fragments: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -235,13 +266,15 @@ class Outcome:
     rejected: str | None = None  # the engine's parser said no
     mismatches: list[str] = field(default_factory=list)
     checked: int = 0
+    rank: Rank | None = None  # a node's command line of a multi-node launch
 
 
 @dataclass
 class LaneResult:
     engine: str
     version: str
-    outcomes: list[Outcome]
+    combinations: int
+    outcomes: list[Outcome]  # one per command line (a multi-node combination has one per node)
     parse_s: float
     provision_s: float
 
@@ -255,16 +288,17 @@ class LaneResult:
 
     @property
     def failures(self) -> list[str]:
-        out = [f"rejected {o.options}: {o.rejected}\n    argv: {' '.join(o.argv or [])}"
+        out = [f"rejected {_name(o)}: {o.rejected}\n    argv: {' '.join(o.argv or [])}"
                for o in self.built if o.rejected]
-        out += [f"mismatched {o.options}: {'; '.join(o.mismatches)}" for o in self.accepted if o.mismatches]
+        out += [f"mismatched {_name(o)}: {'; '.join(o.mismatches)}" for o in self.accepted if o.mismatches]
         return out
 
     def summary(self) -> dict[str, Any]:
         """What the terminal summary prints (carried through pytest's user_properties)."""
         return {
-            "engine": self.engine, "version": self.version, "tried": len(self.outcomes),
+            "engine": self.engine, "version": self.version, "tried": self.combinations,
             "refused": len([o for o in self.outcomes if o.refused]), "built": len(self.built),
+            "nodes": len([o for o in self.built if o.rank is not None]),
             "accepted": len(self.accepted), "values_checked": sum(o.checked for o in self.accepted),
             "mismatched": len([o for o in self.accepted if o.mismatches]),
             "parse_s": round(self.parse_s, 1), "provision_s": round(self.provision_s, 1),
@@ -273,17 +307,29 @@ class LaneResult:
         }
 
 
-def build_all(pm: PluginManager, engine: str, version: str, model: str, hardware: HardwareSnapshot,
-              workdir: Path) -> list[Outcome]:
+def _name(o: Outcome) -> str:
+    return f"{o.options}" + (f" (node rank {o.rank.rank} of {o.rank.size})" if o.rank else "")
+
+
+def build_all(pm: PluginManager, engine: str, version: str | None, model: str, hardware: HardwareSnapshot,
+              workdir: Path, combos: list[dict[str, Any]]) -> list[Outcome]:
+    """The plugin's command lines for ``combos`` (one per node of a multi-node one), or its refusal."""
     rec = pm.engine(engine)
-    outcomes = []
-    for options in combinations(engine):
+    outcomes: list[Outcome] = []
+    for options in combos:
         outcome = Outcome(options)
         config = ServeConfig(model=model, port=PORT, **options)
         try:
             errors = [u for u in rec.check_support(config, hardware, version) if u.severity == "error"]
             if errors:
                 outcome.refused = "; ".join(f"{u.what}: {u.why}" for u in errors)
+            elif config.node_count > 1:  # as perflab launch/run start a group on one machine
+                group = NodeGroup(local_nodes(config, hardware, rec.info.accelerators), RENDEZVOUS_PORT)
+                specs = rec.build_group_launch(config, hardware, group, workdir, version)
+                outcomes += [Outcome(options, list(spec.argv),
+                                     rank=Rank(node.rank, group.size, group.serving.address, RENDEZVOUS_PORT))
+                             for node, spec in zip(group.nodes, specs, strict=True)]
+                continue
             else:
                 outcome.argv = list(rec.build_launch(config, hardware, workdir, version).argv)
         except PerflabError as exc:
@@ -335,7 +381,8 @@ def run_lane(pm: PluginManager, env: RealEngineEnv, workdir: Path) -> LaneResult
     hardware, _ = resolve(pm, HARDWARE)
     # the environment's tiny model: vLLM's validation reads the model's config, offline
     model = str(env.model)
-    outcomes = build_all(pm, engine, env.version, model, hardware, workdir)
+    combos = combinations(engine)
+    outcomes = build_all(pm, engine, env.version, model, hardware, workdir, combos)
     built = [o for o in outcomes if o.argv is not None]
     started = time.monotonic()
     *results, canary = parse(env, engine, [*(o.argv or [] for o in built), [*(built[0].argv or []), CANARY]])
@@ -349,8 +396,11 @@ def run_lane(pm: PluginManager, env: RealEngineEnv, workdir: Path) -> LaneResult
             outcome.rejected = result["error"].strip().splitlines()[-1]
             continue
         config = ServeConfig(model=model, port=PORT, **outcome.options)
-        check(outcome, result["values"], baseline, means(config))
-    return LaneResult(engine, env.version, outcomes, parse_s, env.install_s)
+        meant = means(config)
+        if outcome.rank is not None:
+            meant.update(RANK_MEANS[engine](config, outcome.rank))
+        check(outcome, result["values"], baseline, meant)
+    return LaneResult(engine, env.version, len(combos), outcomes, parse_s, env.install_s)
 
 
 def lane_lines(summaries: list[dict[str, Any]]) -> Iterator[str]:
@@ -359,7 +409,8 @@ def lane_lines(summaries: list[dict[str, Any]]) -> Iterator[str]:
         cost = f"parsed in {s['parse_s']} s" + (f", provisioned in {s['provision_s']} s" if s["provision_s"] else
                                                  ", environment cached")
         yield (f"{s['engine']} {s['version']}: {s['tried']} combinations tried, {s['refused']} refused by perflab, "
-               f"{s['built']} built, {s['accepted']} accepted by {s['engine']}'s parser, "
+               f"{s['built']} command lines built ({s['nodes']} of them a node's of a multi-node launch), "
+               f"{s['accepted']} accepted by {s['engine']}'s parser, "
                f"{s['values_checked']} values checked, {s['mismatched']} mismatched; {cost}")
         for why in s["refusals"]:
             yield f"    perflab refused: {why}"
