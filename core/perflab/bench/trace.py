@@ -209,7 +209,7 @@ def has_streamed_output(choice: Any) -> bool:
 # Chunks of one stream are the same bytes but for their text (vLLM, SGLang, the simulator):
 # after one is parsed, the next that matches it outside a plain string literal is not decoded
 # again (issue 27: the parse after the run cost more CPU than the run itself).
-_TEXT_KEYS = (b'"content":"', b'"text":"')
+_TEXT_KEYS = (b'"content":"', b'"text":"', b'"content": "', b'"text": "')  # compact (vLLM, SGLang) or spaced JSON
 _NOT_PLAIN = re.compile(rb'["\\\x00-\x1f]')  # what a JSON string cannot hold unescaped
 _TEMPLATE_TRIES = 3
 
@@ -267,7 +267,7 @@ class _Template:
             return False
         choices = obj.get("choices")
         u = obj.get("usage")
-        return (bool(choices) and has_streamed_output(choices[0]) and _chunk_text(choices[0]) == "#"
+        return (isinstance(choices, list) and bool(choices) and has_streamed_output(choices[0]) and _chunk_text(choices[0]) == "#"
                 and (u if isinstance(u, dict) else None) == self.usage)
 
     def texts_of(self, piece: bytes) -> list[str] | None:
