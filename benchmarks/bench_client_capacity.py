@@ -17,10 +17,16 @@ client's process CPU time during the run / chunks), and the error of the measure
 client's receive time of the first chunk minus the server's own send time of it (both
 ``time.perf_counter()``, CLOCK_MONOTONIC, one clock for the whole machine), p50 and p99.
 
+Whole runs (issue 27; ``--whole`` after the matrix, ``--whole-only`` alone): ``perflab bench``,
+``perflab bench --workers 2`` and ``vllm bench serve`` (the real lane's cached vLLM CPU env) as
+commands on one server at concurrency 256, their CPU counted from the arrival of their first
+timed request to their exit, several interleaved repetitions, medians and the ratio to vLLM.
+
 Run::
 
     .venv/bin/python benchmarks/bench_client_capacity.py            # full matrix, about 3 min
     .venv/bin/python benchmarks/bench_client_capacity.py --quick    # 64 and 512 only
+    .venv/bin/python benchmarks/bench_client_capacity.py --whole-only   # whole runs, about 5 min
 
 It bounds its own run time (``--budget-s``; each run also stops at ``--run-timeout-s``) and
 always stops its server process.
@@ -553,7 +559,8 @@ def whole_argv(client: str, url: str, conc: int, n: int, tokens: int, vllm: tupl
             "--random-input-len", "8", "--random-output-len", str(tokens), "--num-prompts", str(n),
             "--max-concurrency", str(conc), "--ignore-eos", "--disable-tqdm",
         ]  # fmt: skip
-    workers = int(client.rsplit("-w", 1)[1]) if "-w" in client else 1
+    name = client.split("@", 1)[0]
+    workers = int(name.rsplit("-w", 1)[1]) if "-w" in name else 1
     return [
         sys.executable, "-m", "perflab", "bench", "--base-url", url, "--model", "m", "--tokenizer", "whitespace",
         "--random-input-len", "8", "--random-output-len", str(tokens), "--num-prompts", str(n),
@@ -562,7 +569,7 @@ def whole_argv(client: str, url: str, conc: int, n: int, tokens: int, vllm: tupl
 
 
 def run_whole(client: str, server: Server, conc: int, gap_ms: float, n: int, tokens: int, vllm: tuple[str, str] | None,
-              timeout_s: float) -> Whole:
+              timeout_s: float, baseline: str | None = None) -> Whole:
     """Run a contender as a child process; its CPU from the arrival of its first timed request
     (the n-th last request the server received: both clients send one test request first) to
     its exit is the child's rusage (wait4, its waited children included) less the CPU the server
@@ -577,6 +584,11 @@ def run_whole(client: str, server: Server, conc: int, gap_ms: float, n: int, tok
 
     with tempfile.TemporaryDirectory(prefix="capacity-whole-") as tmp:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
+        if client.endswith("@base"):  # perflab from another checkout (--baseline-core), workers included
+            if not baseline:
+                run.note = "needs --baseline-core"
+                return run
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (baseline, env.get("PYTHONPATH", "")) if p)
         out_path = os.path.join(tmp, "out.txt")
         with open(out_path, "w", encoding="utf-8") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp, env=env, stdin=subprocess.DEVNULL)
@@ -630,7 +642,7 @@ def whole_matrix(server: Server, args: argparse.Namespace, vllm: tuple[str, str]
     runs: list[Whole] = []
     for rep in range(args.whole_repeat):
         for client in clients:
-            r = run_whole(client, server, conc, 0.0, n, tokens, vllm, args.whole_timeout_s)
+            r = run_whole(client, server, conc, 0.0, n, tokens, vllm, args.whole_timeout_s, args.baseline_core)
             load = os.getloadavg()[0]
             if r.chunks:
                 # the server's CPU from the first timed request to the end, per second of the window:
@@ -664,7 +676,11 @@ def whole_summary(runs: list[Whole]) -> None:
         speed = _median([r.chunks_per_s for r in base]) / _median([r.chunks_per_s for r in by["vllm"]])
         print(f"  perflab / vllm: CPU per chunk {ratio:.2f}x (target <= 0.6), chunks/s {speed:.2f}x")
     for client, rs in by.items():
-        if client.startswith("perflab-w") and base:
+        if client.endswith("@base") and client.split("@")[0] in by:
+            now = by[client.split("@")[0]]
+            print(f"  {client.split('@')[0]} now / before (@base): CPU per chunk "
+                  f"{_median([r.us_per_chunk for r in now]) / _median([r.us_per_chunk for r in rs]):.2f}x")
+        if client.startswith("perflab-w") and "@" not in client and base:
             print(f"  {client} / perflab: chunks/s {_median([r.chunks_per_s for r in rs]) / _median([r.chunks_per_s for r in base]):.2f}x")
 
 
@@ -700,7 +716,10 @@ def main() -> int:
     whole = ap.add_argument_group("whole runs (issue 27): each client as a command, CPU from its window's start to its exit")
     whole.add_argument("--whole", action="store_true", help="after the matrix, the whole runs")
     whole.add_argument("--whole-only", action="store_true", help="the whole runs only")
-    whole.add_argument("--whole-clients", default="perflab,vllm,perflab-w2", help="perflab, perflab-wN (--workers N), vllm")
+    whole.add_argument("--whole-clients", default="perflab,vllm,perflab-w2",
+                       help="perflab, perflab-wN (--workers N), vllm; NAME@base: perflab from --baseline-core")
+    whole.add_argument("--baseline-core", metavar="DIR",
+                       help="another checkout's core/ directory (on PYTHONPATH) for the @base contenders: before/after in one run")
     whole.add_argument("--whole-concurrency", type=int, default=256)
     whole.add_argument("--whole-prompts", type=int, default=2048)
     whole.add_argument("--whole-tokens", type=int, default=64)
