@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_cli_engines import invoke
 
 from perflab.contract.errors import UnsupportedOption, UsageError
 from perflab.contract.versions import EngineVersions, Since, VersionChoice, choose_version, version_key
@@ -110,18 +111,6 @@ def test_an_unreadable_installed_version_is_built_as_the_newest_with_a_warning()
 
 A100 = "sim:a100-80g-x8"  # the simulated machine's SGLang is 0.5.5.post1, the seeds'
 NGRAM = '{"method":"ngram","num_speculative_tokens":4,"max_trie_depth":12}'
-
-
-def invoke(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    from perflab.cli import main
-
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def command(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, Any, str]:
