@@ -85,6 +85,8 @@ def pm() -> Iterator[PluginManager]:
     registry.kill_all_now()  # a failing test must not leave engines running
 
 
+# A --fault acts --fault-after seconds after the readiness generation; the tests that look for
+# "ready" before the fault pass 3 s, so a loaded machine still sees "ready" first.
 def run(pm: PluginManager, tmp_path: Path, case: str, *args: Any, timeout: float | None = None) -> EngineInstance:
     config = ServeConfig(model="/models/tiny", served_model_name="tiny", options={"case": case, "args": tuple(args)})
     return EngineInstance(pm, ENGINE, config, hardware=HardwareSnapshot(), env=dict(os.environ),
@@ -184,7 +186,8 @@ async def test_an_api_key_on_the_engine_ends_readiness_at_once(pm: PluginManager
 @pytest.mark.anyio
 async def test_engine_core_death_with_keep_alive_is_caught_by_the_health_watch(pm: PluginManager, tmp_path: Path) -> None:
     """VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1: the API server lives on, /health says 503 forever."""
-    async with run(pm, tmp_path, "enginecore-killed-keepalive", "--fault", "engine-core-died", "--keep-alive") as inst:
+    async with run(pm, tmp_path, "enginecore-killed-keepalive", "--fault", "engine-core-died", "--keep-alive",
+                   "--fault-after", "3") as inst:
         assert inst.outcome.state == "ready", inst.outcome.to_json()
         with anyio.fail_after(10):
             await inst.died.wait()
@@ -208,7 +211,7 @@ async def test_a_swamped_health_endpoint_with_the_death_in_the_log_is_a_crash_in
     from perflab.supervisor import HEALTH_TIMEOUT_FAIL_S
 
     async with run(pm, tmp_path, "enginecore-killed-keepalive", "--fault", "engine-core-died", "--keep-alive",
-                   "--health-hangs-when-dead") as inst:
+                   "--health-hangs-when-dead", "--fault-after", "3") as inst:
         assert inst.outcome.state == "ready", inst.outcome.to_json()
         t0 = time.monotonic()
         with anyio.fail_after(HEALTH_TIMEOUT_FAIL_S / 2):
@@ -222,7 +225,7 @@ async def test_a_swamped_health_endpoint_with_the_death_in_the_log_is_a_crash_in
 
 @pytest.mark.anyio
 async def test_exit_code_zero_after_the_engine_core_watchdog_is_a_crash(pm: PluginManager, tmp_path: Path) -> None:
-    async with run(pm, tmp_path, "enginecore-killed", "--fault", "engine-core-died") as inst:
+    async with run(pm, tmp_path, "enginecore-killed", "--fault", "engine-core-died", "--fault-after", "3") as inst:
         assert inst.outcome.state == "ready", inst.outcome.to_json()
         with anyio.fail_after(10):
             await inst.died.wait()
@@ -236,7 +239,6 @@ async def test_exit_code_zero_after_the_engine_core_watchdog_is_a_crash(pm: Plug
 
 @pytest.mark.anyio
 async def test_kill_9_of_the_api_server_is_named_by_its_signal(pm: PluginManager, tmp_path: Path) -> None:
-    # the kill comes 3 s after the readiness generation: the test sees "ready" first even when loaded
     async with run(pm, tmp_path, "apiserver-kill9", "--fault", "sigkill", "--fault-after", "3") as inst:
         assert inst.outcome.state == "ready", inst.outcome.to_json()
         with anyio.fail_after(10):
