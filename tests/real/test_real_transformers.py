@@ -169,7 +169,7 @@ engine_serve:
     env: {{PYTHONPATH: {pythonpath}}}
     engine_options: {{dtype: float32, continuous_batching: true}}
 profiles:
-  short: {{label: Short Prompt, input_len: 48, output_len: 12, num_prompts: 16, max_concurrency: 4, seed: 42}}
+  short: {{label: Short Prompt, input_len: 48, output_len: 12, num_prompts: 16, max_concurrency: 4, seed: 7}}
 timeouts: {{startup_s: 300, benchmark_s: 300, teardown_s: 10}}
 """)
     out = lab.tmp / "study"
@@ -181,5 +181,16 @@ timeouts: {{startup_s: 300, benchmark_s: 300, teardown_s: 10}}
     assert report["engines"]["vllm"]["version"].startswith("0.32.0")
     assert report["engines"]["transformers"]["version"] == "5.19.0"
     assert report["simulated"] is False
-    print(f"\ntwo-engine study: {r.seconds:.0f} s; report {sorted(p.name for p in out.iterdir())}")
+    (step,) = [s for s in report["steps"] if s["kind"] == "engine"]
+    results = {e["engine"]: e["result"] for e in step["entries"]}
+    # both measured in full (greedy decoding on the tiny model: with this seed no answer ends at
+    # EOS before its first token, which would leave a stream with no token: a failed request)
+    assert {e: r["success_rate"] for e, r in results.items()} == {"vllm": 1.0, "transformers": 1.0}
+    assert results["vllm"]["metrics"]["total_output_tokens"] == 16 * 12  # forced: ignore_eos
+    assert 0 < results["transformers"]["metrics"]["total_output_tokens"] <= 16 * 12  # counted
+    # the caveat is in the report, beside the engine's result
+    assert "output lengths cannot be forced" in json.dumps(results["transformers"]["reasons"])
+    assert "output lengths cannot be forced" in text
+    print(f"\ntwo-engine study: {r.seconds:.0f} s; total token throughput " + ", ".join(
+        f"{e} {r['total_token_throughput']:.0f} tok/s" for e, r in results.items()))
     lab.assert_nothing_left()
