@@ -96,12 +96,12 @@ def test_every_distribution_builds_passes_twine_check_and_carries_the_license(tm
 
     dist = tmp_path / "dist"
     built = {src.name: _build(src, dist) for src in _sources(tmp_path)}
-    assert len(built) == 8
+    assert len(built) == 9
 
     check = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *sorted(map(str, dist.iterdir()))],
                            capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert check.stdout.count("PASSED") == 16, check.stdout
+    assert check.stdout.count("PASSED") == 18, check.stdout
 
     for src_name, (sdist, wheel) in built.items():
         with zipfile.ZipFile(wheel) as whl:

@@ -82,7 +82,7 @@ def test_serves_benchmarks_against_its_own_counts_and_stops_on_ctrl_c(tlab: Real
         assert r.rc == 0, r.stderr[-3000:]
         res = r.json()
     finally:
-        rc, out, err = proc.stop(signal.SIGINT, timeout=90)
+        rc, _out, err = proc.stop(signal.SIGINT, timeout=90)
     assert rc == 0, err[-3000:]
     lab.assert_nothing_left(port)
 
