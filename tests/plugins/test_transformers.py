@@ -119,3 +119,6 @@ class TestTransformersConformance(EngineConformance):
         "bad-flag": (FIXTURES / "faults" / "bad-flag.log").read_text(),
     }
     serve_option_samples = {"options": {"options": {"dtype": "bfloat16"}}, "quantization": {"quantization": "bnb-8bit"}}
+    # the full launch/ready/teardown cycle against a stand-in (the simulator does not simulate it;
+    # the real one runs in tests/real/test_real_transformers.py)
+    stand_in = Path(__file__).parent / "fake_transformers_serve.py"
