@@ -81,6 +81,11 @@ def test_it_declares_that_its_server_takes_no_vllm_extension(pm):
     assert BenchRequest(base_urls=("http://h:1",), model="m", ignore_eos=False).output_lengths == "capped"
     with pytest.raises(UsageError, match="does not take ignore_eos"):
         req.replace(ignore_eos=True).validate()
+    # vllm bench serve sends ignore_eos for the random dataset by itself: refused before it runs
+    from perflab.bench.backends import run_vllm_bench_serve
+
+    with pytest.raises(UsageError, match="would send ignore_eos"):
+        run_vllm_bench_serve(req)
 
 
 def test_captured_faults_are_named_by_their_root_lines(pm):
