@@ -24,6 +24,7 @@ LONGEST_FIRST = (
     "tests/lab/test_lab_parallel.py",  # 235 s
     "tests/lab/test_lab_integrity.py",  # 185 s
     "tests/sim/test_reproducible.py",  # 130 s
+    "tests/real/test_real_transformers.py",  # 130 s (230 s on busy cores; its two-engine study 90-150 s), +7 s cold layer
     "tests/lab/test_lab_slo_example.py",  # 125 s (at time scale 40; 255 s at 10)
     "tests/test_launch_cli.py",  # 95 s
     "tests/lab/test_demo_stored.py",  # 95 s

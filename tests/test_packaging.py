@@ -1,4 +1,4 @@
-"""The distributions people install and publish: the core, the five engine plugins, the
+"""The distributions people install and publish: the core, the six engine plugins, the
 simulator, and a package `perflab plugin new` writes.
 
 Each is built (sdist, then the wheel from it: ``python -m build --no-isolation``, offline, with
@@ -24,7 +24,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LICENSE = (REPO / "LICENSE").read_bytes()
-PLUGIN_DIRS = ("vllm", "vllm_ascend", "sglang", "trtllm", "mindie", "sim")
+PLUGIN_DIRS = ("vllm", "vllm_ascend", "sglang", "trtllm", "mindie", "transformers", "sim")
 CORE_FILES = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in")
 _BUILD_JUNK = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist", "*.pyc", ".pytest_cache")
 
@@ -96,12 +96,12 @@ def test_every_distribution_builds_passes_twine_check_and_carries_the_license(tm
 
     dist = tmp_path / "dist"
     built = {src.name: _build(src, dist) for src in _sources(tmp_path)}
-    assert len(built) == 8
+    assert len(built) == 9
 
     check = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *sorted(map(str, dist.iterdir()))],
                            capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert check.stdout.count("PASSED") == 16, check.stdout
+    assert check.stdout.count("PASSED") == 18, check.stdout
 
     for src_name, (sdist, wheel) in built.items():
         with zipfile.ZipFile(wheel) as whl:

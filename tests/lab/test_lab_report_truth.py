@@ -263,7 +263,7 @@ def test_a_guard_reading_what_the_bench_does_not_report_by_default_asks_for_it_a
     assert profile_key(e2el, prof) != profile_key(plain, prof)
 
     ex = Executor.__new__(Executor)
-    ex.ctx = NS(plan=e2el, time_scale=1.0, simulated=False)
+    ex.ctx = NS(plan=e2el, time_scale=1.0, simulated=False, pm=NS(engines={}))  # no engine: every extension
     ex._env = lambda: {}  # type: ignore[method-assign]
     inst = NS(launch=NS(served_model_name="m", argv=[], env={}), base_url="http://127.0.0.1:1")
     req = ex._bench_request([inst], e2el.baseline_config(), e2el.profiles[0], "x")

