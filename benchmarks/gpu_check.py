@@ -127,6 +127,7 @@ class GpuCheck:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
+        out["steps"] = list(out["steps"])  # JSON's array, as from_json reads it back
         out["passed"] = self.passed
         return out
 
@@ -222,10 +223,10 @@ class Sampler:
     ``period`` seconds in a thread, as :class:`perflab.observe.Sample`\\ s (``t``: seconds since
     the sampler started)."""
 
-    def __init__(self, devices: Sequence[int] = (0,), period: float = SAMPLE_S) -> None:
+    def __init__(self, env: Mapping[str, str], devices: Sequence[int] = (0,), period: float = SAMPLE_S) -> None:
         from perflab.observe.telemetry import NVML, Telemetry
 
-        self.telemetry = Telemetry({}, [])  # {}: the real pynvml, as real_nvml
+        self.telemetry = Telemetry(env, [])
         self.source, self.devices, self.period = NVML, tuple(devices), period
         self.samples: list[Any] = []
         self._stop = threading.Event()
@@ -272,11 +273,18 @@ def memory_used_mib(nvml: Any, device: int = 0) -> float:
 
 @dataclass
 class Context:
-    """What the steps share: where they write, the NVML module, what earlier steps made."""
+    """What the steps share: where they write, the NVML module and the environment telemetry
+    reads it under, the engine and how it is launched, what earlier steps made. The defaults
+    are the GPU check's; the tests run the serve and fault steps against perflab's simulator
+    (its NVML stand-in, ``--hardware sim:NAME``) through the same code."""
 
     out: Path
     nvml: Any
-    model: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)  # {}: the real pynvml (real_nvml)
+    engine: str = ENGINE
+    serve_args: tuple[str, ...] = SERVE_ARGS
+    model: str | None = None  # the model step's directory
+    tokenizer: str | None = None  # the bench's tokenizer (default: the model's directory)
     memory_total_mib: float | None = None
 
 
@@ -320,7 +328,7 @@ def hardware_figures(snapshot: Mapping[str, Any]) -> dict[str, Any]:
 def step_telemetry(ctx: Context, budget: Budget) -> dict[str, Any]:
     from perflab.observe.telemetry import summarize
 
-    sampler = Sampler()
+    sampler = Sampler(ctx.env)
     with sampler.running():
         time.sleep(IDLE_S)
         idle = list(sampler.samples)
@@ -377,7 +385,7 @@ def step_model(ctx: Context, budget: Budget) -> dict[str, Any]:
     done = run([sys.executable, tinymodel.__file__, str(out)], budget)
     if done.returncode != 0:
         raise StepFailed(f"tinymodel.py exited {done.returncode}: {tail(done.stderr)}")
-    ctx.model = out
+    ctx.model = str(out)
     return {"path": str(out), "bytes": sum(p.stat().st_size for p in out.iterdir())}
 
 
@@ -392,7 +400,8 @@ class Launch:
         self.stdout = (self.workdir / "perflab-launch.stdout").open("w")
         self.stderr_path = self.workdir / "perflab-launch.stderr"
         self.stderr = self.stderr_path.open("w")
-        argv = perflab("launch", ENGINE, "--json", "--model", str(ctx.model), *SERVE_ARGS, "--workdir",
+        self.engine = ctx.engine
+        argv = perflab("launch", ctx.engine, "--json", "--model", ctx.model, *ctx.serve_args, "--workdir",
                        str(self.workdir), "--startup-timeout", f"{max(1.0, budget.left() - 30):.0f}")
         self.argv = argv
         self.proc = subprocess.Popen(argv, stdout=self.stdout, stderr=self.stderr, text=True)
@@ -401,7 +410,7 @@ class Launch:
         """launch.json once the engine is ready (perflab's "ready in" line on stderr)."""
         while True:
             text = self.stderr_path.read_text()
-            if re.search(rf"perflab: {ENGINE} ready in [0-9.]+ s", text):
+            if re.search(rf"perflab: {re.escape(self.engine)} ready in [0-9.]+ s", text):
                 return dict(json.loads((self.workdir / "launch.json").read_text()))
             if self.proc.poll() is not None:
                 raise StepFailed(f"perflab launch exited {self.proc.returncode} before ready: {self.result_line()}")
@@ -447,9 +456,9 @@ class Launch:
         return tail(self.stderr_path.read_text(), 3)
 
 
-def bench_argv(launch: Mapping[str, Any], model: Path, requests: int) -> list[str]:
+def bench_argv(launch: Mapping[str, Any], ctx: Context, requests: int) -> list[str]:
     return perflab("bench", "--base-url", str(launch["base_url"]), "--model", str(launch["served_model_name"]),
-                   "--tokenizer", str(model), "--num-prompts", str(requests), *BENCH_ARGS, "--json")
+                   "--tokenizer", str(ctx.tokenizer or ctx.model), "--num-prompts", str(requests), *BENCH_ARGS, "--json")
 
 
 def step_serve(ctx: Context, budget: Budget) -> dict[str, Any]:
@@ -460,9 +469,9 @@ def step_serve(ctx: Context, budget: Budget) -> dict[str, Any]:
     try:
         record = launch.wait_ready(budget)
         during = memory_used_mib(ctx.nvml)
-        sampler = Sampler()
+        sampler = Sampler(ctx.env)
         with sampler.running():
-            bench = run(bench_argv(record, ctx.model or Path(), BENCH_REQUESTS), budget)
+            bench = run(bench_argv(record, ctx, BENCH_REQUESTS), budget)
     except BaseException:
         launch.abort()
         raise
@@ -524,7 +533,7 @@ def step_fault(ctx: Context, budget: Budget) -> dict[str, Any]:
     bench: subprocess.Popen[str] | None = None
     try:
         record = launch.wait_ready(budget)
-        bench = subprocess.Popen(bench_argv(record, ctx.model or Path(), FAULT_REQUESTS), stdout=subprocess.PIPE,
+        bench = subprocess.Popen(bench_argv(record, ctx, FAULT_REQUESTS), stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
         time.sleep(FAULT_KILL_AFTER_S)
         if bench.poll() is not None:
@@ -603,14 +612,17 @@ def main(argv: Sequence[str] | None = None, nvml: Any | None = None,
     if why is not None:
         print(NO_GPU.format(why=why), file=sys.stderr)
         return EXIT_NO_GPU
+    from perflab.cli.logs import DEFAULT_LEVEL, logging_at
+
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     ctx = Context(out=args.out.resolve(), nvml=nvml)
     results = []
-    for name in STEPS:
-        print(f"gpu_check: {name} (at most {STEPS[name]:.0f} s) ...", file=sys.stderr, flush=True)
-        results.append(steps(name, ctx))
+    with logging_at(DEFAULT_LEVEL):  # perflab's log lines (telemetry's warnings) on stderr, as its CLI's
+        for name in STEPS:
+            print(f"gpu_check: {name} (at most {STEPS[name]:.0f} s) ...", file=sys.stderr, flush=True)
+            results.append(steps(name, ctx))
     check = GpuCheck(host=socket.gethostname(), started_utc=started, python=platform.python_version(),
                      steps=tuple(results), seconds=round(time.monotonic() - t0, 1))
     (args.out / "gpu-check.json").write_text(json.dumps(check.to_json(), indent=2) + "\n")
