@@ -117,6 +117,7 @@ class GpuCheck:
     host: str
     started_utc: str
     python: str
+    versions: Mapping[str, str | None]  # DISTRIBUTIONS -> installed version (None: not installed)
     steps: tuple[StepResult, ...]
     seconds: float
     schema_version: int = SCHEMA_VERSION
@@ -140,8 +141,8 @@ class GpuCheck:
         names = [s.name for s in steps]
         if names != list(STEPS):
             raise ValueError(f"steps {names}, expected {list(STEPS)}")
-        check = cls(host=data["host"], started_utc=data["started_utc"], python=data["python"], steps=steps,
-                    seconds=data["seconds"])
+        check = cls(host=data["host"], started_utc=data["started_utc"], python=data["python"],
+                    versions=dict(data["versions"]), steps=steps, seconds=data["seconds"])
         if data.get("passed") != check.passed:
             raise ValueError(f"passed is {data.get('passed')!r} but the steps say {check.passed}")
         return check
@@ -207,9 +208,18 @@ def perflab(*args: str) -> list[str]:
     return [sys.executable, "-m", "perflab", *args]
 
 
-def run(argv: Sequence[str], budget: Budget, **kw: Any) -> subprocess.CompletedProcess[str]:
+def child_env() -> dict[str, str]:
+    """The children's environment: this Python's scripts directory first on PATH, so the
+    engine's command (the ``transformers`` script the wheels' pip installed beside this Python)
+    is found whatever PATH the machine's shell set."""
+    scripts = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": os.pathsep.join([scripts, os.environ.get("PATH", os.defpath)])}
+
+
+def run(argv: Sequence[str], budget: Budget) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=budget.left(), check=False, **kw)
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=budget.left(), check=False,
+                              env=child_env())
     except subprocess.TimeoutExpired:
         raise StepFailed(f"{' '.join(argv[2:5])}... did not finish within the step's budget") from None
 
@@ -333,7 +343,7 @@ def step_telemetry(ctx: Context, budget: Budget) -> dict[str, Any]:
         time.sleep(IDLE_S)
         idle = list(sampler.samples)
         load = subprocess.Popen([sys.executable, "-c", LOAD_SCRIPT, str(LOAD_S)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, env=child_env())
         try:
             out, err = load.communicate(timeout=budget.left())
         except subprocess.TimeoutExpired:
@@ -404,7 +414,7 @@ class Launch:
         argv = perflab("launch", ctx.engine, "--json", "--model", ctx.model, *ctx.serve_args, "--workdir",
                        str(self.workdir), "--startup-timeout", f"{max(1.0, budget.left() - 30):.0f}")
         self.argv = argv
-        self.proc = subprocess.Popen(argv, stdout=self.stdout, stderr=self.stderr, text=True)
+        self.proc = subprocess.Popen(argv, stdout=self.stdout, stderr=self.stderr, text=True, env=child_env())
 
     def wait_ready(self, budget: Budget) -> dict[str, Any]:
         """launch.json once the engine is ready (perflab's "ready in" line on stderr)."""
@@ -534,7 +544,7 @@ def step_fault(ctx: Context, budget: Budget) -> dict[str, Any]:
     try:
         record = launch.wait_ready(budget)
         bench = subprocess.Popen(bench_argv(record, ctx, FAULT_REQUESTS), stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
+                                 stderr=subprocess.PIPE, text=True, env=child_env())
         time.sleep(FAULT_KILL_AFTER_S)
         if bench.poll() is not None:
             raise StepFailed(f"the benchmark ended (exit {bench.returncode}) before the engine was killed")
@@ -598,6 +608,23 @@ def run_step(name: str, ctx: Context) -> StepResult:
 
 # ------------------------------------------------------------------------------- main
 
+#: the distributions whose versions the JSON records: perflab's, the machine's, the wheels'
+DISTRIBUTIONS: tuple[str, ...] = ("perflab", "perflab-plugin-transformers", "torch", "transformers", "nvidia-ml-py",
+                                  "accelerate", "fastapi", "uvicorn")
+
+
+def installed_versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in DISTRIBUTIONS:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 
 def main(argv: Sequence[str] | None = None, nvml: Any | None = None,
          steps: Callable[[str, Context], StepResult] = run_step) -> int:
@@ -624,7 +651,7 @@ def main(argv: Sequence[str] | None = None, nvml: Any | None = None,
             print(f"gpu_check: {name} (at most {STEPS[name]:.0f} s) ...", file=sys.stderr, flush=True)
             results.append(steps(name, ctx))
     check = GpuCheck(host=socket.gethostname(), started_utc=started, python=platform.python_version(),
-                     steps=tuple(results), seconds=round(time.monotonic() - t0, 1))
+                     versions=installed_versions(), steps=tuple(results), seconds=round(time.monotonic() - t0, 1))
     (args.out / "gpu-check.json").write_text(json.dumps(check.to_json(), indent=2) + "\n")
     print(check.summary())
     print(f"gpu_check: wrote {args.out / 'gpu-check.json'}")

@@ -145,6 +145,7 @@ def test_the_check_writes_one_json_of_every_step(sim_env: dict[str, str], tmp_pa
     assert check.to_json() == data
     steps = {s.name: s for s in check.steps}
     assert list(steps) == list(gpu_check.STEPS)
+    assert check.versions["perflab"] and list(check.versions) == list(gpu_check.DISTRIBUTIONS)
     # no NVIDIA GPU here: perflab hardware finds none, so the check fails (exit 1) and says why
     assert not steps["nvml"].ok and "no NVIDIA GPU in perflab hardware --json" in str(steps["nvml"].error)
     assert code == 1 and data["passed"] is False
@@ -166,7 +167,7 @@ def test_the_check_writes_one_json_of_every_step(sim_env: dict[str, str], tmp_pa
 
 def test_a_json_of_another_shape_is_refused() -> None:
     step = gpu_check.StepResult("nvml", True, 1.0, 30.0)
-    good = gpu_check.GpuCheck("h", "2026-01-01T00:00:00Z", "3.12.3",
+    good = gpu_check.GpuCheck("h", "2026-01-01T00:00:00Z", "3.12.3", {"perflab": "0.1.0", "torch": None},
                               tuple(gpu_check.StepResult(n, True, 1.0, b) for n, b in gpu_check.STEPS.items()), 5.0)
     assert gpu_check.GpuCheck.from_json(good.to_json()).passed
     for broken, says in (({"schema_version": 0}, "schema_version"), ({"steps": [step.__dict__]}, "steps"),
