@@ -62,9 +62,10 @@ STEPS: Mapping[str, float] = {
 }
 
 ENGINE = "transformers"
-#: how the engine is asked to run on the GPU in bfloat16: the transformers plugin's own options
-#: (plugins/transformers, docs/engines/transformers.md); the device is the first GPU
-SERVE_ARGS: tuple[str, ...] = ("--devices", "0", "--engine-option", "device=cuda", "--engine-option", "dtype=bfloat16")
+#: how the engine is asked to run on the GPU in bfloat16 (the plugin's engine option ``dtype``:
+#: perflab_transformers.launch.OPTIONS); one visible device, GPU 0, makes the plugin pass
+#: ``--device cuda`` itself (perflab_transformers.launch.device)
+SERVE_ARGS: tuple[str, ...] = ("--devices", "0", "--engine-option", "dtype=bfloat16")
 BENCH_REQUESTS = 200
 #: the workload: short prompts and answers (the tiny model's context is 2048 tokens). transformers
 #: serve refuses vLLM's ignore_eos extension (HTTP 422), so output lengths are what it generated
@@ -489,7 +490,7 @@ def step_serve(ctx: Context, budget: Budget) -> dict[str, Any]:
     after = memory_used_mib(ctx.nvml)
     figures: dict[str, Any] = {
         "ready_s": outcome.get("ready_s"), "teardown_s": outcome.get("teardown_s"),
-        "engine_version": outcome.get("version"), "argv": record.get("argv"),
+        "engine_version": outcome.get("version"), "argv": record.get("argv"), "warnings": outcome.get("warnings"),
         "memory_before_mib": round(before, 1), "memory_serving_mib": round(during, 1),
         "memory_after_mib": round(after, 1), "leftovers": outcome.get("leftovers"),
     }
