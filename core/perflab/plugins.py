@@ -66,6 +66,7 @@ from perflab.contract.types import (
     MetricsEndpoint,
     NodeGroup,
     Readiness,
+    RequestExtensions,
     ServeConfig,
     Unsupported,
 )
@@ -142,6 +143,10 @@ class BoundedEngine:
     def engine_versions(self) -> EngineVersions | None:
         return self.wrapped.engine_versions
 
+    @property
+    def request_extensions(self) -> RequestExtensions | None:
+        return self.wrapped.request_extensions
+
     def implemented(self) -> tuple[str, ...]:
         return self.wrapped.implemented()
 
@@ -206,6 +211,12 @@ class EngineRecord:
         return self.distribution or self.plugin
 
     # ------------------------------------------------------------------ version
+
+    def bench_extensions(self) -> tuple[str, ...] | None:
+        """The request extensions the bench may send this engine (BenchRequest.extensions):
+        those its server takes, None for all of them."""
+        declared = self.engine.request_extensions
+        return None if declared is None else tuple(sorted(declared.takes))
 
     def choose_version(self, env: Mapping[str, str], asked: str | None = None,
                        origin: Origin = "asked") -> VersionChoice:

@@ -100,7 +100,8 @@ def build_payload(req: BenchRequest, prompt: str, max_tokens: int) -> dict[str, 
     else:
         payload["prompt"] = prompt
         payload["max_tokens"] = max_tokens
-        payload["repetition_penalty"] = 1.0
+        if req.takes("repetition_penalty"):
+            payload["repetition_penalty"] = 1.0
     payload["stream"] = True
     payload["stream_options"] = stream_options
     if req.temperature is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perflab.contract.errors import UsageError
+from perflab.contract.types import BENCH_EXTENSIONS
 
 BACKENDS = ("openai-chat", "openai")
 DEFAULT_ENDPOINTS = {"openai-chat": "/v1/chat/completions", "openai": "/v1/completions"}
@@ -86,6 +87,9 @@ class BenchRequest:
     # at EOS early and runs would not be comparable), off for the others
     # (vllm/benchmarks/serve.py main_async: "when using random datasets, default to ignoring EOS")
     ignore_eos: bool | None = None
+    # the request extensions the engine's server takes (EnginePlugin.request_extensions); None:
+    # all of BENCH_EXTENSIONS. Without ignore_eos the output lengths are counted, not forced.
+    extensions: tuple[str, ...] | None = None
     # None: not sent, the server's default applies (vLLM 0.33 "no longer sets
     # temperature==0 (greedy) in requests by default", vllm/benchmarks/serve.py)
     temperature: float | None = None
@@ -116,10 +120,26 @@ class BenchRequest:
     def api_endpoint(self) -> str:
         return self.endpoint or DEFAULT_ENDPOINTS[self.backend]
 
+    def takes(self, extension: str) -> bool:
+        """Whether the server takes request extension ``extension`` (one of BENCH_EXTENSIONS)."""
+        return self.extensions is None or extension in self.extensions
+
     @property
     def send_ignore_eos(self) -> bool:
-        """``ignore_eos`` as sent: the explicit choice, else on for the random dataset."""
-        return self.ignore_eos if self.ignore_eos is not None else self.dataset == "random"
+        """``ignore_eos`` as sent: the explicit choice, else on for the random dataset where
+        the server takes it."""
+        if self.ignore_eos is not None:
+            return self.ignore_eos
+        return self.dataset == "random" and self.takes("ignore_eos")
+
+    @property
+    def output_lengths(self) -> str:
+        """How the answers' lengths come about, as the result says it: ``forced`` (ignore_eos
+        sent), ``capped`` (max_tokens only: the model may stop earlier), or ``counted`` (the
+        engine cannot force them: what it generated is counted and reported)."""
+        if self.send_ignore_eos:
+            return "forced"
+        return "counted" if not self.takes("ignore_eos") else "capped"
 
     @property
     def request_model(self) -> str:
@@ -134,6 +154,11 @@ class BenchRequest:
 
     def validate(self) -> BenchRequest:
         """Raise :class:`UsageError` (one line) for an impossible request; return self."""
+        if self.extensions is not None and (unknown := set(self.extensions) - set(BENCH_EXTENSIONS)):
+            raise UsageError(f"request extensions {sorted(unknown)}: perflab's bench knows {', '.join(BENCH_EXTENSIONS)}")
+        if self.ignore_eos and not self.takes("ignore_eos"):
+            raise UsageError("--ignore-eos: this engine's server does not take ignore_eos (it refuses the field); "
+                             "output lengths cannot be forced, perflab counts what is generated")
         if not self.base_urls:
             raise UsageError("--base-url is required: the endpoint to benchmark, e.g. http://127.0.0.1:8000")
         for url in self.base_urls:

@@ -435,6 +435,9 @@ def _make_result(
         "total_input_tokens_client": sum(t.prompt_len for t in ok),
         "prompt_len_mismatches": mismatched,
         "output_tokens_source": sources,
+        # forced (ignore_eos), capped (max_tokens only), or counted: the engine cannot force
+        # lengths (it refuses ignore_eos), the output tokens are what it generated
+        "output_lengths": req.output_lengths,
         "pid": os.getpid(),
     }
     errors = [f"request {t.index}: {t.error}" for t in traces if not t.success][:MAX_KEPT_ERRORS]

@@ -89,6 +89,7 @@ EXIT_IMPOSSIBLE_COUNTS = 5
 @click.option("--timeout", type=float, default=None, help=f"Per-request timeout, wall-clock seconds  [default: a started stream {STREAM_DEADLINE_MIN_S:g} s + max_tokens at {STREAM_DEADLINE_FLOOR_TOK_S:g} token/s after its first byte; before it, 6 h]")
 @click.option("--tokenizer", default=None, metavar="PATH|whitespace|approx", help="tokenizer.json or model directory; default: whitespace on perflab's simulator, the model directory's tokenizer, else approximate.")
 @click.option("--ignore-eos/--no-ignore-eos", default=None, help="Ask the server to ignore EOS (exact output lengths)  [default: on for the random dataset, as vLLM 0.33]")
+@click.option("--engine", default=None, metavar="NAME", help="The engine behind the endpoint (an installed engine plugin): only the request extensions it takes are sent (transformers serve refuses ignore_eos; output lengths are then counted, not forced).")
 @click.option("--temperature", type=float, default=None, help="Sampling temperature  [default: not sent: the server's default, as vLLM 0.33]")
 @click.option("--stall-s", type=float, default=None, help="Stop the run as stalled when no open stream has received anything for this many seconds of engine time; 0: never  [default: 60]")
 @click.option("--header", "headers", multiple=True, metavar="KEY=VALUE", help="Extra HTTP header (repeatable).")
@@ -154,6 +155,8 @@ def bench(**kw: Any) -> None:
         raise UsageError("--model is required (the model name the server serves)")
 
     values["server_clock"] = kw["clock"] == "auto"
+    if kw["engine"]:
+        values["extensions"] = _engine_extensions(kw["engine"])
     req = BenchRequest(base_urls=tuple(kw["base_urls"]), **values)
     req = apply_profile(req, explicit=set(values)).validate()
 
@@ -177,6 +180,9 @@ def bench(**kw: Any) -> None:
         click.echo(f"perflab: {failed} request(s) failed; first errors:", err=True)
         for err in result.errors[:5]:
             click.echo(f"  {err}", err=True)
+    if result.info.get("output_lengths") == "counted":
+        click.echo("perflab: output lengths were not forced (the engine refuses ignore_eos): the output tokens are "
+                   "those it generated, each answer up to max_tokens", err=True)
     if "result_path" in result.info:
         click.echo(f"perflab: result saved to {result.info['result_path']}", err=True)
     if result.stall is not None:
@@ -196,6 +202,13 @@ def bench(**kw: Any) -> None:
         total = failed + int(result.metrics.completed or 0)
         click.echo(f"perflab: {failed} of {total} requests failed ({failed / total:.0%}); exit code {EXIT_SOME_FAILED}", err=True)
         sys.exit(EXIT_SOME_FAILED)
+
+
+def _engine_extensions(name: str) -> tuple[str, ...] | None:
+    """The request extensions engine ``name``'s server takes (None: all of perflab's)."""
+    from perflab.cli import get_pm
+
+    return get_pm().engine(name).bench_extensions()
 
 
 def _pair(item: str, what: str) -> tuple[str, str]:

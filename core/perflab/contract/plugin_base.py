@@ -53,6 +53,7 @@ from perflab.contract.types import (
     MetricsEndpoint,
     NodeGroup,
     Readiness,
+    RequestExtensions,
     ServeConfig,
     Unsupported,
 )
@@ -171,6 +172,9 @@ class EnginePlugin:
     #: where the engine serves its Prometheus metrics and what its names mean (the optional
     #: ``metrics`` engine method); None: the lab scrapes nothing
     metrics_endpoint: ClassVar[MetricsEndpoint | None] = None
+    #: which of perflab's request extensions (``ignore_eos``, ``repetition_penalty``) the engine's
+    #: server takes; None: all of them (vLLM's, also SGLang's and TensorRT-LLM's)
+    request_extensions: ClassVar[RequestExtensions | None] = None
 
     # ------------------------------------------------------------------ registration
 

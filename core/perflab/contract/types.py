@@ -395,6 +395,30 @@ class CacheReset:
     source: str = ""
 
 
+#: The request fields beyond OpenAI's API that perflab's bench may send: vLLM's sampling
+#: extensions (vllm/entrypoints/openai/protocol.py, also taken by SGLang and TensorRT-LLM).
+#: ``ignore_eos`` makes the answer exactly ``max_tokens`` long (vllm bench serve turns it on for
+#: the random dataset); ``repetition_penalty`` (1.0) is what vllm bench serve sends to /v1/completions.
+BENCH_EXTENSIONS: tuple[str, ...] = ("ignore_eos", "repetition_penalty")
+
+
+@dataclass(frozen=True)
+class RequestExtensions:
+    """Which of :data:`BENCH_EXTENSIONS` an engine's server takes. A server that refuses
+    unknown fields (``transformers serve``: HTTP 422 "Unexpected fields in the request") is
+    sent only these; without ``ignore_eos`` output lengths cannot be forced, so perflab counts
+    and reports what was generated."""
+
+    takes: frozenset[str]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.takes) - set(BENCH_EXTENSIONS)
+        if unknown:
+            raise ValueError(f"unknown request extension(s) {sorted(unknown)}: perflab's bench sends only {BENCH_EXTENSIONS}")
+        object.__setattr__(self, "takes", frozenset(self.takes))
+
+
 @dataclass(frozen=True)
 class MetricsEndpoint:
     """Where an engine serves its Prometheus metrics and which of its metric names mean what

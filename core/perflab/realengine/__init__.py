@@ -13,6 +13,7 @@ See :mod:`perflab.realengine.env` for the recipe (and the packaging fixes it nee
 
 from perflab.realengine.env import RealEngineEnv, ensure_vllm_cpu
 from perflab.realengine.sglang import ensure_sglang_parser
+from perflab.realengine.transformers_serve import ensure_transformers_serve
 
 #: What ``vllm serve`` of this build needs on the tiny model, beside the model and its name:
 #: no graph capture (start-up in seconds on two cores), and float32. In bfloat16, on a CPU
@@ -25,4 +26,4 @@ from perflab.realengine.sglang import ensure_sglang_parser
 #: takes its vector kernel (``"vec"``), with or without AMX; the tiny model's weights are float32.
 VLLM_CPU_SERVE_ARGS: tuple[str, ...] = ("--enforce-eager", "--dtype", "float32")
 
-__all__ = ["VLLM_CPU_SERVE_ARGS", "RealEngineEnv", "ensure_sglang_parser", "ensure_vllm_cpu"]
+__all__ = ["VLLM_CPU_SERVE_ARGS", "RealEngineEnv", "ensure_sglang_parser", "ensure_transformers_serve", "ensure_vllm_cpu"]

@@ -1018,6 +1018,8 @@ class Executor:
             time_scale=self.ctx.time_scale if self.ctx.simulated else 1.0,
             server_clock=self.ctx.simulated,  # model-clock stamps: reproducible simulated numbers
             label=label,
+            # only the request extensions the engine's server takes (transformers serve: none)
+            extensions=self.ctx.pm.engine(config.engine).bench_extensions() if config.engine in self.ctx.pm.engines else None,
         )
         if plan.timeouts.stall_s is not None:  # engine seconds; default: the bench's (60)
             req = req.replace(stall_s=plan.timeouts.stall_s)
