@@ -67,10 +67,11 @@ ENGINE = "transformers"
 #: ``--device cuda`` itself (perflab_transformers.launch.device)
 SERVE_ARGS: tuple[str, ...] = ("--devices", "0", "--engine-option", "dtype=bfloat16")
 BENCH_REQUESTS = 200
-#: the workload: short prompts and answers (the tiny model's context is 2048 tokens). transformers
-#: serve refuses vLLM's ignore_eos extension (HTTP 422), so output lengths are what it generated
+#: the workload: short prompts and answers (the tiny model's context is 2048 tokens). The bench is
+#: told the engine (``--engine``): transformers serve refuses vLLM's ignore_eos extension (HTTP
+#: 422), so output lengths are what it generated, counted from each answer's usage
 BENCH_ARGS: tuple[str, ...] = ("--dataset", "random", "--random-input-len", "128", "--random-output-len", "64",
-                               "--max-concurrency", "32", "--no-ignore-eos", "--seed", "0")
+                               "--max-concurrency", "32", "--seed", "0")
 #: the fault's benchmark: long enough that the engine is killed while requests are in flight
 FAULT_REQUESTS = 5000
 FAULT_KILL_AFTER_S = 3.0
@@ -160,7 +161,12 @@ class GpuCheck:
 
 
 class StepFailed(Exception):
-    """A step's check did not hold (its message is the step's error)."""
+    """A step's check did not hold (its message is the step's error); ``figures``: what the
+    step measured before it failed, kept in the JSON all the same."""
+
+    def __init__(self, message: str, figures: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.figures = dict(figures or {})
 
 
 # ------------------------------------------------------------------------------- is there a GPU
@@ -222,7 +228,7 @@ def run(argv: Sequence[str], budget: Budget) -> subprocess.CompletedProcess[str]
         return subprocess.run(list(argv), capture_output=True, text=True, timeout=budget.left(), check=False,
                               env=child_env())
     except subprocess.TimeoutExpired:
-        raise StepFailed(f"{' '.join(argv[2:5])}... did not finish within the step's budget") from None
+        raise StepFailed(f"{' '.join(argv[2:5])} ... did not finish within the step's budget") from None
 
 
 def tail(text: str, lines: int = 5) -> str:
@@ -296,6 +302,7 @@ class Context:
     serve_args: tuple[str, ...] = SERVE_ARGS
     model: str | None = None  # the model step's directory
     tokenizer: str | None = None  # the bench's tokenizer (default: the model's directory)
+    sampling: tuple[str, ...] = ()  # the bench's sampling arguments for that model (the model step's)
     memory_total_mib: float | None = None
 
 
@@ -385,7 +392,7 @@ def telemetry_figures(idle: Sequence[Any], loaded: Sequence[Any], summary: Any) 
         figures["energy_under_load_j"] = round((energy[1] - energy[0]) / 1000.0, 1)
     figures["summary"] = summary
     if problems:
-        raise StepFailed("; ".join(problems))
+        raise StepFailed("; ".join(problems), figures)
     return figures
 
 
@@ -397,7 +404,26 @@ def step_model(ctx: Context, budget: Budget) -> dict[str, Any]:
     if done.returncode != 0:
         raise StepFailed(f"tinymodel.py exited {done.returncode}: {tail(done.stderr)}")
     ctx.model = str(out)
-    return {"path": str(out), "bytes": sum(p.stat().st_size for p in out.iterdir())}
+    ctx.sampling = sampling_args(out)
+    return {"path": str(out), "bytes": sum(p.stat().st_size for p in out.iterdir()), "bench_sampling": list(ctx.sampling)}
+
+
+def sampling_args(model: Path) -> tuple[str, ...]:
+    """How the bench asks the tiny model for answers that stream text, each of :data:`BENCH_ARGS`'
+    output length: sampled, and with no end-of-sequence token to stop at. transformers serve takes
+    a request's own generation config (the body's ``generation_config``, a JSON string, in place of
+    the model's: transformers/cli/serving/utils.py ``_build_generation_config``; ``max_tokens``
+    still applies); this one samples (``do_sample``: a ``temperature`` alone leaves the model's
+    greedy decoding) and names no ``eos_token_id``.
+
+    Greedy, the tiny model's near-uniform random weights repeat one token for ever
+    (realengine/variants.py); where that token is a lone UTF-8 byte (``ý``, ``¤``: byte-level BPE)
+    the answer decodes to U+FFFD only, the server streams no text and the bench counts the request
+    failed ("no token received"): 2 of 24 prompts at seed 0, measured on CPU. Sampled, an answer
+    could also end at its first token on the model's EOS. ``model`` is where that model is."""
+    config = json.loads((model / "generation_config.json").read_text())
+    generation = {"do_sample": True, "temperature": 1.0, "top_k": 0, "pad_token_id": config.get("pad_token_id")}
+    return ("--extra-body", json.dumps({"generation_config": json.dumps(generation)}))
 
 
 class Launch:
@@ -469,7 +495,8 @@ class Launch:
 
 def bench_argv(launch: Mapping[str, Any], ctx: Context, requests: int) -> list[str]:
     return perflab("bench", "--base-url", str(launch["base_url"]), "--model", str(launch["served_model_name"]),
-                   "--tokenizer", str(ctx.tokenizer or ctx.model), "--num-prompts", str(requests), *BENCH_ARGS, "--json")
+                   "--engine", ctx.engine, "--tokenizer", str(ctx.tokenizer or ctx.model), "--num-prompts", str(requests),
+                   *BENCH_ARGS, *ctx.sampling, "--json")
 
 
 def step_serve(ctx: Context, budget: Budget) -> dict[str, Any]:
@@ -499,7 +526,7 @@ def step_serve(ctx: Context, budget: Budget) -> dict[str, Any]:
     try:
         result = json.loads(bench.stdout)
     except ValueError:
-        raise StepFailed(f"perflab bench exited {bench.returncode} with no JSON: {tail(bench.stderr)}") from None
+        raise StepFailed(f"perflab bench exited {bench.returncode} with no JSON: {tail(bench.stderr)}", figures) from None
     for key in ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
                 "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms"):
         figures[key] = result.get(key)
@@ -518,7 +545,7 @@ def step_serve(ctx: Context, budget: Budget) -> dict[str, Any]:
     if figures["memory_check"]:
         problems.append(figures["memory_check"])
     if problems:
-        raise StepFailed("; ".join(problems))
+        raise StepFailed("; ".join(problems), figures)
     return figures
 
 
@@ -586,7 +613,7 @@ def step_fault(ctx: Context, budget: Budget) -> dict[str, Any]:
     if memory:
         problems.append(memory)
     if problems:
-        raise StepFailed("; ".join(problems))
+        raise StepFailed("; ".join(problems), figures)
     return figures
 
 
@@ -601,7 +628,7 @@ def run_step(name: str, ctx: Context) -> StepResult:
     try:
         figures, error = STEP_FUNCTIONS[name](ctx, Budget(budget_s)), None
     except StepFailed as exc:
-        figures, error = {}, str(exc)
+        figures, error = exc.figures, str(exc)
     except Exception as exc:  # a bug or an environment problem: the other steps still run
         figures, error = {}, f"{type(exc).__name__}: {exc}"
     return StepResult(name, error is None, round(time.monotonic() - t0, 2), budget_s, error, figures)
