@@ -22,6 +22,7 @@ LONGEST_FIRST = (
     "tests/real/test_accuracy_real.py",  # 320 s
     "tests/lab/test_accuracy_gate.py",  # 245 s
     "tests/lab/test_lab_parallel.py",  # 235 s
+    "tests/real/test_real_transformers.py",  # 230 s alone on 2 busy cores (its two-engine study 120 s), +7 s cold layer
     "tests/lab/test_lab_integrity.py",  # 185 s
     "tests/sim/test_reproducible.py",  # 130 s
     "tests/lab/test_lab_slo_example.py",  # 125 s (at time scale 40; 255 s at 10)

@@ -449,3 +449,14 @@ def test_sim_fault_is_named_detected_fast_and_cleaned_up(tmp_path: Path, fault: 
     assert not [p for p in tree if _alive(p)]
     assert processes_with_env("PERFLAB_INSTANCE", inst.marker) == []
     assert all(port_is_free(o.launch.host, p) for p in o.launch.ports)
+
+
+def test_an_engine_the_simulator_does_not_simulate_is_named_so(tmp_path: Path) -> None:
+    """transformers serve on a simulated machine: one line says the simulator does not simulate it
+    (not "is the engine installed?")."""
+    r = perflab_cli(tmp_path, "launch", "transformers", "--model", "Qwen/Qwen3-0.6B", "--hardware", SIM_HW, "--check",
+                    "--json", "--workdir", str(tmp_path / "w"))
+    out = json.loads(r.stdout)
+    assert out["state"] == "crashed" and out["cause"] == "engine-not-simulated", out
+    assert out["crash"]["explanation"] == ("the simulated machine has no 'transformers': perflab's simulator "
+                                           "does not simulate transformers")

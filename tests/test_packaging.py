@@ -1,4 +1,4 @@
-"""The distributions people install and publish: the core, the five engine plugins, the
+"""The distributions people install and publish: the core, the six engine plugins, the
 simulator, and a package `perflab plugin new` writes.
 
 Each is built (sdist, then the wheel from it: ``python -m build --no-isolation``, offline, with
@@ -24,7 +24,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LICENSE = (REPO / "LICENSE").read_bytes()
-PLUGIN_DIRS = ("vllm", "vllm_ascend", "sglang", "trtllm", "mindie", "sim")
+PLUGIN_DIRS = ("vllm", "vllm_ascend", "sglang", "trtllm", "mindie", "transformers", "sim")
 CORE_FILES = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in")
 _BUILD_JUNK = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist", "*.pyc", ".pytest_cache")
 

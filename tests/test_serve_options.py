@@ -217,7 +217,7 @@ def test_a_new_field_fails_each_plugins_conformance_until_the_plugin_maps_it(mon
     new = ServeOption("bool", "Never capture graphs (vLLM --enforce-eager).", name="enforce_eager")
     monkeypatch.setattr(conformance, "serve_options", lambda: (*serve_options(), new))
     pm = PluginManager()
-    for engine in ("vllm", "vllm-ascend", "sglang", "trtllm", "mindie"):
+    for engine in ("vllm", "vllm-ascend", "sglang", "trtllm", "mindie", "transformers"):
         kit = type("Kit", (conformance.EngineConformance,), {"engine": engine})()
         info = pm.engine(engine).info
         with pytest.raises(AssertionError, match="serve_options says nothing about enforce_eager"):

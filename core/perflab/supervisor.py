@@ -544,13 +544,18 @@ class EngineInstance:
                 lambda: procs.spawn(spec.argv, env, self._cwd(spec), grace=self.settings.grace))
         except OSError as exc:
             log_path.write_text(f"[perflab] could not start {spec.argv[0]}: {exc}\n", encoding="utf-8")
+            missing = isinstance(exc, FileNotFoundError)
+            # a simulated machine puts on PATH only the engines its simulator serves
+            unsimulated = missing and self.hardware.simulated
             o.cause = CrashCause(
-                "spawn-failed",
-                f"could not start {spec.argv[0]!r}: {exc.strerror or exc}",
-                hint="is the engine installed and on PATH?" if isinstance(exc, FileNotFoundError) else "",
+                "engine-not-simulated" if unsimulated else "spawn-failed",
+                f"the simulated machine has no {spec.argv[0]!r}: perflab's simulator does not simulate {spec.engine}"
+                if unsimulated else f"could not start {spec.argv[0]!r}: {exc.strerror or exc}",
+                hint="run this engine on real hardware (--hardware auto)" if unsimulated
+                else "is the engine installed and on PATH?" if missing else "",
                 source="perflab",
             )
-            self._transition(Status.CRASHED, cause="spawn-failed")
+            self._transition(Status.CRASHED, cause=o.cause.name)
             return False
         self._launched_mono = time.monotonic()
         self._proc = proc

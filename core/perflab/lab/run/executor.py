@@ -717,6 +717,9 @@ class Executor:
                     self._record_startup_failure(rec, o, config, device_sets, run_dir)
                     break
             else:
+                # the engine's caveats (preflight's warnings: transformers serve's output lengths
+                # are counted, not forced) travel with its result into the report
+                rec.reasons = tuple(dict.fromkeys(w for inst in instances for w in inst.outcome.warnings))
                 rec.script = launches_script(instances, self._describer(engine), run_dir)
                 await self._benchmark_all(rec, instances, config, profiles, run_dir, label, to_beat)
                 main = rec.measurements.get(plan.main_profile)
