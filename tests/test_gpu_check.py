@@ -294,3 +294,11 @@ def test_wheel_folders_are_ignored() -> None:
     ignored = (ROOT / ".gitignore").read_text().splitlines()
     assert "gpu-wheels/" in ignored and "gpu-check-out/" in ignored
 
+
+
+def test_the_tiny_models_answers_are_sampled_with_no_eos_to_stop_at(tmp_path: Path) -> None:
+    (tmp_path / "generation_config.json").write_text(json.dumps({"bos_token_id": 2, "eos_token_id": [2], "pad_token_id": 0}))
+    args = gpu_check.sampling_args(tmp_path)
+    assert args[0] == "--extra-body"
+    generation = json.loads(json.loads(args[1])["generation_config"])  # a JSON string in the body, as serve reads it
+    assert generation["do_sample"] is True and "eos_token_id" not in generation and generation["pad_token_id"] == 0
