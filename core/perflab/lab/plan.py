@@ -1448,6 +1448,12 @@ def reference_config(plan: Plan, engine: str) -> Configuration:
     return plan.baseline_config() if engine == plan.baseline.engine else plan.engine_defaults(engine)
 
 
+def space_config(plan: Plan, point: Mapping[str, Any]) -> Configuration:
+    """A point of ``plan.space`` (``{"engine": ..., option: value}``) as the configuration
+    measured: the engine's defaults in this plan with the point's options (None: the engine's own)."""
+    return plan.engine_defaults(point["engine"]).with_delta({k: v for k, v in point.items() if k != "engine"})
+
+
 def job_for(plan: Plan, config: Configuration) -> AccuracyJob | None:
     """The accuracy measurement ``config`` needs in a study of ``plan`` (None: no gate)."""
     spec = plan.accuracy
