@@ -333,7 +333,8 @@ def _space_model() -> type[BaseModel]:
         None, description="Engines of the space (default: the plan's engines)."))}
     for key, opt in PLAN_OPTIONS.items():
         if opt.kind in SPACE_KINDS and key != "model":
-            fields[key] = (Annotated[list[_option_type(opt)], Field(min_length=1)] | None, Field(
+            values: Any = Annotated[list[_option_type(opt)], Field(min_length=1)]  # type: ignore[misc]
+            fields[key] = (values | None, Field(
                 None, description=f"Values of {key} to try (null: the engine's default). {opt.help}"))
     model: type[BaseModel] = create_model("Space", __base__=_Section, __doc__="The configuration space of method grid or search.",
                                           **fields)
@@ -347,8 +348,8 @@ class Tuning(_Section):
     """How method: search spends its measurements."""
 
     trials: int | None = Field(None, gt=0, le=10_000, json_schema_extra=_tag("trials"),
-                               description="Distinct configurations measured (default: a third of the space, "
-                                           "at least 8, never more than the space).")
+                               description="Distinct configurations measured (default: a quarter of the space, "
+                                           "at least 6, never more than the space).")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="The sampler's seed: the same seed, the same trials on the simulator.")
     budget_engine_hours: float | None = Field(None, gt=0, le=1_000_000.0, json_schema_extra=_tag("budget_engine_hours"),
                                               description="Stop asking for trials once they have used this many "

@@ -962,7 +962,7 @@ class _Study:
         for step in steps:
             if step.adopted and step.chosen is not None:
                 step.vs_baseline_pct = pct(self.rank.value(step.chosen.result), base_fig)
-                if step.kind == "engine":
+                if step.kind in ("engine", "grid", "search"):
                     step.vs_base_pct = step.vs_baseline_pct
         in_steps = {e.config.key() for st in steps for e in st.entries} | {baseline.config.key()}
         references = [self.entry(label, reference_config(plan, engine), res)

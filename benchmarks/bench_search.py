@@ -1,0 +1,111 @@
+"""method: search against method: grid on the simulator (issue 29).
+
+``--fixture``: measure every point of the small space (2 engines x 3 max_num_seqs x 3
+max_batched_tokens) to the end (method: grid, no early stop) and write the ground truth to
+tests/fixtures/search_grid_small.json, with the plan it measured: the CI test
+(tests/lab/test_lab_search.py) compares its searches with it instead of measuring the grid
+(18 engine launches) itself. Re-run it when the simulator's models change.
+
+Without ``--fixture``: search that space with ``--seeds`` seeds (default 10; the plan's
+defaults, ``tuning: {seed: S}``) and print, per seed, the figure of the configuration search
+picked, its gap to the grid's best and its engine-hours against the grid's; then how many
+seeds reached within 2 % of the optimum at most 40 % of the grid's engine-hours.
+
+Run::
+
+    .venv/bin/python benchmarks/bench_search.py --fixture     # ~2 min, writes the fixture
+    .venv/bin/python benchmarks/bench_search.py --seeds 10    # ~10 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "search_grid_small.json"
+sys.path.insert(0, str(ROOT / "tests" / "lab"))
+
+#: the small space; {method} and {tuning} are filled in per run
+PLAN = """\
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x8
+simulation: {{time_scale: 10000}}
+engines: [vllm, sglang]
+method: {method}
+space:
+  engine: [vllm, sglang]
+  max_num_seqs: [32, 128, 512]
+  max_batched_tokens: [2048, 8192, 32768]
+{tuning}profiles:
+  main: {{input_len: 512, output_len: 256, num_prompts: 200}}
+"""
+
+
+def plan_text(method: str, seed: int | None = None) -> str:
+    return PLAN.format(method=method, tuning=f"tuning: {{seed: {seed}}}\n" if seed is not None else "")
+
+
+def run(text: str, out: Path, **decision: Any) -> Any:
+    from simstudy import run_sim_study
+
+    return run_sim_study(text, out, **decision)
+
+
+def trials(summary: Any) -> list[dict[str, Any]]:
+    step = summary.outcome.steps[0]
+    return [{**e.trial, "label": e.label, "eligible": e.eligible} for e in step.entries if e.trial is not None]
+
+
+def write_fixture() -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
+        t0 = time.monotonic()
+        s = run(plan_text("grid"), Path(tmp) / "grid", early_stop=False)
+        points = trials(s)
+    best = max((p for p in points if p["eligible"]), key=lambda p: p["value"])
+    doc = {"plan": plan_text("grid"), "points": points, "best": best,
+           "engine_hours": round(sum(p["engine_hours"] or 0.0 for p in points), 6),
+           "wall_s": round(time.monotonic() - t0, 1)}
+    FIXTURE.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(f"{FIXTURE}: best {best['label']} {best['value']:.1f} tok/s; grid {doc['engine_hours']:.3f} engine-hours")
+
+
+def search_seed(seed: int, tmp: Path) -> dict[str, Any]:
+    s = run(plan_text("search", seed), tmp / f"search-{seed}")
+    step = s.outcome.steps[0]
+    return {"seed": seed, "best": step.search["best"], "engine_hours": step.search["engine_hours"],
+            "trials": step.search["trials"], "pruned": step.search["pruned"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fixture", action="store_true", help="measure the grid and write the fixture")
+    ap.add_argument("--seeds", type=int, default=10)
+    args = ap.parse_args()
+    if args.fixture:
+        write_fixture()
+        return
+    truth = json.loads(FIXTURE.read_text(encoding="utf-8"))
+    optimum, grid_hours = truth["best"]["value"], truth["engine_hours"]
+    print(f"grid: {truth['best']['label']} {optimum:.1f} tok/s, {grid_hours:.3f} engine-hours ({len(truth['points'])} points)")
+    print("| seed | search's pick | figure | gap to optimum | trials (pruned) | engine-hours (share of grid) |")
+    print("|---|---|---|---|---|---|")
+    reached = 0
+    with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
+        for seed in range(args.seeds):
+            r = search_seed(seed, Path(tmp))
+            gap = (optimum - r["best"]["value"]) / optimum * 100
+            share = r["engine_hours"] / grid_hours * 100
+            reached += gap <= 2.0 and share <= 40.0
+            print(f"| {seed} | {r['best']['label']} | {r['best']['value']:.1f} | {gap:.2f} % | {r['trials']} ({r['pruned']}) "
+                  f"| {r['engine_hours']:.3f} ({share:.0f} %) |", flush=True)
+    print(f"{reached} of {args.seeds} seeds within 2 % of the optimum at <= 40 % of the grid's engine-hours")
+
+
+if __name__ == "__main__":
+    main()
