@@ -43,7 +43,7 @@ space:
   max_num_seqs: [32, 128, 512]
   max_batched_tokens: [2048, 8192, 32768]
 {tuning}profiles:
-  main: {{input_len: 512, output_len: 256, num_prompts: 200}}
+  main: {{input_len: 1024, output_len: 64, num_prompts: 200}}
 """
 
 
@@ -64,7 +64,7 @@ def trials(summary: Any) -> list[dict[str, Any]]:
 
 def write_fixture() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
-        t0 = time.monotonic()
+        t0 = time.monotonic()  # the grid's wall time, kept in the fixture: what the CI test saves
         s = run(plan_text("grid"), Path(tmp) / "grid", early_stop=False)
         points = trials(s)
     best = max((p for p in points if p["eligible"]), key=lambda p: p["value"])
@@ -75,10 +75,17 @@ def write_fixture() -> None:
     print(f"{FIXTURE}: best {best['label']} {best['value']:.1f} tok/s; grid {doc['engine_hours']:.3f} engine-hours")
 
 
-def search_seed(seed: int, tmp: Path) -> dict[str, Any]:
+def search_seed(seed: int, tmp: Path, truth: dict[str, Any]) -> dict[str, Any]:
+    """One search; its engine-hours' share of the grid's, the grid's rescaled to this host (a
+    simulated engine's engine-hours are mostly its start on the host x the time scale): by
+    the hours its complete trials took here against the fixture's hours of the same points."""
     s = run(plan_text("search", seed), tmp / f"search-{seed}")
     step = s.outcome.steps[0]
+    fixture = {json.dumps(p["point"], sort_keys=True): p["engine_hours"] for p in truth["points"]}
+    complete = [e.trial for e in step.entries if e.trial is not None and e.trial["state"] == "complete"]
+    here = sum(t["engine_hours"] for t in complete) / sum(fixture[json.dumps(t["point"], sort_keys=True)] for t in complete)
     return {"seed": seed, "best": step.search["best"], "engine_hours": step.search["engine_hours"],
+            "share": step.search["engine_hours"] / (truth["engine_hours"] * here),
             "trials": step.search["trials"], "pruned": step.search["pruned"]}
 
 
@@ -98,9 +105,9 @@ def main() -> None:
     reached = 0
     with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
         for seed in range(args.seeds):
-            r = search_seed(seed, Path(tmp))
+            r = search_seed(seed, Path(tmp), truth)
             gap = (optimum - r["best"]["value"]) / optimum * 100
-            share = r["engine_hours"] / grid_hours * 100
+            share = r["share"] * 100
             reached += gap <= 2.0 and share <= 40.0
             print(f"| {seed} | {r['best']['label']} | {r['best']['value']:.1f} | {gap:.2f} % | {r['trials']} ({r['pruned']}) "
                   f"| {r['engine_hours']:.3f} ({share:.0f} %) |", flush=True)

@@ -200,13 +200,23 @@ def test_grid_measures_every_point_and_picks_the_best(tmp_path: Path) -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_search_reaches_the_grids_best_at_a_fraction_of_its_engine_hours(tmp_path: Path, seed: int) -> None:
     """Search (its defaults, tuning: {seed: S}) on the small space: within 2 % of the grid's
-    best at <= 40 % of the grid's engine-hours (the grid: the fixture, measured to the end)."""
+    best at <= 40 % of the grid's engine-hours (the grid: the fixture, measured to the end).
+
+    A simulated engine's engine-hours are mostly its start on this host x the time scale, so
+    the fixture's are rescaled to this host: by the ratio of the hours this search's complete
+    trials took here to the fixture's hours of the same points."""
     from simstudy import run_sim_study
 
     truth = json.loads(FIXTURE.read_text(encoding="utf-8"))
     text = truth["plan"].replace("method: grid\n", f"method: search\ntuning: {{seed: {seed}}}\n")
     summary = run_sim_study(text, tmp_path / f"search-{seed}")
-    info = summary.outcome.steps[0].search
+    step = summary.outcome.steps[0]
+    info = step.search
     gap = (truth["best"]["value"] - info["best"]["value"]) / truth["best"]["value"] * 100
     assert gap <= 2.0, (info["best"], truth["best"])
-    assert info["engine_hours"] <= 0.4 * truth["engine_hours"], (info["engine_hours"], truth["engine_hours"])
+    fixture_hours = {json.dumps(p["point"], sort_keys=True): p["engine_hours"] for p in truth["points"]}
+    complete = [e.trial for e in step.entries if e.trial is not None and e.trial["state"] == "complete"]
+    here = sum(t["engine_hours"] for t in complete) / sum(fixture_hours[json.dumps(t["point"], sort_keys=True)]
+                                                          for t in complete)
+    share = info["engine_hours"] / (truth["engine_hours"] * here)
+    assert share <= 0.4, (share, info["engine_hours"], truth["engine_hours"], here)
