@@ -332,7 +332,7 @@ def _space_model() -> type[BaseModel]:
     fields: dict[str, Any] = {"engine": (Annotated[list[EngineName], Field(min_length=1)] | None, Field(
         None, description="Engines of the space (default: the plan's engines)."))}
     for key, opt in PLAN_OPTIONS.items():
-        if opt.kind in SPACE_KINDS and key != "model":
+        if opt.kind in SPACE_KINDS:
             values: Any = Annotated[list[_option_type(opt)], Field(min_length=1)]  # type: ignore[misc]
             fields[key] = (values | None, Field(
                 None, description=f"Values of {key} to try (null: the engine's default). {opt.help}"))
