@@ -47,6 +47,24 @@ space:
 """
 
 
+#: the seeds' method on the same space: the engines on defaults, then each option's values one
+#: step at a time on the winner
+SEEDS_STEPS = """\
+candidates:
+  - name: Max Num Seqs
+    variants: [{name: "32", set: {max_num_seqs: 32}}, {name: "128", set: {max_num_seqs: 128}},
+               {name: "512", set: {max_num_seqs: 512}}]
+  - name: Max Batched Tokens
+    variants: [{name: "2048", set: {max_batched_tokens: 2048}}, {name: "8192", set: {max_batched_tokens: 8192}},
+               {name: "32768", set: {max_batched_tokens: 32768}}]
+"""
+
+
+def seeds_text() -> str:
+    text = plan_text("seeds")
+    return text[:text.index("space:")] + SEEDS_STEPS + text[text.index("profiles:"):]
+
+
 def plan_text(method: str, seed: int | None = None) -> str:
     return PLAN.format(method=method, tuning=f"tuning: {{seed: {seed}}}\n" if seed is not None else "")
 
@@ -89,6 +107,16 @@ def search_seed(seed: int, tmp: Path, truth: dict[str, Any]) -> dict[str, Any]:
             "trials": step.search["trials"], "pruned": step.search["pruned"]}
 
 
+def hours(summary: Any, entry: Any) -> float | None:
+    from perflab.lab.store import Store
+
+    store = Store.open_existing(summary.study_dir)
+    try:
+        return store.run_engine_hours(entry.result.run_id) if entry.result.run_id is not None else None
+    finally:
+        store.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fixture", action="store_true", help="measure the grid and write the fixture")
@@ -104,6 +132,14 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     reached = 0
     with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
+        seeds = run(seeds_text(), Path(tmp) / "seeds")
+        pick = seeds.outcome.optimized
+        fig = seeds.outcome.rank.value(pick.result) if pick is not None else None
+        steps_hours = sum(e.trial["engine_hours"] if e.trial else (hours(seeds, e) or 0.0)
+                          for st in seeds.outcome.steps for e in st.entries)
+        print(f"| seeds' method | {pick.label if pick else '-'} | {fig or 0:.1f} | "
+              f"{(optimum - (fig or 0)) / optimum * 100:.2f} % | {sum(len(st.entries) for st in seeds.outcome.steps)} "
+              f"| {steps_hours:.3f} (this host) |", flush=True)
         for seed in range(args.seeds):
             r = search_seed(seed, Path(tmp), truth)
             gap = (optimum - r["best"]["value"]) / optimum * 100

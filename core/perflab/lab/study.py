@@ -764,14 +764,13 @@ class _Study:
             seen[point_key(point)] = told
             step.entries.append(e)
 
-        recovered = search.recover()
+        search.recover()
         for t in search.finished():
             if t.told == REPEAT or point_key(t.point) in seen:
                 continue
             cfg, label = space_config(plan, t.point), self._point_label(t.point)
             e = self.entry(label, cfg, await self.one(cfg, step.title, label, None))
             record(e, t.number, t.point, self._told(e))
-        resumed = len(seen)
         asks = 0
         while writable and len(seen) < search.trials and asks < 4 * search.trials + space.size:
             if tuning.budget_engine_hours is not None and spent >= tuning.budget_engine_hours:
@@ -797,8 +796,8 @@ class _Study:
                 told = self._told(e)
                 search.tell(number, told, label=label, engine_hours=self._engine_hours(res))
                 record(e, number, point, told)
-        return {"sampler": "TPE", "seed": tuning.seed, "trials_asked": search.trials, "resumed": resumed,
-                "recovered": recovered, "budget_engine_hours": tuning.budget_engine_hours,
+        return {"sampler": "TPE", "seed": tuning.seed, "trials_asked": search.trials,
+                "budget_engine_hours": tuning.budget_engine_hours,
                 "importances": search.importances()}
 
     def _engines_for(self, cand: Candidate, variant_engines: tuple[str, ...] | None, best: Entry) -> list[str]:

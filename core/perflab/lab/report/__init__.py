@@ -608,7 +608,6 @@ def search_lines(step: Step, rank: Ranking) -> list[str]:
     if info.get("method") == "search":
         out += [f"Optuna's TPE sampler (seed {info.get('seed')}) asked for {info.get('trials_asked')} distinct points "
                 f"of the {info.get('points')}; {info.get('trials')} measured, {info.get('pruned')} pruned by early stop"
-                + (f", {info['resumed']} taken over from an earlier session" if info.get("resumed") else "")
                 + (f", budget {info['budget_engine_hours']:g} engine-hours" if info.get("budget_engine_hours") else "")
                 + ".", ""]
     out += [f"| Trial | Configuration | {rank.name} | State | Engine-hours |", "|---|---|---|---|---|"]

@@ -99,7 +99,7 @@ class Step(_Part):
     within_noise: bool
     search: Object | None = Field(None, description="method grid or search: {method, points, dimensions, trials, pruned, "
                                                     "engine_hours, best, and for search sampler, seed, trials_asked, "
-                                                    "resumed, recovered, budget_engine_hours, importances}")
+                                                    "budget_engine_hours, importances}")
 
 
 class Case(_Part):
