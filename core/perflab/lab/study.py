@@ -697,6 +697,10 @@ class _Study:
             COMPLETE: "complete", PRUNED: "pruned", FAIL: "failed"}[told.state]
         e.trial = {"number": number, "point": dict(point), "state": state, "value": told.value,
                    "engine_hours": self._engine_hours(e.result)}
+        if told.state == PRUNED:  # which figure of early stop's the value is
+            info = e.result.stopped_early or {}
+            e.trial["pruned_by"] = "bound" if "bound_token_throughput" in info else \
+                "forecast" if "forecast_token_throughput" in info else None
 
     async def space_step(self) -> tuple[Step, Entry | None]:
         """Method grid (every point of the space, in grid order, early stop against the best so

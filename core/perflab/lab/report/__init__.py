@@ -616,8 +616,8 @@ def search_lines(step: Step, rank: Ranking) -> list[str]:
         if t is None:
             continue
         value = t.get("value")
-        fig = "n/a" if value is None else (f"≤ {value:.2f} {rank.unit} (bound)" if t["state"] == "pruned"
-                                           else rank.text(e.result))
+        fig = "n/a" if value is None else (f"≤ {value:.2f} {rank.unit} ({t.get('pruned_by') or 'bound'})"
+                                           if t["state"] == "pruned" else rank.text(e.result))
         hours = "-" if t.get("engine_hours") is None else f"{t['engine_hours']:.3f}"
         best = " **(best)**" if step.chosen is e else ""
         out.append(f"| {t['number']} | {_md_escape(e.label)}{best} | {fig} | {t['state']} | {hours} |")

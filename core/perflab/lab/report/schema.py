@@ -80,7 +80,8 @@ class Entry(_Part):
     result: Result
     accuracy: Object | None = Field(None, description="The accuracy gate's verdict (plans with accuracy:)")
     trial: Object | None = Field(None, description="method grid or search: {number, point, state (complete, pruned, "
-                                                   "failed, unsupported), value (a pruned trial's: its bound), engine_hours}")
+                                                   "failed, unsupported), value (a pruned trial's: its bound or forecast, "
+                                                   "pruned_by says which), engine_hours}")
 
 
 class Step(_Part):
