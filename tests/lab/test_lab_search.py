@@ -107,7 +107,8 @@ class Executor:
             raise RuntimeError("the machine went away")
         self.launched.append(repr(config.canonical()))
         tps = _tps(config)
-        metrics = {"num_prompts": 10, "completed": 10, "failed": 0, "total_token_throughput": tps, "duration": 10.0}
+        metrics = {"num_prompts": 10, "completed": 10, "failed": 0, "total_token_throughput": tps, "duration": 10.0,
+                   "p99_tpot_ms": float(config.options.get("max_num_seqs", 16))}  # more sequences, slower tokens
         return RunRecord(Status.DONE, measurements={p.name: ProfileMeasurement(Status.OK, metrics=metrics, num_prompts=10)
                                                     for p in profiles}, version="1", engine_seconds=3600.0, accelerators=1)
 
@@ -118,11 +119,11 @@ class _Log:
     def exception(self, *a: Any, **k: Any) -> None: ...
 
 
-def _session(out: Path, executor: Executor) -> Any:
-    p = plan(SEARCH)
+def _session(out: Path, executor: Executor, extra: str = "", search: str = SEARCH) -> Any:
+    p = plan(search + extra)
     store = Store(out)
     store.begin_session()
-    for key, value in (("plan_text", BASE + SEARCH), ("plan_path", "search-test.yaml"), ("salt", SALT)):
+    for key, value in (("plan_text", BASE + search + extra), ("plan_path", "search-test.yaml"), ("salt", SALT)):
         store.set_meta(key, value)
     measure = LiveMeasure(store, SALT, executor, retry_failed=False, on_event=lambda *a, **k: None, log=_Log(), plan=p)
     try:
@@ -180,6 +181,23 @@ def test_an_interrupted_search_resumes_without_repeating_finished_trials(tmp_pat
     assert _trials(again) == trials and again.steps[0].chosen.label == outcome.steps[0].chosen.label
     assert "| Trial | Configuration | Throughput | State | Engine-hours |" in md
     assert f"{outcome.steps[0].chosen.label} **(best)**" in md
+
+
+def test_guards_are_optuna_constraints_and_the_budget_stops_the_trials(tmp_path: Path) -> None:
+    import optuna
+
+    outcome = _session(tmp_path / "guarded", Executor(), "guards: {p99_tpot_ms: 100}\n")
+    step = outcome.steps[0]
+    assert step.chosen is not None and step.chosen.config.options["max_num_seqs"] <= 64  # 128 and 256 break the guard
+    assert any(not e.eligible and e.note.startswith("Not eligible") for e in step.entries)
+    journal = optuna.load_study(study_name="perflab-search", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "guarded" / JOURNAL))))
+    told = [t for t in journal.get_trials(deepcopy=False) if t.user_attrs.get("told") == "complete"]
+    assert {tuple(t.user_attrs["constraint"]) for t in told} <= {(0.0,), (1.0,)}
+    assert all((t.user_attrs["constraint"] == [1.0]) == (t.params["max_num_seqs"] > 100) for t in told)
+    # each trial takes one engine-hour: with a budget of 3, no fourth trial starts
+    capped = _session(tmp_path / "capped", Executor(), search=SEARCH.replace("seed: 3}", "seed: 3, budget_engine_hours: 3}"))
+    assert capped.steps[0].search["trials"] == 3 and capped.steps[0].search["engine_hours"] == 3.0
 
 
 def test_grid_measures_every_point_and_picks_the_best(tmp_path: Path) -> None:
