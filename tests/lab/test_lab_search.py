@@ -195,6 +195,12 @@ def test_guards_are_optuna_constraints_and_the_budget_stops_the_trials(tmp_path:
     told = [t for t in journal.get_trials(deepcopy=False) if t.user_attrs.get("told") == "complete"]
     assert {tuple(t.user_attrs["constraint"]) for t in told} <= {(0.0,), (1.0,)}
     assert all((t.user_attrs["constraint"] == [1.0]) == (t.params["max_num_seqs"] > 100) for t in told)
+    # an SLO a throughput ranking only reports: each limit's slack (ms) is one more constraint
+    _session(tmp_path / "slo", Executor(), "slo: {tpot_ms: 100, percentile: 99}\n")
+    journal = optuna.load_study(study_name="perflab-search", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "slo" / JOURNAL))))
+    told = [t for t in journal.get_trials(deepcopy=False) if t.user_attrs.get("told") == "complete"]
+    assert told and all(t.user_attrs["constraint"] == [0.0, t.params["max_num_seqs"] - 100.0] for t in told)
     # each trial takes one engine-hour: with a budget of 3, no fourth trial starts
     capped = _session(tmp_path / "capped", Executor(), search=SEARCH.replace("seed: 3}", "seed: 3, budget_engine_hours: 3}"))
     assert capped.steps[0].search["trials"] == 3 and capped.steps[0].search["engine_hours"] == 3.0
