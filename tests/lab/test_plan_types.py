@@ -74,6 +74,15 @@ notes: [one, two]
 # the same with the model given by path (model.id and model.path exclude each other)
 FULL_BY_PATH = {**FULL, "model": {"path": "weights/qwen3", "name": "Qwen3-32B", "metadata": {"params": "32B"}}}
 
+# method: search, with every key of space and tuning (method grid and search take no candidates)
+FULL_SEARCH = {**{k: v for k, v in FULL.items() if k not in ("candidates", "combinations")}, "method": "search",
+               "space": {"engine": ["vllm", "sglang"], "model": ["Qwen/Qwen3-32B", "Qwen/Qwen3-32B-FP8"],
+                         **{k: [None] for k in ("served_model_name", "tp", "pp", "dp", "nodes", "ep", "max_model_len",
+                                                "max_batched_tokens", "max_num_seqs", "quantization", "kv_cache_dtype",
+                                                "prefix_caching", "chunked_prefill", "mem_fraction", "reasoning_parser",
+                                                "replicas")}},
+               "tuning": {"trials": 8, "seed": 1, "budget_engine_hours": 12.5}}
+
 WRONG: dict[str, Any] = {
     "null": None, "bool": True, "int": 7, "float": 2.5, "str": "text", "list": [1, "a"], "mapping": {"k": [1]},
     "timestamp": datetime.date(2024, 1, 1),  # YAML's `2024-01-01` (and TOML's dates)
@@ -119,8 +128,10 @@ def test_the_full_plan_is_valid_and_uses_every_key_the_schema_declares() -> None
     for doc in (FULL, FULL_BY_PATH):
         plan = parse_plan(doc, known_engines=KNOWN, check_files=False)
         assert len(plan.profiles) == 5 and plan.combinations
+    plan = parse_plan(FULL_SEARCH, known_engines=KNOWN, check_files=False)
+    assert plan.method == "search" and plan.space is not None and plan.space.size == 4 and plan.tuning.trials == 8
     used = {_key_text(tuple(k for k in p if not isinstance(k, int)))
-            for doc in (FULL, FULL_BY_PATH) for p in _paths(doc)}
+            for doc in (FULL, FULL_BY_PATH, FULL_SEARCH) for p in _paths(doc)}
     step = "candidates.variants"
     declared = {
         *schema.TOP_KEYS, *(f"model.{k}" for k in schema.MODEL_KEYS), *(f"baseline.{k}" for k in schema.BASELINE_KEYS),
@@ -130,6 +141,7 @@ def test_the_full_plan_is_valid_and_uses_every_key_the_schema_declares() -> None
         *(f"timeouts.{k}" for k in schema.TIMEOUT_KEYS), *(f"simulation.{k}" for k in schema.SIMULATION_KEYS),
         *(f"slo.{k}" for k in SLO_KEYS), *(f"cost.{k}" for k in COST_KEYS),
         *(f"guards.{k}" for k in GUARD_KEYS), *(f"accuracy.{k}" for k in ACCURACY_KEYS),
+        *(f"space.{k}" for k in schema.SPACE_KEYS), *(f"tuning.{k}" for k in schema.TUNING_KEYS),
     }
     profile_keys = {p[2] for p in _paths(FULL) if p[0] == "profiles" and len(p) == 3}
     assert declared <= used, sorted(declared - used)
@@ -182,7 +194,15 @@ LIMIT_PATHS: dict[str, tuple[Any, ...]] = {
     "accuracy_limit": ("accuracy", "limit"),
     "accuracy_concurrency": ("accuracy", "concurrency"),
     "accuracy_points": ("accuracy", "max_drop"),
+    "trials": ("tuning", "trials"),
+    "budget_engine_hours": ("tuning", "budget_engine_hours"),
 }
+# the limits of keys FULL cannot hold (method: search's): where FULL_SEARCH has them
+IN_FULL_SEARCH = {"trials", "budget_engine_hours"}
+
+
+def _doc(name: str) -> dict[str, Any]:
+    return FULL_SEARCH if name in IN_FULL_SEARCH else FULL
 
 
 def _at(name: str, over: bool) -> Any:
@@ -202,7 +222,7 @@ def test_every_limit_is_exercised() -> None:
 def test_a_number_past_its_limit_is_refused_in_one_line_naming_key_and_limit(name: str) -> None:
     path = LIMIT_PATHS[name]
     with pytest.raises(UsageError) as err:
-        parse_plan(_set(FULL, path, _at(name, over=True)), known_engines=KNOWN, check_files=False)
+        parse_plan(_set(_doc(name), path, _at(name, over=True)), known_engines=KNOWN, check_files=False)
     message = str(err.value)
     assert "\n" not in message and _key_text(path) in message, message
     if name != "seed":
@@ -211,7 +231,7 @@ def test_a_number_past_its_limit_is_refused_in_one_line_naming_key_and_limit(nam
 
 @pytest.mark.parametrize("name", sorted(set(LIMITS) - {"num_prefixes"}))  # num_prefixes also needs as many prompts
 def test_a_number_at_its_limit_is_accepted(name: str) -> None:
-    parse_plan(_set(FULL, LIMIT_PATHS[name], _at(name, over=False)), known_engines=KNOWN, check_files=False)
+    parse_plan(_set(_doc(name), LIMIT_PATHS[name], _at(name, over=False)), known_engines=KNOWN, check_files=False)
 
 
 def test_the_plan_reference_states_every_limit() -> None:

@@ -68,6 +68,8 @@ SIMULATION_KEYS = schema.keys(schema.Simulation)
 SLO_SECTION_KEYS = schema.keys(schema.Slo)
 COST_SECTION_KEYS = schema.keys(schema.Cost)
 ACCURACY_SECTION_KEYS = schema.keys(schema.Accuracy)
+SPACE_KEYS = schema.keys(schema.Space)
+TUNING_KEYS = schema.keys(schema.Tuning)
 # the profile keys each dataset needs (input_len: the prompt's own tokens after a shared prefix,
 # or each new user message of a conversation)
 DATASET_NEEDS: Mapping[str, tuple[str, ...]] = {
@@ -238,6 +240,46 @@ class Baseline:
 
 
 @dataclass(frozen=True)
+class Space:
+    """``space:`` of method grid or search: its engines, and serving option -> the values it
+    takes (None: the engine's default). A point is one value per dimension; the grid is
+    their product, engines first, then the options in the plan's order."""
+
+    engines: tuple[str, ...]
+    options: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    def dims(self) -> dict[str, tuple[Any, ...]]:
+        """Dimension name -> its values: ``engine`` first, then the options."""
+        return {"engine": self.engines, **self.options}
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(v) for v in self.dims().values())
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every point, in grid order: ``{"engine": ..., option: value, ...}``."""
+        names = list(self.dims())
+        return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*self.dims().values())]
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """``tuning:`` of method search (perflab.lab.search)."""
+
+    trials: int | None = None  # None: trials_for's default
+    seed: int = schema.default(schema.Tuning, "seed")
+    budget_engine_hours: float | None = None
+
+    def trials_for(self, space_size: int) -> int:
+        """The distinct configurations a search measures: ``trials``, else a quarter of the
+        space and at least 5 (TPE's model needs a few observations beyond its random start),
+        never more than the space. On the simulator's 2 x 3 x 3 space, 5 trials reach within
+        2 % of the grid's best for 9 of 10 seeds (benchmarks/bench_search.py)."""
+        n = self.trials if self.trials is not None else max(5, math.ceil(space_size / 4))
+        return max(1, min(n, space_size))
+
+
+@dataclass(frozen=True)
 class Timeouts:
     startup_s: float | None = None  # None: the engine plugin's own readiness timeout
     benchmark_s: float = schema.default(schema.Timeouts, "benchmark_s")
@@ -281,6 +323,9 @@ class Plan:
     decision: Decision = field(default_factory=Decision)  # decide_by, slo, search, repeats, warmup, early_stop
     cost: Cost | None = None  # cost: {per_accelerator_hour, currency}; None: no cost figures
     accuracy: AccuracySpec | None = None  # accuracy: the gate (perflab.lab.accuracy); None: no accuracy runs
+    method: str = schema.default(schema.PlanDocument, "method")  # seeds | grid | search (schema.METHODS)
+    space: Space | None = None  # method grid or search: the points measured or searched
+    tuning: Tuning = Tuning()
 
     @property
     def display_model(self) -> str:
@@ -1075,6 +1120,69 @@ def _decision(p: _Problems, data: Mapping[str, Any]) -> Decision:
     return Decision(**kw)
 
 
+def _method(p: _Problems, data: Mapping[str, Any], engines: tuple[str, ...] | None,
+            known: set[str] | None) -> tuple[str, Space | None, Tuning]:
+    """``method``, ``space`` and ``tuning``: each checked, and that they fit together."""
+    method = data.get("method", schema.default(schema.PlanDocument, "method"))
+    if not isinstance(method, str) or method not in schema.METHODS:
+        p.add("method", f"expected one of: {', '.join(schema.METHODS)}, got {_show(method)}")
+        method = schema.default(schema.PlanDocument, "method")
+    space: Space | None = None
+    raw = _mapping(p, "space", data.get("space"), "a mapping of engine and serving options to lists of values")
+    if raw is not None:
+        _unknown_keys(p, "space", raw, SPACE_KEYS)
+        space_engines = _engine_list(p, "space.engine", raw["engine"], known, allow_winner=False) \
+            if raw.get("engine") is not None else engines
+        options: dict[str, tuple[Any, ...]] = {}
+        for name, values in raw.items():
+            if name == "engine" or name not in SPACE_KEYS:
+                continue
+            if not isinstance(values, list) or not values:
+                p.add(f"space.{name}", f"expected a non-empty list of values, got {_typename(values)} {_show(values)}")
+                continue
+            checked = [_option_value(p, f"space.{name}[{i}]", name, v) for i, v in enumerate(values)]
+            if any(c is _BAD for c in checked):
+                continue
+            if len(set(map(repr, checked))) != len(checked):
+                p.add(f"space.{name}", f"a value is listed twice in {_show(values)}")
+                continue
+            options[name] = tuple(checked)
+        if space_engines is not None:
+            space = Space(space_engines, MappingProxyType(options))
+            if space.size > schema.SPACE_POINTS:
+                p.add("space", f"{space.size:_} points; at most {schema.SPACE_POINTS:_} (a grid that size is a typo)")
+    if method != "seeds" and raw is None:
+        p.add("space", f"missing; method: {method} needs the space, e.g. space: {{engine: [vllm, sglang], "
+                       f"max_num_seqs: [64, 256]}}")
+    if method == "seeds" and raw is not None:
+        p.add("space", "only with method: grid or method: search (the seeds' method takes candidates)")
+    if method != "seeds" and (data.get("candidates") or data.get("combinations")):
+        p.add("candidates", f"only with method: seeds; method: {method} measures the points of space")
+    t = _mapping(p, "tuning", data.get("tuning"), "a mapping such as {trials: 20, seed: 1}")
+    tuning = Tuning()
+    if t is not None:
+        if method != "search":
+            p.add("tuning", "only with method: search")
+        _unknown_keys(p, "tuning", t, TUNING_KEYS)
+        kw: dict[str, Any] = {}
+        if t.get("trials") is not None:
+            kw["trials"] = _pos_int(p, "tuning.trials", t["trials"], declared=(schema.Tuning, "trials"))
+        if "seed" in t:
+            v = t["seed"]
+            if not isinstance(v, int) or isinstance(v, bool) or not schema.fits(schema.Tuning, "seed", v):
+                p.add("tuning.seed", f"expected an integer in [0, 2**32 - 1], got {_typename(v)} {_show(v)}")
+            else:
+                kw["seed"] = v
+        if t.get("budget_engine_hours") is not None:
+            kw["budget_engine_hours"] = _number(
+                p, "tuning.budget_engine_hours", t["budget_engine_hours"],
+                f"a positive number of engine-hours of at most {_limit('budget_engine_hours')}",
+                (schema.Tuning, "budget_engine_hours"))
+        if not any(v is _BAD for v in kw.values()):
+            tuning = Tuning(**kw)
+    return method, space, tuning
+
+
 def _guards(p: _Problems, raw: Any) -> Guards:
     """``guards:``: latency metrics' limits in ms (``p99_tpot_ms: 200``), ``max_regression``
     (``{mean_ttft_ms: 0.2}``: at most 20 % worse than the baseline) and
@@ -1180,6 +1288,7 @@ def parse_plan(
     sim_engine_versions = _sim_engine_versions(p, data.get("simulation"))
     cost = _cost(p, data.get("cost"))
     accuracy = _accuracy(p, data.get("accuracy"), check_files, base_dir) if "accuracy" in data else None
+    method, space, tuning = _method(p, data, engines, known)
     if any(pr.name == ACCURACY_PROFILE for pr in profiles):
         p.add(f"profiles.{ACCURACY_PROFILE}", "the name is reserved for the accuracy measurement; choose another")
     title = _optional_str(p, data, "title", None)
@@ -1226,6 +1335,9 @@ def parse_plan(
         decision=decision,
         cost=cost,
         accuracy=accuracy,
+        method=method,
+        space=space,
+        tuning=tuning,
     )
 
 
@@ -1322,7 +1434,7 @@ def load_plan_text(text: str, *, path: str | Path = "plan.yaml", known_engines: 
 
 def engines_of(plan: Plan) -> list[str]:
     """Every engine a plan may launch (``winner`` is one of plan.engines)."""
-    out = list(plan.engines)
+    out = list(plan.engines) + [e for e in (plan.space.engines if plan.space else ()) if e not in plan.engines]
     for name in [plan.baseline.engine] + [e for c in (*plan.candidates, *plan.combinations) for e in c.engines] + [
         e for c in (*plan.candidates, *plan.combinations) for v in c.variants for e in (v.engines or ())
     ]:
@@ -1335,6 +1447,12 @@ def reference_config(plan: Plan, engine: str) -> Configuration:
     """The configuration ``engine``'s candidates are compared with: the baseline for its
     engine, the engine's defaults for the others."""
     return plan.baseline_config() if engine == plan.baseline.engine else plan.engine_defaults(engine)
+
+
+def space_config(plan: Plan, point: Mapping[str, Any]) -> Configuration:
+    """A point of ``plan.space`` (``{"engine": ..., option: value}``) as the configuration
+    measured: the engine's defaults in this plan with the point's options (None: the engine's own)."""
+    return plan.engine_defaults(point["engine"]).with_delta({k: v for k, v in point.items() if k != "engine"})
 
 
 def job_for(plan: Plan, config: Configuration) -> AccuracyJob | None:

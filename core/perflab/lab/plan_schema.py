@@ -34,7 +34,7 @@ from perflab.lab.decide import Slo as SloLimits
 from perflab.lab.options import PLAN_OPTIONS
 from perflab.observe.energy import DEFAULT_CURRENCY
 
-__all__ = ["DATASETS", "DEFAULT_OBJECTIVE", "LIMITS", "STUDY_NAME", "PlanDocument", "default", "fits", "json_schema", "keys",
+__all__ = ["DATASETS", "DEFAULT_OBJECTIVE", "LIMITS", "METHODS", "SPACE_KINDS", "SPACE_POINTS", "STUDY_NAME", "PlanDocument", "default", "fits", "json_schema", "keys",
            "limit_of", "schema_text"]
 
 DEFAULT_OBJECTIVE = "Achieve high throughput under high-concurrency request scenarios."
@@ -315,6 +315,47 @@ class Accuracy(_Section):
                              description="The whole accuracy measurement of one configuration (seconds).")
 
 
+# --------------------------------------------------------------------------- method: grid | search
+
+#: how a study walks the configurations: the seeds' steps (engines on defaults, then one delta
+#: at a time), every point of ``space``, or an Optuna search over it (perflab.lab.search)
+METHODS = ("seeds", "grid", "search")
+#: the option kinds a space may range over: a point is one scalar value per dimension (Optuna's
+#: categorical choices); mappings and lists (env, engine_options, devices) stay in serve
+SPACE_KINDS = ("str", "pos_int", "bool", "fraction")
+SPACE_POINTS = 100_000
+
+
+def _space_model() -> type[BaseModel]:
+    """``space``: engine and each scalar serving option -> the values it takes (null: the
+    engine's default); the points are their product."""
+    fields: dict[str, Any] = {"engine": (Annotated[list[EngineName], Field(min_length=1)] | None, Field(
+        None, description="Engines of the space (default: the plan's engines)."))}
+    for key, opt in PLAN_OPTIONS.items():
+        if opt.kind in SPACE_KINDS:
+            values: Any = Annotated[list[_option_type(opt)], Field(min_length=1)]  # type: ignore[misc]
+            fields[key] = (values | None, Field(
+                None, description=f"Values of {key} to try (null: the engine's default). {opt.help}"))
+    model: type[BaseModel] = create_model("Space", __base__=_Section, __doc__="The configuration space of method grid or search.",
+                                          **fields)
+    return model
+
+
+Space = _space_model()
+
+
+class Tuning(_Section):
+    """How method: search spends its measurements."""
+
+    trials: int | None = Field(None, gt=0, le=10_000, json_schema_extra=_tag("trials"),
+                               description="Distinct configurations measured (default: a quarter of the space, "
+                                           "at least 5, never more than the space).")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="The sampler's seed: the same seed, the same trials on the simulator.")
+    budget_engine_hours: float | None = Field(None, gt=0, le=1_000_000.0, json_schema_extra=_tag("budget_engine_hours"),
+                                              description="Stop asking for trials once they have used this many "
+                                                          "engine-hours (default: no budget but trials).")
+
+
 #: a study name: it becomes perflab-studies/<name> (no separator, no '..', nothing hidden)
 STUDY_NAME = "^(?!.*\\.\\.)[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 
@@ -364,6 +405,10 @@ class PlanDocument(_Section):
     guards: Guards | None = None
     cost: Cost | None = None
     accuracy: Accuracy | None = Field(None, description="The accuracy gate; {} (or null) takes every default.")
+    method: Literal[METHODS] = Field("seeds", description="seeds: the engines on defaults, then the candidates one "  # type: ignore[valid-type]
+                                     "at a time; grid: every point of space; search: an Optuna search over space.")
+    space: Space | None = Field(None, description="The configuration space of method grid or search.")  # type: ignore[valid-type]
+    tuning: Tuning | None = Field(None, description="method: search's trials, seed and budget.")
 
 
 # --------------------------------------------------------------------------- what the parser reads

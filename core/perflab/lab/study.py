@@ -39,7 +39,8 @@ from perflab.lab import accuracy as acc
 from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, Regression, latency_regressions, pct_name
 from perflab.lab.measured import MeasurementExtras
 from perflab.lab.options import Configuration
-from perflab.lab.plan import WINNER, Candidate, Plan, Profile, reference_config
+from perflab.lab.plan import WINNER, Candidate, Plan, Profile, reference_config, space_config
+from perflab.lab.search import COMPLETE, FAIL, PRUNED, REPEAT, Search, Told, point_key
 from perflab.observe import OBSERVED_KEYS
 
 
@@ -269,6 +270,9 @@ class Entry:
     note: str = ""
     variant: str | None = None
     accuracy: dict[str, Any] | None = None  # the accuracy gate's verdict (perflab.lab.accuracy.Verdict.block)
+    # method grid or search: the point as a trial ({number, point, state, value, engine_hours});
+    # state complete | pruned (stopped early; value its bound or forecast) | failed | unsupported
+    trial: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {"label": self.label, "variant": self.variant, "engine": self.config.engine,
@@ -276,6 +280,8 @@ class Entry:
                "result": self.result.to_json()}
         if self.accuracy is not None:
             out["accuracy"] = self.accuracy
+        if self.trial is not None:
+            out["trial"] = self.trial
         return out
 
 
@@ -294,9 +300,12 @@ class Step:
     vs_baseline_pct: float | None = None
     skipped: str = ""
     within_noise: bool = False  # the chosen variant's gain did not exceed the measured noise
+    # method grid or search: {method, points, trials, seed, engine_hours, pruned, importances, best}
+    search: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
+
             "index": self.index, "kind": self.kind, "name": self.name, "title": self.title,
             "entries": [e.to_json() for e in self.entries],
             "base": self.base.label if self.base else None,
@@ -304,6 +313,7 @@ class Step:
             "statement": self.statement, "improvement_vs_previous_best_pct": self.vs_base_pct,
             "improvement_vs_baseline_pct": self.vs_baseline_pct, "skipped": self.skipped or None,
             "within_noise": self.within_noise,
+            **({"search": self.search} if self.search is not None else {}),
         }
 
 
@@ -652,6 +662,148 @@ class _Study:
                 else f"Result: no engine is eligible{_guarded(step)}; the study cannot go on."
         return step, step.chosen
 
+    # ------------------------------------------------- method: grid | search (issue 29)
+
+    def _point_label(self, point: Mapping[str, Any]) -> str:
+        """``vLLM max_num_seqs=128 max_batched_tokens=default``: the engine and each option's value."""
+        opts = " ".join(f"{k}={'default' if v is None else v}" for k, v in point.items() if k != "engine")
+        return f"{self.display(point['engine'])} {opts}".strip()
+
+    def _engine_hours(self, res: ConfigResult) -> float | None:
+        """The engine-hours of the run that measured ``res`` (None: a measure that cannot say)."""
+        hours = getattr(self.measure, "engine_hours", None)
+        return hours(res) if hours is not None else None
+
+    def _told(self, e: Entry) -> Told:
+        """What an entry tells Optuna: its figure (complete), the bound or forecast early stop
+        stopped it with (pruned), or nothing (failed, refused). The guards and the accuracy gate
+        are one constraint; with an SLO a throughput ranking does not use, each limit is one more."""
+        res, slo = e.result, self.plan.decision.slo
+        slack = [0.0] * len(slo.limits()) if slo and self.rank.decide_by is DecideBy.THROUGHPUT else []
+        if res.status is Status.STOPPED_EARLY:
+            info = res.stopped_early or {}
+            bound = info.get("bound_token_throughput", info.get("forecast_token_throughput")) \
+                if self.rank.decide_by is DecideBy.THROUGHPUT else None
+            return Told(PRUNED, float(bound) if isinstance(bound, (int, float)) else None, (0.0, *slack))
+        value = self.rank.value(res) if res.status.measured else None
+        if value is None:
+            return Told(FAIL)
+        if slack:
+            slack = [(c.measured - c.limit) if c.measured is not None else 1e9 for c in slo.check(res.metrics)]
+        return Told(COMPLETE, value, (0.0 if e.eligible else 1.0, *slack))
+
+    def _trial(self, e: Entry, number: int, point: Mapping[str, Any], told: Told) -> None:
+        state = "unsupported" if e.result.status is Status.UNSUPPORTED else {
+            COMPLETE: "complete", PRUNED: "pruned", FAIL: "failed"}[told.state]
+        e.trial = {"number": number, "point": dict(point), "state": state, "value": told.value,
+                   "engine_hours": self._engine_hours(e.result)}
+        if told.state == PRUNED:  # which figure of early stop's the value is
+            info = e.result.stopped_early or {}
+            e.trial["pruned_by"] = "bound" if "bound_token_throughput" in info else \
+                "forecast" if "forecast_token_throughput" in info else None
+
+    async def space_step(self) -> tuple[Step, Entry | None]:
+        """Method grid (every point of the space, in grid order, early stop against the best so
+        far unless the plan turns it off: the ground truth) or search (Optuna's TPE, seeded,
+        :mod:`perflab.lab.search`): one step whose entries are the trials; its chosen entry
+        is the best eligible point, the recommendation the final measurements confirm."""
+        plan = self.plan
+        space = plan.space
+        assert space is not None  # the parser requires it for method grid and search
+        what = "every point" if plan.method == "grid" else "Optuna's TPE search"
+        step = Step(1, plan.method, "Searching the Configuration Space",
+                    f"1. Searching the Configuration Space ({what} of {space.size})")
+        if plan.decision.guards.max_regression or plan.accuracy is not None:
+            base_cfg = plan.baseline_config()  # the guards' and the gate's reference, first (as engine_step)
+            self._baseline_main = await self.one(base_cfg, step.title, self._baseline_label(), None)
+            self._references[base_cfg.engine] = (self._baseline_label(), self._baseline_main)
+        await self.references(list(space.engines), step.title)
+        info: dict[str, Any] = {"method": plan.method, "points": space.size, "dimensions": {
+            k: list(v) for k, v in space.dims().items()}}
+        if plan.method == "grid":
+            points = space.points()
+            jobs = [(space_config(plan, pt), self._point_label(pt)) for pt in points]
+            results = await self.each(jobs, step.title, None)
+            for i, ((cfg, label), pt, res) in enumerate(zip(jobs, points, results, strict=True)):
+                e = self.entry(label, cfg, res)
+                self._trial(e, i, pt, self._told(e))
+                step.entries.append(e)
+        else:
+            info.update(await self._search(step))
+        trials = [e.trial for e in step.entries if e.trial is not None]
+        hours = [t["engine_hours"] for t in trials if t["engine_hours"] is not None]
+        info.update({"trials": len(trials), "pruned": sum(t["state"] == "pruned" for t in trials),
+                     "engine_hours": round(sum(hours), 6) if hours else None})
+        ok = self.ranked(step.entries)
+        if ok:
+            step.chosen, step.adopted = ok[0], True
+            info["best"] = {"label": ok[0].label, "point": ok[0].trial["point"] if ok[0].trial else None,
+                            "value": self.figure(ok[0])}
+            step.statement = (f"Result: {ok[0].label} ({self.rank.text(ok[0].result)}), the best of "
+                              f"{len(trials)} {'points' if plan.method == 'grid' else 'trials'}{_guarded(step)}.")
+        else:
+            step.statement = f"Result: no point of the space is eligible{_guarded(step)}; the study cannot go on."
+        step.search = info
+        return step, step.chosen
+
+    async def _search(self, step: Step) -> dict[str, Any]:
+        """Optuna's trials: the journal's finished ones first (a resumed search: their
+        measurements are the store's), then new ones until ``tuning.trials`` distinct points,
+        the budget, or the space is spent. With a concurrent measure, a batch of as many
+        trials as the backend has free slots runs at once, each against the best before it."""
+        plan, space, tuning = self.plan, self.plan.space, self.plan.tuning
+        assert space is not None
+        journal = getattr(self.measure, "search_journal", None)
+        writable = journal is None or bool(getattr(self.measure, "search_writable", False))
+        constrained = bool(plan.decision.slo or plan.decision.guards or plan.accuracy is not None)
+        search = Search(space, tuning, journal, writable=writable, constrained=constrained)
+        seen: dict[str, Told] = {}
+        spent = 0.0
+
+        def record(e: Entry, number: int, point: Mapping[str, Any], told: Told) -> None:
+            nonlocal spent
+            self._trial(e, number, point, told)
+            assert e.trial is not None
+            spent += e.trial["engine_hours"] or 0.0
+            seen[point_key(point)] = told
+            step.entries.append(e)
+
+        search.recover()
+        for t in search.finished():
+            if t.told == REPEAT or point_key(t.point) in seen:
+                continue
+            cfg, label = space_config(plan, t.point), self._point_label(t.point)
+            e = self.entry(label, cfg, await self.one(cfg, step.title, label, None))
+            record(e, t.number, t.point, self._told(e))
+        asks = 0
+        while writable and len(seen) < search.trials and asks < 4 * search.trials + space.size:
+            if tuning.budget_engine_hours is not None and spent >= tuning.budget_engine_hours:
+                break
+            room = self._room(space_config(plan, space.points()[0])) if getattr(self.measure, "concurrent", False) else 1
+            batch: list[tuple[int, dict[str, Any]]] = []
+            while len(batch) < max(1, room) and len(seen) + len(batch) < search.trials and asks < 4 * search.trials + space.size:
+                number, point = search.ask()
+                asks += 1
+                key = point_key(point)
+                if key in seen or any(point_key(p) == key for _, p in batch):
+                    told = seen.get(key) or Told(FAIL)
+                    search.tell(number, told, told_as=REPEAT)  # TPE's proposal measured already: no launch
+                    continue
+                batch.append((number, point))
+            if not batch:
+                continue
+            beat = self.to_beat(*step.entries)
+            jobs = [(space_config(plan, pt), self._point_label(pt)) for _, pt in batch]
+            results = await self.each(jobs, step.title, beat)
+            for (number, point), (cfg, label), res in zip(batch, jobs, results, strict=True):
+                e = self.entry(label, cfg, res)
+                told = self._told(e)
+                search.tell(number, told, label=label, engine_hours=self._engine_hours(res))
+                record(e, number, point, told)
+        return {"sampler": "TPE", "seed": tuning.seed, "trials_asked": search.trials,
+                "budget_engine_hours": tuning.budget_engine_hours,
+                "importances": search.importances()}
+
     def _engines_for(self, cand: Candidate, variant_engines: tuple[str, ...] | None, best: Entry) -> list[str]:
         out: list[str] = []
         for name in variant_engines or cand.engines:
@@ -748,7 +900,7 @@ class _Study:
     async def _run(self) -> StudyOutcome:
         plan = self.plan
         steps: list[Step] = []
-        step1, best = await self.engine_step()
+        step1, best = await (self.engine_step() if plan.method == "seeds" else self.space_step())
         steps.append(step1)
         index = 2
         for cand in (*plan.candidates, *plan.combinations):
@@ -813,7 +965,7 @@ class _Study:
         for step in steps:
             if step.adopted and step.chosen is not None:
                 step.vs_baseline_pct = pct(self.rank.value(step.chosen.result), base_fig)
-                if step.kind == "engine":
+                if step.kind in ("engine", "grid", "search"):
                     step.vs_base_pct = step.vs_baseline_pct
         in_steps = {e.config.key() for st in steps for e in st.entries} | {baseline.config.key()}
         references = [self.entry(label, reference_config(plan, engine), res)

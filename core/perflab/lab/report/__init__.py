@@ -602,10 +602,41 @@ def _entry_lines(e: Entry, ctx: ReportContext) -> list[str]:
     return [e.label, info_box("Serving script", script_of(e, ctx), "bash"), "", info_box("Benchmark result", block), ""]
 
 
-def _step(step: Step, ctx: ReportContext) -> list[str]:
+def search_lines(step: Step, rank: Ranking) -> list[str]:
+    """Method grid or search: each trial (its point, figure, pruned or not, engine-hours), the
+    best found, and Optuna's parameter importances."""
+    info = step.search or {}
+    out: list[str] = []
+    if info.get("method") == "search":
+        out += [f"Optuna's TPE sampler (seed {info.get('seed')}) asked for {info.get('trials_asked')} distinct points "
+                f"of the {info.get('points')}; {info.get('trials')} measured, {info.get('pruned')} pruned by early stop"
+                + (f", budget {info['budget_engine_hours']:g} engine-hours" if info.get("budget_engine_hours") else "")
+                + ".", ""]
+    out += [f"| Trial | Configuration | {rank.name} | State | Engine-hours |", "|---|---|---|---|---|"]
+    for e in step.entries:
+        t = e.trial
+        if t is None:
+            continue
+        value = t.get("value")
+        fig = "n/a" if value is None else (f"≤ {value:.2f} {rank.unit} ({t.get('pruned_by') or 'bound'})"
+                                           if t["state"] == "pruned" else rank.text(e.result))
+        hours = "-" if t.get("engine_hours") is None else f"{t['engine_hours']:.3f}"
+        best = " **(best)**" if step.chosen is e else ""
+        out.append(f"| {t['number']} | {_md_escape(e.label)}{best} | {fig} | {t['state']} | {hours} |")
+    if info.get("engine_hours") is not None:
+        out += ["", f"Engine-hours of the {info.get('trials')} trials: {info['engine_hours']:.3f}."]
+    if info.get("importances"):
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in info["importances"].items())
+        out += ["", f"Parameter importances (Optuna, fANOVA): {parts}."]
+    return [*out, ""]
+
+
+def _step(step: Step, ctx: ReportContext, rank: Ranking) -> list[str]:
     out = [f"### {step.title}", ""]
     if step.skipped:
         return [*out, step.skipped, ""]
+    if step.search is not None:
+        out += search_lines(step, rank)
     for e in step.entries:
         out += _entry_lines(e, ctx)
     if step.statement:
@@ -623,7 +654,7 @@ def summary_rows(o: StudyOutcome, ctx: ReportContext) -> list[dict[str, Any]]:
         name = "Engine Selection" if s.kind == "engine" else s.name
         improvement = s.vs_baseline_pct if s.adopted else None
         r = o.rank
-        if s.kind == "engine" and s.chosen is not None:
+        if s.kind in ("engine", "grid", "search") and s.chosen is not None:
             base_text = f"{_tps_text(o.baseline.result)} tok/s" if r.decide_by is DecideBy.THROUGHPUT \
                 else r.text(o.baseline.result)
             detail = f"{s.chosen.label} ({r.text(s.chosen.result)}) vs baseline {o.baseline.label} ({base_text})"
@@ -817,7 +848,7 @@ def render_markdown(o: StudyOutcome, ctx: ReportContext, *, charts: bool = True)
     out += _accuracy_section(o)
     out += ["## Experiment Results", ""]
     for s in o.steps:
-        out += _step(s, ctx)
+        out += _step(s, ctx, o.rank)
     out += _pareto_section(o, pareto_data(o), charts)
     out += _summary(o, ctx)
     out += _other(o, ctx)

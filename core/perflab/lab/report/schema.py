@@ -79,11 +79,14 @@ class Entry(_Part):
     note: str
     result: Result
     accuracy: Object | None = Field(None, description="The accuracy gate's verdict (plans with accuracy:)")
+    trial: Object | None = Field(None, description="method grid or search: {number, point, state (complete, pruned, "
+                                                   "failed, unsupported), value (a pruned trial's: its bound or forecast, "
+                                                   "pruned_by says which), engine_hours}")
 
 
 class Step(_Part):
     index: int
-    kind: str = Field(description="engine, candidate or combination")
+    kind: str = Field(description="engine, candidate or combination; grid or search (method grid or search)")
     name: str
     title: str
     entries: list[Entry]
@@ -95,6 +98,9 @@ class Step(_Part):
     improvement_vs_baseline_pct: float | None
     skipped: str | None
     within_noise: bool
+    search: Object | None = Field(None, description="method grid or search: {method, points, dimensions, trials, pruned, "
+                                                    "engine_hours, best, and for search sampler, seed, trials_asked, "
+                                                    "budget_engine_hours, importances}")
 
 
 class Case(_Part):

@@ -20,6 +20,7 @@ from perflab.lab.decide import DecideBy
 from perflab.lab.options import Configuration
 from perflab.lab.plan import Plan, Profile, job_for, load_plan_text
 from perflab.lab.report import report_context
+from perflab.lab.search import JOURNAL
 from perflab.lab.store import Store
 from perflab.lab.study import ConfigResult, StudyOutcome, conduct
 
@@ -65,6 +66,13 @@ class StoreMeasure:
         self.retry_failed = retry_failed
         self.plan = plan
         self.rerun_stopped = False  # a stopped-early measurement is measured again (--no-early-stop)
+        # method: search's Optuna journal, beside the store; the report only reads it
+        self.search_journal = store.dir / JOURNAL
+        self.search_writable = False
+
+    def engine_hours(self, res: ConfigResult) -> float | None:
+        """The engine-hours of the run that measured ``res`` (its accelerators × launch→teardown)."""
+        return self.store.run_engine_hours(res.run_id) if res.run_id is not None else None
 
     def lookup(self, config: Configuration, profile: Profile) -> ConfigResult | None:
         res = self.store.lookup(config.key(self.salt), profile_key(self.plan, profile), retry_failed=self.retry_failed)

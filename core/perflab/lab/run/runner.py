@@ -80,6 +80,7 @@ class LiveMeasure(StoreMeasure):
                  on_event: Any, log: Any, plan: Plan | None = None) -> None:
         super().__init__(store, salt, retry_failed, plan=plan)
         self.rerun_stopped = plan is not None and not plan.decision.early_stop
+        self.search_writable = True  # the driver: it asks for and tells method: search's trials
         if not hasattr(backend, "demand"):  # an executor (or a stand-in): run it in-process, one at a time
             executor = backend
             backend = LocalBackend(None, executor_factory=lambda: executor)

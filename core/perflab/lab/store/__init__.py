@@ -495,6 +495,13 @@ class Store:
         return None
 
 
+    def run_engine_hours(self, run_id: int) -> float | None:
+        """One run's engine-hours (None: a run from before engine-hours, or none recorded)."""
+        if "engine_seconds" not in {r[1] for r in self.db.execute("PRAGMA table_info(runs)")}:
+            return None
+        row = self.db.execute("SELECT engine_seconds FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return round(float(row[0]) / 3600, 6) if row is not None and row[0] is not None else None
+
     def engine_hours(self) -> dict[str, float]:
         """Engine-hours of the study: ``spent`` (every run's accelerators × launch→teardown,
         engine time), ``full_method_estimate`` (spent, plus what each stopped-early

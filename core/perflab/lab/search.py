@@ -1,0 +1,172 @@
+"""method: search's optimizer: Optuna's TPE over a plan's ``space`` (issue 29).
+
+The study (:mod:`perflab.lab.study`) decides what a trial is worth; this module only keeps
+Optuna's side: which point to measure next, and what each trial was told. Optuna's storage is
+a journal file in the study directory (:data:`JOURNAL`), beside the store: a resumed search
+replays its finished trials (their measurements are the store's, reused without a launch)
+and asks only for the rest. A trial the interrupted session left running is failed and its
+point asked again first (its measurement, if the store finished it, is reused too).
+
+Optuna is the ``perflab[search]`` extra; it is imported when a search starts.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perflab.contract.errors import UsageError
+from perflab.lab.plan import Space, Tuning
+
+__all__ = ["COMPLETE", "FAIL", "JOURNAL", "PRUNED", "REPEAT", "Search", "Told", "Trial", "point_key"]
+
+#: Optuna's journal in the study directory
+JOURNAL = "search.optuna.jsonl"
+_STUDY = "perflab-search"
+# what a trial was told (user attribute "told"): a trial without one was interrupted
+COMPLETE, PRUNED, FAIL = "complete", "pruned", "fail"
+REPEAT = "repeat"  # TPE proposed a point measured already: told the same, not measured again
+
+
+def point_key(point: Mapping[str, Any]) -> str:
+    """A point's identity (its values in dimension order)."""
+    return repr(sorted(point.items()))
+
+
+@dataclass(frozen=True)
+class Told:
+    """What a trial measured, as Optuna is told it. ``value``: the ranking figure (complete),
+    or the bound or forecast early stop stopped it with (pruned: an upper bound, never a
+    figure it did not reach; None when the stop gave none). ``constraints``: Optuna's, each
+    feasible at <= 0 (the guards and accuracy gate as one, the SLO's limits as slack in ms)."""
+
+    state: str  # COMPLETE | PRUNED | FAIL
+    value: float | None = None
+    constraints: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A finished trial as the journal keeps it."""
+
+    number: int
+    point: Mapping[str, Any]
+    told: str  # COMPLETE | PRUNED | FAIL | REPEAT
+    value: float | None = None
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise UsageError("method: search needs Optuna: pip install 'perflab[search]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+class Search:
+    """One plan's search: an Optuna study (maximize the ranking figure) over ``space``'s
+    categorical dimensions with a seeded TPE sampler. ``journal`` None: in memory (a study
+    without a directory); ``writable`` False: the report's replay, which only reads it."""
+
+    def __init__(self, space: Space, tuning: Tuning, journal: Path | None, *, writable: bool = True,
+                 constrained: bool = False) -> None:
+        self.space = space
+        self.tuning = tuning
+        self.writable = writable
+        self.trials = tuning.trials_for(space.size)
+        self._open: dict[int, Any] = {}  # trial number -> optuna Trial (asked, not told)
+        self._study: Any = None
+        if journal is not None and not writable and not journal.is_file():
+            return  # nothing searched yet: nothing to replay
+        optuna = _optuna()
+        storage = None
+        if journal is not None:
+            from optuna.storages import JournalStorage
+            from optuna.storages.journal import JournalFileBackend
+
+            storage = JournalStorage(JournalFileBackend(str(journal)))
+        with warnings.catch_warnings():  # multivariate TPE is "experimental" in name only since Optuna 2.2
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(
+                seed=tuning.seed, multivariate=True, n_startup_trials=max(2, min(10, self.trials // 3)),
+                constraints_func=_constraints if constrained else None)
+        self._study = optuna.create_study(study_name=_STUDY, storage=storage, sampler=sampler,
+                                          direction="maximize", load_if_exists=True)
+        self._dists = {name: optuna.distributions.CategoricalDistribution(list(values))
+                       for name, values in space.dims().items()}
+
+    def finished(self) -> list[Trial]:
+        """The journal's told trials, in order (a resumed search's first part)."""
+        if self._study is None:
+            return []
+        optuna = _optuna()
+        out = []
+        for t in self._study.get_trials(deepcopy=False):
+            told = t.user_attrs.get("told")
+            if t.state.is_finished() and told is not None:
+                value = t.value if t.state is optuna.trial.TrialState.COMPLETE else (
+                    t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None)
+                out.append(Trial(t.number, dict(t.params), told, value, dict(t.user_attrs)))
+        return out
+
+    def recover(self) -> int:
+        """Fail the trials an interrupted session left running and ask their points again
+        first; how many there were."""
+        if self._study is None or not self.writable:
+            return 0
+        optuna = _optuna()
+        n = 0
+        for t in self._study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            self._study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            if t.params:
+                self._study.enqueue_trial(dict(t.params), skip_if_exists=False)
+            n += 1
+        return n
+
+    def ask(self) -> tuple[int, dict[str, Any]]:
+        """The next point to measure: (trial number, point)."""
+        trial = self._study.ask(self._dists)
+        self._open[trial.number] = trial
+        return trial.number, dict(trial.params)
+
+    def tell(self, number: int, told: Told, told_as: str | None = None, **attrs: Any) -> None:
+        """Tell trial ``number`` what it measured; ``attrs`` are kept with it (label, engine-hours)."""
+        optuna = _optuna()
+        trial = self._open.pop(number)
+        for k, v in {**attrs, "told": told_as or told.state, "constraint": list(told.constraints)}.items():
+            trial.set_user_attr(k, v)
+        if told.state == COMPLETE and told.value is not None:
+            self._study.tell(trial, told.value)
+        elif told.state == PRUNED:
+            if told.value is not None:
+                trial.report(told.value, 0)
+            self._study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            self._study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def importances(self) -> dict[str, float] | None:
+        """Optuna's parameter importances (fANOVA) of the complete trials; None when they
+        cannot say (fewer than two complete trials, or a single varying dimension)."""
+        if self._study is None:
+            return None
+        optuna = _optuna()
+        complete = self._study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        varying = [name for name, values in self.space.dims().items() if len(values) > 1]
+        if len(complete) < 2 or len(varying) < 2:
+            return None
+        try:
+            got = optuna.importance.get_param_importances(
+                self._study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=self.tuning.seed))
+        except (ValueError, RuntimeError, ZeroDivisionError):
+            return None
+        return {k: round(float(v), 4) for k, v in got.items() if not math.isnan(v)}
+
+
+def _constraints(trial: Any) -> Sequence[float]:
+    return tuple(trial.user_attrs.get("constraint") or (0.0,))
