@@ -94,7 +94,12 @@ def free_ports(n: int) -> list[int]:
 
 
 def engine_names() -> list[str]:
-    return plugins.load().engine_names()
+    """The installed engines the simulator runs (transformers serve, say, it does not: a launch
+    of it on a simulated machine is refused in one line, tests/plugins/test_transformers.py)."""
+    from perflab_sim.catalog import ENGINES_BY_KIND
+
+    simulated = {e for names in ENGINES_BY_KIND.values() for e in names}
+    return [e for e in plugins.load().engine_names() if e in simulated]
 
 
 def parse_launch(spec: Any, env: dict[str, str]) -> SimEngineConfig:

@@ -54,7 +54,10 @@ MARKER_VERSION = "pl1"
 #: A child still alive after its leader exited has nobody left to stop it: it gets this long
 #: after its SIGTERM (or the whole grace, if that is shorter), not the full grace.
 ORPHAN_GRACE_S = 1.0
-KILL_WAIT_S = 3.0  # after SIGKILL, how long to wait for the kernel to finish the processes
+#: After SIGKILL, how long to wait for the kernel to finish the processes: it frees a killed
+#: process's memory before the process is gone, and a vLLM CPU worker's GiBs of KV cache on a
+#: loaded host took longer than 3 s. Spent only while something is still exiting.
+KILL_WAIT_S = 10.0
 #: Processes that clean up after the others, matched in their command line: Python's
 #: multiprocessing resource tracker (``from multiprocessing.resource_tracker import main``)
 #: ignores SIGTERM and SIGINT, and once every process holding its pipe is gone it unlinks the
@@ -62,7 +65,7 @@ KILL_WAIT_S = 3.0  # after SIGKILL, how long to wait for the kernel to finish th
 #: with them, it leaves those behind (vLLM's: 160 MiB segments). They get SIGKILL last, after
 #: the others are gone and :data:`CLEANUP_WAIT_S` to finish on their own.
 CLEANUP_PROCESSES = ("multiprocessing.resource_tracker import main",)
-CLEANUP_WAIT_S = 2.0
+CLEANUP_WAIT_S = 5.0  # ends as soon as the cleaners are done (a loaded host is slower)
 KEEPER_START_TIMEOUT_S = 30.0  # the keeper reports the engine's pid (or why it could not start it)
 EXIT_REPORT_TIMEOUT_S = 2.0  # after the pidfd fired, how long the keeper may take to report the status
 UNKNOWN_EXIT = 255  # exit status when the keeper died before it could report it
