@@ -17,7 +17,7 @@ import itertools
 import json
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -401,18 +401,3 @@ def run_lane(pm: PluginManager, env: RealEngineEnv, workdir: Path) -> LaneResult
             meant.update(RANK_MEANS[engine](config, outcome.rank))
         check(outcome, result["values"], baseline, meant)
     return LaneResult(engine, env.version, len(combos), outcomes, parse_s, env.install_s)
-
-
-def lane_lines(summaries: list[dict[str, Any]]) -> Iterator[str]:
-    """The terminal summary's lines for the lane's results (one dict per engine and version)."""
-    for s in summaries:
-        cost = f"parsed in {s['parse_s']} s" + (f", provisioned in {s['provision_s']} s" if s["provision_s"] else
-                                                 ", environment cached")
-        yield (f"{s['engine']} {s['version']}: {s['tried']} combinations tried, {s['refused']} refused by perflab, "
-               f"{s['built']} command lines built ({s['nodes']} of them a node's of a multi-node launch), "
-               f"{s['accepted']} accepted by {s['engine']}'s parser, "
-               f"{s['values_checked']} values checked, {s['mismatched']} mismatched; {cost}")
-        for why in s["refusals"]:
-            yield f"    perflab refused: {why}"
-        for failure in s["failures"]:
-            yield f"    {failure}"
