@@ -127,6 +127,47 @@ def test_the_demo_decides_and_measures_what_the_stored_run_did(tmp_path: Path) -
     stored = json.loads(FIXTURE.read_text(encoding="utf-8"))
     diffs = differences(stored, now)
     assert not diffs, "the demo changed against tests/fixtures/demo/decisions.json:\n" + "\n".join(diffs[:40])
+    seed_002_decisions(report, out)
+
+
+def seed_002_decisions(report: dict[str, Any], out: Path) -> None:
+    """The demo makes seed 002's decisions and its reports say so: TensorRT-LLM wins engine
+    selection, its AWQ checkpoint crashes with KeyError: 'weight', SGLang's FP8 is refused
+    before launch, and the accuracy gate rejects vLLM's AWQ checkpoint (its simulated score
+    drops); every measured profile carries its telemetry, energy and cost (the plan has a price)."""
+    assert report["steps"][0]["chosen"] == "TensorRT-LLM"
+    quant = {e["label"]: e for e in report["steps"][1]["entries"]}
+    assert quant["SGLang FP8"]["result"]["status"] == "unsupported"
+    assert quant["TensorRT-LLM AWQ"]["result"]["status"] == "crashed"
+    assert "KeyError: 'weight'" in (quant["TensorRT-LLM AWQ"]["result"].get("cause") or {}).get("line", "")
+    md = (out / "report.md").read_text(encoding="utf-8")
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert md.startswith("# Optimizing Qwen3-32B") and "> [!WARNING]\n> **Simulated study**" in md
+    assert "# KeyError: 'weight'" in md and "SGLang's FP8" in md
+    assert "trtllm-serve Qwen/Qwen3-32B" in md
+    assert (out / "chart.png").read_bytes().startswith(b"\x89PNG")
+    measured = [e["result"] for s in report["steps"] for e in s["entries"] if e["result"]["status"] == "ok"]
+    assert measured
+    for r in measured:
+        assert r["telemetry"]["source"] == "nvml" and r["telemetry"]["power_w"]["peak"] > 0
+        assert r["energy"]["joules"] > 0 and r["energy"]["output_tokens_per_joule"] > 0
+        assert r["cost"]["per_million_output_tokens"] > 0 and r["cost"]["currency"] == "USD"
+    # every measured configuration carries its accuracy (simulated), and the AWQ checkpoint's
+    # drop is rejected by the gate — in report.json, report.md and report.html
+    gated = [e for s in report["steps"] for e in s["entries"] if e["result"]["status"] in ("ok", "stopped-early")]
+    assert gated and all(e["accuracy"]["simulated"] is True for e in gated)
+    assert all(e["accuracy"]["agreement"] for e in gated)
+    # a lossless change (the batch limits of the last step) is not scored: the task is skipped
+    assert all(e["accuracy"]["score"] is not None for e in gated if e["accuracy"]["gate"] != "skipped (lossless)")
+    assert any(e["accuracy"]["score"] is not None for e in gated)
+    rejected = {e["label"]: e for e in gated if e["accuracy"]["gate"] == "rejected"}
+    assert "vLLM AWQ" in rejected and rejected["vLLM AWQ"]["eligible"] is False
+    reason = rejected["vLLM AWQ"]["accuracy"]["reason"]  # its note also says it stopped early, when it did
+    assert reason.startswith("rejected: accuracy -") and " points (perflab_arith)" in reason
+    assert reason.count("rejected") == 1  # one verdict, however many measures reject it
+    assert reason in rejected["vLLM AWQ"]["note"]
+    assert {r["label"] for r in report["accuracy"]["rows"]} >= set(rejected)
+    assert "## Accuracy" in md and reason in md and reason in html
 
 
 if __name__ == "__main__":  # python tests/lab/test_demo_stored.py --update STUDY_DIR
