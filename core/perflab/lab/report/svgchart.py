@@ -32,13 +32,16 @@ CHAR_W = 0.6  # a sans-serif character's mean width per unit of font size, for l
 class Line:
     """One configuration in one panel: ``points`` (x, y) in x order; ``missed``: points crossed
     (an SLO missed); ``markers``: a dot on each point; ``vlines``: x positions drawn as faint
-    dotted lines of its colour (where one benchmark of a launch ended and the next began)."""
+    dotted lines of its colour (where one benchmark of a launch ended and the next began);
+    ``joined`` False: the points alone, no line (a scatter); ``ring``: a ring round each point."""
 
     label: str
     points: tuple[tuple[float, float], ...]
     missed: tuple[tuple[float, float], ...] = ()
     markers: bool = False
     vlines: tuple[float, ...] = ()
+    joined: bool = True
+    ring: bool = False
 
 
 @dataclass(frozen=True)
@@ -193,8 +196,8 @@ def grid_svg(title: str, panels: Sequence[Panel], *, panel_w: float, panel_h: fl
 def _panel(p: Panel, ox: float, oy: float, w: float, h: float, colour: dict[str, str]) -> list[str]:
     left, top = ox + LEFT, oy + TOP
     pw, ph = w - LEFT - RIGHT, h - TOP - BOTTOM
-    xs = [x for line in p.lines for x, _ in line.points]
-    ys = [y for line in p.lines for _, y in line.points] + ([p.limit] if p.limit is not None else [])
+    xs = [x for line in p.lines for x, _ in (*line.points, *line.missed)]
+    ys = [y for line in p.lines for _, y in (*line.points, *line.missed)] + ([p.limit] if p.limit is not None else [])
     x0, x1 = _domain(xs)
     y0, y1 = _domain(ys)
 
@@ -226,12 +229,15 @@ def _panel(p: Panel, ox: float, oy: float, w: float, h: float, colour: dict[str,
         if line.vlines:
             d = "".join(f"M{_f(sx(v))},{_f(top)}v{_f(ph)}" for v in line.vlines if x0 <= v <= x1)
             out.append(f'<path d="{d}" stroke="{c}" stroke-opacity="0.35" stroke-width="0.8" stroke-dasharray="1,2"/>')
-        pts = downsample(line.points, int(pw))
-        if pts:
+        pts = downsample(line.points, int(pw)) if line.joined else list(line.points)
+        if pts and line.joined:
             path = "M" + "L".join(f"{_f(sx(x))},{_f(sy(y))}" for x, y in pts)
             out.append(f'<path d="{path}" stroke="{c}" stroke-width="1.3" fill="none" stroke-linejoin="round"/>')
         if line.markers:
             out += [f'<circle cx="{_f(sx(x))}" cy="{_f(sy(y))}" r="2" fill="{c}"/>' for x, y in pts]
+        if line.ring:
+            out += [f'<circle cx="{_f(sx(x))}" cy="{_f(sy(y))}" r="6" fill="none" stroke="{c}" stroke-width="1.6"/>'
+                    for x, y in pts]
         out += [_cross(sx(x), sy(y), c) for x, y in line.missed]
     out.append(f'<rect x="{_f(left)}" y="{_f(top)}" width="{_f(pw)}" height="{_f(ph)}" fill="none" '
                f'stroke="#444" stroke-width="0.8"/>')
@@ -275,3 +281,21 @@ def series_svg(title: str, series: Sequence[tuple[str, Sequence[tuple[float, Map
                 lines.append(Line(label, pts, markers=len(pts) <= 40, vlines=tuple((boundaries or {}).get(label, ()))))
         panels.append(Panel((titles or {}).get(name, name), "engine seconds", "", tuple(lines)))
     return grid_svg(title, panels, panel_w=413, panel_h=250)
+
+
+def front_svg(title: str, xlabel: str, panels: Sequence[tuple[str, float | None]],
+              trials: Sequence[tuple[float, Sequence[float], bool]], front: Sequence[tuple[float, Sequence[float]]],
+              recommended: tuple[float, Sequence[float]] | None) -> str:
+    """A Pareto front over a ranking figure (x) and latencies (y, one panel each: ``(axis
+    label, limit or None)``): every trial a dot, crossed where it is not feasible (``trials``:
+    ``(figure, latencies, feasible)``), the front's points joined in figure order, the
+    recommended point ringed."""
+    out = []
+    for k, (ylabel, limit) in enumerate(panels):
+        lines = [Line("trials", tuple((x, ys[k]) for x, ys, feasible in trials if feasible),
+                      missed=tuple((x, ys[k]) for x, ys, feasible in trials if not feasible), markers=True, joined=False),
+                 Line("Pareto front", tuple(sorted((x, ys[k]) for x, ys in front)), markers=True)]
+        if recommended is not None:
+            lines.append(Line("recommended", ((recommended[0], recommended[1][k]),), joined=False, ring=True))
+        out.append(Panel(ylabel, xlabel, ylabel, tuple(lines), limit))
+    return grid_svg(title, out, panel_w=413, panel_h=298, missed_label="infeasible (SLO missed, or not eligible)")
