@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 from perflab import __version__
 from perflab.bench.metrics import BenchMetrics, name_of
 from perflab.contract.status import Status
-from perflab.lab.decide import DecideBy, Regression, latency_label
+from perflab.lab.decide import DecideBy, Regression, latency_label, pct_name
 from perflab.lab.report.blocks import callout, details
 from perflab.lab.study import ConfigResult, Entry, Ranking, Step, StudyOutcome, slo_label, stopped_early_text
 from perflab.observe import energy
@@ -642,8 +642,11 @@ def front_lines(step: Step, rank: Ranking) -> list[str]:
     front, objectives = info.get("front") or [], info.get("objectives") or []
     lat = [o["name"] for o in objectives if o["direction"] == "minimize"]
     what = "points" if info.get("method") == "grid" else "trials"
-    out = [f"**Pareto front.** {len(front)} of the complete {what} that meet the SLO and are eligible: none of them "
-           f"is bettered in every objective by another (maximize {rank.name}; minimize "
+    slo = rank.decision.slo
+    feasible = sum(e.trial is not None and e.trial["state"] == "complete" and e.eligible and slo.met(e.result.metrics)
+                   for e in step.entries)
+    out = [f"**Pareto front.** {len(front)} of the {feasible} complete, eligible {what} that meet the SLO: none of "
+           f"them is bettered in every objective by another (maximize {rank.name}; minimize "
            f"{', '.join(latency_label(k) for k in lat)}). Which one to serve depends on the latency users need; "
            f"the recommendation stays the best {rank.name}.", ""]
     if front:
@@ -655,8 +658,11 @@ def front_lines(step: Step, rank: Ranking) -> list[str]:
             out.append(f"| {f['number']} | {_md_escape(f['label'])}{mark} | {f['value']:.2f} {rank.unit} | {ms} |")
         out += ["", f"![Pareto front]({FRONT_NAME})"]
     if step.chosen is not None and not any(f.get("recommended") for f in front):
+        why = {DecideBy.THROUGHPUT: "a throughput ranking reports the SLO, it does not rank by it",
+               DecideBy.GOODPUT: f"goodput counts each request that meets every limit, the front asks the "
+                                 f"p{pct_name(slo.percentile)} of each latency to meet it"}.get(rank.decide_by, "")
         out += ["", f"The recommendation, {_md_escape(step.chosen.label)}, is not on the front: it does not meet every "
-                    "SLO limit (a throughput ranking reports the SLO, it does not rank by it)."]
+                    f"SLO limit{f' ({why})' if why else ''}."]
     return out
 
 
