@@ -103,6 +103,23 @@ def test_an_slo_search_is_multi_objective_reproducible_and_its_front_is_in_the_r
     assert f"The recommendation, {step.chosen.label}, is not on the front" in md
 
 
+def test_an_interrupted_slo_search_resumes_with_its_objectives(tmp_path: Path) -> None:
+    from perflab.contract.errors import PerflabError
+
+    out = tmp_path / "study"
+    first = Executor(fail_at=3)
+    with pytest.raises(PerflabError):
+        _session(out, first, SLO)
+    second = Executor()
+    outcome = _session(out, second, SLO)
+    trials = [e.trial for e in outcome.steps[0].entries]
+    assert len(trials) == 7 and len({json.dumps(t["point"], sort_keys=True) for t in trials}) == 7
+    assert set(first.launched).isdisjoint(second.launched)  # nothing finished is launched again
+    assert len(_journal(out).directions) == 2
+    assert [f["number"] for f in outcome.steps[0].search["front"]] == _front_of(
+        outcome.steps[0].entries, outcome.plan.decision.slo, outcome.rank)
+
+
 # --------------------------------------------------------------------------- on the simulator
 
 SIM = """
