@@ -143,8 +143,9 @@ def _cross(x: float, y: float, colour: str, r: float = 3.5) -> str:
 
 
 def _legend(entries: Sequence[tuple[str, str]], width: float, top: float) -> tuple[list[str], float]:
-    """Entries (``(kind, label)``; kind a colour, ``"limit"`` or ``"missed"``) in rows across
-    ``width``; the elements and the height used."""
+    """Entries (``(kind, label)``; kind a colour, ``"limit"``, ``"missed"``, or ``"dot:"`` /
+    ``"ring:"`` and a colour for points not joined by a line) in rows across ``width``; the
+    elements and the height used."""
     out: list[str] = []
     x, y, size = 10.0, top + 11, 9.0
     rows = 1
@@ -156,6 +157,10 @@ def _legend(entries: Sequence[tuple[str, str]], width: float, top: float) -> tup
             out.append(f'<path d="M{_f(x)},{_f(y - 3)}h20" stroke="{LIMIT_COLOUR}" stroke-width="1" stroke-dasharray="4,2"/>')
         elif kind == "missed":
             out.append(_cross(x + 10, y - 3, "#808080"))
+        elif kind.startswith("dot:"):
+            out.append(f'<circle cx="{_f(x + 10)}" cy="{_f(y - 3)}" r="2" fill="{kind[4:]}"/>')
+        elif kind.startswith("ring:"):
+            out.append(f'<circle cx="{_f(x + 10)}" cy="{_f(y - 3)}" r="5" fill="none" stroke="{kind[5:]}" stroke-width="1.6"/>')
         else:
             out.append(f'<path d="M{_f(x)},{_f(y - 3)}h20" stroke="{kind}" stroke-width="2"/>')
         out.append(_text(x + 26, y, label, size=size, anchor="start"))
@@ -172,7 +177,8 @@ def grid_svg(title: str, panels: Sequence[Panel], *, panel_w: float, panel_h: fl
     width = cols * panel_w
     labels = list(dict.fromkeys(line.label for p in panels for line in p.lines))
     colour = {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
-    entries: list[tuple[str, str]] = [(colour[label], label) for label in labels]
+    alone = {line.label: "ring:" if line.ring else "dot:" for p in panels for line in p.lines if not line.joined}
+    entries: list[tuple[str, str]] = [(alone.get(label, "") + colour[label], label) for label in labels]
     limits = sorted({p.limit for p in panels if p.limit is not None})
     if limits:
         entries.append(("limit", "limit " + ", ".join(f"{v:g}" for v in limits)))
