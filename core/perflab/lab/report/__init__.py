@@ -606,11 +606,12 @@ def _entry_lines(e: Entry, ctx: ReportContext) -> list[str]:
 
 def search_lines(step: Step, rank: Ranking) -> list[str]:
     """Method grid or search: each trial (its point, figure, pruned or not, engine-hours), the
-    best found, and Optuna's parameter importances."""
+    best found, Optuna's parameter importances and, with an SLO, the Pareto front."""
     info = step.search or {}
     out: list[str] = []
     if info.get("method") == "search":
-        out += [f"Optuna's TPE sampler (seed {info.get('seed')}) asked for {info.get('trials_asked')} distinct points "
+        sampler = "multi-objective TPE sampler" if info.get("objectives") else "TPE sampler"
+        out += [f"Optuna's {sampler} (seed {info.get('seed')}) asked for {info.get('trials_asked')} distinct points "
                 f"of the {info.get('points')}; {info.get('trials')} measured, {info.get('pruned')} pruned by early stop"
                 + (f", budget {info['budget_engine_hours']:g} engine-hours" if info.get("budget_engine_hours") else "")
                 + ".", ""]
@@ -629,7 +630,8 @@ def search_lines(step: Step, rank: Ranking) -> list[str]:
         out += ["", f"Engine-hours of the {info.get('trials')} trials: {info['engine_hours']:.3f}."]
     if info.get("importances"):
         parts = ", ".join(f"{k} {v:.2f}" for k, v in info["importances"].items())
-        out += ["", f"Parameter importances (Optuna, fANOVA): {parts}."]
+        of = f" of {rank.name}" if info.get("objectives") else ""  # several objectives: the ranking figure's
+        out += ["", f"Parameter importances{of} (Optuna, fANOVA): {parts}."]
     if info.get("front") is not None:
         out += ["", *front_lines(step, rank)]
     return [*out, ""]
