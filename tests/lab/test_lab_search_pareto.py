@@ -108,6 +108,32 @@ def test_an_slo_search_is_multi_objective_reproducible_and_its_front_is_in_the_r
     assert f"The recommendation, {step.chosen.label}, is not on the front" in md
 
 
+class _Tied(Executor):
+    """Every point the same throughput; p99 TPOT grows with max_batched_tokens."""
+
+    async def run(self, config: Any, profiles: Any, run_dir: Any, **_: Any) -> Any:
+        from perflab.contract.status import Status
+        from perflab.lab.store import ProfileMeasurement, RunRecord
+
+        self.launched.append(repr(config.canonical()))
+        metrics = {"num_prompts": 10, "completed": 10, "failed": 0, "total_token_throughput": 1000.0, "duration": 10.0,
+                   "p99_tpot_ms": config.options.get("max_batched_tokens", 4096) / 100}
+        return RunRecord(Status.DONE, measurements={p.name: ProfileMeasurement(Status.OK, metrics=metrics, num_prompts=10)
+                                                    for p in profiles}, version="1", engine_seconds=3600.0, accelerators=1)
+
+
+def test_a_tie_on_the_ranking_figure_goes_to_the_point_on_the_front(tmp_path: Path) -> None:
+    """Two points as good on throughput: the one with the faster tokens is on the front and
+    recommended (without the SLO the first measured would be), so the recommendation is on it."""
+    grid = "method: grid\nspace: {engine: [sglang], max_batched_tokens: [8192, 2048]}\n"
+    outcome = _session(tmp_path / "tied", _Tied(), SLO, search=grid)
+    step = outcome.steps[0]
+    assert step.chosen is not None and step.chosen.config.options["max_batched_tokens"] == 2048
+    assert [(f["label"], f["recommended"]) for f in step.search["front"]] == [(step.chosen.label, True)]
+    plain = _session(tmp_path / "plain", _Tied(), "", search=grid)
+    assert plain.steps[0].chosen.config.options["max_batched_tokens"] == 8192 and "front" not in plain.steps[0].search
+
+
 def test_an_interrupted_slo_search_resumes_with_its_objectives(tmp_path: Path) -> None:
     from perflab.contract.errors import PerflabError
 

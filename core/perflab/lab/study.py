@@ -703,23 +703,36 @@ class _Study:
         return [{"name": self.rank.metric, "direction": "maximize"},
                 *({"name": slo.metric_key(k), "direction": "minimize"} for k in slo.limits())]
 
-    def _front(self, step: Step) -> list[dict[str, Any]]:
+    def _latencies(self, e: Entry) -> dict[str, float]:
+        """The SLO's latencies an entry measured (``p99_ttft_ms``: ms)."""
+        slo = self.plan.decision.slo
+        return {slo.metric_key(c.key): c.measured for c in slo.check(e.result.metrics) if c.measured is not None}
+
+    def _front(self, step: Step) -> list[Entry]:
         """The Pareto front of an SLO plan's trials over :meth:`_objectives`: the complete,
-        eligible trials meeting every SLO limit that no other such trial dominates, in trial
-        order, each with its point, figure and latencies; ``recommended``: the step's choice."""
+        eligible trials meeting every SLO limit (each latency measured) that no other such
+        trial dominates, in trial order."""
         slo = self.plan.decision.slo
         feasible = [e for e in step.entries if e.trial is not None and e.trial["state"] == "complete"
                     and e.eligible and slo.met(e.result.metrics)]
-        lat = [{slo.metric_key(c.key): c.measured for c in slo.check(e.result.metrics) if c.measured is not None}
-               for e in feasible]  # every one measured: each limit is met
-        points = [(self.figure(e), *(-v for v in ls.values())) for e, ls in zip(feasible, lat, strict=True)]
-        out = []
-        for i in non_dominated(points):
-            e = feasible[i]
-            assert e.trial is not None
-            out.append({"number": e.trial["number"], "label": e.label, "point": e.trial["point"],
-                        "value": self.figure(e), "latencies": lat[i], "recommended": e is step.chosen})
-        return out
+        points = [(self.figure(e), *(-v for v in self._latencies(e).values())) for e in feasible]
+        return [feasible[i] for i in non_dominated(points)]
+
+    def _front_point(self, e: Entry, step: Step) -> dict[str, Any]:
+        """A front entry as report.json's step ``search.front`` has it."""
+        assert e.trial is not None
+        return {"number": e.trial["number"], "label": e.label, "point": e.trial["point"], "value": self.figure(e),
+                "latencies": self._latencies(e), "recommended": e is step.chosen}
+
+    def _on_front_first(self, ranked: list[Entry], front: list[Entry]) -> list[Entry]:
+        """``ranked`` with a tie on the ranking figure at the top broken by the Pareto front:
+        of the entries as good as the best, the first on the front (as good, and none of its
+        latencies bettered by the others) leads; without a tie, or a front, as it was."""
+        if not ranked or not front:
+            return ranked
+        best = self.figure(ranked[0])
+        lead = next((e for e in ranked if self.figure(e) == best and any(e is f for f in front)), ranked[0])
+        return [lead, *(e for e in ranked if e is not lead)]
 
     def _trial(self, e: Entry, number: int, point: Mapping[str, Any], told: Told) -> None:
         state = "unsupported" if e.result.status is Status.UNSUPPORTED else {
@@ -763,7 +776,8 @@ class _Study:
         hours = [t["engine_hours"] for t in trials if t["engine_hours"] is not None]
         info.update({"trials": len(trials), "pruned": sum(t["state"] == "pruned" for t in trials),
                      "engine_hours": round(sum(hours), 6) if hours else None})
-        ok = self.ranked(step.entries)
+        front = self._front(step) if plan.decision.slo else []
+        ok = self._on_front_first(self.ranked(step.entries), front)
         if ok:
             step.chosen, step.adopted = ok[0], True
             info["best"] = {"label": ok[0].label, "point": ok[0].trial["point"] if ok[0].trial else None,
@@ -773,7 +787,7 @@ class _Study:
         else:
             step.statement = f"Result: no point of the space is eligible{_guarded(step)}; the study cannot go on."
         if plan.decision.slo:
-            info["objectives"], info["front"] = self._objectives(), self._front(step)
+            info["objectives"], info["front"] = self._objectives(), [self._front_point(e, step) for e in front]
         step.search = info
         return step, step.chosen
 
