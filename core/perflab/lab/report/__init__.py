@@ -23,6 +23,7 @@ from perflab.bench.metrics import BenchMetrics, name_of
 from perflab.contract.status import Status
 from perflab.lab.decide import DecideBy, Regression, latency_label, pct_name
 from perflab.lab.report.blocks import callout, details
+from perflab.lab.search import non_dominated
 from perflab.lab.study import ConfigResult, Entry, Ranking, Step, StudyOutcome, slo_label, stopped_early_text
 from perflab.observe import energy
 
@@ -796,18 +797,10 @@ def accelerators_of(entry: Entry) -> int:
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     """Indices of the Pareto-optimal points when both coordinates are better larger: no other
-    point is at least as good in both and better in one. In order of the first coordinate."""
-    order = sorted(range(len(points)), key=lambda i: (-points[i][0], -points[i][1]))
-    front: list[int] = []
-    best_y = -math.inf
-    for i in order:
-        x, y = points[i]
-        if y > best_y:
-            if front and points[front[-1]][0] == x:  # same x, better y: it dominates the last one
-                front.pop()
-            front.append(i)
-            best_y = y
-    return sorted(front, key=lambda i: points[i][0])
+    point is at least as good in both and better in one (:func:`perflab.lab.search.non_dominated`;
+    of equal points, one). In order of the first coordinate."""
+    one = {points[i]: i for i in non_dominated(points)}
+    return sorted(one.values(), key=lambda i: points[i][0])
 
 
 def results_by_profile(o: StudyOutcome) -> dict[str, list[tuple[str, Entry, ConfigResult]]]:
