@@ -69,6 +69,16 @@ def test_a_pruned_trial_of_a_multi_objective_search_keeps_its_bound_never_a_figu
     assert trials[0].values == [100.0, 20.0] and trials[1].values is None  # nothing made up for Optuna
 
 
+def test_a_journal_of_other_objectives_is_refused_naming_it(tmp_path: Path) -> None:
+    from perflab.contract.errors import UsageError
+    from perflab.lab.plan import Space, Tuning
+
+    space, journal = Space(engines=("vllm",), options={"max_num_seqs": (8, 16)}), tmp_path / JOURNAL
+    Search(space, Tuning(trials=2), journal)
+    with pytest.raises(UsageError, match="its search has 1 objective"):
+        Search(space, Tuning(trials=2), journal, minimize=["p99_tpot_ms"])
+
+
 def test_an_slo_search_is_multi_objective_reproducible_and_its_front_is_in_the_report(tmp_path: Path) -> None:
     """A throughput ranking with an SLO (stand-in executor: more sequences, more tokens/s and
     slower tokens): Optuna minimizes p99 TPOT beside maximizing throughput, the same trials for

@@ -125,6 +125,9 @@ class Search:
         self._study = optuna.create_study(study_name=_STUDY, storage=storage, sampler=sampler,
                                           directions=["maximize", *("minimize" for _ in self.minimize)],
                                           load_if_exists=True)
+        if len(self._study.directions) != 1 + len(self.minimize):  # loaded as it was written, whatever we asked
+            raise UsageError(f"{journal}: its search has {len(self._study.directions)} objective(s), this plan "
+                             f"{1 + len(self.minimize)} (the SLO changed?): run the plan into a new study directory")
         self._dists = {name: optuna.distributions.CategoricalDistribution(list(values))
                        for name, values in space.dims().items()}
 
