@@ -7,6 +7,10 @@ replays its finished trials (their measurements are the store's, reused without 
 and asks only for the rest. A trial the interrupted session left running is failed and its
 point asked again first (its measurement, if the store finished it, is reused too).
 
+A plan with an SLO is searched over several objectives (:class:`Search`'s ``minimize``): the
+ranking figure, maximized, and each latency the SLO limits, minimized; the report shows the
+trials' Pareto front (:func:`non_dominated`).
+
 Optuna is the ``perflab[search]`` extra; it is imported when a search starts.
 """
 
@@ -22,7 +26,7 @@ from typing import Any
 from perflab.contract.errors import UsageError
 from perflab.lab.plan import Space, Tuning
 
-__all__ = ["COMPLETE", "FAIL", "JOURNAL", "PRUNED", "REPEAT", "Search", "Told", "Trial", "point_key"]
+__all__ = ["COMPLETE", "FAIL", "JOURNAL", "PRUNED", "REPEAT", "Search", "Told", "Trial", "non_dominated", "point_key"]
 
 #: Optuna's journal in the study directory
 JOURNAL = "search.optuna.jsonl"
@@ -37,16 +41,30 @@ def point_key(point: Mapping[str, Any]) -> str:
     return repr(sorted(point.items()))
 
 
+def non_dominated(points: Sequence[Sequence[float]]) -> list[int]:
+    """Indices (in order) of the points no other point dominates, every coordinate better
+    larger (a caller negates the ones better smaller): another point dominates one when it is
+    at least as good in every coordinate and better in one. Equal points are all kept."""
+
+    def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
+        return all(x >= y for x, y in zip(a, b, strict=True)) and any(x > y for x, y in zip(a, b, strict=True))
+
+    return [i for i, p in enumerate(points) if not any(dominates(q, p) for j, q in enumerate(points) if j != i)]
+
+
 @dataclass(frozen=True)
 class Told:
     """What a trial measured, as Optuna is told it. ``value``: the ranking figure (complete),
     or the bound or forecast early stop stopped it with (pruned: an upper bound, never a
     figure it did not reach; None when the stop gave none). ``constraints``: Optuna's, each
-    feasible at <= 0 (the guards and accuracy gate as one, the SLO's limits as slack in ms)."""
+    feasible at <= 0 (the guards and accuracy gate as one, the SLO's limits as slack in ms).
+    ``latencies``: a multi-objective search's minimized figures (complete: the SLO's
+    latencies in ms, in :meth:`perflab.lab.decide.Slo.limits` order)."""
 
     state: str  # COMPLETE | PRUNED | FAIL
     value: float | None = None
     constraints: tuple[float, ...] = ()
+    latencies: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,13 +90,21 @@ def _optuna() -> Any:
 class Search:
     """One plan's search: an Optuna study (maximize the ranking figure) over ``space``'s
     categorical dimensions with a seeded TPE sampler. ``journal`` None: in memory (a study
-    without a directory); ``writable`` False: the report's replay, which only reads it."""
+    without a directory); ``writable`` False: the report's replay, which only reads it.
+
+    ``minimize``: the names of the figures minimized beside the ranking figure (an SLO plan's
+    latencies): a multi-objective study, TPE's multi-objective form (MOTPE). NSGA-II, Optuna's
+    other one, evolves generations of 50 trials by default: a budget of 5 to 50 trials would
+    never leave its random first generation, where TPE models the trials from its few random
+    start-up ones on. Optuna's multi-objective trials take no intermediate values, so a pruned
+    trial is told PRUNED with its bound in the user attribute ``bound``."""
 
     def __init__(self, space: Space, tuning: Tuning, journal: Path | None, *, writable: bool = True,
-                 constrained: bool = False) -> None:
+                 constrained: bool = False, minimize: Sequence[str] = ()) -> None:
         self.space = space
         self.tuning = tuning
         self.writable = writable
+        self.minimize = tuple(minimize)
         self.trials = tuning.trials_for(space.size)
         self._open: dict[int, Any] = {}  # trial number -> optuna Trial (asked, not told)
         self._study: Any = None
@@ -97,7 +123,11 @@ class Search:
                 seed=tuning.seed, multivariate=True, n_startup_trials=max(2, min(10, self.trials // 3)),
                 constraints_func=_constraints if constrained else None)
         self._study = optuna.create_study(study_name=_STUDY, storage=storage, sampler=sampler,
-                                          direction="maximize", load_if_exists=True)
+                                          directions=["maximize", *("minimize" for _ in self.minimize)],
+                                          load_if_exists=True)
+        if len(self._study.directions) != 1 + len(self.minimize):  # loaded as it was written, whatever we asked
+            raise UsageError(f"{journal}: its search has {len(self._study.directions)} objective(s), this plan "
+                             f"{1 + len(self.minimize)} (the SLO changed?): run the plan into a new study directory")
         self._dists = {name: optuna.distributions.CategoricalDistribution(list(values))
                        for name, values in space.dims().items()}
 
@@ -110,8 +140,12 @@ class Search:
         for t in self._study.get_trials(deepcopy=False):
             told = t.user_attrs.get("told")
             if t.state.is_finished() and told is not None:
-                value = t.value if t.state is optuna.trial.TrialState.COMPLETE else (
-                    t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None)
+                if t.state is optuna.trial.TrialState.COMPLETE:
+                    value = t.values[0]
+                elif self.minimize:
+                    value = t.user_attrs.get("bound")
+                else:
+                    value = t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None
                 out.append(Trial(t.number, dict(t.params), told, value, dict(t.user_attrs)))
         return out
 
@@ -141,10 +175,13 @@ class Search:
         trial = self._open.pop(number)
         for k, v in {**attrs, "told": told_as or told.state, "constraint": list(told.constraints)}.items():
             trial.set_user_attr(k, v)
-        if told.state == COMPLETE and told.value is not None:
-            self._study.tell(trial, told.value)
+        # a multi-objective trial missing a latency has no point to tell: failed for Optuna
+        if told.state == COMPLETE and told.value is not None and len(told.latencies) == len(self.minimize):
+            self._study.tell(trial, [told.value, *told.latencies] if self.minimize else told.value)
         elif told.state == PRUNED:
-            if told.value is not None:
+            if told.value is not None and self.minimize:
+                trial.set_user_attr("bound", told.value)
+            elif told.value is not None:
                 trial.report(told.value, 0)
             self._study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
@@ -160,9 +197,10 @@ class Search:
         varying = [name for name, values in self.space.dims().items() if len(values) > 1]
         if len(complete) < 2 or len(varying) < 2:
             return None
-        try:
+        try:  # several objectives: the importances for the ranking figure
             got = optuna.importance.get_param_importances(
-                self._study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=self.tuning.seed))
+                self._study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=self.tuning.seed),
+                target=(lambda t: t.values[0]) if self.minimize else None)
         except (ValueError, RuntimeError, ZeroDivisionError):
             return None
         return {k: round(float(v), 4) for k, v in got.items() if not math.isnan(v)}

@@ -40,7 +40,7 @@ from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, Regres
 from perflab.lab.measured import MeasurementExtras
 from perflab.lab.options import Configuration
 from perflab.lab.plan import WINNER, Candidate, Plan, Profile, reference_config, space_config
-from perflab.lab.search import COMPLETE, FAIL, PRUNED, REPEAT, Search, Told, point_key
+from perflab.lab.search import COMPLETE, FAIL, PRUNED, REPEAT, Search, Told, non_dominated, point_key
 from perflab.observe import OBSERVED_KEYS
 
 
@@ -677,9 +677,10 @@ class _Study:
     def _told(self, e: Entry) -> Told:
         """What an entry tells Optuna: its figure (complete), the bound or forecast early stop
         stopped it with (pruned), or nothing (failed, refused). The guards and the accuracy gate
-        are one constraint; with an SLO a throughput ranking does not use, each limit is one more."""
+        are one constraint; with an SLO each limit is one more (its slack in ms), and the SLO's
+        latencies are the multi-objective search's other objectives (:meth:`_objectives`)."""
         res, slo = e.result, self.plan.decision.slo
-        slack = [0.0] * len(slo.limits()) if slo and self.rank.decide_by is DecideBy.THROUGHPUT else []
+        slack = [0.0] * len(slo.limits()) if slo else []
         if res.status is Status.STOPPED_EARLY:
             info = res.stopped_early or {}
             bound = info.get("bound_token_throughput", info.get("forecast_token_throughput")) \
@@ -688,9 +689,50 @@ class _Study:
         value = self.rank.value(res) if res.status.measured else None
         if value is None:
             return Told(FAIL)
-        if slack:
-            slack = [(c.measured - c.limit) if c.measured is not None else 1e9 for c in slo.check(res.metrics)]
-        return Told(COMPLETE, value, (0.0 if e.eligible else 1.0, *slack))
+        checks = slo.check(res.metrics)
+        slack = [(c.measured - c.limit) if c.measured is not None else 1e9 for c in checks]
+        latencies = tuple(c.measured for c in checks if c.measured is not None)
+        return Told(COMPLETE, value, (0.0 if e.eligible else 1.0, *slack), latencies)
+
+    def _objectives(self) -> list[dict[str, str]]:
+        """An SLO plan's objectives (none without an SLO): the ranking figure, maximized, and
+        each latency the SLO limits (``p99_ttft_ms``), minimized."""
+        slo = self.plan.decision.slo
+        if not slo:
+            return []
+        return [{"name": self.rank.metric, "direction": "maximize"},
+                *({"name": slo.metric_key(k), "direction": "minimize"} for k in slo.limits())]
+
+    def _latencies(self, e: Entry) -> dict[str, float]:
+        """The SLO's latencies an entry measured (``p99_ttft_ms``: ms)."""
+        slo = self.plan.decision.slo
+        return {slo.metric_key(c.key): c.measured for c in slo.check(e.result.metrics) if c.measured is not None}
+
+    def _front(self, step: Step) -> list[Entry]:
+        """The Pareto front of an SLO plan's trials over :meth:`_objectives`: the complete,
+        eligible trials meeting every SLO limit (each latency measured) that no other such
+        trial dominates, in trial order."""
+        slo = self.plan.decision.slo
+        feasible = [e for e in step.entries if e.trial is not None and e.trial["state"] == "complete"
+                    and e.eligible and slo.met(e.result.metrics)]
+        points = [(self.figure(e), *(-v for v in self._latencies(e).values())) for e in feasible]
+        return [feasible[i] for i in non_dominated(points)]
+
+    def _front_point(self, e: Entry, step: Step) -> dict[str, Any]:
+        """A front entry as report.json's step ``search.front`` has it."""
+        assert e.trial is not None
+        return {"number": e.trial["number"], "label": e.label, "point": e.trial["point"], "value": self.figure(e),
+                "latencies": self._latencies(e), "recommended": e is step.chosen}
+
+    def _on_front_first(self, ranked: list[Entry], front: list[Entry]) -> list[Entry]:
+        """``ranked`` with a tie on the ranking figure at the top broken by the Pareto front:
+        of the entries as good as the best, the first on the front (as good, and none of its
+        latencies bettered by the others) leads; without a tie, or a front, as it was."""
+        if not ranked or not front:
+            return ranked
+        best = self.figure(ranked[0])
+        lead = next((e for e in ranked if self.figure(e) == best and any(e is f for f in front)), ranked[0])
+        return [lead, *(e for e in ranked if e is not lead)]
 
     def _trial(self, e: Entry, number: int, point: Mapping[str, Any], told: Told) -> None:
         state = "unsupported" if e.result.status is Status.UNSUPPORTED else {
@@ -734,7 +776,8 @@ class _Study:
         hours = [t["engine_hours"] for t in trials if t["engine_hours"] is not None]
         info.update({"trials": len(trials), "pruned": sum(t["state"] == "pruned" for t in trials),
                      "engine_hours": round(sum(hours), 6) if hours else None})
-        ok = self.ranked(step.entries)
+        front = self._front(step) if plan.decision.slo else []
+        ok = self._on_front_first(self.ranked(step.entries), front)
         if ok:
             step.chosen, step.adopted = ok[0], True
             info["best"] = {"label": ok[0].label, "point": ok[0].trial["point"] if ok[0].trial else None,
@@ -743,6 +786,8 @@ class _Study:
                               f"{len(trials)} {'points' if plan.method == 'grid' else 'trials'}{_guarded(step)}.")
         else:
             step.statement = f"Result: no point of the space is eligible{_guarded(step)}; the study cannot go on."
+        if plan.decision.slo:
+            info["objectives"], info["front"] = self._objectives(), [self._front_point(e, step) for e in front]
         step.search = info
         return step, step.chosen
 
@@ -756,7 +801,8 @@ class _Study:
         journal = getattr(self.measure, "search_journal", None)
         writable = journal is None or bool(getattr(self.measure, "search_writable", False))
         constrained = bool(plan.decision.slo or plan.decision.guards or plan.accuracy is not None)
-        search = Search(space, tuning, journal, writable=writable, constrained=constrained)
+        search = Search(space, tuning, journal, writable=writable, constrained=constrained,
+                        minimize=[o["name"] for o in self._objectives()[1:]])
         seen: dict[str, Told] = {}
         spent = 0.0
 

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 from perflab import __version__
 from perflab.bench.metrics import BenchMetrics, name_of
 from perflab.contract.status import Status
-from perflab.lab.decide import DecideBy, Regression
+from perflab.lab.decide import DecideBy, Regression, latency_label, pct_name
 from perflab.lab.report.blocks import callout, details
+from perflab.lab.search import non_dominated
 from perflab.lab.study import ConfigResult, Entry, Ranking, Step, StudyOutcome, slo_label, stopped_early_text
 from perflab.observe import energy
 
@@ -39,6 +40,8 @@ GREEN = "lightgreen"
 RED = "#fbcaca"
 CHART_NAME = "chart.png"
 PARETO_NAME = "pareto.png"
+#: an SLO plan's Pareto front of its grid or search (SVG: drawn without a plotting library)
+FRONT_NAME = "front.svg"
 #: said where chart.png and pareto.png would be when matplotlib (the ``perflab[charts]`` extra) is missing
 CHARTS_MISSING = "charts need `pip install 'perflab[charts]'`"
 
@@ -604,11 +607,12 @@ def _entry_lines(e: Entry, ctx: ReportContext) -> list[str]:
 
 def search_lines(step: Step, rank: Ranking) -> list[str]:
     """Method grid or search: each trial (its point, figure, pruned or not, engine-hours), the
-    best found, and Optuna's parameter importances."""
+    best found, Optuna's parameter importances and, with an SLO, the Pareto front."""
     info = step.search or {}
     out: list[str] = []
     if info.get("method") == "search":
-        out += [f"Optuna's TPE sampler (seed {info.get('seed')}) asked for {info.get('trials_asked')} distinct points "
+        sampler = "multi-objective TPE sampler" if info.get("objectives") else "TPE sampler"
+        out += [f"Optuna's {sampler} (seed {info.get('seed')}) asked for {info.get('trials_asked')} distinct points "
                 f"of the {info.get('points')}; {info.get('trials')} measured, {info.get('pruned')} pruned by early stop"
                 + (f", budget {info['budget_engine_hours']:g} engine-hours" if info.get("budget_engine_hours") else "")
                 + ".", ""]
@@ -627,8 +631,74 @@ def search_lines(step: Step, rank: Ranking) -> list[str]:
         out += ["", f"Engine-hours of the {info.get('trials')} trials: {info['engine_hours']:.3f}."]
     if info.get("importances"):
         parts = ", ".join(f"{k} {v:.2f}" for k, v in info["importances"].items())
-        out += ["", f"Parameter importances (Optuna, fANOVA): {parts}."]
+        of = f" of {rank.name}" if info.get("objectives") else ""  # several objectives: the ranking figure's
+        out += ["", f"Parameter importances{of} (Optuna, fANOVA): {parts}."]
+    if info.get("front") is not None:
+        out += ["", *front_lines(step, rank)]
     return [*out, ""]
+
+
+def front_lines(step: Step, rank: Ranking) -> list[str]:
+    """An SLO plan's Pareto front (the step's ``search.front``): a table of its trials, the
+    recommended one marked, and the chart (:data:`FRONT_NAME`, :func:`front_chart`)."""
+    info = step.search or {}
+    front, objectives = info.get("front") or [], info.get("objectives") or []
+    lat = [o["name"] for o in objectives if o["direction"] == "minimize"]
+    what = "points" if info.get("method") == "grid" else "trials"
+    slo = rank.decision.slo
+    feasible = sum(e.trial is not None and e.trial["state"] == "complete" and e.eligible and slo.met(e.result.metrics)
+                   for e in step.entries)
+    out = [f"**Pareto front.** {len(front)} of the {feasible} complete, eligible {what} that meet the SLO: none of "
+           f"them is bettered in every objective by another (maximize {rank.name}; minimize "
+           f"{', '.join(latency_label(k) for k in lat)}). Which one to serve depends on the latency users need; "
+           f"the recommendation stays the best {rank.name}.", ""]
+    if front:
+        out += [f"| Trial | Configuration | {rank.name} | " + " | ".join(f"{latency_label(k)} (ms)" for k in lat) + " |",
+                "|---|---|---|" + "---|" * len(lat)]
+        for f in front:
+            mark = " **(recommended)**" if f.get("recommended") else ""
+            ms = " | ".join("n/a" if f["latencies"].get(k) is None else f"{f['latencies'][k]:.2f}" for k in lat)
+            out.append(f"| {f['number']} | {_md_escape(f['label'])}{mark} | {f['value']:.2f} {rank.unit} | {ms} |")
+        out += ["", f"![Pareto front]({FRONT_NAME})"]
+    if step.chosen is not None and not any(f.get("recommended") for f in front):
+        why = {DecideBy.THROUGHPUT: "a throughput ranking reports the SLO, it does not rank by it",
+               DecideBy.GOODPUT: f"goodput counts each request that meets every limit, the front asks the "
+                                 f"p{pct_name(slo.percentile)} of each latency to meet it"}.get(rank.decide_by, "")
+        out += ["", f"The recommendation, {_md_escape(step.chosen.label)}, is not on the front: it does not meet every "
+                    f"SLO limit{f' ({why})' if why else ''}."]
+    return out
+
+
+def front_chart(o: StudyOutcome, ctx: ReportContext) -> str | None:
+    """The Pareto front of an SLO plan's grid or search as SVG (one panel per SLO latency
+    against the ranking figure); None when no step has a front."""
+    from perflab.lab.report.svgchart import front_svg
+
+    slo, rank = o.plan.decision.slo, o.rank
+    for step in o.steps:
+        info = step.search or {}
+        if not info.get("front"):
+            continue
+        keys = list(slo.limits())
+        trials: list[tuple[float, list[float], bool]] = []
+        recommended = None
+        for e in step.entries:
+            fig = rank.value(e.result)
+            if e.trial is None or e.trial["state"] != "complete" or fig is None:
+                continue
+            checks = slo.check(e.result.metrics)
+            ys = [c.measured for c in checks if c.measured is not None]
+            if len(ys) < len(checks):  # a latency not measured: no place in the chart
+                continue
+            trials.append((fig, ys, e.eligible and all(c.met for c in checks)))
+            if e is step.chosen:
+                recommended = (fig, ys)
+        front = [(f["value"], [f["latencies"][slo.metric_key(k)] for k in keys]) for f in info["front"]]
+        title = f"Pareto front of the {info.get('method')}" + (" — simulated" if ctx.simulated else "")
+        return front_svg(title, f"{rank.name} ({rank.unit})",
+                         [(f"{slo_label(k, slo.percentile)} (ms)", v) for k, v in slo.limits().items()],
+                         trials, front, recommended)
+    return None
 
 
 def _step(step: Step, ctx: ReportContext, rank: Ranking) -> list[str]:
@@ -727,18 +797,10 @@ def accelerators_of(entry: Entry) -> int:
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     """Indices of the Pareto-optimal points when both coordinates are better larger: no other
-    point is at least as good in both and better in one. In order of the first coordinate."""
-    order = sorted(range(len(points)), key=lambda i: (-points[i][0], -points[i][1]))
-    front: list[int] = []
-    best_y = -math.inf
-    for i in order:
-        x, y = points[i]
-        if y > best_y:
-            if front and points[front[-1]][0] == x:  # same x, better y: it dominates the last one
-                front.pop()
-            front.append(i)
-            best_y = y
-    return sorted(front, key=lambda i: points[i][0])
+    point is at least as good in both and better in one (:func:`perflab.lab.search.non_dominated`;
+    of equal points, one). In order of the first coordinate."""
+    one = {points[i]: i for i in non_dominated(points)}
+    return sorted(one.values(), key=lambda i: points[i][0])
 
 
 def results_by_profile(o: StudyOutcome) -> dict[str, list[tuple[str, Entry, ConfigResult]]]:

@@ -116,7 +116,7 @@ def write_html(markdown_text: str, o: StudyOutcome, ctx: ReportContext, director
 
 
 class _EmbedImagesProcessor(Treeprocessor):
-    """Every ``<img>`` of the Markdown (chart.png, pareto.png) becomes a data: URI of the file
+    """Every ``<img>`` of the Markdown (chart.png, pareto.png, front.svg) becomes a data: URI of the file
     beside the report; one that is not there (or not a local file) becomes its alt text."""
 
     def __init__(self, md: markdown.Markdown, directory: Path) -> None:

@@ -1,4 +1,4 @@
-"""A study's report files: report.md, report.json, chart.png, pareto.png and report.html.
+"""A study's report files: report.md, report.json, chart.png, pareto.png, front.svg and report.html.
 
 Above :mod:`perflab.lab.report` (the Markdown and JSON), :mod:`perflab.lab.report.chart`,
 :mod:`perflab.lab.report.html` and :mod:`perflab.lab.report.audit` (which checks the page before it is
@@ -13,9 +13,11 @@ from pathlib import Path
 from perflab import redact
 from perflab.lab.report import (
     CHART_NAME,
+    FRONT_NAME,
     PARETO_NAME,
     ReportContext,
     build_json,
+    front_chart,
     pareto_data,
     render_markdown,
     title_of,
@@ -47,6 +49,10 @@ def write_report(o: StudyOutcome, ctx: ReportContext, directory: Path) -> dict[s
     if not charts:  # an earlier run's charts would show other figures than these
         for name in (CHART_NAME, PARETO_NAME):
             (directory / name).unlink(missing_ok=True)
+    if (front := front_chart(o, ctx)) is not None:  # an SLO plan's Pareto front: no plotting library needed
+        paths["front"] = write_atomic(directory / FRONT_NAME, front.encode("utf-8"))
+    else:
+        (directory / FRONT_NAME).unlink(missing_ok=True)
     data = json.loads(json.dumps(build_json(o, ctx)))
     markdown = audit_written_report(render_markdown(o, ctx, charts=charts), data)  # perflab audit: "Consistency check", "audit"
     text = redact.scrub(markdown)

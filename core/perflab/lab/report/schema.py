@@ -100,7 +100,11 @@ class Step(_Part):
     within_noise: bool
     search: Object | None = Field(None, description="method grid or search: {method, points, dimensions, trials, pruned, "
                                                     "engine_hours, best, and for search sampler, seed, trials_asked, "
-                                                    "budget_engine_hours, importances}")
+                                                    "budget_engine_hours, importances; with an SLO objectives ([{name, "
+                                                    "direction}]: the ranking figure maximized, each SLO latency "
+                                                    "minimized) and front (the Pareto front: the complete, eligible "
+                                                    "trials meeting the SLO that no other dominates, each {number, "
+                                                    "label, point, value, latencies, recommended})}")
 
 
 class Case(_Part):

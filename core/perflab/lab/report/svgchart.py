@@ -32,13 +32,16 @@ CHAR_W = 0.6  # a sans-serif character's mean width per unit of font size, for l
 class Line:
     """One configuration in one panel: ``points`` (x, y) in x order; ``missed``: points crossed
     (an SLO missed); ``markers``: a dot on each point; ``vlines``: x positions drawn as faint
-    dotted lines of its colour (where one benchmark of a launch ended and the next began)."""
+    dotted lines of its colour (where one benchmark of a launch ended and the next began);
+    ``joined`` False: the points alone, no line (a scatter); ``ring``: a ring round each point."""
 
     label: str
     points: tuple[tuple[float, float], ...]
     missed: tuple[tuple[float, float], ...] = ()
     markers: bool = False
     vlines: tuple[float, ...] = ()
+    joined: bool = True
+    ring: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,8 +143,9 @@ def _cross(x: float, y: float, colour: str, r: float = 3.5) -> str:
 
 
 def _legend(entries: Sequence[tuple[str, str]], width: float, top: float) -> tuple[list[str], float]:
-    """Entries (``(kind, label)``; kind a colour, ``"limit"`` or ``"missed"``) in rows across
-    ``width``; the elements and the height used."""
+    """Entries (``(kind, label)``; kind a colour, ``"limit"``, ``"missed"``, or ``"dot:"`` /
+    ``"ring:"`` and a colour for points not joined by a line) in rows across ``width``; the
+    elements and the height used."""
     out: list[str] = []
     x, y, size = 10.0, top + 11, 9.0
     rows = 1
@@ -153,6 +157,10 @@ def _legend(entries: Sequence[tuple[str, str]], width: float, top: float) -> tup
             out.append(f'<path d="M{_f(x)},{_f(y - 3)}h20" stroke="{LIMIT_COLOUR}" stroke-width="1" stroke-dasharray="4,2"/>')
         elif kind == "missed":
             out.append(_cross(x + 10, y - 3, "#808080"))
+        elif kind.startswith("dot:"):
+            out.append(f'<circle cx="{_f(x + 10)}" cy="{_f(y - 3)}" r="2" fill="{kind[4:]}"/>')
+        elif kind.startswith("ring:"):
+            out.append(f'<circle cx="{_f(x + 10)}" cy="{_f(y - 3)}" r="5" fill="none" stroke="{kind[5:]}" stroke-width="1.6"/>')
         else:
             out.append(f'<path d="M{_f(x)},{_f(y - 3)}h20" stroke="{kind}" stroke-width="2"/>')
         out.append(_text(x + 26, y, label, size=size, anchor="start"))
@@ -169,7 +177,8 @@ def grid_svg(title: str, panels: Sequence[Panel], *, panel_w: float, panel_h: fl
     width = cols * panel_w
     labels = list(dict.fromkeys(line.label for p in panels for line in p.lines))
     colour = {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
-    entries: list[tuple[str, str]] = [(colour[label], label) for label in labels]
+    alone = {line.label: "ring:" if line.ring else "dot:" for p in panels for line in p.lines if not line.joined}
+    entries: list[tuple[str, str]] = [(alone.get(label, "") + colour[label], label) for label in labels]
     limits = sorted({p.limit for p in panels if p.limit is not None})
     if limits:
         entries.append(("limit", "limit " + ", ".join(f"{v:g}" for v in limits)))
@@ -193,8 +202,8 @@ def grid_svg(title: str, panels: Sequence[Panel], *, panel_w: float, panel_h: fl
 def _panel(p: Panel, ox: float, oy: float, w: float, h: float, colour: dict[str, str]) -> list[str]:
     left, top = ox + LEFT, oy + TOP
     pw, ph = w - LEFT - RIGHT, h - TOP - BOTTOM
-    xs = [x for line in p.lines for x, _ in line.points]
-    ys = [y for line in p.lines for _, y in line.points] + ([p.limit] if p.limit is not None else [])
+    xs = [x for line in p.lines for x, _ in (*line.points, *line.missed)]
+    ys = [y for line in p.lines for _, y in (*line.points, *line.missed)] + ([p.limit] if p.limit is not None else [])
     x0, x1 = _domain(xs)
     y0, y1 = _domain(ys)
 
@@ -226,12 +235,15 @@ def _panel(p: Panel, ox: float, oy: float, w: float, h: float, colour: dict[str,
         if line.vlines:
             d = "".join(f"M{_f(sx(v))},{_f(top)}v{_f(ph)}" for v in line.vlines if x0 <= v <= x1)
             out.append(f'<path d="{d}" stroke="{c}" stroke-opacity="0.35" stroke-width="0.8" stroke-dasharray="1,2"/>')
-        pts = downsample(line.points, int(pw))
-        if pts:
+        pts = downsample(line.points, int(pw)) if line.joined else list(line.points)
+        if pts and line.joined:
             path = "M" + "L".join(f"{_f(sx(x))},{_f(sy(y))}" for x, y in pts)
             out.append(f'<path d="{path}" stroke="{c}" stroke-width="1.3" fill="none" stroke-linejoin="round"/>')
         if line.markers:
             out += [f'<circle cx="{_f(sx(x))}" cy="{_f(sy(y))}" r="2" fill="{c}"/>' for x, y in pts]
+        if line.ring:
+            out += [f'<circle cx="{_f(sx(x))}" cy="{_f(sy(y))}" r="6" fill="none" stroke="{c}" stroke-width="1.6"/>'
+                    for x, y in pts]
         out += [_cross(sx(x), sy(y), c) for x, y in line.missed]
     out.append(f'<rect x="{_f(left)}" y="{_f(top)}" width="{_f(pw)}" height="{_f(ph)}" fill="none" '
                f'stroke="#444" stroke-width="0.8"/>')
@@ -275,3 +287,21 @@ def series_svg(title: str, series: Sequence[tuple[str, Sequence[tuple[float, Map
                 lines.append(Line(label, pts, markers=len(pts) <= 40, vlines=tuple((boundaries or {}).get(label, ()))))
         panels.append(Panel((titles or {}).get(name, name), "engine seconds", "", tuple(lines)))
     return grid_svg(title, panels, panel_w=413, panel_h=250)
+
+
+def front_svg(title: str, xlabel: str, panels: Sequence[tuple[str, float | None]],
+              trials: Sequence[tuple[float, Sequence[float], bool]], front: Sequence[tuple[float, Sequence[float]]],
+              recommended: tuple[float, Sequence[float]] | None) -> str:
+    """A Pareto front over a ranking figure (x) and latencies (y, one panel each: ``(axis
+    label, limit or None)``): every trial a dot, crossed where it is not feasible (``trials``:
+    ``(figure, latencies, feasible)``), the front's points joined in figure order, the
+    recommended point ringed."""
+    out = []
+    for k, (ylabel, limit) in enumerate(panels):
+        lines = [Line("trials", tuple((x, ys[k]) for x, ys, feasible in trials if feasible),
+                      missed=tuple((x, ys[k]) for x, ys, feasible in trials if not feasible), markers=True, joined=False),
+                 Line("Pareto front", tuple(sorted((x, ys[k]) for x, ys in front)), markers=True)]
+        if recommended is not None:
+            lines.append(Line("recommended", ((recommended[0], recommended[1][k]),), joined=False, ring=True))
+        out.append(Panel(ylabel, xlabel, ylabel, tuple(lines), limit))
+    return grid_svg(title, out, panel_w=413, panel_h=298, missed_label="infeasible (SLO missed, or not eligible)")
