@@ -628,7 +628,26 @@ def search_lines(step: Step, rank: Ranking) -> list[str]:
     if info.get("importances"):
         parts = ", ".join(f"{k} {v:.2f}" for k, v in info["importances"].items())
         out += ["", f"Parameter importances (Optuna, fANOVA): {parts}."]
+    if vs := info.get("vs_seeds"):
+        out += ["", *vs_seeds_lines(vs, rank)]
     return [*out, ""]
+
+
+def vs_seeds_lines(vs: Mapping[str, Any], rank: Ranking) -> list[str]:
+    """The search's best against the seeds' method's pick, both run in the study: each
+    figure, the engine-hours each method spent, the gain and which one is recommended."""
+
+    def row(method: str, side: Mapping[str, Any] | None, hours: float | None) -> str:
+        label, fig = (_md_escape(side["label"]), f"{side['value']:.2f} {rank.unit}") if side else ("none eligible", "n/a")
+        return f"| {method} | {label} | {fig} | {'-' if hours is None else f'{hours:.3f}'} |"
+
+    gain = vs.get("gain_pct")
+    chosen = "the search's best" if vs.get("recommended") == "search" else "the seeds' pick"
+    return [f"| Method | Pick | {rank.name} | Engine-hours |", "|---|---|---|---|",
+            row("Seeds' method", vs.get("seeds_pick"), vs.get("seeds_engine_hours")),
+            row("Search", vs.get("search_best"), vs.get("search_engine_hours")), "",
+            f"The search's best against the seeds' pick: {'n/a' if gain is None else fmt_pct(gain)}; "
+            f"recommended: {chosen}."]
 
 
 def _step(step: Step, ctx: ReportContext, rank: Ranking) -> list[str]:
@@ -654,7 +673,7 @@ def summary_rows(o: StudyOutcome, ctx: ReportContext) -> list[dict[str, Any]]:
         name = "Engine Selection" if s.kind == "engine" else s.name
         improvement = s.vs_baseline_pct if s.adopted else None
         r = o.rank
-        if s.kind in ("engine", "grid", "search") and s.chosen is not None:
+        if s.kind in ("engine", "grid", "search") and s.chosen is not None and s.base is None:
             base_text = f"{_tps_text(o.baseline.result)} tok/s" if r.decide_by is DecideBy.THROUGHPUT \
                 else r.text(o.baseline.result)
             detail = f"{s.chosen.label} ({r.text(s.chosen.result)}) vs baseline {o.baseline.label} ({base_text})"

@@ -100,7 +100,9 @@ class Step(_Part):
     within_noise: bool
     search: Object | None = Field(None, description="method grid or search: {method, points, dimensions, trials, pruned, "
                                                     "engine_hours, best, and for search sampler, seed, trials_asked, "
-                                                    "budget_engine_hours, importances}")
+                                                    "budget_engine_hours, importances, and after the seeds' steps "
+                                                    "vs_seeds {seeds_pick, search_best, gain_pct, seeds_engine_hours, "
+                                                    "search_engine_hours, recommended}}")
 
 
 class Case(_Part):
