@@ -710,9 +710,11 @@ class _Study:
         is the best eligible point, the recommendation the final measurements confirm.
 
         ``seeds``: the steps of the seeds' method run before it in the same study (a search
-        plan that lists candidates); the search then starts against the seeds' pick (each
-        trial must beat it, so early stop prunes what cannot) and the recommendation is the
-        better of the two, the search's adopted only if it beats the pick beyond the noise."""
+        plan that lists candidates). The search runs as it would alone (the same trials for a
+        seed, early stop against its own best, not the seeds' pick: a forecast stop must not
+        hide a point the search alone would have measured; what both measure, the store
+        measures once), and the recommendation is the better of the two, the search's best
+        adopted only if it beats the seeds' pick beyond the noise."""
         plan = self.plan
         space = plan.space
         assert space is not None  # the parser requires it for method grid and search
@@ -737,7 +739,7 @@ class _Study:
                 self._trial(e, i, pt, self._told(e))
                 step.entries.append(e)
         else:
-            info.update(await self._search(step, pick))
+            info.update(await self._search(step))
         trials = [e.trial for e in step.entries if e.trial is not None]
         hours = [t["engine_hours"] for t in trials if t["engine_hours"] is not None]
         info.update({"trials": len(trials), "pruned": sum(t["state"] == "pruned" for t in trials),
@@ -801,7 +803,7 @@ class _Study:
                               f"{versus} ({gain:+.1f}%); keeping {pick.label}{_guarded(step)}.")
         return step, pick
 
-    async def _search(self, step: Step, pick: Entry | None = None) -> dict[str, Any]:
+    async def _search(self, step: Step) -> dict[str, Any]:
         """Optuna's trials: the journal's finished ones first (a resumed search: their
         measurements are the store's), then new ones until ``tuning.trials`` distinct points,
         the budget, or the space is spent. With a concurrent measure, a batch of as many
@@ -847,7 +849,7 @@ class _Study:
                 batch.append((number, point))
             if not batch:
                 continue
-            beat = self.to_beat(*step.entries, pick)
+            beat = self.to_beat(*step.entries)
             jobs = [(space_config(plan, pt), self._point_label(pt)) for _, pt in batch]
             results = await self.each(jobs, step.title, beat)
             for (number, point), (cfg, label), res in zip(batch, jobs, results, strict=True):
