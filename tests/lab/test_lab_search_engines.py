@@ -14,13 +14,14 @@ from typing import Any
 
 import anyio
 import pytest
-from test_lab_search import SALT, Executor, _Log, plan
+from test_lab_search import BASE, SALT, Executor, _Log, plan
 
 from perflab.contract.errors import UsageError
 from perflab.contract.status import Status
-from perflab.lab.plan import engine_dim, space_config
+from perflab.lab.plan import engine_dim, load_plan_text, space_config
 from perflab.lab.report import render_markdown, report_context
 from perflab.lab.report.stored import stored_outcome
+from perflab.lab.run.backends.local import LocalBackend
 from perflab.lab.run.runner import LiveMeasure
 from perflab.lab.store import RunRecord, Store
 from perflab.lab.study import conduct
@@ -69,10 +70,6 @@ def test_engine_options_are_dimensions_of_their_engine_only() -> None:
     ("{engine_options: {vllm: [16]}}", "space.engine_options.vllm: expected a mapping"),
 ])
 def test_bad_engine_options_in_space_are_refused_naming_the_key(space: str, message: str) -> None:
-    from test_lab_search import BASE
-
-    from perflab.lab.plan import load_plan_text
-
     with pytest.raises(UsageError) as err:
         load_plan_text(BASE + f"method: search\nspace: {space}\n", path="s.yaml", known_engines=["vllm", "sglang"])
     assert message in str(err.value), str(err.value)
@@ -102,8 +99,6 @@ class EngineOptionsExecutor(Executor):
 
 
 def _run(out: Path, executor: Executor, text: str) -> Any:
-    from test_lab_search import BASE
-
     p = plan(text)
     store = Store(out)
     store.begin_session()
@@ -205,3 +200,61 @@ def test_the_seeds_pick_stays_when_the_search_does_not_beat_it(tmp_path: Path) -
     assert vs["recommended"] == "seeds" and not search.adopted and vs["gain_pct"] < 0
     assert outcome.optimized is not None and outcome.optimized.label == vs["seeds_pick"]["label"]
     assert "keeping" in search.statement
+
+
+# --------------------------------------------------------------------------- batches on a parallel executor
+
+
+class SlowExecutor(Executor):
+    """The stand-in, each launch taking a different (seeded) while: runs finish out of order,
+    and how many run at once is recorded."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        import random
+
+        self.rng = random.Random(seed)
+        self.running = self.most = 0
+
+    async def run(self, config: Any, profiles: Any, run_dir: Any, **kw: Any) -> RunRecord:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await anyio.sleep(self.rng.uniform(0.0, 0.05))
+            return await super().run(config, profiles, run_dir, **kw)
+        finally:
+            self.running -= 1
+
+
+def _run_parallel(out: Path, executor: Executor, text: str, parallel: int) -> Any:
+    p = plan(text)
+    store = Store(out)
+    store.begin_session()
+    for key, value in (("plan_text", BASE + text), ("plan_path", "search-test.yaml"), ("salt", SALT)):
+        store.set_meta(key, value)
+    backend = LocalBackend(None, parallel=parallel, executor_factory=lambda: executor)
+    measure = LiveMeasure(store, SALT, backend, retry_failed=False, on_event=lambda *a, **k: None, log=_Log(), plan=p)
+    try:
+        return anyio.run(lambda: conduct(p, measure))
+    finally:
+        store.close()
+
+
+def test_a_search_runs_its_trials_in_batches_and_a_seed_gives_the_same_trials(tmp_path: Path) -> None:
+    """Three slots: after the seeds' steps the trials run three at a time, and a seed gives the
+    same trials whatever order the runs finish in (each batch is told in the order it was
+    asked; its size is the backend's capacity, not the slots free at that moment)."""
+    text = SEEDED.replace("trials: 6", "trials: 9")
+    runs = []
+    for i, timing in enumerate((1, 2, 3, 4)):
+        ex = SlowExecutor(timing)
+        outcome = _run_parallel(tmp_path / f"p{i}", ex, text, parallel=3)
+        runs.append(([e.trial for e in outcome.steps[2].entries], outcome.steps[2].chosen.label))
+        assert ex.most == 3  # three at once
+    assert runs[0] == runs[1] == runs[2] == runs[3]
+    trials = runs[0][0]
+    assert len(trials) == 9 and len({json.dumps(t["point"], sort_keys=True) for t in trials}) == 9
+    # the same seed one at a time asks other points (it learns from every trial before the next):
+    # a batch's size is part of the search, so it is fixed by the backend, never by the timing
+    one = _run_parallel(tmp_path / "one", SlowExecutor(1), text, parallel=1)
+    assert len(one.steps[2].entries) == 9

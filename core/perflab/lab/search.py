@@ -96,6 +96,10 @@ class Search:
             sampler = optuna.samplers.TPESampler(
                 seed=tuning.seed, multivariate=True, n_startup_trials=max(2, min(10, self.trials // 3)),
                 constraints_func=_constraints if constrained else None,
+                # a batch's trials are asked before any is told (a parallel executor): each
+                # asked one counts as a poor result meanwhile, so a batch spreads out instead
+                # of asking one point again and again (no effect when one runs at a time)
+                constant_liar=True,
                 # a space conditional on the engine (per-engine engine_options): multivariate TPE
                 # models each group of dimensions that occur together (Optuna's group=True), so
                 # an engine's own dimension is learnt from that engine's trials only

@@ -807,7 +807,10 @@ class _Study:
         """Optuna's trials: the journal's finished ones first (a resumed search: their
         measurements are the store's), then new ones until ``tuning.trials`` distinct points,
         the budget, or the space is spent. With a concurrent measure, a batch of as many
-        trials as the backend has free slots runs at once, each against the best before it."""
+        trials as the backend holds at once runs at once, each against the best before the
+        batch. The batch's size is the backend's capacity, not its free slots of the moment
+        (the baseline's early launch may hold one, or not yet): so a seed asks the same
+        trials whatever the timing, and a trial that finds no free slot waits for one."""
         plan, space, tuning = self.plan, self.plan.space, self.plan.tuning
         assert space is not None
         journal = getattr(self.measure, "search_journal", None)
@@ -836,7 +839,8 @@ class _Study:
         while writable and len(seen) < search.trials and asks < 4 * search.trials + space.size:
             if tuning.budget_engine_hours is not None and spent >= tuning.budget_engine_hours:
                 break
-            room = self._room(space_config(plan, space.points()[0])) if getattr(self.measure, "concurrent", False) else 1
+            capacity = getattr(self.measure, "capacity", None)
+            room = int(capacity(space_config(plan, space.points()[0]))) if capacity is not None else 1
             batch: list[tuple[int, dict[str, Any]]] = []
             while len(batch) < max(1, room) and len(seen) + len(batch) < search.trials and asks < 4 * search.trials + space.size:
                 number, point = search.ask()
