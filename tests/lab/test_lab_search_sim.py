@@ -103,3 +103,40 @@ def test_a_search_plan_with_candidates_finds_what_the_seeds_method_misses(tmp_pa
     assert summary.outcome.optimized.label == vs["search_best"]["label"]
     md = (tmp_path / "seeded" / "report.md").read_text()
     assert "| Seeds' method | " in md and "recommended: the search's best." in md
+    html = (tmp_path / "seeded" / "report.html").read_text()
+    assert "Seeds&#x27; method" in html or "Seeds' method" in html
+
+
+ENGINE_OPTIONS_GRID = """
+name: engine-options
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x8
+simulation: {time_scale: 10000}
+engines: [vllm, sglang]
+method: grid
+space:
+  engine_options: {vllm: {block_size: [16, 32]}, sglang: {schedule_policy: [lpm]}}
+profiles:
+  main: {input_len: 64, output_len: 16, num_prompts: 12}
+"""
+
+
+@pytest.mark.slow
+def test_engine_options_in_the_space_reach_the_engine_or_are_refused_before_launch(tmp_path: Path) -> None:
+    """vLLM's block_size reaches its command line (the plugin maps it to --block-size); the
+    SGLang plugin maps no schedule_policy, so SGLang's point is refused without a launch."""
+    plan = tmp_path / "grid.yaml"
+    plan.write_text(ENGINE_OPTIONS_GRID)
+    out = tmp_path / "study"
+    rc, _, err = _wait(_perflab(["run", str(plan), "--out", str(out), "--no-live", "--json"], uuid.uuid4().hex, tmp_path), 300)
+    assert rc == 0, err
+    step = json.loads((out / "report.json").read_text())["steps"][0]
+    states = {e["label"]: e["trial"]["state"] for e in step["entries"]}
+    assert states == {"vLLM block_size=16": "complete", "vLLM block_size=32": "complete",
+                      "SGLang schedule_policy=lpm": "unsupported"}, states
+    assert step["search"]["points"] == 3
+    scripts = [r[0] for r in _rows(out / "study.db", "SELECT script FROM runs WHERE engine = 'vllm' AND script IS NOT NULL")]
+    assert any("--block-size 32" in s for s in scripts) and any("--block-size 16" in s for s in scripts), scripts
+    refused = _rows(out / "study.db", "SELECT reasons, script, log FROM runs WHERE engine = 'sglang'")
+    assert len(refused) == 1 and "schedule_policy" in refused[0][0]
+    assert refused[0][1:] == (None, None)  # refused before launch: no serving script, no engine log
