@@ -2,7 +2,8 @@
 of two simulated A100 nodes (perflab.testing.raycluster, as tests/lab/test_lab_ray.py), the
 small space of tests/fixtures/search_grid_small.json searched twice with the same seed through
 ``perflab run --executor ray``. Prints each run's wall time, its trials (number, point, state,
-figure) and whether the two runs asked the same trials; exit 1 when they differ.
+figure), how many runs overlapped, and whether the two runs asked the same trials; exit 1
+when they differ.
 
     python benchmarks/ray_search.py [--seed 0] [--nodes 2]
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -48,7 +50,11 @@ def main() -> int:
             step = json.loads((out / "report.json").read_text())["steps"][0]
             trials = [(e["trial"]["number"], e["trial"]["point"], e["trial"]["state"]) for e in step["entries"]]
             runs.append(trials)
-            print(f"run {i}: {wall:.1f} s wall, {len(trials)} trials, best {step['search']['best']}")
+            with sqlite3.connect(out / "study.db") as con:
+                spans = list(con.execute("SELECT started, finished FROM runs WHERE finished IS NOT NULL"))
+            at_once = max(sum(1 for s, f in spans if s <= t < f) for t, _ in spans)
+            print(f"run {i}: {wall:.1f} s wall, {len(trials)} trials, at most {at_once} runs at once, "
+                  f"best {step['search']['best']}")
             for e in step["entries"]:
                 t = e["trial"]
                 print(f"  {t['number']:>3} {json.dumps(t['point'])} {t['state']} {t['value']}")

@@ -810,7 +810,8 @@ class _Study:
         trials as the backend holds at once runs at once, each against the best before the
         batch. The batch's size is the backend's capacity, not its free slots of the moment
         (the baseline's early launch may hold one, or not yet): so a seed asks the same
-        trials whatever the timing, and a trial that finds no free slot waits for one."""
+        trials whatever the timing, and a trial that finds no free slot waits for one. It is
+        at most a third of the trials, so that TPE learns from at least two rounds."""
         plan, space, tuning = self.plan, self.plan.space, self.plan.tuning
         assert space is not None
         journal = getattr(self.measure, "search_journal", None)
@@ -841,6 +842,8 @@ class _Study:
                 break
             capacity = getattr(self.measure, "capacity", None)
             room = int(capacity(space_config(plan, space.points()[0]))) if capacity is not None else 1
+            # at least three rounds: one batch of every trial would be TPE's random start alone
+            room = min(room, max(1, math.ceil(search.trials / 3)))
             batch: list[tuple[int, dict[str, Any]]] = []
             while len(batch) < max(1, room) and len(seen) + len(batch) < search.trials and asks < 4 * search.trials + space.size:
                 number, point = search.ask()
