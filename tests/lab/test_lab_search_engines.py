@@ -187,6 +187,8 @@ def test_seeds_then_search_reports_the_best_found_against_the_seeds_pick(tmp_pat
     again, md = _replay(tmp_path / "s")
     assert again.steps[2].search["vs_seeds"] == vs
     assert "| Seeds' method | " in md and "| Search | " in md
+    assert "The search measured 6 of the space's 24 points" in md and "The seeds' method ran first" in md
+    assert "This pruning approach yields a local optimum" not in md  # the seeds' own note is theirs
     assert f"The search's best against the seeds' pick: +{gain:.1f}%; recommended: the search's best." in md
     data = json.loads(json.dumps(outcome.to_json()))
     assert data["steps"][2]["search"]["vs_seeds"]["recommended"] == "search"

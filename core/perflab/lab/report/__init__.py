@@ -373,7 +373,7 @@ def _conclusion(o: StudyOutcome, ctx: ReportContext, charts: bool = True) -> lis
         out += ["", engine_hours_line(ctx.engine_hours)]
     for line in energy.summary_lines(o.baseline, o.optimized, [e for st in o.steps for e in st.entries], plan.cost):
         out += ["", line]
-    notes = list(NOTES) + list(plan.notes)
+    notes = [method_note(o), *NOTES[1:], *plan.notes]
     if ctx.simulated:
         notes.append("The numbers come from perflab's simulated engines, not from real accelerators; they show the "
                      "method and the tooling, not the engines' real performance.")
@@ -631,6 +631,25 @@ def search_lines(step: Step, rank: Ranking) -> list[str]:
     if vs := info.get("vs_seeds"):
         out += ["", *vs_seeds_lines(vs, rank)]
     return [*out, ""]
+
+
+def method_note(o: StudyOutcome) -> str:
+    """The conclusion's first note: what the method could miss (the seeds' own words for
+    theirs; for grid and search, what lies outside the measured points)."""
+    step = next((s for s in o.steps if s.search is not None), None)
+    info = step.search if step is not None and step.search is not None else {}
+    if o.plan.method == "seeds" or not info:
+        return NOTES[0]
+    if o.plan.method == "grid":
+        return (f"Every point of the declared space was measured ({info.get('points')} points); configurations "
+                "outside it (other options, other values) were not.")
+    text = (f"The search measured {info.get('trials')} of the space's {info.get('points')} points, chosen by Optuna's "
+            "TPE sampler: its best is the best it found, not necessarily the space's (`method: grid` measures "
+            "every point); configurations outside the declared space were not considered.")
+    if info.get("vs_seeds"):
+        text += (" The seeds' method ran first in the same study; the recommendation is the better of its pick "
+                 "and the search's best.")
+    return text
 
 
 def vs_seeds_lines(vs: Mapping[str, Any], rank: Ranking) -> list[str]:
