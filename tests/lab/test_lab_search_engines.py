@@ -140,6 +140,23 @@ def test_search_asks_each_engine_only_its_own_options_and_is_reproducible(tmp_pa
     assert [e.trial for e in again.steps[0].entries] == trials
 
 
+def test_an_interrupted_search_over_engine_options_resumes_without_repeating(tmp_path: Path) -> None:
+    from perflab.contract.errors import PerflabError
+
+    text = PER_ENGINE + "tuning: {trials: 7, seed: 2}\n"
+    first = EngineOptionsExecutor(fail_at=4)
+    with pytest.raises(PerflabError):
+        _run(tmp_path / "r", first, text)
+    second = EngineOptionsExecutor()
+    outcome = _run(tmp_path / "r", second, text)
+    trials = [e.trial for e in outcome.steps[0].entries]
+    assert len(trials) == 7 and len({json.dumps(t["point"], sort_keys=True) for t in trials}) == 7
+    assert set(first.launched).isdisjoint(second.launched) and len(second.launched) == 4 + 1
+    own = {"vllm": "vllm.block_size", "sglang": "sglang.schedule_policy"}
+    for t in trials:  # the re-asked point keeps its engine's own dimension, and only that
+        assert {k for k in t["point"] if "." in k} == {own[t["point"]["engine"]]}
+
+
 def test_an_engine_option_the_plugin_refuses_skips_that_point(tmp_path: Path) -> None:
     ex = EngineOptionsExecutor(refuse="schedule_policy")
     outcome = _run(tmp_path / "r", ex, PER_ENGINE + "tuning: {trials: 10, seed: 1}\n")
