@@ -69,7 +69,7 @@ def test_method_defaults_to_seeds_and_search_takes_sound_defaults() -> None:
     ("method: search\nspace: {env: [{A: 1}]}\n", "space.env: unknown key"),
     ("method: search\nspace: {max_num_seqs: [4]}\ntuning: {trials: 0}\n", "tuning.trials"),
     ("method: search\nspace: {max_num_seqs: [4]}\ntuning: {budget_engine_hours: -1}\n", "tuning.budget_engine_hours"),
-    ("method: search\nspace: {max_num_seqs: [4]}\ncandidates: [{name: X, set: {tp: 2}}]\n", "candidates: only with method: seeds"),
+    ("method: grid\nspace: {max_num_seqs: [4]}\ncandidates: [{name: X, set: {tp: 2}}]\n", "candidates: only with method: seeds"),
 ])
 def test_bad_method_keys_are_refused_naming_the_key(extra: str, message: str) -> None:
     with pytest.raises(UsageError, match=None) as err:

@@ -74,13 +74,14 @@ notes: [one, two]
 # the same with the model given by path (model.id and model.path exclude each other)
 FULL_BY_PATH = {**FULL, "model": {"path": "weights/qwen3", "name": "Qwen3-32B", "metadata": {"params": "32B"}}}
 
-# method: search, with every key of space and tuning (method grid and search take no candidates)
+# method: search, with every key of space and tuning (without candidates: the search alone)
 FULL_SEARCH = {**{k: v for k, v in FULL.items() if k not in ("candidates", "combinations")}, "method": "search",
                "space": {"engine": ["vllm", "sglang"], "model": ["Qwen/Qwen3-32B", "Qwen/Qwen3-32B-FP8"],
                          **{k: [None] for k in ("served_model_name", "tp", "pp", "dp", "nodes", "ep", "max_model_len",
                                                 "max_batched_tokens", "max_num_seqs", "quantization", "kv_cache_dtype",
                                                 "prefix_caching", "chunked_prefill", "mem_fraction", "reasoning_parser",
-                                                "replicas")}},
+                                                "replicas")},
+                         "engine_options": {"vllm": {"block_size": [None]}}},
                "tuning": {"trials": 8, "seed": 1, "budget_engine_hours": 12.5}}
 
 WRONG: dict[str, Any] = {

@@ -243,23 +243,48 @@ class Baseline:
 class Space:
     """``space:`` of method grid or search: its engines, and serving option -> the values it
     takes (None: the engine's default). A point is one value per dimension; the grid is
-    their product, engines first, then the options in the plan's order."""
+    their product, engines first, then the options in the plan's order.
+
+    ``engine_options``: engine -> engine-specific option (``ServeConfig.options``, which that
+    engine's plugin maps or refuses) -> its values. Such a dimension belongs to that engine's
+    points only (named :func:`engine_dim`, ``vllm.block_size``): the space is conditional on
+    the engine, so the grid holds no point twice and Optuna never models a dimension a trial
+    did not have."""
 
     engines: tuple[str, ...]
     options: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    engine_options: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)
 
     def dims(self) -> dict[str, tuple[Any, ...]]:
-        """Dimension name -> its values: ``engine`` first, then the options."""
+        """The dimensions every point has: ``engine`` first, then the options."""
         return {"engine": self.engines, **self.options}
+
+    def engine_dims(self, engine: str) -> dict[str, tuple[Any, ...]]:
+        """The dimensions only ``engine``'s points have (its engine_options)."""
+        return {engine_dim(engine, k): v for k, v in self.engine_options.get(engine, {}).items()}
+
+    @property
+    def conditional(self) -> bool:
+        """Whether some dimension belongs to one engine's points only."""
+        return any(self.engine_dims(e) for e in self.engines)
 
     @property
     def size(self) -> int:
-        return math.prod(len(v) for v in self.dims().values())
+        shared = math.prod(len(v) for v in self.options.values())
+        return sum(shared * math.prod(len(v) for v in self.engine_dims(e).values()) for e in self.engines)
 
     def points(self) -> list[dict[str, Any]]:
-        """Every point, in grid order: ``{"engine": ..., option: value, ...}``."""
-        names = list(self.dims())
-        return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*self.dims().values())]
+        """Every point, in grid order: ``{"engine": ..., option: value, ..., "vllm.block_size": value}``."""
+        out: list[dict[str, Any]] = []
+        for engine in self.engines:
+            dims = {**self.options, **self.engine_dims(engine)}
+            out += [{"engine": engine, **dict(zip(dims, combo, strict=True))} for combo in itertools.product(*dims.values())]
+        return out
+
+
+def engine_dim(engine: str, option: str) -> str:
+    """The name of ``engine``'s engine-specific dimension ``option`` in a space's points."""
+    return f"{engine}.{option}"
 
 
 @dataclass(frozen=True)
@@ -1135,7 +1160,7 @@ def _method(p: _Problems, data: Mapping[str, Any], engines: tuple[str, ...] | No
             if raw.get("engine") is not None else engines
         options: dict[str, tuple[Any, ...]] = {}
         for name, values in raw.items():
-            if name == "engine" or name not in SPACE_KEYS:
+            if name in ("engine", schema.ENGINE_OPTIONS) or name not in SPACE_KEYS:
                 continue
             if not isinstance(values, list) or not values:
                 p.add(f"space.{name}", f"expected a non-empty list of values, got {_typename(values)} {_show(values)}")
@@ -1147,8 +1172,9 @@ def _method(p: _Problems, data: Mapping[str, Any], engines: tuple[str, ...] | No
                 p.add(f"space.{name}", f"a value is listed twice in {_show(values)}")
                 continue
             options[name] = tuple(checked)
+        per_engine = _space_engine_options(p, raw.get(schema.ENGINE_OPTIONS), space_engines, known)
         if space_engines is not None:
-            space = Space(space_engines, MappingProxyType(options))
+            space = Space(space_engines, MappingProxyType(options), MappingProxyType(per_engine))
             if space.size > schema.SPACE_POINTS:
                 p.add("space", f"{space.size:_} points; at most {schema.SPACE_POINTS:_} (a grid that size is a typo)")
     if method != "seeds" and raw is None:
@@ -1156,8 +1182,9 @@ def _method(p: _Problems, data: Mapping[str, Any], engines: tuple[str, ...] | No
                        f"max_num_seqs: [64, 256]}}")
     if method == "seeds" and raw is not None:
         p.add("space", "only with method: grid or method: search (the seeds' method takes candidates)")
-    if method != "seeds" and (data.get("candidates") or data.get("combinations")):
-        p.add("candidates", f"only with method: seeds; method: {method} measures the points of space")
+    if method == "grid" and (data.get("candidates") or data.get("combinations")):
+        # method: search takes them: the seeds' method runs first and the search is measured against its pick
+        p.add("candidates", "only with method: seeds or search; method: grid measures every point of space")
     t = _mapping(p, "tuning", data.get("tuning"), "a mapping such as {trials: 20, seed: 1}")
     tuning = Tuning()
     if t is not None:
@@ -1181,6 +1208,46 @@ def _method(p: _Problems, data: Mapping[str, Any], engines: tuple[str, ...] | No
         if not any(v is _BAD for v in kw.values()):
             tuning = Tuning(**kw)
     return method, space, tuning
+
+
+def _space_engine_options(p: _Problems, raw: Any, engines: tuple[str, ...] | None,
+                          known: set[str] | None) -> dict[str, Mapping[str, tuple[Any, ...]]]:
+    """``space.engine_options``: engine -> engine-specific option -> its values, each a plain
+    scalar (the plugin, not the plan, knows its options: one it refuses makes that engine's
+    points unsupported, skipped without a launch)."""
+    key = f"space.{schema.ENGINE_OPTIONS}"
+    data = _mapping(p, key, raw, "a mapping of engine name to {option: [values]}")
+    out: dict[str, Mapping[str, tuple[Any, ...]]] = {}
+    for engine, opts in (data or {}).items():
+        where = f"{key}.{engine}"
+        if known is not None and engine not in known:
+            p.add(where, f"unknown engine {engine!r}{did_you_mean(str(engine), known)} "
+                  f"(expected one of: {', '.join(sorted(known))})")
+            continue
+        if engines is not None and engine not in engines:
+            p.add(where, f"engine {engine!r} is not one of the space's engines ({', '.join(engines)})")
+            continue
+        table = _mapping(p, where, opts, "a mapping of engine-specific option to a list of values")
+        dims: dict[str, tuple[Any, ...]] = {}
+        for name, values in (table or {}).items():
+            k = f"{where}.{name}"
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", name):
+                p.add(k, f"expected an option name (letters, digits, _ and -), got {_show(name)}")
+                continue
+            if not isinstance(values, list) or not values:
+                p.add(k, f"expected a non-empty list of values, got {_typename(values)} {_show(values)}")
+                continue
+            bad = [v for v in values if v is not None and not isinstance(v, (str, int, float, bool))]
+            if bad:
+                p.add(k, f"expected plain values (string, number, boolean or null), got {_show(bad[0])}")
+                continue
+            if len(set(map(repr, values))) != len(values):
+                p.add(k, f"a value is listed twice in {_show(values)}")
+                continue
+            dims[name] = tuple(values)
+        if dims:
+            out[str(engine)] = MappingProxyType(dims)
+    return out
 
 
 def _guards(p: _Problems, raw: Any) -> Guards:
@@ -1452,7 +1519,19 @@ def reference_config(plan: Plan, engine: str) -> Configuration:
 def space_config(plan: Plan, point: Mapping[str, Any]) -> Configuration:
     """A point of ``plan.space`` (``{"engine": ..., option: value}``) as the configuration
     measured: the engine's defaults in this plan with the point's options (None: the engine's own)."""
-    return plan.engine_defaults(point["engine"]).with_delta({k: v for k, v in point.items() if k != "engine"})
+    engine = point["engine"]
+    prefix = engine_dim(engine, "")
+    cfg = plan.engine_defaults(engine).with_delta({k: v for k, v in point.items() if k != "engine" and "." not in k})
+    own = {k[len(prefix):]: v for k, v in point.items() if k.startswith(prefix)}
+    if not own:
+        return cfg
+    merged = dict(cfg.options.get(schema.ENGINE_OPTIONS) or {})
+    for k, v in own.items():  # None: the engine's own default, so the key goes
+        if v is None:
+            merged.pop(k, None)
+        else:
+            merged[k] = v
+    return Configuration(engine, {**cfg.options, schema.ENGINE_OPTIONS: merged})
 
 
 def job_for(plan: Plan, config: Configuration) -> AccuracyJob | None:

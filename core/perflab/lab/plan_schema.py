@@ -324,6 +324,10 @@ METHODS = ("seeds", "grid", "search")
 #: categorical choices); mappings and lists (env, engine_options, devices) stay in serve
 SPACE_KINDS = ("str", "pos_int", "bool", "fraction")
 SPACE_POINTS = 100_000
+#: the space's key of per-engine engine-specific options (ServeConfig.options' plan key)
+ENGINE_OPTIONS = "engine_options"
+#: a value an engine-specific dimension takes (Optuna's categorical choices; null: the engine's default)
+SpaceValue = str | int | float | bool | None
 
 
 def _space_model() -> type[BaseModel]:
@@ -336,6 +340,9 @@ def _space_model() -> type[BaseModel]:
             values: Any = Annotated[list[_option_type(opt)], Field(min_length=1)]  # type: ignore[misc]
             fields[key] = (values | None, Field(
                 None, description=f"Values of {key} to try (null: the engine's default). {opt.help}"))
+    fields[ENGINE_OPTIONS] = (dict[EngineName, dict[str, Annotated[list[SpaceValue], Field(min_length=1)]]] | None, Field(
+        None, description="Engine name -> engine-specific option its plugin maps -> values to try (null: the "
+                          "engine's default); a dimension of that engine's points only."))
     model: type[BaseModel] = create_model("Space", __base__=_Section, __doc__="The configuration space of method grid or search.",
                                           **fields)
     return model

@@ -121,7 +121,15 @@ class Search:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             sampler = optuna.samplers.TPESampler(
                 seed=tuning.seed, multivariate=True, n_startup_trials=max(2, min(10, self.trials // 3)),
-                constraints_func=_constraints if constrained else None)
+                constraints_func=_constraints if constrained else None,
+                # a batch's trials are asked before any is told (a parallel executor): each
+                # asked one counts as a poor result meanwhile, so a batch spreads out instead
+                # of asking one point again and again (no effect when one runs at a time)
+                constant_liar=True,
+                # a space conditional on the engine (per-engine engine_options): multivariate TPE
+                # models each group of dimensions that occur together (Optuna's group=True), so
+                # an engine's own dimension is learnt from that engine's trials only
+                **({"group": True} if space.conditional else {}))
         self._study = optuna.create_study(study_name=_STUDY, storage=storage, sampler=sampler,
                                           directions=["maximize", *("minimize" for _ in self.minimize)],
                                           load_if_exists=True)
@@ -130,6 +138,9 @@ class Search:
                              f"{1 + len(self.minimize)} (the SLO changed?): run the plan into a new study directory")
         self._dists = {name: optuna.distributions.CategoricalDistribution(list(values))
                        for name, values in space.dims().items()}
+        self._engine_dists = {engine: {name: optuna.distributions.CategoricalDistribution(list(values))
+                                       for name, values in space.engine_dims(engine).items()}
+                              for engine in space.engines}
 
     def finished(self) -> list[Trial]:
         """The journal's told trials, in order (a resumed search's first part)."""
@@ -165,7 +176,14 @@ class Search:
 
     def ask(self) -> tuple[int, dict[str, Any]]:
         """The next point to measure: (trial number, point)."""
-        trial = self._study.ask(self._dists)
+        if not self.space.conditional:
+            trial = self._study.ask(self._dists)
+        else:  # define-by-run: the engine first, then the dimensions every point has, then its own
+            trial = self._study.ask()
+            for name, dist in self._dists.items():
+                trial.suggest_categorical(name, dist.choices)
+            for name, dist in self._engine_dists[trial.params["engine"]].items():
+                trial.suggest_categorical(name, dist.choices)
         self._open[trial.number] = trial
         return trial.number, dict(trial.params)
 

@@ -39,7 +39,7 @@ from perflab.lab import accuracy as acc
 from perflab.lab.decide import SLO_METRICS, DecideBy, Decision, LoadKind, Regression, latency_regressions, pct_name
 from perflab.lab.measured import MeasurementExtras
 from perflab.lab.options import Configuration
-from perflab.lab.plan import WINNER, Candidate, Plan, Profile, reference_config, space_config
+from perflab.lab.plan import WINNER, Candidate, Plan, Profile, engine_dim, reference_config, space_config
 from perflab.lab.search import COMPLETE, FAIL, PRUNED, REPEAT, Search, Told, non_dominated, point_key
 from perflab.observe import OBSERVED_KEYS
 
@@ -666,7 +666,8 @@ class _Study:
 
     def _point_label(self, point: Mapping[str, Any]) -> str:
         """``vLLM max_num_seqs=128 max_batched_tokens=default``: the engine and each option's value."""
-        opts = " ".join(f"{k}={'default' if v is None else v}" for k, v in point.items() if k != "engine")
+        own = engine_dim(point["engine"], "")  # an engine's own dimension shows as its option's name
+        opts = " ".join(f"{k.removeprefix(own)}={'default' if v is None else v}" for k, v in point.items() if k != "engine")
         return f"{self.display(point['engine'])} {opts}".strip()
 
     def _engine_hours(self, res: ConfigResult) -> float | None:
@@ -744,24 +745,33 @@ class _Study:
             e.trial["pruned_by"] = "bound" if "bound_token_throughput" in info else \
                 "forecast" if "forecast_token_throughput" in info else None
 
-    async def space_step(self) -> tuple[Step, Entry | None]:
+    async def space_step(self, index: int = 1, seeds: Sequence[Step] = ()) -> tuple[Step, Entry | None]:
         """Method grid (every point of the space, in grid order, early stop against the best so
         far unless the plan turns it off: the ground truth) or search (Optuna's TPE, seeded,
         :mod:`perflab.lab.search`): one step whose entries are the trials; its chosen entry
-        is the best eligible point, the recommendation the final measurements confirm."""
+        is the best eligible point, the recommendation the final measurements confirm.
+
+        ``seeds``: the steps of the seeds' method run before it in the same study (a search
+        plan that lists candidates). The search runs as it would alone (the same trials for a
+        seed, early stop against its own best, not the seeds' pick: a forecast stop must not
+        hide a point the search alone would have measured; what both measure, the store
+        measures once), and the recommendation is the better of the two, the search's best
+        adopted only if it beats the seeds' pick beyond the noise."""
         plan = self.plan
         space = plan.space
         assert space is not None  # the parser requires it for method grid and search
+        pick = _pick(seeds)
         what = "every point" if plan.method == "grid" else "Optuna's TPE search"
-        step = Step(1, plan.method, "Searching the Configuration Space",
-                    f"1. Searching the Configuration Space ({what} of {space.size})")
-        if plan.decision.guards.max_regression or plan.accuracy is not None:
+        step = Step(index, plan.method, "Searching the Configuration Space",
+                    f"{index}. Searching the Configuration Space ({what} of {space.size})", base=pick)
+        if (plan.decision.guards.max_regression or plan.accuracy is not None) and self._baseline_main is None:
             base_cfg = plan.baseline_config()  # the guards' and the gate's reference, first (as engine_step)
             self._baseline_main = await self.one(base_cfg, step.title, self._baseline_label(), None)
             self._references[base_cfg.engine] = (self._baseline_label(), self._baseline_main)
         await self.references(list(space.engines), step.title)
         info: dict[str, Any] = {"method": plan.method, "points": space.size, "dimensions": {
-            k: list(v) for k, v in space.dims().items()}}
+            k: list(v) for k, v in space.dims().items()} | {
+            k: list(v) for e in space.engines for k, v in space.engine_dims(e).items()}}
         if plan.method == "grid":
             points = space.points()
             jobs = [(space_config(plan, pt), self._point_label(pt)) for pt in points]
@@ -789,13 +799,64 @@ class _Study:
         if plan.decision.slo:
             info["objectives"], info["front"] = self._objectives(), [self._front_point(e, step) for e in front]
         step.search = info
+        if seeds:
+            return self._against_seeds(step, seeds, pick)
         return step, step.chosen
+
+    def _against_seeds(self, step: Step, seeds: Sequence[Step], pick: Entry | None) -> tuple[Step, Entry | None]:
+        """The search's best against the seeds' pick, both measured in this study: the two
+        figures, the gain, the engine-hours each method spent (report.json's ``search.vs_seeds``),
+        and the recommendation: the search's best only if it beats the pick beyond the noise."""
+        assert step.search is not None
+        top, r = step.chosen, self.rank
+        seeds_hours = [h for st in seeds for e in st.entries if (h := self._engine_hours(e.result)) is not None]
+
+        def side(e: Entry | None) -> dict[str, Any] | None:
+            return {"label": e.label, "value": self.figure(e)} if e is not None and e.eligible else None
+
+        gain = pct(self.figure(top), self.figure(pick)) if top is not None and pick is not None and pick.eligible else None
+        verdict = r.verdict(top.result, pick.result) if top is not None and pick is not None and pick.eligible else \
+            "adopted" if top is not None else "no-search-best"
+        step.search["vs_seeds"] = {
+            "seeds_pick": side(pick), "search_best": side(top), "gain_pct": gain,
+            "seeds_engine_hours": round(sum(seeds_hours), 6) if seeds_hours else None,
+            "search_engine_hours": step.search.get("engine_hours"),
+            "recommended": "search" if verdict == "adopted" else "seeds"}
+        step.vs_base_pct = gain
+        step.within_noise = verdict == "within-noise"
+        if top is None:
+            step.adopted = False
+            step.statement = (f"Result: no trial is eligible{_guarded(step)}; keeping the seeds' pick "
+                              f"{pick.label} ({r.text(pick.result)})." if pick is not None else step.statement)
+            return step, pick
+        if pick is None or not pick.eligible:
+            step.statement = (f"Result: {top.label} ({r.text(top.result)}), the best of the search; "
+                              f"the seeds' method picked nothing eligible{_guarded(step)}.")
+            return step, top
+        versus = f"the seeds' pick {pick.label} ({r.text(pick.result)})"
+        if verdict == "adopted":
+            step.statement = (f"Result: the search's best {top.label} ({r.text(top.result)}) beats {versus} "
+                              f"by {gain:+.1f}%; adopted{_guarded(step)}.")
+            return step, top
+        step.adopted = False
+        if verdict == "within-noise":
+            spread = r.combined_noise(top.result, pick.result)
+            step.statement = (f"Result: the search's best {top.label} ({r.text(top.result)}) is {gain:+.1f}% over "
+                              f"{versus}, within noise (±{spread:.1f}%), not adopted; keeping {pick.label}.")
+        else:
+            step.statement = (f"Result: the search's best {top.label} ({r.text(top.result)}) does not beat "
+                              f"{versus} ({gain:+.1f}%); keeping {pick.label}{_guarded(step)}.")
+        return step, pick
 
     async def _search(self, step: Step) -> dict[str, Any]:
         """Optuna's trials: the journal's finished ones first (a resumed search: their
         measurements are the store's), then new ones until ``tuning.trials`` distinct points,
         the budget, or the space is spent. With a concurrent measure, a batch of as many
-        trials as the backend has free slots runs at once, each against the best before it."""
+        trials as the backend holds at once runs at once, each against the best before the
+        batch. The batch's size is the backend's capacity, not its free slots of the moment
+        (the baseline's early launch may hold one, or not yet): so a seed asks the same
+        trials whatever the timing, and a trial that finds no free slot waits for one. It is
+        at most a third of the trials, so that TPE learns from at least two rounds."""
         plan, space, tuning = self.plan, self.plan.space, self.plan.tuning
         assert space is not None
         journal = getattr(self.measure, "search_journal", None)
@@ -825,7 +886,10 @@ class _Study:
         while writable and len(seen) < search.trials and asks < 4 * search.trials + space.size:
             if tuning.budget_engine_hours is not None and spent >= tuning.budget_engine_hours:
                 break
-            room = self._room(space_config(plan, space.points()[0])) if getattr(self.measure, "concurrent", False) else 1
+            capacity = getattr(self.measure, "capacity", None)
+            room = int(capacity(space_config(plan, space.points()[0]))) if capacity is not None else 1
+            # at least three rounds: one batch of every trial would be TPE's random start alone
+            room = min(room, max(1, math.ceil(search.trials / 3)))
             batch: list[tuple[int, dict[str, Any]]] = []
             while len(batch) < max(1, room) and len(seen) + len(batch) < search.trials and asks < 4 * search.trials + space.size:
                 number, point = search.ask()
@@ -946,7 +1010,9 @@ class _Study:
     async def _run(self) -> StudyOutcome:
         plan = self.plan
         steps: list[Step] = []
-        step1, best = await (self.engine_step() if plan.method == "seeds" else self.space_step())
+        # a search plan with candidates runs the seeds' method first, then searches against its pick
+        seeded = plan.method == "seeds" or bool(plan.candidates or plan.combinations)
+        step1, best = await (self.engine_step() if seeded else self.space_step())
         steps.append(step1)
         index = 2
         for cand in (*plan.candidates, *plan.combinations):
@@ -957,6 +1023,9 @@ class _Study:
                 step, best = await self.candidate_step(index, cand, best)
                 steps.append(step)
             index += 1
+        if seeded and plan.method != "seeds":
+            step, best = await self.space_step(index, seeds=list(steps))
+            steps.append(step)
 
         base_cfg = plan.baseline_config()
         base_label = self._baseline_label()
@@ -1011,13 +1080,19 @@ class _Study:
         for step in steps:
             if step.adopted and step.chosen is not None:
                 step.vs_baseline_pct = pct(self.rank.value(step.chosen.result), base_fig)
-                if step.kind in ("engine", "grid", "search"):
+                if step.kind in ("engine", "grid", "search") and step.base is None:
                     step.vs_base_pct = step.vs_baseline_pct
         in_steps = {e.config.key() for st in steps for e in st.entries} | {baseline.config.key()}
         references = [self.entry(label, reference_config(plan, engine), res)
                       for engine, (label, res) in self._references.items()
                       if reference_config(plan, engine).key() not in in_steps]
         return StudyOutcome(plan, steps, baseline, optimized, cases, self.complete, self.rank, references)
+
+
+def _pick(seeds: Sequence[Step]) -> Entry | None:
+    """The seeds' method's pick after ``seeds``: the last adopted step's chosen entry."""
+    adopted = [s.chosen for s in seeds if s.adopted and s.chosen is not None]
+    return adopted[-1] if adopted else None
 
 
 def _record(res: ConfigResult | None) -> dict[str, Any] | None:

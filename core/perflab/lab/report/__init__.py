@@ -376,7 +376,7 @@ def _conclusion(o: StudyOutcome, ctx: ReportContext, charts: bool = True) -> lis
         out += ["", engine_hours_line(ctx.engine_hours)]
     for line in energy.summary_lines(o.baseline, o.optimized, [e for st in o.steps for e in st.entries], plan.cost):
         out += ["", line]
-    notes = list(NOTES) + list(plan.notes)
+    notes = [method_note(o), *NOTES[1:], *plan.notes]
     if ctx.simulated:
         notes.append("The numbers come from perflab's simulated engines, not from real accelerators; they show the "
                      "method and the tooling, not the engines' real performance.")
@@ -633,6 +633,8 @@ def search_lines(step: Step, rank: Ranking) -> list[str]:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in info["importances"].items())
         of = f" of {rank.name}" if info.get("objectives") else ""  # several objectives: the ranking figure's
         out += ["", f"Parameter importances{of} (Optuna, fANOVA): {parts}."]
+    if vs := info.get("vs_seeds"):
+        out += ["", *vs_seeds_lines(vs, rank)]
     if info.get("front") is not None:
         out += ["", *front_lines(step, rank)]
     return [*out, ""]
@@ -701,6 +703,42 @@ def front_chart(o: StudyOutcome, ctx: ReportContext) -> str | None:
     return None
 
 
+def method_note(o: StudyOutcome) -> str:
+    """The conclusion's first note: what the method could miss (the seeds' own words for
+    theirs; for grid and search, what lies outside the measured points)."""
+    step = next((s for s in o.steps if s.search is not None), None)
+    info = step.search if step is not None and step.search is not None else {}
+    if o.plan.method == "seeds" or not info:
+        return NOTES[0]
+    if o.plan.method == "grid":
+        return (f"Every point of the declared space was measured ({info.get('points')} points); configurations "
+                "outside it (other options, other values) were not.")
+    text = (f"The search measured {info.get('trials')} of the space's {info.get('points')} points, chosen by Optuna's "
+            "TPE sampler: its best is the best it found, not necessarily the space's (`method: grid` measures "
+            "every point); configurations outside the declared space were not considered.")
+    if info.get("vs_seeds"):
+        text += (" The seeds' method ran first in the same study; the recommendation is the better of its pick "
+                 "and the search's best.")
+    return text
+
+
+def vs_seeds_lines(vs: Mapping[str, Any], rank: Ranking) -> list[str]:
+    """The search's best against the seeds' method's pick, both run in the study: each
+    figure, the engine-hours each method spent, the gain and which one is recommended."""
+
+    def row(method: str, side: Mapping[str, Any] | None, hours: float | None) -> str:
+        label, fig = (_md_escape(side["label"]), f"{side['value']:.2f} {rank.unit}") if side else ("none eligible", "n/a")
+        return f"| {method} | {label} | {fig} | {'-' if hours is None else f'{hours:.3f}'} |"
+
+    gain = vs.get("gain_pct")
+    chosen = "the search's best" if vs.get("recommended") == "search" else "the seeds' pick"
+    return [f"| Method | Pick | {rank.name} | Engine-hours |", "|---|---|---|---|",
+            row("Seeds' method", vs.get("seeds_pick"), vs.get("seeds_engine_hours")),
+            row("Search", vs.get("search_best"), vs.get("search_engine_hours")), "",
+            f"The search's best against the seeds' pick: {'n/a' if gain is None else fmt_pct(gain)}; "
+            f"recommended: {chosen}."]
+
+
 def _step(step: Step, ctx: ReportContext, rank: Ranking) -> list[str]:
     out = [f"### {step.title}", ""]
     if step.skipped:
@@ -724,7 +762,7 @@ def summary_rows(o: StudyOutcome, ctx: ReportContext) -> list[dict[str, Any]]:
         name = "Engine Selection" if s.kind == "engine" else s.name
         improvement = s.vs_baseline_pct if s.adopted else None
         r = o.rank
-        if s.kind in ("engine", "grid", "search") and s.chosen is not None:
+        if s.kind in ("engine", "grid", "search") and s.chosen is not None and s.base is None:
             base_text = f"{_tps_text(o.baseline.result)} tok/s" if r.decide_by is DecideBy.THROUGHPUT \
                 else r.text(o.baseline.result)
             detail = f"{s.chosen.label} ({r.text(s.chosen.result)}) vs baseline {o.baseline.label} ({base_text})"

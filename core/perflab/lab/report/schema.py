@@ -104,7 +104,9 @@ class Step(_Part):
                                                     "direction}]: the ranking figure maximized, each SLO latency "
                                                     "minimized) and front (the Pareto front: the complete, eligible "
                                                     "trials meeting the SLO that no other dominates, each {number, "
-                                                    "label, point, value, latencies, recommended})}")
+                                                    "label, point, value, latencies, recommended}); after the seeds' "
+                                                    "steps vs_seeds {seeds_pick, search_best, gain_pct, "
+                                                    "seeds_engine_hours, search_engine_hours, recommended}}")
 
 
 class Case(_Part):

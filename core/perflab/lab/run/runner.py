@@ -106,6 +106,11 @@ class LiveMeasure(StoreMeasure):
         room = getattr(self.backend, "room", None)
         return int(room(self.backend.demand(config))) if room is not None and self.concurrent else 0
 
+    def capacity(self, config: Configuration) -> int:
+        """How many runs of ``config`` the backend holds at once when idle (1: one at a time)."""
+        capacity = getattr(self.backend, "capacity", None)
+        return max(1, int(capacity(self.backend.demand(config)))) if capacity is not None and self.concurrent else 1
+
     async def __call__(self, config: Configuration, profiles: Sequence[Profile], *, step: str, label: str,
                        to_beat: float | None = None, background: bool = False) -> dict[str, ConfigResult]:
         """Measure what the store lacks; ``to_beat`` (the current best's ranking figure on the

@@ -252,6 +252,10 @@ class DeviceLedger:
                 raise
         return w.devices
 
+    def capacity(self, demand: Demand) -> int:
+        """How many runs of ``demand`` the machine holds at once when nothing else runs."""
+        return DeviceLedger(self.devices, self.slots).room(demand)
+
     def room(self, demand: Demand) -> int:
         """How many more runs of ``demand`` would start right now: 0 while any run waits
         (what is queued comes first), else how many fit the free slots and devices."""
@@ -330,6 +334,10 @@ class LocalBackend:
     def room(self, demand: Demand) -> int:
         """How many more runs of ``demand`` would start now (:meth:`DeviceLedger.room`)."""
         return self.ledger.room(demand)
+
+    def capacity(self, demand: Demand) -> int:
+        """How many runs of ``demand`` it holds at once when idle (:meth:`DeviceLedger.capacity`)."""
+        return self.ledger.capacity(demand)
 
     async def run(self, ticket: Ticket, sink: Sink) -> None:
         demand = ticket.demand

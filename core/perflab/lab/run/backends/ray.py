@@ -823,6 +823,15 @@ class RayBackend(LocalBackend):
             self._agent(node_id)
             self.granted.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote("")
 
+    def capacity(self, demand: Demand) -> int:
+        """How many single-node runs of ``demand`` the cluster's nodes (those not lost) hold at
+        once when idle (a multi-node group: one)."""
+        res = RAY_RESOURCE.get(demand.kind or "")
+        if res is None or demand.nodes > 1:
+            return 1
+        return max(1, sum(int(have.get(res, 0.0) // max(1, demand.per_node))
+                          for node, have in self.cluster.resources.items() if node not in self.lost_nodes))
+
     def room(self, demand: Demand) -> int:
         """How many more single-node runs of ``demand`` Ray would place right now, from this
         study's own runs on the nodes' resources: the placed ones where they are, those
