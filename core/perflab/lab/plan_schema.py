@@ -356,7 +356,7 @@ class Tuning(_Section):
 
     trials: int | None = Field(None, gt=0, le=10_000, json_schema_extra=_tag("trials"),
                                description="Distinct configurations measured (default: a quarter of the space, "
-                                           "at least 5, never more than the space).")
+                                           "at least 6, never more than the space).")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="The sampler's seed: the same seed, the same trials on the simulator.")
     budget_engine_hours: float | None = Field(None, gt=0, le=1_000_000.0, json_schema_extra=_tag("budget_engine_hours"),
                                               description="Stop asking for trials once they have used this many "

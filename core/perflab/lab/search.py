@@ -17,6 +17,7 @@ Optuna is the ``perflab[search]`` extra; it is imported when a search starts.
 from __future__ import annotations
 
 import math
+import random
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -117,19 +118,18 @@ class Search:
             from optuna.storages.journal import JournalFileBackend
 
             storage = JournalStorage(JournalFileBackend(str(journal)))
-        with warnings.catch_warnings():  # multivariate TPE is "experimental" in name only since Optuna 2.2
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            sampler = optuna.samplers.TPESampler(
-                seed=tuning.seed, multivariate=True, n_startup_trials=max(2, min(10, self.trials // 3)),
-                constraints_func=_constraints if constrained else None,
-                # a batch's trials are asked before any is told (a parallel executor): each
-                # asked one counts as a poor result meanwhile, so a batch spreads out instead
-                # of asking one point again and again (no effect when one runs at a time)
-                constant_liar=True,
-                # a space conditional on the engine (per-engine engine_options): multivariate TPE
-                # models each group of dimensions that occur together (Optuna's group=True), so
-                # an engine's own dimension is learnt from that engine's trials only
-                **({"group": True} if space.conditional else {}))
+        self._sampler_args: dict[str, Any] = dict(
+            multivariate=True, n_startup_trials=max(2, min(10, self.trials // 3)),
+            constraints_func=_constraints if constrained else None,
+            # a batch's trials are asked before any is told (a parallel executor): each
+            # asked one counts as a poor result meanwhile, so a batch spreads out instead
+            # of asking one point again and again (no effect when one runs at a time)
+            constant_liar=True,
+            # a space conditional on the engine (per-engine engine_options): multivariate TPE
+            # models each group of dimensions that occur together (Optuna's group=True), so
+            # an engine's own dimension is learnt from that engine's trials only
+            **({"group": True} if space.conditional else {}))
+        sampler = self._sampler(0, 0)
         self._study = optuna.create_study(study_name=_STUDY, storage=storage, sampler=sampler,
                                           directions=["maximize", *("minimize" for _ in self.minimize)],
                                           load_if_exists=True)
@@ -141,6 +141,17 @@ class Search:
         self._engine_dists = {engine: {name: optuna.distributions.CategoricalDistribution(list(values))
                                        for name, values in space.engine_dims(engine).items()}
                               for engine in space.engines}
+
+    def _sampler(self, told: int, open_: int) -> Any:
+        """TPE seeded by the plan's seed and how far the search has come (``told`` trials,
+        ``open_`` asked in this batch), not once per session: a resumed search asks what the
+        uninterrupted one would have asked after the same trials (a sampler seeded once would
+        start its random stream over at the resume)."""
+        optuna = _optuna()
+        seed = random.Random(f"{self.tuning.seed}:{told}:{open_}").getrandbits(32)
+        with warnings.catch_warnings():  # multivariate TPE is "experimental" in name only since Optuna 2.2
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, **self._sampler_args)
 
     def finished(self) -> list[Trial]:
         """The journal's told trials, in order (a resumed search's first part)."""
@@ -176,6 +187,8 @@ class Search:
 
     def ask(self) -> tuple[int, dict[str, Any]]:
         """The next point to measure: (trial number, point)."""
+        told = sum(t.user_attrs.get("told") is not None for t in self._study.get_trials(deepcopy=False))
+        self._study.sampler = self._sampler(told, len(self._open))
         if not self.space.conditional:
             trial = self._study.ask(self._dists)
         else:  # define-by-run: the engine first, then the dimensions every point has, then its own
