@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perflab.bench.serverclock import TIME_SCALE_HEADER
-from perflab_sim import group, state, worker
+from perflab.bench.serverclock import LIFECYCLE_HEADER, TIME_SCALE_HEADER, format_lifecycle
+from perflab_sim import group, perfmodel, state, worker
 from perflab_sim.config import EngineBehaviour, SimEngineConfig
 from perflab_sim.faults import EXIT_DEADLINE_S, Faults
 from perflab_sim.server import HttpServer
@@ -354,7 +354,10 @@ class EngineLifecycle:
 
     async def _bind(self) -> bool:
         cfg = self.cfg
-        common = {"server": "perflab-sim", TIME_SCALE_HEADER: f"{self.scale:g}"}
+        # the start-up and teardown the model says this deployment takes: the lab counts them in
+        # engine-hours instead of the host's wall time x the scale
+        lifecycle = format_lifecycle(perfmodel.startup_s(self.deployment.memory), perfmodel.TEARDOWN_S)
+        common = {"server": "perflab-sim", TIME_SCALE_HEADER: f"{self.scale:g}", LIFECYCLE_HEADER: lifecycle}
         ports = [cfg.port, *cfg.extra_ports]
         # ports bound on an address of their own (MindIE's management and metrics ports
         # listen on managementIpAddress)
