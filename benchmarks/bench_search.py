@@ -166,28 +166,47 @@ def measure(space: Space, which: str, tmp: Path) -> dict[str, Any]:
             "engine_hours": info["engine_hours"] or 0.0, "launches": info["trials"], "pruned": info["pruned"]}
 
 
+def kept(results: Path | None, space: Space) -> dict[str, dict[str, Any]]:
+    """The rows ``--results`` holds for ``space``."""
+    rows: dict[str, dict[str, Any]] = {}
+    if results is not None and results.is_file():
+        for line in results.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            if row["space"] == space.name:
+                rows[row["which"]] = row
+    return rows
+
+
+def claimed(results: Path | None, space: Space, which: str) -> bool:
+    """Claim a row for this process (several processes may share ``--results``, each
+    measuring the rows no other one claimed: the seeds take minutes each on a loaded host)."""
+    if results is None:
+        return True
+    try:
+        results.with_name(f"{results.name}.{space.name}.{which}.claim").open("x").close()
+    except FileExistsError:
+        return False
+    return True
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--space", choices=sorted(SPACES), default="small")
     ap.add_argument("--fixture", action="store_true", help="measure the grid and write the fixture")
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--results", type=Path, default=None,
-                    help="keep each row in this JSON-lines file as it is measured, and reuse the rows it has "
-                         "(an interrupted benchmark goes on where it stopped)")
+                    help="keep each row in this JSON-lines file as it is measured and reuse the rows it has (an "
+                         "interrupted benchmark goes on where it stopped); processes sharing it split the rows")
     args = ap.parse_args()
     space = SPACES[args.space]
     if args.fixture:
         write_fixture(space)
         return
-    rows: dict[str, dict[str, Any]] = {}
-    if args.results is not None and args.results.is_file():
-        for line in args.results.read_text(encoding="utf-8").splitlines():
-            row = json.loads(line)
-            if row["space"] == space.name:
-                rows[row["which"]] = row
+    order = ["seeds", *(f"search-{seed}" for seed in range(args.seeds))]
+    rows = kept(args.results, space)
     with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
-        for which in ["seeds", *(f"search-{seed}" for seed in range(args.seeds))]:
-            if which in rows:
+        for which in order:
+            if which in kept(args.results, space) or not claimed(args.results, space, which):
                 continue
             t0 = time.monotonic()
             rows[which] = {"space": space.name, "which": which, **measure(space, which, Path(tmp)),
@@ -196,6 +215,11 @@ def main() -> None:
             if args.results is not None:
                 with args.results.open("a", encoding="utf-8") as f:
                     f.write(json.dumps(rows[which]) + "\n")
+    rows.update(kept(args.results, space))
+    missing = [which for which in order if which not in rows]
+    if missing:  # other processes on the same --results still measure them
+        print(f"still measured elsewhere: {', '.join(missing)}; run again once they are in {args.results}")
+        return
 
     truth = json.loads(space.fixture.read_text(encoding="utf-8"))
     optimum, grid_hours = truth["best"]["value"], truth["engine_hours"]

@@ -121,3 +121,56 @@ def test_an_over_saturated_engine_stops_early_and_it_is_not_a_failure(tmp_path: 
     assert info["elapsed_s"] < 60 and info["completed"] < 200
     assert info["estimated_full_s"] > 5 * info["elapsed_s"]
     assert summary.engine_hours["saved_pct"] > 50
+
+
+def test_launch_clock_counts_the_model_clock_on_the_simulator_and_wall_time_on_a_real_engine() -> None:
+    from types import SimpleNamespace
+
+    from perflab.bench.serverclock import format_lifecycle, parse_lifecycle
+    from perflab.lab.run.executor import LaunchClock
+
+    assert parse_lifecycle(format_lifecycle(47.625, 5.0)) == (47.625, 5.0)
+    assert parse_lifecycle("47.6") is None and parse_lifecycle("a b") is None and parse_lifecycle("-1 5") is None
+
+    def bench(duration: float, **info: object) -> SimpleNamespace:
+        return SimpleNamespace(metrics=SimpleNamespace(duration=duration), info=info)
+
+    # a simulated launch at x1000 that took 9 wall seconds, 4 of them two benchmarks' host work
+    sim = LaunchClock()
+    sim.benchmark(bench(1000.0, clock="model", time_scale=1000.0, warmup_s=0.5, lifecycle_s=[47.5, 5.0]), 2.5)
+    sim.benchmark(bench(500.0, clock="model", time_scale=1000.0, lifecycle_s=[47.5, 5.0]), 2.5)
+    sim.unclocked_s += 0.1  # the accuracy gate: 0.1 wall seconds
+    assert sim.engine_seconds(9.0, 1000.0) == pytest.approx(47.5 + 5.0 + 1000.5 + 500.0 + 100.0)
+    assert sim.engine_seconds(9.0, None) == 9.0  # a real engine: its wall time, whatever it said
+    # a simulated engine that never answered: its wall time x the scale
+    assert LaunchClock().engine_seconds(0.3, 1000.0) == pytest.approx(300.0)
+
+
+ONE = """
+name: one-launch
+model: Qwen/Qwen3-8B
+hardware: sim:a100-80g-x1
+simulation: {{time_scale: {scale}}}
+engines: [vllm]
+profiles:
+  main: {{label: Main, input_len: 256, output_len: 32, num_prompts: 48}}
+"""
+
+
+@pytest.mark.slow
+def test_a_simulated_launch_costs_the_same_engine_hours_at_any_time_scale(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """At x100 the host's start of the engine (a second or two of wall time) would count
+    100-200 engine seconds, at x5000 5000-10000: on the model clock both cost the same."""
+    from perflab.lab.store import Store
+
+    monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))
+    seconds = []
+    for scale in (100, 5000):
+        out = tmp_path / f"x{scale}"
+        assert run_sim_study(ONE.format(scale=scale), out).exit_code == 0
+        store = Store(out)
+        seconds.append([r["engine_seconds"] for r in store.runs()])
+        store.close()
+    assert len(seconds[0]) == 1 and seconds[0] == pytest.approx(seconds[1], rel=0.01)
+    assert 52.6 < seconds[0][0] < 60  # Qwen3-8B's start-up and teardown, and a few seconds of benchmark
