@@ -148,10 +148,13 @@ def test_launch_clock_counts_the_model_clock_on_the_simulator_and_wall_time_on_a
 
 ONE = """
 name: one-launch
-model: Qwen/Qwen3-8B
+model: {{id: Qwen/Qwen3-32B, name: Qwen3-32B}}
 hardware: sim:a100-80g-x1
 simulation: {{time_scale: {scale}}}
-engines: [vllm]
+engines: [vllm, sglang]
+engine_serve:
+  vllm: {{max_model_len: 8192}}
+  sglang: {{max_batched_tokens: 16384}}
 profiles:
   main: {{label: Main, input_len: 256, output_len: 32, num_prompts: 48}}
 """
@@ -160,17 +163,25 @@ profiles:
 @pytest.mark.slow
 def test_a_simulated_launch_costs_the_same_engine_hours_at_any_time_scale(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """At x100 the host's start of the engine (a second or two of wall time) would count
-    100-200 engine seconds, at x5000 5000-10000: on the model clock both cost the same."""
+    """At x100 the host's start of an engine (a second or two of wall time) would count
+    100-200 engine seconds, at x5000 5000-10000: on the model clock both cost the same, a
+    start that fails (SGLang: 16384 batched tokens leave no room for the KV cache) too."""
+    from perflab import models
     from perflab.lab.store import Store
+    from perflab_sim import perfmodel
 
     monkeypatch.setenv("PERFLAB_SIM_STATE_DIR", str(tmp_path / "sim-state"))
+    weights_gib = perfmodel.weight_bytes(models.lookup("Qwen/Qwen3-32B"), None) / perfmodel.GIB
+    lifecycle = weights_gib / perfmodel.LOAD_GIB_S + perfmodel.INIT_S + perfmodel.TEARDOWN_S
     seconds = []
     for scale in (100, 5000):
         out = tmp_path / f"x{scale}"
-        assert run_sim_study(ONE.format(scale=scale), out).exit_code == 0
+        run_sim_study(ONE.format(scale=scale), out)
         store = Store(out)
-        seconds.append([r["engine_seconds"] for r in store.runs()])
+        rows = store.runs()
         store.close()
-    assert len(seconds[0]) == 1 and seconds[0] == pytest.approx(seconds[1], rel=0.01)
-    assert 52.6 < seconds[0][0] < 60  # Qwen3-8B's start-up and teardown, and a few seconds of benchmark
+        assert [r["state"] for r in rows] == ["done", "crashed"]
+        seconds.append([r["engine_seconds"] for r in rows])
+    assert seconds[0] == pytest.approx(seconds[1], rel=0.01)
+    assert lifecycle < seconds[0][0] < lifecycle + 20  # vLLM: its start-up, teardown and a few seconds of benchmark
+    assert seconds[0][1] == pytest.approx(lifecycle, abs=0.01)  # SGLang: a failed start costs a start

@@ -48,6 +48,10 @@ TIME_SCALE_HEADER = "x-perflab-time-scale"
 #: take on that clock, ``<startup> <teardown>``. The lab counts them, not the host's wall time x
 #: the time scale, in a simulated launch's engine-hours (the host's speed would move them).
 LIFECYCLE_HEADER = "x-perflab-lifecycle"
+#: an engine on a model clock that fails before it serves (no response carries the header)
+#: writes the same value — its start-up until the failure, its teardown — to the file this
+#: environment variable names, when the lab sets it (simulated launches)
+LIFECYCLE_FILE_ENV = "PERFLAB_LIFECYCLE_FILE"
 
 
 def format_lifecycle(startup_s: float, teardown_s: float) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perflab.bench.serverclock import LIFECYCLE_HEADER, TIME_SCALE_HEADER, format_lifecycle
+from perflab.bench.serverclock import LIFECYCLE_FILE_ENV, LIFECYCLE_HEADER, TIME_SCALE_HEADER, format_lifecycle
 from perflab_sim import group, perfmodel, state, worker
 from perflab_sim.config import EngineBehaviour, SimEngineConfig
 from perflab_sim.faults import EXIT_DEADLINE_S, Faults
@@ -308,7 +308,20 @@ class EngineLifecycle:
         if sig:
             self.die_signal = int(sig)
         self.exit_code = code
+        self._failed_start()
         return code
+
+    def _failed_start(self) -> None:
+        """A start that fails costs, on the model clock, what a start costs: real engines' start
+        failures mostly surface once loading or profiling is done (out of memory while loading,
+        a KV cache too small for max_model_len after profiling, a kernel at warm-up). Written
+        where the lab asks (LIFECYCLE_FILE_ENV; rank 0 only), since no response carries it."""
+        path = self.env.get(LIFECYCLE_FILE_ENV)
+        if self.ready or not path or self.cfg.node_rank > 0:
+            return
+        with contextlib.suppress(OSError):
+            Path(path).write_text(format_lifecycle(perfmodel.startup_s(self.deployment.memory), perfmodel.TEARDOWN_S),
+                                  encoding="utf-8")
 
     def _short_device(self) -> tuple[int, float] | None:
         """A device whose free memory is below the budget (another engine holds memory)."""

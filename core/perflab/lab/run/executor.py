@@ -35,6 +35,7 @@ import structlog
 from perflab import redact
 from perflab.bench.metrics import BenchMetrics, metrics_json, name_of
 from perflab.bench.result import BenchResult
+from perflab.bench.serverclock import LIFECYCLE_FILE_ENV, parse_lifecycle
 from perflab.contract.status import Status
 from perflab.contract.types import CrashCause, HardwareSnapshot, LaunchSpec, Unsupported, to_jsonable
 from perflab.lab.accuracy import ACCURACY_PROFILE, AccuracyJob, AccuracyRunner
@@ -696,9 +697,13 @@ class Executor:
                                           if group and self.group is not None else {})
                 if plan.timeouts.teardown_s is not None:
                     placed["grace"] = plan.timeouts.teardown_s
+                env = self._env()
+                if self.ctx.simulated:  # where a simulated engine that fails to start says what its start cost
+                    env[LIFECYCLE_FILE_ENV] = str(workdir / LIFECYCLE_FILE)
+                    self._clock.reported = self._clock.reported or workdir / LIFECYCLE_FILE
                 inst = kind(
                     self.ctx.pm, engine, sc, hardware=self.ctx.hardware,
-                    env=self._env(), workdir=workdir, startup_timeout=plan.timeouts.startup_s, version=version,
+                    env=env, workdir=workdir, startup_timeout=plan.timeouts.startup_s, version=version,
                     # the engine's PERFLAB_INSTANCE marker names its study and run (perflab ps / kill);
                     # run_dir is <study>/runs/<NNN-label> (Store.begin_run), or its stage on a node
                     scope=(self.study_dir or run_dir.parent.parent, run_dir.name if workdir == run_dir else f"{run_dir.name}.{workdir.name}"),
@@ -1241,6 +1246,11 @@ def _lost_its_port(rec: RunRecord) -> bool:
             and not any(m.status.measured for m in rec.measurements.values()))
 
 
+#: the file in a launch's directory where a simulated engine that fails to start writes its
+#: start-up and teardown (LIFECYCLE_FILE_ENV)
+LIFECYCLE_FILE = "engine-lifecycle.txt"
+
+
 @dataclass
 class LaunchClock:
     """The engine time one launch held its accelerators (per accelerator), as it goes.
@@ -1251,12 +1261,14 @@ class LaunchClock:
     each benchmark for its warm-up and run on the model clock, and what runs on no model clock
     (the accuracy gate, a benchmark timed by the host) for its wall time x the time scale. A
     simulated engine that never answered (it failed to start) reported nothing: the wall time
-    x the time scale, less the benchmarks' host time."""
+    x the time scale, less the benchmarks' host time, unless it wrote what its failed start
+    cost (:data:`perflab.bench.serverclock.LIFECYCLE_FILE_ENV`)."""
 
     host_s: float = 0.0  # wall seconds of benchmarks not spent on the engine's model clock
     clocked_s: float = 0.0  # engine seconds of benchmarks on the model clock (warm-ups included)
     unclocked_s: float = 0.0  # wall seconds of measurements on no model clock
     lifecycle: tuple[float, float] | None = None  # (start-up, teardown) engine seconds the engine reported
+    reported: Path | None = None  # where a simulated engine that failed to start wrote its (start-up, teardown)
 
     def benchmark(self, result: Any, wall_s: float) -> None:
         """A benchmark of ``wall_s`` real seconds ended with ``result`` (None: none came back)."""
@@ -1275,6 +1287,8 @@ class LaunchClock:
         simulator's; None: a real engine)."""
         if time_scale is None:
             return wall_s
+        if self.lifecycle is None and self.reported is not None and self.reported.is_file():
+            self.lifecycle = parse_lifecycle(self.reported.read_text(encoding="utf-8"))
         if self.lifecycle is not None:
             return sum(self.lifecycle) + self.clocked_s + self.unclocked_s * time_scale
         return max(0.0, wall_s - self.host_s) * time_scale
