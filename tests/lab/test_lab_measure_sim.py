@@ -123,7 +123,7 @@ def test_an_over_saturated_engine_stops_early_and_it_is_not_a_failure(tmp_path: 
     assert summary.engine_hours["saved_pct"] > 50
 
 
-def test_launch_clock_counts_the_model_clock_on_the_simulator_and_wall_time_on_a_real_engine() -> None:
+def test_launch_clock_counts_the_model_clock_on_the_simulator_and_wall_time_on_a_real_engine(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from perflab.bench.serverclock import format_lifecycle, parse_lifecycle
@@ -142,8 +142,12 @@ def test_launch_clock_counts_the_model_clock_on_the_simulator_and_wall_time_on_a
     sim.unclocked_s += 0.1  # the accuracy gate: 0.1 wall seconds
     assert sim.engine_seconds(9.0, 1000.0) == pytest.approx(47.5 + 5.0 + 1000.5 + 500.0 + 100.0)
     assert sim.engine_seconds(9.0, None) == 9.0  # a real engine: its wall time, whatever it said
-    # a simulated engine that never answered: its wall time x the scale
-    assert LaunchClock().engine_seconds(0.3, 1000.0) == pytest.approx(300.0)
+    # a simulated engine that never answered: what it wrote its failed start cost, else its
+    # wall time x the scale
+    failed = LaunchClock(reported=tmp_path / "engine-lifecycle.txt")
+    assert failed.engine_seconds(0.3, 1000.0) == pytest.approx(300.0)
+    (tmp_path / "engine-lifecycle.txt").write_text(format_lifecycle(47.5, 5.0))
+    assert failed.engine_seconds(0.3, 1000.0) == pytest.approx(52.5)
 
 
 ONE = """
