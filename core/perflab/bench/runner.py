@@ -56,7 +56,13 @@ from perflab.bench.profiles import apply_profile
 from perflab.bench.request import BenchRequest
 from perflab.bench.result import BenchResult, Stall
 from perflab.bench.schedule import arrival_offsets
-from perflab.bench.serverclock import SERVER_CLOCK_COMMENT, TIME_SCALE_HEADER, parse_clock
+from perflab.bench.serverclock import (
+    LIFECYCLE_HEADER,
+    SERVER_CLOCK_COMMENT,
+    TIME_SCALE_HEADER,
+    parse_clock,
+    parse_lifecycle,
+)
 from perflab.bench.tokenizer import Tokenizer, load_tokenizer, tokenizer_spec
 from perflab.bench.trace import Capture, RequestTrace, parse_capture, sent_traces
 from perflab.contract.errors import PerflabError
@@ -90,9 +96,12 @@ def _probe_requests(req: BenchRequest, targets: list[Target]) -> list[Prepared]:
     return [prepare(-1 - i, t, payload, headers, f"perflab-probe-{run}-{i}") for i, t in enumerate(targets)]
 
 
-def _probe(req: BenchRequest, targets: list[Target], cancel: threading.Event | None = None) -> tuple[bool, float | None]:
+def _probe(req: BenchRequest, targets: list[Target], cancel: threading.Event | None = None
+           ) -> tuple[bool, float | None, tuple[float, float] | None]:
     """Send one tiny request to every endpoint; (does a server run on a clock of its own
-    (:data:`~perflab.bench.serverclock.TIME_SCALE_HEADER`), its time scale)."""
+    (:data:`~perflab.bench.serverclock.TIME_SCALE_HEADER`), its time scale, its start-up and
+    teardown on that clock (:data:`~perflab.bench.serverclock.LIFECYCLE_HEADER`; the first
+    endpoint's))."""
     probes = _probe_requests(req, targets)
     plan = LoadPlan(probes, [0.0] * len(probes), None, req.http_stack, min(req.timeout or PROBE_TIMEOUT_S, PROBE_TIMEOUT_S))
     outcome = run_in_new_loop(drive(plan, cancel=cancel))
@@ -100,6 +109,7 @@ def _probe(req: BenchRequest, targets: list[Target], cancel: threading.Event | N
         raise BenchCancelled(None, "test request")
     simulated = False
     scale: float | None = None
+    lifecycle: tuple[float, float] | None = None
     for target, cap in zip(targets, outcome.captures, strict=True):
         trace = parse_capture(cap, prompt_len=1, tokenizer=None, check_counts=False)  # the run checks counts
         if not trace.success:
@@ -111,7 +121,10 @@ def _probe(req: BenchRequest, targets: list[Target], cancel: threading.Event | N
                 scale = float(header)
             except ValueError:
                 raise PerflabError(f"{target.url} sent {TIME_SCALE_HEADER}: {header!r}, not a number") from None
-    return simulated, scale
+        said = cap.headers.get(LIFECYCLE_HEADER)
+        if said is not None and lifecycle is None:
+            lifecycle = parse_lifecycle(said)
+    return simulated, scale, lifecycle
 
 
 # --------------------------------------------------------------------------- preparation
@@ -263,7 +276,7 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
     # An explicit tokenizer is loaded first: a wrong path is a usage error, not a server one.
     explicit_tok = load_tokenizer(req.tokenizer) if req.tokenizer not in (None, "", "auto") else None
     check(cancel, "tokenizer")
-    simulated, server_scale = _probe(req, targets, cancel)
+    simulated, server_scale, lifecycle = _probe(req, targets, cancel)
     if req.server_clock and not simulated:  # a real engine is never asked for model-clock stamps
         req = req.replace(server_clock=False)
     time_scale = server_scale if server_scale is not None else req.time_scale
@@ -289,6 +302,8 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
         result = _make_result(req, [], 1e-9, tok, simulated, time_scale, len(targets))
         result.stall = _stall(req, warm_stall, time_scale, 0, "warm-up")
         result.info.update(stalled=result.stall.to_json(), requests_not_recorded=len(prepared))
+        if lifecycle is not None:
+            result.info["lifecycle_s"] = list(lifecycle)
         return result
 
     keep_text = req.save_detailed or req.keep_text
@@ -317,6 +332,8 @@ def run_benchmark_sync(req: BenchRequest, progress: Progress | None = None, canc
         duration = (timed.end - start) * time_scale
     result = _make_result(req, traces, duration, tok, simulated, time_scale, len(targets))
     result.info["clock"] = "model" if model is not None else "host"
+    if lifecycle is not None:  # the engine's start-up and teardown on its model clock (engine-hours)
+        result.info["lifecycle_s"] = list(lifecycle)
     if warm_model:  # engine seconds the warm-up took (what the engine spent, outside the results)
         result.info["warmup_s"] = round(warm_model[0], 6)
     # For clock comparisons (benchmarks/bench_client_capacity.py): request i was sent with

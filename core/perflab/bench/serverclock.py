@@ -43,6 +43,31 @@ SERVER_CLOCK_LOOP = "loop"
 #: scale, and asks for the server-clock stamps when the lab asks for them; a server without it is
 #: timed by the host's clock.
 TIME_SCALE_HEADER = "x-perflab-time-scale"
+#: response header of a server on a model clock (a simulator), on every response: the engine
+#: seconds its start-up (launch to serving: loading weights, initialisation) and its teardown
+#: take on that clock, ``<startup> <teardown>``. The lab counts them, not the host's wall time x
+#: the time scale, in a simulated launch's engine-hours (the host's speed would move them).
+LIFECYCLE_HEADER = "x-perflab-lifecycle"
+#: an engine on a model clock that fails before it serves (no response carries the header)
+#: writes the same value — its start-up until the failure, its teardown — to the file this
+#: environment variable names, when the lab sets it (simulated launches)
+LIFECYCLE_FILE_ENV = "PERFLAB_LIFECYCLE_FILE"
+
+
+def format_lifecycle(startup_s: float, teardown_s: float) -> str:
+    return f"{startup_s:.3f} {teardown_s:.3f}"
+
+
+def parse_lifecycle(value: str) -> tuple[float, float] | None:
+    """``(startup, teardown)`` engine seconds of a :data:`LIFECYCLE_HEADER` value; None if malformed."""
+    parts = value.split()
+    if len(parts) != 2:
+        return None
+    try:
+        startup, teardown = float(parts[0]), float(parts[1])
+    except ValueError:
+        return None
+    return (startup, teardown) if startup >= 0 and teardown >= 0 and math.isfinite(startup + teardown) else None
 
 
 def clock_header_value(*, count: int, request_rate: float, max_concurrency: int | None, engines: int,

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perflab.bench.serverclock import TIME_SCALE_HEADER
-from perflab_sim import group, state, worker
+from perflab.bench.serverclock import LIFECYCLE_FILE_ENV, LIFECYCLE_HEADER, TIME_SCALE_HEADER, format_lifecycle
+from perflab_sim import group, perfmodel, state, worker
 from perflab_sim.config import EngineBehaviour, SimEngineConfig
 from perflab_sim.faults import EXIT_DEADLINE_S, Faults
 from perflab_sim.server import HttpServer
@@ -308,7 +308,20 @@ class EngineLifecycle:
         if sig:
             self.die_signal = int(sig)
         self.exit_code = code
+        self._failed_start()
         return code
+
+    def _failed_start(self) -> None:
+        """A start that fails costs, on the model clock, what a start costs: real engines' start
+        failures mostly surface once loading or profiling is done (out of memory while loading,
+        a KV cache too small for max_model_len after profiling, a kernel at warm-up). Written
+        where the lab asks (LIFECYCLE_FILE_ENV; rank 0 only), since no response carries it."""
+        path = self.env.get(LIFECYCLE_FILE_ENV)
+        if self.ready or not path or self.cfg.node_rank > 0:
+            return
+        with contextlib.suppress(OSError):
+            Path(path).write_text(format_lifecycle(perfmodel.startup_s(self.deployment.memory), perfmodel.TEARDOWN_S),
+                                  encoding="utf-8")
 
     def _short_device(self) -> tuple[int, float] | None:
         """A device whose free memory is below the budget (another engine holds memory)."""
@@ -354,7 +367,10 @@ class EngineLifecycle:
 
     async def _bind(self) -> bool:
         cfg = self.cfg
-        common = {"server": "perflab-sim", TIME_SCALE_HEADER: f"{self.scale:g}"}
+        # the start-up and teardown the model says this deployment takes: the lab counts them in
+        # engine-hours instead of the host's wall time x the scale
+        lifecycle = format_lifecycle(perfmodel.startup_s(self.deployment.memory), perfmodel.TEARDOWN_S)
+        common = {"server": "perflab-sim", TIME_SCALE_HEADER: f"{self.scale:g}", LIFECYCLE_HEADER: lifecycle}
         ports = [cfg.port, *cfg.extra_ports]
         # ports bound on an address of their own (MindIE's management and metrics ports
         # listen on managementIpAddress)

@@ -35,6 +35,7 @@ import structlog
 from perflab import redact
 from perflab.bench.metrics import BenchMetrics, metrics_json, name_of
 from perflab.bench.result import BenchResult
+from perflab.bench.serverclock import LIFECYCLE_FILE_ENV, parse_lifecycle
 from perflab.contract.status import Status
 from perflab.contract.types import CrashCause, HardwareSnapshot, LaunchSpec, Unsupported, to_jsonable
 from perflab.lab.accuracy import ACCURACY_PROFILE, AccuracyJob, AccuracyRunner
@@ -551,6 +552,8 @@ class Executor:
         self.on_point: PointMeasured | None = None
         # what measures a plan's accuracy gate (the harness and the agreement client); tests replace it
         self.accuracy_runner: AccuracyRunner = AccuracyRunner()
+        # the engine time of the launch in progress (run() starts one per launch)
+        self._clock = LaunchClock()
 
     @property
     def telemetry(self) -> Telemetry:
@@ -630,22 +633,17 @@ class Executor:
         if self.group is not None and config.serve_config().node_count > 1:  # every node's devices
             rec.accelerators = max(1, sum(len(n.devices or ()) for n in self.group.nodes))
         picked = config.serve_config().port is None  # perflab picks a free port for each launch
-        spent = 0.0
+        spent = 0.0  # engine seconds of this configuration's launches
         for attempt in range(1, PORT_LOST_LAUNCHES + 1):
             launched = time.monotonic()
-            self._host_s = 0.0
+            self._clock = LaunchClock()
             try:
                 await self._launch_and_measure(rec, instances, config, profiles, device_sets, run_dir, label, to_beat,
                                                accuracy)
             finally:
-                # engine time, x accelerators: on a real engine the wall time from launch to
-                # teardown; on the simulator the same x its time scale, except that each benchmark
-                # counts for its duration on the engine's model clock — the client's own work
-                # (preparing prompts, the test request, warm-up) and a host slower than the model
-                # would otherwise count x the scale, and load on the host would move engine-hours
-                scale = self.ctx.time_scale if self.ctx.simulated else 1.0
-                spent += max(0.0, time.monotonic() - launched - self._host_s)
-                rec.engine_seconds = spent * scale * rec.accelerators
+                spent += self._clock.engine_seconds(time.monotonic() - launched,
+                                                    self.ctx.time_scale if self.ctx.simulated else None)
+                rec.engine_seconds = spent * rec.accelerators
             rec.leftovers = [f"{engine} replica {i + 1}: {msg}" if len(instances) > 1 else msg
                              for i, inst in enumerate(instances) for msg in inst.outcome.leftovers]
             if not _lost_its_port(rec) or not picked or attempt == PORT_LOST_LAUNCHES or rec.leftovers:
@@ -699,9 +697,13 @@ class Executor:
                                           if group and self.group is not None else {})
                 if plan.timeouts.teardown_s is not None:
                     placed["grace"] = plan.timeouts.teardown_s
+                env = self._env()
+                if self.ctx.simulated:  # where a simulated engine that fails to start says what its start cost
+                    env[LIFECYCLE_FILE_ENV] = str(workdir / LIFECYCLE_FILE)
+                    self._clock.reported = self._clock.reported or workdir / LIFECYCLE_FILE
                 inst = kind(
                     self.ctx.pm, engine, sc, hardware=self.ctx.hardware,
-                    env=self._env(), workdir=workdir, startup_timeout=plan.timeouts.startup_s, version=version,
+                    env=env, workdir=workdir, startup_timeout=plan.timeouts.startup_s, version=version,
                     # the engine's PERFLAB_INSTANCE marker names its study and run (perflab ps / kill);
                     # run_dir is <study>/runs/<NNN-label> (Store.begin_run), or its stage on a node
                     scope=(self.study_dir or run_dir.parent.parent, run_dir.name if workdir == run_dir else f"{run_dir.name}.{workdir.name}"),
@@ -727,7 +729,11 @@ class Executor:
                     # after the profiles, which measure a fresh engine (as a study without the gate
                     # does); a main profile stopped early is measured, so that configuration is
                     # scored too (the early stop never stops this)
-                    await self._accuracy(rec, instances, config, accuracy, run_dir, label)
+                    began = time.monotonic()
+                    try:
+                        await self._accuracy(rec, instances, config, accuracy, run_dir, label)
+                    finally:  # on no model clock: its wall time counts (x the time scale on the simulator)
+                        self._clock.unclocked_s += time.monotonic() - began
             self.on_event("teardown", label=label, engine=engine)
 
     def _invisible_holders(self, by_kind: dict[str, list[int]]) -> list[Any]:
@@ -1112,7 +1118,7 @@ class Executor:
                         self._stale.append(finished)
 
         measured = result if result is not None else partial
-        self._host_s += _host_seconds(measured, time.monotonic() - bench_began)
+        self._clock.benchmark(measured, time.monotonic() - bench_began)
         if stopper is not None and stopper.decided is not None and result is None and not dead and not timed_out:
             # stopped by the early stop: a measurement (what it had measured), never a failure
             metrics, info = stopped_early_record(stopper.decided, partial, profile.num_prompts)
@@ -1155,8 +1161,6 @@ class Executor:
                 continue
             log.warning("lab.cache-reset-failed", label=label, engine=engine, profile=profile.name, why=problem.text)
         return req.replace(warmup=self.ctx.plan.decision.warmup)
-
-    _host_s = 0.0  # this run's wall seconds of benchmarks not spent on the engine's model clock
 
     def _watchers(self, instances: list[Any], config: Configuration) -> list[Watcher]:
         """What is sampled while a benchmark runs (:mod:`perflab.observe`)."""
@@ -1242,6 +1246,62 @@ def _lost_its_port(rec: RunRecord) -> bool:
             and not any(m.status.measured for m in rec.measurements.values()))
 
 
+#: the file in a launch's directory where a simulated engine that fails to start writes its
+#: start-up and teardown (LIFECYCLE_FILE_ENV)
+LIFECYCLE_FILE = "engine-lifecycle.txt"
+
+
+@dataclass
+class LaunchClock:
+    """The engine time one launch held its accelerators (per accelerator), as it goes.
+
+    A real engine: the wall time from launch to teardown. A simulated one counts its model
+    clock, so that a plan gives the same engine-hours on any host however loaded: its start-up
+    and teardown as the engine reports them (:data:`perflab.bench.serverclock.LIFECYCLE_HEADER`),
+    each benchmark for its warm-up and run on the model clock, and what runs on no model clock
+    (the accuracy gate, a benchmark timed by the host) for its wall time x the time scale. A
+    simulated engine that never answered (it failed to start) reported nothing: the wall time
+    x the time scale, less the benchmarks' host time, unless it wrote what its failed start
+    cost (:data:`perflab.bench.serverclock.LIFECYCLE_FILE_ENV`)."""
+
+    host_s: float = 0.0  # wall seconds of benchmarks not spent on the engine's model clock
+    clocked_s: float = 0.0  # engine seconds of benchmarks on the model clock (warm-ups included)
+    unclocked_s: float = 0.0  # wall seconds of measurements on no model clock
+    lifecycle: tuple[float, float] | None = None  # (start-up, teardown) engine seconds the engine reported
+    reported: Path | None = None  # where a simulated engine that failed to start wrote its (start-up, teardown)
+
+    def benchmark(self, result: Any, wall_s: float) -> None:
+        """A benchmark of ``wall_s`` real seconds ended with ``result`` (None: none came back)."""
+        host = _host_seconds(result, wall_s)
+        self.host_s += host
+        said = result.info.get("lifecycle_s") if result is not None else None
+        if self.lifecycle is None and isinstance(said, list) and len(said) == 2:
+            self.lifecycle = (float(said[0]), float(said[1]))
+        if result is not None and result.info.get("clock") == "model":
+            self.clocked_s += _model_seconds(result)
+        else:
+            self.unclocked_s += wall_s
+
+    def engine_seconds(self, wall_s: float, time_scale: float | None) -> float:
+        """Per accelerator, of a launch that took ``wall_s`` real seconds (``time_scale``: the
+        simulator's; None: a real engine)."""
+        if time_scale is None:
+            return wall_s
+        if self.lifecycle is None and self.reported is not None and self.reported.is_file():
+            self.lifecycle = parse_lifecycle(self.reported.read_text(encoding="utf-8"))
+        if self.lifecycle is not None:
+            return sum(self.lifecycle) + self.clocked_s + self.unclocked_s * time_scale
+        return max(0.0, wall_s - self.host_s) * time_scale
+
+
+def _model_seconds(result: Any) -> float:
+    """Engine seconds a benchmark timed on the simulator's model clock took: its warm-up and
+    its run (a run stopped early: until it stopped)."""
+    duration = result.metrics.duration
+    engine_s = float(duration) if isinstance(duration, (int, float)) else 0.0
+    return engine_s + float(result.info.get("warmup_s") or 0.0)
+
+
 def _host_seconds(result: Any, wall_s: float) -> float:
     """Of a benchmark that took ``wall_s`` real seconds, those not on the engine's model clock:
     the wall time beyond the warm-up's and the measured run's durations (engine seconds / time
@@ -1253,8 +1313,7 @@ def _host_seconds(result: Any, wall_s: float) -> float:
     scale = result.info.get("time_scale")
     if not isinstance(duration, (int, float)) or not scale:
         return 0.0
-    engine_s = float(duration) + float(result.info.get("warmup_s") or 0.0)  # the warm-up is engine time too
-    return max(0.0, wall_s - engine_s / float(scale))
+    return max(0.0, wall_s - _model_seconds(result) / float(scale))  # the warm-up is engine time too
 
 
 def key_salt(
