@@ -51,6 +51,9 @@ class Scripted:
     warm_batch: int = 8
     stop_at_cap: bool = True  # False: every request ends at half its max_tokens (an EOS)
     out_of_order: bool = False  # True: take the last requests first
+    # prompt tokens per step when admitted prompts are computed in chunks before any token is
+    # decoded (None: all in the admitting step, decoding on): a wave's prompts then stall decode
+    chunk: int | None = None
 
     def figure(self) -> float:
         """The whole-run total token throughput of the complete run."""
@@ -79,7 +82,18 @@ class Scripted:
                 left -= 1
                 answering[i] = None
                 admitted.append(i)
-            dt = self.cost(len(answering), sum(self.prompts[i] for i in admitted))
+            pending = sum(self.prompts[i] for i in admitted)
+            if self.chunk is not None and pending > self.chunk:  # prompt-only steps first: nobody streams
+                while pending > self.chunk:
+                    t += self.cost(0, self.chunk)
+                    pending -= self.chunk
+                    if es is not None and t >= next_obs:
+                        next_obs = t + self.observe_s
+                        es(self._observation(t, events, answering, ended, usage, completed_prompts, gaps))
+                        gaps = []
+                        if es.decided is not None:
+                            return t, usage
+            dt = self.cost(len(answering), pending)
             t += dt
             for i in list(answering):
                 events[i] += 1
@@ -209,6 +223,27 @@ def test_no_forecast_where_what_it_rests_on_is_not_seen(change: dict, unmet: str
     assert es.unmet == unmet
     # the bound still judges it (it cannot reach ten times its own figure)
     assert es.decided is not None and "bound_token_throughput" in es.decided
+
+
+def test_no_forecast_from_a_steady_state_that_opens_on_the_next_waves_prompts() -> None:
+    """Every request sent at once with equal answers: a batch ends together, and the next one's
+    prompts, computed in chunks, stall decode for a while. The steady state (from 5 % of the
+    requests ended) opens on that stall: its rate is not the run's, and a forecast from it
+    would stop a run that goes on to make many times its figure. The windows before it, which
+    streamed at several times that rate, say so."""
+    n, width = 1000, 256
+    run = Scripted([256] * n, [512] * n, width=width, chunk=2048, observe_s=1.0)
+    full = run.figure()
+    es, cancel = _observer(0.9 * full)  # a figure this run beats
+    run.drive(es)
+    assert es.decided is None and not cancel.is_set()
+    assert any(w.steady and w.waiting for w in es.windows)
+    # (made from the stall and the decode after it, a forecast erred 9 % low)
+    assert all(w.forecast is None for w in es.windows)
+    stalled = Scripted([256] * n, [512] * n, width=width, chunk=2048, observe_s=1.0)
+    es = EarlyStop(num_prompts=n, cancel=threading.Event(), to_beat=10 * full)
+    stalled.drive(es)  # stopped on its bound, while requests still waited
+    assert es.decided is not None and es.unmet is not None and "not steady" in es.unmet
 
 
 def test_no_forecast_under_speculative_decoding() -> None:

@@ -128,6 +128,13 @@ MIN_STEPS = 20
 # least this share answered all of it; and at most this many requests (a share of the run,
 # at least OUT_OF_ORDER_MIN) began to answer while one sent before them still waited
 AT_CAP_SHARE = 0.95
+# the forecast assumes the steady state's event rate holds while requests wait; a window before
+# it that streamed more than this many times its upper bound, or two of its windows this far
+# apart, say it does not: requests sent at once with equal answers end together, and the next
+# wave's prompts stall decode (a simulated SGLang at max_num_seqs 1024 streamed 11.8k events/s,
+# then 0.4-0.7k: forecast 1911 tok/s for a run that made 9741). Steady runs stay well inside it
+# (the real vLLM CPU build's windows: 3.3k-4.5k events/s).
+RATE_SWING = 2.0
 OUT_OF_ORDER_SHARE = 0.02
 OUT_OF_ORDER_MIN = 8
 
@@ -317,6 +324,14 @@ class EarlyStop:
         # events received against engine time, and its upper confidence bound
         mean_rate, upper = _slope([w.elapsed for w in span], [float(w.events) for w in span], Z)
         rate = mean_rate if expected else upper
+        # the premise under the rate: it holds while requests wait. Windows before the steady
+        # state far faster than its upper bound, or windows within it far apart, say it does not
+        kept = [w.rate for w in span[1:] if w.lag_s <= LAG_MAX_S]
+        peak = max((w.rate for w in self.windows if not w.steady and w.lag_s <= LAG_MAX_S), default=0.0)
+        if peak > RATE_SWING * upper or (kept and max(kept) > RATE_SWING * min(kept)):
+            self.unmet = ("the engine's rate while requests waited was not steady (waves: a batch that ends "
+                          "together, then the next one's prompts)")
+            return None
         conc = sum(w.running for w in span[1:]) / (len(span) - 1)
         open_ = last.open_requests()
         if open_ is None or mean_rate <= 0 or conc <= 0:
