@@ -73,6 +73,20 @@ def _rows(db: Path, sql: str) -> list[tuple]:
         return list(con.execute(sql))
 
 
+def _wait_for_runs(proc: subprocess.Popen, db: Path, done: int, timeout: float) -> None:
+    """Until ``done`` runs of the study in ``db`` finished and the next one is running (bounded)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if db.exists():
+            try:
+                states = [r[0] for r in _rows(db, "SELECT state FROM runs ORDER BY id")]
+            except sqlite3.OperationalError:
+                states = []
+            if states.count("done") >= done and states[-1] == "running":
+                return
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
 def test_sigint_mid_study_then_resume(tmp_path):
     plan = tmp_path / "small.yaml"
@@ -83,16 +97,7 @@ def test_sigint_mid_study_then_resume(tmp_path):
     proc = _perflab(["run", str(plan), "--out", str(out), "--no-live"], tag, tmp_path)
     try:
         # wait (bounded) until the first configuration finished and the next one is running
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if db.exists():
-                try:
-                    states = [r[0] for r in _rows(db, "SELECT state FROM runs ORDER BY id")]
-                except sqlite3.OperationalError:
-                    states = []
-                if "done" in states and states[-1] == "running":
-                    break
-            time.sleep(0.05)
+        _wait_for_runs(proc, db, 1, 120)
         assert proc.poll() is None, "the study finished before it could be interrupted"
         proc.send_signal(signal.SIGINT)
         rc, _, err = _wait(proc, 60)

@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
-from test_lab_search import BASE, SALT, Executor, _Log, plan
+from test_lab_search import BASE, SALT, Executor, _Log, _session, plan
 
 from perflab.contract.errors import UsageError
 from perflab.contract.status import Status
@@ -99,16 +99,7 @@ class EngineOptionsExecutor(Executor):
 
 
 def _run(out: Path, executor: Executor, text: str) -> Any:
-    p = plan(text)
-    store = Store(out)
-    store.begin_session()
-    for key, value in (("plan_text", BASE + text), ("plan_path", "search-test.yaml"), ("salt", SALT)):
-        store.set_meta(key, value)
-    measure = LiveMeasure(store, SALT, executor, retry_failed=False, on_event=lambda *a, **k: None, log=_Log(), plan=p)
-    try:
-        return anyio.run(lambda: conduct(p, measure))
-    finally:
-        store.close()
+    return _session(out, executor, search=text)
 
 
 def _replay(out: Path) -> tuple[Any, str]:

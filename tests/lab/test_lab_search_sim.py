@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-from test_lab_e2e import _perflab, _rows, _tagged, _wait
+from test_lab_e2e import _perflab, _rows, _tagged, _wait, _wait_for_runs
 from test_lab_search import FIXTURE
 
 TRUTH = json.loads(FIXTURE.read_text(encoding="utf-8"))
@@ -35,17 +33,7 @@ def test_sigint_mid_search_then_resume_continues_its_trials(tmp_path: Path) -> N
     tag = uuid.uuid4().hex
     proc = _perflab(["run", str(plan), "--out", str(out), "--no-live"], tag, tmp_path)
     try:
-        # wait (bounded) until two trials finished and the next one is running
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            if db.exists():
-                try:
-                    states = [r[0] for r in _rows(db, "SELECT state FROM runs ORDER BY id")]
-                except sqlite3.OperationalError:
-                    states = []
-                if states.count("done") >= 2 and states[-1] == "running":
-                    break
-            time.sleep(0.05)
+        _wait_for_runs(proc, db, 2, 180)  # two trials finished and the next one running
         assert proc.poll() is None, "the search finished before it could be interrupted"
         proc.send_signal(signal.SIGINT)
         rc, _, err = _wait(proc, 60)
