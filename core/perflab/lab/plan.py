@@ -302,7 +302,7 @@ class Tuning:
     def trials_for(self, space_size: int) -> int:
         """The distinct configurations a search measures: ``trials``, else a quarter of the
         space and at least :data:`MIN_TRIALS`, never more than the space. A quarter: on seed
-        002's space (162 points) 41 trials reach the grid's best for 10 of 10 seeds at 17-22 %
+        002's space (162 points) 41 trials reach the grid's best for 10 of 10 seeds at 16-21 %
         of its engine-hours (benchmarks/bench_search.py). At least six: TPE starts from two
         random trials, and on the 2 x 3 x 3 space 5 trials reached within 2 % for 22-25 of 30
         seeds, 6 for 25-27 (the stored grid's figures, told without pruning)."""
