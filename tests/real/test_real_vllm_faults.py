@@ -174,7 +174,10 @@ def _shm_names() -> set[str]:
 
 def _shm_litter() -> set[str]:
     """Those of :func:`_shm_names` that no live process maps. A segment still mapped has a live
-    owner (the real engine of a test on the other xdist worker, say), which unlinks it itself."""
+    owner (the real engine of a test on the other xdist worker, say), which unlinks it itself.
+    Only names there both before and after the scan of every process's maps count: one made
+    meanwhile (that engine starting) is not mapped yet when its owner's maps were read."""
+    before = _shm_names()
     held: set[str] = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
@@ -182,7 +185,7 @@ def _shm_litter() -> set[str]:
         except OSError:  # gone meanwhile
             continue
         held.update(line.split("/dev/shm/", 1)[1].split(" ", 1)[0] for line in text.splitlines() if "/dev/shm/" in line)
-    return _shm_names() - held
+    return (before & _shm_names()) - held
 
 
 def test_sigint_during_startup(lab: RealLab) -> None:
