@@ -87,6 +87,19 @@ def _wait_for_runs(proc: subprocess.Popen, db: Path, done: int, timeout: float) 
         time.sleep(0.05)
 
 
+def _interrupt_after_runs(proc: subprocess.Popen, db: Path, done: int, timeout: float) -> tuple[int, str]:
+    """Ctrl-C ``proc`` once ``done`` runs finished and the next is running: its exit code and stderr."""
+    try:
+        _wait_for_runs(proc, db, done, timeout)
+        assert proc.poll() is None, "the study finished before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        rc, _, err = _wait(proc, 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return rc, err
+
+
 @pytest.mark.slow
 def test_sigint_mid_study_then_resume(tmp_path):
     plan = tmp_path / "small.yaml"
@@ -95,15 +108,7 @@ def test_sigint_mid_study_then_resume(tmp_path):
     db = out / "study.db"
     tag = uuid.uuid4().hex
     proc = _perflab(["run", str(plan), "--out", str(out), "--no-live"], tag, tmp_path)
-    try:
-        # wait (bounded) until the first configuration finished and the next one is running
-        _wait_for_runs(proc, db, 1, 120)
-        assert proc.poll() is None, "the study finished before it could be interrupted"
-        proc.send_signal(signal.SIGINT)
-        rc, _, err = _wait(proc, 60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    rc, err = _interrupt_after_runs(proc, db, 1, 120)  # the first configuration finished, the next running
     assert rc == 130, err
     assert "interrupted" in err
     assert _tagged(tag) == [], "engine processes survived the interrupt"

@@ -6,12 +6,11 @@ x 3 x 3), whose ground truth (every point measured to the end) is its fixture.""
 from __future__ import annotations
 
 import json
-import signal
 import uuid
 from pathlib import Path
 
 import pytest
-from test_lab_e2e import _perflab, _rows, _tagged, _wait, _wait_for_runs
+from test_lab_e2e import _interrupt_after_runs, _perflab, _rows, _tagged, _wait
 from test_lab_search import FIXTURE
 
 TRUTH = json.loads(FIXTURE.read_text(encoding="utf-8"))
@@ -32,14 +31,7 @@ def test_sigint_mid_search_then_resume_continues_its_trials(tmp_path: Path) -> N
     db = out / "study.db"
     tag = uuid.uuid4().hex
     proc = _perflab(["run", str(plan), "--out", str(out), "--no-live"], tag, tmp_path)
-    try:
-        _wait_for_runs(proc, db, 2, 180)  # two trials finished and the next one running
-        assert proc.poll() is None, "the search finished before it could be interrupted"
-        proc.send_signal(signal.SIGINT)
-        rc, _, err = _wait(proc, 60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    rc, err = _interrupt_after_runs(proc, db, 2, 180)  # two trials finished, the next running
     assert rc == 130, err
     assert _tagged(tag) == [], "engine processes survived the interrupt"
     finished = {r[0] for r in _rows(db, "SELECT config_key FROM runs WHERE state = 'done'")}
